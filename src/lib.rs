@@ -1,0 +1,22 @@
+//! # ipoib-cm
+//!
+//! IP over InfiniBand connected mode (RFC 4391 / RFC 4755, as Linux's `ipoib_cm` does it) from
+//! user space.
+//!
+//! Layers, bottom up:
+//!
+//! - [`wire`]: packet codecs (RoCEv2 BTH/AETH/DETH/RETH/ImmDt and the ICRC). No I/O, no clock.
+//! - [`verbs`]: the provider seam. A [`verbs::Verbs`] trait modelled on libibverbs, with its
+//!   contract (flush on ERR, Last WQE Reached for SRQ-attached QPs, completion order) written
+//!   in its docs, plus the IBTA QP state machine and a registered buffer pool.
+//! - [`soft`]: the embedded default provider, a software RC/UD engine that speaks genuine
+//!   RoCEv2 over UDP. Its core is sans-IO; [`soft::transport`] is the thin UDP edge.
+//! - [`sys`]: the only module allowed `unsafe`: socket options that no safe crate exposes.
+//!
+//! Every state machine takes `now: Instant` from its caller; only the binary's event loop reads
+//! the clock.
+
+pub mod soft;
+pub mod sys;
+pub mod verbs;
+pub mod wire;

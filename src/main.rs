@@ -1,0 +1,5 @@
+//! The `ipoib-cm` command.
+
+fn main() {
+    println!("ipoib-cm");
+}
