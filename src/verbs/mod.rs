@@ -1,1 +1,312 @@
-//! verbs (skeleton).
+//! The provider seam: what IPoIB-CM needs from an RDMA device, modelled on libibverbs.
+//!
+//! Two providers implement [`Verbs`]: the embedded software RoCEv2 provider
+//! ([`crate::soft::SoftVerbs`]) and, behind a feature, libibverbs hardware. Everything above
+//! this trait (the CM, the IPoIB-CM connection tables, the reaper) is identical on both, so
+//! the contract below is what that logic may rely on, and what the conformance suite checks.
+//!
+//! # Contract
+//!
+//! **Objects.** One provider instance is one device context on one port. Protection domains,
+//! completion queues, shared receive queues, queue pairs and buffer pools are created and
+//! destroyed through it and named by small copyable handles. Destroying a CQ, SRQ or PD that
+//! still has QPs (or, for a PD, any object) fails with [`VerbsError::Busy`].
+//!
+//! **Buffers.** Memory lives in registered pools ([`BufPools`]). A work request names a
+//! [`BufId`]; posting lends the buffer to the provider, and the completion that ends the WR
+//! returns it (its `buf` field). Destroying a QP frees the buffers of WRs still posted on it
+//! (no completions are generated for them). No safe call can observe a posted buffer.
+//!
+//! **QP states.** [`Verbs::modify_qp`] follows the IBTA state machine checked by
+//! [`check_modify`]: illegal transitions and missing or extra attributes are rejected before
+//! anything changes. `post_recv` is legal from INIT on, `post_send` from RTS on (and in SQD and
+//! ERR); earlier states fail with [`VerbsError::InvalidState`].
+//!
+//! **Completion order.** Completions of one work queue are delivered in the order the WRs were
+//! posted, errors included. Every receive WR produces a completion (success or error); a
+//! signaled send WR produces one; an unsignaled send WR produces one only if it fails.
+//!
+//! **Errors and flush.** A transport error (retries exhausted, remote NAK, local length error)
+//! completes the failing WR with its real status and moves the QP to ERR. In ERR, every
+//! outstanding WR, and every WR posted afterwards, sends and receives alike, completes with
+//! [`WcStatus::WrFlushErr`], signaled or not. This is what makes the *drain WR* of IPoIB-CM
+//! work: a send posted to a QP in ERR comes back as a flush completion after everything
+//! posted before it.
+//!
+//! **Last WQE Reached.** A QP attached to an SRQ raises [`AsyncEvent::QpLastWqeReached`]
+//! exactly once when it enters ERR and will consume no further SRQ WQEs (IBTA o11-5.2.5). WQEs
+//! still on the SRQ belong to the SRQ and are not flushed. A receive the QP had already taken
+//! from the SRQ and was filling completes with `WrFlushErr`.
+//!
+//! **Events.** Asynchronous events are queued and read with [`Verbs::poll_async_event`].
+//! `CommEst` is raised when the first request arrives on an RC QP in RTR.
+//!
+//! Providers may be configured with *quirks* that break this contract on purpose (a drain WR
+//! that never completes, a missing or duplicated Last WQE event), so the layers above can be
+//! tested against real-world provider bugs.
+
+pub mod completion;
+pub mod error;
+pub mod pool;
+pub mod transition;
+pub mod types;
+
+use std::io;
+use std::time::Instant;
+
+pub use completion::{AsyncEvent, Completion, WcOpcode, WcStatus};
+pub use error::VerbsError;
+pub use pool::BufPools;
+pub use transition::{check_modify, AccessFlags, AddressVector, QpAttr};
+pub use types::{
+    BufId, CqId, Gid, PKey, PathMtu, PdId, PoolId, Psn, QKey, QpNum, QpState, QpType, SrqId, WrId,
+};
+
+/// Port attributes (`ibv_query_port` + the GID table entry in use).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortAttr {
+    /// The port's RoCEv2 GID (its IP address).
+    pub gid: Gid,
+    /// Active MTU: the largest path MTU usable on this port.
+    pub active_mtu: PathMtu,
+    /// Largest MTU the port supports.
+    pub max_mtu: PathMtu,
+    /// Largest message an RC QP may send or receive, in bytes.
+    pub max_msg_size: usize,
+    /// The port is up.
+    pub active: bool,
+}
+
+/// Parameters of a new QP (`ibv_qp_init_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpInit {
+    /// Protection domain.
+    pub pd: PdId,
+    /// Transport.
+    pub qp_type: QpType,
+    /// CQ for send completions.
+    pub send_cq: CqId,
+    /// CQ for receive completions.
+    pub recv_cq: CqId,
+    /// Take receives from this SRQ instead of a private receive queue.
+    pub srq: Option<SrqId>,
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth (ignored with an SRQ).
+    pub max_recv_wr: u32,
+    /// Every send WR is signaled, whatever its flag (`sq_sig_all`).
+    pub sq_sig_all: bool,
+}
+
+/// Where a UD send goes (`wr.ud`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdDest {
+    /// The address handle's contents.
+    pub av: AddressVector,
+    /// Destination QPN.
+    pub remote_qpn: QpNum,
+    /// Destination Q_Key.
+    pub remote_qkey: QKey,
+}
+
+/// A send work request (`ibv_send_wr`, SEND and SEND_WITH_IMM).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendWr {
+    /// Returned in the completion.
+    pub wr_id: WrId,
+    /// Payload buffer; `None` for a zero-length send (such as a drain WR).
+    pub buf: Option<BufId>,
+    /// Payload bytes, from the start of `buf`.
+    pub len: usize,
+    /// Immediate data (`IBV_WR_SEND_WITH_IMM`).
+    pub imm: Option<u32>,
+    /// Generate a completion on success (`IBV_SEND_SIGNALED`).
+    pub signaled: bool,
+    /// Solicited event bit.
+    pub solicited: bool,
+    /// Destination, for UD and GSI QPs only.
+    pub ud: Option<UdDest>,
+}
+
+impl SendWr {
+    /// A signaled SEND of `len` bytes from `buf`.
+    pub fn send(wr_id: WrId, buf: BufId, len: usize) -> Self {
+        Self {
+            wr_id,
+            buf: Some(buf),
+            len,
+            imm: None,
+            signaled: true,
+            solicited: false,
+            ud: None,
+        }
+    }
+
+    /// A signaled zero-length SEND, as IPoIB-CM's drain WR.
+    pub fn empty(wr_id: WrId) -> Self {
+        Self {
+            wr_id,
+            buf: None,
+            len: 0,
+            imm: None,
+            signaled: true,
+            solicited: false,
+            ud: None,
+        }
+    }
+}
+
+/// Parameters of a new SRQ (`ibv_srq_init_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SrqInit {
+    /// Protection domain.
+    pub pd: PdId,
+    /// Maximum outstanding WRs.
+    pub max_wr: u32,
+    /// Arm the limit event at this WQE count (0 = not armed).
+    pub limit: u32,
+}
+
+/// Device verbs. See the [module documentation](self) for the contract.
+pub trait Verbs {
+    /// Port attributes.
+    fn port_attr(&self) -> PortAttr;
+
+    /// Allocates a protection domain.
+    ///
+    /// # Errors
+    /// [`VerbsError::OutOfResources`].
+    fn alloc_pd(&mut self) -> Result<PdId, VerbsError>;
+
+    /// Frees a protection domain that owns no objects.
+    ///
+    /// # Errors
+    /// [`VerbsError::Busy`] while objects use it.
+    fn dealloc_pd(&mut self, pd: PdId) -> Result<(), VerbsError>;
+
+    /// Creates and registers a pool of `count` buffers of `buf_len` bytes.
+    ///
+    /// # Errors
+    /// [`VerbsError::OutOfResources`] or [`VerbsError::NoSuchObject`].
+    fn create_pool(&mut self, pd: PdId, buf_len: usize, count: usize)
+        -> Result<PoolId, VerbsError>;
+
+    /// The buffer pools (read access for held buffers).
+    fn pools(&self) -> &BufPools;
+
+    /// The buffer pools (alloc, free, write held buffers).
+    fn pools_mut(&mut self) -> &mut BufPools;
+
+    /// Creates a completion queue with room for `depth` entries.
+    ///
+    /// # Errors
+    /// [`VerbsError::OutOfResources`].
+    fn create_cq(&mut self, depth: u32) -> Result<CqId, VerbsError>;
+
+    /// Destroys a CQ no QP uses.
+    ///
+    /// # Errors
+    /// [`VerbsError::Busy`] or [`VerbsError::NoSuchObject`].
+    fn destroy_cq(&mut self, cq: CqId) -> Result<(), VerbsError>;
+
+    /// Moves up to `max` completions from `cq` to `out`, oldest first; returns how many.
+    fn poll_cq(&mut self, cq: CqId, out: &mut Vec<Completion>, max: usize) -> usize;
+
+    /// Creates a shared receive queue.
+    ///
+    /// # Errors
+    /// [`VerbsError::OutOfResources`] or [`VerbsError::NoSuchObject`].
+    fn create_srq(&mut self, init: &SrqInit) -> Result<SrqId, VerbsError>;
+
+    /// Arms (or with 0, disarms) the SRQ limit event.
+    ///
+    /// # Errors
+    /// [`VerbsError::NoSuchObject`].
+    fn modify_srq(&mut self, srq: SrqId, limit: u32) -> Result<(), VerbsError>;
+
+    /// Posts a receive WR to an SRQ.
+    ///
+    /// # Errors
+    /// [`VerbsError::QueueFull`], [`VerbsError::BufferNotHeld`] or [`VerbsError::NoSuchObject`].
+    fn post_srq_recv(&mut self, srq: SrqId, wr_id: WrId, buf: BufId) -> Result<(), VerbsError>;
+
+    /// Destroys an SRQ no QP uses; its posted buffers are freed.
+    ///
+    /// # Errors
+    /// [`VerbsError::Busy`] or [`VerbsError::NoSuchObject`].
+    fn destroy_srq(&mut self, srq: SrqId) -> Result<(), VerbsError>;
+
+    /// Creates a QP in RESET. A [`QpType::Gsi`] QP always gets QPN 1, and there is at most one.
+    ///
+    /// # Errors
+    /// [`VerbsError::OutOfResources`] or [`VerbsError::NoSuchObject`].
+    fn create_qp(&mut self, init: &QpInit) -> Result<QpNum, VerbsError>;
+
+    /// Modifies a QP (see [`check_modify`]).
+    ///
+    /// # Errors
+    /// The [`check_modify`] errors, or [`VerbsError::NoSuchQp`].
+    fn modify_qp(&mut self, qp: QpNum, attr: &QpAttr) -> Result<(), VerbsError>;
+
+    /// The QP's current state (`ibv_query_qp` of `qp_state`).
+    ///
+    /// # Errors
+    /// [`VerbsError::NoSuchQp`].
+    fn query_qp_state(&self, qp: QpNum) -> Result<QpState, VerbsError>;
+
+    /// Posts a send WR.
+    ///
+    /// # Errors
+    /// [`VerbsError::InvalidState`] before RTS, [`VerbsError::QueueFull`],
+    /// [`VerbsError::BufferNotHeld`], [`VerbsError::TooLong`], [`VerbsError::InvalidWr`].
+    fn post_send(&mut self, qp: QpNum, wr: &SendWr) -> Result<(), VerbsError>;
+
+    /// Posts a receive WR to a QP's own receive queue.
+    ///
+    /// # Errors
+    /// [`VerbsError::InvalidState`] in RESET, [`VerbsError::UsesSrq`],
+    /// [`VerbsError::QueueFull`], [`VerbsError::BufferNotHeld`].
+    fn post_recv(&mut self, qp: QpNum, wr_id: WrId, buf: BufId) -> Result<(), VerbsError>;
+
+    /// Destroys a QP; buffers of WRs still posted on it are freed without completions.
+    ///
+    /// # Errors
+    /// [`VerbsError::NoSuchQp`].
+    fn destroy_qp(&mut self, qp: QpNum) -> Result<(), VerbsError>;
+
+    /// Number of QPs that exist (created and not destroyed), QP1 included.
+    fn qp_count(&self) -> usize;
+
+    /// The next queued asynchronous event.
+    fn poll_async_event(&mut self) -> Option<AsyncEvent>;
+}
+
+/// The I/O side of a provider, driven by the mio event loop.
+///
+/// The loop registers the provider's sources once, then on every turn calls
+/// [`Provider::handle_io`] (after readiness or a timeout) and sleeps until
+/// [`Provider::poll_timeout`].
+pub trait Provider {
+    /// The verbs this provider implements.
+    type Verbs: Verbs;
+
+    /// The verbs.
+    fn verbs(&mut self) -> &mut Self::Verbs;
+
+    /// Registers the provider's file descriptors (sockets, completion channels, async-event
+    /// fd) with `registry`, using tokens from `first_token` upwards; returns how many it used.
+    ///
+    /// # Errors
+    /// The registry's I/O error.
+    fn register(&mut self, registry: &mio::Registry, first_token: usize) -> io::Result<usize>;
+
+    /// Does all pending I/O and timer work: reads until the sources would block, fires due
+    /// timers, and transmits what is queued.
+    ///
+    /// # Errors
+    /// A fatal I/O error of the provider's sources.
+    fn handle_io(&mut self, now: Instant) -> io::Result<()>;
+
+    /// When [`Provider::handle_io`] must next run even without readiness.
+    fn poll_timeout(&self) -> Option<Instant>;
+}

@@ -1,0 +1,114 @@
+//! Work completions and asynchronous events.
+
+use super::types::{BufId, QpNum, SrqId, WrId};
+
+/// Completion status (`enum ibv_wc_status`, IBTA names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WcStatus {
+    /// The WR completed.
+    Success,
+    /// Local length error: an incoming message did not fit the receive buffer.
+    LocLenErr,
+    /// Local QP operation error.
+    LocQpOpErr,
+    /// Local protection error.
+    LocProtErr,
+    /// The WR was flushed because the QP is in the error state.
+    WrFlushErr,
+    /// Unexpected response opcode from the responder.
+    BadRespErr,
+    /// Local access error.
+    LocAccessErr,
+    /// The responder NAKed the request as invalid (NAK code 1).
+    RemInvReqErr,
+    /// The responder NAKed a remote access violation (NAK code 2).
+    RemAccessErr,
+    /// The responder NAKed a remote operational error (NAK code 3).
+    RemOpErr,
+    /// Transport retries (timeouts or PSN-sequence NAKs) exhausted.
+    RetryExcErr,
+    /// RNR retries exhausted.
+    RnrRetryExcErr,
+    /// Any other error.
+    GeneralErr,
+}
+
+impl WcStatus {
+    /// libibverbs' `ibv_wc_status_str` wording.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Success => "success",
+            Self::LocLenErr => "local length error",
+            Self::LocQpOpErr => "local QP operation error",
+            Self::LocProtErr => "local protection error",
+            Self::WrFlushErr => "Work Request Flushed Error",
+            Self::BadRespErr => "bad response error",
+            Self::LocAccessErr => "local access error",
+            Self::RemInvReqErr => "remote invalid request error",
+            Self::RemAccessErr => "remote access error",
+            Self::RemOpErr => "remote operation error",
+            Self::RetryExcErr => "transport retry counter exceeded",
+            Self::RnrRetryExcErr => "RNR retry counter exceeded",
+            Self::GeneralErr => "general error",
+        }
+    }
+}
+
+/// What kind of WR completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WcOpcode {
+    /// A send WR.
+    Send,
+    /// A receive WR.
+    Recv,
+}
+
+/// One work completion (`struct ibv_wc`).
+///
+/// On error completions only `wr_id`, `status`, `opcode`, `qp` and `buf` are meaningful.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// The WR's id, as posted.
+    pub wr_id: WrId,
+    /// Outcome.
+    pub status: WcStatus,
+    /// Send or receive.
+    pub opcode: WcOpcode,
+    /// Bytes received (receives only; for UD including the 40-byte GRH area).
+    pub byte_len: u32,
+    /// The local QP the WR ran on (for SRQ receives, the QP that consumed it).
+    pub qp: QpNum,
+    /// The buffer the WR carried, now held by the caller again.
+    pub buf: Option<BufId>,
+    /// Immediate data of a SEND_WITH_IMMEDIATE.
+    pub imm: Option<u32>,
+    /// UD receives: the sender's QPN (`src_qp`).
+    pub src_qp: Option<QpNum>,
+    /// UD receives: the buffer starts with a 40-byte GRH area (`IBV_WC_GRH`).
+    pub grh: bool,
+}
+
+/// Asynchronous events (`enum ibv_event_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AsyncEvent {
+    /// An SRQ-attached QP in the error state will consume no more SRQ WQEs (IBTA o11-5.2.5).
+    QpLastWqeReached(QpNum),
+    /// The QP hit a fatal error and moved to the error state.
+    QpFatal(QpNum),
+    /// The QP received a request it rejected as invalid and moved to the error state.
+    QpReqErr(QpNum),
+    /// The QP saw a remote access violation and moved to the error state.
+    QpAccessErr(QpNum),
+    /// First packet arrived on a QP in RTR (communication established).
+    CommEst(QpNum),
+    /// The send queue drained after a move to SQD.
+    SqDrained(QpNum),
+    /// The SRQ's WQE count fell below its armed limit.
+    SrqLimitReached(SrqId),
+    /// The port became active.
+    PortActive,
+    /// The port went down.
+    PortErr,
+}
