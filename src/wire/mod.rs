@@ -48,12 +48,14 @@
 pub mod bth;
 pub mod ext;
 pub mod icrc;
+pub mod roce;
 
 pub use bth::{psn_add, psn_cmp, psn_diff, Bth, Opcode, Transport, PSN_MASK, QPN_MASK};
 pub use ext::{
     rnr_timer_code_at_least, rnr_timer_duration, Aeth, Deth, ImmDt, NakCode, Reth, Syndrome,
 };
 pub use icrc::{append_icrc, compute_icrc, read_icrc, verify_icrc, IpHeaderInfo, ICRC_LEN};
+pub use roce::{RocePacket, RoceRepr};
 
 /// The UDP destination port of RoCEv2 (IANA "roce"). Receivers key on it; the source port is
 /// free (Linux picks one per QP in `0xC000..=0xFFFF`).
