@@ -1,0 +1,178 @@
+//! A deterministic in-memory fabric for tests: several [`SoftVerbs`] nodes joined by a wire
+//! with a fixed latency and a virtual clock.
+//!
+//! Nothing here reads the clock or touches a socket. [`Fabric::step`] delivers the next
+//! in-flight datagram or fires the next timer, jumping the virtual clock straight to it, so a
+//! test of a 655 ms RNR back-off or a dozen retransmit timeouts runs in microseconds and the
+//! same seed always gives the same run. Faults come from each node's own
+//! [`FaultConfig`](crate::soft::FaultConfig), exactly as on the real UDP transport.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use crate::soft::{SoftConfig, SoftVerbs};
+
+/// A datagram on the wire: `(arrival, sequence, destination node, source, bytes)`.
+type InFlight = Reverse<(Instant, u64, usize, SocketAddr, Vec<u8>)>;
+
+/// Several soft-RC nodes on one simulated wire.
+#[derive(Debug)]
+pub struct Fabric {
+    /// The nodes, indexed from 0.
+    pub nodes: Vec<SoftVerbs>,
+    now: Instant,
+    latency: Duration,
+    wire: BinaryHeap<InFlight>,
+    seq: u64,
+    buf: Vec<u8>,
+    /// Datagrams addressed to no node.
+    pub undeliverable: u64,
+    /// Datagrams delivered.
+    pub delivered: u64,
+    /// Drop everything sent by node `i` while `partitioned[i]` is true.
+    pub partitioned: Vec<bool>,
+}
+
+impl Fabric {
+    /// A fabric of nodes with the given configurations, one-way latency `latency`, and the
+    /// virtual clock starting at `start`.
+    pub fn new(configs: Vec<SoftConfig>, latency: Duration, start: Instant) -> Self {
+        let n = configs.len();
+        Self {
+            nodes: configs.into_iter().map(SoftVerbs::new).collect(),
+            now: start,
+            latency,
+            wire: BinaryHeap::new(),
+            seq: 0,
+            buf: Vec::new(),
+            undeliverable: 0,
+            delivered: 0,
+            partitioned: vec![false; n],
+        }
+    }
+
+    /// `n` nodes on 198.18.0.1.. with default configurations adjusted by `adjust`.
+    pub fn with_nodes(n: usize, mut adjust: impl FnMut(usize, &mut SoftConfig)) -> Self {
+        let configs = (0..n)
+            .map(|i| {
+                let last = u8::try_from(i + 1).unwrap_or(u8::MAX);
+                let mut c = SoftConfig::new(IpAddr::from([198, 18, 0, last]));
+                adjust(i, &mut c);
+                c
+            })
+            .collect();
+        Self::new(configs, Duration::from_micros(5), Instant::now())
+    }
+
+    /// The virtual time.
+    pub fn now(&self) -> Instant {
+        self.now
+    }
+
+    fn node_for(&self, ip: IpAddr) -> Option<usize> {
+        self.nodes.iter().position(|n| n.config().local_ip == ip)
+    }
+
+    /// Moves everything the nodes want to send onto the wire.
+    pub fn transmit(&mut self) {
+        for i in 0..self.nodes.len() {
+            let src = {
+                let c = self.nodes[i].config();
+                SocketAddr::new(c.local_ip, c.src_port)
+            };
+            while let Some(dst) = self.nodes[i].poll_transmit(self.now, &mut self.buf) {
+                if self.partitioned.get(i).copied().unwrap_or(false) {
+                    continue;
+                }
+                match self.node_for(dst.ip()) {
+                    Some(j) => {
+                        self.seq += 1;
+                        let d = std::mem::take(&mut self.buf);
+                        self.wire
+                            .push(Reverse((self.now + self.latency, self.seq, j, src, d)));
+                    }
+                    None => self.undeliverable += 1,
+                }
+            }
+        }
+    }
+
+    /// The next instant anything happens: a delivery or a node's timer.
+    pub fn next_event(&self) -> Option<Instant> {
+        let wire = self.wire.peek().map(|Reverse((t, ..))| *t);
+        let timers = self.nodes.iter().filter_map(SoftVerbs::poll_timeout).min();
+        match (wire, timers) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Transmits, then advances the clock to the next event and handles everything due then.
+    /// Returns false when nothing is left to happen.
+    pub fn step(&mut self) -> bool {
+        self.transmit();
+        let Some(t) = self.next_event() else {
+            return false;
+        };
+        self.now = self.now.max(t);
+        while let Some(Reverse((at, ..))) = self.wire.peek() {
+            if *at > self.now {
+                break;
+            }
+            let Some(Reverse((_, _, j, src, d))) = self.wire.pop() else {
+                break;
+            };
+            let dst = self.nodes[j].config().local_ip;
+            self.nodes[j].handle_datagram(self.now, src, dst, &d);
+            self.delivered += 1;
+        }
+        for n in &mut self.nodes {
+            n.handle_timeout(self.now);
+        }
+        self.transmit();
+        true
+    }
+
+    /// Steps until `done` holds, nothing is left to happen, `max_steps` steps were taken, or
+    /// the virtual clock passed `max_time` from now. Returns whether `done` held.
+    pub fn run_until(
+        &mut self,
+        max_steps: usize,
+        max_time: Duration,
+        mut done: impl FnMut(&mut Self) -> bool,
+    ) -> bool {
+        let deadline = self.now + max_time;
+        for _ in 0..max_steps {
+            if done(self) {
+                return true;
+            }
+            if self.now > deadline || !self.step() {
+                return done(self);
+            }
+        }
+        done(self)
+    }
+
+    /// Runs until nothing is left to happen (bounded by `max_steps` and `max_time`).
+    pub fn run_idle(&mut self, max_steps: usize, max_time: Duration) {
+        self.run_until(max_steps, max_time, |_| false);
+    }
+
+    /// Advances the virtual clock by `d` without any event (idle time).
+    pub fn advance(&mut self, d: Duration) {
+        let target = self.now + d;
+        while let Some(t) = self.next_event() {
+            if t > target {
+                break;
+            }
+            self.step();
+        }
+        self.now = self.now.max(target);
+        for n in &mut self.nodes {
+            n.handle_timeout(self.now);
+        }
+        self.transmit();
+    }
+}
