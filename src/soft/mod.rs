@@ -1,1 +1,3 @@
 //! soft (skeleton).
+//! [`transport`] is the provider's UDP edge.
+pub mod transport;
