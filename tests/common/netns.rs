@@ -39,7 +39,6 @@ impl Skip {
     /// Prints `skipped: <reason>` to stdout (shown with `--nocapture` and on failure).
     pub(crate) fn print(&self) {
         println!("{self}");
-        eprintln!("{self}");
     }
 }
 
