@@ -29,7 +29,7 @@ use std::time::Instant;
 
 use crate::verbs::{
     check_modify, AsyncEvent, BufId, BufPools, Completion, CqId, Gid, PKey, PathMtu, PdId, PoolId,
-    PortAttr, Psn, QKey, QpAttr, QpInit, QpNum, QpState, QpType, SendWr, SrqId, SrqInit, Verbs,
+    PortAttr, Psn, QpAttr, QpInit, QpNum, QpState, QpType, SendWr, SrqId, SrqInit, Verbs,
     VerbsError, WcOpcode, WcStatus, WrId,
 };
 use crate::wire::bth::{Bth, Opcode};
