@@ -19,5 +19,6 @@
 pub mod sim;
 pub mod soft;
 pub mod sys;
+pub mod tools;
 pub mod verbs;
 pub mod wire;

@@ -1,5 +1,167 @@
 //! The `ipoib-cm` command.
 
-fn main() {
-    println!("ipoib-cm");
+use std::net::IpAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use ipoib_cm::soft::FaultConfig;
+use ipoib_cm::tools::rc_pingpong;
+use ipoib_cm::verbs::PathMtu;
+
+/// Userspace IPoIB connected mode over InfiniBand RC queue pairs.
+#[derive(Debug, Parser)]
+#[command(name = "ipoib-cm", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Ping-pong over one RC QP on the software RoCEv2 provider, like rdma-core's
+    /// ibv_rc_pingpong (and compatible with its TCP QP-info exchange).
+    RcPingpong(PingpongArgs),
+}
+
+/// Fault injection on the software provider (what this node sends).
+#[derive(Debug, Args)]
+struct FaultArgs {
+    /// Percentage of packets dropped.
+    #[arg(long, value_name = "PCT", default_value_t = 0.0)]
+    fault_loss: f64,
+    /// Percentage of packets duplicated.
+    #[arg(long, value_name = "PCT", default_value_t = 0.0)]
+    fault_dup: f64,
+    /// Percentage of packets reordered.
+    #[arg(long, value_name = "PCT", default_value_t = 0.0)]
+    fault_reorder: f64,
+    /// Percentage of packets with one bit flipped.
+    #[arg(long, value_name = "PCT", default_value_t = 0.0)]
+    fault_corrupt: f64,
+    /// Seed of the fault RNG.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    fault_seed: u64,
+}
+
+impl FaultArgs {
+    fn config(&self) -> Result<FaultConfig, String> {
+        let cfg = FaultConfig {
+            loss_pct: self.fault_loss,
+            dup_pct: self.fault_dup,
+            reorder_pct: self.fault_reorder,
+            corrupt_pct: self.fault_corrupt,
+            seed: self.fault_seed,
+        };
+        cfg.validate()
+            .map_err(|field| format!("--{field}: must be a percentage between 0 and 100"))?;
+        Ok(cfg)
+    }
+}
+
+#[derive(Debug, Args)]
+struct PingpongArgs {
+    /// Server to connect to; without it, wait for a client.
+    peer: Option<IpAddr>,
+    /// Local underlay address (default: the route to the peer, or the address the client
+    /// reached).
+    #[arg(long, value_name = "ADDR")]
+    bind: Option<IpAddr>,
+    /// TCP port of the QP-info exchange.
+    #[arg(short = 'p', long, default_value_t = rc_pingpong::DEFAULT_TCP_PORT)]
+    port: u16,
+    /// UDP port of RoCEv2 traffic (both directions).
+    #[arg(long, default_value_t = 4791)]
+    udp_port: u16,
+    /// Size of message to exchange.
+    #[arg(short = 's', long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=(1 << 24)))]
+    size: u32,
+    /// Number of exchanges.
+    #[arg(short = 'n', long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    iters: u32,
+    /// Path MTU (256, 512, 1024, 2048 or 4096).
+    #[arg(short = 'm', long, default_value_t = 1024, value_parser = parse_mtu)]
+    mtu: usize,
+    /// Number of receives to post at a time.
+    #[arg(short = 'r', long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=16384))]
+    rx_depth: u32,
+    /// Validate every received payload.
+    #[arg(short = 'c', long)]
+    chk: bool,
+    /// GID index (accepted for compatibility with ibv_rc_pingpong; the software provider has
+    /// one GID).
+    #[arg(short = 'g', long, value_name = "N")]
+    gid_idx: Option<u32>,
+    /// Local ACK timeout exponent: 4.096 us * 2^N (ibv_rc_pingpong uses 14).
+    #[arg(long, default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
+    qp_timeout: u8,
+    /// Don't verify the ICRC of IPv4 packets (needed with peers that use random IP IDs, such
+    /// as the kernel's rxe).
+    #[arg(long)]
+    no_icrc_v4: bool,
+    /// Give up after this many seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 120)]
+    deadline: u64,
+    /// Print the provider's counters at the end.
+    #[arg(long)]
+    stats: bool,
+    #[command(flatten)]
+    faults: FaultArgs,
+}
+
+fn parse_mtu(s: &str) -> Result<usize, String> {
+    let n: usize = s.parse().map_err(|_| format!("not a number: {s}"))?;
+    PathMtu::from_bytes(n)
+        .map(|_| n)
+        .ok_or_else(|| "must be 256, 512, 1024, 2048 or 4096".to_string())
+}
+
+fn rc_pingpong_main(a: &PingpongArgs) -> ExitCode {
+    let faults = match a.faults.config() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("ipoib-cm rc-pingpong: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let opts = rc_pingpong::Options {
+        peer: a.peer,
+        bind: a.bind,
+        tcp_port: a.port,
+        udp_port: a.udp_port,
+        size: a.size as usize,
+        iters: a.iters,
+        mtu: PathMtu::from_bytes(a.mtu).unwrap_or(PathMtu::Mtu1024),
+        rx_depth: a.rx_depth,
+        validate: a.chk,
+        qp_timeout: a.qp_timeout,
+        verify_icrc_v4: !a.no_icrc_v4,
+        faults,
+        deadline: Duration::from_secs(a.deadline.max(1)),
+    };
+    let _ = a.gid_idx;
+    match rc_pingpong::run(&opts) {
+        Ok(out) => {
+            out.summary.print();
+            if a.stats {
+                println!("{}", out.stats);
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("ipoib-cm rc-pingpong: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match &cli.command {
+        Command::RcPingpong(a) => rc_pingpong_main(a),
+    }
 }

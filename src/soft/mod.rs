@@ -515,7 +515,9 @@ impl Shared {
         qp.state = QpState::Err;
         qp.req.retransmit_at = None;
         qp.req.rnr_at = None;
-        qp.resp.responses.retain(|r| matches!(r, Response::NakInvalid(_)));
+        qp.resp
+            .responses
+            .retain(|r| matches!(r, Response::NakInvalid(_)));
         while let Some(w) = qp.req.sq.pop_front() {
             self.complete_send(qp, &w, WcStatus::WrFlushErr);
         }

@@ -1,0 +1,584 @@
+//! `ipoib-cm rc-pingpong`: rdma-core's `ibv_rc_pingpong` over the software provider.
+//!
+//! The connection set-up is the one rdma-core's pingpong examples use, so this tool can pair
+//! with the real `ibv_rc_pingpong` on a kernel rxe device:
+//!
+//! 1. the server listens on TCP (default port 18515); the client connects;
+//! 2. each side sends `"LLLL:QQQQQQ:PPPPPP:GGGG…"` (LID, QPN and PSN in hex, then the 32 hex
+//!    digit GID, NUL-terminated, 52 bytes): the client first, the server after it has moved its
+//!    QP to RTR and RTS;
+//! 3. the client answers `"done\0"` once its own QP is connected.
+//!
+//! Each side's PSN is its send PSN; the peer uses it as its expected receive PSN. Then the
+//! client sends, the server answers, `iters` times, and both print rdma-core's summary lines.
+
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::time::{Duration, Instant};
+
+use mio::{Events, Poll};
+use rand::{Rng, SeedableRng};
+
+use crate::soft::provider::SoftProvider;
+use crate::soft::{FaultConfig, SoftConfig, SoftVerbs};
+use crate::verbs::{
+    AccessFlags, AddressVector, BufId, Completion, CqId, Gid, PathMtu, Provider, Psn, QpAttr,
+    QpInit, QpNum, QpState, QpType, SendWr, Verbs, WcOpcode, WcStatus, WrId,
+};
+
+/// The TCP port rdma-core's pingpong examples use.
+pub const DEFAULT_TCP_PORT: u16 = 18515;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Peer host (client mode); `None` makes this the server.
+    pub peer: Option<IpAddr>,
+    /// Local underlay address; derived from the route to the peer (client) or the accepted TCP
+    /// connection (server) when absent.
+    pub bind: Option<IpAddr>,
+    /// TCP port of the QP-info exchange.
+    pub tcp_port: u16,
+    /// UDP port of RoCEv2 traffic, both directions.
+    pub udp_port: u16,
+    /// Message size in bytes.
+    pub size: usize,
+    /// Round trips.
+    pub iters: u32,
+    /// Path MTU.
+    pub mtu: PathMtu,
+    /// Receive WRs kept posted.
+    pub rx_depth: u32,
+    /// Check every received payload against the expected pattern.
+    pub validate: bool,
+    /// Local ACK timeout exponent (`4.096 µs · 2^n`); rdma-core uses 14.
+    pub qp_timeout: u8,
+    /// Verify the ICRC of IPv4 packets (off for peers with random IP IDs, such as rxe).
+    pub verify_icrc_v4: bool,
+    /// Fault injection on what this side sends.
+    pub faults: FaultConfig,
+    /// Give up after this long.
+    pub deadline: Duration,
+}
+
+/// What went wrong, for a one-line message and a non-zero exit.
+#[derive(Debug, thiserror::Error)]
+pub enum PingpongError {
+    /// The TCP exchange failed.
+    #[error("QP info exchange: {0}")]
+    Exchange(String),
+    /// The provider could not be set up.
+    #[error("provider: {0}")]
+    Provider(String),
+    /// A work completion failed.
+    #[error("Failed status {status} for wr_id {wr_id}", status = .0.status.as_str(), wr_id = .0.wr_id.0)]
+    Completion(Completion),
+    /// A received payload differed from what was sent.
+    #[error("payload mismatch in message {0}")]
+    Mismatch(u32),
+    /// The run did not finish in time.
+    #[error("timed out after {0:?} ({1} sends and {2} receives completed)")]
+    Timeout(Duration, u32, u32),
+    /// An I/O error of the event loop.
+    #[error("event loop: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// A peer's QP info, as exchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dest {
+    /// LID (0 on RoCE).
+    pub lid: u16,
+    /// QPN.
+    pub qpn: QpNum,
+    /// The PSN this side sends from (the peer's expected receive PSN).
+    pub psn: Psn,
+    /// GID.
+    pub gid: Gid,
+}
+
+/// Length of the exchange message, with its NUL.
+pub const DEST_MSG_LEN: usize = 52;
+
+impl Dest {
+    /// The 52-byte exchange message.
+    pub fn to_msg(&self) -> [u8; DEST_MSG_LEN] {
+        let s = format!(
+            "{:04x}:{:06x}:{:06x}:{}",
+            self.lid,
+            self.qpn.get(),
+            self.psn.get(),
+            self.gid.to_wire_hex()
+        );
+        let mut out = [0u8; DEST_MSG_LEN];
+        out[..s.len()].copy_from_slice(s.as_bytes());
+        out
+    }
+
+    /// Parses an exchange message (trailing NULs allowed).
+    pub fn from_msg(msg: &[u8]) -> Option<Self> {
+        let text = std::str::from_utf8(msg).ok()?.trim_end_matches('\0');
+        let mut parts = text.split(':');
+        let lid = u16::from_str_radix(parts.next()?, 16).ok()?;
+        let qpn = u32::from_str_radix(parts.next()?, 16).ok()?;
+        let psn = u32::from_str_radix(parts.next()?, 16).ok()?;
+        let gid = Gid::from_wire_hex(parts.next()?)?;
+        if parts.next().is_some() || qpn > 0x00FF_FFFF || psn > 0x00FF_FFFF {
+            return None;
+        }
+        Some(Self {
+            lid,
+            qpn: QpNum::new(qpn),
+            psn: Psn::new(psn),
+            gid,
+        })
+    }
+}
+
+const SEND_WRID: u64 = 1;
+const RECV_WRID: u64 = 2;
+
+/// Fills `buf` with the pattern of message `n` in direction `from_client`.
+fn fill_pattern(buf: &mut [u8], n: u32, from_client: bool) {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (u64::from(n) << 1) ^ u64::from(from_client);
+    for chunk in buf.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let bytes = x.to_le_bytes();
+        chunk.copy_from_slice(&bytes[..chunk.len()]);
+    }
+}
+
+fn pattern_matches(buf: &[u8], n: u32, from_client: bool) -> bool {
+    let mut want = vec![0u8; buf.len()];
+    fill_pattern(&mut want, n, from_client);
+    want == buf
+}
+
+/// The local IP the kernel would use to reach `peer` (no packet is sent).
+fn route_source(peer: IpAddr) -> io::Result<IpAddr> {
+    let any: SocketAddr = if peer.is_ipv4() {
+        "0.0.0.0:0".parse().map_err(io::Error::other)?
+    } else {
+        "[::]:0".parse().map_err(io::Error::other)?
+    };
+    let s = UdpSocket::bind(any)?;
+    s.connect(SocketAddr::new(peer, 9))?;
+    Ok(s.local_addr()?.ip())
+}
+
+fn exchange_err(what: &str, e: impl std::fmt::Display) -> PingpongError {
+    PingpongError::Exchange(format!("{what}: {e}"))
+}
+
+/// Everything the run needs once the provider exists.
+struct Ctx {
+    prov: SoftProvider,
+    cq: CqId,
+    qp: QpNum,
+    send_buf: BufId,
+    my: Dest,
+}
+
+fn setup(opts: &Options, local: IpAddr) -> Result<Ctx, PingpongError> {
+    let perr = |e: crate::verbs::VerbsError| PingpongError::Provider(e.to_string());
+    let mut cfg = SoftConfig::new(local);
+    cfg.src_port = opts.udp_port;
+    cfg.dst_port = opts.udp_port;
+    cfg.port_mtu = PathMtu::Mtu4096;
+    cfg.verify_icrc_v4 = opts.verify_icrc_v4;
+    cfg.faults = opts.faults;
+    let mut prov = SoftProvider::bind(cfg)
+        .map_err(|e| PingpongError::Provider(format!("bind {local} udp {}: {e}", opts.udp_port)))?;
+    let v = prov.verbs();
+    let pd = v.alloc_pd().map_err(perr)?;
+    let count = opts.rx_depth as usize + 1;
+    let pool = v.create_pool(pd, opts.size.max(1), count).map_err(perr)?;
+    let cq = v.create_cq(opts.rx_depth + 1).map_err(perr)?;
+    let qp = v
+        .create_qp(&QpInit {
+            pd,
+            qp_type: QpType::Rc,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            max_send_wr: 1,
+            max_recv_wr: opts.rx_depth,
+            sq_sig_all: false,
+        })
+        .map_err(perr)?;
+    v.modify_qp(
+        qp,
+        &QpAttr {
+            pkey_index: Some(0),
+            port: Some(1),
+            access: Some(AccessFlags::default()),
+            ..QpAttr::to_state(QpState::Init)
+        },
+    )
+    .map_err(perr)?;
+    let mut bufs = Vec::with_capacity(count);
+    for _ in 0..count {
+        bufs.push(
+            v.pools_mut()
+                .alloc(pool)
+                .ok_or_else(|| PingpongError::Provider("buffer pool exhausted".into()))?,
+        );
+    }
+    let send_buf = bufs
+        .pop()
+        .ok_or_else(|| PingpongError::Provider("no send buffer".into()))?;
+    for b in &bufs {
+        v.post_recv(qp, WrId(RECV_WRID), *b).map_err(perr)?;
+    }
+    let seed = std::process::id() as u64
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+    let psn = Psn::new(rand_chacha::ChaCha8Rng::seed_from_u64(seed).gen::<u32>());
+    let my = Dest {
+        lid: 0,
+        qpn: qp,
+        psn,
+        gid: v.port_attr().gid,
+    };
+    Ok(Ctx {
+        prov,
+        cq,
+        qp,
+        send_buf,
+        my,
+    })
+}
+
+fn connect_qp(ctx: &mut Ctx, opts: &Options, rem: &Dest) -> Result<(), PingpongError> {
+    let perr = |e: crate::verbs::VerbsError| PingpongError::Provider(e.to_string());
+    let v = ctx.prov.verbs();
+    v.modify_qp(
+        ctx.qp,
+        &QpAttr {
+            av: Some(AddressVector::to_gid(rem.gid)),
+            path_mtu: Some(opts.mtu),
+            dest_qpn: Some(rem.qpn),
+            rq_psn: Some(rem.psn),
+            max_dest_rd_atomic: Some(1),
+            min_rnr_timer: Some(12),
+            ..QpAttr::to_state(QpState::Rtr)
+        },
+    )
+    .map_err(perr)?;
+    v.modify_qp(
+        ctx.qp,
+        &QpAttr {
+            timeout: Some(opts.qp_timeout),
+            retry_cnt: Some(7),
+            rnr_retry: Some(7),
+            sq_psn: Some(ctx.my.psn),
+            max_rd_atomic: Some(1),
+            ..QpAttr::to_state(QpState::Rts)
+        },
+    )
+    .map_err(perr)
+}
+
+fn print_dest(label: &str, d: &Dest) {
+    println!(
+        "  {label} address:  LID {:#06x}, QPN {:#08x}, PSN {:#08x}, GID {}",
+        d.lid,
+        d.qpn.get(),
+        d.psn.get(),
+        d.gid
+    );
+}
+
+fn read_exact(s: &mut TcpStream, n: usize) -> Result<Vec<u8>, PingpongError> {
+    let mut buf = vec![0u8; n];
+    s.read_exact(&mut buf)
+        .map_err(|e| exchange_err("Couldn't read remote address", e))?;
+    Ok(buf)
+}
+
+/// What a successful run reports.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// rdma-core's figures.
+    pub summary: Summary,
+    /// The provider's counters ([`stats_line`]).
+    pub stats: String,
+}
+
+/// Runs the tool.
+///
+/// # Errors
+/// Any [`PingpongError`]; the caller prints it and exits non-zero.
+pub fn run(opts: &Options) -> Result<Outcome, PingpongError> {
+    let io_timeout = Some(opts.deadline);
+    let (mut ctx, stream) = match opts.peer {
+        Some(peer) => {
+            let local = match opts.bind {
+                Some(ip) => ip,
+                None => route_source(peer).map_err(|e| exchange_err("route to peer", e))?,
+            };
+            let mut ctx = setup(opts, local)?;
+            print_dest("local", &ctx.my);
+            let mut s =
+                TcpStream::connect_timeout(&SocketAddr::new(peer, opts.tcp_port), opts.deadline)
+                    .map_err(|e| {
+                        exchange_err(&format!("Couldn't connect to {peer}:{}", opts.tcp_port), e)
+                    })?;
+            s.set_read_timeout(io_timeout)
+                .map_err(|e| exchange_err("socket", e))?;
+            s.write_all(&ctx.my.to_msg())
+                .map_err(|e| exchange_err("Couldn't send local address", e))?;
+            let msg = read_exact(&mut s, DEST_MSG_LEN)?;
+            let rem = Dest::from_msg(&msg)
+                .ok_or_else(|| exchange_err("bad remote address", "unparseable"))?;
+            print_dest("remote", &rem);
+            connect_qp(&mut ctx, opts, &rem)?;
+            s.write_all(b"done\0")
+                .map_err(|e| exchange_err("Couldn't send done", e))?;
+            (ctx, s)
+        }
+        None => {
+            let any: IpAddr = match opts.bind {
+                Some(ip) => ip,
+                None => IpAddr::from([0, 0, 0, 0]),
+            };
+            let l = TcpListener::bind(SocketAddr::new(any, opts.tcp_port)).map_err(|e| {
+                exchange_err(&format!("Couldn't listen to port {}", opts.tcp_port), e)
+            })?;
+            let (mut s, _) = l.accept().map_err(|e| exchange_err("accept", e))?;
+            s.set_read_timeout(io_timeout)
+                .map_err(|e| exchange_err("socket", e))?;
+            let local = s.local_addr().map_err(|e| exchange_err("socket", e))?.ip();
+            let local = match local {
+                IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(local, IpAddr::V4),
+                v4 => v4,
+            };
+            let mut ctx = setup(opts, opts.bind.unwrap_or(local))?;
+            print_dest("local", &ctx.my);
+            let msg = read_exact(&mut s, DEST_MSG_LEN)?;
+            let rem = Dest::from_msg(&msg)
+                .ok_or_else(|| exchange_err("bad remote address", "unparseable"))?;
+            print_dest("remote", &rem);
+            connect_qp(&mut ctx, opts, &rem)?;
+            s.write_all(&ctx.my.to_msg())
+                .map_err(|e| exchange_err("Couldn't send local address", e))?;
+            let _done = read_exact(&mut s, 5)?;
+            (ctx, s)
+        }
+    };
+    drop(stream);
+    let summary = pingpong(&mut ctx, opts)?;
+    Ok(Outcome {
+        summary,
+        stats: stats_line(ctx.prov.engine()),
+    })
+}
+
+/// Figures of a finished run.
+#[derive(Debug, Clone, Copy)]
+pub struct Summary {
+    /// Bytes moved (both directions).
+    pub bytes: u64,
+    /// Wall time of the ping-pong loop.
+    pub elapsed: Duration,
+    /// Round trips.
+    pub iters: u32,
+}
+
+impl Summary {
+    /// Prints rdma-core's two summary lines.
+    pub fn print(&self) {
+        let usec = self.elapsed.as_secs_f64() * 1e6;
+        println!(
+            "{} bytes in {:.2} seconds = {:.2} Mbit/sec",
+            self.bytes,
+            usec / 1e6,
+            self.bytes as f64 * 8.0 / usec.max(1.0)
+        );
+        println!(
+            "{} iters in {:.2} seconds = {:.2} usec/iter",
+            self.iters,
+            usec / 1e6,
+            usec / f64::from(self.iters.max(1))
+        );
+    }
+}
+
+fn pingpong(ctx: &mut Ctx, opts: &Options) -> Result<Summary, PingpongError> {
+    let is_client = opts.peer.is_some();
+    let mut poll = Poll::new()?;
+    ctx.prov.register(poll.registry(), 0)?;
+    let mut events = Events::with_capacity(64);
+    let mut wcs: Vec<Completion> = Vec::with_capacity(64);
+    let start = Instant::now();
+    let deadline = start + opts.deadline;
+    let (mut scnt, mut rcnt) = (0u32, 0u32);
+    let mut send_pending = false;
+    let mut recv_pending = true;
+    let post_send = |ctx: &mut Ctx, n: u32| -> Result<(), PingpongError> {
+        let v = ctx.prov.verbs();
+        if opts.validate {
+            if let Ok(b) = v.pools_mut().get_mut(ctx.send_buf) {
+                fill_pattern(&mut b[..opts.size], n, is_client);
+            }
+        }
+        let mut wr = SendWr::send(WrId(SEND_WRID), ctx.send_buf, opts.size);
+        wr.signaled = true;
+        v.post_send(ctx.qp, &wr)
+            .map_err(|e| PingpongError::Provider(format!("Couldn't post send: {e}")))
+    };
+    if is_client {
+        post_send(ctx, 0)?;
+        send_pending = true;
+    }
+    while rcnt < opts.iters || scnt < opts.iters {
+        let now = Instant::now();
+        if now > deadline {
+            return Err(PingpongError::Timeout(opts.deadline, scnt, rcnt));
+        }
+        ctx.prov.handle_io(now)?;
+        wcs.clear();
+        ctx.prov.verbs().poll_cq(ctx.cq, &mut wcs, 64);
+        for wc in &wcs {
+            if wc.status != WcStatus::Success {
+                return Err(PingpongError::Completion(*wc));
+            }
+            match wc.opcode {
+                WcOpcode::Send => {
+                    scnt += 1;
+                    send_pending = false;
+                }
+                WcOpcode::Recv => {
+                    let buf = wc
+                        .buf
+                        .ok_or_else(|| PingpongError::Provider("recv without buffer".into()))?;
+                    if opts.validate {
+                        let v = ctx.prov.verbs();
+                        let data = v
+                            .pools()
+                            .get(buf)
+                            .map_err(|e| PingpongError::Provider(e.to_string()))?;
+                        let len = wc.byte_len as usize;
+                        if len != opts.size || !pattern_matches(&data[..len], rcnt, !is_client) {
+                            return Err(PingpongError::Mismatch(rcnt));
+                        }
+                    }
+                    rcnt += 1;
+                    recv_pending = false;
+                    ctx.prov
+                        .verbs()
+                        .post_recv(ctx.qp, WrId(RECV_WRID), buf)
+                        .map_err(|e| {
+                            PingpongError::Provider(format!("Couldn't post receive: {e}"))
+                        })?;
+                }
+            }
+            if scnt < opts.iters && !send_pending && !recv_pending {
+                post_send(ctx, scnt)?;
+                send_pending = true;
+                recv_pending = true;
+            }
+        }
+        if !wcs.is_empty() {
+            ctx.prov.handle_io(Instant::now())?;
+            continue;
+        }
+        let timeout = ctx
+            .prov
+            .poll_timeout()
+            .map_or(Duration::from_millis(100), |t| {
+                t.saturating_duration_since(Instant::now())
+            })
+            .min(Duration::from_millis(100));
+        poll.poll(&mut events, Some(timeout))?;
+    }
+    let elapsed = start.elapsed();
+    linger(ctx, opts, &mut poll, &mut events)?;
+    Ok(Summary {
+        bytes: opts.size as u64 * u64::from(opts.iters) * 2,
+        elapsed,
+        iters: opts.iters,
+    })
+}
+
+/// Keeps answering for a while after the last completion: the peer may still be waiting for
+/// an ACK that got lost, and only this side can re-ACK its retransmission.
+fn linger(
+    ctx: &mut Ctx,
+    opts: &Options,
+    poll: &mut Poll,
+    events: &mut Events,
+) -> Result<(), PingpongError> {
+    let interval = Duration::from_nanos(4096u64 << opts.qp_timeout);
+    let linger = (interval * 8 + Duration::from_millis(20)).min(Duration::from_secs(2));
+    let end = Instant::now() + linger;
+    for _ in 0..100_000 {
+        let now = Instant::now();
+        if now >= end {
+            break;
+        }
+        ctx.prov.handle_io(now)?;
+        poll.poll(events, Some((end - now).min(Duration::from_millis(10))))?;
+    }
+    Ok(())
+}
+
+/// The provider's counters, one line, for the end of a run.
+pub fn stats_line(v: &SoftVerbs) -> String {
+    let s = v.stats();
+    format!(
+        "soft-rc: tx_packets={} retransmits={} timeouts={} acks={} seq_naks_tx={} rnr_naks_tx={} rx_datagrams={} rx_bad_icrc={} rx_duplicate={} rx_out_of_sequence={} injected_loss={} injected_dup={} injected_reorder={} injected_corrupt={}",
+        s.tx_packets,
+        s.tx_retransmits,
+        s.retransmit_timeouts,
+        s.tx_acks,
+        s.tx_seq_naks,
+        s.tx_rnr_naks,
+        s.rx_datagrams,
+        s.rx_bad_icrc,
+        s.rx_duplicate,
+        s.rx_out_of_sequence,
+        s.faults.dropped,
+        s.faults.duplicated,
+        s.faults.reordered,
+        s.faults.corrupted
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dest_message_matches_rdma_core_format() {
+        let d = Dest {
+            lid: 0,
+            qpn: QpNum::new(0x11),
+            psn: Psn::new(0xabcdef),
+            gid: Gid::from(std::net::Ipv4Addr::new(198, 18, 0, 1)),
+        };
+        let msg = d.to_msg();
+        assert_eq!(
+            &msg[..51],
+            b"0000:000011:abcdef:00000000000000000000ffffc6120001".as_slice()
+        );
+        assert_eq!(msg[51], 0);
+        assert_eq!(Dest::from_msg(&msg), Some(d));
+        assert_eq!(Dest::from_msg(b"0000:1000000:000000:00"), None);
+        assert_eq!(Dest::from_msg(b"\xff\xfe"), None);
+    }
+
+    #[test]
+    fn pattern_depends_on_message_and_direction() {
+        let mut a = vec![0u8; 100];
+        let mut b = vec![0u8; 100];
+        fill_pattern(&mut a, 3, true);
+        fill_pattern(&mut b, 3, false);
+        assert_ne!(a, b);
+        assert!(pattern_matches(&a, 3, true));
+        assert!(!pattern_matches(&a, 4, true));
+    }
+}
