@@ -5,11 +5,11 @@
 #
 # - apt packages: build-essential pkg-config iproute2 iputils-ping iperf3 tshark tcpdump
 #   (one `apt-get update`, only when something is missing);
-# - a Rust toolchain >= 1.80 with rustfmt and clippy (rustup; installed when there is none).
+# - a Rust toolchain >= 1.85 with rustfmt and clippy (rustup; installed when there is none).
 set -euo pipefail
 
 IPOIB_APT_PACKAGES=(build-essential pkg-config iproute2 iputils-ping iperf3 tshark tcpdump)
-IPOIB_MIN_RUST_MINOR=80
+IPOIB_MIN_RUST_MINOR=85
 
 setup_say() { printf '[setup] %s\n' "$*"; }
 
