@@ -24,10 +24,15 @@ cargo clippy --all-targets -- -D warnings
 section "cargo doc --no-deps (warnings are errors)"
 RUSTDOCFLAGS=-Dwarnings cargo doc --no-deps
 
-section "cargo test --all-targets"
-cargo test --all-targets
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
 
 section "cargo test --doc"
-cargo test --doc
+cargo test --doc 2>&1 | tee -a "$log"
+
+section "cargo test --all-targets"
+cargo test --all-targets 2>&1 | tee -a "$log"
 
 section "all checks passed"
+# One closing line over every test binary (cargo prints one `test result:` per binary).
+awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, i }' "$log"
