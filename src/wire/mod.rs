@@ -46,6 +46,7 @@
 )]
 
 pub mod bth;
+pub mod cm;
 pub mod ext;
 pub mod icrc;
 pub mod roce;
