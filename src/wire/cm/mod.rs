@@ -1,6 +1,7 @@
 //! InfiniBand Communication Manager MADs (IBTA Vol. 1 chapter 12) as they travel over RoCEv2:
 //! the 24-byte MAD header ([`MadHeader`]) and the connection messages REQ, MRA, REJ, REP, RTU,
-//! DREQ and DREP ([`CmMessage`]).
+//! DREQ and DREP ([`CmMessage`]), plus the IPoIB-CM conventions layered on top of them
+//! ([`ipoib`]).
 //!
 //! A CM MAD is the 256-byte payload of a UD SEND_ONLY to QP1 (Q_Key
 //! [`GSI_QKEY`](super::GSI_QKEY)): a 24-byte MAD header followed by 232 bytes of message.
@@ -40,12 +41,17 @@
 
 use core::time::Duration;
 
+pub mod ipoib;
 mod mra;
 mod rej;
 mod rep;
 mod req;
 mod rtu;
 
+pub use ipoib::{
+    ipoib_service_id, parse_ipoib_service_id, IpoibCmData, ServiceIdFlavor,
+    IPOIB_CM_SERVICE_ID_LINUX, IPOIB_CM_SERVICE_ID_RFC4755,
+};
 pub use mra::Mra;
 pub use rej::{Rej, RejReason};
 pub use rep::Rep;
