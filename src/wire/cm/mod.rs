@@ -48,6 +48,9 @@ mod rep;
 mod req;
 mod rtu;
 
+#[cfg(test)]
+mod tests;
+
 pub use ipoib::{
     ipoib_service_id, parse_ipoib_service_id, IpoibCmData, ServiceIdFlavor,
     IPOIB_CM_SERVICE_ID_LINUX, IPOIB_CM_SERVICE_ID_RFC4755,
