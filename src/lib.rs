@@ -16,6 +16,7 @@
 //! Every state machine takes `now: Instant` from its caller; only the binary's event loop reads
 //! the clock.
 
+pub mod gsi;
 pub mod sim;
 pub mod soft;
 pub mod sys;

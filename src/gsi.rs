@@ -1,0 +1,248 @@
+//! CM MADs over QP1, the General Services Interface, on any [`Verbs`] provider that lets the
+//! caller own QP1 (the software provider does; with kernel verbs the kernel owns it).
+//!
+//! Each MAD travels as one UD SEND_ONLY to QP 1 of the peer with Q_Key `0x80010000`, so on the
+//! wire it is real RoCEv2 CM traffic that tshark decodes and rxe's CM would accept. The sender
+//! is identified by the source GID in the receive's GRH area.
+
+use crate::soft::{grh_source_gid, GRH_LEN};
+use crate::verbs::{
+    AddressVector, BufId, Completion, CqId, Gid, PdId, PoolId, Psn, QKey, QpAttr, QpInit, QpNum,
+    QpState, QpType, SendWr, UdDest, Verbs, VerbsError, WcOpcode, WcStatus, WrId,
+};
+
+/// Size of a MAD.
+pub const MAD_LEN: usize = 256;
+
+/// Counters of the QP1 transport.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GsiStats {
+    /// MADs posted for sending.
+    pub sent: u64,
+    /// MADs received.
+    pub received: u64,
+    /// Sends refused because every send buffer was in flight.
+    pub send_dropped: u64,
+    /// Receives that were not a whole MAD or had no usable GRH.
+    pub recv_malformed: u64,
+    /// Completions with an error status.
+    pub errors: u64,
+}
+
+/// QP1 with its own CQ and buffer pool.
+#[derive(Debug)]
+pub struct Gsi {
+    qp: QpNum,
+    cq: CqId,
+    free_send: Vec<BufId>,
+    stats: GsiStats,
+    wcs: Vec<Completion>,
+}
+
+const RECV_WRID: WrId = WrId(1);
+const SEND_WRID: WrId = WrId(2);
+
+impl Gsi {
+    /// Creates QP1, brings it to RTS, and posts `recv_depth` receives; `send_depth` MADs may be
+    /// in flight at once.
+    ///
+    /// # Errors
+    /// Any verbs error of the set-up.
+    pub fn open<V: Verbs>(
+        v: &mut V,
+        pd: PdId,
+        recv_depth: u32,
+        send_depth: u32,
+    ) -> Result<Self, VerbsError> {
+        let cq = v.create_cq(recv_depth + send_depth)?;
+        let pool: PoolId =
+            v.create_pool(pd, GRH_LEN + MAD_LEN, (recv_depth + send_depth) as usize)?;
+        let qp = v.create_qp(&QpInit {
+            pd,
+            qp_type: QpType::Gsi,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            max_send_wr: send_depth,
+            max_recv_wr: recv_depth,
+            sq_sig_all: true,
+        })?;
+        v.modify_qp(
+            qp,
+            &QpAttr {
+                pkey_index: Some(0),
+                qkey: Some(QKey::GSI),
+                ..QpAttr::to_state(QpState::Init)
+            },
+        )?;
+        v.modify_qp(qp, &QpAttr::to_state(QpState::Rtr))?;
+        v.modify_qp(
+            qp,
+            &QpAttr {
+                sq_psn: Some(Psn::new(0)),
+                ..QpAttr::to_state(QpState::Rts)
+            },
+        )?;
+        for _ in 0..recv_depth {
+            let b = v
+                .pools_mut()
+                .alloc(pool)
+                .ok_or(VerbsError::OutOfResources("GSI buffers"))?;
+            v.post_recv(qp, RECV_WRID, b)?;
+        }
+        let mut free_send = Vec::with_capacity(send_depth as usize);
+        for _ in 0..send_depth {
+            free_send.push(
+                v.pools_mut()
+                    .alloc(pool)
+                    .ok_or(VerbsError::OutOfResources("GSI buffers"))?,
+            );
+        }
+        Ok(Self {
+            qp,
+            cq,
+            free_send,
+            stats: GsiStats::default(),
+            wcs: Vec::with_capacity(64),
+        })
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> GsiStats {
+        self.stats
+    }
+
+    /// Sends one MAD to QP1 at `to`. A MAD that finds no free send buffer is dropped and
+    /// counted (the CM retransmits).
+    ///
+    /// # Errors
+    /// A verbs error of the post.
+    pub fn send<V: Verbs>(
+        &mut self,
+        v: &mut V,
+        to: Gid,
+        mad: &[u8; MAD_LEN],
+    ) -> Result<(), VerbsError> {
+        let Some(b) = self.free_send.pop() else {
+            self.stats.send_dropped += 1;
+            return Ok(());
+        };
+        match v.pools_mut().get_mut(b) {
+            Ok(buf) => match buf.get_mut(..MAD_LEN) {
+                Some(dst) => dst.copy_from_slice(mad),
+                None => {
+                    return Err(VerbsError::TooLong {
+                        len: MAD_LEN,
+                        limit: buf.len(),
+                    })
+                }
+            },
+            Err(e) => {
+                self.free_send.push(b);
+                return Err(e);
+            }
+        }
+        let mut wr = SendWr::send(SEND_WRID, b, MAD_LEN);
+        wr.ud = Some(UdDest {
+            av: AddressVector::to_gid(to),
+            remote_qpn: QpNum::GSI,
+            remote_qkey: QKey::GSI,
+        });
+        if let Err(e) = v.post_send(self.qp, &wr) {
+            self.free_send.push(b);
+            return Err(e);
+        }
+        self.stats.sent += 1;
+        Ok(())
+    }
+
+    /// Reaps completions: send buffers return to the free list, received MADs are appended to
+    /// `out` with their sender's GID and the receive is posted again.
+    pub fn poll<V: Verbs>(&mut self, v: &mut V, out: &mut Vec<(Gid, [u8; MAD_LEN])>) {
+        for _ in 0..64 {
+            self.wcs.clear();
+            if v.poll_cq(self.cq, &mut self.wcs, 64) == 0 {
+                break;
+            }
+            for wc in std::mem::take(&mut self.wcs) {
+                let Some(b) = wc.buf else { continue };
+                if wc.status != WcStatus::Success {
+                    self.stats.errors += 1;
+                }
+                match wc.opcode {
+                    WcOpcode::Send => self.free_send.push(b),
+                    WcOpcode::Recv => {
+                        if wc.status == WcStatus::Success {
+                            self.take_mad(v, b, wc.byte_len as usize, out);
+                        }
+                        if v.post_recv(self.qp, RECV_WRID, b).is_err() {
+                            let _ = v.pools_mut().free(b);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn take_mad<V: Verbs>(
+        &mut self,
+        v: &V,
+        b: BufId,
+        len: usize,
+        out: &mut Vec<(Gid, [u8; MAD_LEN])>,
+    ) {
+        let parsed = v.pools().get(b).ok().and_then(|buf| {
+            let from = grh_source_gid(buf)?;
+            let mad: [u8; MAD_LEN] = buf.get(GRH_LEN..len)?.get(..MAD_LEN)?.try_into().ok()?;
+            Some((from, mad))
+        });
+        match parsed {
+            Some(m) => {
+                self.stats.received += 1;
+                out.push(m);
+            }
+            None => self.stats.recv_malformed += 1,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::Fabric;
+    use std::time::Duration;
+
+    #[test]
+    fn mads_cross_the_fabric_on_qp1() {
+        let mut f = Fabric::with_nodes(2, |_, _| {});
+        let mut gsi = Vec::new();
+        for n in &mut f.nodes {
+            let pd = n.alloc_pd().unwrap();
+            gsi.push(Gsi::open(n, pd, 8, 4).unwrap());
+        }
+        let to = f.nodes[1].port_attr().gid;
+        let from = f.nodes[0].port_attr().gid;
+        let mut mad = [0u8; MAD_LEN];
+        mad[0] = 1;
+        mad[1] = 7;
+        mad[255] = 0xAB;
+        for _ in 0..3 {
+            gsi[0].send(&mut f.nodes[0], to, &mad).unwrap();
+        }
+        f.run_idle(1000, Duration::from_secs(1));
+        let mut got = Vec::new();
+        gsi[1].poll(&mut f.nodes[1], &mut got);
+        assert_eq!(got.len(), 3);
+        assert!(got.iter().all(|(g, m)| *g == from && *m == mad));
+        let mut none = Vec::new();
+        gsi[0].poll(&mut f.nodes[0], &mut none);
+        assert!(none.is_empty());
+        assert_eq!(gsi[0].stats().sent, 3);
+        assert_eq!(f.nodes[1].stats().rx_bad_qkey, 0);
+        // Send buffers came back: 4 more sends fit.
+        for _ in 0..4 {
+            gsi[0].send(&mut f.nodes[0], to, &mad).unwrap();
+        }
+        assert_eq!(gsi[0].stats().send_dropped, 0);
+    }
+}
