@@ -33,6 +33,9 @@ cargo test --doc 2>&1 | tee -a "$log"
 section "cargo test --all-targets"
 cargo test --all-targets 2>&1 | tee -a "$log"
 
+section "fuzz targets (${FUZZ_SECONDS:-10} s each)"
+bash scripts/fuzz.sh "${FUZZ_SECONDS:-10}"
+
 section "all checks passed"
 # One closing line over every test binary (cargo prints one `test result:` per binary).
 awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, i }' "$log"

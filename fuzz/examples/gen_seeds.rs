@@ -1,0 +1,425 @@
+//! Writes the seed corpora under `fuzz/seeds/<target>/`: datagrams emitted by `RoceRepr::emit`,
+//! and for `soft_datagrams` chunk sequences (see that target's docs) that drive the engine
+//! through in-order RC receives, multi-packet messages, UD/GSI receives, RC sends that are
+//! ACKed, RNR-NAKed or time out, UD sends and QP state changes.
+//!
+//! Run from `fuzz/`: `cargo run --example gen_seeds` (no sanitizer or nightly flags needed).
+
+use std::fs;
+use std::net::Ipv4Addr;
+use std::path::Path;
+
+use ipoib_cm::wire::{
+    Aeth, Bth, Deth, ImmDt, IpHeaderInfo, NakCode, Opcode, Reth, RoceRepr, GSI_QKEY,
+    ROCEV2_UDP_PORT,
+};
+
+const UD_QKEY: u32 = 0x1111_2222;
+
+fn ip() -> IpHeaderInfo {
+    IpHeaderInfo::V4 {
+        src: Ipv4Addr::new(198, 18, 0, 2),
+        dst: Ipv4Addr::new(198, 18, 0, 1),
+        identification: 0,
+        dont_fragment: true,
+    }
+}
+
+fn emit(repr: RoceRepr, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    repr.emit(payload, &ip(), ROCEV2_UDP_PORT, ROCEV2_UDP_PORT, &mut out);
+    out
+}
+
+fn rc(op: Opcode, psn: u32, ack_req: bool) -> RoceRepr {
+    let mut bth = Bth::new(op, 0x11, psn);
+    bth.ack_req = ack_req;
+    RoceRepr::new(bth)
+}
+
+fn ud(op: Opcode, qpn: u32, qkey: u32, src_qp: u32) -> RoceRepr {
+    RoceRepr {
+        deth: Some(Deth { qkey, src_qp }),
+        imm: op.has_immediate().then_some(ImmDt(0xC0FF_EE00)),
+        ..RoceRepr::new(Bth::new(op, qpn, 7))
+    }
+}
+
+fn payload(n: usize) -> Vec<u8> {
+    (0..n).map(|i| i as u8).collect()
+}
+
+/// Mirrors how `arbitrary` 1.x decodes the harness's structured chunk bodies.
+#[derive(Default)]
+struct Enc(Vec<u8>);
+
+impl Enc {
+    fn u8(mut self, v: u8) -> Self {
+        self.0.push(v);
+        self
+    }
+    fn bool(self, v: bool) -> Self {
+        self.u8(u8::from(v))
+    }
+    fn u16(mut self, v: u16) -> Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u32(mut self, v: u32) -> Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u64(mut self, v: u64) -> Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    /// A derived enum's variant: a u32 `v` with `(v * count) >> 32 == idx`.
+    fn variant(self, idx: u64, count: u64) -> Self {
+        self.u32((idx << 32).div_ceil(count) as u32)
+    }
+    fn bytes(mut self, b: &[u8]) -> Self {
+        self.0.extend_from_slice(b);
+        self
+    }
+}
+
+fn supported_index(op: Opcode) -> u8 {
+    Opcode::ALL_KNOWN
+        .iter()
+        .filter(|o| o.is_supported())
+        .position(|o| *o == op)
+        .unwrap() as u8
+}
+
+/// Body of a "built packet" chunk (`PacketSpec`) from 198.18.0.2 to QP `target` (0 RC, 1 UD,
+/// 2 GSI), PSN relative to the last RC request sent (`psn_last_tx`) or to the expected one.
+fn built(target: u64, op: Opcode, psn_last_tx: Option<i8>, syndrome: u8, len: u16) -> Vec<u8> {
+    let e = Enc::default().variant(target, 4).u8(supported_index(op));
+    let e = match psn_last_tx {
+        Some(d) => e.variant(1, 3).u8(d as u8),
+        None => e.variant(0, 3).u8(0),
+    };
+    e.variant(0, 5) // src: peer
+        .bool(false) // solicited
+        .bool(false) // mig_req
+        .bool(true) // ack_req
+        .bool(false) // fecn
+        .bool(false) // becn
+        .bool(false) // bad_tver: None
+        .bool(false) // pkey: None
+        .u64(0)
+        .u32(0)
+        .u32(0) // reth
+        .u8(syndrome)
+        .u32(0) // msn
+        .variant(if target == 2 { 1 } else { 0 }, 3) // qkey
+        .u32(0x33) // src_qp
+        .u32(0xAB) // imm
+        .variant(1, 2)
+        .u16(len)
+        .0
+}
+
+/// Body of a `post_send` chunk (`SendSpec`).
+fn send(qp: u64, len: u16, imm: Option<u32>, signaled: bool, ud_qpn: u32) -> Vec<u8> {
+    let e = Enc::default().variant(qp, 3).u16(len).bool(false);
+    let e = match imm {
+        Some(i) => e.bool(true).u32(i),
+        None => e.bool(false),
+    };
+    e.bool(signaled)
+        .bool(false)
+        .variant(0, 3) // to the peer
+        .u32(ud_qpn)
+        .variant(0, 3) // UD Q_Key
+        .0
+}
+
+fn modify(qp: u64, m: u64) -> Vec<u8> {
+    let e = Enc::default().variant(qp, 3).variant(m, 5);
+    if m == 1 {
+        e.bool(true).0
+    } else {
+        e.0
+    }
+}
+
+#[derive(Default)]
+struct Seq(Vec<u8>);
+
+impl Seq {
+    fn chunk(mut self, tag: u8, body: &[u8]) -> Self {
+        self.0.push(tag);
+        self.0.extend_from_slice(&(body.len() as u16).to_le_bytes());
+        self.0.extend_from_slice(body);
+        self
+    }
+    fn raw(self, d: &[u8]) -> Self {
+        self.chunk(0, &Enc::default().u8(0).bytes(d).0)
+    }
+    fn built(self, body: Vec<u8>) -> Self {
+        self.chunk(1, &body)
+    }
+    fn until_timer(self) -> Self {
+        self.chunk(3, &[0])
+    }
+    fn advance_ms(self, ms: u32) -> Self {
+        self.chunk(3, &Enc::default().u8(3).u32(ms).0)
+    }
+    fn drain(self) -> Self {
+        self.chunk(4, &[])
+    }
+    fn send(self, body: Vec<u8>) -> Self {
+        self.chunk(5, &body)
+    }
+    fn recv(self, qp: u64, n: u8) -> Self {
+        self.chunk(6, &Enc::default().variant(qp, 3).u8(n - 1).0)
+    }
+    fn poll(self) -> Self {
+        self.chunk(7, &[255])
+    }
+    fn modify(self, body: Vec<u8>) -> Self {
+        self.chunk(0x87, &body)
+    }
+}
+
+fn write(target: &str, name: &str, data: &[u8]) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("seeds")
+        .join(target);
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(dir.join(name), data).unwrap();
+}
+
+fn main() {
+    let aeth_op = |op: Opcode, aeth: Aeth| RoceRepr {
+        aeth: Some(aeth),
+        ..rc(op, 200, false)
+    };
+    let packets: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "rc_send_only",
+            emit(rc(Opcode::RC_SEND_ONLY, 100, true), b"hello"),
+        ),
+        (
+            "rc_send_first",
+            emit(rc(Opcode::RC_SEND_FIRST, 100, false), &payload(256)),
+        ),
+        (
+            "rc_send_last_imm",
+            emit(
+                RoceRepr {
+                    imm: Some(ImmDt(0x1234_5678)),
+                    ..rc(Opcode::RC_SEND_LAST_WITH_IMMEDIATE, 102, true)
+                },
+                &payload(13),
+            ),
+        ),
+        (
+            "rc_write_only_imm",
+            emit(
+                RoceRepr {
+                    reth: Some(Reth {
+                        va: 0x1000,
+                        rkey: 0x42,
+                        dma_len: 8,
+                    }),
+                    imm: Some(ImmDt(1)),
+                    ..rc(Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE, 5, true)
+                },
+                &payload(8),
+            ),
+        ),
+        (
+            "rc_read_request",
+            emit(
+                RoceRepr {
+                    reth: Some(Reth {
+                        va: 0x2000,
+                        rkey: 0x43,
+                        dma_len: 4096,
+                    }),
+                    ..rc(Opcode::RC_RDMA_READ_REQUEST, 6, true)
+                },
+                &[],
+            ),
+        ),
+        (
+            "rc_read_response_first",
+            emit(
+                aeth_op(Opcode::RC_RDMA_READ_RESPONSE_FIRST, Aeth::ack(3)),
+                &payload(256),
+            ),
+        ),
+        (
+            "rc_ack",
+            emit(aeth_op(Opcode::RC_ACKNOWLEDGE, Aeth::ack(1)), &[]),
+        ),
+        (
+            "rc_nak_seq",
+            emit(
+                aeth_op(
+                    Opcode::RC_ACKNOWLEDGE,
+                    Aeth::nak(NakCode::PsnSequenceError, 1),
+                ),
+                &[],
+            ),
+        ),
+        (
+            "rc_rnr_nak",
+            emit(aeth_op(Opcode::RC_ACKNOWLEDGE, Aeth::rnr_nak(12, 1)), &[]),
+        ),
+        (
+            "ud_send_only",
+            emit(ud(Opcode::UD_SEND_ONLY, 0x12, UD_QKEY, 0x33), &payload(100)),
+        ),
+        (
+            "ud_send_only_imm",
+            emit(
+                ud(Opcode::UD_SEND_ONLY_WITH_IMMEDIATE, 0x12, UD_QKEY, 0x33),
+                &payload(3),
+            ),
+        ),
+        (
+            "gsi_mad",
+            emit(ud(Opcode::UD_SEND_ONLY, 1, GSI_QKEY, 1), &payload(256)),
+        ),
+        (
+            "cnp",
+            emit(RoceRepr::new(Bth::new(Opcode::CNP, 0x11, 0)), &[]),
+        ),
+        (
+            "uc_send_only",
+            emit(
+                RoceRepr::new(Bth::new(Opcode::UC_SEND_ONLY, 0x11, 9)),
+                b"uc",
+            ),
+        ),
+    ];
+    for (name, p) in &packets {
+        write("roce_parse", name, p);
+        // The header codecs see the same bytes (BTH first, extension headers after it).
+        write("wire_headers", name, &p[..p.len() - 4]);
+    }
+
+    let find = |n: &str| {
+        packets
+            .iter()
+            .find(|(name, _)| *name == n)
+            .unwrap()
+            .1
+            .clone()
+    };
+    let seqs: Vec<(&str, Seq)> = vec![
+        (
+            "rc_inorder",
+            Seq::default().raw(&find("rc_send_only")).drain().poll(),
+        ),
+        (
+            "rc_multi_packet",
+            Seq::default()
+                .raw(&emit(rc(Opcode::RC_SEND_FIRST, 100, false), &payload(256)))
+                .raw(&emit(rc(Opcode::RC_SEND_MIDDLE, 101, false), &payload(256)))
+                .raw(&emit(rc(Opcode::RC_SEND_LAST, 102, true), &payload(40)))
+                .drain()
+                .poll(),
+        ),
+        (
+            "rc_out_of_sequence_and_dup",
+            Seq::default()
+                .raw(&emit(rc(Opcode::RC_SEND_ONLY, 101, true), b"x"))
+                .raw(&emit(rc(Opcode::RC_SEND_ONLY, 100, true), b"y"))
+                .raw(&emit(rc(Opcode::RC_SEND_ONLY, 100, true), b"y"))
+                .drain()
+                .poll(),
+        ),
+        (
+            "ud_and_gsi",
+            Seq::default()
+                .raw(&find("ud_send_only"))
+                .raw(&find("ud_send_only_imm"))
+                .raw(&find("gsi_mad"))
+                .poll()
+                .recv(1, 2),
+        ),
+        (
+            "rc_send_acked",
+            Seq::default()
+                .send(send(0, 300, None, true, 0))
+                .drain()
+                .built(built(0, Opcode::RC_ACKNOWLEDGE, Some(0), 0x1F, 0))
+                .poll(),
+        ),
+        (
+            "rc_send_seq_nak",
+            Seq::default()
+                .send(send(0, 600, Some(7), true, 0))
+                .drain()
+                .built(built(0, Opcode::RC_ACKNOWLEDGE, Some(-1), 0x60, 0))
+                .drain()
+                .built(built(0, Opcode::RC_ACKNOWLEDGE, Some(0), 0x1F, 0))
+                .poll(),
+        ),
+        (
+            "rc_send_rnr_nak",
+            Seq::default()
+                .send(send(0, 20, None, true, 0))
+                .drain()
+                .built(built(0, Opcode::RC_ACKNOWLEDGE, Some(0), 0x21, 0))
+                .until_timer()
+                .drain()
+                .built(built(0, Opcode::RC_ACKNOWLEDGE, Some(0), 0x21, 0))
+                .until_timer()
+                .drain()
+                .built(built(0, Opcode::RC_ACKNOWLEDGE, Some(0), 0x21, 0))
+                .poll(),
+        ),
+        (
+            "rc_send_timeout",
+            Seq::default()
+                .send(send(0, 10, None, false, 0))
+                .drain()
+                .until_timer()
+                .drain()
+                .until_timer()
+                .drain()
+                .until_timer()
+                .drain()
+                .until_timer()
+                .drain()
+                .advance_ms(5)
+                .poll(),
+        ),
+        (
+            "rc_request_built",
+            Seq::default()
+                .built(built(0, Opcode::RC_SEND_FIRST, None, 0, 256))
+                .built(built(0, Opcode::RC_SEND_LAST_WITH_IMMEDIATE, None, 0, 17))
+                .drain()
+                .poll(),
+        ),
+        (
+            "ud_send",
+            Seq::default()
+                .send(send(1, 64, Some(9), true, 0x22))
+                .send(send(2, 256, None, true, 1))
+                .drain()
+                .poll(),
+        ),
+        (
+            "modify",
+            Seq::default()
+                .modify(modify(0, 1))
+                .modify(modify(0, 2))
+                .modify(modify(1, 0))
+                .poll()
+                .modify(modify(1, 4))
+                .recv(1, 3)
+                .raw(&find("ud_send_only"))
+                .poll(),
+        ),
+    ];
+    for (name, s) in seqs {
+        write("soft_datagrams", name, &s.0);
+    }
+}
