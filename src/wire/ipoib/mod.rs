@@ -1,0 +1,66 @@
+//! IPoIB link-layer codecs (RFC 4391, RFC 4755, as Linux `drivers/infiniband/ulp/ipoib` does
+//! them): the 4-byte encapsulation header, the 20-byte hardware address, ARP and IPv6
+//! Neighbor Discovery with 20-byte link-layer addresses, the IP multicast to MGID mapping and
+//! a small IP classifier for the data path.
+//!
+//! Everything here works on byte slices. There is no I/O and no clock, and no parser panics
+//! on received bytes: truncated or malformed input yields an [`IpoibError`].
+//!
+//! # Layers
+//!
+//! - [`header`]: the encapsulation header ([`IpoibHeader`]) and the MTU constants.
+//! - [`hwaddr`]: the IPoIB hardware address ([`HwAddr`]: flags, UD QPN, GID), printed and
+//!   parsed in the format of `ip link`.
+//! - [`mcast`]: IPv4/IPv6 multicast group → IB multicast GID ([`mgid_for_ipv4`],
+//!   [`mgid_for_ipv6`], [`broadcast_mgid`]).
+//!
+//! # Byte order
+//!
+//! Every multi-byte field is big-endian (network order).
+//!
+//! # Panics
+//!
+//! Only the `emit` functions of the fixed-size codecs panic, and only when the caller's buffer
+//! is shorter than the codec's `LEN`; that is a programming error, never a property of
+//! received bytes.
+
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::indexing_slicing,
+        clippy::panic_in_result_fn
+    )
+)]
+
+pub mod header;
+pub mod hwaddr;
+pub mod mcast;
+
+pub use header::{
+    ipoib_ud_mtu, IpoibHeader, ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6, IPOIB_CM_BUF_SIZE,
+    IPOIB_CM_MTU, IPOIB_ENCAP_LEN,
+};
+pub use hwaddr::{HwAddr, ParseHwAddrError};
+pub use mcast::{broadcast_mgid, mgid_for_ipv4, mgid_for_ipv6, MGID_SCOPE_LINK_LOCAL};
+
+/// Why an IPoIB frame, ARP packet, Neighbor Discovery message or IP packet could not be
+/// parsed.
+///
+/// Every parser in [`ipoib`](self) returns this instead of panicking.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+#[non_exhaustive]
+pub enum IpoibError {
+    /// The buffer ends before the header or message does.
+    #[error("truncated packet")]
+    Truncated,
+}
+
+/// Result of the IPoIB parsers.
+pub type Result<T> = core::result::Result<T, IpoibError>;
+
+/// Reads a fixed-size header from the start of `buf`.
+fn head<const N: usize>(buf: &[u8]) -> Result<&[u8; N]> {
+    buf.first_chunk::<N>().ok_or(IpoibError::Truncated)
+}
