@@ -11,6 +11,7 @@
 //! - [`header`]: the encapsulation header ([`IpoibHeader`]) and the MTU constants.
 //! - [`hwaddr`]: the IPoIB hardware address ([`HwAddr`]: flags, UD QPN, GID), printed and
 //!   parsed in the format of `ip link`.
+//! - [`arp`]: ARP with 20-byte hardware addresses ([`IpoibArp`]).
 //! - [`mcast`]: IPv4/IPv6 multicast group → IB multicast GID ([`mgid_for_ipv4`],
 //!   [`mgid_for_ipv6`], [`broadcast_mgid`]).
 //!
@@ -34,10 +35,12 @@
     )
 )]
 
+pub mod arp;
 pub mod header;
 pub mod hwaddr;
 pub mod mcast;
 
+pub use arp::{ArpOp, IpoibArp, ARP_HTYPE_INFINIBAND, ARP_PTYPE_IPV4};
 pub use header::{
     ipoib_ud_mtu, IpoibHeader, ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6, IPOIB_CM_BUF_SIZE,
     IPOIB_CM_MTU, IPOIB_ENCAP_LEN,
@@ -55,6 +58,21 @@ pub enum IpoibError {
     /// The buffer ends before the header or message does.
     #[error("truncated packet")]
     Truncated,
+    /// The ARP hardware type is not [`ARP_HTYPE_INFINIBAND`].
+    #[error("ARP hardware type {0} is not InfiniBand (32)")]
+    BadHardwareType(u16),
+    /// The ARP protocol type is not [`ARP_PTYPE_IPV4`].
+    #[error("ARP protocol type {0:#06x} is not IPv4")]
+    BadProtocolType(u16),
+    /// The ARP hardware address length is not 20.
+    #[error("ARP hardware address length {0} is not 20")]
+    BadHardwareLen(u8),
+    /// The ARP protocol address length is not 4.
+    #[error("ARP protocol address length {0} is not 4")]
+    BadProtocolLen(u8),
+    /// The ARP operation is neither request (1) nor reply (2).
+    #[error("unsupported ARP operation {0}")]
+    BadArpOp(u16),
 }
 
 /// Result of the IPoIB parsers.
