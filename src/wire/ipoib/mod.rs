@@ -12,6 +12,9 @@
 //! - [`hwaddr`]: the IPoIB hardware address ([`HwAddr`]: flags, UD QPN, GID), printed and
 //!   parsed in the format of `ip link`.
 //! - [`arp`]: ARP with 20-byte hardware addresses ([`IpoibArp`]).
+//! - [`nd`]: IPv6 Neighbor Discovery with 24-byte link-layer address options: finding the
+//!   option in any ND message, and whole-packet [`NeighborSolicitation`] /
+//!   [`NeighborAdvertisement`] with the ICMPv6 checksum ([`icmpv6_checksum`]).
 //! - [`mcast`]: IPv4/IPv6 multicast group → IB multicast GID ([`mgid_for_ipv4`],
 //!   [`mgid_for_ipv6`], [`broadcast_mgid`]).
 //!
@@ -39,6 +42,7 @@ pub mod arp;
 pub mod header;
 pub mod hwaddr;
 pub mod mcast;
+pub mod nd;
 
 pub use arp::{ArpOp, IpoibArp, ARP_HTYPE_INFINIBAND, ARP_PTYPE_IPV4};
 pub use header::{
@@ -47,6 +51,12 @@ pub use header::{
 };
 pub use hwaddr::{HwAddr, ParseHwAddrError};
 pub use mcast::{broadcast_mgid, mgid_for_ipv4, mgid_for_ipv6, MGID_SCOPE_LINK_LOCAL};
+pub use nd::{
+    icmpv6_checksum, icmpv6_checksum_valid, nd_ll_option, nd_source_ll_addr, nd_target_ll_addr,
+    solicited_node_multicast, LlOption, NdMessage, NdType, NeighborAdvertisement,
+    NeighborSolicitation, IPPROTO_ICMPV6, LL_OPTION_LEN, ND_HOP_LIMIT, ND_OPT_SOURCE_LL_ADDR,
+    ND_OPT_TARGET_LL_ADDR,
+};
 
 /// Why an IPoIB frame, ARP packet, Neighbor Discovery message or IP packet could not be
 /// parsed.
@@ -73,6 +83,33 @@ pub enum IpoibError {
     /// The ARP operation is neither request (1) nor reply (2).
     #[error("unsupported ARP operation {0}")]
     BadArpOp(u16),
+    /// The ICMPv6 type is not a Neighbor Discovery message (133..=137).
+    #[error("ICMPv6 type {0} is not Neighbor Discovery")]
+    NotNd(u8),
+    /// The ND message is valid but of another type than the one asked for.
+    #[error("unexpected ND message type {0}")]
+    WrongNdType(u8),
+    /// The ICMPv6 code of an ND message is not 0.
+    #[error("ND message with ICMPv6 code {0}")]
+    BadNdCode(u8),
+    /// An ND option has length 0 or runs past the end of the message.
+    #[error("malformed ND option")]
+    BadNdOption,
+    /// A link-layer address option does not have length 3 (24 bytes), the IPoIB size.
+    #[error("link-layer address option of length {0} (IPoIB needs 3)")]
+    BadLlOptionLen(u8),
+    /// The IP version nibble is neither 4 nor 6 (or not 6 where IPv6 is required).
+    #[error("IP version {0}")]
+    BadIpVersion(u8),
+    /// The IPv6 Next Header is not ICMPv6.
+    #[error("next header {0} is not ICMPv6")]
+    NotIcmpv6(u8),
+    /// An ND message arrived with a hop limit other than 255.
+    #[error("ND message with hop limit {0}")]
+    BadHopLimit(u8),
+    /// The ICMPv6 checksum is wrong.
+    #[error("bad ICMPv6 checksum")]
+    BadChecksum,
 }
 
 /// Result of the IPoIB parsers.
