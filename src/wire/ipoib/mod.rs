@@ -15,6 +15,8 @@
 //! - [`nd`]: IPv6 Neighbor Discovery with 24-byte link-layer address options: finding the
 //!   option in any ND message, and whole-packet [`NeighborSolicitation`] /
 //!   [`NeighborAdvertisement`] with the ICMPv6 checksum ([`icmpv6_checksum`]).
+//! - [`classify`]: version, addresses, lengths and multicast-ness of an IP packet
+//!   ([`classify`], [`IpInfo`]).
 //! - [`mcast`]: IPv4/IPv6 multicast group → IB multicast GID ([`mgid_for_ipv4`],
 //!   [`mgid_for_ipv6`], [`broadcast_mgid`]).
 //!
@@ -39,12 +41,14 @@
 )]
 
 pub mod arp;
+pub mod classify;
 pub mod header;
 pub mod hwaddr;
 pub mod mcast;
 pub mod nd;
 
 pub use arp::{ArpOp, IpoibArp, ARP_HTYPE_INFINIBAND, ARP_PTYPE_IPV4};
+pub use classify::{classify, is_multicast_or_broadcast, IpInfo, IpVersion};
 pub use header::{
     ipoib_ud_mtu, IpoibHeader, ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6, IPOIB_CM_BUF_SIZE,
     IPOIB_CM_MTU, IPOIB_ENCAP_LEN,
@@ -101,6 +105,9 @@ pub enum IpoibError {
     /// The IP version nibble is neither 4 nor 6 (or not 6 where IPv6 is required).
     #[error("IP version {0}")]
     BadIpVersion(u8),
+    /// The IPv4 header length (IHL, in 4-byte words) is below 5, or above the total length.
+    #[error("bad IPv4 header length {0}")]
+    BadIpHeaderLen(u8),
     /// The IPv6 Next Header is not ICMPv6.
     #[error("next header {0} is not ICMPv6")]
     NotIcmpv6(u8),
