@@ -15,8 +15,8 @@
 //! - [`nd`]: IPv6 Neighbor Discovery with 24-byte link-layer address options: finding the
 //!   option in any ND message, and whole-packet [`NeighborSolicitation`] /
 //!   [`NeighborAdvertisement`] with the ICMPv6 checksum ([`icmpv6_checksum`]).
-//! - [`classify`]: version, addresses, lengths and multicast-ness of an IP packet
-//!   ([`classify`], [`IpInfo`]).
+//! - [`mod@classify`]: version, addresses, lengths and multicast-ness of an IP packet
+//!   ([`classify()`], [`IpInfo`]).
 //! - [`mcast`]: IPv4/IPv6 multicast group → IB multicast GID ([`mgid_for_ipv4`],
 //!   [`mgid_for_ipv6`], [`broadcast_mgid`]).
 //!
