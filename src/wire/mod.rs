@@ -49,6 +49,7 @@ pub mod bth;
 pub mod cm;
 pub mod ext;
 pub mod icrc;
+pub mod ipoib;
 pub mod roce;
 
 pub use bth::{psn_add, psn_cmp, psn_diff, Bth, Opcode, Transport, PSN_MASK, QPN_MASK};

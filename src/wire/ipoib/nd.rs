@@ -1,0 +1,852 @@
+//! IPv6 Neighbor Discovery with IPoIB link-layer addresses (RFC 4861; RFC 4391 §9.1).
+//!
+//! On IPoIB the Source and Target Link-Layer Address options are 24 bytes long (length field
+//! 3): type, length, two reserved zero bytes, then the 20-byte [`HwAddr`]. Linux calls the
+//! two bytes `ndisc_addr_option_pad(ARPHRD_INFINIBAND) = 2`.
+//!
+//! Two levels of input:
+//!
+//! - **ICMPv6 message** (the bytes after the IPv6 header, starting with the ICMPv6 type):
+//!   [`nd_ll_option`], [`nd_source_ll_addr`] and [`nd_target_ll_addr`] find a link-layer
+//!   address option in any ND message (RS, RA, NS, NA, Redirect). They do not check the
+//!   checksum, which needs the IPv6 addresses.
+//! - **Whole IPv6 packet** (no link header), as read from or written to the TUN device and
+//!   carried over UD: [`NdMessage::parse`] validates the IPv6 header, hop limit 255 and the
+//!   ICMPv6 checksum; [`NeighborSolicitation`] and [`NeighborAdvertisement`] parse and build
+//!   the two messages the daemon answers and sends itself.
+//!
+//! IPv6 extension headers are not walked: a packet whose Next Header is not ICMPv6 is not an
+//! ND packet here (ND messages never carry extension headers in practice).
+
+use std::net::Ipv6Addr;
+
+use super::{HwAddr, IpoibError, Result};
+
+/// The IPv6 Next Header value of ICMPv6.
+pub const IPPROTO_ICMPV6: u8 = 58;
+
+/// The hop limit every ND message carries (and receivers require).
+pub const ND_HOP_LIMIT: u8 = 255;
+
+/// ND option type of the Source Link-Layer Address.
+pub const ND_OPT_SOURCE_LL_ADDR: u8 = 1;
+
+/// ND option type of the Target Link-Layer Address.
+pub const ND_OPT_TARGET_LL_ADDR: u8 = 2;
+
+/// Size of an IPoIB link-layer address option: 2 + 2 reserved + 20 (length field 3).
+pub const LL_OPTION_LEN: usize = 24;
+
+/// Size of the IPv6 header.
+const IPV6_HEADER_LEN: usize = 40;
+
+/// Byte offset of the ICMPv6 checksum inside the ICMPv6 message.
+const CHECKSUM_OFFSET: usize = 2;
+
+/// The ND message types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NdType {
+    /// ICMPv6 type 133.
+    RouterSolicitation,
+    /// ICMPv6 type 134.
+    RouterAdvertisement,
+    /// ICMPv6 type 135.
+    NeighborSolicitation,
+    /// ICMPv6 type 136.
+    NeighborAdvertisement,
+    /// ICMPv6 type 137.
+    Redirect,
+}
+
+impl NdType {
+    /// The ICMPv6 type.
+    #[must_use]
+    pub const fn icmp_type(self) -> u8 {
+        match self {
+            Self::RouterSolicitation => 133,
+            Self::RouterAdvertisement => 134,
+            Self::NeighborSolicitation => 135,
+            Self::NeighborAdvertisement => 136,
+            Self::Redirect => 137,
+        }
+    }
+
+    /// The ND message type of an ICMPv6 type, if it is one.
+    #[must_use]
+    pub const fn from_icmp_type(t: u8) -> Option<Self> {
+        match t {
+            133 => Some(Self::RouterSolicitation),
+            134 => Some(Self::RouterAdvertisement),
+            135 => Some(Self::NeighborSolicitation),
+            136 => Some(Self::NeighborAdvertisement),
+            137 => Some(Self::Redirect),
+            _ => None,
+        }
+    }
+
+    /// Size of the fixed part of the message, ICMPv6 header included; the options follow it.
+    #[must_use]
+    pub const fn fixed_len(self) -> usize {
+        match self {
+            Self::RouterSolicitation => 8,
+            Self::RouterAdvertisement => 16,
+            Self::NeighborSolicitation | Self::NeighborAdvertisement => 24,
+            Self::Redirect => 40,
+        }
+    }
+}
+
+/// Which link-layer address option to look for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LlOption {
+    /// Source Link-Layer Address (type 1): in RS, RA, NS.
+    Source,
+    /// Target Link-Layer Address (type 2): in NA, Redirect.
+    Target,
+}
+
+impl LlOption {
+    /// The option type.
+    #[must_use]
+    pub const fn option_type(self) -> u8 {
+        match self {
+            Self::Source => ND_OPT_SOURCE_LL_ADDR,
+            Self::Target => ND_OPT_TARGET_LL_ADDR,
+        }
+    }
+}
+
+/// Checks the ICMPv6 type and code of an ND message and returns its options.
+fn nd_options(icmp: &[u8]) -> Result<(NdType, &[u8])> {
+    let [t, code, ..] = *icmp else {
+        return Err(IpoibError::Truncated);
+    };
+    let kind = NdType::from_icmp_type(t).ok_or(IpoibError::NotNd(t))?;
+    if code != 0 {
+        return Err(IpoibError::BadNdCode(code));
+    }
+    let options = icmp.get(kind.fixed_len()..).ok_or(IpoibError::Truncated)?;
+    Ok((kind, options))
+}
+
+/// Finds the `which` link-layer address option in the ND message `icmp` (the ICMPv6 message,
+/// starting with its type byte) and returns its address; `Ok(None)` if there is none.
+///
+/// All options are checked, as Linux `ndisc_parse_options` does; if the option appears more
+/// than once, the first wins.
+///
+/// # Errors
+///
+/// - [`IpoibError::Truncated`] if `icmp` is shorter than the message's fixed part.
+/// - [`IpoibError::NotNd`] if the ICMPv6 type is not 133..=137; [`IpoibError::BadNdCode`] if
+///   the code is not 0.
+/// - [`IpoibError::BadNdOption`] if an option has length 0 or runs past the message.
+/// - [`IpoibError::BadLlOptionLen`] if the wanted option's length field is not 3 (an
+///   Ethernet-sized option, say); Linux drops such messages.
+pub fn nd_ll_option(icmp: &[u8], which: LlOption) -> Result<Option<HwAddr>> {
+    let (_, mut options) = nd_options(icmp)?;
+    let mut found = None;
+    while !options.is_empty() {
+        let [t, len, ..] = *options else {
+            return Err(IpoibError::BadNdOption);
+        };
+        let size = usize::from(len) * 8;
+        if len == 0 || size > options.len() {
+            return Err(IpoibError::BadNdOption);
+        }
+        let (opt, rest) = options.split_at(size);
+        if t == which.option_type() && found.is_none() {
+            if size != LL_OPTION_LEN {
+                return Err(IpoibError::BadLlOptionLen(len));
+            }
+            found = opt.get(4..).map(HwAddr::parse).transpose()?;
+        }
+        options = rest;
+    }
+    Ok(found)
+}
+
+/// The Source Link-Layer Address of an ND message; see [`nd_ll_option`].
+///
+/// # Errors
+///
+/// As [`nd_ll_option`].
+pub fn nd_source_ll_addr(icmp: &[u8]) -> Result<Option<HwAddr>> {
+    nd_ll_option(icmp, LlOption::Source)
+}
+
+/// The Target Link-Layer Address of an ND message; see [`nd_ll_option`].
+///
+/// # Errors
+///
+/// As [`nd_ll_option`].
+pub fn nd_target_ll_addr(icmp: &[u8]) -> Result<Option<HwAddr>> {
+    nd_ll_option(icmp, LlOption::Target)
+}
+
+/// Writes a link-layer address option.
+fn push_ll_option(out: &mut Vec<u8>, which: LlOption, hw: &HwAddr) {
+    out.extend_from_slice(&[which.option_type(), (LL_OPTION_LEN / 8) as u8, 0, 0]);
+    out.extend_from_slice(&hw.to_bytes());
+}
+
+/// The ICMPv6 checksum of `icmp` (the whole ICMPv6 message) sent from `src` to `dst`: the
+/// ones' complement of the ones' complement sum of the pseudo-header (RFC 8200 §8.1) and
+/// the message, **including** whatever its checksum field holds.
+///
+/// With the checksum field zero the result is the value to store; over a message with a
+/// correct checksum the result is 0 (see [`icmpv6_checksum_valid`]).
+#[must_use]
+pub fn icmpv6_checksum(src: Ipv6Addr, dst: Ipv6Addr, icmp: &[u8]) -> u16 {
+    let len = icmp.len() as u64;
+    let mut sum: u64 = u64::from(IPPROTO_ICMPV6) + (len >> 16) + (len & 0xFFFF);
+    for addr in [src, dst] {
+        sum += addr.segments().iter().map(|&s| u64::from(s)).sum::<u64>();
+    }
+    let mut words = icmp.chunks_exact(2);
+    for w in &mut words {
+        if let [hi, lo] = *w {
+            sum += u64::from(u16::from_be_bytes([hi, lo]));
+        }
+    }
+    if let [last] = *words.remainder() {
+        sum += u64::from(u16::from_be_bytes([last, 0]));
+    }
+    while sum > 0xFFFF {
+        sum = (sum & 0xFFFF) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// True if the checksum field of `icmp` is correct for `src` → `dst`.
+#[must_use]
+pub fn icmpv6_checksum_valid(src: Ipv6Addr, dst: Ipv6Addr, icmp: &[u8]) -> bool {
+    icmpv6_checksum(src, dst, icmp) == 0
+}
+
+/// The solicited-node multicast address of `addr` (`ff02::1:ffXX:XXXX`, RFC 4291 §2.7.1),
+/// where Neighbor Solicitations for `addr` are sent.
+#[must_use]
+pub const fn solicited_node_multicast(addr: Ipv6Addr) -> Ipv6Addr {
+    let a = addr.octets();
+    Ipv6Addr::new(
+        0xff02,
+        0,
+        0,
+        0,
+        0,
+        1,
+        0xff00 | a[13] as u16,
+        u16::from_be_bytes([a[14], a[15]]),
+    )
+}
+
+/// A validated ND packet: an IPv6 packet (no link header) carrying an ND message with hop
+/// limit 255 and a correct ICMPv6 checksum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NdMessage<'a> {
+    /// IPv6 source address.
+    pub src: Ipv6Addr,
+    /// IPv6 destination address.
+    pub dst: Ipv6Addr,
+    /// The message type.
+    pub kind: NdType,
+    /// The ICMPv6 message (type byte onwards), for [`nd_ll_option`]; bytes after the IPv6
+    /// payload length are excluded.
+    pub icmp: &'a [u8],
+}
+
+impl<'a> NdMessage<'a> {
+    /// Validates the IPv6 packet `packet` as an ND message. Bytes after the IPv6 payload
+    /// length are ignored.
+    ///
+    /// # Errors
+    ///
+    /// - [`IpoibError::Truncated`] if the packet is shorter than its headers or payload
+    ///   length, or the message shorter than its fixed part.
+    /// - [`IpoibError::BadIpVersion`] if it is not IPv6.
+    /// - [`IpoibError::NotIcmpv6`] if the Next Header is not 58.
+    /// - [`IpoibError::BadHopLimit`] if the hop limit is not 255 (RFC 4861 requires receivers
+    ///   to drop such messages: they may come from off-link).
+    /// - [`IpoibError::BadChecksum`] if the ICMPv6 checksum is wrong.
+    /// - [`IpoibError::NotNd`] / [`IpoibError::BadNdCode`] as in [`nd_ll_option`].
+    pub fn parse(packet: &'a [u8]) -> Result<Self> {
+        let (hdr, rest) = packet
+            .split_first_chunk::<IPV6_HEADER_LEN>()
+            .ok_or(IpoibError::Truncated)?;
+        let (fixed, addrs) = hdr.split_first_chunk::<8>().ok_or(IpoibError::Truncated)?;
+        let (src, dst) = addrs
+            .split_first_chunk::<16>()
+            .ok_or(IpoibError::Truncated)?;
+        let dst = dst.first_chunk::<16>().ok_or(IpoibError::Truncated)?;
+        let (src, dst) = (Ipv6Addr::from(*src), Ipv6Addr::from(*dst));
+        let version = fixed[0] >> 4;
+        if version != 6 {
+            return Err(IpoibError::BadIpVersion(version));
+        }
+        let payload_len = usize::from(u16::from_be_bytes([fixed[4], fixed[5]]));
+        if fixed[6] != IPPROTO_ICMPV6 {
+            return Err(IpoibError::NotIcmpv6(fixed[6]));
+        }
+        if fixed[7] != ND_HOP_LIMIT {
+            return Err(IpoibError::BadHopLimit(fixed[7]));
+        }
+        let icmp = rest.get(..payload_len).ok_or(IpoibError::Truncated)?;
+        let (kind, _) = nd_options(icmp)?;
+        if !icmpv6_checksum_valid(src, dst, icmp) {
+            return Err(IpoibError::BadChecksum);
+        }
+        Ok(Self {
+            src,
+            dst,
+            kind,
+            icmp,
+        })
+    }
+
+    /// The target address of an NS, NA or Redirect (bytes 8..24 of the message); `None` for
+    /// RS and RA.
+    #[must_use]
+    pub fn target(&self) -> Option<Ipv6Addr> {
+        match self.kind {
+            NdType::NeighborSolicitation | NdType::NeighborAdvertisement | NdType::Redirect => {
+                let t = self.icmp.get(8..24)?;
+                <[u8; 16]>::try_from(t).ok().map(Ipv6Addr::from)
+            }
+            NdType::RouterSolicitation | NdType::RouterAdvertisement => None,
+        }
+    }
+
+    /// Checks that the message is of type `kind`.
+    fn expect(&self, kind: NdType) -> Result<()> {
+        if self.kind == kind {
+            Ok(())
+        } else {
+            Err(IpoibError::WrongNdType(self.kind.icmp_type()))
+        }
+    }
+}
+
+/// Writes the IPv6 header and the ICMPv6 message `icmp` (checksum field zero) into `out`
+/// (cleared first), then fills in the checksum.
+fn emit_packet(src: Ipv6Addr, dst: Ipv6Addr, icmp: &[u8], out: &mut Vec<u8>) {
+    out.clear();
+    out.reserve(IPV6_HEADER_LEN + icmp.len());
+    let plen = u16::try_from(icmp.len()).unwrap_or(u16::MAX).to_be_bytes();
+    out.extend_from_slice(&[
+        0x60,
+        0,
+        0,
+        0,
+        plen[0],
+        plen[1],
+        IPPROTO_ICMPV6,
+        ND_HOP_LIMIT,
+    ]);
+    out.extend_from_slice(&src.octets());
+    out.extend_from_slice(&dst.octets());
+    out.extend_from_slice(icmp);
+    let sum = icmpv6_checksum(src, dst, icmp).to_be_bytes();
+    let at = IPV6_HEADER_LEN + CHECKSUM_OFFSET;
+    if let Some(field) = out.get_mut(at..at + 2) {
+        field.copy_from_slice(&sum);
+    }
+}
+
+/// A Neighbor Solicitation (ICMPv6 type 135) as a whole IPv6 packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NeighborSolicitation {
+    /// IPv6 source: our address, or `::` for Duplicate Address Detection.
+    pub src: Ipv6Addr,
+    /// IPv6 destination: the target's solicited-node multicast address for resolution, the
+    /// target itself for unreachability detection.
+    pub dst: Ipv6Addr,
+    /// The address being resolved.
+    pub target: Ipv6Addr,
+    /// The Source Link-Layer Address option: our hardware address. RFC 4861 forbids it
+    /// when `src` is `::`.
+    pub source_hw: Option<HwAddr>,
+}
+
+impl NeighborSolicitation {
+    /// Size of the ICMPv6 message without options.
+    const FIXED_LEN: usize = 24;
+
+    /// An address-resolution solicitation for `target` from `src` (whose hardware address is
+    /// `our_hw`), sent to the target's solicited-node multicast address. If `src` is `::`
+    /// (DAD) the source link-layer option is omitted.
+    #[must_use]
+    pub fn new(src: Ipv6Addr, our_hw: HwAddr, target: Ipv6Addr) -> Self {
+        Self {
+            src,
+            dst: solicited_node_multicast(target),
+            target,
+            source_hw: (!src.is_unspecified()).then_some(our_hw),
+        }
+    }
+
+    /// Decodes a validated NS packet (see [`NdMessage::parse`]).
+    ///
+    /// # Errors
+    ///
+    /// Those of [`NdMessage::parse`] and [`nd_ll_option`];
+    /// [`IpoibError::WrongNdType`] if the message is another ND type.
+    pub fn parse(packet: &[u8]) -> Result<Self> {
+        let m = NdMessage::parse(packet)?;
+        m.expect(NdType::NeighborSolicitation)?;
+        Ok(Self {
+            src: m.src,
+            dst: m.dst,
+            target: m.target().ok_or(IpoibError::Truncated)?,
+            source_hw: nd_source_ll_addr(m.icmp)?,
+        })
+    }
+
+    /// Replaces the contents of `out` with the IPv6 packet (hop limit 255, correct ICMPv6
+    /// checksum). `out` is cleared first; reusing one buffer avoids reallocating.
+    pub fn emit(&self, out: &mut Vec<u8>) {
+        let mut icmp = Vec::with_capacity(Self::FIXED_LEN + LL_OPTION_LEN);
+        icmp.extend_from_slice(&[
+            NdType::NeighborSolicitation.icmp_type(),
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ]);
+        icmp.extend_from_slice(&self.target.octets());
+        if let Some(hw) = &self.source_hw {
+            push_ll_option(&mut icmp, LlOption::Source, hw);
+        }
+        emit_packet(self.src, self.dst, &icmp, out);
+    }
+
+    /// The IPv6 packet in a new buffer; see [`NeighborSolicitation::emit`].
+    #[must_use]
+    pub fn to_packet(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.emit(&mut out);
+        out
+    }
+}
+
+/// A Neighbor Advertisement (ICMPv6 type 136) as a whole IPv6 packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NeighborAdvertisement {
+    /// IPv6 source: one of our addresses (normally `target`).
+    pub src: Ipv6Addr,
+    /// IPv6 destination: the solicitor, or `ff02::1` for an unsolicited advertisement or an
+    /// answer to a DAD probe.
+    pub dst: Ipv6Addr,
+    /// The address being advertised.
+    pub target: Ipv6Addr,
+    /// R flag: the sender is a router.
+    pub router: bool,
+    /// S flag: sent in response to a solicitation.
+    pub solicited: bool,
+    /// O flag: the advertisement overrides a cached link-layer address.
+    pub override_flag: bool,
+    /// The Target Link-Layer Address option: the hardware address of `target`.
+    pub target_hw: Option<HwAddr>,
+}
+
+impl NeighborAdvertisement {
+    /// Size of the ICMPv6 message without options.
+    const FIXED_LEN: usize = 24;
+    /// R flag bit in byte 4.
+    const FLAG_ROUTER: u8 = 0x80;
+    /// S flag bit in byte 4.
+    const FLAG_SOLICITED: u8 = 0x40;
+    /// O flag bit in byte 4.
+    const FLAG_OVERRIDE: u8 = 0x20;
+
+    /// The answer to `ns` for its target, which is ours at `our_hw` (RFC 4861 §7.2.4): from
+    /// the target, to the solicitor (solicited flag set), or to `ff02::1` (solicited flag
+    /// clear) if the solicitation came from `::`; override set; router clear.
+    #[must_use]
+    pub fn answer(ns: &NeighborSolicitation, our_hw: HwAddr) -> Self {
+        let dad = ns.src.is_unspecified();
+        Self {
+            src: ns.target,
+            dst: if dad {
+                Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1)
+            } else {
+                ns.src
+            },
+            target: ns.target,
+            router: false,
+            solicited: !dad,
+            override_flag: true,
+            target_hw: Some(our_hw),
+        }
+    }
+
+    /// Decodes a validated NA packet (see [`NdMessage::parse`]). Reserved bits are ignored.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`NdMessage::parse`] and [`nd_ll_option`];
+    /// [`IpoibError::WrongNdType`] if the message is another ND type.
+    pub fn parse(packet: &[u8]) -> Result<Self> {
+        let m = NdMessage::parse(packet)?;
+        m.expect(NdType::NeighborAdvertisement)?;
+        let flags = *m.icmp.get(4).ok_or(IpoibError::Truncated)?;
+        Ok(Self {
+            src: m.src,
+            dst: m.dst,
+            target: m.target().ok_or(IpoibError::Truncated)?,
+            router: flags & Self::FLAG_ROUTER != 0,
+            solicited: flags & Self::FLAG_SOLICITED != 0,
+            override_flag: flags & Self::FLAG_OVERRIDE != 0,
+            target_hw: nd_target_ll_addr(m.icmp)?,
+        })
+    }
+
+    /// Replaces the contents of `out` with the IPv6 packet (hop limit 255, correct ICMPv6
+    /// checksum). `out` is cleared first; reusing one buffer avoids reallocating.
+    pub fn emit(&self, out: &mut Vec<u8>) {
+        let mut flags = 0;
+        if self.router {
+            flags |= Self::FLAG_ROUTER;
+        }
+        if self.solicited {
+            flags |= Self::FLAG_SOLICITED;
+        }
+        if self.override_flag {
+            flags |= Self::FLAG_OVERRIDE;
+        }
+        let mut icmp = Vec::with_capacity(Self::FIXED_LEN + LL_OPTION_LEN);
+        icmp.extend_from_slice(&[
+            NdType::NeighborAdvertisement.icmp_type(),
+            0,
+            0,
+            0,
+            flags,
+            0,
+            0,
+            0,
+        ]);
+        icmp.extend_from_slice(&self.target.octets());
+        if let Some(hw) = &self.target_hw {
+            push_ll_option(&mut icmp, LlOption::Target, hw);
+        }
+        emit_packet(self.src, self.dst, &icmp, out);
+    }
+
+    /// The IPv6 packet in a new buffer; see [`NeighborAdvertisement::emit`].
+    #[must_use]
+    pub fn to_packet(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.emit(&mut out);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::ipoib::hwaddr::tests::arb_hwaddr;
+    use proptest::prelude::*;
+
+    /// An NS for fe80::2:c903:b:1234 from fe80::2:c903:a:bcde, laid out and checksummed by a
+    /// separate script (Python `struct`, RFC 1071 sum).
+    const NS_VECTOR: [u8; 88] = [
+        0x60, 0x00, 0x00, 0x00, 0x00, 0x30, 0x3a, 0xff, 0xfe, 0x80, 0x00, 0x00, 0x00, 0x00, 0x00,
+        0x00, 0x00, 0x02, 0xc9, 0x03, 0x00, 0x0a, 0xbc, 0xde, 0xff, 0x02, 0x00, 0x00, 0x00, 0x00,
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x01, 0xff, 0x0b, 0x12, 0x34, 0x87, 0x00, 0x04, 0x61, 0x00,
+        0x00, 0x00, 0x00, 0xfe, 0x80, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x02, 0xc9, 0x03,
+        0x00, 0x0b, 0x12, 0x34, 0x01, 0x03, 0x00, 0x00, 0x80, 0x00, 0x00, 0x48, 0xfe, 0x80, 0x00,
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x02, 0xc9, 0x03, 0x00, 0x0a, 0xbc, 0xde,
+    ];
+
+    fn our_hw() -> HwAddr {
+        "80:00:00:48:fe:80:00:00:00:00:00:00:00:02:c9:03:00:0a:bc:de"
+            .parse()
+            .unwrap()
+    }
+
+    fn ip(s: &str) -> Ipv6Addr {
+        s.parse().unwrap()
+    }
+
+    /// RFC 1071 over an explicit pseudo-header buffer, written independently of
+    /// [`icmpv6_checksum`]: true if the packet's ICMPv6 checksum is right.
+    fn independent_checksum_ok(packet: &[u8]) -> bool {
+        let plen = usize::from(u16::from_be_bytes([packet[4], packet[5]]));
+        let icmp = &packet[40..40 + plen];
+        let mut data = Vec::new();
+        data.extend_from_slice(&packet[8..40]);
+        data.extend_from_slice(&(plen as u32).to_be_bytes());
+        data.extend_from_slice(&[0, 0, 0, packet[6]]);
+        data.extend_from_slice(icmp);
+        if data.len() % 2 == 1 {
+            data.push(0);
+        }
+        let mut sum: u32 = data
+            .chunks(2)
+            .map(|w| (u32::from(w[0]) << 8) | u32::from(w[1]))
+            .sum();
+        while sum >> 16 != 0 {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        sum == 0xffff
+    }
+
+    #[test]
+    fn ns_fixed_vector() {
+        let ns = NeighborSolicitation::new(
+            ip("fe80::2:c903:a:bcde"),
+            our_hw(),
+            ip("fe80::2:c903:b:1234"),
+        );
+        assert_eq!(ns.dst, ip("ff02::1:ff0b:1234"));
+        let p = ns.to_packet();
+        assert_eq!(p, NS_VECTOR);
+        assert_eq!(p[7], 255, "hop limit");
+        assert_eq!(&p[42..44], &[0x04, 0x61], "checksum");
+        assert!(independent_checksum_ok(&p));
+        assert!(icmpv6_checksum_valid(ns.src, ns.dst, &p[40..]));
+        assert_eq!(NeighborSolicitation::parse(&p), Ok(ns));
+        let m = NdMessage::parse(&p).unwrap();
+        assert_eq!(m.kind, NdType::NeighborSolicitation);
+        assert_eq!(m.target(), Some(ns.target));
+        assert_eq!(nd_source_ll_addr(m.icmp), Ok(Some(our_hw())));
+        assert_eq!(nd_target_ll_addr(m.icmp), Ok(None));
+    }
+
+    #[test]
+    fn dad_ns_has_no_source_option() {
+        let ns = NeighborSolicitation::new(Ipv6Addr::UNSPECIFIED, our_hw(), ip("fd00::7"));
+        assert_eq!(ns.source_hw, None);
+        let p = ns.to_packet();
+        assert_eq!(p.len(), 40 + 24);
+        assert!(independent_checksum_ok(&p));
+        assert_eq!(NeighborSolicitation::parse(&p), Ok(ns));
+        let na = NeighborAdvertisement::answer(&ns, our_hw());
+        assert_eq!(na.dst, ip("ff02::1"));
+        assert!(!na.solicited);
+    }
+
+    #[test]
+    fn na_answer() {
+        let peer: HwAddr = "80:00:00:99:fe:80:00:00:00:00:00:00:00:02:c9:03:00:0b:12:34"
+            .parse()
+            .unwrap();
+        let ns = NeighborSolicitation::new(ip("fe80::2:c903:a:bcde"), our_hw(), ip("fe80::1"));
+        let na = NeighborAdvertisement::answer(&ns, peer);
+        assert_eq!(na.src, ip("fe80::1"));
+        assert_eq!(na.dst, ns.src);
+        assert_eq!(na.target, ip("fe80::1"));
+        assert!(na.solicited && na.override_flag && !na.router);
+        let p = na.to_packet();
+        assert_eq!(p.len(), 40 + 24 + 24);
+        assert_eq!(p[40], 136);
+        assert_eq!(p[44], 0x60, "S and O flags");
+        assert_eq!(&p[64..68], &[2, 3, 0, 0]);
+        assert_eq!(&p[68..88], &peer.to_bytes());
+        assert!(independent_checksum_ok(&p));
+        assert_eq!(NeighborAdvertisement::parse(&p), Ok(na));
+        assert_eq!(
+            NeighborSolicitation::parse(&p),
+            Err(IpoibError::WrongNdType(136))
+        );
+        assert_eq!(
+            NeighborAdvertisement::parse(&NS_VECTOR),
+            Err(IpoibError::WrongNdType(135))
+        );
+    }
+
+    #[test]
+    fn options_in_other_messages() {
+        let hw = our_hw().to_bytes();
+        // RA: 16 fixed bytes, a 32-byte prefix information option, then the SLLA.
+        let mut ra = vec![134, 0, 0, 0, 64, 0, 0x07, 0x08, 0, 0, 0, 0, 0, 0, 0, 0];
+        ra.extend_from_slice(&[3, 4]);
+        ra.extend_from_slice(&[0; 30]);
+        ra.extend_from_slice(&[1, 3, 0, 0]);
+        ra.extend_from_slice(&hw);
+        assert_eq!(nd_source_ll_addr(&ra), Ok(Some(our_hw())));
+        assert_eq!(nd_target_ll_addr(&ra), Ok(None));
+        // RS with nothing but the SLLA.
+        let mut rs = vec![133, 0, 0, 0, 0, 0, 0, 0, 1, 3, 0, 0];
+        rs.extend_from_slice(&hw);
+        assert_eq!(nd_source_ll_addr(&rs), Ok(Some(our_hw())));
+        // Redirect: 40 fixed bytes, then the TLLA.
+        let mut redirect = vec![137, 0, 0, 0, 0, 0, 0, 0];
+        redirect.extend_from_slice(&[0xfe; 32]);
+        redirect.extend_from_slice(&[2, 3, 0, 0]);
+        redirect.extend_from_slice(&hw);
+        assert_eq!(nd_target_ll_addr(&redirect), Ok(Some(our_hw())));
+        // Duplicate options: the first wins.
+        let mut dup = rs.clone();
+        dup.extend_from_slice(&[1, 3, 0, 0]);
+        dup.extend_from_slice(&HwAddr::BROADCAST.to_bytes());
+        assert_eq!(nd_source_ll_addr(&dup), Ok(Some(our_hw())));
+    }
+
+    #[test]
+    fn option_errors() {
+        let rs = |opts: &[u8]| {
+            let mut m = vec![133, 0, 0, 0, 0, 0, 0, 0];
+            m.extend_from_slice(opts);
+            nd_source_ll_addr(&m)
+        };
+        assert_eq!(rs(&[]), Ok(None));
+        assert_eq!(rs(&[1, 0, 0, 0, 0, 0, 0, 0]), Err(IpoibError::BadNdOption));
+        assert_eq!(rs(&[1]), Err(IpoibError::BadNdOption));
+        assert_eq!(rs(&[1, 3, 0, 0]), Err(IpoibError::BadNdOption));
+        // An Ethernet-sized SLLA.
+        assert_eq!(
+            rs(&[1, 1, 0x02, 0, 0, 0, 0, 1]),
+            Err(IpoibError::BadLlOptionLen(1))
+        );
+        // An Ethernet-sized TLLA does not matter when looking for the SLLA.
+        assert_eq!(rs(&[2, 1, 0x02, 0, 0, 0, 0, 1]), Ok(None));
+        assert_eq!(
+            nd_source_ll_addr(&[128, 0, 0, 0, 0, 0, 0, 0]),
+            Err(IpoibError::NotNd(128))
+        );
+        assert_eq!(
+            nd_source_ll_addr(&[133, 1, 0, 0, 0, 0, 0, 0]),
+            Err(IpoibError::BadNdCode(1))
+        );
+        assert_eq!(
+            nd_source_ll_addr(&[135, 0, 0, 0, 0, 0, 0, 0]),
+            Err(IpoibError::Truncated)
+        );
+        assert_eq!(nd_source_ll_addr(&[133]), Err(IpoibError::Truncated));
+    }
+
+    #[test]
+    fn packet_errors() {
+        let with = |off: usize, v: u8| {
+            let mut p = NS_VECTOR;
+            p[off] = v;
+            NdMessage::parse(&p).map(|m| m.kind)
+        };
+        assert_eq!(with(7, 64), Err(IpoibError::BadHopLimit(64)));
+        assert_eq!(with(6, 17), Err(IpoibError::NotIcmpv6(17)));
+        assert_eq!(with(0, 0x45), Err(IpoibError::BadIpVersion(4)));
+        assert_eq!(with(87, 0xdf), Err(IpoibError::BadChecksum));
+        assert_eq!(with(43, 0x62), Err(IpoibError::BadChecksum));
+        assert_eq!(with(5, 0x31), Err(IpoibError::Truncated));
+        assert_eq!(
+            NdMessage::parse(&NS_VECTOR[..87]),
+            Err(IpoibError::Truncated)
+        );
+        assert_eq!(
+            NdMessage::parse(&NS_VECTOR[..39]),
+            Err(IpoibError::Truncated)
+        );
+        // Trailing bytes after the payload length are ignored.
+        let mut long = NS_VECTOR.to_vec();
+        long.extend_from_slice(&[0xAA; 5]);
+        assert_eq!(
+            NeighborSolicitation::parse(&long),
+            NeighborSolicitation::parse(&NS_VECTOR)
+        );
+    }
+
+    #[test]
+    fn checksum_of_odd_length() {
+        let (a, b) = (ip("fe80::1"), ip("fe80::2"));
+        let mut m = vec![128, 0, 0, 0, 0, 1, 0, 1, 0xab];
+        let c = icmpv6_checksum(a, b, &m).to_be_bytes();
+        m[2..4].copy_from_slice(&c);
+        assert!(icmpv6_checksum_valid(a, b, &m));
+        let mut p = vec![0x60, 0, 0, 0, 0, 9, 58, 255];
+        p.extend_from_slice(&a.octets());
+        p.extend_from_slice(&b.octets());
+        p.extend_from_slice(&m);
+        assert!(independent_checksum_ok(&p));
+    }
+
+    #[test]
+    fn solicited_node() {
+        assert_eq!(
+            solicited_node_multicast(ip("2001:db8::1:2:3:4567:89ab")),
+            ip("ff02::1:ff67:89ab")
+        );
+    }
+
+    fn arb_v6() -> impl Strategy<Value = Ipv6Addr> {
+        any::<[u8; 16]>().prop_map(Ipv6Addr::from)
+    }
+
+    proptest! {
+        #[test]
+        fn ns_round_trip(
+            src in arb_v6(),
+            dst in arb_v6(),
+            target in arb_v6(),
+            source_hw in proptest::option::of(arb_hwaddr()),
+        ) {
+            let ns = NeighborSolicitation { src, dst, target, source_hw };
+            let p = ns.to_packet();
+            prop_assert!(independent_checksum_ok(&p));
+            prop_assert_eq!(NeighborSolicitation::parse(&p)?, ns);
+        }
+
+        #[test]
+        fn na_round_trip(
+            src in arb_v6(),
+            dst in arb_v6(),
+            target in arb_v6(),
+            flags in any::<[bool; 3]>(),
+            target_hw in proptest::option::of(arb_hwaddr()),
+        ) {
+            let na = NeighborAdvertisement {
+                src, dst, target,
+                router: flags[0], solicited: flags[1], override_flag: flags[2],
+                target_hw,
+            };
+            let mut p = vec![0xEE; 3];
+            na.emit(&mut p);
+            prop_assert!(independent_checksum_ok(&p));
+            prop_assert_eq!(NeighborAdvertisement::parse(&p)?, na);
+        }
+
+        #[test]
+        fn checksum_agrees(src in arb_v6(), dst in arb_v6(), mut m in proptest::collection::vec(any::<u8>(), 4..100)) {
+            m[2] = 0;
+            m[3] = 0;
+            let c = icmpv6_checksum(src, dst, &m).to_be_bytes();
+            m[2..4].copy_from_slice(&c);
+            prop_assert!(icmpv6_checksum_valid(src, dst, &m));
+            let mut p = vec![0x60, 0, 0, 0];
+            p.extend_from_slice(&(m.len() as u16).to_be_bytes());
+            p.extend_from_slice(&[58, 255]);
+            p.extend_from_slice(&src.octets());
+            p.extend_from_slice(&dst.octets());
+            p.extend_from_slice(&m);
+            prop_assert!(independent_checksum_ok(&p));
+        }
+
+        #[test]
+        fn options_never_panic(t in 133u8..=137, body in proptest::collection::vec(any::<u8>(), 0..120)) {
+            let mut m = vec![t, 0];
+            m.extend_from_slice(&body);
+            let _ = nd_ll_option(&m, LlOption::Source);
+            let _ = nd_ll_option(&m, LlOption::Target);
+        }
+
+        #[test]
+        fn packet_parsers_never_panic(b in proptest::collection::vec(any::<u8>(), 0..160)) {
+            let _ = NdMessage::parse(&b).map(|m| m.target());
+            let _ = NeighborSolicitation::parse(&b);
+            let _ = NeighborAdvertisement::parse(&b);
+            let _ = nd_ll_option(&b, LlOption::Source);
+        }
+
+        #[test]
+        fn mutated_packets_never_panic(i in 0usize..88, v in any::<u8>(), cut in 0usize..=88) {
+            let mut p = NS_VECTOR.to_vec();
+            p[i] = v;
+            p.truncate(cut);
+            let _ = NeighborSolicitation::parse(&p);
+            let _ = NeighborAdvertisement::parse(&p);
+        }
+    }
+}
