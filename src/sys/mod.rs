@@ -11,4 +11,5 @@
 #![allow(unsafe_code)]
 
 pub mod sockopt;
+pub mod tun;
 pub mod udp;
