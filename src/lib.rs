@@ -11,11 +11,14 @@
 //!   in its docs, plus the IBTA QP state machine and a registered buffer pool.
 //! - [`soft`]: the embedded default provider, a software RC/UD engine that speaks genuine
 //!   RoCEv2 over UDP. Its core is sans-IO; [`soft::transport`] is the thin UDP edge.
+//! - [`cm`]: the InfiniBand Communication Manager state machine (REQ/REP/RTU/DREQ/DREP/REJ,
+//!   retries, TimeWait), sans-IO like the rest.
 //! - [`sys`]: the only module allowed `unsafe`: socket options that no safe crate exposes.
 //!
 //! Every state machine takes `now: Instant` from its caller; only the binary's event loop reads
 //! the clock.
 
+pub mod cm;
 pub mod sim;
 pub mod soft;
 pub mod sys;

@@ -1,0 +1,1 @@
+//! Transcript tests of the CM state machine.
