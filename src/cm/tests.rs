@@ -1185,7 +1185,7 @@ proptest! {
         for s in steps {
             match s {
                 Step::Mad(g, m) => {
-                    reqs += usize::from(matches!(m, CmMessage::Req(_)));
+                    reqs += usize::from(matches!(*m, CmMessage::Req(_)));
                     cb.handle_mad(now, gid(g), &mad(7, *m));
                 }
                 Step::Bytes(b) => cb.handle_mad(now, a(), &b),
