@@ -11,11 +11,18 @@
 //!   in its docs, plus the IBTA QP state machine and a registered buffer pool.
 //! - [`soft`]: the embedded default provider, a software RC/UD engine that speaks genuine
 //!   RoCEv2 over UDP. Its core is sans-IO; [`soft::transport`] is the thin UDP edge.
-//! - [`sys`]: the only module allowed `unsafe`: socket options that no safe crate exposes.
+//! - [`cm`]: the InfiniBand Communication Manager state machine (REQ/REP/RTU/DREQ/DREP/REJ,
+//!   retries, TimeWait), sans-IO like the rest.
+//! - [`gsi`]: CM MADs over QP1 on a provider that lets us own QP1 (the software one).
+//! - [`sys`]: the only module allowed `unsafe`: OS calls no safe crate exposes (socket options,
+//!   `recvmsg` with packet info, the TUN device and its ioctls).
+//! - [`sim`]: a deterministic in-memory fabric with a virtual clock, for tests.
+//! - [`tools`]: the `rc-pingpong` tool.
 //!
 //! Every state machine takes `now: Instant` from its caller; only the binary's event loop reads
 //! the clock.
 
+pub mod cm;
 pub mod gsi;
 pub mod sim;
 pub mod soft;

@@ -1,0 +1,778 @@
+//! The InfiniBand Communication Manager state machine (IBTA Vol. 1 chapter 12, as Linux
+//! `drivers/infiniband/core/cm.c` implements it), sans-IO.
+//!
+//! One [`Cm`] serves one local port (one GID). It owns every communication ID of that port,
+//! active (we sent the REQ) and passive (we received it), and speaks CM MADs through two
+//! queues: MADs from QP1 go in through [`Cm::handle_mad`], MADs for the peers' QP1 come out of
+//! [`Cm::poll_transmit`]. The CM never touches a QP: it tells its owner what to do through
+//! [`CmEvent`]s, and the owner answers through [`Cm::accept`], [`Cm::reject`], [`Cm::rtu`],
+//! [`Cm::notify_comm_est`] and [`Cm::disconnect`].
+//!
+//! # Calling protocol
+//!
+//! - Inputs are `handle_*(now, …)` and the owner's calls; every one takes `now` from the
+//!   caller. Time must not go backwards between calls.
+//! - After any input, drain [`Cm::poll_transmit`] (send each MAD to QP1 of the GID it names),
+//!   then [`Cm::poll_event`], then sleep until [`Cm::poll_timeout`] and call
+//!   [`Cm::handle_timeout`]. `handle_timeout` is idempotent: a spurious or repeated call does
+//!   nothing.
+//! - The CM reads no clock and does no I/O.
+//!
+//! # States
+//!
+//! [`CmState`] uses the IBTA names (`enum ib_cm_state`). This CM never *sends* an MRA, so
+//! [`CmState::MraReqSent`] and [`CmState::MraRepSent`] are never entered; [`CmState::DreqRcvd`]
+//! is only passed through (the DREP is sent at once).
+//!
+//! Active side: `connect` → ReqSent (→ MraReqRcvd on MRA) → REP: RepRcvd, event
+//! [`CmEvent::RepReceived`] → `rtu` → Established. Passive side: REQ → ReqRcvd, event
+//! [`CmEvent::ReqReceived`] → `accept` → RepSent (→ MraRepRcvd on MRA) → RTU (or
+//! `notify_comm_est`) → Established. Either side: `disconnect` → DreqSent → DREP (or DREQ
+//! retries exhausted) → TimeWait; a DREQ received → DREP sent → TimeWait. TimeWait lasts
+//! [`CmConfig::timewait`] and then frees the id ([`CmEvent::TimeWaitExit`]).
+//!
+//! # Robustness
+//!
+//! No MAD can make the CM panic. A MAD that does not parse, names no live id, arrives in a
+//! state that has no use for it, or names one of our ids but comes from another GID or with
+//! the wrong peer comm id / QPN (spoofed) is dropped and counted in [`CmStats`]; it never
+//! changes state. The number of live ids is bounded by [`MAX_LIVE_IDS`] and the transmit
+//! queue by [`MAX_TX_QUEUE`].
+
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::indexing_slicing,
+        clippy::panic_in_result_fn
+    )
+)]
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use crate::verbs::{Gid, PathMtu, Psn, QpNum};
+use crate::wire::cm::{cm_timeout_ms, RejReason, MAD_LEN};
+
+mod conn;
+mod recv;
+
+#[cfg(test)]
+mod tests;
+
+use conn::{Conn, Retx};
+
+/// The most communication ids one [`Cm`] holds at once (all states, TimeWait included). A REQ
+/// beyond it is rejected with [`RejReason::NoResources`]; [`Cm::connect`] fails with
+/// [`CmUseError::NoResources`].
+pub const MAX_LIVE_IDS: usize = 16_384;
+
+/// The most MADs waiting in the transmit queue. Beyond it a MAD is dropped (as the network
+/// might drop it) and counted in [`CmStats::tx_queue_overflow`].
+pub const MAX_TX_QUEUE: usize = 4096;
+
+/// The upper 32 bits of the transaction IDs this CM starts (REQ, DREQ): Linux's
+/// `cm_form_tid` puts the MAD agent's `hi_tid` there.
+const TID_HI: u64 = 1;
+
+/// rxe's CA ACK delay exponent (`RXE_LOCAL_CA_ACK_DELAY`), sent as the REP's Target ACK Delay.
+const CA_ACK_DELAY: u8 = 15;
+
+/// Our local communication id (the Local Communication ID of the MADs we send).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CommId(pub u32);
+
+/// IBTA CM states (`enum ib_cm_state`, without the listener and SIDR states).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CmState {
+    /// No connection (an id is never kept in this state: it is freed).
+    Idle,
+    /// Active: REQ sent, waiting for REP.
+    ReqSent,
+    /// Passive: REQ received, waiting for the owner to accept or reject.
+    ReqRcvd,
+    /// Passive: MRA sent for the REQ (never entered: this CM sends no MRA).
+    MraReqSent,
+    /// Active: the peer MRAed our REQ; the REQ's timeout is extended.
+    MraReqRcvd,
+    /// Passive: REP sent, waiting for RTU.
+    RepSent,
+    /// Active: REP received, waiting for the owner to call [`Cm::rtu`].
+    RepRcvd,
+    /// Active: MRA sent for the REP (never entered: this CM sends no MRA).
+    MraRepSent,
+    /// Passive: the peer MRAed our REP; the REP's timeout is extended.
+    MraRepRcvd,
+    /// Connected.
+    Established,
+    /// DREQ sent, waiting for DREP.
+    DreqSent,
+    /// DREQ received (transient: the DREP goes out at once and the id enters TimeWait).
+    DreqRcvd,
+    /// Disconnected; the id (and its peer's comm id and QPN) stay reserved until the
+    /// TimeWait timer expires.
+    TimeWait,
+}
+
+/// Configuration of a [`Cm`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CmConfig {
+    /// Our port's GID (the Primary Local Port GID of our REQs; a REQ whose Primary Remote
+    /// Port GID differs is rejected with [`RejReason::InvalidGid`]).
+    pub local_gid: Gid,
+    /// Our CA GUID (Local CA GUID of REQ and REP; key of the peers' stale-connection checks).
+    pub local_ca_guid: u64,
+    /// CM response timeout exponent we advertise (Remote and Local CM Response Timeout of our
+    /// REQs). Default 20 (`CMA_CM_RESPONSE_TIMEOUT`, 4096 ms).
+    pub cm_response_timeout: u8,
+    /// Max CM Retries of our REQs, and how often we resend a REQ or DREQ. Default 15.
+    pub max_cm_retries: u8,
+    /// Packet life time exponent of the path (`CMA_IBOE_PACKET_LIFETIME`). Default 16.
+    pub packet_life_time: u8,
+    /// How long an id stays in TimeWait. Default: Linux's `cm_convert_to_ms(av.timeout)` with
+    /// `av.timeout = cm_ack_timeout(15, packet_life_time)`, which is 512 ms for the default
+    /// packet life time.
+    pub timewait: Duration,
+    /// XORed into the sequence of local comm ids (Linux XORs a random operand the same way),
+    /// so that comm ids differ across restarts. Default 0; the driver should pass a random
+    /// value. (Addition to the original API.)
+    pub comm_id_seed: u32,
+}
+
+impl CmConfig {
+    /// The defaults (as rdma_cm uses them) for a port with `local_gid` on CA `local_ca_guid`.
+    #[must_use]
+    pub fn new(local_gid: Gid, local_ca_guid: u64) -> Self {
+        let packet_life_time = 16;
+        Self {
+            local_gid,
+            local_ca_guid,
+            cm_response_timeout: 20,
+            max_cm_retries: 15,
+            packet_life_time,
+            timewait: ms(cm_timeout_ms(cm_ack_timeout(
+                CA_ACK_DELAY,
+                packet_life_time,
+            ))),
+            comm_id_seed: 0,
+        }
+    }
+
+    /// The REQ (and active-side DREQ) retransmit interval: `2 · conv(packet_life_time) +
+    /// conv(cm_response_timeout)` (Linux `ib_send_cm_req`).
+    #[must_use]
+    pub fn req_timeout(&self) -> Duration {
+        ms(2 * cm_timeout_ms(self.packet_life_time) + cm_timeout_ms(self.cm_response_timeout))
+    }
+}
+
+/// What [`Cm::connect`] needs to send a REQ.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectParams {
+    /// The peer port's GID (its QP1 receives the REQ).
+    pub peer: Gid,
+    /// The service to connect to.
+    pub service_id: u64,
+    /// Our RC QP.
+    pub local_qpn: QpNum,
+    /// The PSN we expect to receive (our QP's `rq_psn`); the peer uses it as its `sq_psn`.
+    pub starting_psn: Psn,
+    /// Path MTU.
+    pub path_mtu: PathMtu,
+    /// Transport retry count the peer should use (3 bits).
+    pub retry_count: u8,
+    /// RNR retry count the peer should use (3 bits).
+    pub rnr_retry_count: u8,
+    /// Whether our QP receives from an SRQ.
+    pub srq: bool,
+    /// Primary Local ACK Timeout exponent (5 bits).
+    pub local_ack_timeout: u8,
+    /// REQ private data, at most 92 bytes (zero-padded).
+    pub private_data: Vec<u8>,
+}
+
+/// What [`Cm::accept`] needs to send a REP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcceptParams {
+    /// Our RC QP.
+    pub local_qpn: QpNum,
+    /// The PSN we expect to receive (our QP's `rq_psn`); the peer uses it as its `sq_psn`.
+    pub starting_psn: Psn,
+    /// Whether our QP receives from an SRQ.
+    pub srq: bool,
+    /// RNR retry count the peer should use (3 bits).
+    pub rnr_retry_count: u8,
+    /// REP private data, at most 196 bytes (zero-padded).
+    pub private_data: Vec<u8>,
+}
+
+/// What the owner of a [`Cm`] must learn about (from [`Cm::poll_event`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CmEvent {
+    /// Passive side: a REQ for a listened service. Owner creates a QP, brings it to RTR with
+    /// the peer's QPN and `remote_psn` as its sq_psn later, then calls `accept` (or `reject`).
+    ReqReceived {
+        /// The new passive id.
+        id: CommId,
+        /// The GID the REQ came from.
+        peer: Gid,
+        /// The REQ's service ID.
+        service_id: u64,
+        /// The peer's QP.
+        remote_qpn: QpNum,
+        /// The PSN the peer expects to receive: our `sq_psn`.
+        remote_psn: Psn,
+        /// Path MTU.
+        path_mtu: PathMtu,
+        /// Transport retry count for our QP.
+        retry_count: u8,
+        /// RNR retry count for our QP.
+        rnr_retry_count: u8,
+        /// The REQ's private data.
+        private_data: [u8; 92],
+    },
+    /// Active side: REP arrived. Owner moves the QP to RTR (rq_psn = own starting psn) and RTS
+    /// (sq_psn = `remote_psn`), then calls `rtu(id)`.
+    RepReceived {
+        /// Our active id.
+        id: CommId,
+        /// The peer's QP.
+        remote_qpn: QpNum,
+        /// The PSN the peer expects to receive: our `sq_psn`.
+        remote_psn: Psn,
+        /// RNR retry count for our QP.
+        rnr_retry_count: u8,
+        /// The REP's private data.
+        private_data: [u8; 196],
+    },
+    /// Connection usable (active: after `rtu`; passive: RTU received or `notify_comm_est`).
+    Established {
+        /// The id.
+        id: CommId,
+    },
+    /// Peer rejected (any state). Owner destroys its QP. The id is then either freed at once
+    /// ([`Cm::state`] is `None`) or in TimeWait (a [`CmEvent::TimeWaitExit`] follows).
+    Rejected {
+        /// The id.
+        id: CommId,
+        /// The REJ's reason.
+        reason: RejReason,
+    },
+    /// No answer after all retries (REQ or REP): a clear reason for the owner. `state` is the
+    /// state that timed out. A REQ timeout frees the id; a REP timeout sends REJ (Timeout)
+    /// and enters TimeWait.
+    TimedOut {
+        /// The id.
+        id: CommId,
+        /// ReqSent, MraReqRcvd, RepSent or MraRepRcvd.
+        state: CmState,
+    },
+    /// Peer sent DREQ (the CM already answered DREP and is in TimeWait). Owner moves the QP to
+    /// ERR.
+    DisconnectReceived {
+        /// The id.
+        id: CommId,
+    },
+    /// Our DREQ was answered (by DREP, or by a crossing DREQ) or timed out; in TimeWait.
+    Disconnected {
+        /// The id.
+        id: CommId,
+    },
+    /// TimeWait over; the id is free. Owner may destroy the QP now if not already.
+    TimeWaitExit {
+        /// The id.
+        id: CommId,
+    },
+}
+
+/// Misuse of the [`Cm`] API by its owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum CmUseError {
+    /// No live id with that number.
+    #[error("no such communication id")]
+    NoSuchId,
+    /// The id is in a state that does not allow the call.
+    #[error("communication id is in state {0:?}")]
+    WrongState(CmState),
+    /// Private data longer than the message carries (92 bytes in a REQ, 196 in a REP).
+    #[error("private data too long")]
+    PrivateDataTooLong,
+    /// [`MAX_LIVE_IDS`] ids are live. (Addition to the original API.)
+    #[error("too many live communication ids")]
+    NoResources,
+}
+
+/// Counters of a [`Cm`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CmStats {
+    /// MADs queued for sending (retransmits included).
+    pub mads_sent: u64,
+    /// MADs given to [`Cm::handle_mad`].
+    pub mads_received: u64,
+    /// REQ, REP and DREQ retransmissions after a timeout.
+    pub retransmits: u64,
+    /// MADs that did not parse as a CM MAD we decode.
+    pub dropped_malformed: u64,
+    /// MADs naming no live id of ours.
+    pub dropped_unknown: u64,
+    /// MADs naming one of our ids from the wrong GID, or with the wrong peer comm id or QPN.
+    pub dropped_spoofed: u64,
+    /// MADs for a live id in a state that has no use for them (not duplicates).
+    pub dropped_unexpected: u64,
+    /// Duplicates: a retransmitted REQ/REP/DREQ/DREP/RTU (some are answered again).
+    pub duplicates: u64,
+    /// REJs sent.
+    pub rej_sent: u64,
+    /// REJs received (parsed).
+    pub rej_received: u64,
+    /// REQs rejected as stale (the peer's comm id or QPN is still in TimeWait here).
+    pub stale_rejected: u64,
+    /// DREQs for unknown ids, answered with a DREP anyway.
+    pub unknown_dreq_answered: u64,
+    /// REQ, REP and DREQ retries exhausted.
+    pub timeouts: u64,
+    /// MADs dropped because the transmit queue was full.
+    pub tx_queue_overflow: u64,
+}
+
+/// The Communication Manager of one port. See the [module docs](self) for the calling
+/// protocol.
+#[derive(Debug)]
+pub struct Cm {
+    cfg: CmConfig,
+    listeners: Vec<(u64, u64)>,
+    conns: BTreeMap<u32, Conn>,
+    /// `(deadline, comm id)` of every id with a retransmit or TimeWait timer.
+    timers: BTreeSet<(Instant, u32)>,
+    next_id: u32,
+    tx: VecDeque<(Gid, [u8; MAD_LEN])>,
+    events: VecDeque<CmEvent>,
+    stats: CmStats,
+}
+
+impl Cm {
+    /// A CM with no listener and no id.
+    #[must_use]
+    pub fn new(cfg: CmConfig) -> Self {
+        Self {
+            cfg,
+            listeners: Vec::new(),
+            conns: BTreeMap::new(),
+            timers: BTreeSet::new(),
+            next_id: 1,
+            tx: VecDeque::new(),
+            events: VecDeque::new(),
+            stats: CmStats::default(),
+        }
+    }
+
+    /// The configuration.
+    #[must_use]
+    pub fn config(&self) -> &CmConfig {
+        &self.cfg
+    }
+
+    /// Delivers REQs whose `sid & mask == service_id & mask` as [`CmEvent::ReqReceived`].
+    /// REQs no listener matches are rejected with [`RejReason::InvalidServiceId`]. Listening
+    /// twice on the same pair is a no-op.
+    pub fn listen(&mut self, service_id: u64, mask: u64) {
+        let l = (service_id & mask, mask);
+        if !self.listeners.contains(&l) {
+            self.listeners.push(l);
+        }
+    }
+
+    /// Sends a REQ (state ReqSent) and returns the new active id.
+    ///
+    /// # Errors
+    ///
+    /// [`CmUseError::PrivateDataTooLong`] beyond 92 bytes; [`CmUseError::NoResources`] when
+    /// [`MAX_LIVE_IDS`] ids are live.
+    pub fn connect(&mut self, now: Instant, p: ConnectParams) -> Result<CommId, CmUseError> {
+        let private_data = pad::<92>(&p.private_data)?;
+        let id = self.alloc_id().ok_or(CmUseError::NoResources)?;
+        let tid = own_tid(id);
+        let mut c = Conn::new_active(&self.cfg, tid, &p);
+        let mad = c.req_mad(&self.cfg, id, &p, private_data);
+        c.retx = Some(Retx {
+            mad,
+            retries_left: c.max_retries,
+            interval: c.timeout,
+        });
+        self.conns.insert(id.0, c);
+        self.send(p.peer, mad);
+        self.set_deadline(id, Some(now + self.cfg.req_timeout()));
+        Ok(id)
+    }
+
+    /// Passive side: sends the REP for a REQ delivered as [`CmEvent::ReqReceived`] (state
+    /// RepSent). The REP is resent until an RTU (or [`Cm::notify_comm_est`]).
+    ///
+    /// # Errors
+    ///
+    /// [`CmUseError::NoSuchId`], [`CmUseError::WrongState`] unless ReqRcvd,
+    /// [`CmUseError::PrivateDataTooLong`] beyond 196 bytes.
+    pub fn accept(&mut self, now: Instant, id: CommId, p: AcceptParams) -> Result<(), CmUseError> {
+        let c = self.conns.get_mut(&id.0).ok_or(CmUseError::NoSuchId)?;
+        if !matches!(c.state, CmState::ReqRcvd | CmState::MraReqSent) {
+            return Err(CmUseError::WrongState(c.state));
+        }
+        let private_data = pad::<196>(&p.private_data)?;
+        c.local_qpn = p.local_qpn;
+        let mad = c.rep_mad(&self.cfg, id, &p, private_data);
+        c.reply = Some(mad);
+        c.retx = Some(Retx {
+            mad,
+            retries_left: c.max_retries,
+            interval: c.timeout,
+        });
+        c.state = CmState::RepSent;
+        let (peer, timeout) = (c.peer, c.timeout);
+        self.send(peer, mad);
+        self.set_deadline(id, Some(now + timeout));
+        Ok(())
+    }
+
+    /// Sends a REJ with `reason`. Allowed while the connection is being set up: from ReqRcvd
+    /// (refusing a REQ), RepRcvd (refusing a REP), ReqSent/MraReqRcvd (abandoning our REQ):
+    /// the id is freed at once. From RepSent/MraRepRcvd the id enters TimeWait (our QPN was
+    /// announced). No event follows either way, apart from a later TimeWaitExit.
+    ///
+    /// # Errors
+    ///
+    /// [`CmUseError::NoSuchId`]; [`CmUseError::WrongState`] from Established and later.
+    pub fn reject(
+        &mut self,
+        now: Instant,
+        id: CommId,
+        reason: RejReason,
+    ) -> Result<(), CmUseError> {
+        let c = self.conns.get(&id.0).ok_or(CmUseError::NoSuchId)?;
+        match c.state {
+            CmState::ReqSent
+            | CmState::MraReqRcvd
+            | CmState::ReqRcvd
+            | CmState::MraReqSent
+            | CmState::RepRcvd
+            | CmState::MraRepSent
+            | CmState::RepSent
+            | CmState::MraRepRcvd => {
+                self.send_rej_locked(now, id, reason, &[]);
+                Ok(())
+            }
+            s => Err(CmUseError::WrongState(s)),
+        }
+    }
+
+    /// Active side: sends the RTU after [`CmEvent::RepReceived`]; the id is Established and an
+    /// [`CmEvent::Established`] event follows.
+    ///
+    /// # Errors
+    ///
+    /// [`CmUseError::NoSuchId`], [`CmUseError::WrongState`] unless RepRcvd.
+    pub fn rtu(&mut self, _now: Instant, id: CommId) -> Result<(), CmUseError> {
+        let c = self.conns.get_mut(&id.0).ok_or(CmUseError::NoSuchId)?;
+        if !matches!(c.state, CmState::RepRcvd | CmState::MraRepSent) {
+            return Err(CmUseError::WrongState(c.state));
+        }
+        let mad = c.rtu_mad(id);
+        c.reply = Some(mad);
+        c.state = CmState::Established;
+        let peer = c.peer;
+        self.send(peer, mad);
+        self.events.push_back(CmEvent::Established { id });
+        Ok(())
+    }
+
+    /// Passive side: the QP received data before the RTU arrived (the RTU was lost;
+    /// `IB_EVENT_COMM_EST`). From RepSent/MraRepRcvd the id becomes Established (an
+    /// [`CmEvent::Established`] event follows) and the REP is no longer resent; in any other
+    /// state, or for an unknown id, nothing happens.
+    pub fn notify_comm_est(&mut self, _now: Instant, id: CommId) {
+        let Some(c) = self.conns.get_mut(&id.0) else {
+            return;
+        };
+        if matches!(c.state, CmState::RepSent | CmState::MraRepRcvd) {
+            c.state = CmState::Established;
+            c.retx = None;
+            self.set_deadline(id, None);
+            self.events.push_back(CmEvent::Established { id });
+        }
+    }
+
+    /// Ends a connection. From Established: sends a DREQ (state DreqSent; resent until a DREP,
+    /// then [`CmEvent::Disconnected`]). Before Established, as Linux `cm_destroy_id` does:
+    /// from ReqSent/MraReqRcvd sends REJ (Timeout, ARI = our CA GUID); from ReqRcvd, RepRcvd,
+    /// RepSent, MraRepRcvd sends REJ (ConsumerDefined); see [`Cm::reject`] for where the id
+    /// goes. From DreqSent or TimeWait: nothing to do.
+    ///
+    /// # Errors
+    ///
+    /// [`CmUseError::NoSuchId`].
+    pub fn disconnect(&mut self, now: Instant, id: CommId) -> Result<(), CmUseError> {
+        let c = self.conns.get_mut(&id.0).ok_or(CmUseError::NoSuchId)?;
+        match c.state {
+            CmState::Established => {
+                let mad = c.dreq_mad(id);
+                c.retx = Some(Retx {
+                    mad,
+                    retries_left: c.max_retries,
+                    interval: c.timeout,
+                });
+                c.state = CmState::DreqSent;
+                let (peer, timeout) = (c.peer, c.timeout);
+                self.send(peer, mad);
+                self.set_deadline(id, Some(now + timeout));
+            }
+            CmState::ReqSent | CmState::MraReqRcvd => {
+                let guid = self.cfg.local_ca_guid.to_be_bytes();
+                self.send_rej_locked(now, id, RejReason::Timeout, &guid);
+            }
+            CmState::ReqRcvd
+            | CmState::MraReqSent
+            | CmState::RepRcvd
+            | CmState::MraRepSent
+            | CmState::RepSent
+            | CmState::MraRepRcvd => {
+                self.send_rej_locked(now, id, RejReason::ConsumerDefined, &[]);
+            }
+            CmState::Idle | CmState::DreqSent | CmState::DreqRcvd | CmState::TimeWait => {}
+        }
+        Ok(())
+    }
+
+    /// Retransmits what timed out, gives up after the retries, and ends expired TimeWaits.
+    /// Idempotent: calling it again with the same `now` does nothing.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        // Every pass either removes the first timer or moves it past `now` (intervals are at
+        // least 1 ms), except a zero TimeWait, which the next pass removes: 2 passes per id.
+        let bound = 2 * self.timers.len() + 1;
+        for _ in 0..bound {
+            let Some(&(at, raw)) = self.timers.first() else {
+                return;
+            };
+            if at > now {
+                return;
+            }
+            self.fire(now, CommId(raw));
+        }
+    }
+
+    /// When [`Cm::handle_timeout`] next has work to do.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.first().map(|&(at, _)| at)
+    }
+
+    /// The next MAD to send, and the GID whose QP1 it goes to.
+    #[must_use]
+    pub fn poll_transmit(&mut self) -> Option<(Gid, [u8; MAD_LEN])> {
+        self.tx.pop_front()
+    }
+
+    /// The next event for the owner.
+    #[must_use]
+    pub fn poll_event(&mut self) -> Option<CmEvent> {
+        self.events.pop_front()
+    }
+
+    /// The state of a live id; `None` once it is freed.
+    #[must_use]
+    pub fn state(&self, id: CommId) -> Option<CmState> {
+        self.conns.get(&id.0).map(|c| c.state)
+    }
+
+    /// The counters.
+    #[must_use]
+    pub fn stats(&self) -> CmStats {
+        self.stats
+    }
+
+    /// Live ids (TimeWait included).
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// True when no id is live.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.conns.is_empty()
+    }
+
+    // -------------------------------------------------------------------------------------
+    // Internals shared with `recv`.
+
+    /// A free local comm id, or `None` at [`MAX_LIVE_IDS`].
+    fn alloc_id(&mut self) -> Option<CommId> {
+        if self.conns.len() >= MAX_LIVE_IDS {
+            return None;
+        }
+        // At most MAX_LIVE_IDS values are taken, and 0 is skipped: this finds one in at most
+        // MAX_LIVE_IDS + 2 tries.
+        for _ in 0..MAX_LIVE_IDS + 2 {
+            let raw = self.next_id ^ self.cfg.comm_id_seed;
+            self.next_id = self.next_id.wrapping_add(1);
+            if raw != 0 && !self.conns.contains_key(&raw) {
+                return Some(CommId(raw));
+            }
+        }
+        None
+    }
+
+    /// Queues a MAD for `to`.
+    fn send(&mut self, to: Gid, mad: [u8; MAD_LEN]) {
+        if self.tx.len() >= MAX_TX_QUEUE {
+            self.stats.tx_queue_overflow += 1;
+            return;
+        }
+        self.stats.mads_sent += 1;
+        self.tx.push_back((to, mad));
+    }
+
+    /// Sets (or clears) the one timer of `id`.
+    fn set_deadline(&mut self, id: CommId, at: Option<Instant>) {
+        let Some(c) = self.conns.get_mut(&id.0) else {
+            return;
+        };
+        if let Some(old) = c.deadline.take() {
+            self.timers.remove(&(old, id.0));
+        }
+        if let Some(at) = at {
+            c.deadline = Some(at);
+            self.timers.insert((at, id.0));
+        }
+    }
+
+    /// Frees `id`.
+    fn free(&mut self, id: CommId) {
+        self.set_deadline(id, None);
+        self.conns.remove(&id.0);
+    }
+
+    /// Enters TimeWait: no retransmission; the id is freed after [`CmConfig::timewait`].
+    fn enter_timewait(&mut self, now: Instant, id: CommId) {
+        if let Some(c) = self.conns.get_mut(&id.0) {
+            c.state = CmState::TimeWait;
+            c.retx = None;
+            let tw = self.cfg.timewait;
+            self.set_deadline(id, Some(now + tw));
+        }
+    }
+
+    /// Sends a REJ for `id` and moves it as Linux `cm_send_rej_locked` does: to TimeWait from
+    /// RepSent/MraRepRcvd, else frees it.
+    fn send_rej_locked(&mut self, now: Instant, id: CommId, reason: RejReason, ari: &[u8]) {
+        let Some(c) = self.conns.get(&id.0) else {
+            return;
+        };
+        let mad = c.rej_mad(id, reason, ari);
+        let (peer, state) = (c.peer, c.state);
+        self.stats.rej_sent += 1;
+        self.send(peer, mad);
+        if matches!(state, CmState::RepSent | CmState::MraRepRcvd) {
+            self.enter_timewait(now, id);
+        } else {
+            self.free(id);
+        }
+    }
+
+    /// The timer of `id` expired at `now`.
+    fn fire(&mut self, now: Instant, id: CommId) {
+        /// What the expired timer asks for (a local value; its size does not matter).
+        #[allow(clippy::large_enum_variant)]
+        enum Fire {
+            Resend([u8; MAD_LEN], Duration),
+            Exhausted,
+            TimeWaitExit,
+            Spurious,
+        }
+        let Some(c) = self.conns.get_mut(&id.0) else {
+            return;
+        };
+        let (state, peer) = (c.state, c.peer);
+        let what = match c.retx.as_mut() {
+            Some(r) if r.retries_left > 0 => {
+                r.retries_left -= 1;
+                Fire::Resend(r.mad, r.interval)
+            }
+            Some(_) => Fire::Exhausted,
+            None if state == CmState::TimeWait => Fire::TimeWaitExit,
+            None => Fire::Spurious,
+        };
+        match what {
+            Fire::Resend(mad, interval) => {
+                self.stats.retransmits += 1;
+                self.send(peer, mad);
+                self.set_deadline(id, Some(now + interval));
+            }
+            Fire::Exhausted => {
+                self.stats.timeouts += 1;
+                match state {
+                    CmState::ReqSent | CmState::MraReqRcvd => {
+                        // Linux sends nothing when a REQ times out (IB_CM_REQ_ERROR).
+                        self.free(id);
+                        self.events.push_back(CmEvent::TimedOut { id, state });
+                    }
+                    CmState::RepSent | CmState::MraRepRcvd => {
+                        // IBTA 12.9.6: REJ (Timeout), so that a peer that did get the REP
+                        // stops too. Our QPN was announced: TimeWait.
+                        let guid = self.cfg.local_ca_guid.to_be_bytes();
+                        self.send_rej_locked(now, id, RejReason::Timeout, &guid);
+                        self.events.push_back(CmEvent::TimedOut { id, state });
+                    }
+                    CmState::DreqSent => {
+                        self.enter_timewait(now, id);
+                        self.events.push_back(CmEvent::Disconnected { id });
+                    }
+                    _ => self.stop_retx(id),
+                }
+            }
+            Fire::TimeWaitExit => {
+                self.free(id);
+                self.events.push_back(CmEvent::TimeWaitExit { id });
+            }
+            Fire::Spurious => self.set_deadline(id, None),
+        }
+    }
+
+    /// Stops the retransmission of `id` (its MAD was answered).
+    fn stop_retx(&mut self, id: CommId) {
+        if let Some(c) = self.conns.get_mut(&id.0) {
+            c.retx = None;
+        }
+        self.set_deadline(id, None);
+    }
+}
+
+/// `n` milliseconds.
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// The transaction ID of a REQ or DREQ we start (Linux `cm_form_tid`).
+fn own_tid(id: CommId) -> u64 {
+    TID_HI << 32 | u64::from(id.0)
+}
+
+/// Linux `cm_ack_timeout`: the ACK timeout exponent from the CA ACK delay and the packet
+/// life time.
+fn cm_ack_timeout(ca_ack_delay: u8, packet_life_time: u8) -> u8 {
+    let mut t = packet_life_time.saturating_add(1);
+    if t >= ca_ack_delay {
+        t = t.saturating_add(u8::from(ca_ack_delay >= t - 1));
+    } else {
+        t = ca_ack_delay.saturating_add(u8::from(t >= ca_ack_delay - 1));
+    }
+    t.min(31)
+}
+
+/// `data` zero-padded to `N` bytes.
+fn pad<const N: usize>(data: &[u8]) -> Result<[u8; N], CmUseError> {
+    let mut out = [0u8; N];
+    out.get_mut(..data.len())
+        .ok_or(CmUseError::PrivateDataTooLong)?
+        .copy_from_slice(data);
+    Ok(out)
+}
