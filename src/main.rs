@@ -105,6 +105,10 @@ struct PingpongArgs {
     /// Print the provider's counters at the end.
     #[arg(long)]
     stats: bool,
+    /// Connect through the InfiniBand CM (REQ/REP/RTU over QP1, DREQ/DREP at the end) instead
+    /// of the TCP exchange; the server then needs --bind.
+    #[arg(long)]
+    cm: bool,
     #[command(flatten)]
     faults: FaultArgs,
 }
@@ -137,6 +141,7 @@ fn rc_pingpong_main(a: &PingpongArgs) -> ExitCode {
         qp_timeout: a.qp_timeout,
         verify_icrc_v4: !a.no_icrc_v4,
         faults,
+        cm: a.cm,
         deadline: Duration::from_secs(a.deadline.max(1)),
     };
     let _ = a.gid_idx;
@@ -147,6 +152,10 @@ fn rc_pingpong_main(a: &PingpongArgs) -> ExitCode {
                 println!("{}", out.stats);
             }
             ExitCode::SUCCESS
+        }
+        Err(e @ rc_pingpong::PingpongError::Usage(_)) => {
+            eprintln!("ipoib-cm rc-pingpong: {e}");
+            ExitCode::from(2)
         }
         Err(e) => {
             eprintln!("ipoib-cm rc-pingpong: {e}");

@@ -11,6 +11,11 @@
 //!
 //! Each side's PSN is its send PSN; the peer uses it as its expected receive PSN. Then the
 //! client sends, the server answers, `iters` times, and both print rdma-core's summary lines.
+//!
+//! With `--cm` the QPs are connected by the InfiniBand CM instead: REQ, REP and RTU travel as
+//! MADs to QP1 (real RoCEv2 CM traffic), the service ID is rdma_cm's TCP port space
+//! `0x0000000001060000 | port`, and the run ends with DREQ/DREP. PSNs follow Linux's CM: each
+//! side advertises the PSN it expects to receive.
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -19,12 +24,17 @@ use std::time::{Duration, Instant};
 use mio::{Events, Poll};
 use rand::{Rng, SeedableRng};
 
+use crate::cm::{AcceptParams, Cm, CmConfig, CmEvent, CommId, ConnectParams};
+use crate::gsi::Gsi;
 use crate::soft::provider::SoftProvider;
 use crate::soft::{FaultConfig, SoftConfig, SoftVerbs};
 use crate::verbs::{
-    AccessFlags, AddressVector, BufId, Completion, CqId, Gid, PathMtu, Provider, Psn, QpAttr,
-    QpInit, QpNum, QpState, QpType, SendWr, Verbs, WcOpcode, WcStatus, WrId,
+    AccessFlags, AddressVector, AsyncEvent, BufId, Completion, CqId, Gid, PathMtu, PdId, Provider,
+    Psn, QpAttr, QpInit, QpNum, QpState, QpType, SendWr, Verbs, WcOpcode, WcStatus, WrId,
 };
+
+/// rdma_cm's service ID prefix for the TCP port space (`RDMA_PS_TCP`).
+pub const RDMA_CM_TCP_SERVICE: u64 = 0x0000_0000_0106_0000;
 
 /// The TCP port rdma-core's pingpong examples use.
 pub const DEFAULT_TCP_PORT: u16 = 18515;
@@ -57,6 +67,8 @@ pub struct Options {
     pub verify_icrc_v4: bool,
     /// Fault injection on what this side sends.
     pub faults: FaultConfig,
+    /// Connect through the IB CM (REQ/REP/RTU over QP1) instead of the TCP exchange.
+    pub cm: bool,
     /// Give up after this long.
     pub deadline: Duration,
 }
@@ -82,6 +94,12 @@ pub enum PingpongError {
     /// An I/O error of the event loop.
     #[error("event loop: {0}")]
     Io(#[from] io::Error),
+    /// The CM could not connect or disconnect.
+    #[error("CM: {0}")]
+    Cm(String),
+    /// A command-line combination that cannot work.
+    #[error("{0}")]
+    Usage(&'static str),
 }
 
 /// A peer's QP info, as exchanged.
@@ -172,13 +190,77 @@ fn exchange_err(what: &str, e: impl std::fmt::Display) -> PingpongError {
     PingpongError::Exchange(format!("{what}: {e}"))
 }
 
+/// The CM and its QP1 transport (with `--cm`).
+struct CmCtx {
+    cm: Cm,
+    gsi: Gsi,
+    id: Option<CommId>,
+    mads: Vec<(Gid, [u8; crate::gsi::MAD_LEN])>,
+}
+
 /// Everything the run needs once the provider exists.
 struct Ctx {
     prov: SoftProvider,
+    poll: Poll,
+    events: Events,
+    pd: PdId,
     cq: CqId,
     qp: QpNum,
     send_buf: BufId,
     my: Dest,
+    cm: Option<CmCtx>,
+}
+
+impl Ctx {
+    /// One pass over everything that may have work: the socket, timers, CM MADs and events.
+    /// CM events are appended to `out`.
+    fn pump(&mut self, now: Instant, out: &mut Vec<CmEvent>) -> Result<(), PingpongError> {
+        self.prov.handle_io(now)?;
+        let Some(c) = &mut self.cm else {
+            return Ok(());
+        };
+        let v = self.prov.verbs();
+        c.mads.clear();
+        c.gsi.poll(v, &mut c.mads);
+        for (from, mad) in &c.mads {
+            c.cm.handle_mad(now, *from, mad);
+        }
+        while let Some(ev) = v.poll_async_event() {
+            // A lost RTU: the first data on the passive QP establishes the connection.
+            if let (AsyncEvent::CommEst(qp), Some(id)) = (ev, c.id) {
+                if qp == self.qp {
+                    c.cm.notify_comm_est(now, id);
+                }
+            }
+        }
+        c.cm.handle_timeout(now);
+        while let Some((to, mad)) = c.cm.poll_transmit() {
+            c.gsi
+                .send(v, to, &mad)
+                .map_err(|e| PingpongError::Provider(format!("sending a CM MAD: {e}")))?;
+        }
+        while let Some(e) = c.cm.poll_event() {
+            out.push(e);
+        }
+        self.prov.handle_io(now)?;
+        Ok(())
+    }
+
+    /// Sleeps until something may be ready (at most `cap`).
+    fn wait(&mut self, cap: Duration) -> Result<(), PingpongError> {
+        let now = Instant::now();
+        let deadlines = [
+            self.prov.poll_timeout(),
+            self.cm.as_ref().and_then(|c| c.cm.poll_timeout()),
+        ];
+        let timeout = deadlines
+            .into_iter()
+            .flatten()
+            .map(|t| t.saturating_duration_since(now))
+            .fold(cap, Duration::min);
+        self.poll.poll(&mut self.events, Some(timeout))?;
+        Ok(())
+    }
 }
 
 fn setup(opts: &Options, local: IpAddr) -> Result<Ctx, PingpongError> {
@@ -237,21 +319,45 @@ fn setup(opts: &Options, local: IpAddr) -> Result<Ctx, PingpongError> {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
     let psn = Psn::new(rand_chacha::ChaCha8Rng::seed_from_u64(seed).gen::<u32>());
+    let gid = v.port_attr().gid;
     let my = Dest {
         lid: 0,
         qpn: qp,
         psn,
-        gid: v.port_attr().gid,
+        gid,
     };
+    let cm = if opts.cm {
+        let gsi = Gsi::open(v, pd, 64, 16).map_err(perr)?;
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed.rotate_left(17));
+        let mut cfg = CmConfig::new(gid, rng.gen::<u64>() | 1);
+        cfg.comm_id_seed = rng.gen();
+        // A lost MAD is resent after about a second rather than rdma_cm's 4 s.
+        cfg.cm_response_timeout = 17;
+        Some(CmCtx {
+            cm: Cm::new(cfg),
+            gsi,
+            id: None,
+            mads: Vec::new(),
+        })
+    } else {
+        None
+    };
+    let poll = Poll::new()?;
+    prov.register(poll.registry(), 0)?;
     Ok(Ctx {
         prov,
+        poll,
+        events: Events::with_capacity(64),
+        pd,
         cq,
         qp,
         send_buf,
         my,
+        cm,
     })
 }
 
+/// RTR then RTS: `rem.psn` is what we send from; our own `ctx.my.psn` is what we expect.
 fn connect_qp(ctx: &mut Ctx, opts: &Options, rem: &Dest) -> Result<(), PingpongError> {
     let perr = |e: crate::verbs::VerbsError| PingpongError::Provider(e.to_string());
     let v = ctx.prov.verbs();
@@ -261,7 +367,7 @@ fn connect_qp(ctx: &mut Ctx, opts: &Options, rem: &Dest) -> Result<(), PingpongE
             av: Some(AddressVector::to_gid(rem.gid)),
             path_mtu: Some(opts.mtu),
             dest_qpn: Some(rem.qpn),
-            rq_psn: Some(rem.psn),
+            rq_psn: Some(if opts.cm { ctx.my.psn } else { rem.psn }),
             max_dest_rd_atomic: Some(1),
             min_rnr_timer: Some(12),
             ..QpAttr::to_state(QpState::Rtr)
@@ -274,7 +380,7 @@ fn connect_qp(ctx: &mut Ctx, opts: &Options, rem: &Dest) -> Result<(), PingpongE
             timeout: Some(opts.qp_timeout),
             retry_cnt: Some(7),
             rnr_retry: Some(7),
-            sq_psn: Some(ctx.my.psn),
+            sq_psn: Some(if opts.cm { rem.psn } else { ctx.my.psn }),
             max_rd_atomic: Some(1),
             ..QpAttr::to_state(QpState::Rts)
         },
@@ -313,8 +419,25 @@ pub struct Outcome {
 /// # Errors
 /// Any [`PingpongError`]; the caller prints it and exits non-zero.
 pub fn run(opts: &Options) -> Result<Outcome, PingpongError> {
+    let mut ctx = if opts.cm {
+        connect_with_cm(opts)?
+    } else {
+        connect_with_tcp(opts)?
+    };
+    let summary = pingpong(&mut ctx, opts)?;
+    if opts.cm {
+        disconnect_with_cm(&mut ctx, opts)?;
+    }
+    Ok(Outcome {
+        summary,
+        stats: stats_line(ctx.prov.engine()),
+    })
+}
+
+/// rdma-core's pingpong set-up: QP info over TCP.
+fn connect_with_tcp(opts: &Options) -> Result<Ctx, PingpongError> {
     let io_timeout = Some(opts.deadline);
-    let (mut ctx, stream) = match opts.peer {
+    match opts.peer {
         Some(peer) => {
             let local = match opts.bind {
                 Some(ip) => ip,
@@ -338,7 +461,7 @@ pub fn run(opts: &Options) -> Result<Outcome, PingpongError> {
             connect_qp(&mut ctx, opts, &rem)?;
             s.write_all(b"done\0")
                 .map_err(|e| exchange_err("Couldn't send done", e))?;
-            (ctx, s)
+            Ok(ctx)
         }
         None => {
             let any: IpAddr = match opts.bind {
@@ -366,15 +489,184 @@ pub fn run(opts: &Options) -> Result<Outcome, PingpongError> {
             s.write_all(&ctx.my.to_msg())
                 .map_err(|e| exchange_err("Couldn't send local address", e))?;
             let _done = read_exact(&mut s, 5)?;
-            (ctx, s)
+            Ok(ctx)
         }
-    };
-    drop(stream);
-    let summary = pingpong(&mut ctx, opts)?;
-    Ok(Outcome {
-        summary,
-        stats: stats_line(ctx.prov.engine()),
-    })
+    }
+}
+
+/// Runs the event loop until `f` returns a value for one of the CM events, or the deadline.
+fn until_cm_event<T>(
+    ctx: &mut Ctx,
+    deadline: Instant,
+    what: &str,
+    mut f: impl FnMut(&mut Ctx, &CmEvent) -> Result<Option<T>, PingpongError>,
+) -> Result<T, PingpongError> {
+    let mut evs = Vec::new();
+    for _ in 0..10_000_000u32 {
+        let now = Instant::now();
+        if now > deadline {
+            break;
+        }
+        evs.clear();
+        ctx.pump(now, &mut evs)?;
+        for e in &evs {
+            if let Some(t) = f(ctx, e)? {
+                return Ok(t);
+            }
+        }
+        ctx.wait(Duration::from_millis(100))?;
+    }
+    Err(PingpongError::Cm(format!("timed out waiting for {what}")))
+}
+
+/// The IB CM set-up: REQ/REP/RTU over QP1.
+fn connect_with_cm(opts: &Options) -> Result<Ctx, PingpongError> {
+    let deadline = Instant::now() + opts.deadline;
+    let service_id = RDMA_CM_TCP_SERVICE | u64::from(opts.tcp_port);
+    match opts.peer {
+        Some(peer) => {
+            let local = match opts.bind {
+                Some(ip) => ip,
+                None => route_source(peer).map_err(|e| exchange_err("route to peer", e))?,
+            };
+            let mut ctx = setup(opts, local)?;
+            print_dest("local", &ctx.my);
+            let params = ConnectParams {
+                peer: Gid::from_ip(peer),
+                service_id,
+                local_qpn: ctx.qp,
+                starting_psn: ctx.my.psn,
+                path_mtu: opts.mtu,
+                retry_count: 7,
+                rnr_retry_count: 7,
+                srq: false,
+                local_ack_timeout: opts.qp_timeout,
+                private_data: Vec::new(),
+            };
+            let c = ctx.cm.as_mut().ok_or(PingpongError::Usage("no CM"))?;
+            let id =
+                c.cm.connect(Instant::now(), params)
+                    .map_err(|e| PingpongError::Cm(e.to_string()))?;
+            c.id = Some(id);
+            until_cm_event(&mut ctx, deadline, "the REP", |ctx, e| match *e {
+                CmEvent::RepReceived {
+                    id: got,
+                    remote_qpn,
+                    remote_psn,
+                    ..
+                } if got == id => {
+                    let rem = Dest {
+                        lid: 0,
+                        qpn: remote_qpn,
+                        psn: remote_psn,
+                        gid: Gid::from_ip(peer),
+                    };
+                    print_dest("remote", &rem);
+                    connect_qp(ctx, opts, &rem)?;
+                    if let Some(c) = ctx.cm.as_mut() {
+                        c.cm.rtu(Instant::now(), id)
+                            .map_err(|e| PingpongError::Cm(e.to_string()))?;
+                    }
+                    Ok(Some(()))
+                }
+                CmEvent::Rejected { reason, .. } => Err(PingpongError::Cm(format!(
+                    "connection rejected: {reason:?}"
+                ))),
+                CmEvent::TimedOut { .. } => Err(PingpongError::Cm(format!(
+                    "no answer from {peer} after all REQ retries"
+                ))),
+                _ => Ok(None),
+            })?;
+            Ok(ctx)
+        }
+        None => {
+            let local = opts.bind.ok_or(PingpongError::Usage(
+                "--cm: the server needs --bind ADDR (its underlay address)",
+            ))?;
+            let mut ctx = setup(opts, local)?;
+            print_dest("local", &ctx.my);
+            if let Some(c) = ctx.cm.as_mut() {
+                c.cm.listen(service_id, u64::MAX);
+            }
+            until_cm_event(&mut ctx, deadline, "a REQ", |ctx, e| match *e {
+                CmEvent::ReqReceived {
+                    id,
+                    peer,
+                    remote_qpn,
+                    remote_psn,
+                    path_mtu,
+                    ..
+                } => {
+                    let c = ctx.cm.as_mut().ok_or(PingpongError::Usage("no CM"))?;
+                    if c.id.is_some() {
+                        // One connection at a time, like ibv_rc_pingpong.
+                        let _ = c.cm.reject(
+                            Instant::now(),
+                            id,
+                            crate::wire::cm::RejReason::NoResources,
+                        );
+                        return Ok(None);
+                    }
+                    c.id = Some(id);
+                    let rem = Dest {
+                        lid: 0,
+                        qpn: remote_qpn,
+                        psn: remote_psn,
+                        gid: peer,
+                    };
+                    print_dest("remote", &rem);
+                    let mut o = opts.clone();
+                    o.mtu = o.mtu.min(path_mtu);
+                    connect_qp(ctx, &o, &rem)?;
+                    let params = AcceptParams {
+                        local_qpn: ctx.qp,
+                        starting_psn: ctx.my.psn,
+                        srq: false,
+                        rnr_retry_count: 7,
+                        private_data: Vec::new(),
+                    };
+                    if let Some(c) = ctx.cm.as_mut() {
+                        c.cm.accept(Instant::now(), id, params)
+                            .map_err(|e| PingpongError::Cm(e.to_string()))?;
+                    }
+                    Ok(Some(()))
+                }
+                _ => Ok(None),
+            })?;
+            Ok(ctx)
+        }
+    }
+}
+
+/// DREQ/DREP: the client disconnects, the server waits for it.
+fn disconnect_with_cm(ctx: &mut Ctx, opts: &Options) -> Result<(), PingpongError> {
+    let deadline = Instant::now() + opts.deadline;
+    let c = ctx.cm.as_mut().ok_or(PingpongError::Usage("no CM"))?;
+    let id = c.id.ok_or(PingpongError::Usage("no connection"))?;
+    if opts.peer.is_some() {
+        c.cm.disconnect(Instant::now(), id)
+            .map_err(|e| PingpongError::Cm(e.to_string()))?;
+    }
+    let already =
+        matches!(c.cm.state(id), Some(crate::cm::CmState::TimeWait) | None) && opts.peer.is_none();
+    if !already {
+        until_cm_event(ctx, deadline, "the disconnect", |_, e| match *e {
+            CmEvent::Disconnected { id: got } | CmEvent::DisconnectReceived { id: got }
+                if got == id =>
+            {
+                Ok(Some(()))
+            }
+            _ => Ok(None),
+        })?;
+    }
+    // Move the QP to ERR as the CM's owner must; the process exits right after.
+    let qp = ctx.qp;
+    ctx.prov
+        .verbs()
+        .modify_qp(qp, &QpAttr::to_state(QpState::Err))
+        .map_err(|e| PingpongError::Provider(e.to_string()))?;
+    let _ = ctx.pd;
+    Ok(())
 }
 
 /// Figures of a finished run.
@@ -409,10 +701,8 @@ impl Summary {
 
 fn pingpong(ctx: &mut Ctx, opts: &Options) -> Result<Summary, PingpongError> {
     let is_client = opts.peer.is_some();
-    let mut poll = Poll::new()?;
-    ctx.prov.register(poll.registry(), 0)?;
-    let mut events = Events::with_capacity(64);
     let mut wcs: Vec<Completion> = Vec::with_capacity(64);
+    let mut cm_events = Vec::new();
     let start = Instant::now();
     let deadline = start + opts.deadline;
     let (mut scnt, mut rcnt) = (0u32, 0u32);
@@ -425,8 +715,7 @@ fn pingpong(ctx: &mut Ctx, opts: &Options) -> Result<Summary, PingpongError> {
                 fill_pattern(&mut b[..opts.size], n, is_client);
             }
         }
-        let mut wr = SendWr::send(WrId(SEND_WRID), ctx.send_buf, opts.size);
-        wr.signaled = true;
+        let wr = SendWr::send(WrId(SEND_WRID), ctx.send_buf, opts.size);
         v.post_send(ctx.qp, &wr)
             .map_err(|e| PingpongError::Provider(format!("Couldn't post send: {e}")))
     };
@@ -439,7 +728,16 @@ fn pingpong(ctx: &mut Ctx, opts: &Options) -> Result<Summary, PingpongError> {
         if now > deadline {
             return Err(PingpongError::Timeout(opts.deadline, scnt, rcnt));
         }
-        ctx.prov.handle_io(now)?;
+        cm_events.clear();
+        ctx.pump(now, &mut cm_events)?;
+        for e in &cm_events {
+            match e {
+                CmEvent::DisconnectReceived { .. } | CmEvent::Rejected { .. } => {
+                    return Err(PingpongError::Cm(format!("peer went away: {e:?}")));
+                }
+                _ => {}
+            }
+        }
         wcs.clear();
         ctx.prov.verbs().poll_cq(ctx.cq, &mut wcs, 64);
         for wc in &wcs {
@@ -486,17 +784,10 @@ fn pingpong(ctx: &mut Ctx, opts: &Options) -> Result<Summary, PingpongError> {
             ctx.prov.handle_io(Instant::now())?;
             continue;
         }
-        let timeout = ctx
-            .prov
-            .poll_timeout()
-            .map_or(Duration::from_millis(100), |t| {
-                t.saturating_duration_since(Instant::now())
-            })
-            .min(Duration::from_millis(100));
-        poll.poll(&mut events, Some(timeout))?;
+        ctx.wait(Duration::from_millis(100))?;
     }
     let elapsed = start.elapsed();
-    linger(ctx, opts, &mut poll, &mut events)?;
+    linger(ctx, opts)?;
     Ok(Summary {
         bytes: opts.size as u64 * u64::from(opts.iters) * 2,
         elapsed,
@@ -506,22 +797,19 @@ fn pingpong(ctx: &mut Ctx, opts: &Options) -> Result<Summary, PingpongError> {
 
 /// Keeps answering for a while after the last completion: the peer may still be waiting for
 /// an ACK that got lost, and only this side can re-ACK its retransmission.
-fn linger(
-    ctx: &mut Ctx,
-    opts: &Options,
-    poll: &mut Poll,
-    events: &mut Events,
-) -> Result<(), PingpongError> {
+fn linger(ctx: &mut Ctx, opts: &Options) -> Result<(), PingpongError> {
     let interval = Duration::from_nanos(4096u64 << opts.qp_timeout);
     let linger = (interval * 8 + Duration::from_millis(20)).min(Duration::from_secs(2));
     let end = Instant::now() + linger;
+    let mut evs = Vec::new();
     for _ in 0..100_000 {
         let now = Instant::now();
         if now >= end {
             break;
         }
-        ctx.prov.handle_io(now)?;
-        poll.poll(events, Some((end - now).min(Duration::from_millis(10))))?;
+        evs.clear();
+        ctx.pump(now, &mut evs)?;
+        ctx.wait((end - now).min(Duration::from_millis(10)))?;
     }
     Ok(())
 }
