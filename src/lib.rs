@@ -12,6 +12,7 @@
 //! - [`soft`]: the embedded default provider, a software RC/UD engine that speaks genuine
 //!   RoCEv2 over UDP. Its core is sans-IO; [`soft::transport`] is the thin UDP edge.
 //! - [`sys`]: the only module allowed `unsafe`: socket options that no safe crate exposes.
+//! - [`timer`]: a hierarchical timer wheel (O(1) insert/cancel) for the endpoint's deadlines.
 //!
 //! Every state machine takes `now: Instant` from its caller; only the binary's event loop reads
 //! the clock.
@@ -20,6 +21,7 @@ pub mod gsi;
 pub mod sim;
 pub mod soft;
 pub mod sys;
+pub mod timer;
 pub mod tools;
 pub mod verbs;
 pub mod wire;
