@@ -56,6 +56,8 @@ pub const SLOTS_PER_LEVEL: usize = 1 << LEVEL_BITS;
 /// Levels of the wheel. The wheel covers `SLOTS_PER_LEVEL^NUM_LEVELS = 2^36` ticks before
 /// far-future timers start to clamp into the top level.
 pub const NUM_LEVELS: usize = 6;
+/// Ticks covered by the whole wheel (`2^36`).
+const WHEEL_SPAN_TICKS: u64 = 1 << (LEVEL_BITS * NUM_LEVELS as u32);
 /// Mask of one level's slot digit.
 const SLOT_MASK: u64 = (SLOTS_PER_LEVEL as u64) - 1;
 /// Index of the list that holds timers already due when inserted.
@@ -278,12 +280,20 @@ impl<T> TimerWheel<T> {
     ///
     /// Cost: O(fired + cascaded) plus O([`NUM_LEVELS`]) per non-empty slot reached, however
     /// far `now` jumps: empty slots are skipped via the occupancy bitmaps. Each timer cascades
-    /// at most `NUM_LEVELS - 1` times (plus once per `2^36` ticks when clamped).
+    /// at most `NUM_LEVELS - 1` times (plus once per `2^36` ticks when clamped). A jump of a
+    /// whole wheel span (`2^36` ticks, about 795 days at 1 ms) or more instead re-places every
+    /// pending timer once: O(pending) plus sorting what fires.
     pub fn expire(&mut self, now: Instant, out: &mut Vec<(TimerId, T)>) {
         if now > self.last_now {
             self.last_now = now;
         }
         let now_tick = self.now_tick(now).max(self.elapsed_tick);
+        if now_tick - self.elapsed_tick >= WHEEL_SPAN_TICKS {
+            // Slot-by-slot cascading would revisit clamped far-future timers once per top-level
+            // rotation; beyond a whole rotation, rebuilding from scratch is cheaper.
+            self.rebuild(now_tick, out);
+            return;
+        }
 
         // Timers that were already due when inserted: all earlier than anything on the wheel.
         if self.lists[OVERDUE_LIST].head != NIL {
@@ -317,6 +327,30 @@ impl<T> TimerWheel<T> {
             self.fire(out);
         }
         self.elapsed_tick = now_tick;
+    }
+
+    /// Fires every timer due at `now_tick` and re-places the rest relative to it: O(n) plus
+    /// sorting what fires.
+    fn rebuild(&mut self, now_tick: u64, out: &mut Vec<(TimerId, T)>) {
+        for list in 0..NUM_LISTS {
+            self.take_list(list);
+        }
+        self.overdue_min_tick = u64::MAX;
+        self.elapsed_tick = now_tick;
+        let mut batch = std::mem::take(&mut self.scratch);
+        for &index in &batch {
+            let Some(tick) = self.timer_at(index).map(|t| t.tick) else {
+                continue;
+            };
+            if tick <= now_tick {
+                self.firing.push(index);
+            } else {
+                self.place(index, tick);
+            }
+        }
+        batch.clear();
+        self.scratch = batch;
+        self.fire(out);
     }
 
     /// The earliest instant at which [`expire`](Self::expire) may have something to do, or
