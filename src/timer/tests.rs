@@ -356,3 +356,217 @@ fn hundred_thousand_timers_all_fire() {
     let fired = expire(&mut w, now + ms(u64::from(n)));
     assert_eq!(fired, (0..n).collect::<Vec<_>>());
 }
+
+/// Differential test against a `BTreeMap<(deadline_tick, seq), _>` model.
+mod differential {
+    use std::collections::{BTreeMap, HashMap};
+
+    use proptest::prelude::*;
+    use proptest::sample::Index;
+
+    use super::*;
+
+    const DAY_NS: i64 = 86_400_000_000_000;
+    const HOUR_NS: i64 = 3_600_000_000_000;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// Insert at `now + offset_ns` (may be in the past).
+        Insert(i64),
+        /// Cancel one of the ids ever issued (possibly stale).
+        Cancel(Index),
+        /// Reschedule one of the ids ever issued to `now + offset_ns`.
+        Reschedule(Index, i64),
+        /// Advance `now` by this many ns, then expire.
+        Expire(i64),
+    }
+
+    fn offset_ns() -> impl Strategy<Value = i64> {
+        prop_oneof![
+            4 => 0i64..200_000_000,
+            3 => 0i64..HOUR_NS,
+            1 => 0i64..3_000 * DAY_NS,
+            1 => -10_000_000_000i64..0,
+            1 => Just(0i64),
+        ]
+    }
+
+    fn advance_ns() -> impl Strategy<Value = i64> {
+        prop_oneof![
+            2 => Just(0i64),
+            4 => 0i64..100_000_000,
+            3 => 0i64..HOUR_NS,
+            1 => 0i64..2_000 * DAY_NS,
+        ]
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            5 => offset_ns().prop_map(Op::Insert),
+            2 => any::<Index>().prop_map(Op::Cancel),
+            2 => (any::<Index>(), offset_ns()).prop_map(|(i, o)| Op::Reschedule(i, o)),
+            3 => advance_ns().prop_map(Op::Expire),
+        ]
+    }
+
+    fn tick() -> impl Strategy<Value = Duration> {
+        prop_oneof![
+            4 => Just(Duration::from_millis(1)),
+            1 => Just(Duration::from_millis(10)),
+            1 => Just(Duration::from_micros(1)),
+            1 => Just(Duration::from_nanos(7)),
+        ]
+    }
+
+    /// The model: pending timers keyed by (rounded-up tick, insertion sequence).
+    struct Model {
+        start: Instant,
+        tick_ns: u128,
+        /// Latest `now` seen, in ticks (rounded down).
+        elapsed_tick: u64,
+        seq: u64,
+        pending: BTreeMap<(u64, u64), (TimerId, u32)>,
+        by_id: HashMap<TimerId, ((u64, u64), Instant)>,
+    }
+
+    impl Model {
+        fn tick_up(&self, t: Instant) -> u64 {
+            let ns = t.saturating_duration_since(self.start).as_nanos();
+            ns.div_ceil(self.tick_ns) as u64
+        }
+
+        fn add(&mut self, id: TimerId, deadline: Instant, value: u32) {
+            let key = (self.tick_up(deadline), self.seq);
+            self.seq += 1;
+            self.pending.insert(key, (id, value));
+            self.by_id.insert(id, (key, deadline));
+        }
+
+        fn remove(&mut self, id: TimerId) -> Option<u32> {
+            let (key, _) = self.by_id.remove(&id)?;
+            self.pending.remove(&key).map(|(_, v)| v)
+        }
+
+        fn expire(&mut self, now: Instant) -> Vec<(TimerId, u32)> {
+            let ns = now.saturating_duration_since(self.start).as_nanos();
+            self.elapsed_tick = self.elapsed_tick.max((ns / self.tick_ns) as u64);
+            let later = self.pending.split_off(&(self.elapsed_tick + 1, 0));
+            let due = std::mem::replace(&mut self.pending, later);
+            for (id, _) in due.values() {
+                self.by_id.remove(id);
+            }
+            due.into_values().collect()
+        }
+    }
+
+    fn check_poll_timeout(w: &TimerWheel<u32>, m: &Model) -> Result<(), TestCaseError> {
+        let p = w.poll_timeout();
+        let Some((&(min_tick, _), _)) = m.pending.first_key_value() else {
+            prop_assert_eq!(p, None);
+            return Ok(());
+        };
+        let p = p.ok_or_else(|| TestCaseError::fail("poll_timeout None with timers pending"))?;
+        let p_ns = p.duration_since(m.start).as_nanos();
+        prop_assert_eq!(p_ns % m.tick_ns, 0, "not a tick boundary");
+        let p_tick = (p_ns / m.tick_ns) as u64;
+        let e = m.elapsed_tick;
+        prop_assert!(
+            p_tick <= min_tick,
+            "poll_timeout later than the earliest deadline"
+        );
+        if min_tick > e {
+            prop_assert!(
+                p_tick > e,
+                "poll_timeout not after the last expire with nothing due"
+            );
+            if min_tick >> LEVEL_BITS == e >> LEVEL_BITS {
+                prop_assert_eq!(p_tick, min_tick, "level-0 bound not exact");
+            }
+        } else {
+            prop_assert!(
+                p_tick <= e,
+                "something is due but poll_timeout is in the future"
+            );
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn wheel_matches_btreemap_model(tick in tick(), ops in proptest::collection::vec(op(), 1..250)) {
+            let t0 = Instant::now() + Duration::from_secs(20);
+            let mut w = TimerWheel::new(t0, tick);
+            let mut m = Model {
+                start: t0,
+                tick_ns: tick.as_nanos(),
+                elapsed_tick: 0,
+                seq: 0,
+                pending: BTreeMap::new(),
+                by_id: HashMap::new(),
+            };
+            let mut now = t0;
+            let mut issued: Vec<TimerId> = Vec::new();
+            let mut next_value = 0u32;
+            let at = |now: Instant, off: i64| {
+                if off >= 0 {
+                    now + Duration::from_nanos(off as u64)
+                } else {
+                    now.checked_sub(Duration::from_nanos(off.unsigned_abs())).unwrap_or(now)
+                }
+            };
+            for op in ops {
+                match op {
+                    Op::Insert(off) => {
+                        let d = at(now, off);
+                        let id = w.insert(d, next_value);
+                        prop_assert!(!m.by_id.contains_key(&id), "id reused while live");
+                        m.add(id, d, next_value);
+                        issued.push(id);
+                        next_value += 1;
+                    }
+                    Op::Cancel(i) => {
+                        if issued.is_empty() { continue; }
+                        let id = issued[i.index(issued.len())];
+                        prop_assert_eq!(w.cancel(id), m.remove(id));
+                    }
+                    Op::Reschedule(i, off) => {
+                        if issued.is_empty() { continue; }
+                        let id = issued[i.index(issued.len())];
+                        let d = at(now, off);
+                        let new = w.reschedule(id, d);
+                        match m.remove(id) {
+                            None => prop_assert_eq!(new, None),
+                            Some(v) => {
+                                let new = new.ok_or_else(|| TestCaseError::fail("reschedule lost a live timer"))?;
+                                prop_assert_eq!(w.deadline(id), None);
+                                m.add(new, d, v);
+                                issued.push(new);
+                            }
+                        }
+                    }
+                    Op::Expire(adv) => {
+                        now = at(now, adv);
+                        let mut out = Vec::new();
+                        w.expire(now, &mut out);
+                        prop_assert_eq!(out, m.expire(now));
+                    }
+                }
+                prop_assert_eq!(w.len(), m.pending.len());
+                prop_assert_eq!(w.is_empty(), m.pending.is_empty());
+                check_poll_timeout(&w, &m)?;
+            }
+            for (id, (_, deadline)) in &m.by_id {
+                prop_assert_eq!(w.deadline(*id), Some(*deadline));
+            }
+            // Drain: everything left fires, in model order.
+            let end = now + Duration::from_secs(10_000 * 86_400);
+            let mut out = Vec::new();
+            w.expire(end, &mut out);
+            prop_assert_eq!(out, m.expire(end));
+            prop_assert!(w.is_empty());
+            prop_assert_eq!(w.poll_timeout(), None);
+        }
+    }
+}
