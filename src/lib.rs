@@ -18,6 +18,7 @@
 //!   `recvmsg` with packet info, the TUN device and its ioctls).
 //! - [`sim`]: a deterministic in-memory fabric with a virtual clock, for tests.
 //! - [`tools`]: the `rc-pingpong` tool.
+//! - [`timer`]: a hierarchical timer wheel (O(1) insert/cancel) for the endpoint's deadlines.
 //!
 //! Every state machine takes `now: Instant` from its caller; only the binary's event loop reads
 //! the clock.
@@ -27,6 +28,7 @@ pub mod gsi;
 pub mod sim;
 pub mod soft;
 pub mod sys;
+pub mod timer;
 pub mod tools;
 pub mod verbs;
 pub mod wire;
