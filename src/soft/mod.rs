@@ -434,7 +434,8 @@ impl Shared {
         };
         // An entry at or before the old deadline exists already; it re-queues itself when it
         // finds the deadline moved later. Only an earlier or new deadline needs an entry.
-        let need_entry = slot.is_none_or(|old| at < old);
+        // (`Option::is_none_or` is newer than the crate's MSRV.)
+        let need_entry = !matches!(*slot, Some(old) if at >= old);
         *slot = Some(at);
         if need_entry {
             self.timers.push(Reverse((at, qp.num, kind)));
@@ -515,7 +516,9 @@ impl Shared {
         qp.state = QpState::Err;
         qp.req.retransmit_at = None;
         qp.req.rnr_at = None;
-        qp.resp.responses.retain(|r| matches!(r, Response::NakInvalid(_)));
+        qp.resp
+            .responses
+            .retain(|r| matches!(r, Response::NakInvalid(_)));
         while let Some(w) = qp.req.sq.pop_front() {
             self.complete_send(qp, &w, WcStatus::WrFlushErr);
         }
