@@ -13,6 +13,12 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use crate::soft::{SoftConfig, SoftVerbs};
+use crate::verbs::conformance::ConformancePair;
+
+/// Steps one [`ConformancePair::settle`] of a fabric takes at most.
+pub const SETTLE_STEPS: usize = 50_000;
+/// Virtual time one [`ConformancePair::settle`] of a fabric covers at most.
+pub const SETTLE_TIME: Duration = Duration::from_millis(500);
 
 /// A datagram on the wire: `(arrival, sequence, destination node, source, bytes)`.
 type InFlight = Reverse<(Instant, u64, usize, SocketAddr, Vec<u8>)>;
@@ -53,8 +59,14 @@ impl Fabric {
         }
     }
 
-    /// `n` nodes on 198.18.0.1.. with default configurations adjusted by `adjust`.
-    pub fn with_nodes(n: usize, mut adjust: impl FnMut(usize, &mut SoftConfig)) -> Self {
+    /// `n` nodes on 198.18.0.1.. with default configurations adjusted by `adjust`, 5 µs
+    /// apart, the virtual clock starting at `start` (any instant: only differences matter,
+    /// and this module never reads the clock itself).
+    pub fn with_nodes(
+        n: usize,
+        start: Instant,
+        mut adjust: impl FnMut(usize, &mut SoftConfig),
+    ) -> Self {
         let configs = (0..n)
             .map(|i| {
                 let last = u8::try_from(i + 1).unwrap_or(u8::MAX);
@@ -63,7 +75,7 @@ impl Fabric {
                 c
             })
             .collect();
-        Self::new(configs, Duration::from_micros(5), Instant::now())
+        Self::new(configs, Duration::from_micros(5), start)
     }
 
     /// The virtual time.
@@ -174,5 +186,21 @@ impl Fabric {
             n.handle_timeout(self.now);
         }
         self.transmit();
+    }
+}
+
+/// Nodes 0 and 1 of a fabric as a conformance pair; a settle runs the fabric until nothing is
+/// left to happen, at most [`SETTLE_STEPS`] steps or [`SETTLE_TIME`] of virtual time.
+///
+/// # Panics
+/// [`ConformancePair::providers`] panics on a fabric of fewer than two nodes.
+impl ConformancePair<SoftVerbs> for Fabric {
+    fn providers(&mut self) -> (&mut SoftVerbs, &mut SoftVerbs) {
+        let (a, rest) = self.nodes.split_at_mut(1);
+        (&mut a[0], &mut rest[0])
+    }
+
+    fn settle(&mut self) {
+        self.run_idle(SETTLE_STEPS, SETTLE_TIME);
     }
 }
