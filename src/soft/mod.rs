@@ -36,7 +36,7 @@ use crate::wire::bth::{Bth, Opcode};
 use crate::wire::ext::{rnr_timer_duration, Aeth, Deth, ImmDt, NakCode, Syndrome};
 use crate::wire::icrc::IpHeaderInfo;
 use crate::wire::roce::{RocePacket, RoceRepr};
-use crate::wire::ROCEV2_UDP_PORT;
+use crate::wire::{ICRC_LEN, ROCEV2_UDP_PORT};
 
 pub use fault::{FaultConfig, FaultInjector, FaultStats, Quirks};
 use qp::{Filling, Qp, RecvWqe, Response, SendWqe, MAX_PKTS_PER_ACK};
@@ -246,15 +246,16 @@ impl SoftVerbs {
     /// port, `dst` the IP address it was sent to.
     pub fn handle_datagram(&mut self, now: Instant, src: SocketAddr, dst: IpAddr, datagram: &[u8]) {
         self.sh.stats.rx_datagrams += 1;
-        let Ok(pkt) = RocePacket::parse(datagram) else {
-            self.sh.stats.rx_malformed += 1;
-            return;
-        };
         let check_icrc = match src.ip() {
             IpAddr::V4(_) => self.sh.cfg.verify_icrc_v4,
             IpAddr::V6(_) => true,
         };
-        if check_icrc {
+        // The ICRC covers every byte of the datagram (but the masked BTH byte) and needs no
+        // parsing, so it is checked first: a corrupted frame counts as a bad ICRC even when
+        // the flipped bit also made it unparseable (an opcode or pad count), rather than as
+        // malformed, and the parser only ever sees verified bytes. Anything too short to
+        // hold a BTH and an ICRC is malformed.
+        if check_icrc && datagram.len() >= Bth::HEADER_LEN + ICRC_LEN {
             let ok = self.ip_info(src.ip(), dst).is_some_and(|ip| {
                 RocePacket::verify_icrc(datagram, &ip, src.port(), self.sh.cfg.dst_port)
             });
@@ -263,6 +264,10 @@ impl SoftVerbs {
                 return;
             }
         }
+        let Ok(pkt) = RocePacket::parse(datagram) else {
+            self.sh.stats.rx_malformed += 1;
+            return;
+        };
         if pkt.bth.tver != 0 {
             self.sh.stats.rx_bad_tver += 1;
             return;
