@@ -678,9 +678,13 @@ impl Shared {
         }
     }
 
-    /// The peer acknowledged something: reset the retry budget, re-arm or stop the timer.
+    /// The peer acknowledged something: reset the retry budgets, re-arm or stop the timer.
     fn progress(&mut self, qp: &mut Qp, now: Instant) {
         qp.req.retry_left = qp.attrs.retry_cnt;
+        // Both budgets are per episode: rxe's `reset_retry_counters` restores `rnr_retry`
+        // with `retry_cnt` on every ACK. Without this, RNR NAKs over the QP's whole life
+        // added up, and a QP with `rnr_retry` 1 failed on its second ever RNR NAK.
+        qp.req.rnr_retry_left = qp.attrs.rnr_retry;
         qp.req.retrying_from = None;
         if qp.req.unacked() == 0 {
             qp.req.retransmit_at = None;
