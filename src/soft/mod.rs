@@ -291,6 +291,7 @@ impl SoftVerbs {
                 }
                 if pkt.bth.opcode == Opcode::RC_ACKNOWLEDGE {
                     sh.on_ack(qp, now, &pkt);
+                    sh.check_sq_drained(qp);
                 } else if pkt.bth.opcode.transport() == crate::wire::bth::Transport::Rc
                     && pkt.bth.opcode.is_send()
                 {
@@ -519,6 +520,7 @@ impl Shared {
     /// SRQ-attached QP. Idempotent.
     fn enter_error(&mut self, qp: &mut Qp) {
         qp.state = QpState::Err;
+        qp.sqd_notify = false;
         qp.req.retransmit_at = None;
         qp.req.rnr_at = None;
         qp.resp
@@ -544,6 +546,14 @@ impl Shared {
                     self.events.push_back(AsyncEvent::QpLastWqeReached(qp.num));
                 }
             }
+        }
+    }
+
+    /// Raises the `SqDrained` owed by a move to SQD once nothing begun is outstanding.
+    fn check_sq_drained(&mut self, qp: &mut Qp) {
+        if qp.sqd_notify && qp.sq_drained() {
+            qp.sqd_notify = false;
+            self.events.push_back(AsyncEvent::SqDrained(qp.num));
         }
     }
 
@@ -695,7 +705,8 @@ impl Shared {
 
     fn on_retransmit_timeout(&mut self, qp: &mut Qp, now: Instant) {
         qp.req.retransmit_at = None;
-        if qp.req.unacked() == 0 || qp.state != QpState::Rts {
+        // SQD still completes what it has begun, so its losses are recovered too.
+        if qp.req.unacked() == 0 || !matches!(qp.state, QpState::Rts | QpState::Sqd) {
             return;
         }
         self.stats.retransmit_timeouts += 1;
@@ -859,7 +870,7 @@ impl Shared {
         if let Some(r) = qp.resp.responses.pop_front() {
             return self.emit_response(qp, r, out);
         }
-        if qp.state != QpState::Rts || !qp.req.can_send() {
+        if !qp.may_send() {
             return None;
         }
         match qp.qp_type {
@@ -1372,12 +1383,17 @@ impl Verbs for SoftVerbs {
                 qp.reset();
             }
             QpState::Sqd => {
+                // `SqDrained` is raised when the WQEs already begun have completed, which
+                // may be now or after their ACKs arrive (it used to be raised at once, with
+                // messages still in flight).
                 qp.state = QpState::Sqd;
-                if attr.en_sqd_async_notify == Some(true) {
-                    self.sh.events.push_back(AsyncEvent::SqDrained(qpn));
-                }
+                qp.sqd_notify |= attr.en_sqd_async_notify == Some(true);
+                self.sh.check_sq_drained(qp);
             }
-            s => qp.state = s,
+            s => {
+                qp.state = s;
+                qp.sqd_notify = false;
+            }
         }
         if qp.has_work() {
             self.sh.mark_ready(qp);
