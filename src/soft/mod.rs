@@ -649,6 +649,13 @@ impl Shared {
                     return;
                 }
                 self.stats.rx_rnr_naks += 1;
+                // A second RNR NAK for the PSN whose back-off is still running (the wire
+                // duplicated it) reports no new attempt: nothing was resent since the first.
+                // Counting it spent an RNR retry per copy and failed a QP with rnr_retry 1
+                // after a single real RNR episode.
+                if qp.req.rnr_at.is_some() && qp.req.retrying_from == Some(psn) {
+                    return;
+                }
                 self.retire_through(qp, psn.sub(1));
                 qp.req.comp_psn = psn;
                 if qp.req.rnr_retry_left == 0 {
