@@ -372,11 +372,13 @@ impl SoftVerbs {
             let Some(qp) = self.qps.get_mut(&qpn) else {
                 continue;
             };
-            let deadline = match kind {
-                TimerKind::Retransmit => qp.req.retransmit_at,
-                TimerKind::Rnr => qp.req.rnr_at,
-            };
-            match deadline {
+            let (deadline, queued) = timer_slots(qp, kind);
+            if *queued != Some(at) {
+                // Stale: an earlier deadline superseded this entry, or the QP was reset.
+                continue;
+            }
+            *queued = None;
+            match *deadline {
                 Some(d) if d <= now => match kind {
                     TimerKind::Retransmit => self.sh.on_retransmit_timeout(qp, now),
                     TimerKind::Rnr => {
@@ -385,8 +387,11 @@ impl SoftVerbs {
                         qp.req.rewind(to);
                     }
                 },
-                // Re-armed later: keep an entry for the new deadline.
-                Some(d) => self.sh.timers.push(Reverse((d, qpn, kind))),
+                // Re-armed later: this entry moves to the new deadline.
+                Some(d) => {
+                    *queued = Some(d);
+                    self.sh.timers.push(Reverse((d, qpn, kind)));
+                }
                 None => {}
             }
             if qp.has_work() {
@@ -408,6 +413,15 @@ impl SoftVerbs {
 
     fn qp(&self, qpn: QpNum) -> Result<&Qp, VerbsError> {
         self.qps.get(&qpn).ok_or(VerbsError::NoSuchQp(qpn))
+    }
+}
+
+/// The deadline of one of `qp`'s timers, and the instant of its live timer-heap entry.
+fn timer_slots(qp: &mut Qp, kind: TimerKind) -> (&mut Option<Instant>, &mut Option<Instant>) {
+    let r = &mut qp.req;
+    match kind {
+        TimerKind::Retransmit => (&mut r.retransmit_at, &mut r.retransmit_queued),
+        TimerKind::Rnr => (&mut r.rnr_at, &mut r.rnr_queued),
     }
 }
 
@@ -434,16 +448,17 @@ impl Shared {
     }
 
     fn arm(&mut self, qp: &mut Qp, kind: TimerKind, at: Instant) {
-        let slot = match kind {
-            TimerKind::Retransmit => &mut qp.req.retransmit_at,
-            TimerKind::Rnr => &mut qp.req.rnr_at,
-        };
-        // An entry at or before the old deadline exists already; it re-queues itself when it
-        // finds the deadline moved later. Only an earlier or new deadline needs an entry.
-        // (`Option::is_none_or` is newer than the crate's MSRV.)
-        let need_entry = !matches!(*slot, Some(old) if at >= old);
+        let (slot, queued) = timer_slots(qp, kind);
         *slot = Some(at);
-        if need_entry {
+        // Each QP timer has at most one live heap entry, whose instant `queued` records. It
+        // stays valid while the deadline moves later (it re-queues itself for the new one
+        // when it pops) and even while the timer is cancelled; only an earlier deadline
+        // needs a new entry, and the superseded one is dropped when it pops. Deciding this
+        // from the deadline alone pushed a new entry on every cancel and re-arm (the window
+        // emptied, then a send) while the old one lived on re-queueing itself: the heap grew
+        // by one entry per message on a busy QP, without bound.
+        if !matches!(*queued, Some(q) if q <= at) {
+            *queued = Some(at);
             self.timers.push(Reverse((at, qp.num, kind)));
         }
     }

@@ -84,6 +84,10 @@ pub(crate) struct Requester {
     pub(crate) retransmit_at: Option<Instant>,
     /// Sending is paused until this RNR deadline.
     pub(crate) rnr_at: Option<Instant>,
+    /// The instant of the retransmit timer's live entry in the provider's timer heap.
+    pub(crate) retransmit_queued: Option<Instant>,
+    /// The instant of the RNR timer's live entry in the provider's timer heap.
+    pub(crate) rnr_queued: Option<Instant>,
     /// A go-back-N from this PSN is in progress (a second NAK for it starts nothing).
     pub(crate) retrying_from: Option<Psn>,
 }
@@ -102,6 +106,8 @@ impl Requester {
             noack_pkts: 0,
             retransmit_at: None,
             rnr_at: None,
+            retransmit_queued: None,
+            rnr_queued: None,
             retrying_from: None,
         }
     }
