@@ -1323,12 +1323,17 @@ proptest! {
 
     /// Random faults, seeds, sizes, MTUs, depths and start PSNs: everything is delivered
     /// intact, in order, exactly once, and no buffer leaks (all checked by `transfer`).
+    ///
+    /// Loss plus corruption stays at or below 14% per direction: with `retry_cnt` 7 a run
+    /// legitimately fails (`RetryExcErr`) when one packet is lost 8 rounds in a row, which at
+    /// 25% happens about once per 10^5 stalls and was seen in a 1,500-case exploration; at
+    /// 14% it is about once per 10^7.
     #[test]
     fn random_faults_deliver_everything(
-        loss in 0.0f64..20.0,
+        loss in 0.0f64..10.0,
         dup in 0.0f64..15.0,
         reorder in 0.0f64..30.0,
-        corrupt in 0.0f64..8.0,
+        corrupt in 0.0f64..4.0,
         seed in any::<u64>(),
         mtu in mtu_strategy(),
         sizes_ab in prop::collection::vec(0usize..70_000, 1..12),
