@@ -19,6 +19,10 @@ use crate::verbs::conformance::ConformancePair;
 pub const SETTLE_STEPS: usize = 50_000;
 /// Virtual time one [`ConformancePair::settle`] of a fabric covers at most.
 pub const SETTLE_TIME: Duration = Duration::from_millis(500);
+/// Most datagrams one node may put on the wire in one [`Fabric::transmit`].
+pub const MAX_BURST: usize = 1 << 16;
+/// Most steps one [`Fabric::advance`] takes.
+pub const MAX_ADVANCE_STEPS: usize = 1 << 20;
 
 /// A datagram on the wire: `(arrival, sequence, destination node, source, bytes)`.
 type InFlight = Reverse<(Instant, u64, usize, SocketAddr, Vec<u8>)>;
@@ -94,7 +98,10 @@ impl Fabric {
                 let c = self.nodes[i].config();
                 SocketAddr::new(c.local_ip, c.src_port)
             };
-            while let Some(dst) = self.nodes[i].poll_transmit(self.now, &mut self.buf) {
+            for _ in 0..MAX_BURST {
+                let Some(dst) = self.nodes[i].poll_transmit(self.now, &mut self.buf) else {
+                    break;
+                };
                 if self.partitioned.get(i).copied().unwrap_or(false) {
                     continue;
                 }
@@ -172,14 +179,17 @@ impl Fabric {
         self.run_until(max_steps, max_time, |_| false);
     }
 
-    /// Advances the virtual clock by `d` without any event (idle time).
+    /// Advances the virtual clock by `d`, handling every event due on the way (at most
+    /// [`MAX_ADVANCE_STEPS`] steps).
     pub fn advance(&mut self, d: Duration) {
         let target = self.now + d;
-        while let Some(t) = self.next_event() {
-            if t > target {
-                break;
+        for _ in 0..MAX_ADVANCE_STEPS {
+            match self.next_event() {
+                Some(t) if t <= target => {
+                    self.step();
+                }
+                _ => break,
             }
-            self.step();
         }
         self.now = self.now.max(target);
         for n in &mut self.nodes {

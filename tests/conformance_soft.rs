@@ -2,10 +2,10 @@
 //! `SoftVerbs` nodes joined by the deterministic simulated fabric (`sim::Fabric`), one test
 //! per check.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ipoib_cm::sim::Fabric;
-use ipoib_cm::soft::SoftVerbs;
+use ipoib_cm::soft::{SoftConfig, SoftVerbs};
 use ipoib_cm::verbs::conformance::{self, ConformancePair};
 use ipoib_cm::verbs::{PathMtu, Verbs};
 
@@ -64,6 +64,7 @@ checks!(
     ud_grh_qkey,
     buffer_lending,
     comm_est,
+    object_rules,
 );
 
 /// `run_all` over one pair: every check passes when run back to back on the same providers.
@@ -79,4 +80,25 @@ fn run_all_on_one_pair() {
     }
     let failed: Vec<_> = results.iter().filter(|(_, r)| r.is_err()).collect();
     assert!(failed.is_empty(), "{failed:?}");
+}
+
+/// The whole suite over IPv6 GIDs (the ICRC over the IPv6 pseudo-header, the IPv6 GRH).
+#[test]
+fn run_all_over_ipv6() {
+    let configs = ["fd00::1", "fd00::2"]
+        .iter()
+        .map(|ip| {
+            let mut c = SoftConfig::new(ip.parse().unwrap());
+            c.port_mtu = PathMtu::Mtu4096;
+            c
+        })
+        .collect();
+    let mut f = Fabric::new(configs, Duration::from_micros(20), Instant::now());
+    let failed: Vec<_> = conformance::run_all(&mut f)
+        .into_iter()
+        .filter(|(_, r)| r.is_err())
+        .collect();
+    assert!(failed.is_empty(), "{failed:?}");
+    let (a, b) = f.providers();
+    assert!(a.stats().rx_datagrams > 0 && b.stats().rx_bad_icrc == 0);
 }

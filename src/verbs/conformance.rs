@@ -29,6 +29,7 @@
 //! | `ud_grh_qkey` | [`check_ud_grh_qkey`] |
 //! | `buffer_lending` | [`check_buffer_lending`] |
 //! | `comm_est` | [`check_comm_est`] |
+//! | `object_rules` | [`check_object_rules`] |
 
 use super::{
     AccessFlags, AddressVector, AsyncEvent, BufId, Completion, CqId, Gid, PathMtu, PdId, PoolId,
@@ -73,6 +74,7 @@ pub fn checks<V: Verbs, P: ConformancePair<V>>() -> Vec<Check<P>> {
         ("ud_grh_qkey", check_ud_grh_qkey::<V, P>),
         ("buffer_lending", check_buffer_lending::<V, P>),
         ("comm_est", check_comm_est::<V, P>),
+        ("object_rules", check_object_rules::<V, P>),
     ]
 }
 
@@ -1382,5 +1384,76 @@ pub fn check_comm_est<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> Result<(
         .count();
     ensure!(n == 1, "CommEst raised {n} times ({evs:?})");
     teardown(pair, (&ea, &eb), (&[qa], &[qb]), &seen);
+    Ok(())
+}
+
+/// **Object and work-request rules.** A CQ, SRQ or PD still in use cannot be destroyed
+/// ([`VerbsError::Busy`]); an unknown QP is [`VerbsError::NoSuchQp`]; a receive posted
+/// directly to an SRQ-attached QP is [`VerbsError::UsesSrq`]; a send longer than its buffer
+/// is [`VerbsError::TooLong`]; a send queue holding `max_send_wr` WRs refuses another with
+/// [`VerbsError::QueueFull`]. A refused post leaves the buffer with the caller. Once the QP is
+/// destroyed, the CQ and SRQ can be.
+pub fn check_object_rules<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> Result<(), String> {
+    let (ea, eb) = endpoints(pair, 4096, 16)?;
+    let (a, b) = pair.providers();
+    let srq = a
+        .create_srq(&SrqInit {
+            pd: ea.pd,
+            max_wr: 4,
+            limit: 0,
+        })
+        .ctx("create_srq")?;
+    let p = RcParams {
+        max_send_wr: 2,
+        srq_a: Some(srq),
+        ..RcParams::default()
+    };
+    let (qa, qb) = connect_rc(a, &ea, b, &eb, &p).ctx("connect")?;
+    for (what, r) in [
+        ("destroy_cq of a CQ in use", a.destroy_cq(ea.send_cq)),
+        ("destroy_srq of an SRQ in use", a.destroy_srq(srq)),
+        ("dealloc_pd of a PD in use", a.dealloc_pd(ea.pd)),
+    ] {
+        match r {
+            Err(VerbsError::Busy(_)) => {}
+            r => return Err(format!("{what} gave {r:?}, expected Busy")),
+        }
+    }
+    let gone = QpNum::new(0xFF_FFF0);
+    match a.destroy_qp(gone) {
+        Err(VerbsError::NoSuchQp(_)) => {}
+        r => return Err(format!("destroy_qp of an unknown QP gave {r:?}")),
+    }
+    let buf = a.pools_mut().alloc(ea.pool).ok_or("pool exhausted")?;
+    match a.post_recv(qa, WrId(1), buf) {
+        Err(VerbsError::UsesSrq(_)) => {}
+        r => return Err(format!("post_recv on an SRQ-attached QP gave {r:?}")),
+    }
+    match a.post_send(qa, &SendWr::send(WrId(2), buf, 4097)) {
+        Err(VerbsError::TooLong { .. }) => {}
+        r => {
+            return Err(format!(
+                "a 4097-byte send from a 4096-byte buffer gave {r:?}"
+            ))
+        }
+    }
+    ensure!(
+        a.pools().get(buf).is_ok(),
+        "a refused post kept the buffer from its owner"
+    );
+    a.pools_mut().free(buf).ctx("free")?;
+    // b posts no receive: the two sends stay queued (RNR), a third does not fit.
+    post_send_data(a, qa, ea.pool, 3, &[1; 8])?;
+    post_send_data(a, qa, ea.pool, 4, &[2; 8])?;
+    let buf = alloc_with(a, ea.pool, &[3; 8])?;
+    match a.post_send(qa, &SendWr::send(WrId(5), buf, 8)) {
+        Err(VerbsError::QueueFull) => {}
+        r => return Err(format!("a third send on a 2-deep send queue gave {r:?}")),
+    }
+    a.pools_mut().free(buf).ctx("free")?;
+    a.destroy_qp(qa).ctx("destroy_qp")?;
+    a.destroy_srq(srq).ctx("destroy_srq after its QP")?;
+    b.destroy_qp(qb).ctx("destroy peer")?;
+    teardown(pair, (&ea, &eb), (&[], &[]), &Seen::default());
     Ok(())
 }
