@@ -13,6 +13,16 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use crate::soft::{SoftConfig, SoftVerbs};
+use crate::verbs::conformance::ConformancePair;
+
+/// Steps one [`ConformancePair::settle`] of a fabric takes at most.
+pub const SETTLE_STEPS: usize = 50_000;
+/// Virtual time one [`ConformancePair::settle`] of a fabric covers at most.
+pub const SETTLE_TIME: Duration = Duration::from_millis(500);
+/// Most datagrams one node may put on the wire in one [`Fabric::transmit`].
+pub const MAX_BURST: usize = 1 << 16;
+/// Most steps one [`Fabric::advance`] takes.
+pub const MAX_ADVANCE_STEPS: usize = 1 << 20;
 
 /// A datagram on the wire: `(arrival, sequence, destination node, source, bytes)`.
 type InFlight = Reverse<(Instant, u64, usize, SocketAddr, Vec<u8>)>;
@@ -53,8 +63,14 @@ impl Fabric {
         }
     }
 
-    /// `n` nodes on 198.18.0.1.. with default configurations adjusted by `adjust`.
-    pub fn with_nodes(n: usize, mut adjust: impl FnMut(usize, &mut SoftConfig)) -> Self {
+    /// `n` nodes on 198.18.0.1.. with default configurations adjusted by `adjust`, 5 µs
+    /// apart, the virtual clock starting at `start` (any instant: only differences matter,
+    /// and this module never reads the clock itself).
+    pub fn with_nodes(
+        n: usize,
+        start: Instant,
+        mut adjust: impl FnMut(usize, &mut SoftConfig),
+    ) -> Self {
         let configs = (0..n)
             .map(|i| {
                 let last = u8::try_from(i + 1).unwrap_or(u8::MAX);
@@ -63,7 +79,7 @@ impl Fabric {
                 c
             })
             .collect();
-        Self::new(configs, Duration::from_micros(5), Instant::now())
+        Self::new(configs, Duration::from_micros(5), start)
     }
 
     /// The virtual time.
@@ -82,7 +98,10 @@ impl Fabric {
                 let c = self.nodes[i].config();
                 SocketAddr::new(c.local_ip, c.src_port)
             };
-            while let Some(dst) = self.nodes[i].poll_transmit(self.now, &mut self.buf) {
+            for _ in 0..MAX_BURST {
+                let Some(dst) = self.nodes[i].poll_transmit(self.now, &mut self.buf) else {
+                    break;
+                };
                 if self.partitioned.get(i).copied().unwrap_or(false) {
                     continue;
                 }
@@ -160,19 +179,38 @@ impl Fabric {
         self.run_until(max_steps, max_time, |_| false);
     }
 
-    /// Advances the virtual clock by `d` without any event (idle time).
+    /// Advances the virtual clock by `d`, handling every event due on the way (at most
+    /// [`MAX_ADVANCE_STEPS`] steps).
     pub fn advance(&mut self, d: Duration) {
         let target = self.now + d;
-        while let Some(t) = self.next_event() {
-            if t > target {
-                break;
+        for _ in 0..MAX_ADVANCE_STEPS {
+            match self.next_event() {
+                Some(t) if t <= target => {
+                    self.step();
+                }
+                _ => break,
             }
-            self.step();
         }
         self.now = self.now.max(target);
         for n in &mut self.nodes {
             n.handle_timeout(self.now);
         }
         self.transmit();
+    }
+}
+
+/// Nodes 0 and 1 of a fabric as a conformance pair; a settle runs the fabric until nothing is
+/// left to happen, at most [`SETTLE_STEPS`] steps or [`SETTLE_TIME`] of virtual time.
+///
+/// # Panics
+/// [`ConformancePair::providers`] panics on a fabric of fewer than two nodes.
+impl ConformancePair<SoftVerbs> for Fabric {
+    fn providers(&mut self) -> (&mut SoftVerbs, &mut SoftVerbs) {
+        let (a, rest) = self.nodes.split_at_mut(1);
+        (&mut a[0], &mut rest[0])
+    }
+
+    fn settle(&mut self) {
+        self.run_idle(SETTLE_STEPS, SETTLE_TIME);
     }
 }

@@ -36,7 +36,7 @@ use crate::wire::bth::{Bth, Opcode};
 use crate::wire::ext::{rnr_timer_duration, Aeth, Deth, ImmDt, NakCode, Syndrome};
 use crate::wire::icrc::IpHeaderInfo;
 use crate::wire::roce::{RocePacket, RoceRepr};
-use crate::wire::ROCEV2_UDP_PORT;
+use crate::wire::{ICRC_LEN, ROCEV2_UDP_PORT};
 
 pub use fault::{FaultConfig, FaultInjector, FaultStats, Quirks};
 use qp::{Filling, Qp, RecvWqe, Response, SendWqe, MAX_PKTS_PER_ACK};
@@ -246,15 +246,16 @@ impl SoftVerbs {
     /// port, `dst` the IP address it was sent to.
     pub fn handle_datagram(&mut self, now: Instant, src: SocketAddr, dst: IpAddr, datagram: &[u8]) {
         self.sh.stats.rx_datagrams += 1;
-        let Ok(pkt) = RocePacket::parse(datagram) else {
-            self.sh.stats.rx_malformed += 1;
-            return;
-        };
         let check_icrc = match src.ip() {
             IpAddr::V4(_) => self.sh.cfg.verify_icrc_v4,
             IpAddr::V6(_) => true,
         };
-        if check_icrc {
+        // The ICRC covers every byte of the datagram (but the masked BTH byte) and needs no
+        // parsing, so it is checked first: a corrupted frame counts as a bad ICRC even when
+        // the flipped bit also made it unparseable (an opcode or pad count), rather than as
+        // malformed, and the parser only ever sees verified bytes. Anything too short to
+        // hold a BTH and an ICRC is malformed.
+        if check_icrc && datagram.len() >= Bth::HEADER_LEN + ICRC_LEN {
             let ok = self.ip_info(src.ip(), dst).is_some_and(|ip| {
                 RocePacket::verify_icrc(datagram, &ip, src.port(), self.sh.cfg.dst_port)
             });
@@ -263,6 +264,10 @@ impl SoftVerbs {
                 return;
             }
         }
+        let Ok(pkt) = RocePacket::parse(datagram) else {
+            self.sh.stats.rx_malformed += 1;
+            return;
+        };
         if pkt.bth.tver != 0 {
             self.sh.stats.rx_bad_tver += 1;
             return;
@@ -286,6 +291,7 @@ impl SoftVerbs {
                 }
                 if pkt.bth.opcode == Opcode::RC_ACKNOWLEDGE {
                     sh.on_ack(qp, now, &pkt);
+                    sh.check_sq_drained(qp);
                 } else if pkt.bth.opcode.transport() == crate::wire::bth::Transport::Rc
                     && pkt.bth.opcode.is_send()
                 {
@@ -366,11 +372,13 @@ impl SoftVerbs {
             let Some(qp) = self.qps.get_mut(&qpn) else {
                 continue;
             };
-            let deadline = match kind {
-                TimerKind::Retransmit => qp.req.retransmit_at,
-                TimerKind::Rnr => qp.req.rnr_at,
-            };
-            match deadline {
+            let (deadline, queued) = timer_slots(qp, kind);
+            if *queued != Some(at) {
+                // Stale: an earlier deadline superseded this entry, or the QP was reset.
+                continue;
+            }
+            *queued = None;
+            match *deadline {
                 Some(d) if d <= now => match kind {
                     TimerKind::Retransmit => self.sh.on_retransmit_timeout(qp, now),
                     TimerKind::Rnr => {
@@ -379,8 +387,11 @@ impl SoftVerbs {
                         qp.req.rewind(to);
                     }
                 },
-                // Re-armed later: keep an entry for the new deadline.
-                Some(d) => self.sh.timers.push(Reverse((d, qpn, kind))),
+                // Re-armed later: this entry moves to the new deadline.
+                Some(d) => {
+                    *queued = Some(d);
+                    self.sh.timers.push(Reverse((d, qpn, kind)));
+                }
                 None => {}
             }
             if qp.has_work() {
@@ -402,6 +413,15 @@ impl SoftVerbs {
 
     fn qp(&self, qpn: QpNum) -> Result<&Qp, VerbsError> {
         self.qps.get(&qpn).ok_or(VerbsError::NoSuchQp(qpn))
+    }
+}
+
+/// The deadline of one of `qp`'s timers, and the instant of its live timer-heap entry.
+fn timer_slots(qp: &mut Qp, kind: TimerKind) -> (&mut Option<Instant>, &mut Option<Instant>) {
+    let r = &mut qp.req;
+    match kind {
+        TimerKind::Retransmit => (&mut r.retransmit_at, &mut r.retransmit_queued),
+        TimerKind::Rnr => (&mut r.rnr_at, &mut r.rnr_queued),
     }
 }
 
@@ -428,15 +448,17 @@ impl Shared {
     }
 
     fn arm(&mut self, qp: &mut Qp, kind: TimerKind, at: Instant) {
-        let slot = match kind {
-            TimerKind::Retransmit => &mut qp.req.retransmit_at,
-            TimerKind::Rnr => &mut qp.req.rnr_at,
-        };
-        // An entry at or before the old deadline exists already; it re-queues itself when it
-        // finds the deadline moved later. Only an earlier or new deadline needs an entry.
-        let need_entry = slot.is_none_or(|old| at < old);
+        let (slot, queued) = timer_slots(qp, kind);
         *slot = Some(at);
-        if need_entry {
+        // Each QP timer has at most one live heap entry, whose instant `queued` records. It
+        // stays valid while the deadline moves later (it re-queues itself for the new one
+        // when it pops) and even while the timer is cancelled; only an earlier deadline
+        // needs a new entry, and the superseded one is dropped when it pops. Deciding this
+        // from the deadline alone pushed a new entry on every cancel and re-arm (the window
+        // emptied, then a send) while the old one lived on re-queueing itself: the heap grew
+        // by one entry per message on a busy QP, without bound.
+        if !matches!(*queued, Some(q) if q <= at) {
+            *queued = Some(at);
             self.timers.push(Reverse((at, qp.num, kind)));
         }
     }
@@ -513,6 +535,7 @@ impl Shared {
     /// SRQ-attached QP. Idempotent.
     fn enter_error(&mut self, qp: &mut Qp) {
         qp.state = QpState::Err;
+        qp.sqd_notify = false;
         qp.req.retransmit_at = None;
         qp.req.rnr_at = None;
         qp.resp
@@ -538,6 +561,14 @@ impl Shared {
                     self.events.push_back(AsyncEvent::QpLastWqeReached(qp.num));
                 }
             }
+        }
+    }
+
+    /// Raises the `SqDrained` owed by a move to SQD once nothing begun is outstanding.
+    fn check_sq_drained(&mut self, qp: &mut Qp) {
+        if qp.sqd_notify && qp.sq_drained() {
+            qp.sqd_notify = false;
+            self.events.push_back(AsyncEvent::SqDrained(qp.num));
         }
     }
 
@@ -633,6 +664,13 @@ impl Shared {
                     return;
                 }
                 self.stats.rx_rnr_naks += 1;
+                // A second RNR NAK for the PSN whose back-off is still running (the wire
+                // duplicated it) reports no new attempt: nothing was resent since the first.
+                // Counting it spent an RNR retry per copy and failed a QP with rnr_retry 1
+                // after a single real RNR episode.
+                if qp.req.rnr_at.is_some() && qp.req.retrying_from == Some(psn) {
+                    return;
+                }
                 self.retire_through(qp, psn.sub(1));
                 qp.req.comp_psn = psn;
                 if qp.req.rnr_retry_left == 0 {
@@ -672,9 +710,13 @@ impl Shared {
         }
     }
 
-    /// The peer acknowledged something: reset the retry budget, re-arm or stop the timer.
+    /// The peer acknowledged something: reset the retry budgets, re-arm or stop the timer.
     fn progress(&mut self, qp: &mut Qp, now: Instant) {
         qp.req.retry_left = qp.attrs.retry_cnt;
+        // Both budgets are per episode: rxe's `reset_retry_counters` restores `rnr_retry`
+        // with `retry_cnt` on every ACK. Without this, RNR NAKs over the QP's whole life
+        // added up, and a QP with `rnr_retry` 1 failed on its second ever RNR NAK.
+        qp.req.rnr_retry_left = qp.attrs.rnr_retry;
         qp.req.retrying_from = None;
         if qp.req.unacked() == 0 {
             qp.req.retransmit_at = None;
@@ -685,7 +727,8 @@ impl Shared {
 
     fn on_retransmit_timeout(&mut self, qp: &mut Qp, now: Instant) {
         qp.req.retransmit_at = None;
-        if qp.req.unacked() == 0 || qp.state != QpState::Rts {
+        // SQD still completes what it has begun, so its losses are recovered too.
+        if qp.req.unacked() == 0 || !matches!(qp.state, QpState::Rts | QpState::Sqd) {
             return;
         }
         self.stats.retransmit_timeouts += 1;
@@ -849,7 +892,7 @@ impl Shared {
         if let Some(r) = qp.resp.responses.pop_front() {
             return self.emit_response(qp, r, out);
         }
-        if qp.state != QpState::Rts || !qp.req.can_send() {
+        if !qp.may_send() {
             return None;
         }
         match qp.qp_type {
@@ -1362,12 +1405,17 @@ impl Verbs for SoftVerbs {
                 qp.reset();
             }
             QpState::Sqd => {
+                // `SqDrained` is raised when the WQEs already begun have completed, which
+                // may be now or after their ACKs arrive (it used to be raised at once, with
+                // messages still in flight).
                 qp.state = QpState::Sqd;
-                if attr.en_sqd_async_notify == Some(true) {
-                    self.sh.events.push_back(AsyncEvent::SqDrained(qpn));
-                }
+                qp.sqd_notify |= attr.en_sqd_async_notify == Some(true);
+                self.sh.check_sq_drained(qp);
             }
-            s => qp.state = s,
+            s => {
+                qp.state = s;
+                qp.sqd_notify = false;
+            }
         }
         if qp.has_work() {
             self.sh.mark_ready(qp);

@@ -84,6 +84,10 @@ pub(crate) struct Requester {
     pub(crate) retransmit_at: Option<Instant>,
     /// Sending is paused until this RNR deadline.
     pub(crate) rnr_at: Option<Instant>,
+    /// The instant of the retransmit timer's live entry in the provider's timer heap.
+    pub(crate) retransmit_queued: Option<Instant>,
+    /// The instant of the RNR timer's live entry in the provider's timer heap.
+    pub(crate) rnr_queued: Option<Instant>,
     /// A go-back-N from this PSN is in progress (a second NAK for it starts nothing).
     pub(crate) retrying_from: Option<Psn>,
 }
@@ -102,6 +106,8 @@ impl Requester {
             noack_pkts: 0,
             retransmit_at: None,
             rnr_at: None,
+            retransmit_queued: None,
+            rnr_queued: None,
             retrying_from: None,
         }
     }
@@ -221,6 +227,8 @@ pub(crate) struct Qp {
     pub(crate) swallowed: Vec<BufId>,
     /// `QpLastWqeReached` was raised.
     pub(crate) last_wqe_raised: bool,
+    /// In SQD with `en_sqd_async_notify`: `SqDrained` is owed once the drain completes.
+    pub(crate) sqd_notify: bool,
     /// Queued on the provider's ready list.
     pub(crate) ready_queued: bool,
 }
@@ -262,6 +270,7 @@ impl Qp {
             rq: VecDeque::new(),
             swallowed: Vec::new(),
             last_wqe_raised: false,
+            sqd_notify: false,
             ready_queued: false,
         }
     }
@@ -273,14 +282,38 @@ impl Qp {
         self.resp = Responder::new();
         self.rq.clear();
         self.last_wqe_raised = false;
+        self.sqd_notify = false;
     }
 
     /// True when the QP has something for `poll_transmit`.
     pub(crate) fn has_work(&self) -> bool {
-        if !self.resp.responses.is_empty() {
-            return true;
+        !self.resp.responses.is_empty() || self.may_send()
+    }
+
+    /// True when the requester may send its next packet now. RTS sends everything; SQD
+    /// finishes the messages it has begun, retransmissions included, and starts no new one
+    /// (IBTA 10.3.1: SQD drains in-progress WQEs). Before SQD was allowed to resend, packets
+    /// lost around a move to SQD were never recovered: their timeout was ignored outside RTS,
+    /// and the WQE never completed even after SQD -> RTS.
+    pub(crate) fn may_send(&self) -> bool {
+        match self.state {
+            QpState::Rts => self.req.can_send(),
+            QpState::Sqd => {
+                self.req.can_send()
+                    && self
+                        .req
+                        .sq
+                        .get(self.req.send_idx)
+                        .is_some_and(|w| w.npkts > 0)
+            }
+            _ => false,
         }
-        self.state == QpState::Rts && self.req.can_send()
+    }
+
+    /// In SQD, no WQE that was begun is still outstanding (WQEs begin in order, so only the
+    /// oldest needs looking at).
+    pub(crate) fn sq_drained(&self) -> bool {
+        self.state == QpState::Sqd && !self.req.sq.front().is_some_and(|w| w.npkts > 0)
     }
 
     /// Packets a message of `len` bytes takes at this QP's path MTU.

@@ -46,6 +46,7 @@
 //! tested against real-world provider bugs.
 
 pub mod completion;
+pub mod conformance;
 pub mod error;
 pub mod pool;
 pub mod transition;
