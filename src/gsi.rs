@@ -214,7 +214,7 @@ mod tests {
 
     #[test]
     fn mads_cross_the_fabric_on_qp1() {
-        let mut f = Fabric::with_nodes(2, |_, _| {});
+        let mut f = Fabric::with_nodes(2, std::time::Instant::now(), |_, _| {});
         let mut gsi = Vec::new();
         for n in &mut f.nodes {
             let pd = n.alloc_pd().unwrap();
