@@ -41,6 +41,9 @@ use crate::wire::{ICRC_LEN, ROCEV2_UDP_PORT};
 pub use fault::{FaultConfig, FaultInjector, FaultStats, Quirks};
 use qp::{Filling, Qp, RecvWqe, Response, SendWqe, MAX_PKTS_PER_ACK};
 
+/// The QPN of multicast packets.
+pub const MULTICAST_QPN: QpNum = QpNum::new(0x00FF_FFFF);
+
 /// Size of the GRH area at the start of every UD receive buffer.
 pub const GRH_LEN: usize = 40;
 
@@ -178,6 +181,12 @@ struct Shared {
     stats: SoftStats,
     /// QPs with something to transmit.
     ready: VecDeque<QpNum>,
+    /// Multicast group memberships of UD QPs (`attach_mcast`).
+    mcast: HashMap<Gid, Vec<QpNum>>,
+    /// Underlay addresses a multicast UD send is fanned out to.
+    mcast_peers: Vec<IpAddr>,
+    /// Fanned-out copies of a multicast send waiting for `poll_transmit`.
+    fanout: VecDeque<(SocketAddr, Vec<u8>)>,
     /// Lazily cancelled timers: an entry is acted on only if the QP's deadline still matches.
     timers: BinaryHeap<Reverse<(Instant, QpNum, TimerKind)>>,
 }
@@ -211,6 +220,9 @@ impl SoftVerbs {
                 events: VecDeque::new(),
                 stats: SoftStats::default(),
                 ready: VecDeque::new(),
+                mcast: HashMap::new(),
+                mcast_peers: Vec::new(),
+                fanout: VecDeque::new(),
                 timers: BinaryHeap::new(),
             },
             scratch: Vec::with_capacity(8192),
@@ -220,6 +232,16 @@ impl SoftVerbs {
     /// The configuration.
     pub fn config(&self) -> &SoftConfig {
         &self.sh.cfg
+    }
+
+    /// Sets the underlay addresses that multicast UD sends (a destination GID starting with
+    /// `ff`, the IPoIB broadcast group among them) are fanned out to, one unicast copy each.
+    /// This is how the software provider carries IB multicast over an underlay without IP
+    /// multicast: receivers deliver a packet for QPN 0xFFFFFF to every UD QP attached to a
+    /// group.
+    pub fn set_mcast_peers(&mut self, peers: Vec<IpAddr>) {
+        let local = self.sh.cfg.local_ip;
+        self.sh.mcast_peers = peers.into_iter().filter(|p| *p != local).collect();
     }
 
     /// Counters.
@@ -277,6 +299,22 @@ impl SoftVerbs {
             return;
         }
         let qpn = QpNum::new(pkt.bth.dest_qp);
+        if qpn == MULTICAST_QPN {
+            // Every UD QP attached to a group gets a copy (the fan-out underlay does not tell
+            // which group a packet was for).
+            let mut members: Vec<QpNum> = self.sh.mcast.values().flatten().copied().collect();
+            members.sort_unstable();
+            members.dedup();
+            if members.is_empty() {
+                self.sh.stats.rx_unknown_qpn += 1;
+            }
+            for m in members {
+                if let Some(qp) = self.qps.get_mut(&m) {
+                    self.sh.on_ud(qp, src.ip(), dst, &pkt);
+                }
+            }
+            return;
+        }
         let Some(qp) = self.qps.get_mut(&qpn) else {
             self.sh.stats.rx_unknown_qpn += 1;
             return;
@@ -316,6 +354,16 @@ impl SoftVerbs {
     /// it goes, or `None` when there is nothing to send.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<SocketAddr> {
         loop {
+            if let Some((dst, d)) = self.sh.fanout.pop_front() {
+                self.sh.stats.tx_packets += 1;
+                if self.faults.config().is_clean() {
+                    buf.clear();
+                    buf.extend_from_slice(&d);
+                    return Some(dst);
+                }
+                self.faults.push(dst, d);
+                continue;
+            }
             if let Some((dst, d)) = self.faults.pop() {
                 buf.clear();
                 buf.extend_from_slice(&d);
@@ -1044,44 +1092,65 @@ impl Shared {
         let psn = qp.req.psn;
         qp.req.psn = psn.add(1);
         qp.req.comp_psn = qp.req.psn;
-        let dst = w.wr.ud.and_then(|ud| {
-            // IBTA: a Q_Key with the high bit set means "use the QP's own Q_Key".
-            let qkey = if ud.remote_qkey.0 & 0x8000_0000 != 0 && qp.qp_type != QpType::Gsi {
-                qp.attrs.qkey
-            } else {
-                ud.remote_qkey
-            };
-            let opcode = if w.wr.imm.is_some() {
-                Opcode::UD_SEND_ONLY_WITH_IMMEDIATE
-            } else {
-                Opcode::UD_SEND_ONLY
-            };
-            let mut bth = self.bth(opcode, ud.remote_qpn, psn);
-            bth.solicited = w.wr.solicited;
-            let repr = RoceRepr {
-                bth,
-                reth: None,
-                aeth: None,
-                deth: Some(Deth {
-                    qkey: qkey.0,
-                    src_qp: qp.num.get(),
-                }),
-                imm: w.wr.imm.map(ImmDt),
-            };
-            let payload = match w.wr.buf {
-                Some(b) => self
-                    .pools
-                    .bytes(b)
-                    .and_then(|d| d.get(..w.wr.len))
-                    .unwrap_or(&[]),
-                None => &[],
-            };
-            self.emit(&repr, payload, ud.av.dgid.to_ip(), out)
-        });
-        let status = if dst.is_some() {
-            WcStatus::Success
+        // post_send refuses UD sends without a destination.
+        let Some(ud) = w.wr.ud else {
+            self.complete_send(qp, &w, WcStatus::LocQpOpErr);
+            return None;
+        };
+        // IBTA: a Q_Key with the high bit set means "use the QP's own Q_Key".
+        let qkey = if ud.remote_qkey.0 & 0x8000_0000 != 0 && qp.qp_type != QpType::Gsi {
+            qp.attrs.qkey
         } else {
-            WcStatus::LocQpOpErr
+            ud.remote_qkey
+        };
+        let opcode = if w.wr.imm.is_some() {
+            Opcode::UD_SEND_ONLY_WITH_IMMEDIATE
+        } else {
+            Opcode::UD_SEND_ONLY
+        };
+        let mut bth = self.bth(opcode, ud.remote_qpn, psn);
+        bth.solicited = w.wr.solicited;
+        let repr = RoceRepr {
+            bth,
+            reth: None,
+            aeth: None,
+            deth: Some(Deth {
+                qkey: qkey.0,
+                src_qp: qp.num.get(),
+            }),
+            imm: w.wr.imm.map(ImmDt),
+        };
+        let payload = match w.wr.buf {
+            Some(b) => self
+                .pools
+                .bytes(b)
+                .and_then(|d| d.get(..w.wr.len))
+                .unwrap_or(&[]),
+            None => &[],
+        };
+        let (dst, status) = if ud.av.dgid.0[0] == 0xFF {
+            // Multicast: one unicast copy per underlay peer; the first goes out now, the rest
+            // wait in `fanout`. A group with no peers swallows the send, as an empty IB
+            // multicast group does.
+            let mut first = None;
+            for peer in &self.mcast_peers {
+                let mut d = Vec::new();
+                if let Some(to) = self.emit(&repr, payload, *peer, &mut d) {
+                    if first.is_none() {
+                        out.clear();
+                        out.extend_from_slice(&d);
+                        first = Some(to);
+                    } else {
+                        self.fanout.push_back((to, d));
+                    }
+                }
+            }
+            (first, WcStatus::Success)
+        } else {
+            match self.emit(&repr, payload, ud.av.dgid.to_ip(), out) {
+                Some(to) => (Some(to), WcStatus::Success),
+                None => (None, WcStatus::LocQpOpErr),
+            }
         };
         self.complete_send(qp, &w, status);
         dst
@@ -1527,11 +1596,46 @@ impl Verbs for SoftVerbs {
         if let Some(u) = self.sh.pds.get_mut(&qp.pd.0) {
             *u = u.saturating_sub(1);
         }
+        self.sh.mcast.retain(|_, members| {
+            members.retain(|q| *q != qpn);
+            !members.is_empty()
+        });
         Ok(())
     }
 
     fn qp_count(&self) -> usize {
         self.qps.len()
+    }
+
+    fn attach_mcast(&mut self, qpn: QpNum, mgid: Gid) -> Result<(), VerbsError> {
+        let qp = self.qps.get(&qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
+        if qp.qp_type != QpType::Ud || mgid.0[0] != 0xFF {
+            return Err(VerbsError::InvalidWr(
+                "multicast needs a UD QP and an ff00::/8 MGID",
+            ));
+        }
+        let members = self.sh.mcast.entry(mgid).or_default();
+        if !members.contains(&qpn) {
+            members.push(qpn);
+        }
+        Ok(())
+    }
+
+    fn detach_mcast(&mut self, qpn: QpNum, mgid: Gid) -> Result<(), VerbsError> {
+        let members = self
+            .sh
+            .mcast
+            .get_mut(&mgid)
+            .ok_or(VerbsError::NoSuchObject("multicast group"))?;
+        let before = members.len();
+        members.retain(|q| *q != qpn);
+        if members.len() == before {
+            return Err(VerbsError::NoSuchObject("multicast attachment"));
+        }
+        if members.is_empty() {
+            self.sh.mcast.remove(&mgid);
+        }
+        Ok(())
     }
 
     fn poll_async_event(&mut self) -> Option<AsyncEvent> {

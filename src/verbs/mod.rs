@@ -278,6 +278,20 @@ pub trait Verbs {
     /// Number of QPs that exist (created and not destroyed), QP1 included.
     fn qp_count(&self) -> usize;
 
+    /// Attaches a UD QP to the multicast group `mgid` (`ibv_attach_mcast`): packets sent to
+    /// the group (destination QPN 0xFFFFFF) are delivered to it. Destroying the QP detaches it.
+    ///
+    /// # Errors
+    /// [`VerbsError::NoSuchQp`], or [`VerbsError::InvalidWr`] for a non-UD QP or a GID that is
+    /// not multicast.
+    fn attach_mcast(&mut self, qp: QpNum, mgid: Gid) -> Result<(), VerbsError>;
+
+    /// Detaches a UD QP from a multicast group (`ibv_detach_mcast`).
+    ///
+    /// # Errors
+    /// [`VerbsError::NoSuchObject`] if it was not attached.
+    fn detach_mcast(&mut self, qp: QpNum, mgid: Gid) -> Result<(), VerbsError>;
+
     /// The next queued asynchronous event.
     fn poll_async_event(&mut self) -> Option<AsyncEvent>;
 }
