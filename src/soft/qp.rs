@@ -313,7 +313,7 @@ impl Qp {
     /// In SQD, no WQE that was begun is still outstanding (WQEs begin in order, so only the
     /// oldest needs looking at).
     pub(crate) fn sq_drained(&self) -> bool {
-        self.state == QpState::Sqd && !self.req.sq.front().is_some_and(|w| w.npkts > 0)
+        self.state == QpState::Sqd && self.req.sq.front().is_none_or(|w| w.npkts == 0)
     }
 
     /// Packets a message of `len` bytes takes at this QP's path MTU.
