@@ -25,6 +25,7 @@
 
 pub mod cm;
 pub mod gsi;
+pub mod ipoib;
 pub mod sim;
 pub mod soft;
 pub mod sys;

@@ -1,0 +1,722 @@
+//! The IPoIB-CM endpoint: the sans-IO core of the interface daemon.
+//!
+//! One [`Endpoint`] is one IPoIB interface on one [`Verbs`] provider. It owns the UD QP (ARP,
+//! ND, multicast and datagram-mode traffic), QP1 and the CM, the shared receive queue, the
+//! one-way RC connections in both directions, the neighbour table and one timer wheel.
+//!
+//! # Calling protocol
+//!
+//! The driver owns the clock, the TUN device and the provider's I/O. On every turn it reads
+//! the clock once and then, in any order:
+//!
+//! - [`Endpoint::handle_tun_packet`] for each IP packet read from the TUN device;
+//! - [`Endpoint::handle_verbs`] after the provider did I/O (completions, async events, MADs);
+//! - [`Endpoint::handle_timeout`] when [`Endpoint::poll_timeout`] has passed (spurious calls
+//!   are harmless);
+//!
+//! and finally writes every packet from [`Endpoint::poll_tun`] to the TUN device. `now` must
+//! never go backwards. The endpoint never reads the clock and does no I/O of its own: it acts
+//! through the verbs it is handed, so the same code runs over the deterministic simulated
+//! fabric of the tests.
+//!
+//! # Receive QPs are always recycled
+//!
+//! Every passive (RX) connection carries an activity stamp, refreshed by each receive at the
+//! cost of one store, and one timer on the wheel. When the timer fires and the stamp is older
+//! than `rx_timeout`, the connection is stale. Stale, DREQ'd, rejected, evicted and shut-down
+//! connections all take the same path ([`rx`]): DREQ where the peer may be alive, QP to ERR;
+//! with an SRQ, wait for Last WQE Reached, then post one drain WR (at most one outstanding; it
+//! covers every QP that reached Last WQE by then), and destroy on its flush completion;
+//! without an SRQ, count the flushed receives down to zero. A watchdog of `drain_timeout`
+//! destroys the QP anyway if a provider never delivers the event or the completion.
+
+mod neigh;
+mod rx;
+mod tx;
+mod ud;
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::time::{Duration, Instant};
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::cm::{Cm, CmConfig, CmEvent, CommId};
+use crate::gsi::Gsi;
+use crate::timer::{TimerId, TimerWheel};
+use crate::verbs::{
+    AsyncEvent, BufId, Completion, CqId, PathMtu, PdId, PoolId, QKey, QpNum, SrqId, SrqInit,
+    Verbs, VerbsError,
+};
+use crate::wire::cm::{ipoib_service_id, IpoibCmData};
+use crate::wire::ipoib::{HwAddr, IPOIB_CM_BUF_SIZE};
+
+pub use neigh::NeighState;
+use neigh::Neighbours;
+use rx::RxConn;
+pub use rx::RxState;
+use tx::TxConn;
+pub use tx::TxState;
+
+/// Connected or datagram mode (Linux's `/sys/class/net/ib0/mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Unicast IP to CM-capable peers over RC connections; MTU 65520.
+    Connected,
+    /// Everything over the UD QP; MTU = UD MTU.
+    Datagram,
+}
+
+impl Mode {
+    /// `connected` or `datagram`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Connected => "connected",
+            Self::Datagram => "datagram",
+        }
+    }
+}
+
+/// What a REQ does when `max_conn_qp` RX connections are live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QpBudgetPolicy {
+    /// Evict the least recently active RX connection, so the node stays reachable.
+    Evict,
+    /// Reject the REQ with `NO_QP`, as Linux does in non-SRQ mode.
+    Reject,
+}
+
+/// Configuration of an [`Endpoint`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct EndpointConfig {
+    /// Connected or datagram mode.
+    pub mode: Mode,
+    /// Share one receive queue among all RX connections.
+    pub srq: bool,
+    /// An RX connection idle this long is stale and reaped.
+    pub rx_timeout: Duration,
+    /// Bound on every teardown wait (Last WQE, drain completion, flush).
+    pub drain_timeout: Duration,
+    /// Most live RX connections.
+    pub max_conn_qp: usize,
+    /// What a REQ beyond `max_conn_qp` does.
+    pub budget_policy: QpBudgetPolicy,
+    /// Packets held per neighbour while its address or connection is being set up.
+    pub tx_queue_len: usize,
+    /// Unused neighbours (and their TX connections) are removed after this long.
+    pub neigh_timeout: Duration,
+    /// Interface addresses with prefix lengths.
+    pub addrs: Vec<(IpAddr, u8)>,
+    /// Static neighbours.
+    pub static_neighbours: Vec<(IpAddr, HwAddr)>,
+    /// Path MTU of connections and of the UD QP.
+    pub path_mtu: PathMtu,
+    /// Partition key (with the full-member bit).
+    pub pkey: u16,
+    /// Q_Key of the UD QP and the broadcast group.
+    pub qkey: QKey,
+    /// Receive WRs on the SRQ (SRQ mode).
+    pub srq_depth: u32,
+    /// Receive WRs per RX QP (non-SRQ mode).
+    pub nonsrq_ring: u32,
+    /// Send buffers shared by all TX connections.
+    pub tx_depth: u32,
+    /// Receive and send buffers of the UD QP, each.
+    pub ud_depth: u32,
+    /// Local ACK timeout exponent of RC QPs (4.096 µs · 2^n).
+    pub qp_timeout: u8,
+    /// Seed for PSNs and CM ids (the daemon passes entropy; tests a constant).
+    pub seed: u64,
+    /// CM response timeout exponent.
+    pub cm_response_timeout: u8,
+}
+
+impl EndpointConfig {
+    /// Defaults as Linux uses them where that makes sense, with a 60 s RX timeout.
+    pub fn new(addrs: Vec<(IpAddr, u8)>) -> Self {
+        Self {
+            mode: Mode::Connected,
+            srq: true,
+            rx_timeout: Duration::from_secs(60),
+            drain_timeout: Duration::from_secs(5),
+            max_conn_qp: 128,
+            budget_policy: QpBudgetPolicy::Evict,
+            tx_queue_len: 3,
+            neigh_timeout: Duration::from_secs(300),
+            addrs,
+            static_neighbours: Vec::new(),
+            path_mtu: PathMtu::Mtu1024,
+            pkey: 0xFFFF,
+            qkey: QKey(0x0B1B),
+            srq_depth: 256,
+            nonsrq_ring: 16,
+            tx_depth: 128,
+            ud_depth: 64,
+            qp_timeout: 14,
+            seed: 0,
+            cm_response_timeout: 17,
+        }
+    }
+
+    /// The interface MTU: 65520 in connected mode, the UD MTU (path MTU − 4) in datagram mode.
+    pub fn interface_mtu(&self) -> u32 {
+        match self.mode {
+            Mode::Connected => IPOIB_CM_BUF_SIZE - 4,
+            Mode::Datagram => self.ud_mtu(),
+        }
+    }
+
+    /// Largest IP packet over UD.
+    pub fn ud_mtu(&self) -> u32 {
+        u32::try_from(self.path_mtu.bytes()).unwrap_or(4096) - 4
+    }
+}
+
+/// Counters, named as in `ipoib-cm status`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// QPs created by the endpoint (UD, QP1 and RC).
+    pub qp_created: u64,
+    /// QPs destroyed by the endpoint.
+    pub qp_destroyed: u64,
+    /// Passive connections accepted.
+    pub rx_accepted: u64,
+    /// RX connections reaped because they were idle for `rx_timeout`.
+    pub rx_stale_reaped: u64,
+    /// RX connections reaped after the peer's DREQ (or REJ, or a CM timeout).
+    pub rx_dreq_reaped: u64,
+    /// RX connections evicted to admit a new one at `max_conn_qp`.
+    pub rx_evicted: u64,
+    /// Teardowns finished by the watchdog, not by the provider.
+    pub drain_timeouts: u64,
+    /// Last WQE Reached events received.
+    pub last_wqe_events: u64,
+    /// REQs rejected for lack of QP budget.
+    pub rx_rejected: u64,
+    /// Active connections established.
+    pub tx_established: u64,
+    /// Active connections that failed (REJ, timeout, send error).
+    pub tx_failed: u64,
+    /// Packets dropped because a neighbour's queue was full.
+    pub tx_queue_drops: u64,
+    /// Packets dropped for other reasons (no buffer, no route, resolution failed).
+    pub tx_dropped: u64,
+    /// ICMP Fragmentation Needed / Packet Too Big written to the TUN device.
+    pub icmp_too_big_sent: u64,
+    /// Received packets that were malformed or not for us.
+    pub rx_bad_packets: u64,
+    /// IP packets delivered to the TUN device.
+    pub rx_packets: u64,
+    /// IP packets sent (RC and UD).
+    pub tx_packets: u64,
+    /// ARP/ND messages that tried to change an established mapping.
+    pub neigh_conflicts: u64,
+    /// Neighbour resolutions that got no answer.
+    pub neigh_failed: u64,
+}
+
+/// A snapshot for status output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    /// Our hardware address.
+    pub hwaddr: HwAddr,
+    /// Interface MTU.
+    pub mtu: u32,
+    /// Mode.
+    pub mode: Mode,
+    /// `(ip, hwaddr, state)` per neighbour.
+    pub neighbours: Vec<(IpAddr, Option<HwAddr>, NeighState)>,
+    /// `(peer, qpn, state, mtu, queued)` per TX connection.
+    pub tx: Vec<(HwAddr, QpNum, TxState, u32, usize)>,
+    /// `(peer, qpn, state, idle)` per RX connection.
+    pub rx: Vec<(crate::verbs::Gid, QpNum, RxState, Duration)>,
+    /// Counters.
+    pub counters: Counters,
+}
+
+/// What a timer on the wheel is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Timer {
+    /// Check an RX connection's activity stamp.
+    RxStale(QpNum),
+    /// Bound an RX teardown.
+    RxWatchdog(QpNum),
+    /// Bound a TX teardown.
+    TxWatchdog(QpNum),
+    /// Resend an ARP request / NS, or give up.
+    NeighResolve(IpAddr),
+    /// Check a neighbour's last use.
+    NeighAge(IpAddr),
+}
+
+/// Which connection a CM id belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Owner {
+    Tx(QpNum),
+    Rx(QpNum),
+}
+
+/// Work request id kinds, in the top byte of the 64-bit id.
+const WR_KIND_SHIFT: u32 = 56;
+const WR_RECV: u64 = 1;
+const WR_SEND: u64 = 2;
+const WR_DRAIN: u64 = 3;
+
+fn wr(kind: u64) -> crate::verbs::WrId {
+    crate::verbs::WrId(kind << WR_KIND_SHIFT)
+}
+
+fn wr_kind(id: crate::verbs::WrId) -> u64 {
+    id.0 >> WR_KIND_SHIFT
+}
+
+/// The UD QP and its resources.
+#[derive(Debug)]
+struct UdQp {
+    qp: QpNum,
+    cq: CqId,
+    free_send: Vec<BufId>,
+}
+
+/// The IPoIB-CM endpoint. See the [module documentation](self).
+#[derive(Debug)]
+pub struct Endpoint {
+    cfg: EndpointConfig,
+    pd: PdId,
+    ud: UdQp,
+    gsi: Gsi,
+    cm: Cm,
+    hwaddr: HwAddr,
+    srq: Option<SrqId>,
+    rx_cq: CqId,
+    rx_pool: PoolId,
+    tx_cq: CqId,
+    tx_pool: PoolId,
+    tx_free: Vec<BufId>,
+    neigh: Neighbours,
+    txs: HashMap<QpNum, TxConn>,
+    tx_by_peer: HashMap<(crate::verbs::Gid, QpNum), QpNum>,
+    rxs: HashMap<QpNum, RxConn>,
+    owners: HashMap<CommId, Owner>,
+    /// RX QPs that reached Last WQE and wait for a drain WR.
+    flush_list: Vec<QpNum>,
+    /// RX QPs covered by the drain WR in flight, and the QP that carries it.
+    drain_list: Vec<QpNum>,
+    drain_carrier: Option<QpNum>,
+    wheel: TimerWheel<Timer>,
+    tun_out: VecDeque<Vec<u8>>,
+    counters: Counters,
+    rng: ChaCha8Rng,
+    stopping: bool,
+    wcs: Vec<Completion>,
+    fired: Vec<(TimerId, Timer)>,
+    mads: Vec<(crate::verbs::Gid, [u8; crate::gsi::MAD_LEN])>,
+    cm_events: Vec<CmEvent>,
+}
+
+/// Resolution requests before a neighbour is given up.
+const RESOLVE_RETRIES: u8 = 3;
+/// Interval between resolution requests.
+const RESOLVE_INTERVAL: Duration = Duration::from_secs(1);
+/// Completions taken from a CQ per poll.
+const CQ_BATCH: usize = 64;
+
+impl Endpoint {
+    /// Sets up the interface on `v`: UD QP attached to the broadcast group, QP1 and the CM
+    /// listening on both IPoIB-CM service IDs, the SRQ (or the pool for per-QP rings), and the
+    /// send buffers.
+    ///
+    /// # Errors
+    /// Any verbs error of the set-up.
+    pub fn new<V: Verbs>(now: Instant, v: &mut V, cfg: EndpointConfig) -> Result<Self, VerbsError> {
+        let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
+        let mut counters = Counters::default();
+        let pd = v.alloc_pd()?;
+        let ud = ud::open_ud(v, pd, &cfg)?;
+        counters.qp_created += 1;
+        let gsi = Gsi::open(v, pd, 64, 32)?;
+        counters.qp_created += 1;
+        let port = v.port_attr();
+        let flags = if cfg.mode == Mode::Connected {
+            HwAddr::FLAG_CONNECTED
+        } else {
+            0
+        };
+        let hwaddr = HwAddr::new(flags, ud.qp, port.gid);
+        let mut cm_cfg = CmConfig::new(port.gid, rng.gen::<u64>() | 1);
+        cm_cfg.comm_id_seed = rng.gen();
+        cm_cfg.cm_response_timeout = cfg.cm_response_timeout;
+        let mut cm = Cm::new(cm_cfg);
+        // Linux uses 0x1000…|QPN; RFC 4755 says 0x0100…|QPN. Accept both.
+        cm.listen(ipoib_service_id(ud.qp, true), u64::MAX);
+        cm.listen(ipoib_service_id(ud.qp, false), u64::MAX);
+        let buf_len = IPOIB_CM_BUF_SIZE as usize;
+        let rx_cq = v.create_cq(cfg.srq_depth + cfg.nonsrq_ring * cfg.max_conn_qp as u32 + 16)?;
+        let tx_cq = v.create_cq(cfg.tx_depth + 16)?;
+        let (srq, rx_pool) = if cfg.srq {
+            let pool = v.create_pool(pd, buf_len, cfg.srq_depth as usize)?;
+            let srq = v.create_srq(&SrqInit {
+                pd,
+                max_wr: cfg.srq_depth,
+                limit: 0,
+            })?;
+            for _ in 0..cfg.srq_depth {
+                let b = v
+                    .pools_mut()
+                    .alloc(pool)
+                    .ok_or(VerbsError::OutOfResources("SRQ buffers"))?;
+                v.post_srq_recv(srq, wr(WR_RECV), b)?;
+            }
+            (Some(srq), pool)
+        } else {
+            // One ring per connection, plus one for a connection being evicted.
+            let count = cfg.nonsrq_ring as usize * (cfg.max_conn_qp + 1);
+            (None, v.create_pool(pd, buf_len, count)?)
+        };
+        let tx_pool = v.create_pool(pd, buf_len, cfg.tx_depth as usize)?;
+        let mut tx_free = Vec::with_capacity(cfg.tx_depth as usize);
+        for _ in 0..cfg.tx_depth {
+            tx_free.push(
+                v.pools_mut()
+                    .alloc(tx_pool)
+                    .ok_or(VerbsError::OutOfResources("TX buffers"))?,
+            );
+        }
+        let mut neigh = Neighbours::default();
+        for (ip, hw) in &cfg.static_neighbours {
+            neigh.add_static(*ip, *hw, now);
+        }
+        Ok(Self {
+            pd,
+            ud,
+            gsi,
+            cm,
+            hwaddr,
+            srq,
+            rx_cq,
+            rx_pool,
+            tx_cq,
+            tx_pool,
+            tx_free,
+            neigh,
+            txs: HashMap::new(),
+            tx_by_peer: HashMap::new(),
+            rxs: HashMap::new(),
+            owners: HashMap::new(),
+            flush_list: Vec::new(),
+            drain_list: Vec::new(),
+            drain_carrier: None,
+            wheel: TimerWheel::new(now, Duration::from_millis(1)),
+            tun_out: VecDeque::new(),
+            counters,
+            rng,
+            stopping: false,
+            wcs: Vec::with_capacity(CQ_BATCH),
+            fired: Vec::new(),
+            mads: Vec::new(),
+            cm_events: Vec::new(),
+            cfg,
+        })
+    }
+
+    /// Our 20-byte hardware address (flags, UD QPN, GID).
+    pub fn hwaddr(&self) -> HwAddr {
+        self.hwaddr
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EndpointConfig {
+        &self.cfg
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// Live RX connections (any state).
+    pub fn rx_count(&self) -> usize {
+        self.rxs.len()
+    }
+
+    /// Live TX connections (any state).
+    pub fn tx_count(&self) -> usize {
+        self.txs.len()
+    }
+
+    /// The next packet for the TUN device.
+    pub fn poll_tun(&mut self) -> Option<Vec<u8>> {
+        self.tun_out.pop_front()
+    }
+
+    /// When [`Endpoint::handle_timeout`] must next run.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match (self.wheel.poll_timeout(), self.cm.poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Fires due timers: RX staleness, teardown watchdogs, neighbour retries and ageing, CM
+    /// retransmissions.
+    pub fn handle_timeout<V: Verbs>(&mut self, now: Instant, v: &mut V) {
+        let mut fired = std::mem::take(&mut self.fired);
+        fired.clear();
+        self.wheel.expire(now, &mut fired);
+        for (id, t) in fired.drain(..) {
+            match t {
+                Timer::RxStale(qpn) => self.on_rx_stale_timer(now, v, qpn, id),
+                Timer::RxWatchdog(qpn) => self.on_rx_watchdog(now, v, qpn, id),
+                Timer::TxWatchdog(qpn) => self.on_tx_watchdog(now, v, qpn, id),
+                Timer::NeighResolve(ip) => self.on_resolve_timer(now, v, ip, id),
+                Timer::NeighAge(ip) => self.on_neigh_age_timer(now, v, ip, id),
+            }
+        }
+        self.fired = fired;
+        self.cm.handle_timeout(now);
+        self.pump_cm(now, v);
+    }
+
+    /// Reaps completions and async events and exchanges CM MADs.
+    pub fn handle_verbs<V: Verbs>(&mut self, now: Instant, v: &mut V) {
+        let mut mads = std::mem::take(&mut self.mads);
+        mads.clear();
+        self.gsi.poll(v, &mut mads);
+        for (from, mad) in &mads {
+            self.cm.handle_mad(now, *from, mad);
+        }
+        self.mads = mads;
+        for _ in 0..1024 {
+            let Some(ev) = v.poll_async_event() else {
+                break;
+            };
+            self.on_async_event(now, v, ev);
+        }
+        self.poll_ud(now, v);
+        self.poll_rx_cq(now, v);
+        self.poll_tx_cq(now, v);
+        self.pump_cm(now, v);
+    }
+
+    fn on_async_event<V: Verbs>(&mut self, now: Instant, v: &mut V, ev: AsyncEvent) {
+        match ev {
+            AsyncEvent::QpLastWqeReached(qpn) => self.on_last_wqe(now, v, qpn),
+            AsyncEvent::CommEst(qpn) => {
+                if let Some(id) = self.rxs.get(&qpn).map(|r| r.id) {
+                    self.cm.notify_comm_est(now, id);
+                }
+            }
+            AsyncEvent::QpFatal(qpn) | AsyncEvent::QpReqErr(qpn) | AsyncEvent::QpAccessErr(qpn) => {
+                if self.rxs.contains_key(&qpn) {
+                    self.start_rx_teardown(now, v, qpn, rx::Why::Error);
+                } else if self.txs.contains_key(&qpn) {
+                    self.fail_tx(now, v, qpn);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Sends what the CM wants sent and acts on its events.
+    fn pump_cm<V: Verbs>(&mut self, now: Instant, v: &mut V) {
+        for _ in 0..16 {
+            let mut events = std::mem::take(&mut self.cm_events);
+            events.clear();
+            while let Some(e) = self.cm.poll_event() {
+                events.push(e);
+            }
+            let had_events = !events.is_empty();
+            for e in events.drain(..) {
+                self.on_cm_event(now, v, e);
+            }
+            self.cm_events = events;
+            while let Some((to, mad)) = self.cm.poll_transmit() {
+                if let Err(e) = self.gsi.send(v, to, &mad) {
+                    tracing::debug!(error = %e, "sending a CM MAD failed");
+                }
+            }
+            if !had_events {
+                break;
+            }
+        }
+    }
+
+    fn on_cm_event<V: Verbs>(&mut self, now: Instant, v: &mut V, e: CmEvent) {
+        match e {
+            CmEvent::ReqReceived {
+                id,
+                peer,
+                remote_qpn,
+                remote_psn,
+                path_mtu,
+                rnr_retry_count,
+                private_data,
+                ..
+            } => self.on_req(now, v, id, peer, remote_qpn, remote_psn, path_mtu, rnr_retry_count, &private_data),
+            CmEvent::RepReceived {
+                id,
+                remote_qpn,
+                remote_psn,
+                private_data,
+                ..
+            } => self.on_rep(now, v, id, remote_qpn, remote_psn, &private_data),
+            CmEvent::Established { id } => {
+                if let Some(Owner::Rx(qpn)) = self.owners.get(&id).copied() {
+                    if let Some(r) = self.rxs.get_mut(&qpn) {
+                        r.established = true;
+                    }
+                }
+            }
+            CmEvent::Rejected { id, .. } | CmEvent::TimedOut { id, .. } => {
+                match self.owners.get(&id).copied() {
+                    Some(Owner::Tx(qpn)) => self.fail_tx(now, v, qpn),
+                    Some(Owner::Rx(qpn)) => {
+                        self.start_rx_teardown(now, v, qpn, rx::Why::Remote)
+                    }
+                    None => {}
+                }
+            }
+            CmEvent::DisconnectReceived { id } | CmEvent::Disconnected { id } => {
+                match self.owners.get(&id).copied() {
+                    Some(Owner::Tx(qpn)) => self.fail_tx(now, v, qpn),
+                    Some(Owner::Rx(qpn)) => {
+                        self.start_rx_teardown(now, v, qpn, rx::Why::Remote)
+                    }
+                    None => {}
+                }
+            }
+            CmEvent::TimeWaitExit { id } => {
+                self.owners.remove(&id);
+            }
+        }
+    }
+
+    /// Private data of our REQs and REPs: our UD QPN and receive size.
+    fn cm_private_data(&self) -> Vec<u8> {
+        IpoibCmData {
+            qpn: self.ud.qp,
+            mtu: IPOIB_CM_BUF_SIZE,
+        }
+        .to_bytes()
+        .to_vec()
+    }
+
+    fn arm(&mut self, at: Instant, t: Timer) -> TimerId {
+        self.wheel.insert(at, t)
+    }
+
+    /// Destroys a QP and counts it.
+    fn destroy_qp<V: Verbs>(&mut self, v: &mut V, qpn: QpNum) {
+        match v.destroy_qp(qpn) {
+            Ok(()) => self.counters.qp_destroyed += 1,
+            Err(e) => tracing::warn!(qp = %qpn, error = %e, "destroy_qp failed"),
+        }
+    }
+
+    /// Begins an orderly stop: no new connections; DREQ and tear down everything. Call
+    /// [`Endpoint::is_stopped`] to see when all RC QPs are gone (bounded by `drain_timeout`).
+    pub fn begin_shutdown<V: Verbs>(&mut self, now: Instant, v: &mut V) {
+        self.stopping = true;
+        let txs: Vec<QpNum> = self.txs.keys().copied().collect();
+        for qpn in txs {
+            self.close_tx(now, v, qpn, true);
+        }
+        let rxs: Vec<QpNum> = self.rxs.keys().copied().collect();
+        for qpn in rxs {
+            self.start_rx_teardown(now, v, qpn, rx::Why::Shutdown);
+        }
+        self.pump_cm(now, v);
+    }
+
+    /// True once every RC connection is destroyed after [`Endpoint::begin_shutdown`].
+    pub fn is_stopped(&self) -> bool {
+        self.stopping && self.rxs.is_empty() && self.txs.is_empty()
+    }
+
+    /// Destroys whatever is left (the shutdown bound passed), counting drain timeouts.
+    pub fn force_stop<V: Verbs>(&mut self, v: &mut V) {
+        let rxs: Vec<QpNum> = self.rxs.keys().copied().collect();
+        for qpn in rxs {
+            self.counters.drain_timeouts += 1;
+            self.destroy_rx(v, qpn);
+        }
+        let txs: Vec<QpNum> = self.txs.keys().copied().collect();
+        for qpn in txs {
+            self.destroy_tx(v, qpn);
+        }
+    }
+
+    /// A snapshot for status output.
+    pub fn snapshot(&self, now: Instant) -> Snapshot {
+        let mut neighbours: Vec<_> = self
+            .neigh
+            .iter()
+            .map(|(ip, n)| (*ip, n.hw, n.state))
+            .collect();
+        neighbours.sort_by_key(|(ip, ..)| *ip);
+        let mut tx: Vec<_> = self
+            .txs
+            .iter()
+            .map(|(q, t)| (t.peer, *q, t.state, t.mtu, t.queue.len()))
+            .collect();
+        tx.sort_by_key(|(_, q, ..)| *q);
+        let mut rx: Vec<_> = self
+            .rxs
+            .iter()
+            .map(|(q, r)| (r.peer, *q, r.state, now.saturating_duration_since(r.last_rx)))
+            .collect();
+        rx.sort_by_key(|(_, q, ..)| *q);
+        Snapshot {
+            hwaddr: self.hwaddr,
+            mtu: self.cfg.interface_mtu(),
+            mode: self.cfg.mode,
+            neighbours,
+            tx,
+            rx,
+            counters: self.counters,
+        }
+    }
+
+    /// Our IPv4 address in the same subnet as `dst`, or the first IPv4 address.
+    fn our_v4_for(&self, dst: Ipv4Addr) -> Option<Ipv4Addr> {
+        let mut first = None;
+        for (ip, prefix) in &self.cfg.addrs {
+            if let IpAddr::V4(a) = ip {
+                first.get_or_insert(*a);
+                let mask = u32::MAX.checked_shl(32 - u32::from(*prefix)).unwrap_or(0);
+                if u32::from(*a) & mask == u32::from(dst) & mask {
+                    return Some(*a);
+                }
+            }
+        }
+        first
+    }
+
+    /// Our IPv6 address in the same subnet as `dst`, or the first IPv6 address.
+    fn our_v6_for(&self, dst: Ipv6Addr) -> Option<Ipv6Addr> {
+        let mut first = None;
+        for (ip, prefix) in &self.cfg.addrs {
+            if let IpAddr::V6(a) = ip {
+                first.get_or_insert(*a);
+                let mask = u128::MAX.checked_shl(128 - u32::from(*prefix)).unwrap_or(0);
+                if u128::from(*a) & mask == u128::from(dst) & mask {
+                    return Some(*a);
+                }
+            }
+        }
+        first
+    }
+
+    /// True if `ip` is one of the interface's addresses.
+    fn is_ours(&self, ip: IpAddr) -> bool {
+        self.cfg.addrs.iter().any(|(a, _)| *a == ip)
+    }
+
+    fn random_psn(&mut self) -> crate::verbs::Psn {
+        crate::verbs::Psn::new(self.rng.gen())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,237 @@
+//! The neighbour table: IP address → IPoIB hardware address, as Linux's ARP/ND caches plus
+//! IPoIB's per-neighbour queue.
+//!
+//! A packet for an unknown address creates an `Incomplete` entry, queues the packet (up to
+//! `tx_queue_len`, the rest are dropped), and makes the caller send an ARP request or a
+//! Neighbor Solicitation; retries follow a timer. A reply makes the entry `Reachable` and
+//! hands the queued packets back in order. Entries not used for `neigh_timeout` are removed
+//! (and with them the TX connection), as Linux ties TX connection lifetime to neighbour
+//! ageing. Static entries never age.
+//!
+//! A learned mapping is never silently replaced by a different hardware address: a conflicting
+//! ARP/ND message for a `Reachable` entry is counted and ignored, so a forged reply cannot
+//! redirect traffic that already flows. The entry is re-learned only after it ages out or its
+//! connection fails.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
+use std::time::Instant;
+
+use crate::timer::TimerId;
+use crate::wire::ipoib::HwAddr;
+
+/// Resolution state of a neighbour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NeighState {
+    /// Waiting for an ARP reply / Neighbor Advertisement.
+    Incomplete {
+        /// Requests still to send before giving up.
+        retries_left: u8,
+    },
+    /// Address known.
+    Reachable,
+    /// Configured statically; never ages, never replaced.
+    Static,
+}
+
+impl NeighState {
+    /// Lowercase name for status output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Incomplete { .. } => "incomplete",
+            Self::Reachable => "reachable",
+            Self::Static => "permanent",
+        }
+    }
+}
+
+/// One neighbour.
+#[derive(Debug)]
+pub(super) struct Neigh {
+    /// Its hardware address, once known.
+    pub(super) hw: Option<HwAddr>,
+    /// Resolution state.
+    pub(super) state: NeighState,
+    /// Packets waiting for resolution.
+    pub(super) queue: VecDeque<Vec<u8>>,
+    /// Last time a packet was sent to it.
+    pub(super) last_used: Instant,
+    /// Resolution retry or ageing timer.
+    pub(super) timer: Option<TimerId>,
+}
+
+/// What learning a mapping did.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Learned {
+    /// New or unchanged mapping; these queued packets can now go out.
+    Resolved(Vec<Vec<u8>>),
+    /// The mapping conflicts with an established one and was ignored.
+    Conflict,
+    /// Nothing to learn (not a neighbour we asked about, and not addressed to us).
+    Ignored,
+}
+
+/// The neighbour table.
+#[derive(Debug, Default)]
+pub(super) struct Neighbours {
+    map: HashMap<IpAddr, Neigh>,
+}
+
+impl Neighbours {
+    /// The entry for `ip`.
+    pub(super) fn get(&self, ip: &IpAddr) -> Option<&Neigh> {
+        self.map.get(ip)
+    }
+
+    /// The entry for `ip`, writable.
+    pub(super) fn get_mut(&mut self, ip: &IpAddr) -> Option<&mut Neigh> {
+        self.map.get_mut(ip)
+    }
+
+    /// Adds a static entry.
+    pub(super) fn add_static(&mut self, ip: IpAddr, hw: HwAddr, now: Instant) {
+        self.map.insert(
+            ip,
+            Neigh {
+                hw: Some(hw),
+                state: NeighState::Static,
+                queue: VecDeque::new(),
+                last_used: now,
+                timer: None,
+            },
+        );
+    }
+
+    /// Starts resolving `ip`; returns false if an entry exists already.
+    pub(super) fn start(&mut self, ip: IpAddr, now: Instant, retries: u8) -> bool {
+        if self.map.contains_key(&ip) {
+            return false;
+        }
+        self.map.insert(
+            ip,
+            Neigh {
+                hw: None,
+                state: NeighState::Incomplete {
+                    retries_left: retries,
+                },
+                queue: VecDeque::new(),
+                last_used: now,
+                timer: None,
+            },
+        );
+        true
+    }
+
+    /// Learns `ip` → `hw`. `solicited_or_for_us` says the message answered our request or was
+    /// addressed to us (only then is a new entry created).
+    pub(super) fn learn(
+        &mut self,
+        ip: IpAddr,
+        hw: HwAddr,
+        now: Instant,
+        solicited_or_for_us: bool,
+    ) -> Learned {
+        match self.map.get_mut(&ip) {
+            Some(n) => match n.state {
+                NeighState::Incomplete { .. } => {
+                    n.hw = Some(hw);
+                    n.state = NeighState::Reachable;
+                    n.last_used = now;
+                    Learned::Resolved(n.queue.drain(..).collect())
+                }
+                NeighState::Reachable | NeighState::Static => {
+                    if n.hw.is_some_and(|h| same_endpoint(&h, &hw)) {
+                        if n.state == NeighState::Reachable {
+                            // The peer may have switched CM support on or off.
+                            n.hw = Some(hw);
+                        }
+                        Learned::Resolved(Vec::new())
+                    } else {
+                        Learned::Conflict
+                    }
+                }
+            },
+            None if solicited_or_for_us => {
+                self.map.insert(
+                    ip,
+                    Neigh {
+                        hw: Some(hw),
+                        state: NeighState::Reachable,
+                        queue: VecDeque::new(),
+                        last_used: now,
+                        timer: None,
+                    },
+                );
+                Learned::Resolved(Vec::new())
+            }
+            None => Learned::Ignored,
+        }
+    }
+
+    /// Removes an entry; returns it.
+    pub(super) fn remove(&mut self, ip: &IpAddr) -> Option<Neigh> {
+        self.map.remove(ip)
+    }
+
+    /// Forgets every learned (non-static) entry whose hardware address is `hw`'s endpoint;
+    /// returns their addresses.
+    pub(super) fn forget_hw(&mut self, hw: &HwAddr) -> Vec<IpAddr> {
+        let ips: Vec<IpAddr> = self
+            .map
+            .iter()
+            .filter(|(_, n)| {
+                n.state == NeighState::Reachable && n.hw.is_some_and(|h| same_endpoint(&h, hw))
+            })
+            .map(|(ip, _)| *ip)
+            .collect();
+        for ip in &ips {
+            self.map.remove(ip);
+        }
+        ips
+    }
+
+    /// All entries.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&IpAddr, &Neigh)> {
+        self.map.iter()
+    }
+}
+
+/// Two hardware addresses name the same endpoint (GID and QPN; the flags may differ).
+pub(super) fn same_endpoint(a: &HwAddr, b: &HwAddr) -> bool {
+    a.gid == b.gid && a.qpn == b.qpn
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verbs::{Gid, QpNum};
+
+    fn hw(q: u32) -> HwAddr {
+        HwAddr::new(0x80, QpNum::new(q), Gid::from(std::net::Ipv4Addr::new(198, 18, 0, 2)))
+    }
+
+    #[test]
+    fn resolve_then_conflict_is_ignored() {
+        let t = Instant::now();
+        let ip: IpAddr = "198.19.0.2".parse().unwrap();
+        let mut n = Neighbours::default();
+        assert!(n.start(ip, t, 3));
+        n.get_mut(&ip).unwrap().queue.push_back(vec![1]);
+        assert_eq!(n.learn(ip, hw(5), t, true), Learned::Resolved(vec![vec![1]]));
+        assert_eq!(n.learn(ip, hw(6), t, true), Learned::Conflict);
+        assert_eq!(n.get(&ip).unwrap().hw, Some(hw(5)));
+        assert_eq!(n.forget_hw(&hw(5)), vec![ip]);
+        assert!(n.is_empty());
+    }
+
+    #[test]
+    fn unsolicited_unknown_is_ignored_and_static_never_replaced() {
+        let t = Instant::now();
+        let ip: IpAddr = "198.19.0.3".parse().unwrap();
+        let mut n = Neighbours::default();
+        assert_eq!(n.learn(ip, hw(5), t, false), Learned::Ignored);
+        n.add_static(ip, hw(7), t);
+        assert_eq!(n.learn(ip, hw(5), t, true), Learned::Conflict);
+        assert!(n.forget_hw(&hw(7)).is_empty(), "static entries stay");
+    }
+}

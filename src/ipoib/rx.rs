@@ -1,0 +1,497 @@
+//! Passive (RX) connections and the reaper that always recycles them.
+//!
+//! Lifecycle (IBTA §10.3.1, as `ipoib_cm.c` implements it, plus watchdogs):
+//!
+//! ```text
+//!            REQ accepted
+//!                 │
+//!               Live ──(stale | DREQ | REJ | evicted | shutdown | QP error)──► Error
+//!                                                                             │ QP in ERR,
+//!              SRQ: Last WQE Reached ─────────────► Flush                     │ watchdog armed
+//!              (one drain WR covers the flush list)  │ drain WR flushed        │
+//!                                                   ▼                         │
+//!              non-SRQ: receives flushed to zero ─► Drained ──► QP destroyed ◄─┘ watchdog
+//! ```
+//!
+//! Every step is idempotent: a duplicated Last WQE event, a late flush completion or a CM
+//! event for a connection that is already going away changes nothing. Whatever the provider
+//! does or fails to do, the watchdog destroys the QP `drain_timeout` after it entered ERR.
+
+use std::time::{Duration, Instant};
+
+use super::{wr, wr_kind, Endpoint, Owner, Timer, CQ_BATCH, WR_DRAIN, WR_RECV};
+use crate::cm::{AcceptParams, CommId};
+use crate::timer::TimerId;
+use crate::verbs::{
+    AccessFlags, AddressVector, BufId, Gid, PathMtu, Psn, QpAttr, QpInit, QpNum, QpState, QpType,
+    SendWr, Verbs, WcOpcode, WcStatus,
+};
+use crate::wire::cm::RejReason;
+use crate::wire::ipoib::{IpoibHeader, ETHERTYPE_IPV4, ETHERTYPE_IPV6};
+
+/// State of a passive connection (the kernel's `ipoib_cm_state` plus the end of the road).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RxState {
+    /// Receiving; the stale timer runs.
+    Live,
+    /// QP moved to ERR; waiting for Last WQE Reached (SRQ) or the flushed receives.
+    Error,
+    /// Last WQE Reached seen; waiting for the drain WR's flush completion.
+    Flush,
+    /// Fully drained; destroyed at once (only visible transiently).
+    Drained,
+}
+
+impl RxState {
+    /// The status name: `live`, `error`, `flush` or `drained`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Live => "live",
+            Self::Error => "error",
+            Self::Flush => "flush",
+            Self::Drained => "drained",
+        }
+    }
+}
+
+/// Why an RX connection is being torn down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Why {
+    /// Idle for `rx_timeout`.
+    Stale,
+    /// The peer disconnected or rejected, or the CM gave up.
+    Remote,
+    /// Evicted to admit a new connection.
+    Evicted,
+    /// Interface shutting down.
+    Shutdown,
+    /// The QP hit an error.
+    Error,
+}
+
+/// One passive connection.
+#[derive(Debug)]
+pub(super) struct RxConn {
+    pub(super) id: CommId,
+    pub(super) peer: Gid,
+    pub(super) state: RxState,
+    /// Time of the last receive (the activity stamp).
+    pub(super) last_rx: Instant,
+    pub(super) established: bool,
+    pub(super) stale_timer: Option<TimerId>,
+    pub(super) watchdog: Option<TimerId>,
+    /// Receives posted on the QP's own ring (non-SRQ mode).
+    pub(super) ring_posted: u32,
+}
+
+impl Endpoint {
+    /// A REQ for our service: admit it within the QP budget, build the receive QP up to RTS,
+    /// and accept.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn on_req<V: Verbs>(
+        &mut self,
+        now: Instant,
+        v: &mut V,
+        id: CommId,
+        peer: Gid,
+        remote_qpn: QpNum,
+        remote_psn: Psn,
+        path_mtu: PathMtu,
+        rnr_retry_count: u8,
+        _private: &[u8],
+    ) {
+        if self.stopping {
+            let _ = self.cm.reject(now, id, RejReason::NoQp);
+            return;
+        }
+        let live = self
+            .rxs
+            .values()
+            .filter(|r| r.state == RxState::Live)
+            .count();
+        if live >= self.cfg.max_conn_qp {
+            match self.cfg.budget_policy {
+                super::QpBudgetPolicy::Reject => {
+                    self.counters.rx_rejected += 1;
+                    let _ = self.cm.reject(now, id, RejReason::NoQp);
+                    return;
+                }
+                super::QpBudgetPolicy::Evict => {
+                    let victim = self
+                        .rxs
+                        .iter()
+                        .filter(|(_, r)| r.state == RxState::Live)
+                        .min_by_key(|(_, r)| r.last_rx)
+                        .map(|(q, _)| *q);
+                    if let Some(q) = victim {
+                        self.start_rx_teardown(now, v, q, Why::Evicted);
+                    }
+                }
+            }
+        }
+        match self.build_rx_qp(now, v, peer, remote_qpn, remote_psn, path_mtu, rnr_retry_count) {
+            Some((qpn, our_psn, ring_posted)) => {
+                let params = AcceptParams {
+                    local_qpn: qpn,
+                    starting_psn: our_psn,
+                    srq: self.srq.is_some(),
+                    rnr_retry_count,
+                    private_data: self.cm_private_data(),
+                };
+                if self.cm.accept(now, id, params).is_err() {
+                    self.destroy_qp(v, qpn);
+                    return;
+                }
+                self.counters.rx_accepted += 1;
+                let stale = self.arm(now + self.cfg.rx_timeout, Timer::RxStale(qpn));
+                self.owners.insert(id, Owner::Rx(qpn));
+                self.rxs.insert(
+                    qpn,
+                    RxConn {
+                        id,
+                        peer,
+                        state: RxState::Live,
+                        last_rx: now,
+                        established: false,
+                        stale_timer: Some(stale),
+                        watchdog: None,
+                        ring_posted,
+                    },
+                );
+            }
+            None => {
+                self.counters.rx_rejected += 1;
+                let _ = self.cm.reject(now, id, RejReason::NoResources);
+            }
+        }
+    }
+
+    /// Creates a receive QP and brings it to RTS. RTS, although the QP never sends data, so the
+    /// drain WR can be posted on it later (the kernel does the same for Mellanox firmware).
+    #[allow(clippy::too_many_arguments)]
+    fn build_rx_qp<V: Verbs>(
+        &mut self,
+        _now: Instant,
+        v: &mut V,
+        peer: Gid,
+        remote_qpn: QpNum,
+        remote_psn: Psn,
+        path_mtu: PathMtu,
+        rnr_retry_count: u8,
+    ) -> Option<(QpNum, Psn, u32)> {
+        let qpn = v
+            .create_qp(&QpInit {
+                pd: self.pd,
+                qp_type: QpType::Rc,
+                send_cq: self.rx_cq,
+                recv_cq: self.rx_cq,
+                srq: self.srq,
+                max_send_wr: 2,
+                max_recv_wr: self.cfg.nonsrq_ring,
+                sq_sig_all: true,
+            })
+            .map_err(|e| tracing::warn!(error = %e, "creating an RX QP failed"))
+            .ok()?;
+        self.counters.qp_created += 1;
+        let our_psn = self.random_psn();
+        let mut ring_posted = 0;
+        let ok = (|| {
+            v.modify_qp(
+                qpn,
+                &QpAttr {
+                    pkey_index: Some(0),
+                    port: Some(1),
+                    access: Some(AccessFlags::default()),
+                    ..QpAttr::to_state(QpState::Init)
+                },
+            )
+            .ok()?;
+            if self.srq.is_none() {
+                for _ in 0..self.cfg.nonsrq_ring {
+                    let b = v.pools_mut().alloc(self.rx_pool)?;
+                    if v.post_recv(qpn, wr(WR_RECV), b).is_err() {
+                        let _ = v.pools_mut().free(b);
+                        return None;
+                    }
+                    ring_posted += 1;
+                }
+            }
+            v.modify_qp(
+                qpn,
+                &QpAttr {
+                    av: Some(AddressVector::to_gid(peer)),
+                    path_mtu: Some(path_mtu.min(self.cfg.path_mtu)),
+                    dest_qpn: Some(remote_qpn),
+                    rq_psn: Some(our_psn),
+                    max_dest_rd_atomic: Some(0),
+                    min_rnr_timer: Some(12),
+                    ..QpAttr::to_state(QpState::Rtr)
+                },
+            )
+            .ok()?;
+            v.modify_qp(
+                qpn,
+                &QpAttr {
+                    timeout: Some(self.cfg.qp_timeout),
+                    retry_cnt: Some(7),
+                    rnr_retry: Some(rnr_retry_count.min(7)),
+                    sq_psn: Some(remote_psn),
+                    max_rd_atomic: Some(0),
+                    ..QpAttr::to_state(QpState::Rts)
+                },
+            )
+            .ok()?;
+            Some(())
+        })();
+        if ok.is_none() {
+            self.destroy_qp(v, qpn);
+            return None;
+        }
+        Some((qpn, our_psn, ring_posted))
+    }
+
+    /// Reaps the RX CQ: data goes to the TUN device and the buffer is posted again; flush
+    /// completions count a non-SRQ ring down; the drain WR's completion reaps the drain list.
+    pub(super) fn poll_rx_cq<V: Verbs>(&mut self, now: Instant, v: &mut V) {
+        for _ in 0..64 {
+            let mut wcs = std::mem::take(&mut self.wcs);
+            wcs.clear();
+            let n = v.poll_cq(self.rx_cq, &mut wcs, CQ_BATCH);
+            for wc in &wcs {
+                if wc.opcode == WcOpcode::Send {
+                    if wr_kind(wc.wr_id) == WR_DRAIN {
+                        self.on_drain_complete(now, v, wc.qp);
+                    }
+                    if let Some(b) = wc.buf {
+                        let _ = v.pools_mut().free(b);
+                    }
+                    continue;
+                }
+                let Some(b) = wc.buf else { continue };
+                if wc.status == WcStatus::Success {
+                    self.on_rc_recv(now, v, wc.qp, b, wc.byte_len as usize);
+                } else {
+                    self.on_rc_recv_flushed(v, wc.qp, b);
+                }
+            }
+            self.wcs = wcs;
+            if n < CQ_BATCH {
+                break;
+            }
+        }
+    }
+
+    fn on_rc_recv<V: Verbs>(&mut self, now: Instant, v: &mut V, qpn: QpNum, b: BufId, len: usize) {
+        let live = match self.rxs.get_mut(&qpn) {
+            Some(r) => {
+                if r.state == RxState::Live {
+                    r.last_rx = now;
+                }
+                r.state == RxState::Live
+            }
+            None => false,
+        };
+        let payload = v.pools().get(b).ok().and_then(|buf| {
+            let frame = buf.get(..len)?;
+            let h = IpoibHeader::parse(frame).ok()?;
+            matches!(h.ethertype, ETHERTYPE_IPV4 | ETHERTYPE_IPV6)
+                .then(|| frame.get(IpoibHeader::LEN..).map(<[u8]>::to_vec))
+                .flatten()
+        });
+        match payload {
+            Some(p) if live => self.deliver(&p),
+            Some(_) => {}
+            None => self.counters.rx_bad_packets += 1,
+        }
+        self.repost_rx(v, qpn, b, live);
+    }
+
+    /// Puts a receive buffer back: on the SRQ, or on a live QP's ring; otherwise frees it.
+    fn repost_rx<V: Verbs>(&mut self, v: &mut V, qpn: QpNum, b: BufId, live: bool) {
+        if let Some(srq) = self.srq {
+            if v.post_srq_recv(srq, wr(WR_RECV), b).is_err() {
+                let _ = v.pools_mut().free(b);
+            }
+            return;
+        }
+        if live && v.post_recv(qpn, wr(WR_RECV), b).is_ok() {
+            return;
+        }
+        let _ = v.pools_mut().free(b);
+        self.ring_down(v, qpn);
+    }
+
+    fn on_rc_recv_flushed<V: Verbs>(&mut self, v: &mut V, qpn: QpNum, b: BufId) {
+        if let Some(srq) = self.srq {
+            // A receive the QP had taken from the SRQ: it belongs to the SRQ again.
+            if v.post_srq_recv(srq, wr(WR_RECV), b).is_err() {
+                let _ = v.pools_mut().free(b);
+            }
+            return;
+        }
+        let _ = v.pools_mut().free(b);
+        self.ring_down(v, qpn);
+    }
+
+    /// One receive of a non-SRQ ring is gone; an errored QP whose ring is empty is drained.
+    fn ring_down<V: Verbs>(&mut self, v: &mut V, qpn: QpNum) {
+        let Some(r) = self.rxs.get_mut(&qpn) else { return };
+        r.ring_posted = r.ring_posted.saturating_sub(1);
+        if r.ring_posted == 0 && r.state == RxState::Error {
+            r.state = RxState::Drained;
+            self.destroy_rx(v, qpn);
+        }
+    }
+
+    /// Starts tearing an RX connection down. Idempotent.
+    pub(super) fn start_rx_teardown<V: Verbs>(
+        &mut self,
+        now: Instant,
+        v: &mut V,
+        qpn: QpNum,
+        why: Why,
+    ) {
+        let Some(r) = self.rxs.get_mut(&qpn) else { return };
+        if r.state != RxState::Live {
+            return;
+        }
+        r.state = RxState::Error;
+        let id = r.id;
+        let ring_empty = r.ring_posted == 0;
+        if let Some(t) = r.stale_timer.take() {
+            self.wheel.cancel(t);
+        }
+        match why {
+            Why::Stale => self.counters.rx_stale_reaped += 1,
+            Why::Remote => self.counters.rx_dreq_reaped += 1,
+            Why::Evicted => self.counters.rx_evicted += 1,
+            Why::Shutdown | Why::Error => {}
+        }
+        if why != Why::Remote {
+            // The peer may still be alive: tell it (DREQ, or REJ while still connecting).
+            let _ = self.cm.disconnect(now, id);
+        }
+        if let Err(e) = v.modify_qp(qpn, &QpAttr::to_state(QpState::Err)) {
+            tracing::warn!(qp = %qpn, error = %e, "moving an RX QP to ERR failed");
+        }
+        let t = self.arm(now + self.cfg.drain_timeout, Timer::RxWatchdog(qpn));
+        if let Some(r) = self.rxs.get_mut(&qpn) {
+            r.watchdog = Some(t);
+        }
+        if self.srq.is_none() && ring_empty {
+            self.destroy_rx(v, qpn);
+        }
+    }
+
+    pub(super) fn on_last_wqe<V: Verbs>(&mut self, now: Instant, v: &mut V, qpn: QpNum) {
+        self.counters.last_wqe_events += 1;
+        let Some(r) = self.rxs.get_mut(&qpn) else { return };
+        if r.state != RxState::Error {
+            // Duplicate or early: nothing to do (a Live QP is not in ERR yet).
+            return;
+        }
+        r.state = RxState::Flush;
+        self.flush_list.push(qpn);
+        self.start_drain(now, v);
+    }
+
+    /// Posts the drain WR if none is outstanding: one WR on the first QP of the flush list
+    /// covers the whole list (`ipoib_cm_start_rx_drain`).
+    fn start_drain<V: Verbs>(&mut self, _now: Instant, v: &mut V) {
+        if self.drain_carrier.is_some() || self.flush_list.is_empty() {
+            return;
+        }
+        let Some(&carrier) = self.flush_list.first() else { return };
+        match v.post_send(carrier, &SendWr::empty(wr(WR_DRAIN))) {
+            Ok(()) => {
+                self.drain_carrier = Some(carrier);
+                self.drain_list = std::mem::take(&mut self.flush_list);
+            }
+            Err(e) => {
+                // The watchdogs of the flush list will destroy them.
+                tracing::warn!(qp = %carrier, error = %e, "posting the drain WR failed");
+            }
+        }
+    }
+
+    fn on_drain_complete<V: Verbs>(&mut self, now: Instant, v: &mut V, carrier: QpNum) {
+        if self.drain_carrier != Some(carrier) {
+            return;
+        }
+        self.drain_carrier = None;
+        for qpn in std::mem::take(&mut self.drain_list) {
+            if let Some(r) = self.rxs.get_mut(&qpn) {
+                r.state = RxState::Drained;
+            }
+            self.destroy_rx(v, qpn);
+        }
+        self.start_drain(now, v);
+    }
+
+    pub(super) fn on_rx_stale_timer<V: Verbs>(
+        &mut self,
+        now: Instant,
+        v: &mut V,
+        qpn: QpNum,
+        id: TimerId,
+    ) {
+        let Some(r) = self.rxs.get_mut(&qpn) else { return };
+        if r.stale_timer != Some(id) || r.state != RxState::Live {
+            return;
+        }
+        let stale_at = r.last_rx + self.cfg.rx_timeout;
+        if stale_at > now {
+            r.stale_timer = None;
+            let t = self.arm(stale_at, Timer::RxStale(qpn));
+            if let Some(r) = self.rxs.get_mut(&qpn) {
+                r.stale_timer = Some(t);
+            }
+            return;
+        }
+        tracing::info!(qp = %qpn, "RX connection stale, reaping");
+        self.start_rx_teardown(now, v, qpn, Why::Stale);
+    }
+
+    pub(super) fn on_rx_watchdog<V: Verbs>(
+        &mut self,
+        now: Instant,
+        v: &mut V,
+        qpn: QpNum,
+        id: TimerId,
+    ) {
+        if !self.rxs.get(&qpn).is_some_and(|r| r.watchdog == Some(id)) {
+            return;
+        }
+        tracing::info!(qp = %qpn, "RX teardown timed out; destroying anyway");
+        self.counters.drain_timeouts += 1;
+        self.destroy_rx(v, qpn);
+        self.start_drain(now, v);
+    }
+
+    /// Destroys an RX QP and forgets it. If it carried the outstanding drain WR, the QPs that
+    /// WR covered go back to the flush list for the next one.
+    pub(super) fn destroy_rx<V: Verbs>(&mut self, v: &mut V, qpn: QpNum) {
+        let Some(r) = self.rxs.remove(&qpn) else { return };
+        for t in [r.stale_timer, r.watchdog].into_iter().flatten() {
+            self.wheel.cancel(t);
+        }
+        self.flush_list.retain(|q| *q != qpn);
+        self.drain_list.retain(|q| *q != qpn);
+        if self.drain_carrier == Some(qpn) {
+            self.drain_carrier = None;
+            let orphans = std::mem::take(&mut self.drain_list);
+            self.flush_list.extend(orphans);
+        }
+        if self.cm.state(r.id).is_none() {
+            self.owners.remove(&r.id);
+        }
+        self.destroy_qp(v, qpn);
+    }
+
+    /// How long the RX connection on `qpn` has been idle.
+    pub fn rx_idle(&self, now: Instant, qpn: QpNum) -> Option<Duration> {
+        self.rxs
+            .get(&qpn)
+            .map(|r| now.saturating_duration_since(r.last_rx))
+    }
+}

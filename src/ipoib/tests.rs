@@ -1,0 +1,1 @@
+//! Tests of the endpoint over the simulated fabric.

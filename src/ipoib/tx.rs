@@ -1,0 +1,392 @@
+//! Active (TX) connections: one-way RC connections to peers, set up by the first packet.
+//!
+//! The first packet to a CM-capable neighbour creates an RC QP and sends a REQ whose private
+//! data carries our UD QPN and receive size; up to `tx_queue_len` packets wait, the rest are
+//! dropped and counted. On the REP the QP goes to RTR and RTS, the RTU goes out and the queue
+//! is flushed in order. The peer's advertised receive size is the connection MTU: a bigger
+//! packet gets an ICMP "too big" written back to the TUN device. A send error, a REJ, a CM
+//! timeout or a DREQ tears the connection down; the next packet builds a new one.
+
+use std::collections::VecDeque;
+use std::net::IpAddr;
+use std::time::Instant;
+
+use super::{wr, wr_kind, Endpoint, Owner, Timer, CQ_BATCH, WR_SEND};
+use crate::cm::{CommId, ConnectParams};
+use crate::timer::TimerId;
+use crate::verbs::{
+    AccessFlags, AddressVector, Psn, QpAttr, QpInit, QpNum, QpState, QpType, SendWr, Verbs,
+    WcOpcode, WcStatus,
+};
+use crate::wire::cm::{ipoib_service_id, IpoibCmData, RejReason};
+use crate::wire::ipoib::{HwAddr, IpoibHeader};
+
+/// State of an active connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxState {
+    /// REQ sent, waiting for the REP.
+    Connecting,
+    /// Usable.
+    Established,
+    /// Being torn down (QP in ERR, waiting for outstanding sends to flush).
+    Closing,
+}
+
+impl TxState {
+    /// Lowercase name for status output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Connecting => "connecting",
+            Self::Established => "established",
+            Self::Closing => "closing",
+        }
+    }
+}
+
+/// One active connection.
+#[derive(Debug)]
+pub(super) struct TxConn {
+    pub(super) id: CommId,
+    pub(super) peer: HwAddr,
+    pub(super) state: TxState,
+    /// The peer's receive size minus the IPoIB header: the largest IP packet.
+    pub(super) mtu: u32,
+    pub(super) our_psn: Psn,
+    /// Packets waiting for the connection (with their ethertype).
+    pub(super) queue: VecDeque<(u16, Vec<u8>)>,
+    /// Sends posted and not completed.
+    pub(super) outstanding: u32,
+    pub(super) watchdog: Option<TimerId>,
+}
+
+impl Endpoint {
+    /// Sends an IP packet over the RC connection to `hw`, creating it if needed.
+    pub(super) fn send_rc<V: Verbs>(
+        &mut self,
+        now: Instant,
+        v: &mut V,
+        dst: IpAddr,
+        hw: HwAddr,
+        ethertype: u16,
+        packet: &[u8],
+    ) {
+        let qpn = match self.tx_by_peer.get(&(hw.gid, hw.qpn)).copied() {
+            Some(q) => q,
+            None => match self.open_tx(now, v, hw) {
+                Some(q) => q,
+                None => {
+                    self.counters.tx_dropped += 1;
+                    return;
+                }
+            },
+        };
+        let _ = dst;
+        let Some(tx) = self.txs.get_mut(&qpn) else { return };
+        match tx.state {
+            TxState::Connecting => {
+                if tx.queue.len() < self.cfg.tx_queue_len {
+                    tx.queue.push_back((ethertype, packet.to_vec()));
+                } else {
+                    self.counters.tx_queue_drops += 1;
+                }
+            }
+            TxState::Closing => self.counters.tx_dropped += 1,
+            TxState::Established => {
+                let mtu = tx.mtu;
+                if packet.len() > mtu as usize {
+                    self.too_big(packet, mtu);
+                    return;
+                }
+                self.post_rc(v, qpn, ethertype, packet);
+            }
+        }
+    }
+
+    /// Posts one RC send.
+    fn post_rc<V: Verbs>(&mut self, v: &mut V, qpn: QpNum, ethertype: u16, packet: &[u8]) {
+        let Some(b) = self.tx_free.pop() else {
+            self.counters.tx_dropped += 1;
+            return;
+        };
+        let len = IpoibHeader::LEN + packet.len();
+        let filled = v.pools_mut().get_mut(b).ok().and_then(|buf| {
+            let dst = buf.get_mut(..len)?;
+            let (h, rest) = dst.split_at_mut(IpoibHeader::LEN);
+            h.copy_from_slice(&IpoibHeader::new(ethertype).to_bytes());
+            rest.copy_from_slice(packet);
+            Some(())
+        });
+        if filled.is_none() {
+            self.tx_free.push(b);
+            self.counters.tx_dropped += 1;
+            return;
+        }
+        match v.post_send(qpn, &SendWr::send(wr(WR_SEND), b, len)) {
+            Ok(()) => {
+                self.counters.tx_packets += 1;
+                if let Some(tx) = self.txs.get_mut(&qpn) {
+                    tx.outstanding += 1;
+                }
+            }
+            Err(e) => {
+                tracing::debug!(qp = %qpn, error = %e, "RC post_send failed");
+                self.tx_free.push(b);
+                self.counters.tx_dropped += 1;
+            }
+        }
+    }
+
+    /// Creates the QP and sends the REQ.
+    fn open_tx<V: Verbs>(&mut self, now: Instant, v: &mut V, hw: HwAddr) -> Option<QpNum> {
+        let qpn = v
+            .create_qp(&QpInit {
+                pd: self.pd,
+                qp_type: QpType::Rc,
+                send_cq: self.tx_cq,
+                recv_cq: self.tx_cq,
+                srq: None,
+                max_send_wr: self.cfg.tx_depth,
+                max_recv_wr: 1,
+                sq_sig_all: true,
+            })
+            .map_err(|e| tracing::warn!(error = %e, "creating a TX QP failed"))
+            .ok()?;
+        self.counters.qp_created += 1;
+        let init = QpAttr {
+            pkey_index: Some(0),
+            port: Some(1),
+            access: Some(AccessFlags::default()),
+            ..QpAttr::to_state(QpState::Init)
+        };
+        if v.modify_qp(qpn, &init).is_err() {
+            self.destroy_qp(v, qpn);
+            return None;
+        }
+        let our_psn = self.random_psn();
+        let params = ConnectParams {
+            peer: hw.gid,
+            service_id: ipoib_service_id(hw.qpn, true),
+            local_qpn: qpn,
+            starting_psn: our_psn,
+            path_mtu: self.cfg.path_mtu,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            srq: false,
+            local_ack_timeout: self.cfg.qp_timeout,
+            private_data: self.cm_private_data(),
+        };
+        let id = match self.cm.connect(now, params) {
+            Ok(id) => id,
+            Err(e) => {
+                tracing::warn!(error = %e, "CM connect failed");
+                self.destroy_qp(v, qpn);
+                return None;
+            }
+        };
+        self.owners.insert(id, Owner::Tx(qpn));
+        self.tx_by_peer.insert((hw.gid, hw.qpn), qpn);
+        self.txs.insert(
+            qpn,
+            TxConn {
+                id,
+                peer: hw,
+                state: TxState::Connecting,
+                mtu: 0,
+                our_psn,
+                queue: VecDeque::new(),
+                outstanding: 0,
+                watchdog: None,
+            },
+        );
+        Some(qpn)
+    }
+
+    /// The REP arrived: RTR, RTS, RTU, flush the queue.
+    pub(super) fn on_rep<V: Verbs>(
+        &mut self,
+        now: Instant,
+        v: &mut V,
+        id: CommId,
+        remote_qpn: QpNum,
+        remote_psn: Psn,
+        private: &[u8],
+    ) {
+        let Some(Owner::Tx(qpn)) = self.owners.get(&id).copied() else {
+            return;
+        };
+        let Some(tx) = self.txs.get(&qpn) else { return };
+        let peer = tx.peer;
+        let our_psn = tx.our_psn;
+        // The peer's receive size includes the 4-byte IPoIB header; ≤ 4 leaves no room.
+        let mtu = match IpoibCmData::decode(private) {
+            Ok(d) if d.mtu > IpoibHeader::LEN as u32 => d.mtu - IpoibHeader::LEN as u32,
+            _ => {
+                let _ = self.cm.reject(now, id, RejReason::ConsumerDefined);
+                self.fail_tx(now, v, qpn);
+                return;
+            }
+        };
+        let rtr = QpAttr {
+            av: Some(AddressVector::to_gid(peer.gid)),
+            path_mtu: Some(self.cfg.path_mtu),
+            dest_qpn: Some(remote_qpn),
+            rq_psn: Some(our_psn),
+            max_dest_rd_atomic: Some(0),
+            min_rnr_timer: Some(12),
+            ..QpAttr::to_state(QpState::Rtr)
+        };
+        let rts = QpAttr {
+            timeout: Some(self.cfg.qp_timeout),
+            retry_cnt: Some(7),
+            rnr_retry: Some(7),
+            sq_psn: Some(remote_psn),
+            max_rd_atomic: Some(0),
+            ..QpAttr::to_state(QpState::Rts)
+        };
+        if v.modify_qp(qpn, &rtr).is_err() || v.modify_qp(qpn, &rts).is_err() {
+            let _ = self.cm.reject(now, id, RejReason::ConsumerDefined);
+            self.fail_tx(now, v, qpn);
+            return;
+        }
+        if self.cm.rtu(now, id).is_err() {
+            self.fail_tx(now, v, qpn);
+            return;
+        }
+        self.counters.tx_established += 1;
+        let queued = match self.txs.get_mut(&qpn) {
+            Some(tx) => {
+                tx.state = TxState::Established;
+                tx.mtu = mtu;
+                std::mem::take(&mut tx.queue)
+            }
+            None => return,
+        };
+        for (ethertype, p) in queued {
+            if p.len() > mtu as usize {
+                self.too_big(&p, mtu);
+            } else {
+                self.post_rc(v, qpn, ethertype, &p);
+            }
+        }
+    }
+
+    /// Reaps TX completions: buffers come back; a real error tears the connection down.
+    pub(super) fn poll_tx_cq<V: Verbs>(&mut self, now: Instant, v: &mut V) {
+        for _ in 0..64 {
+            let mut wcs = std::mem::take(&mut self.wcs);
+            wcs.clear();
+            let n = v.poll_cq(self.tx_cq, &mut wcs, CQ_BATCH);
+            for wc in &wcs {
+                if wc.opcode != WcOpcode::Send || wr_kind(wc.wr_id) != WR_SEND {
+                    if let Some(b) = wc.buf {
+                        let _ = v.pools_mut().free(b);
+                    }
+                    continue;
+                }
+                if let Some(b) = wc.buf {
+                    self.tx_free.push(b);
+                }
+                let qpn = wc.qp;
+                if let Some(tx) = self.txs.get_mut(&qpn) {
+                    tx.outstanding = tx.outstanding.saturating_sub(1);
+                }
+                match wc.status {
+                    WcStatus::Success => {}
+                    WcStatus::WrFlushErr => {}
+                    status => {
+                        tracing::debug!(qp = %qpn, status = status.as_str(), "TX send failed");
+                        self.fail_tx(now, v, qpn);
+                    }
+                }
+                if self
+                    .txs
+                    .get(&qpn)
+                    .is_some_and(|t| t.state == TxState::Closing && t.outstanding == 0)
+                {
+                    self.destroy_tx(v, qpn);
+                }
+            }
+            self.wcs = wcs;
+            if n < CQ_BATCH {
+                break;
+            }
+        }
+    }
+
+    /// A TX connection failed (REJ, CM timeout, DREQ, send error): count it, forget the
+    /// neighbours that used it, and close.
+    pub(super) fn fail_tx<V: Verbs>(&mut self, now: Instant, v: &mut V, qpn: QpNum) {
+        let Some(tx) = self.txs.get(&qpn) else { return };
+        if tx.state == TxState::Closing {
+            return;
+        }
+        self.counters.tx_failed += 1;
+        let dropped = tx.queue.len() as u64;
+        self.counters.tx_dropped += dropped;
+        let peer = tx.peer;
+        for ip in self.neigh.forget_hw(&peer) {
+            let _ = ip;
+        }
+        self.close_tx(now, v, qpn, false);
+    }
+
+    /// Closes a TX connection: DREQ if asked (and established), QP to ERR, destroy once the
+    /// outstanding sends have flushed or the watchdog fires.
+    pub(super) fn close_tx<V: Verbs>(&mut self, now: Instant, v: &mut V, qpn: QpNum, dreq: bool) {
+        let Some(tx) = self.txs.get_mut(&qpn) else { return };
+        if tx.state == TxState::Closing {
+            return;
+        }
+        tx.state = TxState::Closing;
+        tx.queue.clear();
+        let id = tx.id;
+        let outstanding = tx.outstanding;
+        self.tx_by_peer.retain(|_, q| *q != qpn);
+        // DREQ (or REJ while connecting) unless the peer already ended it; the CM ignores a
+        // disconnect of an id that is gone or already disconnecting.
+        let _ = dreq;
+        let _ = self.cm.disconnect(now, id);
+        let _ = v.modify_qp(qpn, &QpAttr::to_state(QpState::Err));
+        if outstanding == 0 {
+            self.destroy_tx(v, qpn);
+            return;
+        }
+        let t = self.arm(now + self.cfg.drain_timeout, Timer::TxWatchdog(qpn));
+        if let Some(tx) = self.txs.get_mut(&qpn) {
+            tx.watchdog = Some(t);
+        }
+    }
+
+    pub(super) fn on_tx_watchdog<V: Verbs>(
+        &mut self,
+        _now: Instant,
+        v: &mut V,
+        qpn: QpNum,
+        id: TimerId,
+    ) {
+        if self.txs.get(&qpn).is_some_and(|t| t.watchdog == Some(id)) {
+            self.counters.drain_timeouts += 1;
+            self.destroy_tx(v, qpn);
+        }
+    }
+
+    /// Destroys a TX QP. Its CM id stays with the CM until TimeWait ends.
+    pub(super) fn destroy_tx<V: Verbs>(&mut self, v: &mut V, qpn: QpNum) {
+        let Some(tx) = self.txs.remove(&qpn) else { return };
+        if let Some(t) = tx.watchdog {
+            self.wheel.cancel(t);
+        }
+        if self.cm.state(tx.id).is_none() {
+            self.owners.remove(&tx.id);
+        }
+        self.tx_by_peer.retain(|_, q| *q != qpn);
+        // Sends still posted are freed by destroy_qp; their buffers go back to the pool's free
+        // list, so take replacements for our own free list.
+        self.destroy_qp(v, qpn);
+        for _ in 0..tx.outstanding {
+            if let Some(b) = v.pools_mut().alloc(self.tx_pool) {
+                self.tx_free.push(b);
+            }
+        }
+    }
+}
