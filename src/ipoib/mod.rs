@@ -46,8 +46,8 @@ use crate::cm::{Cm, CmConfig, CmEvent, CommId};
 use crate::gsi::Gsi;
 use crate::timer::{TimerId, TimerWheel};
 use crate::verbs::{
-    AsyncEvent, BufId, Completion, CqId, PathMtu, PdId, PoolId, QKey, QpNum, SrqId, SrqInit,
-    Verbs, VerbsError,
+    AsyncEvent, BufId, Completion, CqId, PathMtu, PdId, PoolId, QKey, QpNum, SrqId, SrqInit, Verbs,
+    VerbsError,
 };
 use crate::wire::cm::{ipoib_service_id, IpoibCmData};
 use crate::wire::ipoib::{HwAddr, IPOIB_CM_BUF_SIZE};
@@ -553,7 +553,17 @@ impl Endpoint {
                 rnr_retry_count,
                 private_data,
                 ..
-            } => self.on_req(now, v, id, peer, remote_qpn, remote_psn, path_mtu, rnr_retry_count, &private_data),
+            } => self.on_req(
+                now,
+                v,
+                id,
+                peer,
+                remote_qpn,
+                remote_psn,
+                path_mtu,
+                rnr_retry_count,
+                &private_data,
+            ),
             CmEvent::RepReceived {
                 id,
                 remote_qpn,
@@ -571,18 +581,14 @@ impl Endpoint {
             CmEvent::Rejected { id, .. } | CmEvent::TimedOut { id, .. } => {
                 match self.owners.get(&id).copied() {
                     Some(Owner::Tx(qpn)) => self.fail_tx(now, v, qpn),
-                    Some(Owner::Rx(qpn)) => {
-                        self.start_rx_teardown(now, v, qpn, rx::Why::Remote)
-                    }
+                    Some(Owner::Rx(qpn)) => self.start_rx_teardown(now, v, qpn, rx::Why::Remote),
                     None => {}
                 }
             }
             CmEvent::DisconnectReceived { id } | CmEvent::Disconnected { id } => {
                 match self.owners.get(&id).copied() {
                     Some(Owner::Tx(qpn)) => self.fail_tx(now, v, qpn),
-                    Some(Owner::Rx(qpn)) => {
-                        self.start_rx_teardown(now, v, qpn, rx::Why::Remote)
-                    }
+                    Some(Owner::Rx(qpn)) => self.start_rx_teardown(now, v, qpn, rx::Why::Remote),
                     None => {}
                 }
             }
@@ -664,7 +670,14 @@ impl Endpoint {
         let mut rx: Vec<_> = self
             .rxs
             .iter()
-            .map(|(q, r)| (r.peer, *q, r.state, now.saturating_duration_since(r.last_rx)))
+            .map(|(q, r)| {
+                (
+                    r.peer,
+                    *q,
+                    r.state,
+                    now.saturating_duration_since(r.last_rx),
+                )
+            })
             .collect();
         rx.sort_by_key(|(_, q, ..)| *q);
         Snapshot {

@@ -207,7 +207,11 @@ mod tests {
     use crate::verbs::{Gid, QpNum};
 
     fn hw(q: u32) -> HwAddr {
-        HwAddr::new(0x80, QpNum::new(q), Gid::from(std::net::Ipv4Addr::new(198, 18, 0, 2)))
+        HwAddr::new(
+            0x80,
+            QpNum::new(q),
+            Gid::from(std::net::Ipv4Addr::new(198, 18, 0, 2)),
+        )
     }
 
     #[test]
@@ -217,11 +221,14 @@ mod tests {
         let mut n = Neighbours::default();
         assert!(n.start(ip, t, 3));
         n.get_mut(&ip).unwrap().queue.push_back(vec![1]);
-        assert_eq!(n.learn(ip, hw(5), t, true), Learned::Resolved(vec![vec![1]]));
+        assert_eq!(
+            n.learn(ip, hw(5), t, true),
+            Learned::Resolved(vec![vec![1]])
+        );
         assert_eq!(n.learn(ip, hw(6), t, true), Learned::Conflict);
         assert_eq!(n.get(&ip).unwrap().hw, Some(hw(5)));
         assert_eq!(n.forget_hw(&hw(5)), vec![ip]);
-        assert!(n.is_empty());
+        assert!(n.get(&ip).is_none());
     }
 
     #[test]

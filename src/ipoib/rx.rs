@@ -129,7 +129,15 @@ impl Endpoint {
                 }
             }
         }
-        match self.build_rx_qp(now, v, peer, remote_qpn, remote_psn, path_mtu, rnr_retry_count) {
+        match self.build_rx_qp(
+            now,
+            v,
+            peer,
+            remote_qpn,
+            remote_psn,
+            path_mtu,
+            rnr_retry_count,
+        ) {
             Some((qpn, our_psn, ring_posted)) => {
                 let params = AcceptParams {
                     local_qpn: qpn,
@@ -335,7 +343,9 @@ impl Endpoint {
 
     /// One receive of a non-SRQ ring is gone; an errored QP whose ring is empty is drained.
     fn ring_down<V: Verbs>(&mut self, v: &mut V, qpn: QpNum) {
-        let Some(r) = self.rxs.get_mut(&qpn) else { return };
+        let Some(r) = self.rxs.get_mut(&qpn) else {
+            return;
+        };
         r.ring_posted = r.ring_posted.saturating_sub(1);
         if r.ring_posted == 0 && r.state == RxState::Error {
             r.state = RxState::Drained;
@@ -351,7 +361,9 @@ impl Endpoint {
         qpn: QpNum,
         why: Why,
     ) {
-        let Some(r) = self.rxs.get_mut(&qpn) else { return };
+        let Some(r) = self.rxs.get_mut(&qpn) else {
+            return;
+        };
         if r.state != RxState::Live {
             return;
         }
@@ -385,7 +397,9 @@ impl Endpoint {
 
     pub(super) fn on_last_wqe<V: Verbs>(&mut self, now: Instant, v: &mut V, qpn: QpNum) {
         self.counters.last_wqe_events += 1;
-        let Some(r) = self.rxs.get_mut(&qpn) else { return };
+        let Some(r) = self.rxs.get_mut(&qpn) else {
+            return;
+        };
         if r.state != RxState::Error {
             // Duplicate or early: nothing to do (a Live QP is not in ERR yet).
             return;
@@ -401,7 +415,9 @@ impl Endpoint {
         if self.drain_carrier.is_some() || self.flush_list.is_empty() {
             return;
         }
-        let Some(&carrier) = self.flush_list.first() else { return };
+        let Some(&carrier) = self.flush_list.first() else {
+            return;
+        };
         match v.post_send(carrier, &SendWr::empty(wr(WR_DRAIN))) {
             Ok(()) => {
                 self.drain_carrier = Some(carrier);
@@ -435,7 +451,9 @@ impl Endpoint {
         qpn: QpNum,
         id: TimerId,
     ) {
-        let Some(r) = self.rxs.get_mut(&qpn) else { return };
+        let Some(r) = self.rxs.get_mut(&qpn) else {
+            return;
+        };
         if r.stale_timer != Some(id) || r.state != RxState::Live {
             return;
         }
@@ -471,7 +489,9 @@ impl Endpoint {
     /// Destroys an RX QP and forgets it. If it carried the outstanding drain WR, the QPs that
     /// WR covered go back to the flush list for the next one.
     pub(super) fn destroy_rx<V: Verbs>(&mut self, v: &mut V, qpn: QpNum) {
-        let Some(r) = self.rxs.remove(&qpn) else { return };
+        let Some(r) = self.rxs.remove(&qpn) else {
+            return;
+        };
         for t in [r.stale_timer, r.watchdog].into_iter().flatten() {
             self.wheel.cancel(t);
         }

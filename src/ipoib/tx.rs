@@ -81,7 +81,9 @@ impl Endpoint {
             },
         };
         let _ = dst;
-        let Some(tx) = self.txs.get_mut(&qpn) else { return };
+        let Some(tx) = self.txs.get_mut(&qpn) else {
+            return;
+        };
         match tx.state {
             TxState::Connecting => {
                 if tx.queue.len() < self.cfg.tx_queue_len {
@@ -333,7 +335,9 @@ impl Endpoint {
     /// Closes a TX connection: DREQ if asked (and established), QP to ERR, destroy once the
     /// outstanding sends have flushed or the watchdog fires.
     pub(super) fn close_tx<V: Verbs>(&mut self, now: Instant, v: &mut V, qpn: QpNum, dreq: bool) {
-        let Some(tx) = self.txs.get_mut(&qpn) else { return };
+        let Some(tx) = self.txs.get_mut(&qpn) else {
+            return;
+        };
         if tx.state == TxState::Closing {
             return;
         }
@@ -372,7 +376,9 @@ impl Endpoint {
 
     /// Destroys a TX QP. Its CM id stays with the CM until TimeWait ends.
     pub(super) fn destroy_tx<V: Verbs>(&mut self, v: &mut V, qpn: QpNum) {
-        let Some(tx) = self.txs.remove(&qpn) else { return };
+        let Some(tx) = self.txs.remove(&qpn) else {
+            return;
+        };
         if let Some(t) = tx.watchdog {
             self.wheel.cancel(t);
         }

@@ -18,8 +18,8 @@ use crate::verbs::{
     VerbsError, WcOpcode, WcStatus,
 };
 use crate::wire::ipoib::{
-    broadcast_mgid, classify, mgid_for_ipv6, ArpOp, HwAddr, IpoibArp, IpoibHeader,
-    NeighborAdvertisement, NeighborSolicitation, NdMessage, NdType, ETHERTYPE_ARP, ETHERTYPE_IPV4,
+    broadcast_mgid, classify, mgid_for_ipv6, ArpOp, HwAddr, IpoibArp, IpoibHeader, NdMessage,
+    NdType, NeighborAdvertisement, NeighborSolicitation, ETHERTYPE_ARP, ETHERTYPE_IPV4,
     ETHERTYPE_IPV6,
 };
 
@@ -356,7 +356,11 @@ impl Endpoint {
                         self.wheel.cancel(t);
                     }
                 }
-                if self.neigh.get(&ip).is_some_and(|n| n.state == NeighState::Reachable) {
+                if self
+                    .neigh
+                    .get(&ip)
+                    .is_some_and(|n| n.state == NeighState::Reachable)
+                {
                     let t = self.arm(now + self.cfg.neigh_timeout, Timer::NeighAge(ip));
                     if let Some(n) = self.neigh.get_mut(&ip) {
                         n.timer = Some(t);
@@ -424,7 +428,9 @@ impl Endpoint {
         ip: IpAddr,
         id: TimerId,
     ) {
-        let Some(n) = self.neigh.get_mut(&ip) else { return };
+        let Some(n) = self.neigh.get_mut(&ip) else {
+            return;
+        };
         if n.timer != Some(id) {
             return;
         }
@@ -448,7 +454,9 @@ impl Endpoint {
         ip: IpAddr,
         id: TimerId,
     ) {
-        let Some(n) = self.neigh.get_mut(&ip) else { return };
+        let Some(n) = self.neigh.get_mut(&ip) else {
+            return;
+        };
         if n.timer != Some(id) || n.state != NeighState::Reachable {
             return;
         }
