@@ -24,7 +24,7 @@
 //! Every passive (RX) connection carries an activity stamp, refreshed by each receive at the
 //! cost of one store, and one timer on the wheel. When the timer fires and the stamp is older
 //! than `rx_timeout`, the connection is stale. Stale, DREQ'd, rejected, evicted and shut-down
-//! connections all take the same path ([`rx`]): DREQ where the peer may be alive, QP to ERR;
+//! connections all take the same path (the `rx` module): DREQ where the peer may be alive, QP to ERR;
 //! with an SRQ, wait for Last WQE Reached, then post one drain WR (at most one outstanding; it
 //! covers every QP that reached Last WQE by then), and destroy on its flush completion;
 //! without an SRQ, count the flushed receives down to zero. A watchdog of `drain_timeout`
