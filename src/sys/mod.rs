@@ -10,6 +10,7 @@
 //!   destination address the datagram was sent to.
 #![allow(unsafe_code)]
 
+pub mod ifaddr;
 pub mod sockopt;
 pub mod tun;
 pub mod udp;

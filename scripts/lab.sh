@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# A lab of N nodes, each an ipoib-cm daemon in its own network namespace, on one bridge.
+#
+#   scripts/lab.sh up N [-- DAEMON ARGS]   namespaces ibl1..iblN, underlay 198.18.0.K/24 on a
+#                                          bridge, interface ib0 with 198.19.0.K/24 and
+#                                          2001:db8:19::K/64, a daemon in each; returns when
+#                                          every daemon answers status
+#   scripts/lab.sh down                    stop the daemons (SIGTERM, then SIGKILL), delete all
+#   scripts/lab.sh kill K                  SIGKILL node K's daemon
+#   scripts/lab.sh start K                 start node K's daemon again (same arguments)
+#   scripts/lab.sh stop K                  SIGTERM node K's daemon and wait for it to exit
+#   scripts/lab.sh status K                print node K's `ipoib-cm status --json`
+#   scripts/lab.sh exec K CMD...           run CMD in node K's namespace
+#
+# Settings: IPOIB_CM_BIN (the binary; default target/release/ipoib-cm, else target/debug),
+# LAB_MTU (underlay MTU, default 9000, which gives RoCE path MTU 4096), LAB_PREFIX (namespace
+# prefix, default ibl; tests use their own so labs can coexist), LAB_STATE (state directory,
+# default /run/ipoib-cm-<prefix>). Needs root. Everything lives in namespaces the script
+# creates: no traffic touches the root namespace.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+PREFIX=${LAB_PREFIX:-ibl}
+[[ "$PREFIX" =~ ^[a-z][a-z0-9]{0,8}$ ]] || { echo "lab.sh: LAB_PREFIX must be 1-9 lowercase letters/digits" >&2; exit 2; }
+STATE=${LAB_STATE:-/run/ipoib-cm-$PREFIX}
+MTU=${LAB_MTU:-9000}
+BR=${PREFIX}br
+
+die() { echo "lab.sh: $*" >&2; exit 2; }
+
+bin() {
+    if [ -n "${IPOIB_CM_BIN:-}" ]; then echo "$IPOIB_CM_BIN"; return; fi
+    for b in "$here/target/release/ipoib-cm" "$here/target/debug/ipoib-cm"; do
+        [ -x "$b" ] && { echo "$b"; return; }
+    done
+    die "no ipoib-cm binary: run cargo build --release (or set IPOIB_CM_BIN)"
+}
+
+ns() { echo "$PREFIX$1"; }
+sock() { echo "$STATE/node$1.sock"; }
+
+nodes() { cat "$STATE/nodes" 2>/dev/null || echo 0; }
+
+check_k() {
+    [[ "$1" =~ ^[0-9]+$ ]] && [ "$1" -ge 1 ] && [ "$1" -le "$(nodes)" ] \
+        || die "no node $1 (lab has $(nodes) nodes)"
+}
+
+start_node() {
+    local k=$1 n peers=() args=()
+    n=$(nodes)
+    for ((j = 1; j <= n; j++)); do
+        [ "$j" -ne "$k" ] && peers+=(--peer "198.18.0.$j")
+    done
+    if [ -s "$STATE/args" ]; then
+        mapfile -t args < "$STATE/args"
+    fi
+    ip netns exec "$(ns "$k")" "$(bin)" up \
+        --ifname ib0 --addr "198.19.0.$k/24" --addr "2001:db8:19::$k/64" \
+        --bind "198.18.0.$k" "${peers[@]}" --control-socket "$(sock "$k")" \
+        "${args[@]}" >> "$STATE/node$k.log" 2>&1 &
+    echo $! > "$STATE/node$k.pid"
+}
+
+wait_ready() {
+    local k=$1 i
+    for ((i = 0; i < 200; i++)); do
+        if "$(bin)" status --control-socket "$(sock "$k")" --json >/dev/null 2>&1; then
+            return 0
+        fi
+        if ! kill -0 "$(cat "$STATE/node$k.pid")" 2>/dev/null; then
+            echo "lab.sh: node $k's daemon exited; its log:" >&2
+            tail -n 20 "$STATE/node$k.log" >&2 || true
+            return 1
+        fi
+        sleep 0.1
+    done
+    echo "lab.sh: node $k not ready after 20 s; its log:" >&2
+    tail -n 20 "$STATE/node$k.log" >&2 || true
+    return 1
+}
+
+stop_node() {
+    local k=$1 pid i
+    pid=$(cat "$STATE/node$k.pid" 2>/dev/null || true)
+    [ -n "$pid" ] || return 0
+    kill -TERM "$pid" 2>/dev/null || return 0
+    for ((i = 0; i < 100; i++)); do
+        kill -0 "$pid" 2>/dev/null || return 0
+        sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+}
+
+cmd_up() {
+    local n=${1:-}; shift || true
+    [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 2 ] && [ "$n" -le 200 ] || die "up N: N must be 2..200"
+    if [ "${1:-}" = "--" ]; then shift; fi
+    [ -e "$STATE/nodes" ] && die "a lab is already up (scripts/lab.sh down first)"
+    mkdir -p "$STATE"
+    chmod 700 "$STATE"
+    echo "$n" > "$STATE/nodes"
+    printf '%s\n' "$@" > "$STATE/args"
+    ip netns add "$BR"
+    ip -n "$BR" link add br0 type bridge
+    ip -n "$BR" link set br0 mtu "$MTU" up
+    for ((k = 1; k <= n; k++)); do
+        ip netns add "$(ns "$k")"
+        ip -n "$(ns "$k")" link set lo up
+        ip -n "$(ns "$k")" link add eth0 mtu "$MTU" type veth peer name "v$k" mtu "$MTU" netns "$BR"
+        ip -n "$BR" link set "v$k" master br0 up
+        ip -n "$(ns "$k")" addr add "198.18.0.$k/24" dev eth0
+        ip -n "$(ns "$k")" link set eth0 up
+    done
+    for ((k = 1; k <= n; k++)); do start_node "$k"; done
+    for ((k = 1; k <= n; k++)); do wait_ready "$k" || { cmd_down; exit 1; }; done
+    echo "lab up: $n nodes ($(ns 1)..$(ns "$n")), ib0 = 198.19.0.K/24, 2001:db8:19::K/64"
+}
+
+cmd_down() {
+    local n k
+    n=$(nodes)
+    for ((k = 1; k <= n; k++)); do stop_node "$k"; done
+    for ((k = 1; k <= n; k++)); do ip netns del "$(ns "$k")" 2>/dev/null || true; done
+    ip netns del "$BR" 2>/dev/null || true
+    rm -rf "$STATE"
+}
+
+[ "$(id -u)" -eq 0 ] || die "needs root (network namespaces)"
+case "${1:-}" in
+    up) shift; cmd_up "$@" ;;
+    down) cmd_down ;;
+    kill) check_k "${2:-}"; kill -KILL "$(cat "$STATE/node$2.pid")" 2>/dev/null || true ;;
+    stop) check_k "${2:-}"; stop_node "$2" ;;
+    start) check_k "${2:-}"; start_node "$2"; wait_ready "$2" ;;
+    status) check_k "${2:-}"; "$(bin)" status --control-socket "$(sock "$2")" --json ;;
+    exec) check_k "${2:-}"; k=$2; shift 2; exec ip netns exec "$(ns "$k")" "$@" ;;
+    *) die "usage: lab.sh up N [-- ARGS] | down | kill K | stop K | start K | status K | exec K CMD..." ;;
+esac
