@@ -8,8 +8,10 @@
 //!   zero-checksum IPv6 UDP receive, forced buffer sizes).
 //! - [`udp`]: `recvmsg` with the packet-info control message decoded, so a receiver learns the
 //!   destination address the datagram was sent to.
+//! - [`peercred`]: `SO_PEERCRED` of a Unix socket peer, and the process's effective uid.
 #![allow(unsafe_code)]
 
+pub mod peercred;
 pub mod sockopt;
 pub mod tun;
 pub mod udp;
