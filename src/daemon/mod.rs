@@ -3,10 +3,16 @@
 //!
 //! - [`config`]: TOML file plus flag overrides resolved into a validated [`Config`], with
 //!   one-line errors naming the field.
+//! - [`status`]: the [`Status`] snapshot (its JSON schema) and its text rendering.
 
 pub mod config;
+pub mod status;
 
 pub use config::{
     default_control_socket, resolve, Cidr, Config, ConfigError, ConfigFile, Mode, QpBudgetPolicy,
     UpArgs,
+};
+pub use status::{
+    render_json, render_text, Counters, InterfaceStatus, NeighbourState, NeighbourStatus, RxState,
+    RxStatus, Status, TxState, TxStatus,
 };
