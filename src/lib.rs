@@ -18,12 +18,15 @@
 //!   `recvmsg` with packet info, the TUN device and its ioctls).
 //! - [`sim`]: a deterministic in-memory fabric with a virtual clock, for tests.
 //! - [`tools`]: the `rc-pingpong` tool.
+//! - [`daemon`]: the daemon's operator surface: configuration, the status snapshot and the
+//!   control socket.
 //! - [`timer`]: a hierarchical timer wheel (O(1) insert/cancel) for the endpoint's deadlines.
 //!
 //! Every state machine takes `now: Instant` from its caller; only the binary's event loop reads
 //! the clock.
 
 pub mod cm;
+pub mod daemon;
 pub mod gsi;
 pub mod ipoib;
 pub mod sim;

@@ -8,9 +8,13 @@
 //!   zero-checksum IPv6 UDP receive, forced buffer sizes).
 //! - [`udp`]: `recvmsg` with the packet-info control message decoded, so a receiver learns the
 //!   destination address the datagram was sent to.
+//! - [`peercred`]: `SO_PEERCRED` of a Unix socket peer, and the process's effective uid.
+//! - [`tun`]: the TUN device and the interface ioctls that configure it.
+//! - [`ifaddr`]: which interface carries an address, and its MTU.
 #![allow(unsafe_code)]
 
 pub mod ifaddr;
+pub mod peercred;
 pub mod sockopt;
 pub mod tun;
 pub mod udp;

@@ -1,0 +1,22 @@
+//! The operator surface of the `ipoib-cm` daemon: what `ipoib-cm up` reads and what
+//! `ipoib-cm status` shows.
+//!
+//! - [`config`]: TOML file plus flag overrides resolved into a validated [`Config`], with
+//!   one-line errors naming the field.
+//! - [`status`]: the [`Status`] snapshot (its JSON schema) and its text rendering.
+//! - [`control`]: the control socket, server side ([`ControlServer`]) for the event loop and
+//!   client side ([`query`]) for `ipoib-cm status`.
+
+pub mod config;
+pub mod control;
+pub mod status;
+
+pub use config::{
+    default_control_socket, resolve, Cidr, Config, ConfigError, ConfigFile, Mode, QpBudgetPolicy,
+    UpArgs,
+};
+pub use control::{query, ControlError, ControlServer};
+pub use status::{
+    render_json, render_text, Counters, InterfaceStatus, NeighbourState, NeighbourStatus, RxState,
+    RxStatus, Status, TxState, TxStatus,
+};

@@ -1,0 +1,615 @@
+//! The daemon's status snapshot: the JSON document `ipoib-cm status --json` prints (and the
+//! control socket carries), and its human-readable rendering.
+//!
+//! The key names are the schema; tests pin them against a literal list. New soft-provider
+//! counters go into [`Status::provider`], a free-form map, so they can be shown without a
+//! schema change.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+use super::config::Mode;
+
+/// Length of an IPoIB hardware address: 4 bytes of flags + QPN, 16 bytes of GID.
+pub const HWADDR_LEN: usize = 20;
+
+/// Formats a 20-byte IPoIB hardware address as colon-separated lowercase hex
+/// (`80:00:00:48:fe:80:...`), as `ip link` shows it.
+pub fn format_hwaddr(hw: &[u8; HWADDR_LEN]) -> String {
+    let mut s = String::with_capacity(HWADDR_LEN * 3);
+    for (i, b) in hw.iter().enumerate() {
+        if i > 0 {
+            s.push(':');
+        }
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// Parses what [`format_hwaddr`] writes (either case); `None` unless exactly 20 hex octets.
+pub fn parse_hwaddr(s: &str) -> Option<[u8; HWADDR_LEN]> {
+    let mut out = [0u8; HWADDR_LEN];
+    let mut n = 0;
+    for part in s.split(':') {
+        if n == HWADDR_LEN || part.len() != 2 || !part.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        out[n] = u8::from_str_radix(part, 16).ok()?;
+        n += 1;
+    }
+    (n == HWADDR_LEN).then_some(out)
+}
+
+/// The whole snapshot.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    /// The interface.
+    pub interface: InterfaceStatus,
+    /// Known neighbours (IP to IPoIB hardware address).
+    pub neighbours: Vec<NeighbourStatus>,
+    /// Transmit (active side) connections.
+    pub tx: Vec<TxStatus>,
+    /// Receive (passive side) connections.
+    pub rx: Vec<RxStatus>,
+    /// Endpoint counters.
+    pub counters: Counters,
+    /// Soft-provider counters by name (free-form, may grow).
+    #[serde(default)]
+    pub provider: BTreeMap<String, u64>,
+}
+
+/// The interface line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InterfaceStatus {
+    /// Interface name.
+    pub name: String,
+    /// Interface MTU in bytes.
+    pub mtu: u32,
+    /// IPoIB mode.
+    pub mode: Mode,
+    /// Our IPoIB hardware address ([`format_hwaddr`]).
+    pub hwaddr: String,
+}
+
+/// State of a neighbour entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NeighbourState {
+    /// Resolution in progress; packets are queued.
+    Incomplete,
+    /// Resolved and recently used.
+    Reachable,
+    /// Resolved but idle; reaped after the neighbour timeout.
+    Stale,
+    /// Resolution failed; packets are dropped.
+    Failed,
+}
+
+impl NeighbourState {
+    /// The name in JSON and text output.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Incomplete => "incomplete",
+            Self::Reachable => "reachable",
+            Self::Stale => "stale",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// One neighbour.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NeighbourStatus {
+    /// The neighbour's IP address.
+    pub ip: IpAddr,
+    /// Its IPoIB hardware address ([`format_hwaddr`]).
+    pub hwaddr: String,
+    /// Entry state.
+    pub state: NeighbourState,
+}
+
+/// State of a transmit connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TxState {
+    /// CM REQ sent, waiting for REP/RTU; packets are queued.
+    Connecting,
+    /// Established; packets flow.
+    Live,
+    /// The QP went to error; waiting for its flush before teardown.
+    Error,
+    /// Disconnecting (DREQ sent or received).
+    Closing,
+}
+
+impl TxState {
+    /// The name in JSON and text output.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Connecting => "connecting",
+            Self::Live => "live",
+            Self::Error => "error",
+            Self::Closing => "closing",
+        }
+    }
+}
+
+/// One transmit connection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxStatus {
+    /// The remote end: its GID or IP address.
+    pub peer: String,
+    /// Our QP number.
+    pub qpn: u32,
+    /// Connection state.
+    pub state: TxState,
+    /// Connected-mode MTU of this connection in bytes.
+    pub mtu: u32,
+    /// Packets queued waiting for the connection.
+    pub queued: u64,
+}
+
+/// State of a receive connection, as Linux `ipoib_cm` tracks its RX QPs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RxState {
+    /// Receiving.
+    Live,
+    /// Moved to error (idle timeout, DREQ or eviction); flush pending.
+    Error,
+    /// On the flush list, waiting for Last WQE Reached / the drain WR.
+    Flush,
+    /// Drained; about to be destroyed.
+    Drained,
+}
+
+impl RxState {
+    /// The name in JSON and text output.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Live => "live",
+            Self::Error => "error",
+            Self::Flush => "flush",
+            Self::Drained => "drained",
+        }
+    }
+}
+
+/// One receive connection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RxStatus {
+    /// The remote end: its GID or IP address.
+    pub peer: String,
+    /// Our QP number.
+    pub qpn: u32,
+    /// Connection state.
+    pub state: RxState,
+    /// Milliseconds since the last packet received on it.
+    pub idle_ms: u64,
+}
+
+/// Endpoint counters, all monotonic except `qp_live`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Counters {
+    /// Connected-mode QPs that exist now (gauge).
+    pub qp_live: u64,
+    /// Connected-mode QPs created.
+    pub qp_created: u64,
+    /// Connected-mode QPs destroyed.
+    pub qp_destroyed: u64,
+    /// RX connections accepted.
+    pub rx_accepted: u64,
+    /// RX connections reaped for being idle past the RX timeout.
+    pub rx_stale_reaped: u64,
+    /// RX connections torn down on a DREQ.
+    pub rx_dreq_reaped: u64,
+    /// RX connections evicted to make room under the QP budget.
+    pub rx_evicted: u64,
+    /// QPs destroyed after the drain timeout instead of a proper drain.
+    pub drain_timeouts: u64,
+    /// Last WQE Reached events seen.
+    pub last_wqe_events: u64,
+    /// TX connections established.
+    pub tx_established: u64,
+    /// TX connections that failed (REJ, timeout, error).
+    pub tx_failed: u64,
+    /// Packets dropped because a neighbour's queue was full.
+    pub tx_queue_drops: u64,
+    /// ICMP "packet too big" / "fragmentation needed" sent back to the host.
+    pub icmp_too_big_sent: u64,
+    /// Received packets dropped as malformed.
+    pub rx_bad_packets: u64,
+}
+
+impl Counters {
+    /// `(name, value)` in schema order, for rendering.
+    pub fn fields(&self) -> [(&'static str, u64); 14] {
+        [
+            ("qp_live", self.qp_live),
+            ("qp_created", self.qp_created),
+            ("qp_destroyed", self.qp_destroyed),
+            ("rx_accepted", self.rx_accepted),
+            ("rx_stale_reaped", self.rx_stale_reaped),
+            ("rx_dreq_reaped", self.rx_dreq_reaped),
+            ("rx_evicted", self.rx_evicted),
+            ("drain_timeouts", self.drain_timeouts),
+            ("last_wqe_events", self.last_wqe_events),
+            ("tx_established", self.tx_established),
+            ("tx_failed", self.tx_failed),
+            ("tx_queue_drops", self.tx_queue_drops),
+            ("icmp_too_big_sent", self.icmp_too_big_sent),
+            ("rx_bad_packets", self.rx_bad_packets),
+        ]
+    }
+}
+
+/// The JSON document, pretty-printed with a trailing newline (`ipoib-cm status --json`).
+pub fn render_json(status: &Status) -> String {
+    // Serializing these plain structs cannot fail (string keys, no non-finite floats).
+    let mut s = serde_json::to_string_pretty(status).unwrap_or_else(|e| {
+        serde_json::json!({ "error": format!("cannot serialize status: {e}") }).to_string()
+    });
+    s.push('\n');
+    s
+}
+
+/// A left-aligned text table with a two-space indent and two-space column gaps.
+fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
+    let mut width: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in width.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut l = String::from(" ");
+        for (cell, w) in cells.zip(&width) {
+            let _ = write!(l, " {cell:<w$} ");
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
+    };
+    line(&mut header.iter().copied());
+    for row in rows {
+        line(&mut row.iter().map(String::as_str));
+    }
+}
+
+/// The human-readable status (`ipoib-cm status` without `--json`): the interface line, then the
+/// neighbour, TX and RX tables, then the counters (and provider counters, if any).
+pub fn render_text(status: &Status) -> String {
+    let mut out = String::new();
+    let i = &status.interface;
+    let _ = writeln!(
+        out,
+        "{}: mtu {} mode {} hwaddr {}",
+        i.name, i.mtu, i.mode, i.hwaddr
+    );
+
+    let _ = write!(out, "\nneighbours ({})", status.neighbours.len());
+    if status.neighbours.is_empty() {
+        out.push_str(": none\n");
+    } else {
+        out.push_str(":\n");
+        let rows: Vec<_> = status
+            .neighbours
+            .iter()
+            .map(|n| {
+                vec![
+                    n.ip.to_string(),
+                    n.hwaddr.clone(),
+                    n.state.as_str().to_owned(),
+                ]
+            })
+            .collect();
+        table(&mut out, &["IP", "HWADDR", "STATE"], &rows);
+    }
+
+    let _ = write!(out, "\ntx ({})", status.tx.len());
+    if status.tx.is_empty() {
+        out.push_str(": none\n");
+    } else {
+        out.push_str(":\n");
+        let rows: Vec<_> = status
+            .tx
+            .iter()
+            .map(|t| {
+                vec![
+                    t.peer.clone(),
+                    format!("{:#08x}", t.qpn),
+                    t.state.as_str().to_owned(),
+                    t.mtu.to_string(),
+                    t.queued.to_string(),
+                ]
+            })
+            .collect();
+        table(&mut out, &["PEER", "QPN", "STATE", "MTU", "QUEUED"], &rows);
+    }
+
+    let _ = write!(out, "\nrx ({})", status.rx.len());
+    if status.rx.is_empty() {
+        out.push_str(": none\n");
+    } else {
+        out.push_str(":\n");
+        let rows: Vec<_> = status
+            .rx
+            .iter()
+            .map(|r| {
+                vec![
+                    r.peer.clone(),
+                    format!("{:#08x}", r.qpn),
+                    r.state.as_str().to_owned(),
+                    format!("{}ms", r.idle_ms),
+                ]
+            })
+            .collect();
+        table(&mut out, &["PEER", "QPN", "STATE", "IDLE"], &rows);
+    }
+
+    out.push_str("\ncounters:\n");
+    let fields = status.counters.fields();
+    let w = fields.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
+    for (name, v) in fields {
+        let _ = writeln!(out, "  {name:<w$}  {v}");
+    }
+
+    if !status.provider.is_empty() {
+        out.push_str("\nprovider:\n");
+        let w = status.provider.keys().map(String::len).max().unwrap_or(0);
+        for (name, v) in &status.provider {
+            let _ = writeln!(out, "  {name:<w$}  {v}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A status with one of everything.
+    fn sample() -> Status {
+        let mut hw = [0u8; HWADDR_LEN];
+        hw[0] = 0x80;
+        hw[3] = 0x48;
+        hw[4] = 0xfe;
+        hw[5] = 0x80;
+        hw[19] = 0x01;
+        let mut peer_hw = hw;
+        peer_hw[3] = 0x4a;
+        peer_hw[19] = 0x02;
+        Status {
+            interface: InterfaceStatus {
+                name: "ib0".into(),
+                mtu: 65520,
+                mode: Mode::Connected,
+                hwaddr: format_hwaddr(&hw),
+            },
+            neighbours: vec![NeighbourStatus {
+                ip: "198.19.0.2".parse().unwrap(),
+                hwaddr: format_hwaddr(&peer_hw),
+                state: NeighbourState::Reachable,
+            }],
+            tx: vec![TxStatus {
+                peer: "198.19.0.2".into(),
+                qpn: 0x4a,
+                state: TxState::Live,
+                mtu: 65520,
+                queued: 0,
+            }],
+            rx: vec![
+                RxStatus {
+                    peer: "fe80::2".into(),
+                    qpn: 0x4b,
+                    state: RxState::Live,
+                    idle_ms: 1200,
+                },
+                RxStatus {
+                    peer: "fe80::3".into(),
+                    qpn: 0x4c,
+                    state: RxState::Flush,
+                    idle_ms: 61000,
+                },
+            ],
+            counters: Counters {
+                qp_live: 3,
+                qp_created: 5,
+                qp_destroyed: 2,
+                rx_accepted: 3,
+                rx_stale_reaped: 1,
+                ..Counters::default()
+            },
+            provider: BTreeMap::from([("retransmits".to_owned(), 7)]),
+        }
+    }
+
+    fn keys(v: &serde_json::Value) -> Vec<&str> {
+        v.as_object().unwrap().keys().map(String::as_str).collect()
+    }
+
+    #[test]
+    fn json_keys_are_the_schema() {
+        let v = serde_json::to_value(sample()).unwrap();
+        let mut top = keys(&v);
+        top.sort_unstable();
+        assert_eq!(
+            top,
+            [
+                "counters",
+                "interface",
+                "neighbours",
+                "provider",
+                "rx",
+                "tx"
+            ]
+        );
+        let mut k = keys(&v["interface"]);
+        k.sort_unstable();
+        assert_eq!(k, ["hwaddr", "mode", "mtu", "name"]);
+        let mut k = keys(&v["neighbours"][0]);
+        k.sort_unstable();
+        assert_eq!(k, ["hwaddr", "ip", "state"]);
+        let mut k = keys(&v["tx"][0]);
+        k.sort_unstable();
+        assert_eq!(k, ["mtu", "peer", "qpn", "queued", "state"]);
+        let mut k = keys(&v["rx"][0]);
+        k.sort_unstable();
+        assert_eq!(k, ["idle_ms", "peer", "qpn", "state"]);
+        let mut k = keys(&v["counters"]);
+        k.sort_unstable();
+        let mut want = vec![
+            "qp_live",
+            "qp_created",
+            "qp_destroyed",
+            "rx_accepted",
+            "rx_stale_reaped",
+            "rx_dreq_reaped",
+            "rx_evicted",
+            "drain_timeouts",
+            "last_wqe_events",
+            "tx_established",
+            "tx_failed",
+            "tx_queue_drops",
+            "icmp_too_big_sent",
+            "rx_bad_packets",
+        ];
+        let in_order: Vec<_> = sample().counters.fields().map(|(n, _)| n).to_vec();
+        assert_eq!(in_order, want);
+        want.sort_unstable();
+        assert_eq!(k, want);
+    }
+
+    #[test]
+    fn json_value_types() {
+        let v = serde_json::to_value(sample()).unwrap();
+        assert_eq!(v["interface"]["mode"], "connected");
+        assert_eq!(v["interface"]["mtu"], 65520);
+        assert_eq!(v["neighbours"][0]["ip"], "198.19.0.2");
+        assert_eq!(v["neighbours"][0]["state"], "reachable");
+        assert_eq!(v["tx"][0]["qpn"], 0x4a);
+        assert_eq!(v["tx"][0]["state"], "live");
+        assert_eq!(v["rx"][1]["state"], "flush");
+        assert_eq!(v["rx"][1]["idle_ms"], 61000);
+        assert_eq!(v["counters"]["qp_live"], 3);
+        assert_eq!(v["provider"]["retransmits"], 7);
+        let hw = v["interface"]["hwaddr"].as_str().unwrap();
+        assert_eq!(
+            hw,
+            "80:00:00:48:fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:01"
+        );
+        assert!(parse_hwaddr(hw).is_some());
+    }
+
+    #[test]
+    fn rx_states_are_the_four_names() {
+        for (s, name) in [
+            (RxState::Live, "live"),
+            (RxState::Error, "error"),
+            (RxState::Flush, "flush"),
+            (RxState::Drained, "drained"),
+        ] {
+            assert_eq!(serde_json::to_value(s).unwrap(), name);
+            assert_eq!(s.as_str(), name);
+        }
+        for s in [
+            TxState::Connecting,
+            TxState::Live,
+            TxState::Error,
+            TxState::Closing,
+        ] {
+            assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
+        }
+        for s in [
+            NeighbourState::Incomplete,
+            NeighbourState::Reachable,
+            NeighbourState::Stale,
+            NeighbourState::Failed,
+        ] {
+            assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
+        }
+    }
+
+    #[test]
+    fn json_round_trip_and_provider_defaults() {
+        let s = sample();
+        let back: Status = serde_json::from_str(&render_json(&s)).unwrap();
+        assert_eq!(back, s);
+        let mut v = serde_json::to_value(&s).unwrap();
+        v.as_object_mut().unwrap().remove("provider");
+        let back: Status = serde_json::from_value(v).unwrap();
+        assert!(back.provider.is_empty());
+    }
+
+    #[test]
+    fn hwaddr_parse_rejects_junk() {
+        let hw = [0xabu8; HWADDR_LEN];
+        let s = format_hwaddr(&hw);
+        assert_eq!(parse_hwaddr(&s), Some(hw));
+        assert_eq!(parse_hwaddr(&s.to_uppercase()), Some(hw));
+        assert_eq!(parse_hwaddr(""), None);
+        assert_eq!(parse_hwaddr(&s[3..]), None);
+        assert_eq!(parse_hwaddr(&format!("{s}:00")), None);
+        assert_eq!(parse_hwaddr(&s.replace("ab", "zz")), None);
+        assert_eq!(parse_hwaddr(&s.replacen("ab", "+b", 1)), None);
+    }
+
+    #[test]
+    fn text_rendering() {
+        let text = render_text(&sample());
+        let want = "\
+ib0: mtu 65520 mode connected hwaddr 80:00:00:48:fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:01
+
+neighbours (1):
+  IP          HWADDR                                                       STATE
+  198.19.0.2  80:00:00:4a:fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:02  reachable
+
+tx (1):
+  PEER        QPN       STATE  MTU    QUEUED
+  198.19.0.2  0x00004a  live   65520  0
+
+rx (2):
+  PEER     QPN       STATE  IDLE
+  fe80::2  0x00004b  live   1200ms
+  fe80::3  0x00004c  flush  61000ms
+
+counters:
+  qp_live            3
+  qp_created         5
+  qp_destroyed       2
+  rx_accepted        3
+  rx_stale_reaped    1
+  rx_dreq_reaped     0
+  rx_evicted         0
+  drain_timeouts     0
+  last_wqe_events    0
+  tx_established     0
+  tx_failed          0
+  tx_queue_drops     0
+  icmp_too_big_sent  0
+  rx_bad_packets     0
+
+provider:
+  retransmits  7
+";
+        assert_eq!(text, want, "got:\n{text}");
+    }
+
+    #[test]
+    fn text_rendering_empty_tables() {
+        let mut s = sample();
+        s.neighbours.clear();
+        s.tx.clear();
+        s.rx.clear();
+        s.provider.clear();
+        let text = render_text(&s);
+        assert!(text.contains("\nneighbours (0): none\n"));
+        assert!(text.contains("\ntx (0): none\n"));
+        assert!(text.contains("\nrx (0): none\n"));
+        assert!(!text.contains("provider"));
+        assert!(text.ends_with("  rx_bad_packets     0\n"));
+    }
+}

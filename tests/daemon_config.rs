@@ -1,0 +1,584 @@
+//! `ipoib-cm up` configuration: every validation rule, file errors, flag-over-file precedence.
+
+use std::net::IpAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use clap::Parser;
+use ipoib_cm::daemon::config::{
+    parse_duration, path_mtu_for_link_mtu, resolve, resolve_str, Cidr, ConfigError, Mode,
+    QpBudgetPolicy, UpArgs,
+};
+use ipoib_cm::verbs::PathMtu;
+
+#[derive(Debug, Parser)]
+struct Cli {
+    #[command(flatten)]
+    up: UpArgs,
+}
+
+fn flags(args: &[&str]) -> UpArgs {
+    Cli::try_parse_from(std::iter::once("up").chain(args.iter().copied()))
+        .unwrap()
+        .up
+}
+
+const P: &str = "/x.toml";
+
+fn file_err(text: &str, args: &[&str]) -> String {
+    let e = resolve_str(Path::new(P), text, &flags(args)).unwrap_err();
+    let s = e.to_string();
+    assert!(!s.contains('\n'), "multi-line error: {s:?}");
+    s
+}
+
+fn flag_err(args: &[&str]) -> String {
+    file_err("", args)
+}
+
+fn ok(text: &str, args: &[&str]) -> ipoib_cm::daemon::Config {
+    resolve_str(Path::new(P), text, &flags(args)).unwrap()
+}
+
+#[test]
+fn defaults() {
+    let c = ok("", &["--bind", "192.0.2.1"]);
+    assert_eq!(c.ifname, "ib0");
+    assert!(c.addr.is_empty());
+    assert_eq!(c.bind, "192.0.2.1".parse::<IpAddr>().unwrap());
+    assert!(c.peer.is_empty());
+    assert_eq!(c.udp_port, 4791);
+    assert_eq!(c.mode, Mode::Connected);
+    assert!(c.srq);
+    assert_eq!(c.rx_timeout, Duration::from_secs(60));
+    assert_eq!(c.drain_timeout, Duration::from_secs(5));
+    assert_eq!(c.neigh_timeout, Duration::from_secs(300));
+    assert_eq!(c.max_conn_qp, 128);
+    assert_eq!(c.qp_budget_policy, QpBudgetPolicy::Evict);
+    assert_eq!(c.tx_queue_len, 3);
+    assert_eq!(c.path_mtu, None);
+    assert!(c.fault.is_clean());
+    assert_eq!(c.fault.seed, 1);
+    assert_eq!(c.quirks, Default::default());
+    assert_eq!(c.control_socket, Path::new("/run/ipoib-cm/ib0.sock"));
+    assert_eq!(c.log, "info");
+    assert_eq!(c.effective_path_mtu(None), PathMtu::Mtu1024);
+    assert_eq!(c.effective_path_mtu(Some(9000)), PathMtu::Mtu4096);
+    assert_eq!(c.effective_path_mtu(Some(1500)), PathMtu::Mtu1024);
+}
+
+#[test]
+fn full_file() {
+    let text = r#"
+ifname = "ib3"
+addr = ["198.19.0.1/24", "fd00::1/64"]
+bind = "10.0.0.1"
+peer = ["10.0.0.2", "10.0.0.3"]
+udp_port = 4792
+mode = "datagram"
+srq = false
+rx_timeout = "2m"
+drain_timeout = 7
+neigh_timeout = "1h"
+max_conn_qp = 16
+qp_budget_policy = "reject"
+tx_queue_len = 10
+path_mtu = 2048
+fault_loss = 5
+fault_reorder = 1.5
+fault_dup = 2.0
+fault_corrupt = 0.5
+fault_seed = 42
+quirk = ["drain-never", "dup-last-wqe"]
+control_socket = "/tmp/x.sock"
+log = "debug"
+"#;
+    let c = ok(text, &[]);
+    assert_eq!(c.ifname, "ib3");
+    assert_eq!(
+        c.addr,
+        vec![
+            "198.19.0.1/24".parse::<Cidr>().unwrap(),
+            "fd00::1/64".parse::<Cidr>().unwrap()
+        ]
+    );
+    assert_eq!(c.addr[1].prefix_len, 64);
+    assert_eq!(c.peer.len(), 2);
+    assert_eq!(c.udp_port, 4792);
+    assert_eq!(c.mode, Mode::Datagram);
+    assert!(!c.srq);
+    assert_eq!(c.rx_timeout, Duration::from_secs(120));
+    assert_eq!(c.drain_timeout, Duration::from_secs(7));
+    assert_eq!(c.neigh_timeout, Duration::from_secs(3600));
+    assert_eq!(c.max_conn_qp, 16);
+    assert_eq!(c.qp_budget_policy, QpBudgetPolicy::Reject);
+    assert_eq!(c.tx_queue_len, 10);
+    assert_eq!(c.path_mtu, Some(PathMtu::Mtu2048));
+    assert_eq!(c.effective_path_mtu(Some(1500)), PathMtu::Mtu2048);
+    assert_eq!(c.fault.loss_pct, 5.0);
+    assert_eq!(c.fault.reorder_pct, 1.5);
+    assert_eq!(c.fault.dup_pct, 2.0);
+    assert_eq!(c.fault.corrupt_pct, 0.5);
+    assert_eq!(c.fault.seed, 42);
+    assert!(c.quirks.drain_never && c.quirks.dup_last_wqe && !c.quirks.no_last_wqe);
+    assert_eq!(c.control_socket, Path::new("/tmp/x.sock"));
+    assert_eq!(c.log, "debug");
+}
+
+#[test]
+fn flags_win_over_file() {
+    let text = r#"
+ifname = "ib3"
+addr = ["198.19.0.1/24"]
+bind = "10.0.0.1"
+peer = ["10.0.0.2"]
+mode = "datagram"
+rx_timeout = "2m"
+max_conn_qp = 16
+qp_budget_policy = "reject"
+path_mtu = 2048
+fault_loss = 5
+quirk = ["drain-never"]
+log = "debug"
+"#;
+    let c = ok(
+        text,
+        &[
+            "--ifname",
+            "ib7",
+            "--addr",
+            "198.19.1.1/16",
+            "--addr",
+            "fd00::2/64",
+            "--bind",
+            "10.0.0.9",
+            "--peer",
+            "10.0.0.8",
+            "--mode",
+            "connected",
+            "--rx-timeout",
+            "90",
+            "--max-conn-qp",
+            "64",
+            "--evict",
+            "--path-mtu",
+            "4096",
+            "--fault-loss",
+            "0",
+            "--quirk",
+            "no-last-wqe",
+            "--log",
+            "warn",
+            "--no-srq",
+        ],
+    );
+    assert_eq!(c.ifname, "ib7");
+    assert_eq!(c.addr.len(), 2, "repeatable flags replace the file's list");
+    assert_eq!(c.addr[0].to_string(), "198.19.1.1/16");
+    assert_eq!(c.bind.to_string(), "10.0.0.9");
+    assert_eq!(c.peer, vec!["10.0.0.8".parse::<IpAddr>().unwrap()]);
+    assert_eq!(c.mode, Mode::Connected);
+    assert_eq!(c.rx_timeout, Duration::from_secs(90));
+    assert_eq!(c.max_conn_qp, 64);
+    assert_eq!(c.qp_budget_policy, QpBudgetPolicy::Evict);
+    assert_eq!(c.path_mtu, Some(PathMtu::Mtu4096));
+    assert_eq!(c.fault.loss_pct, 0.0);
+    assert!(c.quirks.no_last_wqe && !c.quirks.drain_never);
+    assert_eq!(c.log, "warn");
+    assert!(!c.srq);
+    assert_eq!(c.control_socket, Path::new("/run/ipoib-cm/ib7.sock"));
+
+    // Unset flags leave the file's values.
+    let c = ok(text, &["--reject"]);
+    assert_eq!(c.ifname, "ib3");
+    assert_eq!(c.mode, Mode::Datagram);
+    assert_eq!(c.qp_budget_policy, QpBudgetPolicy::Reject);
+    let c = ok(
+        "bind = \"10.0.0.1\"\nqp_budget_policy = \"evict\"\n",
+        &["--reject"],
+    );
+    assert_eq!(c.qp_budget_policy, QpBudgetPolicy::Reject);
+}
+
+#[test]
+fn evict_and_reject_conflict() {
+    assert!(Cli::try_parse_from(["up", "--evict", "--reject"]).is_err());
+}
+
+#[test]
+fn bind_is_required() {
+    assert!(flag_err(&[]).starts_with("--bind: required"));
+    assert_eq!(
+        flag_err(&["--bind", "10.0.0.300"]),
+        "--bind: invalid IP address \"10.0.0.300\""
+    );
+    assert_eq!(
+        file_err("bind = \"nope\"", &[]),
+        "config: bind: invalid IP address \"nope\""
+    );
+}
+
+#[test]
+fn cidr_rules() {
+    for bad in [
+        "198.19.0.1/40",
+        "198.19.0.1",
+        "198.19.0.1/",
+        "198.19.0.1/+1",
+        "198.19.0.1/a",
+        "fd00::1/129",
+        "fd00::1/0129",
+        "x/24",
+        "",
+    ] {
+        assert_eq!(
+            flag_err(&["--bind", "10.0.0.1", "--addr", bad]),
+            format!("--addr: invalid CIDR {bad:?}")
+        );
+    }
+    assert_eq!(
+        file_err("bind = \"10.0.0.1\"\naddr = [\"198.19.0.1/40\"]", &[]),
+        "config: addr: invalid CIDR \"198.19.0.1/40\""
+    );
+    let c = ok(
+        "",
+        &[
+            "--bind",
+            "10.0.0.1",
+            "--addr",
+            "0.0.0.0/0",
+            "--addr",
+            "::1/128",
+        ],
+    );
+    assert_eq!(c.addr[0].prefix_len, 0);
+    assert_eq!(c.addr[1].prefix_len, 128);
+}
+
+#[test]
+fn peer_rules() {
+    assert_eq!(
+        flag_err(&["--bind", "10.0.0.1", "--peer", "fd00::2"]),
+        "--peer: fd00::2 is not the same address family as bind address 10.0.0.1"
+    );
+    assert_eq!(
+        flag_err(&["--bind", "10.0.0.1", "--peer", "10.0.0.1"]),
+        "--peer: 10.0.0.1 is the bind address itself"
+    );
+    assert_eq!(
+        file_err("bind = \"10.0.0.1\"\npeer = [\"10.0.0.x\"]", &[]),
+        "config: peer: invalid IP address \"10.0.0.x\""
+    );
+}
+
+#[test]
+fn duration_syntax() {
+    assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+    assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+    assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+    assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+    assert_eq!(parse_duration("60"), Ok(Duration::from_secs(60)));
+    for bad in ["", "s", "-5s", "5 s", "1.5s", "5d", "5S", " 5s"] {
+        assert!(parse_duration(bad).is_err(), "{bad:?}");
+    }
+    assert!(parse_duration("99999999999999999999h")
+        .unwrap_err()
+        .contains("too large"));
+    assert!(parse_duration("9999999999999999h")
+        .unwrap_err()
+        .contains("too large"));
+}
+
+#[test]
+fn duration_rules() {
+    let b = ["--bind", "10.0.0.1"];
+    assert_eq!(
+        file_err("bind = \"10.0.0.1\"\nrx_timeout = \"500ms\"", &[]),
+        "config: rx_timeout: must be at least 1s (got \"500ms\")"
+    );
+    assert_eq!(
+        flag_err(&[&b[..], &["--rx-timeout", "500ms"]].concat()),
+        "--rx-timeout: must be at least 1s (got \"500ms\")"
+    );
+    assert_eq!(
+        flag_err(&[&b[..], &["--rx-timeout", "soon"]].concat()),
+        "--rx-timeout: invalid duration \"soon\" (use e.g. 500ms, 5s, 2m, 1h or plain seconds)"
+    );
+    assert_eq!(
+        ok("", &[&b[..], &["--rx-timeout", "1s"]].concat()).rx_timeout,
+        Duration::from_secs(1)
+    );
+    assert_eq!(
+        flag_err(&[&b[..], &["--drain-timeout", "0"]].concat()),
+        "--drain-timeout: must be positive (got \"0\")"
+    );
+    assert_eq!(
+        ok("", &[&b[..], &["--drain-timeout", "1ms"]].concat()).drain_timeout,
+        Duration::from_millis(1)
+    );
+    assert_eq!(
+        file_err("bind = \"10.0.0.1\"\nneigh_timeout = 0", &[]),
+        "config: neigh_timeout: must be at least 1s (got \"0\")"
+    );
+    assert_eq!(
+        file_err("bind = \"10.0.0.1\"\nneigh_timeout = -3", &[]),
+        "config: neigh_timeout: invalid duration \"-3\" (use e.g. 500ms, 5s, 2m, 1h or plain seconds)"
+    );
+}
+
+#[test]
+fn integer_rules() {
+    let b = ["--bind", "10.0.0.1"];
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "--max-conn-qp",
+            "0",
+            "--max-conn-qp: must be between 1 and 65536 (got 0)",
+        ),
+        (
+            "--max-conn-qp",
+            "65537",
+            "--max-conn-qp: must be between 1 and 65536 (got 65537)",
+        ),
+        (
+            "--max-conn-qp",
+            "lots",
+            "--max-conn-qp: invalid number \"lots\"",
+        ),
+        (
+            "--udp-port",
+            "0",
+            "--udp-port: must be between 1 and 65535 (got 0)",
+        ),
+        (
+            "--udp-port",
+            "65536",
+            "--udp-port: must be between 1 and 65535 (got 65536)",
+        ),
+        (
+            "--tx-queue-len",
+            "0",
+            "--tx-queue-len: must be between 1 and 65536 (got 0)",
+        ),
+        (
+            "--tx-queue-len",
+            "99999999999999999999",
+            "--tx-queue-len: invalid number \"99999999999999999999\"",
+        ),
+        (
+            "--max-conn-qp",
+            "-5",
+            "--max-conn-qp: must be between 1 and 65536 (got -5)",
+        ),
+        (
+            "--fault-seed",
+            "-1",
+            "--fault-seed: must be between 0 and 9223372036854775807 (got -1)",
+        ),
+        (
+            "--path-mtu",
+            "1500",
+            "--path-mtu: must be 256, 512, 1024, 2048 or 4096 (got \"1500\")",
+        ),
+        (
+            "--path-mtu",
+            "big",
+            "--path-mtu: must be 256, 512, 1024, 2048 or 4096 (got \"big\")",
+        ),
+    ];
+    for (flag, v, want) in cases {
+        assert_eq!(&flag_err(&[&b[..], &[flag, v]].concat()), want);
+    }
+    assert_eq!(
+        file_err("bind = \"10.0.0.1\"\nmax_conn_qp = -1", &[]),
+        "config: max_conn_qp: must be between 1 and 65536 (got -1)"
+    );
+    assert_eq!(
+        file_err("bind = \"10.0.0.1\"\nudp_port = 70000", &[]),
+        "config: udp_port: must be between 1 and 65535 (got 70000)"
+    );
+    assert_eq!(
+        file_err("bind = \"10.0.0.1\"\npath_mtu = 1000", &[]),
+        "config: path_mtu: must be 256, 512, 1024, 2048 or 4096 (got 1000)"
+    );
+    for (v, want) in [
+        ("256", PathMtu::Mtu256),
+        ("512", PathMtu::Mtu512),
+        ("1024", PathMtu::Mtu1024),
+    ] {
+        assert_eq!(
+            ok("", &[&b[..], &["--path-mtu", v]].concat()).path_mtu,
+            Some(want)
+        );
+    }
+}
+
+#[test]
+fn percentage_rules() {
+    let b = ["--bind", "10.0.0.1"];
+    for flag in [
+        "--fault-loss",
+        "--fault-reorder",
+        "--fault-dup",
+        "--fault-corrupt",
+    ] {
+        assert_eq!(
+            flag_err(&[&b[..], &[flag, "101"]].concat()),
+            format!("{flag}: must be a percentage between 0 and 100 (got 101)")
+        );
+        assert_eq!(
+            flag_err(&[&b[..], &[flag, "NaN"]].concat()),
+            format!("{flag}: must be a percentage between 0 and 100 (got NaN)")
+        );
+        assert_eq!(
+            flag_err(&[&b[..], &[flag, "half"]].concat()),
+            format!("{flag}: invalid percentage \"half\"")
+        );
+    }
+    assert_eq!(
+        file_err("bind = \"10.0.0.1\"\nfault_dup = -0.5", &[]),
+        "config: fault_dup: must be a percentage between 0 and 100 (got -0.5)"
+    );
+    assert_eq!(
+        file_err("bind = \"10.0.0.1\"\nfault_loss = nan", &[]),
+        "config: fault_loss: must be a percentage between 0 and 100 (got NaN)"
+    );
+}
+
+#[test]
+fn enum_rules() {
+    let b = ["--bind", "10.0.0.1"];
+    assert_eq!(
+        flag_err(&[&b[..], &["--mode", "Connected"]].concat()),
+        "--mode: must be \"connected\" or \"datagram\" (got \"Connected\")"
+    );
+    assert_eq!(
+        file_err("bind = \"10.0.0.1\"\nqp_budget_policy = \"lru\"", &[]),
+        "config: qp_budget_policy: must be \"evict\" or \"reject\" (got \"lru\")"
+    );
+    assert_eq!(
+        flag_err(&[&b[..], &["--quirk", "drain-never", "--quirk", "slow"]].concat()),
+        "--quirk: unknown quirk \"slow\" (known: drain-never, no-last-wqe, dup-last-wqe)"
+    );
+    assert_eq!(
+        file_err("bind = \"10.0.0.1\"\nlog = \"loud\"", &[]),
+        "config: log: invalid log filter \"loud\" (use off, error, warn, info, debug, trace or target=level)"
+    );
+    assert_eq!(
+        ok("", &[&b[..], &["--log", "ipoib_cm=trace,warn"]].concat()).log,
+        "ipoib_cm=trace,warn"
+    );
+    assert!(
+        flag_err(&[&b[..], &["--log", "=debug"]].concat()).starts_with("--log: invalid log filter")
+    );
+}
+
+#[test]
+fn ifname_and_socket_rules() {
+    let b = ["--bind", "10.0.0.1"];
+    assert_eq!(
+        flag_err(&[&b[..], &["--ifname", "a-very-long-ifname"]].concat()),
+        "--ifname: must be at most 15 bytes (got \"a-very-long-ifname\")"
+    );
+    assert_eq!(
+        flag_err(&[&b[..], &["--ifname", ""]].concat()),
+        "--ifname: must not be empty"
+    );
+    for bad in ["ib/0", "..", "ib 0", "ib0:1"] {
+        assert_eq!(
+            flag_err(&[&b[..], &["--ifname", bad]].concat()),
+            format!("--ifname: invalid interface name {bad:?}")
+        );
+    }
+    let long = format!("/{}", "s".repeat(120));
+    assert!(flag_err(&[&b[..], &["--control-socket", &long]].concat())
+        .starts_with("--control-socket: path is longer than 107 bytes"));
+    assert_eq!(
+        file_err("bind = \"10.0.0.1\"\ncontrol_socket = \"\"", &[]),
+        "config: control_socket: must not be empty"
+    );
+}
+
+#[test]
+fn toml_syntax_error_is_one_line_with_line_number() {
+    let e = file_err("bind = \"10.0.0.1\"\n\nmode = \"connected\n", &[]);
+    assert!(e.starts_with("config file /x.toml: line 3: "), "{e}");
+    assert_eq!(
+        file_err("bind = \"10.0.0.1\"\nbind = \"10.0.0.2\"", &[]),
+        "config file /x.toml: line 2: bind: duplicate key"
+    );
+    let e = file_err("bind = = 1", &[]);
+    assert!(e.starts_with("config file /x.toml: line 1: "), "{e}");
+}
+
+#[test]
+fn unknown_key_is_named() {
+    assert_eq!(
+        file_err("bind = \"10.0.0.1\"\n\nrx_timout = \"5s\"\n", &[]),
+        "config file /x.toml: line 3: unknown field \"rx_timout\""
+    );
+    assert_eq!(
+        file_err("[provider]\nloss = 1\n", &[]),
+        "config file /x.toml: line 1: unknown field \"provider\""
+    );
+}
+
+#[test]
+fn wrong_type_names_the_key() {
+    for (text, key) in [
+        ("bind = \"10.0.0.1\"\nsrq = \"no\"", "srq"),
+        ("bind = \"10.0.0.1\"\nmax_conn_qp = \"64\"", "max_conn_qp"),
+        ("bind = \"10.0.0.1\"\naddr = \"198.19.0.1/24\"", "addr"),
+        ("bind = \"10.0.0.1\"\nrx_timeout = true", "rx_timeout"),
+        ("bind = \"10.0.0.1\"\nfault_loss = \"5\"", "fault_loss"),
+        ("bind = 10", "bind"),
+    ] {
+        let e = file_err(text, &[]);
+        let line = text.lines().count();
+        assert!(
+            e.starts_with(&format!("config file /x.toml: line {line}: ")) && e.contains(key),
+            "{text:?}: {e}"
+        );
+    }
+}
+
+#[test]
+fn unreadable_file() {
+    let e = resolve(
+        Some(Path::new("/nonexistent/ipoib.toml")),
+        &flags(&["--bind", "10.0.0.1"]),
+    )
+    .unwrap_err();
+    assert!(matches!(e, ConfigError::Read { .. }));
+    assert_eq!(
+        e.to_string(),
+        "config file /nonexistent/ipoib.toml: No such file or directory"
+    );
+}
+
+#[test]
+fn real_file_round_trip() {
+    let dir = std::env::temp_dir().join(format!("ipoib-cm-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("c.toml");
+    std::fs::write(&path, "bind = \"fd00::1\"\npeer = [\"fd00::2\"]\n").unwrap();
+    let c = resolve(Some(&path), &flags(&["--udp-port", "5000"])).unwrap();
+    assert!(c.bind.is_ipv6());
+    assert_eq!(c.udp_port, 5000);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn link_mtu_to_path_mtu() {
+    assert_eq!(path_mtu_for_link_mtu(0), PathMtu::Mtu256);
+    assert_eq!(path_mtu_for_link_mtu(1500), PathMtu::Mtu1024);
+    assert_eq!(path_mtu_for_link_mtu(2128), PathMtu::Mtu2048);
+    assert_eq!(path_mtu_for_link_mtu(2127), PathMtu::Mtu1024);
+    assert_eq!(path_mtu_for_link_mtu(4176), PathMtu::Mtu4096);
+    assert_eq!(path_mtu_for_link_mtu(65536), PathMtu::Mtu4096);
+}
+
+#[test]
+fn exit_code_is_two() {
+    assert_eq!(ConfigError::EXIT_CODE, 2);
+}
