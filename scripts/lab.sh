@@ -100,7 +100,8 @@ cmd_up() {
     mkdir -p "$STATE"
     chmod 700 "$STATE"
     echo "$n" > "$STATE/nodes"
-    printf '%s\n' "$@" > "$STATE/args"
+    : > "$STATE/args"
+    if [ "$#" -gt 0 ]; then printf "%s\n" "$@" > "$STATE/args"; fi
     ip netns add "$BR"
     ip -n "$BR" link add br0 type bridge
     ip -n "$BR" link set br0 mtu "$MTU" up

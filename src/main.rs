@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use ipoib_cm::daemon::{self, ConfigError, UpArgs};
 use ipoib_cm::soft::FaultConfig;
 use ipoib_cm::tools::rc_pingpong;
 use ipoib_cm::verbs::PathMtu;
@@ -19,6 +20,11 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Create the interface and run the IPoIB-CM daemon in the foreground (until SIGINT or
+    /// SIGTERM).
+    Up(UpArgs),
+    /// Show a running daemon's interface, neighbours, connections and counters.
+    Status(StatusArgs),
     /// Ping-pong over one RC QP on the software RoCEv2 provider, like rdma-core's
     /// ibv_rc_pingpong (and compatible with its TCP QP-info exchange).
     RcPingpong(PingpongArgs),
@@ -57,6 +63,18 @@ impl FaultArgs {
             .map_err(|field| format!("--{field}: must be a percentage between 0 and 100"))?;
         Ok(cfg)
     }
+}
+
+#[derive(Debug, Args)]
+struct StatusArgs {
+    /// Interface name [default: ib0].
+    ifname: Option<String>,
+    /// Print the JSON document instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Control socket of the daemon [default: /run/ipoib-cm/IFNAME.sock].
+    #[arg(long, value_name = "PATH")]
+    control_socket: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -164,13 +182,68 @@ fn rc_pingpong_main(a: &PingpongArgs) -> ExitCode {
     }
 }
 
-fn main() -> ExitCode {
+fn up_main(a: &UpArgs) -> ExitCode {
+    let cfg = match daemon::resolve(a.config.as_deref(), a) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("ipoib-cm up: {e}");
+            return ExitCode::from(ConfigError::EXIT_CODE);
+        }
+    };
+    init_logging(&cfg.log);
+    match daemon::run::up(&cfg) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e @ daemon::run::DaemonError::Setup(_)) => {
+            eprintln!("ipoib-cm up: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("ipoib-cm up: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn status_main(a: &StatusArgs) -> ExitCode {
+    let ifname = a.ifname.as_deref().unwrap_or("ib0");
+    let path = a
+        .control_socket
+        .clone()
+        .unwrap_or_else(|| daemon::default_control_socket(ifname));
+    match daemon::query(&path, Duration::from_secs(5)) {
+        Ok(s) if a.json => {
+            println!("{}", daemon::render_json(&s));
+            ExitCode::SUCCESS
+        }
+        Ok(s) => {
+            print!("{}", daemon::render_text(&s));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("ipoib-cm status: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+}
+
+fn main() -> ExitCode {
     let cli = Cli::parse();
     match &cli.command {
-        Command::RcPingpong(a) => rc_pingpong_main(a),
+        Command::Up(a) => up_main(a),
+        Command::Status(a) => status_main(a),
+        Command::RcPingpong(a) => {
+            init_logging("warn");
+            rc_pingpong_main(a)
+        }
     }
 }

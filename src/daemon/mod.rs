@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod control;
+pub mod run;
 pub mod status;
 
 pub use config::{

@@ -28,7 +28,9 @@ pub fn interface_of(ip: IpAddr) -> Option<String> {
             match i32::from((*ifa.ifa_addr).sa_family) {
                 libc::AF_INET => {
                     let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
-                    Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr))))
+                    Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(
+                        sin.sin_addr.s_addr,
+                    ))))
                 }
                 libc::AF_INET6 => {
                     let sin6 = &*(ifa.ifa_addr as *const libc::sockaddr_in6);

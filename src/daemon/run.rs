@@ -1,0 +1,346 @@
+//! `ipoib-cm up`: the mio event loop that bridges the TUN device and the provider through the
+//! [`Endpoint`].
+//!
+//! One clock read per turn; every source is drained until it would block (each bounded per
+//! turn so none starves the others); the loop sleeps until the earliest deadline of the
+//! provider and the endpoint. SIGINT/SIGTERM start an orderly shutdown: stop accepting, DREQ
+//! everything, drain with the `drain_timeout` bound, destroy what is left, remove the
+//! interface (by closing the TUN device) and return.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use mio::{Events, Interest, Poll, Token};
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook_mio::v1_0::Signals;
+
+use super::config::{Config, Mode as CfgMode, QpBudgetPolicy as CfgPolicy};
+use super::control::ControlServer;
+use super::status::{
+    Counters as StatusCounters, InterfaceStatus, NeighbourState, NeighbourStatus, RxState,
+    RxStatus, Status, TxState, TxStatus,
+};
+use crate::ipoib::{self, Endpoint, EndpointConfig};
+use crate::soft::provider::SoftProvider;
+use crate::soft::{SoftConfig, SoftVerbs};
+use crate::sys::{ifaddr, tun::Tun};
+use crate::verbs::{Provider, Verbs};
+
+const PROVIDER: usize = 0;
+const TUN: Token = Token(100);
+const CONTROL: Token = Token(101);
+const SIGNALS: Token = Token(102);
+
+/// Packets read from the TUN device per turn.
+const TUN_BATCH: usize = 256;
+/// Longest sleep when nothing is scheduled.
+const IDLE_WAKE: Duration = Duration::from_secs(1);
+
+/// Why the daemon could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// Setting something up failed (names what).
+    #[error("{0}")]
+    Setup(String),
+    /// The event loop failed.
+    #[error("event loop: {0}")]
+    Io(#[from] io::Error),
+}
+
+fn setup(what: &str) -> impl Fn(String) -> DaemonError + '_ {
+    move |e| DaemonError::Setup(format!("{what}: {e}"))
+}
+
+/// Maps the daemon configuration onto the endpoint's.
+fn endpoint_config(cfg: &Config, path_mtu: crate::verbs::PathMtu, seed: u64) -> EndpointConfig {
+    let mut e = EndpointConfig::new(cfg.addr.iter().map(|c| (c.addr, c.prefix_len)).collect());
+    e.mode = match cfg.mode {
+        CfgMode::Connected => ipoib::Mode::Connected,
+        CfgMode::Datagram => ipoib::Mode::Datagram,
+    };
+    e.srq = cfg.srq;
+    e.rx_timeout = cfg.rx_timeout;
+    e.drain_timeout = cfg.drain_timeout;
+    e.neigh_timeout = cfg.neigh_timeout;
+    e.max_conn_qp = cfg.max_conn_qp as usize;
+    e.budget_policy = match cfg.qp_budget_policy {
+        CfgPolicy::Evict => ipoib::QpBudgetPolicy::Evict,
+        CfgPolicy::Reject => ipoib::QpBudgetPolicy::Reject,
+    };
+    e.tx_queue_len = cfg.tx_queue_len as usize;
+    e.path_mtu = path_mtu;
+    e.seed = seed;
+    e
+}
+
+/// Entropy for PSNs and CM ids: the clock and the pid (nothing here needs to be secret, only
+/// different across restarts).
+fn seed() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    t ^ (u64::from(std::process::id()) << 32)
+}
+
+/// Runs the daemon until SIGINT or SIGTERM.
+///
+/// # Errors
+/// A set-up step that failed (one line naming it), or a fatal event-loop error.
+pub fn up(cfg: &Config) -> Result<(), DaemonError> {
+    let link_mtu = ifaddr::link_mtu_for(cfg.bind);
+    if link_mtu.is_none() {
+        return Err(DaemonError::Setup(format!(
+            "--bind {}: no local interface has this address",
+            cfg.bind
+        )));
+    }
+    let path_mtu = cfg.effective_path_mtu(link_mtu);
+    let mut soft = SoftConfig::new(cfg.bind);
+    soft.src_port = cfg.udp_port;
+    soft.dst_port = cfg.udp_port;
+    soft.port_mtu = path_mtu;
+    soft.faults = cfg.fault;
+    soft.quirks = cfg.quirks;
+    let mut prov = SoftProvider::bind(soft)
+        .map_err(|e| DaemonError::Setup(format!("--bind {}:{}: {e}", cfg.bind, cfg.udp_port)))?;
+    prov.verbs().set_mcast_peers(cfg.peer.clone());
+
+    let start = Instant::now();
+    let ep_cfg = endpoint_config(cfg, path_mtu, seed());
+    let mtu = ep_cfg.interface_mtu();
+    let mut ep = Endpoint::new(start, prov.verbs(), ep_cfg)
+        .map_err(|e| DaemonError::Setup(format!("provider set-up: {e}")))?;
+
+    let mut tun = Tun::create(&cfg.ifname).map_err(|e| setup("--ifname")(e.to_string()))?;
+    tun.set_mtu(mtu)
+        .map_err(|e| setup("interface MTU")(e.to_string()))?;
+    for c in &cfg.addr {
+        let r = match c.addr {
+            IpAddr::V4(a) => tun.add_ipv4(a, c.prefix_len),
+            IpAddr::V6(a) => tun.add_ipv6(a, c.prefix_len),
+        };
+        r.map_err(|e| DaemonError::Setup(format!("--addr {c}: {e}")))?;
+    }
+    tun.set_up()
+        .map_err(|e| setup("interface up")(e.to_string()))?;
+
+    let mut control = ControlServer::bind(&cfg.control_socket).map_err(|e| {
+        DaemonError::Setup(format!(
+            "--control-socket {}: {e}",
+            cfg.control_socket.display()
+        ))
+    })?;
+    let mut signals = Signals::new([SIGINT, SIGTERM])?;
+
+    let mut poll = Poll::new()?;
+    prov.register(poll.registry(), PROVIDER)?;
+    poll.registry()
+        .register(&mut tun, TUN, Interest::READABLE)?;
+    poll.registry()
+        .register(&mut control, CONTROL, Interest::READABLE)?;
+    poll.registry()
+        .register(&mut signals, SIGNALS, Interest::READABLE)?;
+    tracing::info!(
+        ifname = tun.name(),
+        hwaddr = %ep.hwaddr(),
+        mtu,
+        path_mtu = path_mtu.bytes(),
+        "interface up"
+    );
+
+    let mut events = Events::with_capacity(256);
+    let mut buf = vec![0u8; 65_536];
+    let mut tun_more = false;
+    let mut stop_deadline: Option<Instant> = None;
+    let mut tun_write_drops = 0u64;
+    loop {
+        let now = Instant::now();
+        let next = [prov.poll_timeout(), ep.poll_timeout(), stop_deadline]
+            .into_iter()
+            .flatten()
+            .min();
+        let timeout = if tun_more {
+            Duration::ZERO
+        } else {
+            next.map_or(IDLE_WAKE, |t| t.saturating_duration_since(now))
+                .min(IDLE_WAKE)
+        };
+        match poll.poll(&mut events, Some(timeout)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+        let now = Instant::now();
+        let mut control_ready = false;
+        let mut signalled = false;
+        for ev in events.iter() {
+            match ev.token() {
+                CONTROL => control_ready = true,
+                SIGNALS => signalled = true,
+                _ => {}
+            }
+        }
+        prov.handle_io(now)?;
+        ep.handle_verbs(now, prov.verbs());
+        tun_more = false;
+        for i in 0..TUN_BATCH {
+            match tun.recv(&mut buf)? {
+                Some(n) => ep.handle_tun_packet(now, prov.verbs(), &buf[..n]),
+                None => break,
+            }
+            if i + 1 == TUN_BATCH {
+                tun_more = true;
+            }
+        }
+        ep.handle_timeout(now, prov.verbs());
+        while let Some(p) = ep.poll_tun() {
+            match tun.send(&p) {
+                Ok(true) => {}
+                Ok(false) => tun_write_drops += 1,
+                Err(e) => {
+                    tun_write_drops += 1;
+                    tracing::debug!(error = %e, "TUN write failed");
+                }
+            }
+        }
+        if control_ready {
+            let name = tun.name().to_string();
+            control.accept_and_serve(|| status(&name, &ep, &prov, now, tun_write_drops));
+        }
+        if signalled {
+            for sig in signals.pending() {
+                tracing::info!(signal = sig, "shutting down");
+            }
+            if stop_deadline.is_none() {
+                ep.begin_shutdown(now, prov.verbs());
+                stop_deadline = Some(now + cfg.drain_timeout);
+            }
+        }
+        prov.handle_io(now)?;
+        if let Some(deadline) = stop_deadline {
+            if ep.is_stopped() || now >= deadline {
+                if !ep.is_stopped() {
+                    ep.force_stop(prov.verbs());
+                }
+                // Let the last DREQs and DREPs out.
+                ep.handle_verbs(now, prov.verbs());
+                prov.handle_io(now)?;
+                tracing::info!(counters = ?ep.counters(), "stopped");
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// The status snapshot served on the control socket.
+fn status(
+    name: &str,
+    ep: &Endpoint,
+    prov: &SoftProvider,
+    now: Instant,
+    tun_write_drops: u64,
+) -> Status {
+    let snap = ep.snapshot(now);
+    let engine: &SoftVerbs = prov.engine();
+    let c = snap.counters;
+    let counters = StatusCounters {
+        qp_live: engine.qp_count() as u64,
+        qp_created: c.qp_created,
+        qp_destroyed: c.qp_destroyed,
+        rx_accepted: c.rx_accepted,
+        rx_stale_reaped: c.rx_stale_reaped,
+        rx_dreq_reaped: c.rx_dreq_reaped,
+        rx_evicted: c.rx_evicted,
+        drain_timeouts: c.drain_timeouts,
+        last_wqe_events: c.last_wqe_events,
+        tx_established: c.tx_established,
+        tx_failed: c.tx_failed,
+        tx_queue_drops: c.tx_queue_drops,
+        icmp_too_big_sent: c.icmp_too_big_sent,
+        rx_bad_packets: c.rx_bad_packets,
+    };
+    let s = engine.stats();
+    let mut provider = BTreeMap::new();
+    for (k, v) in [
+        ("rx_datagrams", s.rx_datagrams),
+        ("rx_malformed", s.rx_malformed),
+        ("rx_bad_icrc", s.rx_bad_icrc),
+        ("rx_bad_pkey", s.rx_bad_pkey),
+        ("rx_unknown_qpn", s.rx_unknown_qpn),
+        ("rx_bad_src", s.rx_bad_src),
+        ("rx_bad_qkey", s.rx_bad_qkey),
+        ("rx_bad_state", s.rx_bad_state),
+        ("tx_packets", s.tx_packets),
+        ("tx_retransmits", s.tx_retransmits),
+        ("retransmit_timeouts", s.retransmit_timeouts),
+        ("rx_packets", c.rx_packets),
+        ("tx_ip_packets", c.tx_packets),
+        ("tx_dropped", c.tx_dropped),
+        ("rx_rejected", c.rx_rejected),
+        ("neigh_conflicts", c.neigh_conflicts),
+        ("neigh_failed", c.neigh_failed),
+        ("tun_write_drops", tun_write_drops),
+        ("send_errors", prov.send_errors),
+    ] {
+        provider.insert(k.to_string(), v);
+    }
+    Status {
+        interface: InterfaceStatus {
+            name: name.to_string(),
+            mtu: snap.mtu,
+            mode: match snap.mode {
+                ipoib::Mode::Connected => CfgMode::Connected,
+                ipoib::Mode::Datagram => CfgMode::Datagram,
+            },
+            hwaddr: snap.hwaddr.to_string(),
+        },
+        neighbours: snap
+            .neighbours
+            .iter()
+            .map(|(ip, hw, st)| NeighbourStatus {
+                ip: *ip,
+                hwaddr: hw.map(|h| h.to_string()).unwrap_or_default(),
+                state: match st {
+                    ipoib::NeighState::Incomplete { .. } => NeighbourState::Incomplete,
+                    ipoib::NeighState::Reachable | ipoib::NeighState::Static => {
+                        NeighbourState::Reachable
+                    }
+                },
+            })
+            .collect(),
+        tx: snap
+            .tx
+            .iter()
+            .map(|(peer, qpn, st, mtu, queued)| TxStatus {
+                peer: peer.gid.to_string(),
+                qpn: qpn.get(),
+                state: match st {
+                    ipoib::TxState::Connecting => TxState::Connecting,
+                    ipoib::TxState::Established => TxState::Live,
+                    ipoib::TxState::Closing => TxState::Closing,
+                },
+                mtu: *mtu,
+                queued: *queued as u64,
+            })
+            .collect(),
+        rx: snap
+            .rx
+            .iter()
+            .map(|(peer, qpn, st, idle)| RxStatus {
+                peer: peer.to_string(),
+                qpn: qpn.get(),
+                state: match st {
+                    ipoib::RxState::Live => RxState::Live,
+                    ipoib::RxState::Error => RxState::Error,
+                    ipoib::RxState::Flush => RxState::Flush,
+                    ipoib::RxState::Drained => RxState::Drained,
+                },
+                idle_ms: u64::try_from(idle.as_millis()).unwrap_or(u64::MAX),
+            })
+            .collect(),
+        counters,
+        provider,
+    }
+}
