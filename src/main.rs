@@ -22,7 +22,7 @@ struct Cli {
 enum Command {
     /// Create the interface and run the IPoIB-CM daemon in the foreground (until SIGINT or
     /// SIGTERM).
-    Up(UpArgs),
+    Up(Box<UpArgs>),
     /// Show a running daemon's interface, neighbours, connections and counters.
     Status(StatusArgs),
     /// Ping-pong over one RC QP on the software RoCEv2 provider, like rdma-core's
