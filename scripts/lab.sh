@@ -7,7 +7,8 @@
 #                                          every daemon answers status
 #   scripts/lab.sh down                    stop the daemons (SIGTERM, then SIGKILL), delete all
 #   scripts/lab.sh kill K                  SIGKILL node K's daemon
-#   scripts/lab.sh start K                 start node K's daemon again (same arguments)
+#   scripts/lab.sh start K [-- ARGS]       start node K's daemon again (same arguments, plus
+#                                          ARGS for this start only)
 #   scripts/lab.sh stop K                  SIGTERM node K's daemon and wait for it to exit
 #   scripts/lab.sh status K                print node K's `ipoib-cm status --json`
 #   scripts/lab.sh exec K CMD...           run CMD in node K's namespace
@@ -47,7 +48,9 @@ check_k() {
 }
 
 start_node() {
-    local k=$1 n peers=() args=()
+    local k=$1 n peers=() args=() extra=()
+    shift
+    extra=("$@")
     n=$(nodes)
     for ((j = 1; j <= n; j++)); do
         [ "$j" -ne "$k" ] && peers+=(--peer "198.18.0.$j")
@@ -55,11 +58,23 @@ start_node() {
     if [ -s "$STATE/args" ]; then
         mapfile -t args < "$STATE/args"
     fi
-    ip netns exec "$(ns "$k")" "$(bin)" up \
-        --ifname ib0 --addr "198.19.0.$k/24" --addr "2001:db8:19::$k/64" \
-        --bind "198.18.0.$k" "${peers[@]}" --control-socket "$(sock "$k")" \
-        "${args[@]}" >> "$STATE/node$k.log" 2>&1 &
-    echo $! > "$STATE/node$k.pid"
+    rm -f "$STATE/node$k.pid"
+    # The daemon's pid goes to the pid file; its exit status to the log when it ends.
+    (
+        ip netns exec "$(ns "$k")" "$(bin)" up \
+            --ifname ib0 --addr "198.19.0.$k/24" --addr "2001:db8:19::$k/64" \
+            --bind "198.18.0.$k" "${peers[@]}" --control-socket "$(sock "$k")" \
+            "${args[@]}" "${extra[@]}" >> "$STATE/node$k.log" 2>&1 < /dev/null &
+        echo $! > "$STATE/node$k.pid"
+        wait $!
+        echo "ipoib-cm exited with status $?" >> "$STATE/node$k.log"
+    ) > /dev/null 2>&1 &
+    local i
+    for ((i = 0; i < 100; i++)); do
+        [ -s "$STATE/node$k.pid" ] && return 0
+        sleep 0.02
+    done
+    die "node $k did not start"
 }
 
 wait_ready() {
@@ -133,7 +148,10 @@ case "${1:-}" in
     down) cmd_down ;;
     kill) check_k "${2:-}"; kill -KILL "$(cat "$STATE/node$2.pid")" 2>/dev/null || true ;;
     stop) check_k "${2:-}"; stop_node "$2" ;;
-    start) check_k "${2:-}"; start_node "$2"; wait_ready "$2" ;;
+    start)
+        check_k "${2:-}"; k=$2; shift 2
+        if [ "${1:-}" = "--" ]; then shift; fi
+        start_node "$k" "$@"; wait_ready "$k" ;;
     status) check_k "${2:-}"; "$(bin)" status --control-socket "$(sock "$2")" --json ;;
     exec) check_k "${2:-}"; k=$2; shift 2; exec ip netns exec "$(ns "$k")" "$@" ;;
     *) die "usage: lab.sh up N [-- ARGS] | down | kill K | stop K | start K | status K | exec K CMD..." ;;

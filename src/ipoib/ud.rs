@@ -493,8 +493,9 @@ impl Endpoint {
         let built = match (info.src, info.dst) {
             (IpAddr::V4(src), IpAddr::V4(dst)) => {
                 let quote = packet.get(..packet.len().min(548)).unwrap_or(packet);
-                let from = self.our_v4_for(src).unwrap_or(dst);
-                PacketBuilder::ipv4(from.octets(), src.octets(), 64)
+                // From the destination, as a router on the way would: the kernel drops
+                // packets arriving with one of its own addresses as the source.
+                PacketBuilder::ipv4(dst.octets(), src.octets(), 64)
                     .icmpv4(Icmpv4Type::DestinationUnreachable(
                         DestUnreachableHeader::FragmentationNeeded {
                             next_hop_mtu: u16::try_from(mtu).unwrap_or(u16::MAX),
@@ -505,8 +506,7 @@ impl Endpoint {
             }
             (IpAddr::V6(src), IpAddr::V6(dst)) => {
                 let quote = packet.get(..packet.len().min(1232)).unwrap_or(packet);
-                let from = self.our_v6_for(src).unwrap_or(dst);
-                PacketBuilder::ipv6(from.octets(), src.octets(), 64)
+                PacketBuilder::ipv6(dst.octets(), src.octets(), 64)
                     .icmpv6(Icmpv6Type::PacketTooBig { mtu })
                     .write(&mut out, quote)
                     .is_ok()

@@ -1,0 +1,365 @@
+//! End-to-end tests of `ipoib-cm up` in labs of network namespaces built by `scripts/lab.sh`:
+//! real TUN interfaces, real UDP underlay, real `ping` and `iperf3`.
+//!
+//! Each test builds its own lab (its own namespace prefix and state directory) and tears it
+//! down, also on failure; without root they print `skipped: ...` and pass. Every wait is
+//! bounded.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ipoib-cm");
+
+/// A lab made by `scripts/lab.sh`.
+struct Lab {
+    prefix: String,
+    state: PathBuf,
+}
+
+fn script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/lab.sh")
+}
+
+fn can_run() -> Result<(), String> {
+    let uid = Command::new("id")
+        .arg("-u")
+        .output()
+        .map_err(|e| e.to_string())?;
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        return Err("needs root to create network namespaces".into());
+    }
+    if !std::path::Path::new("/dev/net/tun").exists() {
+        return Err("no /dev/net/tun".into());
+    }
+    Ok(())
+}
+
+impl Lab {
+    fn up(prefix: &str, n: usize, args: &[&str]) -> Option<Self> {
+        if let Err(why) = can_run() {
+            println!("skipped: {why}");
+            return None;
+        }
+        let lab = Self {
+            prefix: prefix.to_string(),
+            state: std::env::temp_dir().join(format!("ipoib-cm-{prefix}-{}", std::process::id())),
+        };
+        // A lab left behind by a crashed run of this test.
+        let _ = lab.sh(&["down"]);
+        let mut a = vec!["up".to_string(), n.to_string(), "--".to_string()];
+        a.extend(args.iter().map(|s| (*s).to_string()));
+        let refs: Vec<&str> = a.iter().map(String::as_str).collect();
+        let out = lab.sh(&refs);
+        assert!(
+            out.status.success(),
+            "lab up failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Some(lab)
+    }
+
+    fn sh(&self, args: &[&str]) -> Output {
+        let mut c = Command::new("bash");
+        c.arg(script())
+            .args(args)
+            .env("LAB_PREFIX", &self.prefix)
+            .env("LAB_STATE", &self.state)
+            .env("IPOIB_CM_BIN", BIN);
+        run_within(c, Duration::from_secs(60))
+    }
+
+    fn exec(&self, k: usize, cmd: &[&str], limit: Duration) -> Output {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &format!("{}{k}", self.prefix)])
+            .args(cmd);
+        run_within(c, limit)
+    }
+
+    fn ping(&self, from: usize, to: &str, extra: &[&str]) -> Output {
+        let mut args = vec!["ping", "-n", "-c", "2", "-i", "0.2", "-W", "3"];
+        args.extend_from_slice(extra);
+        args.push(to);
+        self.exec(from, &args, Duration::from_secs(20))
+    }
+
+    fn ping_ok(&self, from: usize, to: &str, extra: &[&str]) {
+        let out = self.ping(from, to, extra);
+        assert!(
+            out.status.success(),
+            "ping {to} {extra:?} from node {from}: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            self.log(from)
+        );
+    }
+
+    fn status(&self, k: usize) -> serde_json::Value {
+        let out = self.sh(&["status", &k.to_string()]);
+        assert!(
+            out.status.success(),
+            "status {k}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("status JSON")
+    }
+
+    fn counter(&self, k: usize, name: &str) -> u64 {
+        self.status(k)["counters"][name].as_u64().expect("counter")
+    }
+
+    fn log(&self, k: usize) -> String {
+        std::fs::read_to_string(self.state.join(format!("node{k}.log"))).unwrap_or_default()
+    }
+
+    /// Polls `cond` every 100 ms until it holds or `limit` passes; returns whether it held.
+    fn wait_for(&self, limit: Duration, mut cond: impl FnMut(&Self) -> bool) -> bool {
+        let end = Instant::now() + limit;
+        while Instant::now() < end {
+            if cond(self) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        cond(self)
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ = self.sh(&["down"]);
+    }
+}
+
+fn run_within(mut c: Command, limit: Duration) -> Output {
+    c.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().expect("spawn");
+    let end = Instant::now() + limit;
+    loop {
+        if let Ok(Some(_)) = child.try_wait() {
+            return child.wait_with_output().expect("output");
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            return child.wait_with_output().expect("output");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn ping_and_iperf3_both_ways() {
+    let Some(lab) = Lab::up("e2ep", 2, &[]) else {
+        return;
+    };
+    lab.ping_ok(1, "198.19.0.2", &[]);
+    lab.ping_ok(2, "198.19.0.1", &[]);
+    lab.ping_ok(1, "2001:db8:19::2", &["-6"]);
+    lab.ping_ok(2, "2001:db8:19::1", &["-6"]);
+    lab.ping_ok(1, "198.19.0.2", &["-s", "65000"]);
+    lab.ping_ok(2, "2001:db8:19::1", &["-6", "-s", "65000"]);
+    let server = Command::new("ip")
+        .args(["netns", "exec", "e2ep2", "iperf3", "-s", "-1"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    if let Ok(mut server) = server {
+        std::thread::sleep(Duration::from_millis(500));
+        let out = lab.exec(
+            1,
+            &["iperf3", "-c", "198.19.0.2", "-t", "2", "-J"],
+            Duration::from_secs(30),
+        );
+        let _ = server.kill();
+        let _ = server.wait();
+        assert!(
+            out.status.success(),
+            "iperf3: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("iperf3 JSON");
+        let bps = j["end"]["sum_received"]["bits_per_second"]
+            .as_f64()
+            .unwrap_or(0.0);
+        println!("iperf3 TCP through the tunnel: {:.2} Gbit/s", bps / 1e9);
+        assert!(bps > 1e6, "iperf3 moved almost nothing: {bps}");
+    } else {
+        println!("skipped (partly): iperf3 not installed");
+    }
+    let s = lab.status(1);
+    assert_eq!(s["interface"]["mtu"], 65520);
+    assert_eq!(s["interface"]["mode"], "connected");
+    assert!(s["counters"]["tx_established"].as_u64() >= Some(1));
+    assert!(s["counters"]["rx_accepted"].as_u64() >= Some(1));
+}
+
+#[test]
+fn packet_too_big_for_a_datagram_peer_reaches_ping() {
+    let Some(lab) = Lab::up("e2eb", 2, &[]) else {
+        return;
+    };
+    let out = lab.sh(&["stop", "2"]);
+    assert!(out.status.success());
+    let out = lab.sh(&["start", "2", "--", "--mode", "datagram"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Node 2 advertises no connected-mode flag, so node 1 sends over UD (UD MTU 4092).
+    lab.ping_ok(1, "198.19.0.2", &["-s", "1000"]);
+    let out = lab.ping(1, "198.19.0.2", &["-M", "do", "-s", "6000"]);
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a 6000-byte DF ping crossed a 4092 MTU: {text}"
+    );
+    assert!(
+        text.contains("mtu = 4092") || text.contains("mtu=4092"),
+        "ping did not learn the MTU: {text}"
+    );
+    assert!(lab.counter(1, "icmp_too_big_sent") >= 1);
+}
+
+/// SIGKILL node 2 after it connected to node 1: node 1 reaps the RX QP and returns to its
+/// baseline QP count; a restarted node 2 connects again.
+fn kill_reap_restart(prefix: &str, extra: &[&str]) -> Lab {
+    let mut args = vec![
+        "--rx-timeout",
+        "2s",
+        "--neigh-timeout",
+        "3s",
+        "--drain-timeout",
+        "1s",
+    ];
+    args.extend_from_slice(extra);
+    let lab = Lab::up(prefix, 2, &args).expect("lab");
+    let baseline = lab.counter(1, "qp_live");
+    lab.ping_ok(2, "198.19.0.1", &[]);
+    assert_eq!(lab.status(1)["rx"].as_array().map(Vec::len), Some(1));
+    assert!(lab.sh(&["kill", "2"]).status.success());
+    let t0 = Instant::now();
+    let reaped = lab.wait_for(Duration::from_secs(15), |l| {
+        let s = l.status(1);
+        s["rx"].as_array().is_some_and(Vec::is_empty)
+            && s["counters"]["qp_live"].as_u64() == Some(baseline)
+    });
+    let s = lab.status(1);
+    assert!(reaped, "not reaped: {s}");
+    println!(
+        "{prefix}: RX QP reaped and qp_live back to {baseline} {:.1} s after SIGKILL (rx_timeout 2 s)",
+        t0.elapsed().as_secs_f64()
+    );
+    assert_eq!(s["counters"]["rx_stale_reaped"], 1);
+    let out = lab.sh(&["start", "2"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    lab.ping_ok(2, "198.19.0.1", &[]);
+    lab.ping_ok(1, "198.19.0.2", &[]);
+    lab
+}
+
+#[test]
+fn sigkilled_peer_is_reaped_then_reconnects_srq() {
+    if can_run().is_err() {
+        println!("skipped: needs root");
+        return;
+    }
+    let lab = kill_reap_restart("e2es", &[]);
+    assert!(lab.counter(1, "last_wqe_events") >= 1);
+    assert_eq!(lab.counter(1, "drain_timeouts"), 0);
+}
+
+#[test]
+fn sigkilled_peer_is_reaped_then_reconnects_without_srq() {
+    if can_run().is_err() {
+        println!("skipped: needs root");
+        return;
+    }
+    let lab = kill_reap_restart("e2en", &["--no-srq"]);
+    assert_eq!(lab.counter(1, "last_wqe_events"), 0);
+    assert_eq!(lab.counter(1, "drain_timeouts"), 0);
+}
+
+#[test]
+fn provider_quirks_never_leak_a_qp() {
+    if can_run().is_err() {
+        println!("skipped: needs root");
+        return;
+    }
+    for (quirk, prefix) in [
+        ("drain-never", "e2eq1"),
+        ("no-last-wqe", "e2eq2"),
+        ("dup-last-wqe", "e2eq3"),
+    ] {
+        let lab = kill_reap_restart(prefix, &["--quirk", quirk]);
+        let timeouts = lab.counter(1, "drain_timeouts");
+        let last_wqe = lab.counter(1, "last_wqe_events");
+        println!("quirk {quirk}: drain_timeouts {timeouts}, last_wqe_events {last_wqe}");
+        match quirk {
+            "drain-never" | "no-last-wqe" => assert!(timeouts >= 1, "{quirk}"),
+            _ => {
+                assert_eq!(timeouts, 0);
+                assert!(last_wqe >= 2, "{quirk}: duplicated event counted");
+            }
+        }
+    }
+}
+
+#[test]
+fn qp_budget_of_two_keeps_four_nodes_reachable() {
+    let Some(lab) = Lab::up("e2ec", 4, &["--max-conn-qp", "2"]) else {
+        return;
+    };
+    for round in 0..2 {
+        for k in 2..=4 {
+            let out = lab.ping(k, "198.19.0.1", &[]);
+            assert!(
+                out.status.success(),
+                "round {round}: node {k} cannot reach node 1: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+    }
+    let s = lab.status(1);
+    assert!(s["counters"]["rx_evicted"].as_u64() >= Some(1), "{s}");
+    assert!(s["rx"].as_array().map_or(0, Vec::len) <= 3, "{s}");
+}
+
+#[test]
+fn sigterm_exits_cleanly_and_removes_the_interface() {
+    let Some(lab) = Lab::up("e2et", 2, &[]) else {
+        return;
+    };
+    lab.ping_ok(1, "198.19.0.2", &[]);
+    assert!(lab.sh(&["stop", "2"]).status.success());
+    let gone = lab.wait_for(Duration::from_secs(5), |l| {
+        l.log(2).contains("ipoib-cm exited with status 0")
+    });
+    assert!(gone, "daemon log:\n{}", lab.log(2));
+    let link = lab.exec(2, &["ip", "link", "show", "ib0"], Duration::from_secs(5));
+    assert!(!link.status.success(), "ib0 still exists");
+    // Node 1 saw the DREQ for its RX connection.
+    let reaped = lab.wait_for(Duration::from_secs(5), |l| {
+        l.counter(1, "rx_dreq_reaped") >= 1
+    });
+    assert!(reaped, "{}", lab.status(1));
+}
+
+#[test]
+fn bad_config_is_one_line_and_exit_2() {
+    let out = Command::new(BIN)
+        .args(["up", "--bind", "198.18.0.1", "--rx-timeout", "500ms"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("rx-timeout"), "{err}");
+}
