@@ -582,3 +582,29 @@ fn link_mtu_to_path_mtu() {
 fn exit_code_is_two() {
     assert_eq!(ConfigError::EXIT_CODE, 2);
 }
+
+#[test]
+fn static_neighbours_parse_and_name_the_field() {
+    let hw = "80:00:00:11:00:00:00:00:00:00:00:00:00:00:ff:ff:c6:12:00:02";
+    let c = ok(
+        "",
+        &[
+            "--bind",
+            "198.18.0.1",
+            "--neigh",
+            &format!("198.19.0.2={hw}"),
+        ],
+    );
+    assert_eq!(c.neigh.len(), 1);
+    assert_eq!(c.neigh[0].0, "198.19.0.2".parse::<IpAddr>().unwrap());
+    assert_eq!(c.neigh[0].1.to_string(), hw);
+    let from_file = ok(
+        &format!("bind = \"198.18.0.1\"\nneigh = [\"2001:db8:19::2={hw}\"]\n"),
+        &[],
+    );
+    assert_eq!(from_file.neigh.len(), 1);
+    let e = flag_err(&["--bind", "198.18.0.1", "--neigh", "198.19.0.2"]);
+    assert!(e.contains("--neigh"), "{e}");
+    let e = file_err("bind = \"198.18.0.1\"\nneigh = [\"x=1:2\"]\n", &[]);
+    assert!(e.contains("neigh"), "{e}");
+}

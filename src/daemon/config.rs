@@ -298,6 +298,8 @@ pub struct Config {
     /// Underlay addresses of the other nodes (`--peer`, repeatable); the broadcast group is
     /// fanned out to them on the software provider. Same family as `bind`.
     pub peer: Vec<IpAddr>,
+    /// Static neighbours (`--neigh IP=HWADDR`, repeatable): never resolved, never aged.
+    pub neigh: Vec<(IpAddr, crate::wire::ipoib::HwAddr)>,
     /// RoCEv2 UDP port (`--udp-port`, default 4791).
     pub udp_port: u16,
     /// IPoIB mode (`--mode`, default connected).
@@ -362,6 +364,10 @@ pub struct UpArgs {
     /// Underlay address of another node (repeatable); broadcast is fanned out to them.
     #[arg(long, value_name = "ADDR")]
     pub peer: Vec<String>,
+    /// Static neighbour, IP=HWADDR with the 20-byte hardware address in `ip link` form
+    /// (repeatable).
+    #[arg(long, value_name = "IP=HWADDR")]
+    pub neigh: Vec<String>,
     /// RoCEv2 UDP port [default: 4791].
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub udp_port: Option<String>,
@@ -461,6 +467,8 @@ pub struct ConfigFile {
     pub bind: Option<String>,
     /// See [`Config::peer`].
     pub peer: Option<Vec<String>>,
+    /// See [`Config::neigh`].
+    pub neigh: Option<Vec<String>>,
     /// See [`Config::udp_port`].
     pub udp_port: Option<i64>,
     /// See [`Config::mode`].
@@ -807,6 +815,19 @@ pub fn resolve_parsed(file: &ConfigFile, flags: &UpArgs) -> Result<Config, Confi
         peer.push(ip);
     }
 
+    let (origin, list) = pick_list(&flags.neigh, file.neigh.as_deref());
+    let mut neigh = Vec::with_capacity(list.len());
+    for s in list {
+        let bad = || origin.err("neigh", format!("expected IP=HWADDR, got {s:?}"));
+        let (ip, hw) = s.split_once('=').ok_or_else(bad)?;
+        let ip = ip.trim().parse::<IpAddr>().map_err(|_| bad())?;
+        let hw = hw
+            .trim()
+            .parse::<crate::wire::ipoib::HwAddr>()
+            .map_err(|_| bad())?;
+        neigh.push((ip, hw));
+    }
+
     let udp_port = pick_int(
         "udp_port",
         flags.udp_port.as_deref(),
@@ -974,6 +995,7 @@ pub fn resolve_parsed(file: &ConfigFile, flags: &UpArgs) -> Result<Config, Confi
         addr,
         bind,
         peer,
+        neigh,
         udp_port,
         mode,
         srq,

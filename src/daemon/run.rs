@@ -70,6 +70,7 @@ fn endpoint_config(cfg: &Config, path_mtu: crate::verbs::PathMtu, seed: u64) -> 
         CfgPolicy::Reject => ipoib::QpBudgetPolicy::Reject,
     };
     e.tx_queue_len = cfg.tx_queue_len as usize;
+    e.static_neighbours = cfg.neigh.clone();
     e.path_mtu = path_mtu;
     e.seed = seed;
     e
