@@ -1,152 +1,42 @@
 //! Tests of the endpoint: several nodes on the simulated fabric, a virtual clock, IP packets
 //! injected as if read from the TUN device.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use etherparse::PacketBuilder;
-
 use super::*;
-use crate::sim::Fabric;
+use crate::sim::cluster::{node_v4 as v4, ping4, ping6, Cluster, BASELINE_QPS};
 use crate::soft::{Quirks, SoftConfig};
 
-/// Nodes on the fabric, each with an endpoint, and what their TUN devices received.
-struct Net {
-    f: Fabric,
-    eps: Vec<Option<Endpoint>>,
-    tun: Vec<Vec<Vec<u8>>>,
+/// The endpoint tests' cluster: [`Cluster`] with a panic on set-up errors.
+struct Net(Cluster);
+
+impl std::ops::Deref for Net {
+    type Target = Cluster;
+    fn deref(&self) -> &Cluster {
+        &self.0
+    }
 }
 
-fn v4(i: usize) -> Ipv4Addr {
-    Ipv4Addr::new(198, 19, 0, u8::try_from(i + 1).unwrap())
-}
-
-fn v6(i: usize) -> Ipv6Addr {
-    Ipv6Addr::new(
-        0x2001,
-        0xdb8,
-        0x19,
-        0,
-        0,
-        0,
-        0,
-        u16::try_from(i + 1).unwrap(),
-    )
+impl std::ops::DerefMut for Net {
+    fn deref_mut(&mut self) -> &mut Cluster {
+        &mut self.0
+    }
 }
 
 impl Net {
     fn new(
         n: usize,
-        mut soft: impl FnMut(usize, &mut SoftConfig),
-        mut cfg: impl FnMut(usize, &mut EndpointConfig),
+        soft: impl FnMut(usize, &mut SoftConfig),
+        cfg: impl FnMut(usize, &mut EndpointConfig),
     ) -> Self {
-        let t0 = Instant::now();
-        let mut f = Fabric::with_nodes(n, t0, |i, c| soft(i, c));
-        let peers: Vec<IpAddr> = f.nodes.iter().map(|n| n.config().local_ip).collect();
-        let mut eps = Vec::new();
-        for (i, node) in f.nodes.iter_mut().enumerate() {
-            node.set_mcast_peers(peers.clone());
-            let mut c = EndpointConfig::new(vec![(IpAddr::V4(v4(i)), 24), (IpAddr::V6(v6(i)), 64)]);
-            c.seed = i as u64 + 1;
-            c.rx_timeout = Duration::from_secs(2);
-            c.drain_timeout = Duration::from_secs(1);
-            cfg(i, &mut c);
-            eps.push(Some(Endpoint::new(t0, node, c).expect("endpoint")));
-        }
-        Self {
-            f,
-            eps,
-            tun: vec![Vec::new(); n],
-        }
-    }
-
-    fn now(&self) -> Instant {
-        self.f.now()
+        Self(Cluster::new(n, Instant::now(), soft, cfg).expect("cluster"))
     }
 
     fn ep(&mut self, i: usize) -> &mut Endpoint {
-        self.eps[i].as_mut().expect("node is up")
-    }
-
-    /// Lets every endpoint handle verbs and timers and collects TUN output.
-    fn service(&mut self) {
-        let now = self.f.now();
-        for i in 0..self.eps.len() {
-            if let Some(ep) = self.eps[i].as_mut() {
-                ep.handle_verbs(now, &mut self.f.nodes[i]);
-                ep.handle_timeout(now, &mut self.f.nodes[i]);
-                while let Some(p) = ep.poll_tun() {
-                    self.tun[i].push(p);
-                }
-            }
-        }
-    }
-
-    /// Runs for `d` of virtual time.
-    fn run(&mut self, d: Duration) {
-        let end = self.f.now() + d;
-        for _ in 0..2_000_000 {
-            self.service();
-            self.f.transmit();
-            let mut next = self.f.next_event();
-            for ep in self.eps.iter().flatten() {
-                next = match (next, ep.poll_timeout()) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
-            }
-            let now = self.f.now();
-            let target = next.unwrap_or(end).max(now).min(end);
-            if target >= end && now >= end {
-                break;
-            }
-            // Always advance a little so a lower-bound timer cannot spin.
-            let step = target
-                .saturating_duration_since(now)
-                .max(Duration::from_micros(1));
-            self.f.advance(step);
-        }
-        self.service();
-    }
-
-    /// Writes `packet` into node `i`'s TUN device.
-    fn inject(&mut self, i: usize, packet: &[u8]) {
-        let now = self.f.now();
-        let ep = self.eps[i].as_mut().expect("node is up");
-        ep.handle_tun_packet(now, &mut self.f.nodes[i], packet);
-    }
-
-    fn qp_live(&self, i: usize) -> usize {
-        self.f.nodes[i].qp_count()
-    }
-
-    /// Node `i` vanishes: no more traffic from it and its endpoint is gone (as after SIGKILL).
-    fn kill(&mut self, i: usize) {
-        self.f.partitioned[i] = true;
-        self.eps[i] = None;
+        self.0.ep(i).expect("node is up")
     }
 }
-
-fn ping4(from: usize, to: usize, payload: usize) -> Vec<u8> {
-    let mut out = Vec::new();
-    PacketBuilder::ipv4(v4(from).octets(), v4(to).octets(), 64)
-        .icmpv4_echo_request(7, 1)
-        .write(&mut out, &vec![0xA5; payload])
-        .unwrap();
-    out
-}
-
-fn ping6(from: usize, to: usize, payload: usize) -> Vec<u8> {
-    let mut out = Vec::new();
-    PacketBuilder::ipv6(v6(from).octets(), v6(to).octets(), 64)
-        .icmpv6_echo_request(7, 1)
-        .write(&mut out, &vec![0x5A; payload])
-        .unwrap();
-    out
-}
-
-/// Both UD QP and QP1.
-const BASELINE_QPS: usize = 2;
 
 #[test]
 fn ipv4_packets_cross_an_rc_connection() {
@@ -317,7 +207,8 @@ fn dreq_from_a_closing_peer_reaps_the_rx_qp() {
     n.run(Duration::from_millis(100));
     let now = n.now();
     {
-        let (ep, node) = (n.eps[1].as_mut().unwrap(), &mut n.f.nodes[1]);
+        let c = &mut n.0;
+        let (ep, node) = (c.eps[1].as_mut().unwrap(), &mut c.f.nodes[1]);
         ep.begin_shutdown(now, node);
     }
     n.run(Duration::from_millis(200));
@@ -371,16 +262,7 @@ fn restarted_peer_reconnects() {
     // Node 1 vanishes and comes back with a new endpoint (new UD QPN).
     n.kill(1);
     n.run(Duration::from_secs(3));
-    n.f.partitioned[1] = false;
-    let now = n.now();
-    let mut c = EndpointConfig::new(vec![(IpAddr::V4(v4(1)), 24)]);
-    c.seed = 99;
-    c.rx_timeout = Duration::from_secs(2);
-    c.drain_timeout = Duration::from_secs(1);
-    n.f.nodes[1] = crate::soft::SoftVerbs::new(*n.f.nodes[1].config());
-    let peers: Vec<IpAddr> = n.f.nodes.iter().map(|x| x.config().local_ip).collect();
-    n.f.nodes[1].set_mcast_peers(peers);
-    n.eps[1] = Some(Endpoint::new(now, &mut n.f.nodes[1], c).unwrap());
+    n.restart(1).unwrap();
     n.tun[1].clear();
     // The old connection fails (retries run out against the new node), the neighbour is
     // forgotten, and a later packet resolves and connects again.

@@ -214,3 +214,5 @@ impl ConformancePair<SoftVerbs> for Fabric {
         self.run_idle(SETTLE_STEPS, SETTLE_TIME);
     }
 }
+
+pub mod cluster;

@@ -1,0 +1,212 @@
+//! A cluster of IPoIB-CM endpoints on the simulated fabric: what the endpoint tests, the soak
+//! and the fuzz targets drive.
+//!
+//! Node `i` has underlay address 198.18.0.(i+1), interface addresses 198.19.0.(i+1)/24 and
+//! 2001:db8:19::(i+1)/64. Packets "written to a TUN device" are collected per node. Nodes can
+//! be killed (their packets stop and their endpoint vanishes, as after SIGKILL) and restarted
+//! with a fresh provider and endpoint.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::time::{Duration, Instant};
+
+use etherparse::PacketBuilder;
+
+use super::Fabric;
+use crate::ipoib::{Endpoint, EndpointConfig};
+use crate::soft::{SoftConfig, SoftVerbs};
+use crate::verbs::{Verbs, VerbsError};
+
+/// QPs an endpoint owns once set up: the UD QP and QP1.
+pub const BASELINE_QPS: usize = 2;
+
+/// Interface IPv4 address of node `i`.
+pub fn node_v4(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(198, 19, 0, u8::try_from(i + 1).unwrap_or(u8::MAX))
+}
+
+/// Interface IPv6 address of node `i`.
+pub fn node_v6(i: usize) -> Ipv6Addr {
+    Ipv6Addr::new(
+        0x2001,
+        0xdb8,
+        0x19,
+        0,
+        0,
+        0,
+        0,
+        u16::try_from(i + 1).unwrap_or(u16::MAX),
+    )
+}
+
+/// An ICMPv4 echo request from node `from` to node `to` with `payload` bytes.
+pub fn ping4(from: usize, to: usize, payload: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    let _ = PacketBuilder::ipv4(node_v4(from).octets(), node_v4(to).octets(), 64)
+        .icmpv4_echo_request(7, 1)
+        .write(&mut out, &vec![0xA5; payload]);
+    out
+}
+
+/// An ICMPv6 echo request from node `from` to node `to` with `payload` bytes.
+pub fn ping6(from: usize, to: usize, payload: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    let _ = PacketBuilder::ipv6(node_v6(from).octets(), node_v6(to).octets(), 64)
+        .icmpv6_echo_request(7, 1)
+        .write(&mut out, &vec![0x5A; payload]);
+    out
+}
+
+/// Nodes on the fabric, each with an endpoint (or none while killed).
+#[derive(Debug)]
+pub struct Cluster {
+    /// The fabric and its providers.
+    pub f: Fabric,
+    /// Endpoints; `None` while a node is down.
+    pub eps: Vec<Option<Endpoint>>,
+    /// Packets each node's TUN device received.
+    pub tun: Vec<Vec<Vec<u8>>>,
+    configs: Vec<EndpointConfig>,
+    soft: Vec<SoftConfig>,
+    restarts: u64,
+}
+
+impl Cluster {
+    /// `n` nodes; `soft` and `cfg` adjust each node's provider and endpoint configuration
+    /// (defaults: rx_timeout 2 s, drain_timeout 1 s).
+    ///
+    /// # Errors
+    /// An endpoint set-up error.
+    pub fn new(
+        n: usize,
+        start: Instant,
+        mut soft: impl FnMut(usize, &mut SoftConfig),
+        mut cfg: impl FnMut(usize, &mut EndpointConfig),
+    ) -> Result<Self, VerbsError> {
+        let f = Fabric::with_nodes(n, start, |i, c| soft(i, c));
+        let softs: Vec<SoftConfig> = f.nodes.iter().map(|x| *x.config()).collect();
+        let mut configs = Vec::with_capacity(n);
+        for i in 0..n {
+            let mut c = EndpointConfig::new(vec![
+                (IpAddr::V4(node_v4(i)), 24),
+                (IpAddr::V6(node_v6(i)), 64),
+            ]);
+            c.seed = i as u64 + 1;
+            c.rx_timeout = Duration::from_secs(2);
+            c.drain_timeout = Duration::from_secs(1);
+            cfg(i, &mut c);
+            configs.push(c);
+        }
+        let mut me = Self {
+            f,
+            eps: (0..n).map(|_| None).collect(),
+            tun: vec![Vec::new(); n],
+            configs,
+            soft: softs,
+            restarts: 0,
+        };
+        for i in 0..n {
+            me.start_node(i)?;
+        }
+        Ok(me)
+    }
+
+    fn peers(&self) -> Vec<IpAddr> {
+        self.soft.iter().map(|c| c.local_ip).collect()
+    }
+
+    fn start_node(&mut self, i: usize) -> Result<(), VerbsError> {
+        let now = self.f.now();
+        let peers = self.peers();
+        self.f.nodes[i].set_mcast_peers(peers);
+        let mut c = self.configs[i].clone();
+        c.seed = c.seed.wrapping_add(self.restarts.wrapping_mul(0x9E37_79B9));
+        self.eps[i] = Some(Endpoint::new(now, &mut self.f.nodes[i], c)?);
+        Ok(())
+    }
+
+    /// The virtual time.
+    pub fn now(&self) -> Instant {
+        self.f.now()
+    }
+
+    /// Node `i`'s endpoint, if it is up.
+    pub fn ep(&mut self, i: usize) -> Option<&mut Endpoint> {
+        self.eps.get_mut(i).and_then(Option::as_mut)
+    }
+
+    /// QPs that exist on node `i`'s provider.
+    pub fn qp_live(&self, i: usize) -> usize {
+        self.f.nodes[i].qp_count()
+    }
+
+    /// Lets every endpoint handle verbs and timers and collects TUN output.
+    pub fn service(&mut self) {
+        let now = self.f.now();
+        for i in 0..self.eps.len() {
+            if let Some(ep) = self.eps[i].as_mut() {
+                ep.handle_verbs(now, &mut self.f.nodes[i]);
+                ep.handle_timeout(now, &mut self.f.nodes[i]);
+                while let Some(p) = ep.poll_tun() {
+                    self.tun[i].push(p);
+                }
+            }
+        }
+    }
+
+    /// Runs for `d` of virtual time.
+    pub fn run(&mut self, d: Duration) {
+        let end = self.f.now() + d;
+        for _ in 0..2_000_000 {
+            self.service();
+            self.f.transmit();
+            let mut next = self.f.next_event();
+            for ep in self.eps.iter().flatten() {
+                next = match (next, ep.poll_timeout()) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+            let now = self.f.now();
+            let target = next.unwrap_or(end).max(now).min(end);
+            if target >= end && now >= end {
+                break;
+            }
+            // Always advance a little, so a timer's lower-bound wake-up cannot spin.
+            let step = target
+                .saturating_duration_since(now)
+                .max(Duration::from_micros(1));
+            self.f.advance(step);
+        }
+        self.service();
+    }
+
+    /// Writes `packet` into node `i`'s TUN device (ignored while the node is down).
+    pub fn inject(&mut self, i: usize, packet: &[u8]) {
+        let now = self.f.now();
+        if let Some(ep) = self.eps[i].as_mut() {
+            ep.handle_tun_packet(now, &mut self.f.nodes[i], packet);
+        }
+    }
+
+    /// Node `i` vanishes: its packets stop and its endpoint is gone (as after SIGKILL).
+    pub fn kill(&mut self, i: usize) {
+        self.f.partitioned[i] = true;
+        self.eps[i] = None;
+    }
+
+    /// Node `i` comes back with a fresh provider and endpoint (as after a restart).
+    ///
+    /// # Errors
+    /// An endpoint set-up error.
+    pub fn restart(&mut self, i: usize) -> Result<(), VerbsError> {
+        self.restarts += 1;
+        self.f.partitioned[i] = false;
+        self.f.nodes[i] = SoftVerbs::new(self.soft[i]);
+        self.start_node(i)
+    }
+
+    /// True if node `i` is up.
+    pub fn is_up(&self, i: usize) -> bool {
+        self.eps.get(i).is_some_and(Option::is_some)
+    }
+}
