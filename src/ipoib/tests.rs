@@ -1,11 +1,10 @@
 //! Tests of the endpoint: several nodes on the simulated fabric, a virtual clock, IP packets
 //! injected as if read from the TUN device.
 
-use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::sim::cluster::{node_v4 as v4, ping4, ping6, Cluster, BASELINE_QPS};
+use crate::sim::cluster::{ping4, ping6, Cluster, BASELINE_QPS};
 use crate::soft::{Quirks, SoftConfig};
 
 /// The endpoint tests' cluster: [`Cluster`] with a panic on set-up errors.
