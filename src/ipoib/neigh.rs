@@ -65,6 +65,12 @@ pub(super) struct Neigh {
 pub(super) enum Learned {
     /// New or unchanged mapping; these queued packets can now go out.
     Resolved(Vec<Vec<u8>>),
+    /// The same node (GID) came back with a new UD QPN (it restarted): the mapping was
+    /// updated; connections to the old address must go.
+    Replaced {
+        /// The previous hardware address.
+        old: HwAddr,
+    },
     /// The mapping conflicts with an established one and was ignored.
     Conflict,
     /// Nothing to learn (not a neighbour we asked about, and not addressed to us).
@@ -140,14 +146,21 @@ impl Neighbours {
                     Learned::Resolved(n.queue.drain(..).collect())
                 }
                 NeighState::Reachable | NeighState::Static => {
-                    if n.hw.is_some_and(|h| same_endpoint(&h, &hw)) {
-                        if n.state == NeighState::Reachable {
-                            // The peer may have switched CM support on or off.
-                            n.hw = Some(hw);
+                    match n.hw {
+                        Some(h) if same_endpoint(&h, &hw) => {
+                            if n.state == NeighState::Reachable {
+                                // The peer may have switched CM support on or off.
+                                n.hw = Some(hw);
+                            }
+                            Learned::Resolved(Vec::new())
                         }
-                        Learned::Resolved(Vec::new())
-                    } else {
-                        Learned::Conflict
+                        // Same node, new UD QPN: the peer restarted.
+                        Some(h) if h.gid == hw.gid && n.state == NeighState::Reachable => {
+                            n.hw = Some(hw);
+                            n.last_used = now;
+                            Learned::Replaced { old: h }
+                        }
+                        _ => Learned::Conflict,
                     }
                 }
             },
@@ -225,9 +238,19 @@ mod tests {
             n.learn(ip, hw(5), t, true),
             Learned::Resolved(vec![vec![1]])
         );
-        assert_eq!(n.learn(ip, hw(6), t, true), Learned::Conflict);
-        assert_eq!(n.get(&ip).unwrap().hw, Some(hw(5)));
-        assert_eq!(n.forget_hw(&hw(5)), vec![ip]);
+        assert_eq!(
+            n.learn(ip, hw(6), t, true),
+            Learned::Replaced { old: hw(5) }
+        );
+        assert_eq!(n.get(&ip).unwrap().hw, Some(hw(6)));
+        let other_node = HwAddr::new(
+            0x80,
+            QpNum::new(6),
+            Gid::from(std::net::Ipv4Addr::new(198, 18, 0, 9)),
+        );
+        assert_eq!(n.learn(ip, other_node, t, true), Learned::Conflict);
+        assert_eq!(n.get(&ip).unwrap().hw, Some(hw(6)));
+        assert_eq!(n.forget_hw(&hw(6)), vec![ip]);
         assert!(n.get(&ip).is_none());
     }
 

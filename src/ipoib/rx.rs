@@ -98,8 +98,23 @@ impl Endpoint {
         remote_psn: Psn,
         path_mtu: PathMtu,
         rnr_retry_count: u8,
-        _private: &[u8],
+        private: &[u8],
     ) {
+        // A REQ naming another UD QPN than the one we send to: the peer restarted.
+        if let Ok(d) = crate::wire::cm::IpoibCmData::decode(private) {
+            let stale: Vec<QpNum> = self
+                .tx_by_peer
+                .iter()
+                .filter(|((gid, udqpn), _)| *gid == peer && *udqpn != d.qpn)
+                .map(|(_, q)| *q)
+                .collect();
+            for q in stale {
+                if let Some(old) = self.txs.get(&q).map(|t| t.peer) {
+                    self.neigh.forget_hw(&old);
+                }
+                self.close_tx(now, v, q, false);
+            }
+        }
         if self.stopping {
             let _ = self.cm.reject(now, id, RejReason::NoQp);
             return;

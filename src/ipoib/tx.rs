@@ -315,6 +315,15 @@ impl Endpoint {
         }
     }
 
+    /// The node behind `old` restarted (it now uses another UD QPN): our connection to the old
+    /// instance can only fail, so close it now rather than after the retries run out.
+    pub(super) fn peer_restarted<V: Verbs>(&mut self, now: Instant, v: &mut V, old: HwAddr) {
+        if let Some(qpn) = self.tx_by_peer.get(&(old.gid, old.qpn)).copied() {
+            tracing::debug!(peer = %old.gid, "peer restarted; closing the old TX connection");
+            self.close_tx(now, v, qpn, false);
+        }
+    }
+
     /// A TX connection failed (REJ, CM timeout, DREQ, send error): count it, forget the
     /// neighbours that used it, and close.
     pub(super) fn fail_tx<V: Verbs>(&mut self, now: Instant, v: &mut V, qpn: QpNum) {
@@ -326,9 +335,7 @@ impl Endpoint {
         let dropped = tx.queue.len() as u64;
         self.counters.tx_dropped += dropped;
         let peer = tx.peer;
-        for ip in self.neigh.forget_hw(&peer) {
-            let _ = ip;
-        }
+        self.neigh.forget_hw(&peer);
         self.close_tx(now, v, qpn, false);
     }
 

@@ -375,6 +375,7 @@ impl Endpoint {
                     self.send_ip(now, v, ip, hw, ethertype, &p);
                 }
             }
+            Learned::Replaced { old } => self.peer_restarted(now, v, old),
             Learned::Conflict => self.counters.neigh_conflicts += 1,
             Learned::Ignored => {}
         }
