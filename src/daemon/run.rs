@@ -263,6 +263,7 @@ fn status(
         rx_bad_packets: c.rx_bad_packets,
     };
     let s = engine.stats();
+    let cm = ep.cm_stats();
     let mut provider = BTreeMap::new();
     for (k, v) in [
         ("rx_datagrams", s.rx_datagrams),
@@ -284,6 +285,14 @@ fn status(
         ("neigh_failed", c.neigh_failed),
         ("tun_write_drops", tun_write_drops),
         ("send_errors", prov.send_errors),
+        ("cm_mads_received", cm.mads_received),
+        ("cm_dropped_malformed", cm.dropped_malformed),
+        ("cm_dropped_unknown", cm.dropped_unknown),
+        ("cm_dropped_spoofed", cm.dropped_spoofed),
+        ("cm_dropped_unexpected", cm.dropped_unexpected),
+        ("cm_retransmits", cm.retransmits),
+        ("cm_rej_sent", cm.rej_sent),
+        ("cm_timeouts", cm.timeouts),
     ] {
         provider.insert(k.to_string(), v);
     }

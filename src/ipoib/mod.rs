@@ -435,6 +435,11 @@ impl Endpoint {
         self.counters
     }
 
+    /// The CM's counters.
+    pub fn cm_stats(&self) -> crate::cm::CmStats {
+        self.cm.stats()
+    }
+
     /// Live RX connections (any state).
     pub fn rx_count(&self) -> usize {
         self.rxs.len()
