@@ -33,10 +33,17 @@ done
 [ "$NODES" -ge 2 ] && [ "$NODES" -le 20 ] || { echo "soak.sh: --nodes 2..20" >&2; exit 2; }
 
 echo "==== part 1: simulated fabric, $CYCLES cycles per mode ===="
-SOAK_CYCLES=$CYCLES cargo test --release --test soak_sim -- --nocapture --test-threads=2 2>&1 \
-    | grep -E '^soak |^test result|panicked|FAILED' || true
-SOAK_CYCLES=$CYCLES cargo test --release --test soak_sim --quiet -- --test-threads=2 >/dev/null 2>&1 \
-    || { echo "soak.sh: simulated soak FAILED" >&2; exit 1; }
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+sim_ok=0
+SOAK_CYCLES=$CYCLES cargo test --release --test soak_sim -- --nocapture --test-threads=2 \
+    > "$out" 2>&1 || sim_ok=$?
+grep -E '^soak |panicked|FAILED' "$out" || true
+if [ "$sim_ok" -ne 0 ]; then
+    tail -n 30 "$out" >&2
+    echo "soak.sh: simulated soak FAILED" >&2
+    exit 1
+fi
 
 if [ "$NETNS_CYCLES" -eq 0 ]; then
     echo "soak: netns part skipped (--netns-cycles 0)"
@@ -53,7 +60,7 @@ export IPOIB_CM_BIN=$PWD/target/release/ipoib-cm
 export LAB_PREFIX=soak
 export LAB_STATE=/run/ipoib-cm-soak
 lab() { bash scripts/lab.sh "$@"; }
-trap 'lab down >/dev/null 2>&1 || true' EXIT
+trap 'lab down >/dev/null 2>&1 || true; rm -f "$out"' EXIT
 
 jget() { python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["counters"][sys.argv[1]] if sys.argv[1] in d["counters"] else len(d[sys.argv[1]]))' "$1"; }
 status_of() { lab status "$1" 2>/dev/null; }

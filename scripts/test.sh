@@ -33,6 +33,9 @@ cargo test --doc 2>&1 | tee -a "$log"
 section "cargo test --all-targets"
 cargo test --all-targets 2>&1 | tee -a "$log"
 
+section "soak (reduced: ${SOAK_CYCLES_CI:-200} simulated cycles and 1 netns cycle per mode)"
+bash scripts/soak.sh --cycles "${SOAK_CYCLES_CI:-200}" --netns-cycles 1
+
 section "fuzz targets (${FUZZ_SECONDS:-10} s each)"
 bash scripts/fuzz.sh "${FUZZ_SECONDS:-10}"
 
