@@ -6,9 +6,10 @@
 //! is identified by the source GID in the receive's GRH area.
 
 use crate::soft::{grh_source_gid, GRH_LEN};
+use crate::verbs::setup::open_ud_qp;
 use crate::verbs::{
-    AddressVector, BufId, Completion, CqId, Gid, PdId, PoolId, Psn, QKey, QpAttr, QpInit, QpNum,
-    QpState, QpType, SendWr, UdDest, Verbs, VerbsError, WcOpcode, WcStatus, WrId,
+    AddressVector, BufId, Completion, CqId, Gid, PdId, PoolId, QKey, QpNum, QpType, SendWr, UdDest,
+    Verbs, VerbsError, WcOpcode, WcStatus, WrId,
 };
 
 /// Size of a MAD.
@@ -57,47 +58,18 @@ impl Gsi {
         let cq = v.create_cq(recv_depth + send_depth)?;
         let pool: PoolId =
             v.create_pool(pd, GRH_LEN + MAD_LEN, (recv_depth + send_depth) as usize)?;
-        let qp = v.create_qp(&QpInit {
+        let setup = open_ud_qp(
+            v,
             pd,
-            qp_type: QpType::Gsi,
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
-            max_send_wr: send_depth,
-            max_recv_wr: recv_depth,
-            sq_sig_all: true,
-        })?;
-        v.modify_qp(
-            qp,
-            &QpAttr {
-                pkey_index: Some(0),
-                qkey: Some(QKey::GSI),
-                ..QpAttr::to_state(QpState::Init)
-            },
+            QpType::Gsi,
+            cq,
+            pool,
+            QKey::GSI,
+            recv_depth,
+            send_depth,
+            RECV_WRID,
         )?;
-        v.modify_qp(qp, &QpAttr::to_state(QpState::Rtr))?;
-        v.modify_qp(
-            qp,
-            &QpAttr {
-                sq_psn: Some(Psn::new(0)),
-                ..QpAttr::to_state(QpState::Rts)
-            },
-        )?;
-        for _ in 0..recv_depth {
-            let b = v
-                .pools_mut()
-                .alloc(pool)
-                .ok_or(VerbsError::OutOfResources("GSI buffers"))?;
-            v.post_recv(qp, RECV_WRID, b)?;
-        }
-        let mut free_send = Vec::with_capacity(send_depth as usize);
-        for _ in 0..send_depth {
-            free_send.push(
-                v.pools_mut()
-                    .alloc(pool)
-                    .ok_or(VerbsError::OutOfResources("GSI buffers"))?,
-            );
-        }
+        let (qp, free_send) = (setup.qp, setup.send_bufs);
         Ok(Self {
             qp,
             cq,

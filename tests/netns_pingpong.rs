@@ -150,50 +150,16 @@ fn parse_u32(s: &str) -> u32 {
 
 #[test]
 fn tshark_decodes_a_captured_run() {
-    for tool in ["tshark", "tcpdump"] {
-        if Command::new(tool)
-            .arg("--version")
-            .output()
-            .map(|o| !o.status.success())
-            .unwrap_or(true)
-        {
-            println!("skipped: {tool} not installed");
-            return;
-        }
+    if !tools_installed() {
+        println!("skipped: tshark or tcpdump not installed");
+        return;
     }
     let lab = crate::lab_or_skip!("ipcmcap", 2, 1500);
     let dir = std::env::temp_dir().join(format!("ipoib-cm-cap-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let pcap = dir.join("rc-pingpong.pcap");
     let pcap_s = pcap.to_string_lossy().to_string();
-    let mut dump = lab.exec(
-        1,
-        &[
-            "tcpdump",
-            "-Z",
-            "root",
-            "--immediate-mode",
-            "-i",
-            "eth0",
-            "-n",
-            "-U",
-            "-s",
-            "0",
-            "-w",
-            &pcap_s,
-            "udp",
-            "port",
-            "4791",
-        ],
-    );
-    dump.stderr(Stdio::piped()).stdout(Stdio::null());
-    let mut dump = dump.spawn().expect("tcpdump");
-    let mut dump_err = Lines::new(dump.stderr.take().expect("stderr"));
-    assert!(
-        dump_err.wait_for("listening on", Duration::from_secs(10)),
-        "tcpdump did not start: {:?}",
-        dump_err.seen()
-    );
+    let (mut dump, _dump_err) = start_capture(&lab, 1, &pcap_s);
     // 20 round trips of 3000-byte messages: FIRST, MIDDLE, LAST at path MTU 1024.
     let iters = 20u32;
     pingpong(
@@ -211,25 +177,9 @@ fn tshark_decodes_a_captured_run() {
         ],
         Duration::from_secs(40),
     );
-    std::thread::sleep(Duration::from_millis(300));
-    let _ = Command::new("kill")
-        .args(["-INT", &dump.id().to_string()])
-        .status();
-    wait_within(&mut dump, Duration::from_secs(10));
-    eprintln!("tcpdump: {:?}", dump_err.finish(Duration::from_secs(2)));
+    stop_capture(&mut dump);
 
-    let tshark = |extra: &[&str]| {
-        let mut c = Command::new("tshark");
-        c.args(["-r", &pcap_s, "--disable-protocol", "rpcordma"])
-            .args(extra);
-        let out = output_within(c, Duration::from_secs(60));
-        assert!(
-            out.status.success(),
-            "tshark: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).to_string()
-    };
+    let tshark = |extra: &[&str]| tshark(&pcap_s, extra);
     let bad = tshark(&["-Y", "_ws.malformed || _ws.expert.severity == error"]);
     assert!(bad.trim().is_empty(), "malformed frames:\n{bad}");
     let not_roce = tshark(&["-Y", "!infiniband"]);
@@ -334,7 +284,6 @@ fn tshark_decodes_a_captured_run() {
         acks
     );
     let _ = std::fs::remove_dir_all(&dir);
-    let _ = &dump_err;
 }
 
 /// Starts tcpdump on node `k`'s link writing to `pcap`; returns it once it listens.
@@ -370,6 +319,29 @@ fn start_capture(lab: &Lab, k: usize, pcap: &str) -> (std::process::Child, Lines
     (dump, err)
 }
 
+/// Runs tshark on `pcap` (RPC-over-RDMA heuristics off) and returns its output.
+fn tshark(pcap: &str, extra: &[&str]) -> String {
+    let mut c = Command::new("tshark");
+    c.args(["-r", pcap, "--disable-protocol", "rpcordma"])
+        .args(extra);
+    let out = output_within(c, Duration::from_secs(60));
+    assert!(
+        out.status.success(),
+        "tshark: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+fn tools_installed() -> bool {
+    ["tshark", "tcpdump"].iter().all(|tool| {
+        Command::new(tool)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
+}
+
 fn stop_capture(dump: &mut std::process::Child) {
     std::thread::sleep(Duration::from_millis(300));
     let _ = Command::new("kill")
@@ -380,16 +352,9 @@ fn stop_capture(dump: &mut std::process::Child) {
 
 #[test]
 fn cm_connects_and_disconnects_and_tshark_decodes_it() {
-    for tool in ["tshark", "tcpdump"] {
-        if Command::new(tool)
-            .arg("--version")
-            .output()
-            .map(|o| !o.status.success())
-            .unwrap_or(true)
-        {
-            println!("skipped: {tool} not installed");
-            return;
-        }
+    if !tools_installed() {
+        println!("skipped: tshark or tcpdump not installed");
+        return;
     }
     let lab = crate::lab_or_skip!("ipcmcm", 2, 1500);
     let dir = std::env::temp_dir().join(format!("ipoib-cm-cmcap-{}", std::process::id()));
@@ -416,18 +381,7 @@ fn cm_connects_and_disconnects_and_tshark_decodes_it() {
         .map(|q| parse_u32(q.trim()))
         .expect("client QPN");
 
-    let tshark = |extra: &[&str]| {
-        let mut c = Command::new("tshark");
-        c.args(["-r", &pcap, "--disable-protocol", "rpcordma"])
-            .args(extra);
-        let out = output_within(c, Duration::from_secs(60));
-        assert!(
-            out.status.success(),
-            "tshark: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).to_string()
-    };
+    let tshark = |extra: &[&str]| tshark(&pcap, extra);
     let bad = tshark(&["-Y", "_ws.malformed || _ws.expert.severity == error"]);
     assert!(bad.trim().is_empty(), "malformed frames:\n{bad}");
     let cm = tshark(&[

@@ -36,7 +36,7 @@ mod tx;
 mod ud;
 
 use std::collections::{HashMap, VecDeque};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
@@ -269,6 +269,18 @@ fn wr(kind: u64) -> crate::verbs::WrId {
 
 fn wr_kind(id: crate::verbs::WrId) -> u64 {
     id.0 >> WR_KIND_SHIFT
+}
+
+/// Writes the IPoIB header and `payload` into the held buffer `b`; returns the message length,
+/// or `None` when it does not fit.
+fn fill_ipoib<V: Verbs>(v: &mut V, b: BufId, ethertype: u16, payload: &[u8]) -> Option<usize> {
+    use crate::wire::ipoib::IpoibHeader;
+    let len = IpoibHeader::LEN + payload.len();
+    let buf = v.pools_mut().get_mut(b).ok()?;
+    let (h, rest) = buf.get_mut(..len)?.split_at_mut(IpoibHeader::LEN);
+    h.copy_from_slice(&IpoibHeader::new(ethertype).to_bytes());
+    rest.copy_from_slice(payload);
+    Some(len)
 }
 
 /// The UD QP and its resources.
@@ -696,31 +708,26 @@ impl Endpoint {
         }
     }
 
-    /// Our IPv4 address in the same subnet as `dst`, or the first IPv4 address.
-    fn our_v4_for(&self, dst: Ipv4Addr) -> Option<Ipv4Addr> {
+    /// Our address of `dst`'s family in the same subnet as `dst`, or the first one of that
+    /// family (the source of ARP requests and Neighbor Solicitations).
+    fn our_addr_for(&self, dst: IpAddr) -> Option<IpAddr> {
+        // Both families as 128-bit numbers; IPv4 prefixes count from bit 96.
+        let bits = |ip: IpAddr| match ip {
+            IpAddr::V4(a) => (u128::from(u32::from(a)), 32),
+            IpAddr::V6(a) => (u128::from(a), 128),
+        };
+        let (d, width) = bits(dst);
         let mut first = None;
-        for (ip, prefix) in &self.cfg.addrs {
-            if let IpAddr::V4(a) = ip {
-                first.get_or_insert(*a);
-                let mask = u32::MAX.checked_shl(32 - u32::from(*prefix)).unwrap_or(0);
-                if u32::from(*a) & mask == u32::from(dst) & mask {
-                    return Some(*a);
-                }
+        for &(ip, prefix) in &self.cfg.addrs {
+            if ip.is_ipv4() != dst.is_ipv4() {
+                continue;
             }
-        }
-        first
-    }
-
-    /// Our IPv6 address in the same subnet as `dst`, or the first IPv6 address.
-    fn our_v6_for(&self, dst: Ipv6Addr) -> Option<Ipv6Addr> {
-        let mut first = None;
-        for (ip, prefix) in &self.cfg.addrs {
-            if let IpAddr::V6(a) = ip {
-                first.get_or_insert(*a);
-                let mask = u128::MAX.checked_shl(128 - u32::from(*prefix)).unwrap_or(0);
-                if u128::from(*a) & mask == u128::from(dst) & mask {
-                    return Some(*a);
-                }
+            first.get_or_insert(ip);
+            let (a, _) = bits(ip);
+            let host_bits = width - u32::from(prefix).min(width);
+            let mask = u128::MAX.checked_shl(host_bits).unwrap_or(0);
+            if a & mask == d & mask {
+                return Some(ip);
             }
         }
         first

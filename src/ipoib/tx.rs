@@ -110,19 +110,11 @@ impl Endpoint {
             self.counters.tx_dropped += 1;
             return;
         };
-        let len = IpoibHeader::LEN + packet.len();
-        let filled = v.pools_mut().get_mut(b).ok().and_then(|buf| {
-            let dst = buf.get_mut(..len)?;
-            let (h, rest) = dst.split_at_mut(IpoibHeader::LEN);
-            h.copy_from_slice(&IpoibHeader::new(ethertype).to_bytes());
-            rest.copy_from_slice(packet);
-            Some(())
-        });
-        if filled.is_none() {
+        let Some(len) = super::fill_ipoib(v, b, ethertype, packet) else {
             self.tx_free.push(b);
             self.counters.tx_dropped += 1;
             return;
-        }
+        };
         match v.post_send(qpn, &SendWr::send(wr(WR_SEND), b, len)) {
             Ok(()) => {
                 self.counters.tx_packets += 1;

@@ -8,14 +8,14 @@ use etherparse::{icmpv4::DestUnreachableHeader, Icmpv4Type, Icmpv6Type, PacketBu
 
 use super::neigh::{Learned, NeighState};
 use super::{
-    wr, wr_kind, Endpoint, EndpointConfig, Mode, Timer, UdQp, CQ_BATCH, RESOLVE_INTERVAL,
-    RESOLVE_RETRIES, WR_RECV, WR_SEND,
+    fill_ipoib, wr, wr_kind, Endpoint, EndpointConfig, Mode, Timer, UdQp, CQ_BATCH,
+    RESOLVE_INTERVAL, RESOLVE_RETRIES, WR_RECV, WR_SEND,
 };
 use crate::soft::{grh_source_gid, GRH_LEN};
 use crate::timer::TimerId;
+use crate::verbs::setup::open_ud_qp;
 use crate::verbs::{
-    AddressVector, BufId, PdId, Psn, QpAttr, QpInit, QpState, QpType, SendWr, UdDest, Verbs,
-    VerbsError, WcOpcode, WcStatus,
+    AddressVector, BufId, PdId, QpType, SendWr, UdDest, Verbs, VerbsError, WcOpcode, WcStatus,
 };
 use crate::wire::ipoib::{
     broadcast_mgid, classify, mgid_for_ipv6, ArpOp, HwAddr, IpoibArp, IpoibHeader, NdMessage,
@@ -33,48 +33,18 @@ pub(super) fn open_ud<V: Verbs>(
     let depth = cfg.ud_depth;
     let cq = v.create_cq(depth * 2 + 8)?;
     let pool = v.create_pool(pd, GRH_LEN + cfg.path_mtu.bytes(), depth as usize * 2)?;
-    let qp = v.create_qp(&QpInit {
+    let setup = open_ud_qp(
+        v,
         pd,
-        qp_type: QpType::Ud,
-        send_cq: cq,
-        recv_cq: cq,
-        srq: None,
-        max_send_wr: depth,
-        max_recv_wr: depth,
-        sq_sig_all: true,
-    })?;
-    v.modify_qp(
-        qp,
-        &QpAttr {
-            pkey_index: Some(0),
-            port: Some(1),
-            qkey: Some(cfg.qkey),
-            ..QpAttr::to_state(QpState::Init)
-        },
+        QpType::Ud,
+        cq,
+        pool,
+        cfg.qkey,
+        depth,
+        depth,
+        wr(WR_RECV),
     )?;
-    v.modify_qp(qp, &QpAttr::to_state(QpState::Rtr))?;
-    v.modify_qp(
-        qp,
-        &QpAttr {
-            sq_psn: Some(Psn::new(0)),
-            ..QpAttr::to_state(QpState::Rts)
-        },
-    )?;
-    for _ in 0..depth {
-        let b = v
-            .pools_mut()
-            .alloc(pool)
-            .ok_or(VerbsError::OutOfResources("UD buffers"))?;
-        v.post_recv(qp, wr(WR_RECV), b)?;
-    }
-    let mut free_send = Vec::with_capacity(depth as usize);
-    for _ in 0..depth {
-        free_send.push(
-            v.pools_mut()
-                .alloc(pool)
-                .ok_or(VerbsError::OutOfResources("UD buffers"))?,
-        );
-    }
+    let (qp, free_send) = (setup.qp, setup.send_bufs);
     v.attach_mcast(qp, broadcast_mgid(cfg.pkey))?;
     Ok(UdQp { qp, cq, free_send })
 }
@@ -180,19 +150,11 @@ impl Endpoint {
             self.counters.tx_dropped += 1;
             return false;
         };
-        let len = IpoibHeader::LEN + payload.len();
-        let ok = v.pools_mut().get_mut(b).ok().and_then(|buf| {
-            let dst = buf.get_mut(..len)?;
-            let (h, rest) = dst.split_at_mut(IpoibHeader::LEN);
-            h.copy_from_slice(&IpoibHeader::new(ethertype).to_bytes());
-            rest.copy_from_slice(payload);
-            Some(())
-        });
-        if ok.is_none() {
+        let Some(len) = fill_ipoib(v, b, ethertype, payload) else {
             self.ud.free_send.push(b);
             self.counters.tx_dropped += 1;
             return false;
-        }
+        };
         let mut w = SendWr::send(wr(WR_SEND), b, len);
         w.ud = Some(UdDest {
             av: AddressVector::to_gid(hw.gid),
@@ -385,7 +347,7 @@ impl Endpoint {
     fn resolve<V: Verbs>(&mut self, now: Instant, v: &mut V, ip: IpAddr) {
         match ip {
             IpAddr::V4(t) => {
-                let Some(src) = self.our_v4_for(t) else {
+                let Some(IpAddr::V4(src)) = self.our_addr_for(ip) else {
                     self.give_up(ip);
                     return;
                 };
@@ -396,7 +358,7 @@ impl Endpoint {
                 self.send_ud(v, bcast, ETHERTYPE_ARP, &bytes);
             }
             IpAddr::V6(t) => {
-                let Some(src) = self.our_v6_for(t) else {
+                let Some(IpAddr::V6(src)) = self.our_addr_for(ip) else {
                     self.give_up(ip);
                     return;
                 };

@@ -49,6 +49,7 @@ pub mod completion;
 pub mod conformance;
 pub mod error;
 pub mod pool;
+pub mod setup;
 pub mod transition;
 pub mod types;
 
