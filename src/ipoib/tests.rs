@@ -274,3 +274,27 @@ fn restarted_peer_reconnects() {
     }
     assert!(!n.tun[1].is_empty(), "{:?}", n.ep(0).counters());
 }
+
+#[test]
+fn all_pairs_steady_state_delivers_everything() {
+    let mut n = Net::new(4, |_, _| {}, |_, c| c.max_conn_qp = 8);
+    let mut sent = 0;
+    for round in 0..50 {
+        for a in 0..4 {
+            for b in 0..4 {
+                if a != b {
+                    let p = if (a + b + round) % 2 == 0 {
+                        ping4(a, b, 200)
+                    } else {
+                        ping6(a, b, 200)
+                    };
+                    n.inject(a, &p);
+                    sent += 1;
+                }
+            }
+        }
+        n.run(Duration::from_millis(300));
+    }
+    let delivered: usize = n.tun.iter().map(Vec::len).sum();
+    assert_eq!(delivered, sent);
+}
