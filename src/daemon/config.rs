@@ -29,6 +29,8 @@ use crate::verbs::PathMtu;
 pub const DEFAULT_IFNAME: &str = "ib0";
 /// Default RoCEv2 UDP port.
 pub const DEFAULT_UDP_PORT: u16 = 4791;
+/// Default `qp_timeout`: 4.096 µs · 2^12 ≈ 17 ms.
+pub const DEFAULT_QP_TIMEOUT: u8 = 12;
 /// Default RX idle timeout (Linux `IPOIB_CM_RX_TIMEOUT`).
 pub const DEFAULT_RX_TIMEOUT: Duration = Duration::from_secs(60);
 /// Smallest accepted RX idle timeout.
@@ -302,6 +304,10 @@ pub struct Config {
     pub neigh: Vec<(IpAddr, crate::wire::ipoib::HwAddr)>,
     /// RoCEv2 UDP port (`--udp-port`, default 4791).
     pub udp_port: u16,
+    /// Local ACK timeout exponent of the RC QPs, `4.096 µs · 2^n` (`--qp-timeout`, default 12,
+    /// about 17 ms: a lost tail packet costs that long; with retry count 7 a connection fails
+    /// after about 8 of them without progress).
+    pub qp_timeout: u8,
     /// IPoIB mode (`--mode`, default connected).
     pub mode: Mode,
     /// Receive on a shared receive queue (`--no-srq` turns it off; default on).
@@ -371,6 +377,9 @@ pub struct UpArgs {
     /// RoCEv2 UDP port [default: 4791].
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub udp_port: Option<String>,
+    /// Local ACK timeout exponent of RC QPs, 4.096 us * 2^N, 8..=24 [default: 12].
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub qp_timeout: Option<String>,
     /// IPoIB mode: connected or datagram [default: connected].
     #[arg(long, value_name = "MODE")]
     pub mode: Option<String>,
@@ -471,6 +480,8 @@ pub struct ConfigFile {
     pub neigh: Option<Vec<String>>,
     /// See [`Config::udp_port`].
     pub udp_port: Option<i64>,
+    /// See [`Config::qp_timeout`].
+    pub qp_timeout: Option<i64>,
     /// See [`Config::mode`].
     pub mode: Option<String>,
     /// See [`Config::srq`].
@@ -837,6 +848,15 @@ pub fn resolve_parsed(file: &ConfigFile, flags: &UpArgs) -> Result<Config, Confi
     )?
     .map_or(DEFAULT_UDP_PORT, |v| v as u16);
 
+    let qp_timeout = pick_int(
+        "qp_timeout",
+        flags.qp_timeout.as_deref(),
+        file.qp_timeout,
+        8,
+        24,
+    )?
+    .map_or(DEFAULT_QP_TIMEOUT, |v| v as u8);
+
     let mode = match pick_str(flags.mode.as_deref(), file.mode.as_deref()) {
         Some((origin, s)) => s.parse::<Mode>().map_err(|m| origin.err("mode", m))?,
         None => Mode::default(),
@@ -997,6 +1017,7 @@ pub fn resolve_parsed(file: &ConfigFile, flags: &UpArgs) -> Result<Config, Confi
         peer,
         neigh,
         udp_port,
+        qp_timeout,
         mode,
         srq,
         rx_timeout,

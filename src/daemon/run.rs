@@ -71,6 +71,7 @@ fn endpoint_config(cfg: &Config, path_mtu: crate::verbs::PathMtu, seed: u64) -> 
     };
     e.tx_queue_len = cfg.tx_queue_len as usize;
     e.static_neighbours = cfg.neigh.clone();
+    e.qp_timeout = cfg.qp_timeout;
     e.path_mtu = path_mtu;
     e.seed = seed;
     e
@@ -285,6 +286,10 @@ fn status(
         ("neigh_failed", c.neigh_failed),
         ("tun_write_drops", tun_write_drops),
         ("send_errors", prov.send_errors),
+        ("fault_dropped", s.faults.dropped),
+        ("fault_duplicated", s.faults.duplicated),
+        ("fault_reordered", s.faults.reordered),
+        ("fault_corrupted", s.faults.corrupted),
         ("cm_mads_received", cm.mads_received),
         ("cm_dropped_malformed", cm.dropped_malformed),
         ("cm_dropped_unknown", cm.dropped_unknown),
