@@ -36,6 +36,13 @@ cargo test --all-targets 2>&1 | tee -a "$log"
 section "soak (reduced: ${SOAK_CYCLES_CI:-200} simulated cycles and 1 netns cycle per mode)"
 bash scripts/soak.sh --cycles "${SOAK_CYCLES_CI:-200}" --netns-cycles 1
 
+section "integrity under impairment (reduced: 32 MiB per transfer)"
+if [ "$(id -u)" -eq 0 ]; then
+    bash scripts/integrity.sh 32
+else
+    echo "skipped: integrity needs root"
+fi
+
 section "fuzz targets (${FUZZ_SECONDS:-10} s each)"
 bash scripts/fuzz.sh "${FUZZ_SECONDS:-10}"
 
