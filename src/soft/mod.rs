@@ -11,7 +11,8 @@
 //! ICRC over the masked IP/UDP pseudo-header, P_Key 0xFFFF, TVer 0, FIRST/MIDDLE packets of
 //! exactly the path MTU, pad to 4 bytes, AckReq on the last packet (and every 64 packets), ACK
 //! coalescing, PSN-sequence NAKs with go-back-N, RNR NAKs with the IBTA timer table, the
-//! retransmit timer `4.096 µs · 2^timeout` with `retry_cnt`, `rnr_retry` 7 = infinite.
+//! retransmit timer `4.096 µs · 2^timeout` with `retry_cnt` (backing off 1×, 2×, 4×, 8× while
+//! timeouts follow each other without progress), `rnr_retry` 7 = infinite.
 //!
 //! Everything received is validated before it can touch a QP: unknown QPN, bad ICRC, wrong
 //! P_Key or TVer, wrong Q_Key, a source address that is not the QP's peer, a packet the QP's
@@ -766,6 +767,7 @@ impl Shared {
         // added up, and a QP with `rnr_retry` 1 failed on its second ever RNR NAK.
         qp.req.rnr_retry_left = qp.attrs.rnr_retry;
         qp.req.retrying_from = None;
+        qp.req.timeouts_in_row = 0;
         if qp.req.unacked() == 0 {
             qp.req.retransmit_at = None;
         } else if let Some(iv) = qp.retransmit_interval() {
@@ -785,10 +787,16 @@ impl Shared {
             return;
         }
         qp.req.retry_left -= 1;
+        // Back off while timeouts follow each other without progress: 1, 2, 4, then 8 times
+        // the interval (ConnectX's adaptive retransmission does likewise). A peer that is
+        // merely slow, or a CPU that did not run us for a while, then costs retries over ~47
+        // intervals instead of 8, while a dead peer still fails after `retry_cnt` timeouts.
+        qp.req.timeouts_in_row = qp.req.timeouts_in_row.saturating_add(1);
         let from = qp.req.comp_psn;
         qp.req.rewind(from);
         if let Some(iv) = qp.retransmit_interval() {
-            self.arm(qp, TimerKind::Retransmit, now + iv);
+            let backoff = 1u32 << qp.req.timeouts_in_row.min(3);
+            self.arm(qp, TimerKind::Retransmit, now + iv * backoff);
         }
     }
 

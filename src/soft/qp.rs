@@ -77,6 +77,8 @@ pub(crate) struct Requester {
     /// in flight (or lost).
     pub(crate) high_psn: Psn,
     pub(crate) retry_left: u8,
+    /// Retransmit timeouts since the last progress (drives the back-off).
+    pub(crate) timeouts_in_row: u8,
     pub(crate) rnr_retry_left: u8,
     /// Packets sent since the last AckReq.
     pub(crate) noack_pkts: u32,
@@ -102,6 +104,7 @@ impl Requester {
             comp_psn: Psn::new(0),
             high_psn: Psn::new(0),
             retry_left: 0,
+            timeouts_in_row: 0,
             rnr_retry_left: 0,
             noack_pkts: 0,
             retransmit_at: None,
