@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark: direct veth (the ceiling), OpenVPN without a cipher (the userspace
+# tunnel users would otherwise pick) and the ipoib-cm tunnel on the software fabric.
+#
+#   sudo scripts/bench.sh [--json FILE] [--quick]
+#
+# One run: builds release, then for each path measures iperf3 TCP (1 and 4 streams, 5 s),
+# iperf3 UDP with 64-byte datagrams (5 s, unlimited rate, received packets/s), ping RTT p50/p99
+# (1,000 pings at 2 ms), CPU time per GB moved; then the simulated-fabric figures
+# (benches/fabric_scale.rs: CM set-up rate, stale-reap rate, heap per RX connection) and the
+# provider alone (rc-pingpong). Prints a table with tunnel/veth ratios and the load average
+# next to each section, and writes the JSON document to FILE. --quick: 2 s iperf3 runs, 200
+# pings (for trying the script out; not for figures).
+#
+# Paths (all inside namespaces this script creates and deletes; 198.18.0.0/15 only):
+#   veth     bnv1 198.18.1.1 <-> bnv2 198.18.1.2, veth MTU 9000
+#   peer     OpenVPN 2.6 p2p, --cipher none --auth none --disable-dco, tun 198.19.1.1 <-> .2
+#            over that same veth (UDP)
+#   tunnel   scripts/lab.sh up 2 (prefix bnt): ib0 198.19.0.1 <-> .2 over a bridge, underlay
+#            MTU 9000 (RoCE path MTU 4096); then again with underlay MTU 1500 (prefix bnu)
+#
+# CPU per GB: utime+stime of the tunnel processes (/proc/PID/stat, both ends) over the run,
+# divided by the GB iperf3 received (TCP single stream). Null for veth (no tunnel process).
+# Softirq and kernel work done on behalf of the tunnel in other contexts cannot be attributed
+# per process, so the whole-machine busy time per GB (/proc/stat, all CPUs, everything but
+# idle+iowait; includes iperf3 itself and any other load) is reported next to it as
+# vm_cpu_s_per_gb, for all three paths.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+here=$PWD
+
+JSON_OUT=""
+QUICK=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --json) JSON_OUT=${2:?--json needs a file}; shift 2 ;;
+        --quick) QUICK=1; shift ;;
+        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+        *) echo "bench.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+[ "$(id -u)" -eq 0 ] || { echo "bench.sh: needs root (network namespaces)" >&2; exit 2; }
+
+T=5; PINGS=1000
+[ "$QUICK" -eq 1 ] && { T=2; PINGS=200; }
+
+# shellcheck source=scripts/setup.sh
+source scripts/setup.sh
+extra=()
+for p in openvpn python3 jq; do
+    [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" = 'install ok installed' ] \
+        || command -v "$p" >/dev/null 2>&1 || extra+=("$p")
+done
+if [ ${#extra[@]} -gt 0 ]; then
+    echo "[bench] installing: ${extra[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y \
+        --no-install-recommends "${extra[@]}" \
+        || { DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update \
+            && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y \
+                --no-install-recommends "${extra[@]}"; }
+fi
+
+section() { printf '\n==== %s (load %s) ====\n' "$1" "$(cut -d' ' -f1-3 /proc/loadavg)"; }
+
+section "cargo build --release"
+cargo build --release
+BIN=$here/target/release/ipoib-cm
+export IPOIB_CM_BIN=$BIN
+
+OUT=$(mktemp -d /tmp/ipoib-bench.XXXXXX)
+VNS=(bnv1 bnv2)
+OVPN_PIDS=()
+cleanup() {
+    local p
+    for p in "${OVPN_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    [ -n "${IPERF_PID:-}" ] && kill "$IPERF_PID" 2>/dev/null || true
+    LAB_PREFIX=bnt bash scripts/lab.sh down >/dev/null 2>&1 || true
+    LAB_PREFIX=bnu bash scripts/lab.sh down >/dev/null 2>&1 || true
+    ip netns del bnv1 2>/dev/null || true
+    ip netns del bnv2 2>/dev/null || true
+}
+trap 'cleanup; rm -rf "$OUT"' EXIT
+cleanup
+
+# Whole-machine busy jiffies (all CPUs): everything but idle and iowait.
+busy_jiffies() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9}' /proc/stat; }
+softirq_jiffies() { awk '/^cpu /{print $8}' /proc/stat; }
+# utime+stime jiffies of the given pids, summed.
+proc_jiffies() {
+    local p t=0 f
+    for p in "$@"; do
+        f=$(cut -d')' -f2- "/proc/$p/stat" 2>/dev/null) || continue
+        t=$((t + $(echo "$f" | awk '{print $12 + $13}')))
+    done
+    echo "$t"
+}
+
+# measure NAME CLIENT_NS SERVER_NS DST [TUNNEL PIDS...]: writes $OUT/NAME.*.
+measure() {
+    local name=$1 cns=$2 sns=$3 dst=$4
+    shift 4
+    local pids=("$@") hz j0 j1 b0 b1 s0 s1
+    hz=$(getconf CLK_TCK)
+    section "$name: warm-up ping"
+    ip netns exec "$cns" ping -n -c 5 -i 0.2 -W 3 "$dst" | tail -n 2
+    # Ping first, on an idle path (after the floods below, queues take a while to drain).
+    section "$name: ping, $PINGS at 2 ms"
+    ip netns exec "$cns" timeout 60 ping -n -c "$PINGS" -i 0.002 -W 1 "$dst" \
+        > "$OUT/$name.ping.txt" || true
+    tail -n 2 "$OUT/$name.ping.txt"
+    ip netns exec "$sns" timeout 300 iperf3 -s -p 5201 >/dev/null 2>&1 &
+    IPERF_PID=$!
+    sleep 0.5
+
+    section "$name: iperf3 TCP, 1 stream, ${T} s"
+    j0=$(proc_jiffies "${pids[@]}"); b0=$(busy_jiffies); s0=$(softirq_jiffies)
+    ip netns exec "$cns" timeout $((T + 20)) iperf3 -c "$dst" -p 5201 -t "$T" -J \
+        > "$OUT/$name.tcp.json" || true
+    j1=$(proc_jiffies "${pids[@]}"); b1=$(busy_jiffies); s1=$(softirq_jiffies)
+    echo "{\"hz\": $hz, \"proc\": $((j1 - j0)), \"busy\": $((b1 - b0)), \"softirq\": $((s1 - s0)), \"procs\": ${#pids[@]}}" \
+        > "$OUT/$name.cpu.json"
+    jq -r '.end.sum_received.bits_per_second / 1e9 | "  \(.) Gbit/s"' "$OUT/$name.tcp.json" || true
+
+    section "$name: iperf3 TCP, 4 streams, ${T} s"
+    ip netns exec "$cns" timeout $((T + 20)) iperf3 -c "$dst" -p 5201 -t "$T" -P 4 -J \
+        > "$OUT/$name.tcp4.json" || true
+    jq -r '.end.sum_received.bits_per_second / 1e9 | "  \(.) Gbit/s"' "$OUT/$name.tcp4.json" || true
+
+    section "$name: iperf3 UDP, 64-byte datagrams, unlimited rate, ${T} s"
+    ip netns exec "$cns" timeout $((T + 20)) iperf3 -c "$dst" -p 5201 -t "$T" -u -l 64 -b 0 -J \
+        > "$OUT/$name.udp.json" || true
+    jq -r '.end.sum | "  \((.packets - .lost_packets) / .seconds) pps received, \(.lost_percent) % lost"' \
+        "$OUT/$name.udp.json" || true
+    kill "$IPERF_PID" 2>/dev/null || true
+    wait "$IPERF_PID" 2>/dev/null || true
+    IPERF_PID=""
+
+    echo "$(cut -d' ' -f1-3 /proc/loadavg)" > "$OUT/$name.load"
+}
+
+# ---- veth ----------------------------------------------------------------------------------
+section "veth: namespaces bnv1/bnv2, MTU 9000"
+for n in "${VNS[@]}"; do ip netns add "$n"; ip -n "$n" link set lo up; done
+ip -n bnv1 link add eth0 mtu 9000 type veth peer name eth0 mtu 9000 netns bnv2
+ip -n bnv1 addr add 198.18.1.1/24 dev eth0
+ip -n bnv2 addr add 198.18.1.2/24 dev eth0
+ip -n bnv1 link set eth0 up
+ip -n bnv2 link set eth0 up
+measure veth bnv1 bnv2 198.18.1.2
+
+# ---- provider alone (rc-pingpong over the same veth) ---------------------------------------
+section "provider alone: rc-pingpong over the veth (64 KiB and 64 B messages, path MTU 4096)"
+rcpp() {
+    local size=$1 iters=$2
+    ip netns exec bnv2 timeout 60 "$BIN" rc-pingpong -m 4096 -s "$size" -n "$iters" \
+        --bind 198.18.1.2 > "$OUT/rcpp-server.txt" 2>&1 &
+    local sp=$! i
+    for ((i = 0; i < 50; i++)); do
+        ip netns exec bnv2 ss -ltn 2>/dev/null | grep -q ':18515 ' && break
+        sleep 0.1
+    done
+    ip netns exec bnv1 timeout 60 "$BIN" rc-pingpong -m 4096 -s "$size" -n "$iters" 198.18.1.2 \
+        > "$OUT/rcpp-$size.txt" 2>&1 || true
+    wait "$sp" 2>/dev/null || true
+    grep -E "Mbit/sec|usec/iter" "$OUT/rcpp-$size.txt" || true
+}
+rcpp 65536 2000
+rcpp 64 5000
+
+# ---- OpenVPN over the same veth ------------------------------------------------------------
+section "peer: OpenVPN $(openvpn --version | head -n 1 | cut -d' ' -f2), p2p, --cipher none --auth none --disable-dco"
+ovpn() {
+    local me=$1 other=$2 ns=$3
+    ip netns exec "$ns" timeout 600 openvpn --dev tun0 --dev-type tun --proto udp \
+        --local "198.18.1.$me" --lport 1194 --remote "198.18.1.$other" --rport 1194 \
+        --ifconfig "198.19.1.$me" "198.19.1.$other" --cipher none --auth none --disable-dco \
+        --verb 3 > "$OUT/openvpn$me.log" 2>&1 &
+    OVPN_PIDS+=($!)
+}
+ovpn 1 2 bnv1
+ovpn 2 1 bnv2
+for ((i = 0; i < 100; i++)); do
+    grep -q "Initialization Sequence Completed" "$OUT/openvpn1.log" 2>/dev/null \
+        && grep -q "Initialization Sequence Completed" "$OUT/openvpn2.log" 2>/dev/null && break
+    sleep 0.1
+done
+grep -h "Data Channel" "$OUT"/openvpn*.log | head -n 1 || true
+# timeout(1) forks openvpn: measure openvpn's own CPU (timeout's children).
+OVPN_REAL=()
+for p in "${OVPN_PIDS[@]}"; do
+    c=$(pgrep -P "$p" openvpn || true)
+    OVPN_REAL+=("${c:-$p}")
+done
+measure peer bnv1 bnv2 198.19.1.2 "${OVPN_REAL[@]}"
+for p in "${OVPN_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+OVPN_PIDS=()
+ip netns del bnv1; ip netns del bnv2
+
+# ---- ipoib-cm ------------------------------------------------------------------------------
+tunnel() {
+    local name=$1 prefix=$2 mtu=$3
+    section "$name: ipoib-cm lab of 2, underlay MTU $mtu"
+    LAB_PREFIX=$prefix LAB_MTU=$mtu bash scripts/lab.sh up 2
+    local st=/run/ipoib-cm-$prefix
+    measure "$name" "${prefix}1" "${prefix}2" 198.19.0.2 "$(cat "$st/node1.pid")" "$(cat "$st/node2.pid")"
+    LAB_PREFIX=$prefix bash scripts/lab.sh status 1 > "$OUT/$name.status.json" || true
+    LAB_PREFIX=$prefix bash scripts/lab.sh down
+}
+tunnel tunnel bnt 9000
+tunnel tunnel1500 bnu 1500
+
+# ---- simulated fabric ----------------------------------------------------------------------
+section "simulated fabric: cargo bench --bench fabric_scale"
+timeout 600 cargo bench --bench fabric_scale 2>&1 | tee "$OUT/fabric.txt" | grep -v '^{' || true
+grep '^{' "$OUT/fabric.txt" | tail -n 1 > "$OUT/fabric.json" || true
+echo "$(cut -d' ' -f1-3 /proc/loadavg)" > "$OUT/fabric.load"
+
+section "report"
+python3 scripts/bench/report.py "$OUT" "${JSON_OUT:-}"

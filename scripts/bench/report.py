@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Turns the raw files scripts/bench.sh collected into the table and the JSON document.
+
+usage: report.py DIR [JSON_OUT]
+"""
+import json
+import re
+import sys
+from pathlib import Path
+
+D = Path(sys.argv[1])
+OUT = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] else None
+PATHS = ["veth", "peer", "tunnel", "tunnel1500"]
+
+
+def load(name):
+    try:
+        return json.loads((D / name).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    if not xs:
+        return None
+    k = min(len(xs) - 1, max(0, int(round(q / 100.0 * len(xs) + 0.5)) - 1))
+    return xs[k]
+
+
+def path_figures(p):
+    f = {k: None for k in ["tcp_gbps", "tcp4_gbps", "udp64_pps", "ping_p50_us",
+                           "ping_p99_us", "cpu_s_per_gb"]}
+    extra = {}
+    t = load(f"{p}.tcp.json")
+    gb = None
+    if t and "end" in t and "sum_received" in t["end"]:
+        f["tcp_gbps"] = t["end"]["sum_received"]["bits_per_second"] / 1e9
+        gb = t["end"]["sum_received"]["bytes"] / 1e9
+        extra["tcp_retransmits"] = t["end"].get("sum_sent", {}).get("retransmits")
+    t = load(f"{p}.tcp4.json")
+    if t and "end" in t and "sum_received" in t["end"]:
+        f["tcp4_gbps"] = t["end"]["sum_received"]["bits_per_second"] / 1e9
+    t = load(f"{p}.udp.json")
+    if t and "end" in t and "sum" in t["end"]:
+        s = t["end"]["sum"]
+        if s.get("seconds"):
+            f["udp64_pps"] = (s["packets"] - s["lost_packets"]) / s["seconds"]
+            extra["udp64_lost_pct"] = s.get("lost_percent")
+    try:
+        rtts = [float(m) * 1000.0 for m in
+                re.findall(r"time=([0-9.]+) ms", (D / f"{p}.ping.txt").read_text())]
+    except OSError:
+        rtts = []
+    if rtts:
+        f["ping_p50_us"] = pct(rtts, 50)
+        f["ping_p99_us"] = pct(rtts, 99)
+        extra["ping_replies"] = len(rtts)
+    c = load(f"{p}.cpu.json")
+    if c and gb:
+        if c["procs"] > 0:
+            f["cpu_s_per_gb"] = c["proc"] / c["hz"] / gb
+        extra["vm_cpu_s_per_gb"] = c["busy"] / c["hz"] / gb
+        extra["softirq_s_per_gb"] = c["softirq"] / c["hz"] / gb
+    try:
+        extra["load"] = (D / f"{p}.load").read_text().strip()
+    except OSError:
+        pass
+    return f, extra
+
+
+doc = {}
+extras = {}
+for p in PATHS:
+    doc[p], extras[p] = path_figures(p)
+fab = load("fabric.json") or {}
+doc["tunnel_setup_conns_per_s"] = fab.get("setup_conns_per_s")
+doc["tunnel_reap_qps_per_s"] = fab.get("reap_qps_per_s")
+rx = [x for x in (fab.get("rx_conn_bytes"), fab.get("rx_conn_bytes_big")) if x is not None]
+doc["tunnel_rx_conn_bytes"] = max(rx) if rx else None
+doc["tunnel_mtu1500"] = doc.pop("tunnel1500")
+doc["extra"] = {p: extras[p] for p in PATHS}
+doc["extra"]["fabric"] = fab
+try:
+    doc["extra"]["fabric"]["load"] = (D / "fabric.load").read_text().strip()
+except OSError:
+    pass
+prov = {}
+for size in ("65536", "64"):
+    try:
+        t = (D / f"rcpp-{size}.txt").read_text()
+    except OSError:
+        continue
+    m = re.search(r"= ([0-9.]+) Mbit/sec", t)
+    u = re.search(r"= ([0-9.]+) usec/iter", t)
+    prov[size] = {"mbit_s": float(m.group(1)) if m else None,
+                  "usec_per_iter": float(u.group(1)) if u else None}
+doc["extra"]["provider_rc_pingpong"] = prov
+
+
+def fmt(v, unit=""):
+    if v is None:
+        return "-"
+    if abs(v) >= 1000:
+        return f"{v:,.0f}{unit}"
+    if abs(v) >= 10:
+        return f"{v:.1f}{unit}"
+    return f"{v:.3g}{unit}"
+
+
+def ratio(a, b):
+    if a is None or b in (None, 0):
+        return "-"
+    return f"{a / b:.2f}x"
+
+
+rows = [("TCP 1 stream Gbit/s", "tcp_gbps"), ("TCP 4 streams Gbit/s", "tcp4_gbps"),
+        ("UDP 64 B recv pps", "udp64_pps"), ("ping p50 us", "ping_p50_us"),
+        ("ping p99 us", "ping_p99_us"), ("CPU s/GB (tunnel procs)", "cpu_s_per_gb")]
+hdr = f"{'':26}{'veth':>10}{'OpenVPN':>10}{'ipoib9000':>10}{'ipoib1500':>10}" \
+      f"{'t/veth':>8}{'t/ovpn':>8}{'t1500/veth':>11}"
+print(hdr)
+t15 = doc["tunnel_mtu1500"]
+for label, k in rows:
+    v, o, t = doc["veth"][k], doc["peer"][k], doc["tunnel"][k]
+    print(f"{label:26}{fmt(v):>10}{fmt(o):>10}{fmt(t):>10}{fmt(t15[k]):>10}"
+          f"{ratio(t, v):>8}{ratio(t, o):>8}{ratio(t15[k], v):>11}")
+label = "whole-VM busy s/GB"
+vm = [extras[p].get("vm_cpu_s_per_gb") for p in PATHS]
+print(f"{label:26}" + "".join(f"{fmt(x):>10}" for x in vm)
+      + f"{ratio(vm[2], vm[0]):>8}{ratio(vm[2], vm[1]):>8}{ratio(vm[3], vm[0]):>11}")
+print("load average (1/5/15) at the end of each path: "
+      + ", ".join(f"{p} {extras[p].get('load', '?')}" for p in PATHS)
+      + f", fabric {doc['extra']['fabric'].get('load', '?')}")
+print()
+print(f"simulated fabric: {fab.get('setup_conns', '?')} connections set up (burst) at "
+      f"{fmt(doc['tunnel_setup_conns_per_s'])} conn/s ({fmt(fab.get('setup_virtual_s'))} s virtual, "
+      f"{fmt(fab.get('setup_wall_s'))} s wall, {fab.get('setup_req_retransmits', '?')} CM retransmits); "
+      f"paced {fab.get('setup_paced_batch', '?')} at a time: {fmt(fab.get('setup_paced_conns_per_s'))} conn/s")
+print(f"simulated fabric: {fab.get('reap_qps', '?')} stale RX QPs reaped in "
+      f"{fmt(fab.get('reap_cpu_s'))} s CPU / {fmt(fab.get('reap_wall_s'))} s wall = "
+      f"{fmt(doc['tunnel_reap_qps_per_s'])} QP/s; hub heap per idle RX connection (SRQ) "
+      f"{fmt(doc['tunnel_rx_conn_bytes'])} B")
+for size, v in prov.items():
+    print(f"provider alone (rc-pingpong, {size} B messages): {fmt(v['mbit_s'])} Mbit/s, "
+          f"{fmt(v['usec_per_iter'])} us/iter")
+
+# Targets.
+T, V, O = doc["tunnel"], doc["veth"], doc["peer"]
+
+
+def check(name, ok):
+    print(f"  [{'PASS' if ok else 'FAIL' if ok is not None else 'n/a '}] {name}")
+
+
+def ge(a, b):
+    return None if a is None or b is None else a >= b
+
+
+def le(a, b):
+    return None if a is None or b is None else a <= b
+
+
+print("\ntargets:")
+check("TCP >= 0.6x veth", ge(T["tcp_gbps"], V["tcp_gbps"] and 0.6 * V["tcp_gbps"]))
+check("TCP >= 10x OpenVPN", ge(T["tcp_gbps"], O["tcp_gbps"] and 10 * O["tcp_gbps"]))
+check("ping p50 <= veth p50 + 30 us",
+      le(T["ping_p50_us"], V["ping_p50_us"] and V["ping_p50_us"] + 30))
+check("ping p99 <= 3x p50", le(T["ping_p99_us"], T["ping_p50_us"] and 3 * T["ping_p50_us"]))
+check(">= 150k pps of 64-byte UDP", ge(T["udp64_pps"], 150_000))
+check("1,000 connections established <= 1 s (burst)",
+      le(fab.get("setup_wall_s") and max(fab["setup_wall_s"], fab.get("setup_virtual_s", 0)), 1.0))
+check("10,000 stale RX QPs reaped <= 1 s CPU", le(fab.get("reap_cpu_s"), 1.0))
+check("<= 2 KiB heap per idle RX connection (SRQ)", le(doc["tunnel_rx_conn_bytes"], 2048))
+
+if OUT:
+    Path(OUT).write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"\nJSON written to {OUT}")
