@@ -331,6 +331,8 @@ pub struct Endpoint {
 const RESOLVE_RETRIES: u8 = 3;
 /// Interval between resolution requests.
 const RESOLVE_INTERVAL: Duration = Duration::from_secs(1);
+/// Receives posted on QP1.
+const GSI_RECV_DEPTH: u32 = 1024;
 /// Completions taken from a CQ per poll.
 const CQ_BATCH: usize = 64;
 
@@ -347,7 +349,9 @@ impl Endpoint {
         let pd = v.alloc_pd()?;
         let ud = ud::open_ud(v, pd, &cfg)?;
         counters.qp_created += 1;
-        let gsi = Gsi::open(v, pd, 64, 32)?;
+        // Deep enough for a burst of REQs from many peers at once (a dropped MAD costs a CM
+        // retransmission timeout).
+        let gsi = Gsi::open(v, pd, GSI_RECV_DEPTH, 64)?;
         counters.qp_created += 1;
         let port = v.port_attr();
         let flags = if cfg.mode == Mode::Connected {

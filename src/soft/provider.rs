@@ -26,6 +26,11 @@ pub struct SoftProvider {
     blocked: Option<(SocketAddr, Vec<u8>)>,
     /// Send errors other than `WouldBlock` (the datagram is dropped; RC retransmits).
     pub send_errors: u64,
+    /// Where the socket is registered, to ask for writability only while a send is blocked
+    /// (a UDP socket would otherwise wake the loop after every datagram it sends).
+    registration: Option<(Registry, Token)>,
+    /// WRITABLE interest is currently registered.
+    want_writable: bool,
     /// The last receive batch hit its bound: more datagrams may be waiting and, the socket
     /// being edge-triggered, no readiness event will say so.
     rx_more: Option<Instant>,
@@ -48,6 +53,8 @@ impl SoftProvider {
             blocked: None,
             send_errors: 0,
             rx_more: None,
+            registration: None,
+            want_writable: false,
         })
     }
 
@@ -71,6 +78,24 @@ impl SoftProvider {
                 true
             }
         }
+    }
+
+    /// Registers for writability exactly while a datagram waits for room in the socket.
+    fn update_interest(&mut self) -> io::Result<()> {
+        let want = self.blocked.is_some();
+        if want == self.want_writable {
+            return Ok(());
+        }
+        if let Some((registry, token)) = &self.registration {
+            let interest = if want {
+                Interest::READABLE | Interest::WRITABLE
+            } else {
+                Interest::READABLE
+            };
+            registry.reregister(&mut self.transport, *token, interest)?;
+        }
+        self.want_writable = want;
+        Ok(())
     }
 
     /// Transmits until the engine has nothing more or the socket would block.
@@ -100,11 +125,9 @@ impl Provider for SoftProvider {
     }
 
     fn register(&mut self, registry: &Registry, first_token: usize) -> io::Result<usize> {
-        registry.register(
-            &mut self.transport,
-            Token(first_token),
-            Interest::READABLE | Interest::WRITABLE,
-        )?;
+        registry.register(&mut self.transport, Token(first_token), Interest::READABLE)?;
+        self.registration = Some((registry.try_clone()?, Token(first_token)));
+        self.want_writable = false;
         Ok(1)
     }
 
@@ -120,7 +143,7 @@ impl Provider for SoftProvider {
         }
         self.verbs.handle_timeout(now);
         self.flush(now);
-        Ok(())
+        self.update_interest()
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
