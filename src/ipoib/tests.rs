@@ -298,3 +298,22 @@ fn all_pairs_steady_state_delivers_everything() {
     let delivered: usize = n.tun.iter().map(Vec::len).sum();
     assert_eq!(delivered, sent);
 }
+
+#[test]
+fn no_connection_is_opened_after_shutdown_began() {
+    // Found by the endpoint_script fuzz target: a packet queued on an unresolved neighbour
+    // must not open a TX connection when the ARP reply arrives after begin_shutdown.
+    let mut n = Net::new(2, |_, _| {}, |_, _| {});
+    n.inject(1, &ping4(1, 0, 64));
+    let now = n.now();
+    {
+        let c = &mut n.0;
+        let (ep, node) = (c.eps[1].as_mut().unwrap(), &mut c.f.nodes[1]);
+        ep.begin_shutdown(now, node);
+    }
+    n.run(Duration::from_millis(200));
+    assert!(n.ep(1).is_stopped());
+    assert_eq!(n.ep(1).tx_count(), 0);
+    assert_eq!(n.qp_live(1), BASELINE_QPS);
+    assert!(n.tun[0].is_empty());
+}

@@ -72,6 +72,12 @@ impl Endpoint {
     ) {
         let qpn = match self.tx_by_peer.get(&(hw.gid, hw.qpn)).copied() {
             Some(q) => q,
+            // Shutting down: no new connections (packets queued on a neighbour whose address
+            // arrives now are dropped).
+            None if self.stopping => {
+                self.counters.tx_dropped += 1;
+                return;
+            }
             None => match self.open_tx(now, v, hw) {
                 Some(q) => q,
                 None => {
