@@ -3,12 +3,21 @@
 //! through in-order RC receives, multi-packet messages, UD/GSI receives, RC sends that are
 //! ACKed, RNR-NAKed or time out, UD sends and QP state changes.
 //!
+//! For `cm_mad`, one MAD of each kind the CM sends; for `cm_machine`, operation sequences (see
+//! that target's docs) that connect, lose and retransmit MADs, disconnect from both ends and
+//! time out.
+//!
 //! Run from `fuzz/`: `cargo run --example gen_seeds` (no sanitizer or nightly flags needed).
 
 use std::fs;
 use std::net::Ipv4Addr;
 use std::path::Path;
 
+use ipoib_cm::verbs::{Gid, PathMtu, Psn, QpNum};
+use ipoib_cm::wire::cm::{
+    ipoib_service_id, CmMad, CmMessage, CmPath, Drep, Dreq, IpoibCmData, Mra, Rej, RejReason,
+    Rep, Req, Rtu, TargetMsg,
+};
 use ipoib_cm::wire::{
     Aeth, Bth, Deth, ImmDt, IpHeaderInfo, NakCode, Opcode, Reth, RoceRepr, GSI_QKEY,
     ROCEV2_UDP_PORT,
@@ -422,4 +431,256 @@ fn main() {
     for (name, s) in seqs {
         write("soft_datagrams", name, &s.0);
     }
+
+    for (name, mad) in cm_mads() {
+        write("cm_mad", name, &mad);
+    }
+    for (name, s) in cm_machine_seeds() {
+        write("cm_machine", name, &s.0);
+    }
+}
+
+/// One CM MAD of each kind, as the CM fills them in.
+fn cm_mads() -> Vec<(&'static str, Vec<u8>)> {
+    let gid = |n: u8| Gid::from(Ipv4Addr::new(198, 18, 0, n));
+    let ipoib = |qpn: u32| {
+        let mut b = [0u8; 8];
+        IpoibCmData {
+            qpn: QpNum::new(qpn),
+            mtu: IpoibCmData::LINUX_MTU,
+        }
+        .encode(&mut b)
+        .unwrap();
+        b
+    };
+    let mut req_private = [0u8; 92];
+    req_private[..8].copy_from_slice(&ipoib(0x12));
+    let req = Req {
+        local_comm_id: 0x1234_0001,
+        service_id: ipoib_service_id(QpNum::new(0x12), true),
+        local_ca_guid: 0x0002_C903_0000_0101,
+        local_qpn: QpNum::new(0x13),
+        remote_cm_response_timeout: 17,
+        starting_psn: Psn::new(0x00AB_CDEF),
+        local_cm_response_timeout: 17,
+        retry_count: 7,
+        pkey: 0xFFFF,
+        path_mtu: Some(PathMtu::Mtu1024),
+        rnr_retry_count: 7,
+        max_cm_retries: 15,
+        primary_path: CmPath {
+            local_lid: 0xFFFF,
+            remote_lid: 0xFFFF,
+            local_gid: gid(1),
+            remote_gid: gid(2),
+            packet_rate: 3,
+            hop_limit: 64,
+            local_ack_timeout: 14,
+            ..CmPath::default()
+        },
+        private_data: req_private,
+        ..Req::default()
+    };
+    let mut rep_private = [0u8; 196];
+    rep_private[..8].copy_from_slice(&ipoib(0x12));
+    let rep = Rep {
+        local_comm_id: 0x5678_0001,
+        remote_comm_id: 0x1234_0001,
+        local_qpn: QpNum::new(0x14),
+        starting_psn: Psn::new(0x0012_3456),
+        target_ack_delay: 15,
+        rnr_retry_count: 7,
+        srq: true,
+        local_ca_guid: 0x0002_C903_0000_0201,
+        private_data: rep_private,
+        ..Rep::default()
+    };
+    let mut rej = Rej {
+        local_comm_id: 0,
+        remote_comm_id: 0x1234_0001,
+        msg_rejected: TargetMsg::Req,
+        reason: RejReason::Timeout,
+        reject_info_len: 8,
+        ..Rej::default()
+    };
+    rej.ari[..8].copy_from_slice(&0x0002_C903_0000_0201u64.to_be_bytes());
+    let tid = 1 << 32 | 0x1234_0001;
+    let msgs = [
+        ("req", CmMessage::Req(req)),
+        ("rep", CmMessage::Rep(rep)),
+        (
+            "rtu",
+            CmMessage::Rtu(Rtu {
+                local_comm_id: 0x1234_0001,
+                remote_comm_id: 0x5678_0001,
+                ..Rtu::default()
+            }),
+        ),
+        (
+            "mra",
+            CmMessage::Mra(Mra {
+                local_comm_id: 0x5678_0001,
+                remote_comm_id: 0x1234_0001,
+                msg_mraed: TargetMsg::Req,
+                service_timeout: 20,
+                ..Mra::default()
+            }),
+        ),
+        ("rej_timeout", CmMessage::Rej(rej)),
+        (
+            "dreq",
+            CmMessage::Dreq(Dreq {
+                local_comm_id: 0x1234_0001,
+                remote_comm_id: 0x5678_0001,
+                remote_qpn: QpNum::new(0x14),
+                ..Dreq::default()
+            }),
+        ),
+        (
+            "drep",
+            CmMessage::Drep(Drep {
+                local_comm_id: 0x5678_0001,
+                remote_comm_id: 0x1234_0001,
+                ..Drep::default()
+            }),
+        ),
+    ];
+    msgs.into_iter()
+        .map(|(name, m)| (name, CmMad::new(tid, m).emit().to_vec()))
+        .collect()
+}
+
+/// `cm_machine` inputs: a set-up chunk, then one chunk per operation (tags as in the target).
+fn cm_machine_seeds() -> Vec<(&'static str, Seq)> {
+    // Set-up: `three`, then three `NodeSetup`s (custom = false: CmConfig defaults).
+    let setup = |three: bool| {
+        let mut e = Enc::default().bool(three);
+        for _ in 0..3 {
+            e = e.bool(false).u8(0).u8(0).u8(0).u16(0).u32(0).bool(false);
+        }
+        e.0
+    };
+    let known = |e: Enc, k: u8| e.variant(0, 2).u8(k);
+    let connect = |from: u8, to: u8| {
+        Enc::default()
+            .u8(from)
+            .variant(0, 2) // PeerSel::Node
+            .u8(to)
+            .variant(0, 4) // ServiceSel::Ipoib
+            .u32(0x100 + u32::from(from))
+            .u32(0x00AB_CDEF)
+            .u8(2) // MTU 1024
+            .u8(7)
+            .u8(7)
+            .bool(false)
+            .u8(14)
+            .u8(8) // private data
+            .0
+    };
+    let connect_forged = |from: u8| {
+        Enc::default()
+            .u8(from)
+            .variant(1, 2) // PeerSel::Forged
+            .u32(0x0000_0909)
+            .variant(0, 4)
+            .u32(0x200)
+            .u32(1)
+            .u8(2)
+            .u8(7)
+            .u8(7)
+            .bool(false)
+            .u8(14)
+            .u8(8)
+            .0
+    };
+    let accept = |node: u8, k: u8| {
+        known(Enc::default().u8(node), k)
+            .u32(0x300 + u32::from(node))
+            .u32(0x0012_3456)
+            .bool(true)
+            .u8(7)
+            .u8(8)
+            .0
+    };
+    let id_op = |node: u8, k: u8| known(Enc::default().u8(node), k).0;
+    let deliver_all = Enc::default().variant(3, 4).0;
+    let drop_first = Enc::default().variant(1, 4).u16(0).0;
+    let advance = |ms: u32| Enc::default().u32(ms).bool(false).0;
+
+    let handshake = |s: Seq, from: u8, to: u8, k_from: u8, k_to: u8| {
+        s.chunk(0, &connect(from, to))
+            .chunk(7, &deliver_all)
+            .chunk(1, &accept(to, k_to))
+            .chunk(7, &deliver_all)
+            .chunk(3, &id_op(from, k_from))
+            .chunk(7, &deliver_all)
+    };
+    vec![
+        (
+            "connect_and_disconnect",
+            handshake(Seq::default().chunk(0, &setup(false)), 0, 1, 0, 0)
+                .chunk(5, &id_op(0, 0))
+                .chunk(7, &deliver_all)
+                .chunk(7, &deliver_all)
+                .chunk(12, &[]),
+        ),
+        (
+            "lost_rtu_rep_resent",
+            Seq::default()
+                .chunk(0, &setup(false))
+                .chunk(0, &connect(0, 1))
+                .chunk(7, &deliver_all)
+                .chunk(1, &accept(1, 0))
+                .chunk(7, &deliver_all)
+                .chunk(3, &id_op(0, 0))
+                .chunk(7, &drop_first)
+                .chunk(12, &[])
+                .chunk(7, &deliver_all)
+                .chunk(7, &deliver_all)
+                .chunk(5, &id_op(1, 0))
+                .chunk(7, &deliver_all),
+        ),
+        (
+            "req_times_out",
+            Seq::default()
+                .chunk(0, &setup(false))
+                .chunk(0, &connect_forged(0))
+                .chunk(11, &advance(30_000))
+                .chunk(11, &advance(30_000))
+                .chunk(11, &advance(30_000)),
+        ),
+        (
+            "reject_and_comm_est",
+            Seq::default()
+                .chunk(0, &setup(true))
+                .chunk(0, &connect(0, 1))
+                .chunk(0, &connect(2, 1))
+                .chunk(7, &deliver_all)
+                .chunk(2, &known(Enc::default().u8(1), 0).u16(28).0)
+                .chunk(1, &accept(1, 1))
+                .chunk(7, &deliver_all)
+                .chunk(4, &id_op(1, 1))
+                .chunk(7, &deliver_all),
+        ),
+        (
+            "crossing_dreqs",
+            handshake(Seq::default().chunk(0, &setup(true)), 1, 2, 0, 0)
+                .chunk(5, &id_op(1, 0))
+                .chunk(5, &id_op(2, 0))
+                .chunk(7, &deliver_all)
+                .chunk(7, &deliver_all)
+                .chunk(11, &advance(1_000)),
+        ),
+        (
+            "self_connect",
+            Seq::default()
+                .chunk(0, &setup(false))
+                .chunk(0, &connect(0, 0))
+                .chunk(7, &deliver_all)
+                .chunk(1, &accept(0, 1))
+                .chunk(7, &deliver_all)
+                .chunk(3, &id_op(0, 0))
+                .chunk(7, &deliver_all),
+        ),
+    ]
 }
