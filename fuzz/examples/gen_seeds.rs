@@ -5,7 +5,9 @@
 //!
 //! For `cm_mad`, one MAD of each kind the CM sends; for `cm_machine`, operation sequences (see
 //! that target's docs) that connect, lose and retransmit MADs, disconnect from both ends and
-//! time out.
+//! time out; for `endpoint_script`, scripts that ping across nodes (IPv4, IPv6, 65000 B),
+//! kill and restart nodes, shut down, run with quirks and faults, hit the QP budget and inject
+//! datagrams.
 //!
 //! Run from `fuzz/`: `cargo run --example gen_seeds` (no sanitizer or nightly flags needed).
 
@@ -438,6 +440,288 @@ fn main() {
     for (name, s) in cm_machine_seeds() {
         write("cm_machine", name, &s.0);
     }
+    for (name, s) in endpoint_script_seeds() {
+        write("endpoint_script", name, &s.0);
+    }
+}
+
+/// Set-up of one `endpoint_script` node (its `NodeSetup`).
+#[derive(Default, Clone, Copy)]
+struct EpNode {
+    drain_never: bool,
+    no_last_wqe: bool,
+    dup_last_wqe: bool,
+    loss: u8,
+    dup: u8,
+    reorder: u8,
+    corrupt: u8,
+    no_srq: bool,
+    max_conn_qp: u8,
+    reject_policy: bool,
+    rx_timeout_s: u8,
+}
+
+/// `endpoint_script` inputs: a set-up chunk, then one chunk per step (tags as in the target).
+fn endpoint_script_seeds() -> Vec<(&'static str, Seq)> {
+    let setup = |three: bool, nodes: [EpNode; 3]| {
+        let mut e = Enc::default().bool(three);
+        for n in nodes {
+            e = e
+                .bool(n.drain_never)
+                .bool(n.no_last_wqe)
+                .bool(n.dup_last_wqe)
+                .u8(n.loss)
+                .u8(n.dup)
+                .u8(n.reorder)
+                .u8(n.corrupt)
+                .u8(7) // fault seed
+                .bool(n.no_srq)
+                .u8(n.max_conn_qp.saturating_sub(1))
+                .bool(n.reject_policy)
+                .u8(n.rx_timeout_s.max(1) - 1);
+        }
+        Seq::default().chunk(0, &e.0)
+    };
+    let plain = [EpNode {
+        max_conn_qp: 4,
+        rx_timeout_s: 2,
+        ..EpNode::default()
+    }; 3];
+    // TunSpec::Ping4 / Ping6 { to: DstSel, len }
+    let ping = |s: Seq, from: u8, v6: bool, to: u64, node: u8, len: u16| {
+        // DstSel: 0 Node(node), 1 Unknown, 2 Multicast.
+        let e = Enc::default()
+            .u8(from)
+            .variant(u64::from(v6), 3)
+            .variant(to, 3);
+        let e = if to == 0 { e.u8(node) } else { e };
+        s.chunk(0, &e.u16(len).0)
+    };
+    let run = |s: Seq, ms: u16| s.chunk(5, &Enc::default().u16(ms).0);
+    let kill = |s: Seq, n: u8| s.chunk(2, &[n]);
+    let restart = |s: Seq, n: u8| s.chunk(3, &[n]);
+    let shutdown = |s: Seq, n: u8, force: bool| s.chunk(4, &[n | if force { 0x80 } else { 0 }]);
+    // RoceSpec, with QpSel `qp` (0 Ud, 1 Gsi, 2 Rx(k), 3 Tx(k)) and PayloadSel `payload`
+    // (0 Ipoib(t), 1 Mad(t), 2 Raw).
+    let roce = |s: Seq, node: u8, from: u8, qp: u64, op: Opcode, payload: u64, t: u8, rest: &[u8]| {
+        let e = Enc::default().u8(node).u8(from).variant(qp, 6);
+        let e = if qp >= 2 { e.u8(0) } else { e };
+        let e = e
+            .u8(supported_index(op))
+            .u32(0)
+            .bool(true)
+            .u8(0x1F)
+            .u32(0)
+            .bool(true)
+            .u32(0)
+            .u32(0x11)
+            .variant(payload, 3);
+        let e = if payload < 2 { e.u8(t) } else { e };
+        s.chunk(8, &e.bytes(rest).0)
+    };
+    let arp_like = [0u8; 36];
+    let mut ids = Vec::new();
+    ids.extend_from_slice(&1u32.to_be_bytes());
+    ids.extend_from_slice(&1u32.to_be_bytes());
+    ids.extend_from_slice(&0x11u32.to_be_bytes());
+    vec![
+        (
+            "ping_v4_both_ways",
+            run(
+                ping(
+                    run(ping(setup(false, plain), 0, false, 0, 1, 100), 300),
+                    1,
+                    false,
+                    0,
+                    0,
+                    3000,
+                ),
+                300,
+            ),
+        ),
+        (
+            "ping_v6_three_nodes_65000",
+            run(
+                ping(
+                    ping(ping(setup(true, plain), 0, true, 0, 1, 64), 1, true, 0, 2, 64),
+                    2,
+                    true,
+                    0,
+                    0,
+                    65000,
+                ),
+                1000,
+            ),
+        ),
+        (
+            "kill_and_restart",
+            run(
+                ping(
+                    restart(run(kill(run(ping(setup(false, plain), 0, false, 0, 1, 64), 200), 1), 3000), 1),
+                    0,
+                    false,
+                    0,
+                    1,
+                    64,
+                ),
+                5000,
+            ),
+        ),
+        (
+            "shutdown_then_force",
+            shutdown(
+                run(
+                    shutdown(
+                        run(ping(ping(setup(false, plain), 0, false, 0, 1, 64), 1, false, 0, 0, 64), 200),
+                        0,
+                        false,
+                    ),
+                    300,
+                ),
+                0,
+                true,
+            ),
+        ),
+        (
+            "quirks_faults_nosrq",
+            run(
+                ping(
+                    ping(
+                        setup(
+                            false,
+                            [
+                                EpNode {
+                                    drain_never: true,
+                                    loss: 10,
+                                    dup: 10,
+                                    reorder: 10,
+                                    corrupt: 5,
+                                    max_conn_qp: 2,
+                                    rx_timeout_s: 1,
+                                    ..EpNode::default()
+                                },
+                                EpNode {
+                                    no_srq: true,
+                                    no_last_wqe: true,
+                                    loss: 5,
+                                    max_conn_qp: 1,
+                                    rx_timeout_s: 3,
+                                    ..EpNode::default()
+                                },
+                                EpNode::default(),
+                            ],
+                        ),
+                        0,
+                        false,
+                        0,
+                        1,
+                        2000,
+                    ),
+                    1,
+                    true,
+                    0,
+                    0,
+                    500,
+                ),
+                4000,
+            ),
+        ),
+        (
+            "qp_budget_reject_and_evict",
+            run(
+                ping(
+                    run(
+                        ping(
+                            setup(
+                                true,
+                                [
+                                    EpNode {
+                                        max_conn_qp: 1,
+                                        reject_policy: true,
+                                        rx_timeout_s: 5,
+                                        dup_last_wqe: true,
+                                        ..EpNode::default()
+                                    },
+                                    EpNode {
+                                        max_conn_qp: 1,
+                                        rx_timeout_s: 5,
+                                        ..EpNode::default()
+                                    },
+                                    EpNode {
+                                        no_srq: true,
+                                        max_conn_qp: 1,
+                                        rx_timeout_s: 5,
+                                        ..EpNode::default()
+                                    },
+                                ],
+                            ),
+                            1,
+                            false,
+                            0,
+                            0,
+                            64,
+                        ),
+                        200,
+                    ),
+                    2,
+                    false,
+                    0,
+                    0,
+                    64,
+                ),
+                200,
+            ),
+        ),
+        (
+            "unknown_and_multicast",
+            run(
+                ping(ping(setup(false, plain), 0, false, 1, 0, 64), 1, true, 2, 0, 64),
+                4000,
+            ),
+        ),
+        (
+            "injected_datagrams",
+            roce(
+                roce(
+                    roce(
+                        run(ping(setup(false, plain), 0, false, 0, 1, 64), 200),
+                        1,
+                        0,
+                        2,
+                        Opcode::RC_SEND_ONLY,
+                        0,
+                        0,
+                        &ping4_bytes(),
+                    ),
+                    1,
+                    0,
+                    1,
+                    Opcode::UD_SEND_ONLY,
+                    1,
+                    1,
+                    &ids,
+                ),
+                0,
+                1,
+                0,
+                Opcode::UD_SEND_ONLY,
+                0,
+                2,
+                &arp_like,
+            )
+            .chunk(7, &[0x81, 0x04, 0x00, 0xFF, 0xFF, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0])
+            .chunk(5, &Enc::default().u16(500).0),
+        ),
+    ]
+}
+
+/// An IPv4 packet from 198.19.0.1 to 198.19.0.2 (a 16-byte UDP datagram).
+fn ping4_bytes() -> Vec<u8> {
+    let mut p = vec![
+        0x45, 0, 0, 36, 0, 0, 0x40, 0, 64, 17, 0, 0, 198, 19, 0, 1, 198, 19, 0, 2,
+    ];
+    p.extend_from_slice(&[0x30, 0x39, 0x30, 0x39, 0, 16, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]);
+    p
 }
 
 /// One CM MAD of each kind, as the CM fills them in.
