@@ -25,7 +25,8 @@
 //! - states the CM never keeps (Idle, MraReqSent, MraRepSent, DreqRcvd) are never reported;
 //! - every event agrees with the state of its id right after the operation, and every owner
 //!   call does what its documentation says (result and resulting state);
-//! - `stats().mads_received` counts every `handle_mad`.
+//! - `stats().mads_received` counts every `handle_mad`, and no MAD is answered with more
+//!   than one (no amplification).
 //!
 //! Final phase, with no new input (`settle`: deliver everything in flight, in order, then
 //! jump to the next timer, until no timer is left):
@@ -370,7 +371,13 @@ impl Harness {
             n.reqs_in += 1;
         }
         n.mads_in += 1;
+        let sent = n.cm.stats().mads_sent;
         n.cm.handle_mad(self.now, f.from, &f.mad);
+        assert!(
+            n.cm.stats().mads_sent <= sent + 1,
+            "node {i}: one MAD in, {} out",
+            n.cm.stats().mads_sent - sent
+        );
     }
 
     /// Runs the timers of every instance and checks `handle_timeout`'s contract.
