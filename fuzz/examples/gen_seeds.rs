@@ -7,7 +7,7 @@
 //! that target's docs) that connect, lose and retransmit MADs, disconnect from both ends and
 //! time out; for `endpoint_script`, scripts that ping across nodes (IPv4, IPv6, 65000 B),
 //! kill and restart nodes, shut down, run with quirks and faults, hit the QP budget and inject
-//! datagrams.
+//! datagrams, and send packets too big for the connection.
 //!
 //! Run from `fuzz/`: `cargo run --example gen_seeds` (no sanitizer or nightly flags needed).
 
@@ -670,6 +670,20 @@ fn endpoint_script_seeds() -> Vec<(&'static str, Seq)> {
                     64,
                 ),
                 200,
+            ),
+        ),
+        (
+            "too_big_for_the_connection",
+            run(
+                ping(
+                    run(ping(setup(false, plain), 0, false, 0, 1, 65535), 300),
+                    1,
+                    true,
+                    0,
+                    0,
+                    65535,
+                ),
+                300,
             ),
         ),
         (

@@ -8,8 +8,9 @@
 //! policy, `rx_timeout` 1–5 s; `drain_timeout` is 1 s and `neigh_timeout` 3 s. Every later
 //! chunk is one step, picked by `tag % 9`:
 //!
-//! - an IP packet into a node's TUN device: a ping (IPv4 or IPv6, built with etherparse) to a
-//!   node, to itself, to an address nobody has, or to multicast / broadcast; or raw bytes;
+//! - an IP packet into a node's TUN device: a ping (IPv4 or IPv6, built with etherparse, up to
+//!   the largest IP packet, so also beyond the connection MTU) to a node, to itself, to an
+//!   address nobody has, or to multicast / broadcast; or raw bytes;
 //! - kill a node (partition it and drop its endpoint, as after SIGKILL);
 //! - restart a node (a new `SoftVerbs` on the same address, a new `Endpoint`);
 //! - `begin_shutdown`, and `force_stop` of a node that is shutting down;
@@ -30,7 +31,7 @@
 //! node that began shutting down is stopped, and every node that did not has as many receive
 //! buffers posted (SRQ, UD QP, QP1) as right after `Endpoint::new` (none lost).
 //!
-//! `EP_FUZZ_TRACE=1` prints every step and the nodes' state after it.
+//! `EP_FUZZ_TRACE=1` prints every step, the nodes' state after it, and the final counters.
 #![no_main]
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -411,7 +412,7 @@ impl Net {
                     DstSel::Unknown => Ipv4Addr::new(198, 19, 0, 9),
                     DstSel::Multicast => Ipv4Addr::new(198, 19, 0, 255),
                 };
-                ping4(v4(i), dst, usize::from(len).min(65_000))
+                ping4(v4(i), dst, usize::from(len).min(65_507))
             }
             TunSpec::Ping6 { to, len } => {
                 let dst = match to {
@@ -419,7 +420,7 @@ impl Net {
                     DstSel::Unknown => Ipv6Addr::new(0x2001, 0xdb8, 0x19, 0, 0, 0, 0, 9),
                     DstSel::Multicast => Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1),
                 };
-                ping6(v6(i), dst, usize::from(len).min(65_000))
+                ping6(v6(i), dst, usize::from(len).min(65_527))
             }
             TunSpec::Raw => u.bytes(u.len())?.to_vec(),
         };
@@ -649,6 +650,12 @@ impl Net {
         self.run(QUIET);
         if trace() {
             self.summary();
+            for (i, n) in self.nodes.iter().enumerate() {
+                if let Some(ep) = n.ep.as_ref() {
+                    eprintln!("  node {i} counters {:?}", ep.counters());
+                    eprintln!("  node {i} provider {:?}", self.f.nodes[i].stats());
+                }
+            }
         }
         for (i, n) in self.nodes.iter().enumerate() {
             let Some(ep) = n.ep.as_ref() else { continue };
