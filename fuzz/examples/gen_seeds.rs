@@ -17,8 +17,8 @@ use std::path::Path;
 
 use ipoib_cm::verbs::{Gid, PathMtu, Psn, QpNum};
 use ipoib_cm::wire::cm::{
-    ipoib_service_id, CmMad, CmMessage, CmPath, Drep, Dreq, IpoibCmData, Mra, Rej, RejReason,
-    Rep, Req, Rtu, TargetMsg,
+    ipoib_service_id, CmMad, CmMessage, CmPath, Drep, Dreq, IpoibCmData, Mra, Rej, RejReason, Rep,
+    Req, Rtu, TargetMsg,
 };
 use ipoib_cm::wire::{
     Aeth, Bth, Deth, ImmDt, IpHeaderInfo, NakCode, Opcode, Reth, RoceRepr, GSI_QKEY,
@@ -503,22 +503,23 @@ fn endpoint_script_seeds() -> Vec<(&'static str, Seq)> {
     let shutdown = |s: Seq, n: u8, force: bool| s.chunk(4, &[n | if force { 0x80 } else { 0 }]);
     // RoceSpec, with QpSel `qp` (0 Ud, 1 Gsi, 2 Rx(k), 3 Tx(k)) and PayloadSel `payload`
     // (0 Ipoib(t), 1 Mad(t), 2 Raw).
-    let roce = |s: Seq, node: u8, from: u8, qp: u64, op: Opcode, payload: u64, t: u8, rest: &[u8]| {
-        let e = Enc::default().u8(node).u8(from).variant(qp, 6);
-        let e = if qp >= 2 { e.u8(0) } else { e };
-        let e = e
-            .u8(supported_index(op))
-            .u32(0)
-            .bool(true)
-            .u8(0x1F)
-            .u32(0)
-            .bool(true)
-            .u32(0)
-            .u32(0x11)
-            .variant(payload, 3);
-        let e = if payload < 2 { e.u8(t) } else { e };
-        s.chunk(8, &e.bytes(rest).0)
-    };
+    let roce =
+        |s: Seq, node: u8, from: u8, qp: u64, op: Opcode, payload: u64, t: u8, rest: &[u8]| {
+            let e = Enc::default().u8(node).u8(from).variant(qp, 6);
+            let e = if qp >= 2 { e.u8(0) } else { e };
+            let e = e
+                .u8(supported_index(op))
+                .u32(0)
+                .bool(true)
+                .u8(0x1F)
+                .u32(0)
+                .bool(true)
+                .u32(0)
+                .u32(0x11)
+                .variant(payload, 3);
+            let e = if payload < 2 { e.u8(t) } else { e };
+            s.chunk(8, &e.bytes(rest).0)
+        };
     let arp_like = [0u8; 36];
     let mut ids = Vec::new();
     ids.extend_from_slice(&1u32.to_be_bytes());
@@ -543,7 +544,14 @@ fn endpoint_script_seeds() -> Vec<(&'static str, Seq)> {
             "ping_v6_three_nodes_65000",
             run(
                 ping(
-                    ping(ping(setup(true, plain), 0, true, 0, 1, 64), 1, true, 0, 2, 64),
+                    ping(
+                        ping(setup(true, plain), 0, true, 0, 1, 64),
+                        1,
+                        true,
+                        0,
+                        2,
+                        64,
+                    ),
                     2,
                     true,
                     0,
@@ -557,7 +565,13 @@ fn endpoint_script_seeds() -> Vec<(&'static str, Seq)> {
             "kill_and_restart",
             run(
                 ping(
-                    restart(run(kill(run(ping(setup(false, plain), 0, false, 0, 1, 64), 200), 1), 3000), 1),
+                    restart(
+                        run(
+                            kill(run(ping(setup(false, plain), 0, false, 0, 1, 64), 200), 1),
+                            3000,
+                        ),
+                        1,
+                    ),
                     0,
                     false,
                     0,
@@ -572,7 +586,17 @@ fn endpoint_script_seeds() -> Vec<(&'static str, Seq)> {
             shutdown(
                 run(
                     shutdown(
-                        run(ping(ping(setup(false, plain), 0, false, 0, 1, 64), 1, false, 0, 0, 64), 200),
+                        run(
+                            ping(
+                                ping(setup(false, plain), 0, false, 0, 1, 64),
+                                1,
+                                false,
+                                0,
+                                0,
+                                64,
+                            ),
+                            200,
+                        ),
                         0,
                         false,
                     ),
@@ -689,7 +713,14 @@ fn endpoint_script_seeds() -> Vec<(&'static str, Seq)> {
         (
             "unknown_and_multicast",
             run(
-                ping(ping(setup(false, plain), 0, false, 1, 0, 64), 1, true, 2, 0, 64),
+                ping(
+                    ping(setup(false, plain), 0, false, 1, 0, 64),
+                    1,
+                    true,
+                    2,
+                    0,
+                    64,
+                ),
                 4000,
             ),
         ),
@@ -723,7 +754,12 @@ fn endpoint_script_seeds() -> Vec<(&'static str, Seq)> {
                 2,
                 &arp_like,
             )
-            .chunk(7, &[0x81, 0x04, 0x00, 0xFF, 0xFF, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0])
+            .chunk(
+                7,
+                &[
+                    0x81, 0x04, 0x00, 0xFF, 0xFF, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0,
+                ],
+            )
             .chunk(5, &Enc::default().u16(500).0),
         ),
     ]

@@ -52,8 +52,7 @@ use std::time::{Duration, Instant};
 
 use arbitrary::{Arbitrary, Unstructured};
 use ipoib_cm::cm::{
-    AcceptParams, Cm, CmConfig, CmEvent, CmState, CmUseError, CommId, ConnectParams,
-    MAX_LIVE_IDS,
+    AcceptParams, Cm, CmConfig, CmEvent, CmState, CmUseError, CommId, ConnectParams, MAX_LIVE_IDS,
 };
 use ipoib_cm::verbs::{Gid, PathMtu, Psn, QpNum};
 use ipoib_cm::wire::cm::{
@@ -365,9 +364,19 @@ impl Harness {
             return;
         };
         let parsed = CmMad::parse(&f.mad);
-        tr!("  deliver {} -> {} ({}): {:?}", f.from, i, f.mad.len(), parsed.as_ref().map(|m| m.msg.attr_id()));
+        tr!(
+            "  deliver {} -> {} ({}): {:?}",
+            f.from,
+            i,
+            f.mad.len(),
+            parsed.as_ref().map(|m| m.msg.attr_id())
+        );
         let n = &mut self.nodes[i];
-        if let Ok(CmMad { msg: CmMessage::Req(_), .. }) = parsed {
+        if let Ok(CmMad {
+            msg: CmMessage::Req(_),
+            ..
+        }) = parsed
+        {
             n.reqs_in += 1;
         }
         n.mads_in += 1;
@@ -391,9 +400,19 @@ impl Harness {
             }
             let stats = n.cm.stats();
             n.cm.handle_timeout(self.now);
-            assert_eq!(n.cm.stats(), stats, "node {i}: handle_timeout not idempotent");
-            assert!(n.cm.poll_transmit().is_none(), "node {i}: second handle_timeout sent");
-            assert!(n.cm.poll_event().is_none(), "node {i}: second handle_timeout raised");
+            assert_eq!(
+                n.cm.stats(),
+                stats,
+                "node {i}: handle_timeout not idempotent"
+            );
+            assert!(
+                n.cm.poll_transmit().is_none(),
+                "node {i}: second handle_timeout sent"
+            );
+            assert!(
+                n.cm.poll_event().is_none(),
+                "node {i}: second handle_timeout raised"
+            );
         }
     }
 
@@ -474,7 +493,11 @@ impl Harness {
         for i in 0..self.nodes.len() {
             self.collect(i);
             let n = &self.nodes[i];
-            let live = n.known.iter().filter(|id| n.cm.state(**id).is_some()).count();
+            let live = n
+                .known
+                .iter()
+                .filter(|id| n.cm.state(**id).is_some())
+                .count();
             assert_eq!(
                 n.cm.len(),
                 live,
@@ -578,8 +601,7 @@ impl Harness {
 
     fn reject(&mut self, i: usize, id: CommId, reason: u16) {
         let before = self.nodes[i].cm.state(id);
-        let r = self
-            .nodes[i]
+        let r = self.nodes[i]
             .cm
             .reject(self.now, id, RejReason::from_code(reason));
         let after = self.nodes[i].cm.state(id);
@@ -640,9 +662,10 @@ impl Harness {
             (Some(b), Ok(())) => {
                 let want = match b {
                     CmState::Established => Some(CmState::DreqSent),
-                    CmState::ReqSent | CmState::MraReqRcvd | CmState::ReqRcvd | CmState::RepRcvd => {
-                        None
-                    }
+                    CmState::ReqSent
+                    | CmState::MraReqRcvd
+                    | CmState::ReqRcvd
+                    | CmState::RepRcvd => None,
                     CmState::RepSent | CmState::MraRepRcvd => Some(CmState::TimeWait),
                     s => Some(s),
                 };
@@ -705,7 +728,9 @@ impl Harness {
             0 => Flight {
                 from: self.nodes[1].gid,
                 to: self.nodes[0].gid,
-                mad: CmMad::new(1, CmMessage::Rtu(Rtu::default())).emit().to_vec(),
+                mad: CmMad::new(1, CmMessage::Rtu(Rtu::default()))
+                    .emit()
+                    .to_vec(),
             },
             n => self.net[usize::from(m.idx) % n].clone(),
         };
@@ -764,7 +789,11 @@ impl Harness {
                 CmMessage::Req(Req {
                     local_comm_id: theirs,
                     service_id: service(sv),
-                    local_ca_guid: if sg { sender_guid } else { u64::from(qpn) << 20 },
+                    local_ca_guid: if sg {
+                        sender_guid
+                    } else {
+                        u64::from(qpn) << 20
+                    },
                     local_qpn: QpNum::new(qpn),
                     starting_psn: Psn::new(psn),
                     transport_service_type: transport % 4,
@@ -880,7 +909,7 @@ impl Harness {
         }
     }
 
-    fn to_next_timer(&mut self) {
+    fn jump_to_next_timer(&mut self) {
         if let Some(t) = self.nodes.iter().filter_map(|n| n.cm.poll_timeout()).min() {
             self.now = self.now.max(t);
         }
@@ -889,7 +918,12 @@ impl Harness {
 
     fn op(&mut self, tag: u8, body: &[u8]) {
         let mut u = Unstructured::new(body);
-        tr!("op {} ({} bytes) at {:?}", tag % 13, body.len(), self.now - self.start);
+        tr!(
+            "op {} ({} bytes) at {:?}",
+            tag % 13,
+            body.len(),
+            self.now - self.start
+        );
         let _ = (|| -> arbitrary::Result<()> {
             match tag % 13 {
                 0 => {
@@ -908,7 +942,7 @@ impl Harness {
                     let id = self.id(i, id);
                     self.reject(i, id, reason);
                 }
-                3 | 4 | 5 => {
+                3..=5 => {
                     let (n, id) = <(u8, IdSel)>::arbitrary(&mut u)?;
                     let i = self.node(n);
                     let id = self.id(i, id);
@@ -941,7 +975,7 @@ impl Harness {
                     let (ms, skip_timers) = <(u32, bool)>::arbitrary(&mut u)?;
                     self.advance(ms, skip_timers);
                 }
-                _ => self.to_next_timer(),
+                _ => self.jump_to_next_timer(),
             }
             Ok(())
         })();

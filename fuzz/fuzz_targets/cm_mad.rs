@@ -11,8 +11,8 @@
 
 use ipoib_cm::verbs::QpNum;
 use ipoib_cm::wire::cm::{
-    cm_timeout_ms, ibta_timeout, ipoib_service_id, parse_ipoib_service_id, AttrId, CmError,
-    CmMad, CmMessage, IpoibCmData, MadHeader, ServiceIdFlavor, TargetMsg, ATTR_CLASS_PORT_INFO,
+    cm_timeout_ms, ibta_timeout, ipoib_service_id, parse_ipoib_service_id, AttrId, CmError, CmMad,
+    CmMessage, IpoibCmData, MadHeader, ServiceIdFlavor, TargetMsg, ATTR_CLASS_PORT_INFO,
     CM_CLASS_VERSION, CM_MGMT_CLASS, MAD_BASE_VERSION, MAD_HEADER_LEN, MAD_LEN, METHOD_SEND,
 };
 use libfuzzer_sys::fuzz_target;
@@ -73,10 +73,13 @@ fn check_message(data: &[u8], m: &CmMad) {
             assert!(r.remote_cm_response_timeout <= 31 && r.local_cm_response_timeout <= 31);
             assert!(r.retry_count <= 7 && r.rnr_retry_count <= 7 && r.max_cm_retries <= 15);
             assert!(r.transport_service_type <= 3);
-            assert_eq!(r.path_mtu.map(|p| p.to_enum()), match data[74] >> 4 {
-                v @ 1..=5 => Some(v),
-                _ => None,
-            });
+            assert_eq!(
+                r.path_mtu.map(|p| p.to_enum()),
+                match data[74] >> 4 {
+                    v @ 1..=5 => Some(v),
+                    _ => None,
+                }
+            );
             // The IPoIB-CM service ID and private data helpers round-trip.
             if let Some((qpn, flavor)) = parse_ipoib_service_id(r.service_id) {
                 assert_eq!(
@@ -144,7 +147,10 @@ fuzz_target!(|data: &[u8]| {
         if (9..=31).contains(&t) {
             let exact_ms = exact.as_secs_f64() * 1e3;
             let ratio = exact_ms / ms as f64;
-            assert!((1.04..1.05).contains(&ratio), "t {t}: {exact_ms} ms vs {ms} ms");
+            assert!(
+                (1.04..1.05).contains(&ratio),
+                "t {t}: {exact_ms} ms vs {ms} ms"
+            );
         }
     }
 
@@ -156,7 +162,8 @@ fuzz_target!(|data: &[u8]| {
 
     let out = m.emit();
     assert_eq!(out.len(), MAD_LEN);
-    let again = CmMad::parse(&out).unwrap_or_else(|e| panic!("emitted {m:?} does not parse: {e:?}"));
+    let again =
+        CmMad::parse(&out).unwrap_or_else(|e| panic!("emitted {m:?} does not parse: {e:?}"));
     assert_eq!(again, m, "parse(emit(m)) != m");
     assert_eq!(again.emit(), out, "emit is not stable");
     // The header goes out as it came in, but for the reserved bytes.

@@ -46,8 +46,8 @@ use ipoib_cm::soft::{FaultConfig, Quirks, SoftVerbs};
 use ipoib_cm::verbs::{QpNum, Verbs};
 use ipoib_cm::wire::cm::{CmMad, CmMessage, Dreq, Rej, RejReason, Rtu, TargetMsg, MAD_LEN};
 use ipoib_cm::wire::{
-    compute_icrc, Aeth, Bth, Deth, ImmDt, IpHeaderInfo, Opcode, Reth, RoceRepr, Syndrome,
-    GSI_QKEY, ICRC_LEN, ROCEV2_UDP_PORT,
+    compute_icrc, Aeth, Bth, Deth, ImmDt, IpHeaderInfo, Opcode, Reth, RoceRepr, Syndrome, GSI_QKEY,
+    ICRC_LEN, ROCEV2_UDP_PORT,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -120,8 +120,14 @@ enum DstSel {
 
 #[derive(Arbitrary, Debug)]
 enum TunSpec {
-    Ping4 { to: DstSel, len: u16 },
-    Ping6 { to: DstSel, len: u16 },
+    Ping4 {
+        to: DstSel,
+        len: u16,
+    },
+    Ping6 {
+        to: DstSel,
+        len: u16,
+    },
     /// The rest of the body, as it is.
     Raw,
 }
@@ -287,7 +293,11 @@ impl Net {
         self.f.nodes[i].set_mcast_peers(peers);
         let c = self.config(i);
         let ep = Endpoint::new(now, &mut self.f.nodes[i], c).expect("Endpoint::new");
-        assert_eq!(self.f.nodes[i].qp_count(), BASELINE_QPS, "node {i}: baseline");
+        assert_eq!(
+            self.f.nodes[i].qp_count(),
+            BASELINE_QPS,
+            "node {i}: baseline"
+        );
         let posted = self.f.nodes[i].pools().posted_count();
         let n = &mut self.nodes[i];
         n.posted_at_boot = posted;
@@ -543,7 +553,11 @@ impl Net {
             }),
             deth: op.has_deth().then_some(Deth {
                 qkey: if s.right_qkey { qkey } else { s.qkey },
-                src_qp: if dest_qp == 1 { 1 } else { s.src_qp & 0xFF_FFFF },
+                src_qp: if dest_qp == 1 {
+                    1
+                } else {
+                    s.src_qp & 0xFF_FFFF
+                },
             }),
             imm: op.has_immediate().then_some(ImmDt(0x1234)),
         };
@@ -573,15 +587,30 @@ impl Net {
             return Ok(());
         }
         let mut d = Vec::new();
-        repr.emit(payload, &self.ip(from, i), ROCEV2_UDP_PORT, ROCEV2_UDP_PORT, &mut d);
-        tr!("  roce to {i} from {from}: {op} qp {dest_qp} psn {} {} bytes", bth.psn, payload.len());
+        repr.emit(
+            payload,
+            &self.ip(from, i),
+            ROCEV2_UDP_PORT,
+            ROCEV2_UDP_PORT,
+            &mut d,
+        );
+        tr!(
+            "  roce to {i} from {from}: {op} qp {dest_qp} psn {} {} bytes",
+            bth.psn,
+            payload.len()
+        );
         self.datagram(i, from, &d);
         Ok(())
     }
 
     fn op(&mut self, tag: u8, body: &[u8]) {
         let mut u = Unstructured::new(body);
-        tr!("op {} ({} bytes) at {:?}", tag % 9, body.len(), self.now() - self.start);
+        tr!(
+            "op {} ({} bytes) at {:?}",
+            tag % 9,
+            body.len(),
+            self.now() - self.start
+        );
         let first = body.first().copied().unwrap_or(0);
         let i = self.node(first);
         match tag % 9 {
@@ -632,16 +661,20 @@ impl Net {
                 "node {i}: {live} live RX connections, max_conn_qp {}",
                 ep.config().max_conn_qp
             );
-            let mut peers: Vec<_> = s
-                .tx
-                .iter()
-                .filter(|t| t.2 != TxState::Closing)
-                .map(|t| (t.0.gid, t.0.qpn))
-                .collect();
+            let mut peers: Vec<_> =
+                s.tx.iter()
+                    .filter(|t| t.2 != TxState::Closing)
+                    .map(|t| (t.0.gid, t.0.qpn))
+                    .collect();
             let all = peers.len();
             peers.sort_by_key(|(g, q)| (g.0, q.get()));
             peers.dedup();
-            assert_eq!(peers.len(), all, "node {i}: two open TX connections to one peer: {:?}", s.tx);
+            assert_eq!(
+                peers.len(),
+                all,
+                "node {i}: two open TX connections to one peer: {:?}",
+                s.tx
+            );
         }
     }
 
