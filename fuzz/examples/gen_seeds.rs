@@ -3,12 +3,23 @@
 //! through in-order RC receives, multi-packet messages, UD/GSI receives, RC sends that are
 //! ACKed, RNR-NAKed or time out, UD sends and QP state changes.
 //!
+//! For `cm_mad`, one MAD of each kind the CM sends; for `cm_machine`, operation sequences (see
+//! that target's docs) that connect, lose and retransmit MADs, disconnect from both ends and
+//! time out; for `endpoint_script`, scripts that ping across nodes (IPv4, IPv6, 65000 B),
+//! kill and restart nodes, shut down, run with quirks and faults, hit the QP budget and inject
+//! datagrams, and send packets too big for the connection.
+//!
 //! Run from `fuzz/`: `cargo run --example gen_seeds` (no sanitizer or nightly flags needed).
 
 use std::fs;
 use std::net::Ipv4Addr;
 use std::path::Path;
 
+use ipoib_cm::verbs::{Gid, PathMtu, Psn, QpNum};
+use ipoib_cm::wire::cm::{
+    ipoib_service_id, CmMad, CmMessage, CmPath, Drep, Dreq, IpoibCmData, Mra, Rej, RejReason, Rep,
+    Req, Rtu, TargetMsg,
+};
 use ipoib_cm::wire::{
     Aeth, Bth, Deth, ImmDt, IpHeaderInfo, NakCode, Opcode, Reth, RoceRepr, GSI_QKEY,
     ROCEV2_UDP_PORT,
@@ -422,4 +433,588 @@ fn main() {
     for (name, s) in seqs {
         write("soft_datagrams", name, &s.0);
     }
+
+    for (name, mad) in cm_mads() {
+        write("cm_mad", name, &mad);
+    }
+    for (name, s) in cm_machine_seeds() {
+        write("cm_machine", name, &s.0);
+    }
+    for (name, s) in endpoint_script_seeds() {
+        write("endpoint_script", name, &s.0);
+    }
+}
+
+/// Set-up of one `endpoint_script` node (its `NodeSetup`).
+#[derive(Default, Clone, Copy)]
+struct EpNode {
+    drain_never: bool,
+    no_last_wqe: bool,
+    dup_last_wqe: bool,
+    loss: u8,
+    dup: u8,
+    reorder: u8,
+    corrupt: u8,
+    no_srq: bool,
+    max_conn_qp: u8,
+    reject_policy: bool,
+    rx_timeout_s: u8,
+}
+
+/// `endpoint_script` inputs: a set-up chunk, then one chunk per step (tags as in the target).
+fn endpoint_script_seeds() -> Vec<(&'static str, Seq)> {
+    let setup = |three: bool, nodes: [EpNode; 3]| {
+        let mut e = Enc::default().bool(three);
+        for n in nodes {
+            e = e
+                .bool(n.drain_never)
+                .bool(n.no_last_wqe)
+                .bool(n.dup_last_wqe)
+                .u8(n.loss)
+                .u8(n.dup)
+                .u8(n.reorder)
+                .u8(n.corrupt)
+                .u8(7) // fault seed
+                .bool(n.no_srq)
+                .u8(n.max_conn_qp.saturating_sub(1))
+                .bool(n.reject_policy)
+                .u8(n.rx_timeout_s.max(1) - 1);
+        }
+        Seq::default().chunk(0, &e.0)
+    };
+    let plain = [EpNode {
+        max_conn_qp: 4,
+        rx_timeout_s: 2,
+        ..EpNode::default()
+    }; 3];
+    // TunSpec::Ping4 / Ping6 { to: DstSel, len }
+    let ping = |s: Seq, from: u8, v6: bool, to: u64, node: u8, len: u16| {
+        // DstSel: 0 Node(node), 1 Unknown, 2 Multicast.
+        let e = Enc::default()
+            .u8(from)
+            .variant(u64::from(v6), 3)
+            .variant(to, 3);
+        let e = if to == 0 { e.u8(node) } else { e };
+        s.chunk(0, &e.u16(len).0)
+    };
+    let run = |s: Seq, ms: u16| s.chunk(5, &Enc::default().u16(ms).0);
+    let kill = |s: Seq, n: u8| s.chunk(2, &[n]);
+    let restart = |s: Seq, n: u8| s.chunk(3, &[n]);
+    let shutdown = |s: Seq, n: u8, force: bool| s.chunk(4, &[n | if force { 0x80 } else { 0 }]);
+    // RoceSpec, with QpSel `qp` (0 Ud, 1 Gsi, 2 Rx(k), 3 Tx(k)) and PayloadSel `payload`
+    // (0 Ipoib(t), 1 Mad(t), 2 Raw).
+    let roce =
+        |s: Seq, node: u8, from: u8, qp: u64, op: Opcode, payload: u64, t: u8, rest: &[u8]| {
+            let e = Enc::default().u8(node).u8(from).variant(qp, 6);
+            let e = if qp >= 2 { e.u8(0) } else { e };
+            let e = e
+                .u8(supported_index(op))
+                .u32(0)
+                .bool(true)
+                .u8(0x1F)
+                .u32(0)
+                .bool(true)
+                .u32(0)
+                .u32(0x11)
+                .variant(payload, 3);
+            let e = if payload < 2 { e.u8(t) } else { e };
+            s.chunk(8, &e.bytes(rest).0)
+        };
+    let arp_like = [0u8; 36];
+    let mut ids = Vec::new();
+    ids.extend_from_slice(&1u32.to_be_bytes());
+    ids.extend_from_slice(&1u32.to_be_bytes());
+    ids.extend_from_slice(&0x11u32.to_be_bytes());
+    vec![
+        (
+            "ping_v4_both_ways",
+            run(
+                ping(
+                    run(ping(setup(false, plain), 0, false, 0, 1, 100), 300),
+                    1,
+                    false,
+                    0,
+                    0,
+                    3000,
+                ),
+                300,
+            ),
+        ),
+        (
+            "ping_v6_three_nodes_65000",
+            run(
+                ping(
+                    ping(
+                        ping(setup(true, plain), 0, true, 0, 1, 64),
+                        1,
+                        true,
+                        0,
+                        2,
+                        64,
+                    ),
+                    2,
+                    true,
+                    0,
+                    0,
+                    65000,
+                ),
+                1000,
+            ),
+        ),
+        (
+            "kill_and_restart",
+            run(
+                ping(
+                    restart(
+                        run(
+                            kill(run(ping(setup(false, plain), 0, false, 0, 1, 64), 200), 1),
+                            3000,
+                        ),
+                        1,
+                    ),
+                    0,
+                    false,
+                    0,
+                    1,
+                    64,
+                ),
+                5000,
+            ),
+        ),
+        (
+            "shutdown_then_force",
+            shutdown(
+                run(
+                    shutdown(
+                        run(
+                            ping(
+                                ping(setup(false, plain), 0, false, 0, 1, 64),
+                                1,
+                                false,
+                                0,
+                                0,
+                                64,
+                            ),
+                            200,
+                        ),
+                        0,
+                        false,
+                    ),
+                    300,
+                ),
+                0,
+                true,
+            ),
+        ),
+        (
+            "quirks_faults_nosrq",
+            run(
+                ping(
+                    ping(
+                        setup(
+                            false,
+                            [
+                                EpNode {
+                                    drain_never: true,
+                                    loss: 10,
+                                    dup: 10,
+                                    reorder: 10,
+                                    corrupt: 5,
+                                    max_conn_qp: 2,
+                                    rx_timeout_s: 1,
+                                    ..EpNode::default()
+                                },
+                                EpNode {
+                                    no_srq: true,
+                                    no_last_wqe: true,
+                                    loss: 5,
+                                    max_conn_qp: 1,
+                                    rx_timeout_s: 3,
+                                    ..EpNode::default()
+                                },
+                                EpNode::default(),
+                            ],
+                        ),
+                        0,
+                        false,
+                        0,
+                        1,
+                        2000,
+                    ),
+                    1,
+                    true,
+                    0,
+                    0,
+                    500,
+                ),
+                4000,
+            ),
+        ),
+        (
+            "qp_budget_reject_and_evict",
+            run(
+                ping(
+                    run(
+                        ping(
+                            setup(
+                                true,
+                                [
+                                    EpNode {
+                                        max_conn_qp: 1,
+                                        reject_policy: true,
+                                        rx_timeout_s: 5,
+                                        dup_last_wqe: true,
+                                        ..EpNode::default()
+                                    },
+                                    EpNode {
+                                        max_conn_qp: 1,
+                                        rx_timeout_s: 5,
+                                        ..EpNode::default()
+                                    },
+                                    EpNode {
+                                        no_srq: true,
+                                        max_conn_qp: 1,
+                                        rx_timeout_s: 5,
+                                        ..EpNode::default()
+                                    },
+                                ],
+                            ),
+                            1,
+                            false,
+                            0,
+                            0,
+                            64,
+                        ),
+                        200,
+                    ),
+                    2,
+                    false,
+                    0,
+                    0,
+                    64,
+                ),
+                200,
+            ),
+        ),
+        (
+            "too_big_for_the_connection",
+            run(
+                ping(
+                    run(ping(setup(false, plain), 0, false, 0, 1, 65535), 300),
+                    1,
+                    true,
+                    0,
+                    0,
+                    65535,
+                ),
+                300,
+            ),
+        ),
+        (
+            "unknown_and_multicast",
+            run(
+                ping(
+                    ping(setup(false, plain), 0, false, 1, 0, 64),
+                    1,
+                    true,
+                    2,
+                    0,
+                    64,
+                ),
+                4000,
+            ),
+        ),
+        (
+            "injected_datagrams",
+            roce(
+                roce(
+                    roce(
+                        run(ping(setup(false, plain), 0, false, 0, 1, 64), 200),
+                        1,
+                        0,
+                        2,
+                        Opcode::RC_SEND_ONLY,
+                        0,
+                        0,
+                        &ping4_bytes(),
+                    ),
+                    1,
+                    0,
+                    1,
+                    Opcode::UD_SEND_ONLY,
+                    1,
+                    1,
+                    &ids,
+                ),
+                0,
+                1,
+                0,
+                Opcode::UD_SEND_ONLY,
+                0,
+                2,
+                &arp_like,
+            )
+            .chunk(
+                7,
+                &[
+                    0x81, 0x04, 0x00, 0xFF, 0xFF, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0,
+                ],
+            )
+            .chunk(5, &Enc::default().u16(500).0),
+        ),
+    ]
+}
+
+/// An IPv4 packet from 198.19.0.1 to 198.19.0.2 (a 16-byte UDP datagram).
+fn ping4_bytes() -> Vec<u8> {
+    let mut p = vec![
+        0x45, 0, 0, 36, 0, 0, 0x40, 0, 64, 17, 0, 0, 198, 19, 0, 1, 198, 19, 0, 2,
+    ];
+    p.extend_from_slice(&[0x30, 0x39, 0x30, 0x39, 0, 16, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]);
+    p
+}
+
+/// One CM MAD of each kind, as the CM fills them in.
+fn cm_mads() -> Vec<(&'static str, Vec<u8>)> {
+    let gid = |n: u8| Gid::from(Ipv4Addr::new(198, 18, 0, n));
+    let ipoib = |qpn: u32| {
+        let mut b = [0u8; 8];
+        IpoibCmData {
+            qpn: QpNum::new(qpn),
+            mtu: IpoibCmData::LINUX_MTU,
+        }
+        .encode(&mut b)
+        .unwrap();
+        b
+    };
+    let mut req_private = [0u8; 92];
+    req_private[..8].copy_from_slice(&ipoib(0x12));
+    let req = Req {
+        local_comm_id: 0x1234_0001,
+        service_id: ipoib_service_id(QpNum::new(0x12), true),
+        local_ca_guid: 0x0002_C903_0000_0101,
+        local_qpn: QpNum::new(0x13),
+        remote_cm_response_timeout: 17,
+        starting_psn: Psn::new(0x00AB_CDEF),
+        local_cm_response_timeout: 17,
+        retry_count: 7,
+        pkey: 0xFFFF,
+        path_mtu: Some(PathMtu::Mtu1024),
+        rnr_retry_count: 7,
+        max_cm_retries: 15,
+        primary_path: CmPath {
+            local_lid: 0xFFFF,
+            remote_lid: 0xFFFF,
+            local_gid: gid(1),
+            remote_gid: gid(2),
+            packet_rate: 3,
+            hop_limit: 64,
+            local_ack_timeout: 14,
+            ..CmPath::default()
+        },
+        private_data: req_private,
+        ..Req::default()
+    };
+    let mut rep_private = [0u8; 196];
+    rep_private[..8].copy_from_slice(&ipoib(0x12));
+    let rep = Rep {
+        local_comm_id: 0x5678_0001,
+        remote_comm_id: 0x1234_0001,
+        local_qpn: QpNum::new(0x14),
+        starting_psn: Psn::new(0x0012_3456),
+        target_ack_delay: 15,
+        rnr_retry_count: 7,
+        srq: true,
+        local_ca_guid: 0x0002_C903_0000_0201,
+        private_data: rep_private,
+        ..Rep::default()
+    };
+    let mut rej = Rej {
+        local_comm_id: 0,
+        remote_comm_id: 0x1234_0001,
+        msg_rejected: TargetMsg::Req,
+        reason: RejReason::Timeout,
+        reject_info_len: 8,
+        ..Rej::default()
+    };
+    rej.ari[..8].copy_from_slice(&0x0002_C903_0000_0201u64.to_be_bytes());
+    let tid = 1 << 32 | 0x1234_0001;
+    let msgs = [
+        ("req", CmMessage::Req(req)),
+        ("rep", CmMessage::Rep(rep)),
+        (
+            "rtu",
+            CmMessage::Rtu(Rtu {
+                local_comm_id: 0x1234_0001,
+                remote_comm_id: 0x5678_0001,
+                ..Rtu::default()
+            }),
+        ),
+        (
+            "mra",
+            CmMessage::Mra(Mra {
+                local_comm_id: 0x5678_0001,
+                remote_comm_id: 0x1234_0001,
+                msg_mraed: TargetMsg::Req,
+                service_timeout: 20,
+                ..Mra::default()
+            }),
+        ),
+        ("rej_timeout", CmMessage::Rej(rej)),
+        (
+            "dreq",
+            CmMessage::Dreq(Dreq {
+                local_comm_id: 0x1234_0001,
+                remote_comm_id: 0x5678_0001,
+                remote_qpn: QpNum::new(0x14),
+                ..Dreq::default()
+            }),
+        ),
+        (
+            "drep",
+            CmMessage::Drep(Drep {
+                local_comm_id: 0x5678_0001,
+                remote_comm_id: 0x1234_0001,
+                ..Drep::default()
+            }),
+        ),
+    ];
+    msgs.into_iter()
+        .map(|(name, m)| (name, CmMad::new(tid, m).emit().to_vec()))
+        .collect()
+}
+
+/// `cm_machine` inputs: a set-up chunk, then one chunk per operation (tags as in the target).
+fn cm_machine_seeds() -> Vec<(&'static str, Seq)> {
+    // Set-up: `three`, then three `NodeSetup`s (custom = false: CmConfig defaults).
+    let setup = |three: bool| {
+        let mut e = Enc::default().bool(three);
+        for _ in 0..3 {
+            e = e.bool(false).u8(0).u8(0).u8(0).u16(0).u32(0).bool(false);
+        }
+        e.0
+    };
+    let known = |e: Enc, k: u8| e.variant(0, 2).u8(k);
+    let connect = |from: u8, to: u8| {
+        Enc::default()
+            .u8(from)
+            .variant(0, 2) // PeerSel::Node
+            .u8(to)
+            .variant(0, 4) // ServiceSel::Ipoib
+            .u32(0x100 + u32::from(from))
+            .u32(0x00AB_CDEF)
+            .u8(2) // MTU 1024
+            .u8(7)
+            .u8(7)
+            .bool(false)
+            .u8(14)
+            .u8(8) // private data
+            .0
+    };
+    let connect_forged = |from: u8| {
+        Enc::default()
+            .u8(from)
+            .variant(1, 2) // PeerSel::Forged
+            .u32(0x0000_0909)
+            .variant(0, 4)
+            .u32(0x200)
+            .u32(1)
+            .u8(2)
+            .u8(7)
+            .u8(7)
+            .bool(false)
+            .u8(14)
+            .u8(8)
+            .0
+    };
+    let accept = |node: u8, k: u8| {
+        known(Enc::default().u8(node), k)
+            .u32(0x300 + u32::from(node))
+            .u32(0x0012_3456)
+            .bool(true)
+            .u8(7)
+            .u8(8)
+            .0
+    };
+    let id_op = |node: u8, k: u8| known(Enc::default().u8(node), k).0;
+    let deliver_all = Enc::default().variant(3, 4).0;
+    let drop_first = Enc::default().variant(1, 4).u16(0).0;
+    let advance = |ms: u32| Enc::default().u32(ms).bool(false).0;
+
+    let handshake = |s: Seq, from: u8, to: u8, k_from: u8, k_to: u8| {
+        s.chunk(0, &connect(from, to))
+            .chunk(7, &deliver_all)
+            .chunk(1, &accept(to, k_to))
+            .chunk(7, &deliver_all)
+            .chunk(3, &id_op(from, k_from))
+            .chunk(7, &deliver_all)
+    };
+    vec![
+        (
+            "connect_and_disconnect",
+            handshake(Seq::default().chunk(0, &setup(false)), 0, 1, 0, 0)
+                .chunk(5, &id_op(0, 0))
+                .chunk(7, &deliver_all)
+                .chunk(7, &deliver_all)
+                .chunk(12, &[]),
+        ),
+        (
+            "lost_rtu_rep_resent",
+            Seq::default()
+                .chunk(0, &setup(false))
+                .chunk(0, &connect(0, 1))
+                .chunk(7, &deliver_all)
+                .chunk(1, &accept(1, 0))
+                .chunk(7, &deliver_all)
+                .chunk(3, &id_op(0, 0))
+                .chunk(7, &drop_first)
+                .chunk(12, &[])
+                .chunk(7, &deliver_all)
+                .chunk(7, &deliver_all)
+                .chunk(5, &id_op(1, 0))
+                .chunk(7, &deliver_all),
+        ),
+        (
+            "req_times_out",
+            Seq::default()
+                .chunk(0, &setup(false))
+                .chunk(0, &connect_forged(0))
+                .chunk(11, &advance(30_000))
+                .chunk(11, &advance(30_000))
+                .chunk(11, &advance(30_000)),
+        ),
+        (
+            "reject_and_comm_est",
+            Seq::default()
+                .chunk(0, &setup(true))
+                .chunk(0, &connect(0, 1))
+                .chunk(0, &connect(2, 1))
+                .chunk(7, &deliver_all)
+                .chunk(2, &known(Enc::default().u8(1), 0).u16(28).0)
+                .chunk(1, &accept(1, 1))
+                .chunk(7, &deliver_all)
+                .chunk(4, &id_op(1, 1))
+                .chunk(7, &deliver_all),
+        ),
+        (
+            "crossing_dreqs",
+            handshake(Seq::default().chunk(0, &setup(true)), 1, 2, 0, 0)
+                .chunk(5, &id_op(1, 0))
+                .chunk(5, &id_op(2, 0))
+                .chunk(7, &deliver_all)
+                .chunk(7, &deliver_all)
+                .chunk(11, &advance(1_000)),
+        ),
+        (
+            "self_connect",
+            Seq::default()
+                .chunk(0, &setup(false))
+                .chunk(0, &connect(0, 0))
+                .chunk(7, &deliver_all)
+                .chunk(1, &accept(0, 1))
+                .chunk(7, &deliver_all)
+                .chunk(3, &id_op(0, 0))
+                .chunk(7, &deliver_all),
+        ),
+    ]
 }
