@@ -13,11 +13,7 @@
 # Reproduce one with `RUSTC_BOOTSTRAP=1 cargo fuzz run <target> <file>`; SOFT_FUZZ_TRACE=1
 # (soft_datagrams), CM_FUZZ_TRACE=1 (cm_machine) and EP_FUZZ_TRACE=1 (endpoint_script) print
 # what the input does.
-#
-# endpoint_script runs with EP_FUZZ_NO_SHUTDOWN_CHECK=1 here: its "no QP created after
-# begin_shutdown" check fails on a known library bug (a packet queued for ARP/ND resolution is
-# sent after begin_shutdown and opens a new RC connection). Drop that variable once the bug is
-# fixed; set FUZZ_SHUTDOWN_CHECK=1 to run the check now.
+
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -63,9 +59,6 @@ for t in "${targets[@]}"; do
     envs=()
     case "$t" in
         soft_datagrams) extra=(-max_len=8192) ;;
-        endpoint_script)
-            [ "${FUZZ_SHUTDOWN_CHECK:-0}" = 1 ] || envs=(EP_FUZZ_NO_SHUTDOWN_CHECK=1)
-            ;;
     esac
     echo "==== $t: ${secs}s ===="
     # The wall-clock cap leaves room for startup (loading the corpus) and the final report.
