@@ -21,6 +21,12 @@ cargo fmt --check
 section "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
 
+section "cargo clippy --all-targets --features verbs -- -D warnings (libibverbs provider)"
+cargo clippy --all-targets --features verbs -- -D warnings
+
+section "cargo build --features verbs"
+cargo build --features verbs
+
 section "cargo doc --no-deps (warnings are errors)"
 RUSTDOCFLAGS=-Dwarnings cargo doc --no-deps
 
@@ -32,6 +38,10 @@ cargo test --doc 2>&1 | tee -a "$log"
 
 section "cargo test --all-targets"
 cargo test --all-targets 2>&1 | tee -a "$log"
+
+section "cargo test --features verbs (libibverbs provider; without RDMA: the no-device path)"
+cargo test --features verbs --lib hw:: 2>&1 | tee -a "$log"
+cargo test --features verbs --test hw_no_device 2>&1 | tee -a "$log"
 
 section "fuzz targets (${FUZZ_SECONDS:-10} s each)"
 bash scripts/fuzz.sh "${FUZZ_SECONDS:-10}"

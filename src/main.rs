@@ -22,13 +22,120 @@ struct Cli {
 enum Command {
     /// Create the interface and run the IPoIB-CM daemon in the foreground (until SIGINT or
     /// SIGTERM).
-    Up(Box<UpArgs>),
+    Up(Box<UpCmd>),
     /// Show a running daemon's interface, neighbours, connections and counters.
     Status(StatusArgs),
     /// Ping-pong over one RC QP on the software RoCEv2 provider, like rdma-core's
     /// ibv_rc_pingpong (and compatible with its TCP QP-info exchange).
     RcPingpong(PingpongArgs),
+    /// Run the provider conformance suite over two libibverbs devices (feature `verbs`).
+    #[command(hide = true)]
+    Conformance(ConformanceArgs),
 }
+
+// --- provider selection (hardware provider, feature `verbs`) ---------------------------------
+
+/// Which provider a command runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+enum ProviderKind {
+    /// The embedded software RoCEv2 provider.
+    #[default]
+    Soft,
+    /// libibverbs hardware (or the kernel's rxe); needs a build with `--features verbs`.
+    Verbs,
+}
+
+#[derive(Debug, Args)]
+struct UpCmd {
+    #[command(flatten)]
+    args: UpArgs,
+    /// Provider: soft (default) or verbs (libibverbs).
+    #[arg(long, value_enum, default_value_t)]
+    provider: ProviderKind,
+}
+
+#[derive(Debug, Args)]
+struct ConformanceArgs {
+    /// First device (default: the first one).
+    #[arg(long, value_name = "DEV")]
+    dev_a: Option<String>,
+    /// Second device (default: the first one).
+    #[arg(long, value_name = "DEV")]
+    dev_b: Option<String>,
+    /// IPv4/IPv6 address of the first device (selects its RoCEv2 GID).
+    #[arg(long, value_name = "ADDR")]
+    ip_a: Option<IpAddr>,
+    /// IPv4/IPv6 address of the second device.
+    #[arg(long, value_name = "ADDR")]
+    ip_b: Option<IpAddr>,
+    /// Run only this check.
+    #[arg(long, value_name = "NAME")]
+    check: Option<String>,
+    /// Milliseconds one settle of the fabric sleeps.
+    #[arg(long, value_name = "MS", default_value_t = 20)]
+    settle_ms: u64,
+}
+
+/// With `--provider verbs`: opens the device to report why it cannot be used (exit 2), or
+/// that this command does not run on it yet.
+#[cfg(feature = "verbs")]
+fn verbs_provider(cmd: &str, local_ip: Option<IpAddr>) -> ExitCode {
+    use ipoib_cm::hw::{HwConfig, HwVerbs};
+    match HwVerbs::open(&HwConfig {
+        local_ip,
+        ..HwConfig::default()
+    }) {
+        Err(e) => eprintln!("ipoib-cm {cmd}: {e}"),
+        Ok(v) => eprintln!(
+            "ipoib-cm {cmd}: opened {} (GID index {}), but {cmd} runs on the soft provider only so far",
+            v.device_name(),
+            v.gid_index()
+        ),
+    }
+    ExitCode::from(2)
+}
+
+#[cfg(not(feature = "verbs"))]
+fn verbs_provider(cmd: &str, _local_ip: Option<IpAddr>) -> ExitCode {
+    eprintln!("ipoib-cm {cmd}: no RDMA device: built without the `verbs` feature");
+    ExitCode::from(2)
+}
+
+#[cfg(feature = "verbs")]
+fn conformance_main(a: &ConformanceArgs) -> ExitCode {
+    use ipoib_cm::hw::conformance::HwPair;
+    use ipoib_cm::hw::HwConfig;
+    let cfg = |device: &Option<String>, local_ip| HwConfig {
+        device: device.clone(),
+        local_ip,
+        ..HwConfig::default()
+    };
+    let pair = HwPair::open(
+        &cfg(&a.dev_a, a.ip_a),
+        &cfg(&a.dev_b, a.ip_b),
+        Duration::from_millis(a.settle_ms),
+    );
+    match pair {
+        Err(e) => {
+            eprintln!("ipoib-cm conformance: {e}");
+            ExitCode::from(2)
+        }
+        Ok(mut p) => {
+            if p.run(a.check.as_deref()) == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+#[cfg(not(feature = "verbs"))]
+fn conformance_main(_a: &ConformanceArgs) -> ExitCode {
+    verbs_provider("conformance", None)
+}
+
+// --- end of provider selection ----------------------------------------------------------------
 
 /// Fault injection on the software provider (what this node sends).
 #[derive(Debug, Args)]
@@ -129,6 +236,9 @@ struct PingpongArgs {
     cm: bool,
     #[command(flatten)]
     faults: FaultArgs,
+    /// Provider: soft (default) or verbs (libibverbs).
+    #[arg(long, value_enum, default_value_t)]
+    provider: ProviderKind,
 }
 
 fn parse_mtu(s: &str) -> Result<usize, String> {
@@ -139,6 +249,9 @@ fn parse_mtu(s: &str) -> Result<usize, String> {
 }
 
 fn rc_pingpong_main(a: &PingpongArgs) -> ExitCode {
+    if a.provider == ProviderKind::Verbs {
+        return verbs_provider("rc-pingpong", a.bind);
+    }
     let faults = match a.faults.config() {
         Ok(f) => f,
         Err(e) => {
@@ -239,7 +352,9 @@ fn init_logging(default: &str) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match &cli.command {
-        Command::Up(a) => up_main(a),
+        Command::Up(a) if a.provider == ProviderKind::Verbs => verbs_provider("up", None),
+        Command::Up(a) => up_main(&a.args),
+        Command::Conformance(a) => conformance_main(a),
         Command::Status(a) => status_main(a),
         Command::RcPingpong(a) => {
             init_logging("warn");
