@@ -10,7 +10,8 @@
 //! - **Buffers**: each pool is one MR (`ibv_reg_mr` over the pool's memory). Every posted WR
 //!   gets a provider-internal `wr_id`; a table maps it back to the caller's [`WrId`] and
 //!   [`BufId`], so completions carry `buf`, a destroyed QP or SRQ frees its posted buffers, and
-//!   an unsignaled send is retired (its buffer freed) when a later send of the same QP completes.
+//!   an unsignaled send is posted signaled on the device and its successful completion is
+//!   swallowed (its buffer freed), as the contract asks.
 //! - **State rules**: [`check_modify`] runs first (against the state `ibv_query_qp` reports), so
 //!   a bad modify fails exactly as on the software provider; `post_send` before RTS and
 //!   `post_recv` in RESET fail with [`VerbsError::InvalidState`]; queue depths are enforced as
@@ -674,11 +675,17 @@ impl HwVerbs {
                 }
             }
         }
+        let ok = status == WcStatus::Success;
+        if w.send && ok && !w.signaled {
+            // An unsignaled send that succeeded: nobody is told, its buffer goes back.
+            if let Some(b) = w.buf {
+                self.pools.release(b);
+            }
+            return None;
+        }
         if let Some(b) = w.buf {
             self.pools.reclaim(b);
         }
-        let _ = w.signaled;
-        let ok = status == WcStatus::Success;
         let recv = !w.send;
         let flags = wc.wc_flags;
         let imm = (ok && recv && (flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM).0 != 0)
@@ -1193,10 +1200,9 @@ impl Verbs for HwVerbs {
         if let Some(imm) = wr.imm {
             w.__bindgen_anon_1.imm_data = imm.to_be();
         }
-        let mut flags = 0;
-        if wr.signaled {
-            flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        }
+        // Every send is signaled on the device, so that an unsignaled WR (whose completion
+        // the caller never sees) still tells us when its buffer is free again.
+        let mut flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
         if wr.solicited {
             flags |= ffi::ibv_send_flags::IBV_SEND_SOLICITED.0;
         }
