@@ -43,6 +43,15 @@ section "cargo test --features verbs (libibverbs provider; without RDMA: the no-
 cargo test --features verbs --lib hw:: 2>&1 | tee -a "$log"
 cargo test --features verbs --test hw_no_device 2>&1 | tee -a "$log"
 
+section "rxe interop (kernel Soft-RoCE in qemu; root only; SKIP_RXE_INTEROP=1 skips)"
+if [ "$(id -u)" -ne 0 ]; then
+    echo "skipped: scripts/rxe-interop.sh needs root (tap device, netns)"
+elif [ -n "${SKIP_RXE_INTEROP:-}" ]; then
+    echo "skipped: SKIP_RXE_INTEROP is set"
+else
+    bash scripts/rxe-interop.sh --quick
+fi
+
 section "fuzz targets (${FUZZ_SECONDS:-10} s each)"
 bash scripts/fuzz.sh "${FUZZ_SECONDS:-10}"
 
