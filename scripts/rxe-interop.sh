@@ -2,7 +2,7 @@
 # Interop checks of ipoib-cm against the Linux kernel's Soft-RoCE (rdma_rxe), booted in a qemu
 # guest (TCG) by the rxe-lab harness. Needs root (apt, tap device, network namespace).
 #
-#   sudo scripts/rxe-interop.sh [--quick] [--iters N] [conformance] [rc-pingpong]
+#   sudo scripts/rxe-interop.sh [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong]
 #
 # Checks (all by default):
 #   conformance  (a) the provider conformance suite (src/verbs/conformance.rs) over the
@@ -10,7 +10,8 @@
 #   rc-pingpong  (b) `ipoib-cm rc-pingpong` on the soft provider in a host netns <-> rdma-core's
 #                `ibv_rc_pingpong -g IDX` on rxe0, the guest serving and then the host serving
 #                (`--no-icrc-v4` on our side: rxe sends random IPv4 IDs); then rxe0's counters
-#                must show no ICRC drops and no sequence or retry errors.
+#                must show no ICRC drops and no sequence or retry errors;
+#   ud-pingpong  (c) the same with `ipoib-cm ud-pingpong` <-> `ibv_ud_pingpong -s 512`.
 # --quick: 20 round trips instead of 100. Prints `RESULT name PASS|FAIL|XFAIL`, wall times
 # and a summary; exits non-zero if anything failed.
 #
@@ -29,12 +30,12 @@ while [ $# -gt 0 ]; do
     case $1 in
         --quick) ITERS=20 ;;
         --iters) ITERS=$2; shift ;;
-        conformance|rc-pingpong) CHECKS+=("$1") ;;
-        *) echo "usage: $0 [--quick] [--iters N] [conformance] [rc-pingpong]" >&2; exit 2 ;;
+        conformance|rc-pingpong|ud-pingpong) CHECKS+=("$1") ;;
+        *) echo "usage: $0 [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong]" >&2; exit 2 ;;
     esac
     shift
 done
-[ ${#CHECKS[@]} -gt 0 ] || CHECKS=(conformance rc-pingpong)
+[ ${#CHECKS[@]} -gt 0 ] || CHECKS=(conformance rc-pingpong ud-pingpong)
 XFAIL=${RXE_XFAIL-comm_est,srq_last_wqe_once,drain_wr_after_err}
 
 if [ -n "${RXE_LAB_DIR:-}" ]; then LAB=$RXE_LAB_DIR
@@ -98,11 +99,12 @@ for c in "${CHECKS[@]}"; do
             echo "== (a) conformance suite over HwVerbs, rxe0 <-> rxe1 in the guest"
             run_lab conformance scripts/rxe/guest-conformance --net none --timeout 400 \
                 --env "XFAIL=$XFAIL" ;;
-        rc-pingpong)
-            echo "== (b) rc-pingpong: soft provider (host netns) <-> ibv_rc_pingpong on rxe0, $ITERS iterations"
-            run_lab rc-pingpong scripts/rxe/guest-rc-pingpong --net tap --timeout 400 \
-                --env "ITERS=$ITERS" \
-                --host-cmd "IPOIB_CM=$BIN ITERS=$ITERS exec $ROOT/scripts/rxe/host-rc-pingpong.sh" ;;
+        rc-pingpong|ud-pingpong)
+            pp=${c%-pingpong}
+            echo "== ($([ "$pp" = rc ] && echo b || echo c)) $c: soft provider (host netns) <-> ibv_${pp}_pingpong on rxe0, $ITERS iterations"
+            run_lab "$c" scripts/rxe/guest-pingpong --net tap --timeout 400 \
+                --env "ITERS=$ITERS" --env "PP=$pp" \
+                --host-cmd "IPOIB_CM=$BIN ITERS=$ITERS PP=$pp exec $ROOT/scripts/rxe/host-pingpong.sh" ;;
     esac
 done
 

@@ -28,6 +28,9 @@ enum Command {
     /// Ping-pong over one RC QP on the software RoCEv2 provider, like rdma-core's
     /// ibv_rc_pingpong (and compatible with its TCP QP-info exchange).
     RcPingpong(PingpongArgs),
+    /// Ping-pong over UD QPs on the software RoCEv2 provider, like rdma-core's
+    /// ibv_ud_pingpong (and compatible with its TCP QP-info exchange).
+    UdPingpong(UdPingpongArgs),
     /// Run the provider conformance suite over two libibverbs devices (feature `verbs`).
     #[command(hide = true)]
     Conformance(ConformanceArgs),
@@ -133,6 +136,67 @@ fn conformance_main(a: &ConformanceArgs) -> ExitCode {
 #[cfg(not(feature = "verbs"))]
 fn conformance_main(_a: &ConformanceArgs) -> ExitCode {
     verbs_provider("conformance", None)
+}
+
+// --- ud-pingpong -----------------------------------------------------------------------------
+
+#[derive(Debug, Args)]
+struct UdPingpongArgs {
+    /// Server to connect to; without it, wait for a client.
+    peer: Option<IpAddr>,
+    /// Local underlay address.
+    #[arg(long, value_name = "ADDR")]
+    bind: Option<IpAddr>,
+    /// TCP port of the QP-info exchange.
+    #[arg(short = 'p', long, default_value_t = rc_pingpong::DEFAULT_TCP_PORT)]
+    port: u16,
+    /// UDP port of RoCEv2 traffic (both directions).
+    #[arg(long, default_value_t = 4791)]
+    udp_port: u16,
+    /// Size of message to exchange (at most the path MTU).
+    #[arg(short = 's', long, default_value_t = 2048, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    size: u32,
+    /// Number of exchanges.
+    #[arg(short = 'n', long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    iters: u32,
+    /// Number of receives to post at a time.
+    #[arg(short = 'r', long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=16384))]
+    rx_depth: u32,
+    /// GID index (accepted for compatibility with ibv_ud_pingpong).
+    #[arg(short = 'g', long, value_name = "N")]
+    gid_idx: Option<u32>,
+    /// Don't verify the ICRC of IPv4 packets (needed with the kernel's rxe).
+    #[arg(long)]
+    no_icrc_v4: bool,
+    /// Give up after this many seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 120)]
+    deadline: u64,
+}
+
+fn ud_pingpong_main(a: &UdPingpongArgs) -> ExitCode {
+    use ipoib_cm::tools::ud_pingpong;
+    let _ = a.gid_idx;
+    let opts = ud_pingpong::Options {
+        peer: a.peer,
+        bind: a.bind,
+        tcp_port: a.port,
+        udp_port: a.udp_port,
+        size: a.size as usize,
+        iters: a.iters,
+        rx_depth: a.rx_depth,
+        verify_icrc_v4: !a.no_icrc_v4,
+        deadline: Duration::from_secs(a.deadline.max(1)),
+    };
+    match ud_pingpong::run(&opts) {
+        Ok(s) => {
+            s.print();
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("ipoib-cm ud-pingpong: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 // --- end of provider selection ----------------------------------------------------------------
@@ -355,6 +419,10 @@ fn main() -> ExitCode {
         Command::Up(a) if a.provider == ProviderKind::Verbs => verbs_provider("up", None),
         Command::Up(a) => up_main(&a.args),
         Command::Conformance(a) => conformance_main(a),
+        Command::UdPingpong(a) => {
+            init_logging("warn");
+            ud_pingpong_main(a)
+        }
         Command::Status(a) => status_main(a),
         Command::RcPingpong(a) => {
             init_logging("warn");
