@@ -11,7 +11,11 @@
 #                `ibv_rc_pingpong -g IDX` on rxe0, the guest serving and then the host serving
 #                (`--no-icrc-v4` on our side: rxe sends random IPv4 IDs); then rxe0's counters
 #                must show no ICRC drops and no sequence or retry errors;
-#   ud-pingpong  (c) the same with `ipoib-cm ud-pingpong` <-> `ibv_ud_pingpong -s 512`.
+#   ud-pingpong  (c) the same with `ipoib-cm ud-pingpong` <-> `ibv_ud_pingpong -s 512`;
+#   hw-pingpong  (d') the same with `ipoib-cm rc-pingpong --provider verbs` (HwVerbs) on rxe0
+#                instead of ibv_rc_pingpong: our two providers talking over a real wire.
+# The conformance boot also runs `rc-pingpong --provider verbs` against ibv_rc_pingpong
+# (rxe1 <-> rxe0), both directions.
 # --quick: 20 round trips instead of 100. Prints `RESULT name PASS|FAIL|XFAIL`, wall times
 # and a summary; exits non-zero if anything failed.
 #
@@ -30,12 +34,12 @@ while [ $# -gt 0 ]; do
     case $1 in
         --quick) ITERS=20 ;;
         --iters) ITERS=$2; shift ;;
-        conformance|rc-pingpong|ud-pingpong) CHECKS+=("$1") ;;
-        *) echo "usage: $0 [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong]" >&2; exit 2 ;;
+        conformance|rc-pingpong|ud-pingpong|hw-pingpong) CHECKS+=("$1") ;;
+        *) echo "usage: $0 [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong] [hw-pingpong]" >&2; exit 2 ;;
     esac
     shift
 done
-[ ${#CHECKS[@]} -gt 0 ] || CHECKS=(conformance rc-pingpong ud-pingpong)
+[ ${#CHECKS[@]} -gt 0 ] || CHECKS=(conformance rc-pingpong ud-pingpong hw-pingpong)
 XFAIL=${RXE_XFAIL-comm_est,srq_last_wqe_once,drain_wr_after_err}
 
 if [ -n "${RXE_LAB_DIR:-}" ]; then LAB=$RXE_LAB_DIR
@@ -98,10 +102,14 @@ for c in "${CHECKS[@]}"; do
         conformance)
             echo "== (a) conformance suite over HwVerbs, rxe0 <-> rxe1 in the guest"
             run_lab conformance scripts/rxe/guest-conformance --net none --timeout 400 \
-                --env "XFAIL=$XFAIL" ;;
-        rc-pingpong|ud-pingpong)
+                --env "XFAIL=$XFAIL" --env "ITERS=$ITERS" ;;
+        rc-pingpong|ud-pingpong|hw-pingpong)
             pp=${c%-pingpong}
-            echo "== ($([ "$pp" = rc ] && echo b || echo c)) $c: soft provider (host netns) <-> ibv_${pp}_pingpong on rxe0, $ITERS iterations"
+            case $pp in
+                rc) echo "== (b) rc-pingpong: soft provider (host netns) <-> ibv_rc_pingpong on rxe0, $ITERS iterations" ;;
+                ud) echo "== (c) ud-pingpong: soft provider (host netns) <-> ibv_ud_pingpong on rxe0, $ITERS iterations" ;;
+                hw) echo "== (d') rc-pingpong: soft provider (host netns) <-> rc-pingpong --provider verbs on rxe0, $ITERS iterations" ;;
+            esac
             run_lab "$c" scripts/rxe/guest-pingpong --net tap --timeout 400 \
                 --env "ITERS=$ITERS" --env "PP=$pp" \
                 --host-cmd "IPOIB_CM=$BIN ITERS=$ITERS PP=$pp exec $ROOT/scripts/rxe/host-pingpong.sh" ;;

@@ -104,6 +104,42 @@ fn verbs_provider(cmd: &str, _local_ip: Option<IpAddr>) -> ExitCode {
     ExitCode::from(2)
 }
 
+/// `rc-pingpong --provider verbs`: no device exits 2 with one line; a failed run exits 1.
+#[cfg(feature = "verbs")]
+fn verbs_rc_pingpong(a: &PingpongArgs, opts: &rc_pingpong::Options) -> ExitCode {
+    use ipoib_cm::hw::pingpong::{self, HwPingpongError};
+    use ipoib_cm::hw::HwConfig;
+    let cfg = HwConfig {
+        device: a.ib_dev.clone(),
+        gid_index: a.gid_idx.and_then(|g| u8::try_from(g).ok()),
+        local_ip: a.bind,
+        ..HwConfig::default()
+    };
+    match pingpong::run(opts, &cfg) {
+        Ok(s) => {
+            s.print();
+            ExitCode::SUCCESS
+        }
+        Err(
+            e @ (HwPingpongError::Open(_)
+            | HwPingpongError::Run(rc_pingpong::PingpongError::Usage(_))),
+        ) => {
+            eprintln!("ipoib-cm rc-pingpong: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("ipoib-cm rc-pingpong: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(not(feature = "verbs"))]
+fn verbs_rc_pingpong(a: &PingpongArgs, _opts: &rc_pingpong::Options) -> ExitCode {
+    let _ = &a.ib_dev;
+    verbs_provider("rc-pingpong", a.bind)
+}
+
 #[cfg(feature = "verbs")]
 fn conformance_main(a: &ConformanceArgs) -> ExitCode {
     use ipoib_cm::hw::conformance::HwPair;
@@ -303,6 +339,9 @@ struct PingpongArgs {
     /// Provider: soft (default) or verbs (libibverbs).
     #[arg(long, value_enum, default_value_t)]
     provider: ProviderKind,
+    /// With --provider verbs: the IB device (default: the first one).
+    #[arg(short = 'd', long, value_name = "DEV")]
+    ib_dev: Option<String>,
 }
 
 fn parse_mtu(s: &str) -> Result<usize, String> {
@@ -313,9 +352,6 @@ fn parse_mtu(s: &str) -> Result<usize, String> {
 }
 
 fn rc_pingpong_main(a: &PingpongArgs) -> ExitCode {
-    if a.provider == ProviderKind::Verbs {
-        return verbs_provider("rc-pingpong", a.bind);
-    }
     let faults = match a.faults.config() {
         Ok(f) => f,
         Err(e) => {
@@ -339,6 +375,9 @@ fn rc_pingpong_main(a: &PingpongArgs) -> ExitCode {
         cm: a.cm,
         deadline: Duration::from_secs(a.deadline.max(1)),
     };
+    if a.provider == ProviderKind::Verbs {
+        return verbs_rc_pingpong(a, &opts);
+    }
     let _ = a.gid_idx;
     match rc_pingpong::run(&opts) {
         Ok(out) => {

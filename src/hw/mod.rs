@@ -30,6 +30,7 @@
 #![allow(unsafe_code)]
 
 pub mod conformance;
+pub mod pingpong;
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::CStr;
@@ -715,6 +716,24 @@ impl HwVerbs {
         })
     }
 
+    /// Whether the QP is in SQD and still draining (`ibv_qp_attr.sq_draining`).
+    fn sq_draining(&self, raw: *mut ffi::ibv_qp) -> bool {
+        // SAFETY: plain C structs; all-zero is valid.
+        let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut init: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: a live QP and valid out pointers.
+        let rc = unsafe {
+            ffi::ibv_query_qp(
+                raw,
+                &mut attr,
+                bit(ffi::ibv_qp_attr_mask::IBV_QP_STATE),
+                &mut init,
+            )
+        };
+        rc == 0 && attr.sq_draining != 0
+    }
+
     fn query_state(&self, raw: *mut ffi::ibv_qp) -> Option<QpState> {
         // SAFETY: plain C structs; all-zero is valid.
         let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
@@ -1025,6 +1044,16 @@ impl Verbs for HwVerbs {
         let (raw, qp_type) = (q.raw, q.qp_type);
         let current = self.query_state(raw).unwrap_or(q.state);
         check_modify(qp_type, current, attr)?;
+        if current == QpState::Sqd && !matches!(attr.state, Some(QpState::Err | QpState::Reset)) {
+            // A device may refuse to leave SQD while the send queue is still draining (rxe
+            // does, with EINVAL): wait for the drain, at most a second.
+            for _ in 0..1000 {
+                if !self.sq_draining(raw) {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
         use ffi::ibv_qp_attr_mask as M;
         // SAFETY: ibv_qp_attr is a plain C struct; all-zero is valid.
         let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };

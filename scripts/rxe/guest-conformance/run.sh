@@ -1,5 +1,6 @@
 #!/bin/sh
-# Guest side of check (a): the provider conformance suite over HwVerbs on rxe0 <-> rxe1.
+# Guest side of check (a): the provider conformance suite over HwVerbs on rxe0 <-> rxe1, then
+# `rc-pingpong --provider verbs` against ibv_rc_pingpong (both on rxe, both directions).
 # Checks listed in $XFAIL (comma-separated) are known gaps of the guest kernel's rxe: their
 # FAIL is reported as XFAIL (and a PASS as XPASS) and does not fail the run.
 . /lib/rxelab.sh
@@ -22,5 +23,12 @@ while IFS= read -r line; do
   esac
 done < /tmp/conf.out
 echo "conformance rc=$rc, $bad unexpected failures, $(awk -v a="$t0" -v b="$(uptime_s)" 'BEGIN {printf "%.1f", b - a}') s"
+# rc-pingpong on HwVerbs against rdma-core's ibv_rc_pingpong, both on kernel rxe, both ways.
+N=${ITERS:-100}
+run_pair hw_rc_pingpong_client_vs_ibv_server 120 "ibv_rc_pingpong -d $RXE0 -g $GID0 -n $N" \
+  "/extra/ipoib-cm rc-pingpong --provider verbs -d $RXE1 -g $GID1 -n $N $IP0"
+run_pair hw_rc_pingpong_server_vs_ibv_client 120 \
+  "/extra/ipoib-cm rc-pingpong --provider verbs -d $RXE0 -g $GID0 --bind $IP0 -n $N" \
+  "ibv_rc_pingpong -d $RXE1 -g $GID1 -n $N $IP0"
 for d in $RXE0 $RXE1; do echo "hw_counters $d: $(hw_counters "$d")"; done
 [ "$bad" -eq 0 ] && [ "$rc" -le 1 ]

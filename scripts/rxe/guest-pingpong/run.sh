@@ -10,18 +10,21 @@
 N=${ITERS:-100}
 PP=${PP:-rc}
 X=""; [ "$PP" = ud ] && X="-s 512"   # UD messages must fit the 1024-byte path MTU
+# PP=hw: our libibverbs provider (rc-pingpong --provider verbs) instead of rdma-core's tool
+G="ibv_${PP}_pingpong -d $RXE0 -g $GID0"
+[ "$PP" = hw ] && G="/extra/ipoib-cm rc-pingpong --provider verbs -d $RXE0 -g $GID0"
 udp_in() { awk '/^Udp:/ {n++} /^Udp:/ && n == 2 {print $2}' /proc/net/snmp; }
 cnt() { cat /sys/class/infiniband/"$RXE0"/ports/1/hw_counters/"$1" 2>/dev/null || echo 0; }
 u0=$(udp_in); p0=$(cnt rcvd_pkts)
-run_pair ${PP}_pingpong_guest_server 120 "ibv_${PP}_pingpong -d $RXE0 -g $GID0 -n $N $X" "true" 18515
+run_pair ${PP}_pingpong_guest_server 120 "$G -n $N $X" "true" 18515
 # run_pair's client is a no-op: the host connects to us; wait for the server to finish
 # (run_pair waits for it).
 t1=$(uptime_s)
 ok=FAIL
 i=0
 while [ $i -lt 600 ]; do
-  if timeout 60 ibv_${PP}_pingpong -d "$RXE0" -g "$GID0" -n "$N" $X "$PEER_IP" > /tmp/cli.log 2>&1; then ok=PASS; break; fi
-  grep -q "Couldn't connect" /tmp/cli.log || break
+  if timeout 60 $G -n "$N" $X "$PEER_IP" > /tmp/cli.log 2>&1; then ok=PASS; break; fi
+  grep -qi "couldn't connect" /tmp/cli.log || break
   sleep 0.2; i=$((i + 1))
 done
 cat /tmp/cli.log
