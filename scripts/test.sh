@@ -48,7 +48,12 @@ if [ "$(id -u)" -ne 0 ]; then
     echo "skipped: scripts/rxe-interop.sh needs root (tap device, netns)"
 elif [ -n "${SKIP_RXE_INTEROP:-}" ]; then
     echo "skipped: SKIP_RXE_INTEROP is set"
+elif ! { [ -c /dev/net/tun ] && ip netns add ipoib-tapprobe-$$ 2>/dev/null &&
+         ip -n ipoib-tapprobe-$$ tuntap add dev tap0 mode tap 2>/dev/null; }; then
+    ip netns del ipoib-tapprobe-$$ 2>/dev/null || true
+    echo "skipped: cannot create a tap device in a network namespace here"
 else
+    ip netns del ipoib-tapprobe-$$ 2>/dev/null || true
     bash scripts/rxe-interop.sh --quick
 fi
 
