@@ -21,6 +21,12 @@ cargo fmt --check
 section "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
 
+section "cargo clippy --all-targets --features verbs -- -D warnings (libibverbs provider)"
+cargo clippy --all-targets --features verbs -- -D warnings
+
+section "cargo build --features verbs"
+cargo build --features verbs
+
 section "cargo doc --no-deps (warnings are errors)"
 RUSTDOCFLAGS=-Dwarnings cargo doc --no-deps
 
@@ -41,6 +47,24 @@ if [ "$(id -u)" -eq 0 ]; then
     bash scripts/integrity.sh 32
 else
     echo "skipped: integrity needs root"
+fi
+
+section "cargo test --features verbs (libibverbs provider; without RDMA: the no-device path)"
+cargo test --features verbs --lib hw:: 2>&1 | tee -a "$log"
+cargo test --features verbs --test hw_no_device 2>&1 | tee -a "$log"
+
+section "rxe interop (kernel Soft-RoCE in qemu; root only; SKIP_RXE_INTEROP=1 skips)"
+if [ "$(id -u)" -ne 0 ]; then
+    echo "skipped: scripts/rxe-interop.sh needs root (tap device, netns)"
+elif [ -n "${SKIP_RXE_INTEROP:-}" ]; then
+    echo "skipped: SKIP_RXE_INTEROP is set"
+elif ! { [ -c /dev/net/tun ] && ip netns add ipoib-tapprobe-$$ 2>/dev/null &&
+         ip -n ipoib-tapprobe-$$ tuntap add dev tap0 mode tap 2>/dev/null; }; then
+    ip netns del ipoib-tapprobe-$$ 2>/dev/null || true
+    echo "skipped: cannot create a tap device in a network namespace here"
+else
+    ip netns del ipoib-tapprobe-$$ 2>/dev/null || true
+    bash scripts/rxe-interop.sh --quick
 fi
 
 section "fuzz targets (${FUZZ_SECONDS:-10} s each)"

@@ -14,6 +14,8 @@
 //! - [`cm`]: the InfiniBand Communication Manager state machine (REQ/REP/RTU/DREQ/DREP/REJ,
 //!   retries, TimeWait), sans-IO like the rest.
 //! - [`gsi`]: CM MADs over QP1 on a provider that lets us own QP1 (the software one).
+//! - `hw` (feature `verbs`): the libibverbs hardware provider; with [`sys`], the only other
+//!   module allowed `unsafe`.
 //! - [`sys`]: the only module allowed `unsafe`: OS calls no safe crate exposes (socket options,
 //!   `recvmsg` with packet info, the TUN device and its ioctls).
 //! - [`sim`]: a deterministic in-memory fabric with a virtual clock, for tests.
@@ -28,6 +30,8 @@
 pub mod cm;
 pub mod daemon;
 pub mod gsi;
+#[cfg(feature = "verbs")]
+pub mod hw;
 pub mod ipoib;
 pub mod sim;
 pub mod soft;

@@ -22,13 +22,220 @@ struct Cli {
 enum Command {
     /// Create the interface and run the IPoIB-CM daemon in the foreground (until SIGINT or
     /// SIGTERM).
-    Up(Box<UpArgs>),
+    Up(Box<UpCmd>),
     /// Show a running daemon's interface, neighbours, connections and counters.
     Status(StatusArgs),
     /// Ping-pong over one RC QP on the software RoCEv2 provider, like rdma-core's
     /// ibv_rc_pingpong (and compatible with its TCP QP-info exchange).
     RcPingpong(PingpongArgs),
+    /// Ping-pong over UD QPs on the software RoCEv2 provider, like rdma-core's
+    /// ibv_ud_pingpong (and compatible with its TCP QP-info exchange).
+    UdPingpong(UdPingpongArgs),
+    /// Run the provider conformance suite over two libibverbs devices (feature `verbs`).
+    #[command(hide = true)]
+    Conformance(ConformanceArgs),
 }
+
+// --- provider selection (hardware provider, feature `verbs`) ---------------------------------
+
+/// Which provider a command runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+enum ProviderKind {
+    /// The embedded software RoCEv2 provider.
+    #[default]
+    Soft,
+    /// libibverbs hardware (or the kernel's rxe); needs a build with `--features verbs`.
+    Verbs,
+}
+
+#[derive(Debug, Args)]
+struct UpCmd {
+    #[command(flatten)]
+    args: UpArgs,
+    /// Provider: soft (default) or verbs (libibverbs).
+    #[arg(long, value_enum, default_value_t)]
+    provider: ProviderKind,
+}
+
+#[derive(Debug, Args)]
+struct ConformanceArgs {
+    /// First device (default: the first one).
+    #[arg(long, value_name = "DEV")]
+    dev_a: Option<String>,
+    /// Second device (default: the first one).
+    #[arg(long, value_name = "DEV")]
+    dev_b: Option<String>,
+    /// IPv4/IPv6 address of the first device (selects its RoCEv2 GID).
+    #[arg(long, value_name = "ADDR")]
+    ip_a: Option<IpAddr>,
+    /// IPv4/IPv6 address of the second device.
+    #[arg(long, value_name = "ADDR")]
+    ip_b: Option<IpAddr>,
+    /// Run only this check.
+    #[arg(long, value_name = "NAME")]
+    check: Option<String>,
+    /// Milliseconds one settle of the fabric sleeps.
+    #[arg(long, value_name = "MS", default_value_t = 20)]
+    settle_ms: u64,
+}
+
+/// With `--provider verbs`: opens the device to report why it cannot be used (exit 2), or
+/// that this command does not run on it yet.
+#[cfg(feature = "verbs")]
+fn verbs_provider(cmd: &str, local_ip: Option<IpAddr>) -> ExitCode {
+    use ipoib_cm::hw::{HwConfig, HwVerbs};
+    match HwVerbs::open(&HwConfig {
+        local_ip,
+        ..HwConfig::default()
+    }) {
+        Err(e) => eprintln!("ipoib-cm {cmd}: {e}"),
+        Ok(v) => eprintln!(
+            "ipoib-cm {cmd}: opened {} (GID index {}), but {cmd} runs on the soft provider only so far",
+            v.device_name(),
+            v.gid_index()
+        ),
+    }
+    ExitCode::from(2)
+}
+
+#[cfg(not(feature = "verbs"))]
+fn verbs_provider(cmd: &str, _local_ip: Option<IpAddr>) -> ExitCode {
+    eprintln!("ipoib-cm {cmd}: no RDMA device: built without the `verbs` feature");
+    ExitCode::from(2)
+}
+
+/// `rc-pingpong --provider verbs`: no device exits 2 with one line; a failed run exits 1.
+#[cfg(feature = "verbs")]
+fn verbs_rc_pingpong(a: &PingpongArgs, opts: &rc_pingpong::Options) -> ExitCode {
+    use ipoib_cm::hw::pingpong::{self, HwPingpongError};
+    use ipoib_cm::hw::HwConfig;
+    let cfg = HwConfig {
+        device: a.ib_dev.clone(),
+        gid_index: a.gid_idx.and_then(|g| u8::try_from(g).ok()),
+        local_ip: a.bind,
+        ..HwConfig::default()
+    };
+    match pingpong::run(opts, &cfg) {
+        Ok(s) => {
+            s.print();
+            ExitCode::SUCCESS
+        }
+        Err(
+            e @ (HwPingpongError::Open(_)
+            | HwPingpongError::Run(rc_pingpong::PingpongError::Usage(_))),
+        ) => {
+            eprintln!("ipoib-cm rc-pingpong: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("ipoib-cm rc-pingpong: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(not(feature = "verbs"))]
+fn verbs_rc_pingpong(a: &PingpongArgs, _opts: &rc_pingpong::Options) -> ExitCode {
+    let _ = &a.ib_dev;
+    verbs_provider("rc-pingpong", a.bind)
+}
+
+#[cfg(feature = "verbs")]
+fn conformance_main(a: &ConformanceArgs) -> ExitCode {
+    use ipoib_cm::hw::conformance::HwPair;
+    use ipoib_cm::hw::HwConfig;
+    let cfg = |device: &Option<String>, local_ip| HwConfig {
+        device: device.clone(),
+        local_ip,
+        ..HwConfig::default()
+    };
+    let pair = HwPair::open(
+        &cfg(&a.dev_a, a.ip_a),
+        &cfg(&a.dev_b, a.ip_b),
+        Duration::from_millis(a.settle_ms),
+    );
+    match pair {
+        Err(e) => {
+            eprintln!("ipoib-cm conformance: {e}");
+            ExitCode::from(2)
+        }
+        Ok(mut p) => {
+            if p.run(a.check.as_deref()) == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+#[cfg(not(feature = "verbs"))]
+fn conformance_main(_a: &ConformanceArgs) -> ExitCode {
+    verbs_provider("conformance", None)
+}
+
+// --- ud-pingpong -----------------------------------------------------------------------------
+
+#[derive(Debug, Args)]
+struct UdPingpongArgs {
+    /// Server to connect to; without it, wait for a client.
+    peer: Option<IpAddr>,
+    /// Local underlay address.
+    #[arg(long, value_name = "ADDR")]
+    bind: Option<IpAddr>,
+    /// TCP port of the QP-info exchange.
+    #[arg(short = 'p', long, default_value_t = rc_pingpong::DEFAULT_TCP_PORT)]
+    port: u16,
+    /// UDP port of RoCEv2 traffic (both directions).
+    #[arg(long, default_value_t = 4791)]
+    udp_port: u16,
+    /// Size of message to exchange (at most the path MTU).
+    #[arg(short = 's', long, default_value_t = 2048, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    size: u32,
+    /// Number of exchanges.
+    #[arg(short = 'n', long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    iters: u32,
+    /// Number of receives to post at a time.
+    #[arg(short = 'r', long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=16384))]
+    rx_depth: u32,
+    /// GID index (accepted for compatibility with ibv_ud_pingpong).
+    #[arg(short = 'g', long, value_name = "N")]
+    gid_idx: Option<u32>,
+    /// Don't verify the ICRC of IPv4 packets (needed with the kernel's rxe).
+    #[arg(long)]
+    no_icrc_v4: bool,
+    /// Give up after this many seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 120)]
+    deadline: u64,
+}
+
+fn ud_pingpong_main(a: &UdPingpongArgs) -> ExitCode {
+    use ipoib_cm::tools::ud_pingpong;
+    let _ = a.gid_idx;
+    let opts = ud_pingpong::Options {
+        peer: a.peer,
+        bind: a.bind,
+        tcp_port: a.port,
+        udp_port: a.udp_port,
+        size: a.size as usize,
+        iters: a.iters,
+        rx_depth: a.rx_depth,
+        verify_icrc_v4: !a.no_icrc_v4,
+        deadline: Duration::from_secs(a.deadline.max(1)),
+    };
+    match ud_pingpong::run(&opts) {
+        Ok(s) => {
+            s.print();
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("ipoib-cm ud-pingpong: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+// --- end of provider selection ----------------------------------------------------------------
 
 /// Fault injection on the software provider (what this node sends).
 #[derive(Debug, Args)]
@@ -129,6 +336,12 @@ struct PingpongArgs {
     cm: bool,
     #[command(flatten)]
     faults: FaultArgs,
+    /// Provider: soft (default) or verbs (libibverbs).
+    #[arg(long, value_enum, default_value_t)]
+    provider: ProviderKind,
+    /// With --provider verbs: the IB device (default: the first one).
+    #[arg(short = 'd', long, value_name = "DEV")]
+    ib_dev: Option<String>,
 }
 
 fn parse_mtu(s: &str) -> Result<usize, String> {
@@ -162,6 +375,9 @@ fn rc_pingpong_main(a: &PingpongArgs) -> ExitCode {
         cm: a.cm,
         deadline: Duration::from_secs(a.deadline.max(1)),
     };
+    if a.provider == ProviderKind::Verbs {
+        return verbs_rc_pingpong(a, &opts);
+    }
     let _ = a.gid_idx;
     match rc_pingpong::run(&opts) {
         Ok(out) => {
@@ -239,7 +455,13 @@ fn init_logging(default: &str) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match &cli.command {
-        Command::Up(a) => up_main(a),
+        Command::Up(a) if a.provider == ProviderKind::Verbs => verbs_provider("up", None),
+        Command::Up(a) => up_main(&a.args),
+        Command::Conformance(a) => conformance_main(a),
+        Command::UdPingpong(a) => {
+            init_logging("warn");
+            ud_pingpong_main(a)
+        }
         Command::Status(a) => status_main(a),
         Command::RcPingpong(a) => {
             init_logging("warn");

@@ -197,6 +197,14 @@ impl BufPools {
         p.data.get_mut(start..start.checked_add(p.buf_len)?)
     }
 
+    /// Provider side: a pool's memory as (base pointer, length), for registering it as one
+    /// memory region. A pool's `Vec` is allocated once at creation and never grows, so the
+    /// pointer stays valid while the pool exists (pools are never removed).
+    pub fn region(&mut self, pool: PoolId) -> Option<(*mut u8, usize)> {
+        let p = self.pools.get_mut(usize::from(pool.0))?;
+        Some((p.data.as_mut_ptr(), p.data.len()))
+    }
+
     /// Number of buffers currently posted, over all pools (a leak check for tests).
     pub fn posted_count(&self) -> usize {
         self.pools

@@ -1,0 +1,322 @@
+//! `ipoib-cm ud-pingpong`: rdma-core's `ibv_ud_pingpong` over the software provider.
+//!
+//! Same TCP exchange as [`super::rc_pingpong`] (the client sends `LID:QPN:PSN:GID`, the
+//! server answers with its own, the client sends `"done"`), then UD sends with Q_Key
+//! `0x11111111` to the peer's QPN. Receive buffers hold `size + 40` bytes (the GRH area), as
+//! in rdma-core. Each side sends its next message once its previous send completed and the
+//! peer's message arrived; the client starts.
+
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::time::{Duration, Instant};
+
+use mio::{Events, Poll};
+use rand::{Rng, SeedableRng};
+
+use super::rc_pingpong::{Dest, PingpongError, Summary, DEST_MSG_LEN};
+use crate::soft::provider::SoftProvider;
+use crate::soft::SoftConfig;
+use crate::verbs::{
+    AddressVector, Completion, PathMtu, Provider, Psn, QKey, QpAttr, QpInit, QpState, QpType,
+    SendWr, UdDest, Verbs, VerbsError, WcOpcode, WcStatus, WrId,
+};
+
+/// The Q_Key `ibv_ud_pingpong` uses.
+pub const UD_PINGPONG_QKEY: QKey = QKey(0x1111_1111);
+
+/// Bytes of the GRH area at the start of every UD receive buffer.
+const GRH: usize = 40;
+
+const RECV_WRID: u64 = 1;
+const SEND_WRID: u64 = 2;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Peer host (client mode); `None` makes this the server.
+    pub peer: Option<IpAddr>,
+    /// Local underlay address (default: the route to the peer, or the address the client
+    /// reached).
+    pub bind: Option<IpAddr>,
+    /// TCP port of the QP-info exchange.
+    pub tcp_port: u16,
+    /// UDP port of RoCEv2 traffic.
+    pub udp_port: u16,
+    /// Message size (at most the path MTU).
+    pub size: usize,
+    /// Round trips.
+    pub iters: u32,
+    /// Receive WRs kept posted.
+    pub rx_depth: u32,
+    /// Verify the ICRC of IPv4 packets (off for rxe peers).
+    pub verify_icrc_v4: bool,
+    /// Give up after this long.
+    pub deadline: Duration,
+}
+
+fn perr(e: VerbsError) -> PingpongError {
+    PingpongError::Provider(e.to_string())
+}
+
+fn xerr(what: &str, e: impl std::fmt::Display) -> PingpongError {
+    PingpongError::Exchange(format!("{what}: {e}"))
+}
+
+fn route_source(peer: IpAddr) -> io::Result<IpAddr> {
+    let any = SocketAddr::new(
+        if peer.is_ipv4() {
+            IpAddr::from([0u8; 4])
+        } else {
+            IpAddr::from([0u8; 16])
+        },
+        0,
+    );
+    let s = UdpSocket::bind(any)?;
+    s.connect(SocketAddr::new(peer, 9))?;
+    Ok(s.local_addr()?.ip())
+}
+
+fn print_dest(label: &str, d: &Dest) {
+    println!(
+        "  {label} address:  LID {:#06x}, QPN {:#08x}, PSN {:#08x}, GID {}",
+        d.lid,
+        d.qpn.get(),
+        d.psn.get(),
+        d.gid
+    );
+}
+
+fn read_msg(s: &mut TcpStream, n: usize) -> Result<Vec<u8>, PingpongError> {
+    let mut b = vec![0u8; n];
+    s.read_exact(&mut b)
+        .map_err(|e| xerr("Couldn't read remote address", e))?;
+    Ok(b)
+}
+
+struct Ctx {
+    prov: SoftProvider,
+    qp: crate::verbs::QpNum,
+    cq: crate::verbs::CqId,
+    send_buf: crate::verbs::BufId,
+    my: Dest,
+}
+
+fn setup(opts: &Options, local: IpAddr) -> Result<Ctx, PingpongError> {
+    let mut cfg = SoftConfig::new(local);
+    cfg.src_port = opts.udp_port;
+    cfg.dst_port = opts.udp_port;
+    cfg.port_mtu = PathMtu::Mtu4096;
+    cfg.verify_icrc_v4 = opts.verify_icrc_v4;
+    let mut prov = SoftProvider::bind(cfg)
+        .map_err(|e| PingpongError::Provider(format!("bind {local} udp {}: {e}", opts.udp_port)))?;
+    let v = prov.verbs();
+    let pd = v.alloc_pd().map_err(perr)?;
+    let count = opts.rx_depth as usize + 1;
+    let pool = v.create_pool(pd, opts.size + GRH, count).map_err(perr)?;
+    let cq = v.create_cq(opts.rx_depth + 1).map_err(perr)?;
+    let qp = v
+        .create_qp(&QpInit {
+            pd,
+            qp_type: QpType::Ud,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            max_send_wr: 1,
+            max_recv_wr: opts.rx_depth,
+            sq_sig_all: false,
+        })
+        .map_err(perr)?;
+    let init = QpAttr {
+        pkey_index: Some(0),
+        port: Some(1),
+        qkey: Some(UD_PINGPONG_QKEY),
+        ..QpAttr::to_state(QpState::Init)
+    };
+    v.modify_qp(qp, &init).map_err(perr)?;
+    let send_buf = v
+        .pools_mut()
+        .alloc(pool)
+        .ok_or_else(|| PingpongError::Provider("buffer pool exhausted".into()))?;
+    for _ in 0..opts.rx_depth {
+        let b = v
+            .pools_mut()
+            .alloc(pool)
+            .ok_or_else(|| PingpongError::Provider("buffer pool exhausted".into()))?;
+        v.post_recv(qp, WrId(RECV_WRID), b).map_err(perr)?;
+    }
+    let seed = u64::from(std::process::id())
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+    let psn = Psn::new(rand_chacha::ChaCha8Rng::seed_from_u64(seed).gen::<u32>() & 0xFF_FFFF);
+    v.modify_qp(qp, &QpAttr::to_state(QpState::Rtr))
+        .map_err(perr)?;
+    v.modify_qp(
+        qp,
+        &QpAttr {
+            sq_psn: Some(psn),
+            ..QpAttr::to_state(QpState::Rts)
+        },
+    )
+    .map_err(perr)?;
+    let my = Dest {
+        lid: 0,
+        qpn: qp,
+        psn,
+        gid: v.port_attr().gid,
+    };
+    Ok(Ctx {
+        prov,
+        qp,
+        cq,
+        send_buf,
+        my,
+    })
+}
+
+fn exchange(opts: &Options) -> Result<(Ctx, Dest), PingpongError> {
+    let to = Some(opts.deadline);
+    if let Some(peer) = opts.peer {
+        let local = match opts.bind {
+            Some(ip) => ip,
+            None => route_source(peer).map_err(|e| xerr("route to peer", e))?,
+        };
+        let ctx = setup(opts, local)?;
+        print_dest("local", &ctx.my);
+        let mut s =
+            TcpStream::connect_timeout(&SocketAddr::new(peer, opts.tcp_port), opts.deadline)
+                .map_err(|e| xerr(&format!("Couldn't connect to {peer}:{}", opts.tcp_port), e))?;
+        s.set_read_timeout(to).map_err(|e| xerr("socket", e))?;
+        s.write_all(&ctx.my.to_msg())
+            .map_err(|e| xerr("Couldn't send local address", e))?;
+        let rem = Dest::from_msg(&read_msg(&mut s, DEST_MSG_LEN)?)
+            .ok_or_else(|| xerr("bad remote address", "unparseable"))?;
+        print_dest("remote", &rem);
+        s.write_all(b"done\0")
+            .map_err(|e| xerr("Couldn't send done", e))?;
+        Ok((ctx, rem))
+    } else {
+        let any = opts.bind.unwrap_or(IpAddr::from([0u8; 4]));
+        let l = TcpListener::bind(SocketAddr::new(any, opts.tcp_port))
+            .map_err(|e| xerr(&format!("Couldn't listen to port {}", opts.tcp_port), e))?;
+        let (mut s, _) = l.accept().map_err(|e| xerr("accept", e))?;
+        s.set_read_timeout(to).map_err(|e| xerr("socket", e))?;
+        let local = s.local_addr().map_err(|e| xerr("socket", e))?.ip();
+        let local = match local {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(local, IpAddr::V4),
+            v4 => v4,
+        };
+        let ctx = setup(opts, opts.bind.unwrap_or(local))?;
+        print_dest("local", &ctx.my);
+        let rem = Dest::from_msg(&read_msg(&mut s, DEST_MSG_LEN)?)
+            .ok_or_else(|| xerr("bad remote address", "unparseable"))?;
+        print_dest("remote", &rem);
+        s.write_all(&ctx.my.to_msg())
+            .map_err(|e| xerr("Couldn't send local address", e))?;
+        let _done = read_msg(&mut s, 5)?;
+        Ok((ctx, rem))
+    }
+}
+
+/// Runs the tool.
+///
+/// # Errors
+/// Any [`PingpongError`]; the caller prints it and exits non-zero.
+pub fn run(opts: &Options) -> Result<Summary, PingpongError> {
+    if opts.size == 0 || opts.size > PathMtu::Mtu4096.bytes() {
+        return Err(PingpongError::Usage(
+            "size must be 1..=4096 (at most the path MTU)",
+        ));
+    }
+    let (mut ctx, rem) = exchange(opts)?;
+    let mut poll = Poll::new()?;
+    let mut events = Events::with_capacity(64);
+    ctx.prov.register(poll.registry(), 0)?;
+    let dest = UdDest {
+        av: AddressVector {
+            hop_limit: 1,
+            ..AddressVector::to_gid(rem.gid)
+        },
+        remote_qpn: rem.qpn,
+        remote_qkey: UD_PINGPONG_QKEY,
+    };
+    let client = opts.peer.is_some();
+    let (mut scnt, mut rcnt) = (0u32, 0u32);
+    let mut pending_send = false;
+    let mut pending_recv = true;
+    let start = Instant::now();
+    let deadline = start + opts.deadline;
+    let send = |ctx: &mut Ctx| -> Result<(), PingpongError> {
+        let wr = SendWr {
+            ud: Some(dest),
+            ..SendWr::send(WrId(SEND_WRID), ctx.send_buf, opts.size)
+        };
+        ctx.prov
+            .verbs()
+            .post_send(ctx.qp, &wr)
+            .map_err(|e| PingpongError::Provider(format!("Couldn't post send: {e}")))
+    };
+    if client {
+        send(&mut ctx)?;
+        pending_send = true;
+    }
+    let mut cs: Vec<Completion> = Vec::new();
+    while rcnt < opts.iters || scnt < opts.iters {
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(PingpongError::Timeout(opts.deadline, scnt, rcnt));
+        }
+        ctx.prov.handle_io(now)?;
+        cs.clear();
+        let cq = ctx.cq;
+        if ctx.prov.verbs().poll_cq(cq, &mut cs, 64) == 0 {
+            // Nothing to do: sleep until the socket or a timer wakes us.
+            let wait = ctx
+                .prov
+                .poll_timeout()
+                .map_or(Duration::from_millis(100), |t| {
+                    t.saturating_duration_since(now)
+                })
+                .min(Duration::from_millis(100));
+            poll.poll(&mut events, Some(wait))?;
+            continue;
+        }
+        // Completions were handled: loop straight back so handle_io transmits what they
+        // posted.
+        for c in cs.drain(..) {
+            if c.status != WcStatus::Success {
+                return Err(PingpongError::Completion(c));
+            }
+            match c.opcode {
+                WcOpcode::Send => {
+                    ctx.send_buf = c.buf.unwrap_or(ctx.send_buf);
+                    scnt += 1;
+                    pending_send = false;
+                }
+                WcOpcode::Recv => {
+                    let b = c
+                        .buf
+                        .ok_or_else(|| PingpongError::Provider("recv without buffer".into()))?;
+                    ctx.prov
+                        .verbs()
+                        .post_recv(ctx.qp, WrId(RECV_WRID), b)
+                        .map_err(|e| {
+                            PingpongError::Provider(format!("Couldn't post receive: {e}"))
+                        })?;
+                    rcnt += 1;
+                    pending_recv = false;
+                }
+            }
+            if scnt < opts.iters && !pending_send && !pending_recv {
+                send(&mut ctx)?;
+                pending_send = true;
+                pending_recv = true;
+            }
+        }
+    }
+    Ok(Summary {
+        bytes: opts.size as u64 * u64::from(opts.iters) * 2,
+        elapsed: start.elapsed(),
+        iters: opts.iters,
+    })
+}
