@@ -66,6 +66,8 @@ pub(super) struct Conn {
     pub(super) reply: Option<[u8; MAD_LEN]>,
     /// Where this id sits in `Cm::timers`.
     pub(super) deadline: Option<std::time::Instant>,
+    /// The wheel entry of `deadline`.
+    pub(super) timer: Option<crate::timer::TimerId>,
 }
 
 impl Conn {
@@ -86,6 +88,7 @@ impl Conn {
             retx: None,
             reply: None,
             deadline: None,
+            timer: None,
         }
     }
 
@@ -107,6 +110,7 @@ impl Conn {
             retx: None,
             reply: None,
             deadline: None,
+            timer: None,
         }
     }
 

@@ -49,9 +49,10 @@
     )
 )]
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
+use crate::timer::{TimerId, TimerWheel};
 use crate::verbs::{Gid, PathMtu, Psn, QpNum};
 use crate::wire::cm::{cm_timeout_ms, RejReason, MAD_LEN};
 
@@ -343,8 +344,12 @@ pub struct Cm {
     cfg: CmConfig,
     listeners: Vec<(u64, u64)>,
     conns: BTreeMap<u32, Conn>,
-    /// `(deadline, comm id)` of every id with a retransmit or TimeWait timer.
-    timers: BTreeSet<(Instant, u32)>,
+    /// Retransmit and TimeWait timers, keyed by comm id, on the crate's hierarchical timer
+    /// wheel; created at the first call that knows the time (the wheel counts ticks from a
+    /// start instant).
+    wheel: Option<TimerWheel<u32>>,
+    /// Scratch for expired timers.
+    fired: Vec<(TimerId, u32)>,
     next_id: u32,
     tx: VecDeque<(Gid, [u8; MAD_LEN])>,
     events: VecDeque<CmEvent>,
@@ -359,7 +364,8 @@ impl Cm {
             cfg,
             listeners: Vec::new(),
             conns: BTreeMap::new(),
-            timers: BTreeSet::new(),
+            wheel: None,
+            fired: Vec::new(),
             next_id: 1,
             tx: VecDeque::new(),
             events: VecDeque::new(),
@@ -390,6 +396,7 @@ impl Cm {
     /// [`CmUseError::PrivateDataTooLong`] beyond 92 bytes; [`CmUseError::NoResources`] when
     /// [`MAX_LIVE_IDS`] ids are live.
     pub fn connect(&mut self, now: Instant, p: ConnectParams) -> Result<CommId, CmUseError> {
+        self.start_clock(now);
         let private_data = pad::<92>(&p.private_data)?;
         let id = self.alloc_id().ok_or(CmUseError::NoResources)?;
         let tid = own_tid(id);
@@ -414,6 +421,7 @@ impl Cm {
     /// [`CmUseError::NoSuchId`], [`CmUseError::WrongState`] unless ReqRcvd,
     /// [`CmUseError::PrivateDataTooLong`] beyond 196 bytes.
     pub fn accept(&mut self, now: Instant, id: CommId, p: AcceptParams) -> Result<(), CmUseError> {
+        self.start_clock(now);
         let c = self.conns.get_mut(&id.0).ok_or(CmUseError::NoSuchId)?;
         if !matches!(c.state, CmState::ReqRcvd | CmState::MraReqSent) {
             return Err(CmUseError::WrongState(c.state));
@@ -448,6 +456,7 @@ impl Cm {
         id: CommId,
         reason: RejReason,
     ) -> Result<(), CmUseError> {
+        self.start_clock(now);
         let c = self.conns.get(&id.0).ok_or(CmUseError::NoSuchId)?;
         match c.state {
             CmState::ReqSent
@@ -511,6 +520,7 @@ impl Cm {
     ///
     /// [`CmUseError::NoSuchId`].
     pub fn disconnect(&mut self, now: Instant, id: CommId) -> Result<(), CmUseError> {
+        self.start_clock(now);
         let c = self.conns.get_mut(&id.0).ok_or(CmUseError::NoSuchId)?;
         match c.state {
             CmState::Established => {
@@ -545,24 +555,61 @@ impl Cm {
     /// Retransmits what timed out, gives up after the retries, and ends expired TimeWaits.
     /// Idempotent: calling it again with the same `now` does nothing.
     pub fn handle_timeout(&mut self, now: Instant) {
-        // Every pass either removes the first timer or moves it past `now` (intervals are at
-        // least 1 ms), except a zero TimeWait, which the next pass removes: 2 passes per id.
-        let bound = 2 * self.timers.len() + 1;
-        for _ in 0..bound {
-            let Some(&(at, raw)) = self.timers.first() else {
-                return;
-            };
-            if at > now {
+        self.start_clock(now);
+        // A fired timer may re-arm (a resend) but never at or before `now` (intervals are at
+        // least 1 ms), except a zero TimeWait, which the next pass takes: bounded passes.
+        for _ in 0..4 {
+            let mut fired = std::mem::take(&mut self.fired);
+            fired.clear();
+            if let Some(w) = self.wheel.as_mut() {
+                w.expire(now, &mut fired);
+            }
+            let any = !fired.is_empty();
+            for (tid, raw) in fired.drain(..) {
+                let due = self.conns.get(&raw).is_some_and(|c| c.timer == Some(tid));
+                if due {
+                    if let Some(c) = self.conns.get_mut(&raw) {
+                        c.timer = None;
+                    }
+                    self.fire(now, CommId(raw));
+                }
+            }
+            self.fired = fired;
+            if !any {
                 return;
             }
-            self.fire(now, CommId(raw));
         }
     }
 
     /// When [`Cm::handle_timeout`] next has work to do.
     #[must_use]
+    ///
+    /// Like every [`TimerWheel`] deadline this may be earlier than the exact deadline (never
+    /// later): a call at that time can find nothing due yet.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.timers.first().map(|&(at, _)| at)
+        self.wheel.as_ref().and_then(TimerWheel::poll_timeout)
+    }
+
+    /// The exact earliest deadline (O(n); for tests). It checks that [`Cm::poll_timeout`] is
+    /// never later.
+    #[cfg(test)]
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        let exact = self.conns.values().filter_map(|c| c.deadline).min();
+        if let (Some(e), Some(p)) = (exact, self.poll_timeout()) {
+            assert!(
+                p <= e,
+                "poll_timeout {p:?} is later than the deadline {e:?}"
+            );
+        }
+        assert_eq!(exact.is_some(), self.poll_timeout().is_some());
+        exact
+    }
+
+    /// Creates the timer wheel at the first call that knows the time.
+    fn start_clock(&mut self, now: Instant) {
+        if self.wheel.is_none() {
+            self.wheel = Some(TimerWheel::new(now, TIMER_TICK));
+        }
     }
 
     /// The next MAD to send, and the GID whose QP1 it goes to.
@@ -636,12 +683,13 @@ impl Cm {
         let Some(c) = self.conns.get_mut(&id.0) else {
             return;
         };
-        if let Some(old) = c.deadline.take() {
-            self.timers.remove(&(old, id.0));
+        c.deadline = None;
+        if let (Some(old), Some(w)) = (c.timer.take(), self.wheel.as_mut()) {
+            w.cancel(old);
         }
-        if let Some(at) = at {
+        if let (Some(at), Some(w)) = (at, self.wheel.as_mut()) {
             c.deadline = Some(at);
-            self.timers.insert((at, id.0));
+            c.timer = Some(w.insert(at, id.0));
         }
     }
 
@@ -745,6 +793,9 @@ impl Cm {
         self.set_deadline(id, None);
     }
 }
+
+/// Resolution of the CM's timers: deadlines round up to it (never early).
+const TIMER_TICK: Duration = Duration::from_millis(1);
 
 /// `n` milliseconds.
 fn ms(n: u64) -> Duration {

@@ -15,6 +15,7 @@ impl Cm {
     /// A MAD arrived on QP1 from `from` (the source GID of its GRH / IP header). Malformed,
     /// unknown, unexpected and spoofed MADs are dropped and counted; nothing here panics.
     pub fn handle_mad(&mut self, now: Instant, from: Gid, mad: &[u8]) {
+        self.start_clock(now);
         self.stats.mads_received += 1;
         let Ok(m) = CmMad::parse(mad) else {
             self.stats.dropped_malformed += 1;

@@ -207,7 +207,7 @@ fn connect_sends_req_as_linux_fills_it() {
     assert!(!r.alternate_path.is_present());
     assert_eq!(r.private_data[..4], [1, 2, 3, 0]);
     // 2 · conv(16) + conv(20) = 2 · 256 + 4096 ms.
-    assert_eq!(ca.poll_timeout(), Some(t0 + msec(4608)));
+    assert_eq!(ca.next_deadline(), Some(t0 + msec(4608)));
     assert_eq!(ca.len(), 1);
 }
 
@@ -223,7 +223,7 @@ fn req_is_resent_identically_then_times_out() {
     assert!(ca.poll_transmit().is_none());
     for k in 1..=2u32 {
         let at = t0 + msec(4608) * k;
-        assert_eq!(ca.poll_timeout(), Some(at));
+        assert_eq!(ca.next_deadline(), Some(at));
         ca.handle_timeout(at);
         ca.handle_timeout(at); // idempotent
         assert_eq!(sent_one(&mut ca, b()), req);
@@ -241,7 +241,7 @@ fn req_is_resent_identically_then_times_out() {
         }]
     );
     assert_eq!(ca.state(id), None);
-    assert_eq!(ca.poll_timeout(), None);
+    assert_eq!(ca.next_deadline(), None);
     assert_eq!(ca.stats().retransmits, 2);
     assert_eq!(ca.stats().timeouts, 1);
 }
@@ -255,7 +255,7 @@ fn rep_moves_active_to_rep_rcvd_and_rtu_to_established() {
     let rep = sent_one(&mut cb, a());
     ca.handle_mad(t0 + msec(5), b(), &rep);
     assert_eq!(ca.state(ida), Some(CmState::RepRcvd));
-    assert_eq!(ca.poll_timeout(), None, "REQ no longer resent");
+    assert_eq!(ca.next_deadline(), None, "REQ no longer resent");
     let mut pd = [0u8; 196];
     pd[..2].copy_from_slice(&[9, 8]);
     assert_eq!(
@@ -315,7 +315,7 @@ fn req_creates_req_rcvd_and_accept_sends_rep() {
     assert_eq!((*retry_count, *rnr_retry_count), (7, 6));
     assert_eq!(private_data[..3], [1, 2, 3]);
     assert_eq!(cb.state(idb), Some(CmState::ReqRcvd));
-    assert_eq!(cb.poll_timeout(), None);
+    assert_eq!(cb.next_deadline(), None);
 
     cb.accept(t0 + msec(1), idb, accept_params()).unwrap();
     assert_eq!(cb.state(idb), Some(CmState::RepSent));
@@ -334,7 +334,7 @@ fn req_creates_req_rcvd_and_accept_sends_rep() {
     assert!(!r.srq);
     assert_eq!(r.private_data[..3], [9, 8, 0]);
     // conv(REQ.local_cm_response_timeout = 20).
-    assert_eq!(cb.poll_timeout(), Some(t0 + msec(1 + 4096)));
+    assert_eq!(cb.next_deadline(), Some(t0 + msec(1 + 4096)));
 }
 
 #[test]
@@ -344,8 +344,8 @@ fn rtu_moves_passive_to_established() {
     let (ida, idb) = established(t0, &mut ca, &mut cb);
     assert_eq!(ca.state(ida), Some(CmState::Established));
     assert_eq!(cb.state(idb), Some(CmState::Established));
-    assert_eq!(cb.poll_timeout(), None, "REP no longer resent");
-    assert_eq!(ca.poll_timeout(), None);
+    assert_eq!(cb.next_deadline(), None, "REP no longer resent");
+    assert_eq!(ca.next_deadline(), None);
 }
 
 #[test]
@@ -388,7 +388,7 @@ fn notify_comm_est_establishes_passive_when_rtu_is_lost() {
     cb.notify_comm_est(t0 + msec(3), idb);
     assert_eq!(cb.state(idb), Some(CmState::Established));
     assert_eq!(events(&mut cb), vec![CmEvent::Established { id: idb }]);
-    assert_eq!(cb.poll_timeout(), None);
+    assert_eq!(cb.next_deadline(), None);
     cb.notify_comm_est(t0 + msec(4), idb); // no-op now
     assert!(events(&mut cb).is_empty());
 }
@@ -631,7 +631,7 @@ fn disconnect_dreq_drep_timewait_exit() {
     let d = as_dreq(&m);
     assert_eq!((d.local_comm_id, d.remote_comm_id), (ida.0, idb.0));
     assert_eq!(d.remote_qpn, QpNum::new(QPN_B));
-    assert_eq!(ca.poll_timeout(), Some(t0 + msec(10 + 4608)));
+    assert_eq!(ca.next_deadline(), Some(t0 + msec(10 + 4608)));
 
     cb.handle_mad(t0 + msec(11), a(), &dreq_bytes);
     assert_eq!(cb.state(idb), Some(CmState::TimeWait));
@@ -652,7 +652,7 @@ fn disconnect_dreq_drep_timewait_exit() {
     ca.handle_mad(t0 + msec(12), b(), &drep_bytes);
     assert_eq!(ca.state(ida), Some(CmState::TimeWait));
     assert_eq!(events(&mut ca), vec![CmEvent::Disconnected { id: ida }]);
-    assert_eq!(ca.poll_timeout(), Some(t0 + msec(12) + TW));
+    assert_eq!(ca.next_deadline(), Some(t0 + msec(12) + TW));
     ca.handle_mad(t0 + msec(13), b(), &drep_bytes); // duplicate DREP
     assert_eq!(ca.stats().duplicates, 1);
     ca.handle_timeout(t0 + msec(12) + TW);
@@ -738,7 +738,7 @@ fn crossing_dreqs_converge_to_timewait() {
     ca.handle_mad(t0 + msec(2), b(), &drep_b);
     cb.handle_mad(t0 + msec(2), a(), &drep_a);
     assert!(ca.poll_transmit().is_none() && cb.poll_transmit().is_none());
-    assert_eq!(ca.poll_timeout(), Some(t0 + msec(1) + TW));
+    assert_eq!(ca.next_deadline(), Some(t0 + msec(1) + TW));
 }
 
 #[test]
@@ -790,7 +790,7 @@ fn owner_reject_in_req_rcvd_sends_rej_and_frees() {
         }]
     );
     assert_eq!(ca.state(ida), None);
-    assert_eq!(ca.poll_timeout(), None);
+    assert_eq!(ca.next_deadline(), None);
 }
 
 #[test]
@@ -813,7 +813,7 @@ fn owner_reject_of_rep_frees_active_and_sends_passive_to_timewait() {
             reason: RejReason::ConsumerDefined
         }]
     );
-    assert_eq!(cb.poll_timeout(), Some(t0 + TW));
+    assert_eq!(cb.next_deadline(), Some(t0 + TW));
 }
 
 #[test]
@@ -893,12 +893,12 @@ fn mra_extends_the_req_timeout() {
     assert_eq!(ca.state(ida), Some(CmState::MraReqRcvd));
     // conv(24) + conv(av.timeout = 16 + 1) = 65536 + 512 ms.
     let at = t0 + msec(100 + 65536 + 512);
-    assert_eq!(ca.poll_timeout(), Some(at));
+    assert_eq!(ca.next_deadline(), Some(at));
     ca.handle_timeout(t0 + msec(4608));
     assert!(ca.poll_transmit().is_none());
     ca.handle_timeout(at);
     assert_eq!(sent_one(&mut ca, b()), req);
-    assert_eq!(ca.poll_timeout(), Some(at + msec(65536 + 512)));
+    assert_eq!(ca.next_deadline(), Some(at + msec(65536 + 512)));
     // A REP still completes the exchange.
     cb.accept(at, idb, accept_params()).unwrap();
     ca.handle_mad(at, b(), &sent_one(&mut cb, a()));
@@ -922,7 +922,7 @@ fn mra_extends_the_rep_timeout() {
     cb.handle_mad(t0, a(), &mad(1, CmMessage::Mra(mra)));
     assert_eq!(cb.state(idb), Some(CmState::MraRepRcvd));
     // conv(20) + conv(REQ local ACK timeout 17).
-    assert_eq!(cb.poll_timeout(), Some(t0 + msec(4096 + 512)));
+    assert_eq!(cb.next_deadline(), Some(t0 + msec(4096 + 512)));
     // An MRA of the wrong message is unexpected.
     let wrong = Mra {
         msg_mraed: TargetMsg::Req,
@@ -1211,17 +1211,17 @@ proptest! {
             prop_assert!(cb.len() <= reqs + connects);
             // After handle_timeout, nothing is due any more.
             cb.handle_timeout(now);
-            prop_assert!(cb.poll_timeout().is_none_or(|t| t > now));
+            prop_assert!(cb.next_deadline().is_none_or(|t| t > now));
         }
         // Everything ends: after long enough, every id is gone.
         for _ in 0..100_000 {
-            match cb.poll_timeout() {
+            match cb.next_deadline() {
                 Some(at) => cb.handle_timeout(at),
                 None => break,
             }
             while cb.poll_transmit().is_some() {}
         }
         // Ids in ReqRcvd or Established wait for the owner/peer and have no timer.
-        prop_assert!(cb.poll_timeout().is_none());
+        prop_assert!(cb.next_deadline().is_none());
     }
 }
