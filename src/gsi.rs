@@ -4,6 +4,7 @@
 //! Each MAD travels as one UD SEND_ONLY to QP 1 of the peer with Q_Key `0x80010000`, so on the
 //! wire it is real RoCEv2 CM traffic that tshark decodes and rxe's CM would accept. The sender
 //! is identified by the source GID in the receive's GRH area.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 use crate::soft::{grh_source_gid, GRH_LEN};
 use crate::verbs::setup::open_ud_qp;

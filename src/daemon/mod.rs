@@ -6,6 +6,7 @@
 //! - [`status`]: the [`Status`] snapshot (its JSON schema) and its text rendering.
 //! - [`control`]: the control socket, server side ([`ControlServer`]) for the event loop and
 //!   client side ([`query`]) for `ipoib-cm status`.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod config;
 pub mod control;

@@ -29,6 +29,7 @@
 //! covers every QP that reached Last WQE by then), and destroy on its flush completion;
 //! without an SRQ, count the flushed receives down to zero. A watchdog of `drain_timeout`
 //! destroys the QP anyway if a provider never delivers the event or the completion.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod neigh;
 mod rx;

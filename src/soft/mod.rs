@@ -17,6 +17,7 @@
 //! Everything received is validated before it can touch a QP: unknown QPN, bad ICRC, wrong
 //! P_Key or TVer, wrong Q_Key, a source address that is not the QP's peer, a packet the QP's
 //! state does not accept, or anything malformed is dropped and counted in [`SoftStats`].
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod fault;
 pub mod provider;
