@@ -1,4 +1,5 @@
-//! `recvmsg(2)` for UDP with the packet-info control message decoded.
+//! `recvmsg(2)` / `recvmmsg(2)` for UDP with the packet-info control message decoded, and
+//! unconnected `sendmmsg(2)`.
 //!
 //! socket2's `recvmsg` hands back the control bytes as `MaybeUninit`, so reading them needs
 //! `unsafe` either way; doing the whole call here keeps the `CMSG_*` walk next to the buffer it
