@@ -308,10 +308,10 @@ pub struct Outgoing {
 /// Sends `msgs` (at most [`BATCH_MAX`] of them; the rest are ignored) with one unconnected
 /// `sendmmsg(2)`; returns how many the kernel took, in order.
 ///
-/// When the kernel stops early, the datagram after the last one sent failed: call again with
-/// the tail to learn why (a non-`EAGAIN` error is parked on the socket and returned by its next
-/// call, which does not send that datagram). Errors are the OS's: `WouldBlock` when the first
-/// datagram does not fit in the send buffer.
+/// When the kernel stops early, the datagram after the last one sent failed and its error was
+/// not reported (`sendmmsg` reports an error only when nothing was sent): call again with the
+/// tail, which starts with that datagram, to get it. Errors are the OS's: `WouldBlock` when the
+/// first datagram does not fit in the send buffer.
 pub fn send_batch(sock: &impl AsFd, msgs: &[Outgoing]) -> io::Result<usize> {
     let fd = sock.as_fd().as_raw_fd();
     let count = msgs.len().min(BATCH_MAX);
