@@ -6,24 +6,29 @@ use std::time::Instant;
 
 use mio::{Interest, Registry, Token};
 
-use super::transport::UdpTransport;
+use super::transport::{TxBatch, UdpTransport};
 use super::{SoftConfig, SoftVerbs};
+use crate::sys::udp::RecvBatch;
 use crate::verbs::Provider;
 
 /// Datagrams read per [`Provider::handle_io`] call before other sources get a turn.
 const MAX_RECV_BATCH: usize = 512;
 /// Largest datagram accepted (a 4096-MTU RoCE packet is ~4.2 KB; leave room for jumbo junk).
 const RECV_BUF_LEN: usize = 65_536;
+/// Datagrams per `recvmmsg` / `sendmmsg`.
+const IO_BATCH: usize = 64;
+/// Bytes preallocated per send slot: a 4096-MTU RoCE packet with headers fits.
+const TX_SLOT_CAPACITY: usize = 4_352;
 
 /// The software provider bound to a UDP socket.
 #[derive(Debug)]
 pub struct SoftProvider {
     verbs: SoftVerbs,
     transport: UdpTransport,
-    rx_buf: Vec<u8>,
-    tx_buf: Vec<u8>,
-    /// A datagram the socket refused with `WouldBlock`, sent first when it is writable again.
-    blocked: Option<(SocketAddr, Vec<u8>)>,
+    rx: RecvBatch,
+    /// Datagrams from the engine not yet taken by the socket: after a `WouldBlock` the unsent
+    /// tail waits here and goes first when the socket is writable again.
+    tx: TxBatch,
     /// Send errors other than `WouldBlock` (the datagram is dropped; RC retransmits).
     pub send_errors: u64,
     /// Where the socket is registered, to ask for writability only while a send is blocked
@@ -48,9 +53,8 @@ impl SoftProvider {
         Ok(Self {
             verbs: SoftVerbs::new(cfg),
             transport,
-            rx_buf: vec![0; RECV_BUF_LEN],
-            tx_buf: Vec::with_capacity(RECV_BUF_LEN),
-            blocked: None,
+            rx: RecvBatch::new(IO_BATCH, RECV_BUF_LEN),
+            tx: TxBatch::new(IO_BATCH, TX_SLOT_CAPACITY),
             send_errors: 0,
             rx_more: None,
             registration: None,
@@ -68,21 +72,23 @@ impl SoftProvider {
         self.transport.local_addr()
     }
 
-    /// Sends `d` to `dst`; false if the socket would block.
-    fn send(&mut self, dst: SocketAddr, d: &[u8]) -> bool {
-        match self.transport.send_to(d, dst) {
-            Ok(sent) => sent,
-            Err(e) => {
-                self.send_errors += 1;
-                tracing::debug!(%dst, error = %e, "soft provider send failed");
-                true
+    /// Sends the queued datagrams; false if the socket would block with some still queued.
+    fn drain_tx(&mut self) -> bool {
+        loop {
+            match self.transport.send_batch(&mut self.tx) {
+                Ok(done) => return done,
+                Err(e) => {
+                    // That datagram is dropped; RC retransmits.
+                    self.send_errors += 1;
+                    tracing::debug!(error = %e, "soft provider send failed");
+                }
             }
         }
     }
 
     /// Registers for writability exactly while a datagram waits for room in the socket.
     fn update_interest(&mut self) -> io::Result<()> {
-        let want = self.blocked.is_some();
+        let want = !self.tx.is_empty();
         if want == self.want_writable {
             return Ok(());
         }
@@ -98,22 +104,19 @@ impl SoftProvider {
         Ok(())
     }
 
-    /// Transmits until the engine has nothing more or the socket would block.
+    /// Transmits until the engine has nothing more or the socket would block, up to
+    /// [`IO_BATCH`] datagrams per `sendmmsg`.
     fn flush(&mut self, now: Instant) {
-        if let Some((dst, d)) = self.blocked.take() {
-            if !self.send(dst, &d) {
-                self.blocked = Some((dst, d));
+        loop {
+            if !self.drain_tx() {
+                return;
+            }
+            let verbs = &mut self.verbs;
+            while self.tx.push_with(|buf| verbs.poll_transmit(now, buf)) {}
+            if self.tx.is_empty() {
                 return;
             }
         }
-        let mut buf = std::mem::take(&mut self.tx_buf);
-        while let Some(dst) = self.verbs.poll_transmit(now, &mut buf) {
-            if !self.send(dst, &buf) {
-                self.blocked = Some((dst, buf.clone()));
-                break;
-            }
-        }
-        self.tx_buf = buf;
     }
 }
 
@@ -133,13 +136,21 @@ impl Provider for SoftProvider {
 
     fn handle_io(&mut self, now: Instant) -> io::Result<()> {
         self.rx_more = Some(now);
-        for _ in 0..MAX_RECV_BATCH {
-            let Some(meta) = self.transport.recv(&mut self.rx_buf)? else {
+        let mut read = 0;
+        while read < MAX_RECV_BATCH {
+            let n = self.transport.recv_batch(&mut self.rx)?;
+            for i in 0..n {
+                if let Some((meta, d)) = self.transport.datagram(&self.rx, i) {
+                    self.verbs.handle_datagram(now, meta.src, meta.dst_ip, d);
+                }
+            }
+            read += n;
+            if n < self.rx.capacity() {
+                // A short batch: the queue was empty when the kernel looked; with edge
+                // triggering, anything that arrived since brings a fresh readiness event.
                 self.rx_more = None;
                 break;
-            };
-            let d = self.rx_buf.get(..meta.len).unwrap_or(&[]);
-            self.verbs.handle_datagram(now, meta.src, meta.dst_ip, d);
+            }
         }
         self.verbs.handle_timeout(now);
         self.flush(now);

@@ -6,8 +6,9 @@
 //!
 //! - [`sockopt`]: socket options socket2 does not expose (DF / path-MTU discovery, packet info,
 //!   zero-checksum IPv6 UDP receive, forced buffer sizes).
-//! - [`udp`]: `recvmsg` with the packet-info control message decoded, so a receiver learns the
-//!   destination address the datagram was sent to.
+//! - [`udp`]: `recvmsg` / `recvmmsg` with the packet-info control message decoded, so a
+//!   receiver learns the destination address the datagram was sent to; `sendmmsg` to many
+//!   destinations in one call.
 //! - [`peercred`]: `SO_PEERCRED` of a Unix socket peer, and the process's effective uid.
 //! - [`tun`]: the TUN device and the interface ioctls that configure it.
 //! - [`ifaddr`]: which interface carries an address, and its MTU.

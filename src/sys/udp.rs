@@ -1,4 +1,5 @@
-//! `recvmsg(2)` for UDP with the packet-info control message decoded.
+//! `recvmsg(2)` / `recvmmsg(2)` for UDP with the packet-info control message decoded, and
+//! unconnected `sendmmsg(2)`.
 //!
 //! socket2's `recvmsg` hands back the control bytes as `MaybeUninit`, so reading them needs
 //! `unsafe` either way; doing the whole call here keeps the `CMSG_*` walk next to the buffer it
@@ -133,4 +134,212 @@ unsafe fn pktinfo_dst(msg: &libc::msghdr) -> Option<IpAddr> {
         cmsg = unsafe { libc::CMSG_NXTHDR(msg, cmsg) };
     }
     None
+}
+
+/// Most datagrams one [`recv_batch`] or [`send_batch`] call moves (the `iovec`/`mmsghdr` arrays
+/// live on the stack, sized by this).
+pub const BATCH_MAX: usize = 64;
+
+/// Receive buffers for [`recv_batch`]: `slots` datagram buffers of `slot_len` bytes each, their
+/// source-address and control buffers, and what the last call learned about each.
+pub struct RecvBatch {
+    data: Vec<u8>,
+    slot_len: usize,
+    names: Vec<libc::sockaddr_storage>,
+    controls: Vec<ControlBuf>,
+    meta: Vec<Received>,
+}
+
+impl std::fmt::Debug for RecvBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecvBatch")
+            .field("slots", &self.names.len())
+            .field("slot_len", &self.slot_len)
+            .field("received", &self.meta.len())
+            .finish()
+    }
+}
+
+impl RecvBatch {
+    /// `slots` buffers (clamped to 1..=[`BATCH_MAX`]) of `slot_len` bytes each. The buffers are
+    /// zero-filled by the allocator, so pages a datagram never reaches stay uncommitted.
+    pub fn new(slots: usize, slot_len: usize) -> Self {
+        let slots = slots.clamp(1, BATCH_MAX);
+        // SAFETY: `sockaddr_storage` is a plain C struct for which all-zero bytes are valid.
+        let zero_name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        Self {
+            data: vec![0; slots * slot_len],
+            slot_len,
+            names: vec![zero_name; slots],
+            controls: vec![[0; 16]; slots],
+            meta: Vec::with_capacity(slots),
+        }
+    }
+
+    /// How many datagrams the last [`recv_batch`] received (truncated ones included).
+    pub fn len(&self) -> usize {
+        self.meta.len()
+    }
+
+    /// How many datagrams one [`recv_batch`] can receive.
+    pub fn capacity(&self) -> usize {
+        self.names.len()
+    }
+
+    /// True when the last [`recv_batch`] received nothing.
+    pub fn is_empty(&self) -> bool {
+        self.meta.is_empty()
+    }
+
+    /// The `i`th datagram of the last [`recv_batch`]: what was learned about it and its bytes
+    /// (`len` of them; cut to the slot length when `truncated`).
+    pub fn get(&self, i: usize) -> Option<(Received, &[u8])> {
+        let meta = *self.meta.get(i)?;
+        let start = i * self.slot_len;
+        let bytes = self.data.get(start..start + meta.len)?;
+        Some((meta, bytes))
+    }
+}
+
+/// Decodes an IPv4 or IPv6 socket address the kernel wrote into `storage`.
+fn storage_to_socket_addr(storage: &libc::sockaddr_storage, len: usize) -> Option<SocketAddr> {
+    match i32::from(storage.ss_family) {
+        libc::AF_INET if len >= size_of::<libc::sockaddr_in>() => {
+            // SAFETY: the family says the storage holds a `sockaddr_in`, which is smaller than
+            // and less aligned than `sockaddr_storage`.
+            let sin = unsafe { &*std::ptr::from_ref(storage).cast::<libc::sockaddr_in>() };
+            Some(SocketAddr::new(
+                IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr))),
+                u16::from_be(sin.sin_port),
+            ))
+        }
+        libc::AF_INET6 if len >= size_of::<libc::sockaddr_in6>() => {
+            // SAFETY: as above, for `sockaddr_in6`.
+            let sin6 = unsafe { &*std::ptr::from_ref(storage).cast::<libc::sockaddr_in6>() };
+            Some(SocketAddr::V6(std::net::SocketAddrV6::new(
+                Ipv6Addr::from(sin6.sin6_addr.s6_addr),
+                u16::from_be(sin6.sin6_port),
+                sin6.sin6_flowinfo,
+                sin6.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// Receives up to `batch`'s slot count of datagrams with one `recvmmsg(2)` and decodes each
+/// one's packet-info control message; returns how many arrived (also `batch.len()`).
+///
+/// Errors are the OS's: `WouldBlock` when nothing is queued on a non-blocking socket (the batch
+/// is then empty). A datagram from a non-IP source address is an `InvalidData` error.
+pub fn recv_batch(sock: &impl AsFd, batch: &mut RecvBatch) -> io::Result<usize> {
+    let fd = sock.as_fd().as_raw_fd();
+    batch.meta.clear();
+    let slots = batch.names.len();
+    let slot_len = batch.slot_len;
+    // SAFETY: `iovec` and `mmsghdr` are plain C structs for which all-zero bytes are valid.
+    let mut iovs: [libc::iovec; BATCH_MAX] = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut hdrs: [libc::mmsghdr; BATCH_MAX] = unsafe { std::mem::zeroed() };
+    let base = batch.data.as_mut_ptr();
+    for i in 0..slots {
+        iovs[i] = libc::iovec {
+            // SAFETY: `data` holds `slots * slot_len` bytes, so slot `i` starts inside it.
+            iov_base: unsafe { base.add(i * slot_len) }.cast(),
+            iov_len: slot_len,
+        };
+        let msg = &mut hdrs[i].msg_hdr;
+        msg.msg_name = std::ptr::from_mut(&mut batch.names[i]).cast();
+        msg.msg_namelen = size_of::<libc::sockaddr_storage>() as _;
+        msg.msg_iov = &mut iovs[i];
+        msg.msg_iovlen = 1;
+        msg.msg_control = batch.controls[i].as_mut_ptr().cast();
+        msg.msg_controllen = size_of::<ControlBuf>() as _;
+    }
+    // SAFETY: the first `slots` headers point at live, disjoint buffers of the lengths stored
+    // next to them (a slot of `data`, one `sockaddr_storage`, one control buffer), all owned by
+    // `batch` or this frame and outliving the call; a null timeout means none.
+    let n = unsafe {
+        libc::recvmmsg(
+            fd,
+            hdrs.as_mut_ptr(),
+            slots as _,
+            libc::MSG_DONTWAIT,
+            std::ptr::null_mut(),
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let n = (n as usize).min(slots);
+    for hdr in &hdrs[..n] {
+        let msg = &hdr.msg_hdr;
+        let idx = batch.meta.len();
+        let src = storage_to_socket_addr(&batch.names[idx], msg.msg_namelen as usize).ok_or_else(
+            || {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "recvmmsg returned a non-IP source address",
+                )
+            },
+        )?;
+        // SAFETY: after a successful `recvmmsg`, each returned header's `msg_control` /
+        // `msg_controllen` describe the control bytes the kernel wrote into that slot's buffer.
+        let dst_ip = unsafe { pktinfo_dst(msg) };
+        batch.meta.push(Received {
+            len: (hdr.msg_len as usize).min(slot_len),
+            truncated: msg.msg_flags & libc::MSG_TRUNC != 0,
+            src,
+            dst_ip,
+        });
+    }
+    Ok(n)
+}
+
+/// One datagram for [`send_batch`].
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    /// Where it goes.
+    pub dst: SockAddr,
+    /// The UDP payload.
+    pub data: Vec<u8>,
+}
+
+/// Sends `msgs` (at most [`BATCH_MAX`] of them; the rest are ignored) with one unconnected
+/// `sendmmsg(2)`; returns how many the kernel took, in order.
+///
+/// When the kernel stops early, the datagram after the last one sent failed and its error was
+/// not reported (`sendmmsg` reports an error only when nothing was sent): call again with the
+/// tail, which starts with that datagram, to get it. Errors are the OS's: `WouldBlock` when the
+/// first datagram does not fit in the send buffer.
+pub fn send_batch(sock: &impl AsFd, msgs: &[Outgoing]) -> io::Result<usize> {
+    let fd = sock.as_fd().as_raw_fd();
+    let count = msgs.len().min(BATCH_MAX);
+    if count == 0 {
+        return Ok(0);
+    }
+    // SAFETY: `iovec` and `mmsghdr` are plain C structs for which all-zero bytes are valid.
+    let mut iovs: [libc::iovec; BATCH_MAX] = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut hdrs: [libc::mmsghdr; BATCH_MAX] = unsafe { std::mem::zeroed() };
+    for (i, m) in msgs[..count].iter().enumerate() {
+        iovs[i] = libc::iovec {
+            // The kernel only reads through it (`sendmmsg`); the field is `*mut` in C.
+            iov_base: m.data.as_ptr().cast_mut().cast(),
+            iov_len: m.data.len(),
+        };
+        let msg = &mut hdrs[i].msg_hdr;
+        msg.msg_name = m.dst.as_ptr().cast_mut().cast();
+        msg.msg_namelen = m.dst.len();
+        msg.msg_iov = &mut iovs[i];
+        msg.msg_iovlen = 1;
+    }
+    // SAFETY: the first `count` headers point at live buffers of the stated lengths (each
+    // message's bytes and destination address, borrowed from `msgs` for the call); the kernel
+    // only reads them and writes `msg_len` into `hdrs`.
+    let n = unsafe { libc::sendmmsg(fd, hdrs.as_mut_ptr(), count as _, libc::MSG_DONTWAIT) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((n as usize).min(count))
 }
