@@ -21,7 +21,7 @@
 #                QP1), static neighbours both ways; ping IPv4 and IPv6 across, iperf3 (copied
 #                into the guest when the host has it), orderly stop of both daemons (rxe never
 #                raises LAST_WQE_REACHED: the guest's SRQ RX teardown ends by the drain
-#                watchdog). Not in the default set (slow under TCG): name it.
+#                watchdog).
 # The conformance boot also runs `rc-pingpong --provider verbs` against ibv_rc_pingpong
 # (rxe1 <-> rxe0), both directions.
 # --quick: 20 round trips instead of 100. Prints `RESULT name PASS|FAIL|XFAIL`, wall times
@@ -47,7 +47,7 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-[ ${#CHECKS[@]} -gt 0 ] || CHECKS=(conformance rc-pingpong ud-pingpong hw-pingpong)
+[ ${#CHECKS[@]} -gt 0 ] || CHECKS=(conformance rc-pingpong ud-pingpong hw-pingpong daemon)
 XFAIL=${RXE_XFAIL-comm_est,srq_last_wqe_once,drain_wr_after_err}
 
 if [ -n "${RXE_LAB_DIR:-}" ]; then LAB=$RXE_LAB_DIR
