@@ -100,6 +100,22 @@ fn up_verbs(cfg: &daemon::Config, u: &UpCmd) -> Result<(), daemon::run::DaemonEr
     daemon::run::up_verbs(cfg, &hw)
 }
 
+/// Opens (and closes) the device `up --provider verbs` would use.
+#[cfg(feature = "verbs")]
+fn verbs_device_check(u: &UpCmd) -> Result<(), String> {
+    ipoib_cm::hw::HwVerbs::open(&ipoib_cm::hw::HwConfig {
+        device: u.ib_dev.clone(),
+        ..ipoib_cm::hw::HwConfig::default()
+    })
+    .map(drop)
+    .map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "verbs"))]
+fn verbs_device_check(_u: &UpCmd) -> Result<(), String> {
+    Err("no RDMA device: built without the `verbs` feature".into())
+}
+
 #[cfg(not(feature = "verbs"))]
 fn up_verbs(_cfg: &daemon::Config, _u: &UpCmd) -> Result<(), daemon::run::DaemonError> {
     Err(daemon::run::DaemonError::Setup(
@@ -403,6 +419,13 @@ fn rc_pingpong_main(a: &PingpongArgs) -> ExitCode {
 
 fn up_main(u: &UpCmd) -> ExitCode {
     let a = &u.args;
+    // Without a usable device, say so before any configuration mistake.
+    if u.provider == ProviderKind::Verbs {
+        if let Err(e) = verbs_device_check(u) {
+            eprintln!("ipoib-cm up: {e}");
+            return ExitCode::from(2);
+        }
+    }
     let cfg = match daemon::resolve(a.config.as_deref(), a) {
         Ok(c) => c,
         Err(e) => {
