@@ -3,6 +3,7 @@
 # guest (TCG) by the rxe-lab harness. Needs root (apt, tap device, network namespace).
 #
 #   sudo scripts/rxe-interop.sh [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong]
+#                               [hw-pingpong] [daemon]
 #
 # Checks (all by default):
 #   conformance  (a) the provider conformance suite (src/verbs/conformance.rs) over the
@@ -13,7 +14,14 @@
 #                must show no ICRC drops and no sequence or retry errors;
 #   ud-pingpong  (c) the same with `ipoib-cm ud-pingpong` <-> `ibv_ud_pingpong -s 512`;
 #   hw-pingpong  (d') the same with `ipoib-cm rc-pingpong --provider verbs` (HwVerbs) on rxe0
-#                instead of ibv_rc_pingpong: our two providers talking over a real wire.
+#                instead of ibv_rc_pingpong: our two providers talking over a real wire;
+#   daemon       (e) `ipoib-cm up --provider verbs --cm-transport udp` on rxe0 in the guest <->
+#                `ipoib-cm up --cm-transport udp --no-icrc-v4` on the soft provider in the host
+#                netns (CM MADs over the UDP side channel, port 4792: the guest kernel owns
+#                QP1), static neighbours both ways; ping IPv4 and IPv6 across, iperf3 (copied
+#                into the guest when the host has it), orderly stop of both daemons (rxe never
+#                raises LAST_WQE_REACHED: the guest's SRQ RX teardown ends by the drain
+#                watchdog).
 # The conformance boot also runs `rc-pingpong --provider verbs` against ibv_rc_pingpong
 # (rxe1 <-> rxe0), both directions.
 # --quick: 20 round trips instead of 100. Prints `RESULT name PASS|FAIL|XFAIL`, wall times
@@ -34,12 +42,12 @@ while [ $# -gt 0 ]; do
     case $1 in
         --quick) ITERS=20 ;;
         --iters) ITERS=$2; shift ;;
-        conformance|rc-pingpong|ud-pingpong|hw-pingpong) CHECKS+=("$1") ;;
-        *) echo "usage: $0 [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong] [hw-pingpong]" >&2; exit 2 ;;
+        conformance|rc-pingpong|ud-pingpong|hw-pingpong|daemon) CHECKS+=("$1") ;;
+        *) echo "usage: $0 [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong] [hw-pingpong] [daemon]" >&2; exit 2 ;;
     esac
     shift
 done
-[ ${#CHECKS[@]} -gt 0 ] || CHECKS=(conformance rc-pingpong ud-pingpong hw-pingpong)
+[ ${#CHECKS[@]} -gt 0 ] || CHECKS=(conformance rc-pingpong ud-pingpong hw-pingpong daemon)
 XFAIL=${RXE_XFAIL-comm_est,srq_last_wqe_once,drain_wr_after_err}
 
 if [ -n "${RXE_LAB_DIR:-}" ]; then LAB=$RXE_LAB_DIR
@@ -89,6 +97,7 @@ run_lab() { # NAME GUEST_DIR ARGS...
     dir=$(mktemp -d "$LOG/$name.XXXX")
     cp "$src"/run.sh "$dir/"
     cp "$BIN" "$dir/ipoib-cm"
+    for b in ${EXTRA_BINS:-}; do cp "$b" "$dir/"; done
     t=$(now)
     bash "$LAB/run.sh" guest "$dir" "$@" > "$LOG/$name.log" 2>&1
     rc=$?
@@ -113,6 +122,10 @@ for c in "${CHECKS[@]}"; do
             run_lab "$c" scripts/rxe/guest-pingpong --net tap --timeout 400 \
                 --env "ITERS=$ITERS" --env "PP=$pp" \
                 --host-cmd "IPOIB_CM=$BIN ITERS=$ITERS PP=$pp exec $ROOT/scripts/rxe/host-pingpong.sh" ;;
+        daemon)
+            echo "== (e) daemon: ipoib-cm up on the soft provider (host netns) <-> ipoib-cm up --provider verbs on rxe0"
+            EXTRA_BINS=$(command -v iperf3 || true) run_lab daemon scripts/rxe/guest-daemon --net tap --timeout 400 \
+                --host-cmd "IPOIB_CM=$BIN exec $ROOT/scripts/rxe/host-daemon.sh" ;;
     esac
 done
 

@@ -33,6 +33,7 @@ pub mod gsi;
 #[cfg(feature = "verbs")]
 pub mod hw;
 pub mod ipoib;
+pub mod madudp;
 pub mod sim;
 pub mod soft;
 pub mod sys;

@@ -52,9 +52,12 @@ enum ProviderKind {
 struct UpCmd {
     #[command(flatten)]
     args: UpArgs,
-    /// Provider: soft (default) or verbs (libibverbs).
+    /// Provider: soft (default) or verbs (libibverbs; CM MADs over UDP, see --cm-transport).
     #[arg(long, value_enum, default_value_t)]
     provider: ProviderKind,
+    /// With --provider verbs: the IB device (default: the first one).
+    #[arg(long, value_name = "DEV")]
+    ib_dev: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -79,29 +82,45 @@ struct ConformanceArgs {
     settle_ms: u64,
 }
 
-/// With `--provider verbs`: opens the device to report why it cannot be used (exit 2), or
-/// that this command does not run on it yet.
-#[cfg(feature = "verbs")]
-fn verbs_provider(cmd: &str, local_ip: Option<IpAddr>) -> ExitCode {
-    use ipoib_cm::hw::{HwConfig, HwVerbs};
-    match HwVerbs::open(&HwConfig {
-        local_ip,
-        ..HwConfig::default()
-    }) {
-        Err(e) => eprintln!("ipoib-cm {cmd}: {e}"),
-        Ok(v) => eprintln!(
-            "ipoib-cm {cmd}: opened {} (GID index {}), but {cmd} runs on the soft provider only so far",
-            v.device_name(),
-            v.gid_index()
-        ),
-    }
-    ExitCode::from(2)
-}
-
+/// With `--provider verbs` in a build without the feature: one line, exit 2.
 #[cfg(not(feature = "verbs"))]
 fn verbs_provider(cmd: &str, _local_ip: Option<IpAddr>) -> ExitCode {
     eprintln!("ipoib-cm {cmd}: no RDMA device: built without the `verbs` feature");
     ExitCode::from(2)
+}
+
+/// `up --provider verbs`.
+#[cfg(feature = "verbs")]
+fn up_verbs(cfg: &daemon::Config, u: &UpCmd) -> Result<(), daemon::run::DaemonError> {
+    let hw = ipoib_cm::hw::HwConfig {
+        device: u.ib_dev.clone(),
+        local_ip: Some(cfg.bind),
+        ..ipoib_cm::hw::HwConfig::default()
+    };
+    daemon::run::up_verbs(cfg, &hw)
+}
+
+/// Opens (and closes) the device `up --provider verbs` would use.
+#[cfg(feature = "verbs")]
+fn verbs_device_check(u: &UpCmd) -> Result<(), String> {
+    ipoib_cm::hw::HwVerbs::open(&ipoib_cm::hw::HwConfig {
+        device: u.ib_dev.clone(),
+        ..ipoib_cm::hw::HwConfig::default()
+    })
+    .map(drop)
+    .map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "verbs"))]
+fn verbs_device_check(_u: &UpCmd) -> Result<(), String> {
+    Err("no RDMA device: built without the `verbs` feature".into())
+}
+
+#[cfg(not(feature = "verbs"))]
+fn up_verbs(_cfg: &daemon::Config, _u: &UpCmd) -> Result<(), daemon::run::DaemonError> {
+    Err(daemon::run::DaemonError::Setup(
+        "--provider verbs: no RDMA device: built without the `verbs` feature".into(),
+    ))
 }
 
 /// `rc-pingpong --provider verbs`: no device exits 2 with one line; a failed run exits 1.
@@ -398,7 +417,15 @@ fn rc_pingpong_main(a: &PingpongArgs) -> ExitCode {
     }
 }
 
-fn up_main(a: &UpArgs) -> ExitCode {
+fn up_main(u: &UpCmd) -> ExitCode {
+    let a = &u.args;
+    // Without a usable device, say so before any configuration mistake.
+    if u.provider == ProviderKind::Verbs {
+        if let Err(e) = verbs_device_check(u) {
+            eprintln!("ipoib-cm up: {e}");
+            return ExitCode::from(2);
+        }
+    }
     let cfg = match daemon::resolve(a.config.as_deref(), a) {
         Ok(c) => c,
         Err(e) => {
@@ -407,7 +434,11 @@ fn up_main(a: &UpArgs) -> ExitCode {
         }
     };
     init_logging(&cfg.log);
-    match daemon::run::up(&cfg) {
+    let r = match u.provider {
+        ProviderKind::Soft => daemon::run::up(&cfg),
+        ProviderKind::Verbs => up_verbs(&cfg, u),
+    };
+    match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e @ daemon::run::DaemonError::Setup(_)) => {
             eprintln!("ipoib-cm up: {e}");
@@ -455,8 +486,7 @@ fn init_logging(default: &str) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match &cli.command {
-        Command::Up(a) if a.provider == ProviderKind::Verbs => verbs_provider("up", None),
-        Command::Up(a) => up_main(&a.args),
+        Command::Up(a) => up_main(a),
         Command::Conformance(a) => conformance_main(a),
         Command::UdPingpong(a) => {
             init_logging("warn");

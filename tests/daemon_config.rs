@@ -608,3 +608,40 @@ fn static_neighbours_parse_and_name_the_field() {
     let e = file_err("bind = \"198.18.0.1\"\nneigh = [\"x=1:2\"]\n", &[]);
     assert!(e.contains("neigh"), "{e}");
 }
+
+#[test]
+fn cm_transport_mad_port_and_icrc() {
+    use ipoib_cm::daemon::CmTransport;
+    let c = ok("", &["--bind", "192.0.2.1"]);
+    assert_eq!(c.cm_transport, None);
+    assert_eq!(c.mad_port, 4792);
+    assert!(c.verify_icrc_v4);
+    let c = ok(
+        "bind = \"192.0.2.1\"\ncm_transport = \"qp1\"\nmad_port = 5000\nverify_icrc_v4 = false",
+        &[],
+    );
+    assert_eq!(c.cm_transport, Some(CmTransport::Qp1));
+    assert_eq!(c.mad_port, 5000);
+    assert!(!c.verify_icrc_v4);
+    let c = ok(
+        "bind = \"192.0.2.1\"\ncm_transport = \"qp1\"",
+        &[
+            "--cm-transport",
+            "udp",
+            "--mad-port",
+            "6000",
+            "--no-icrc-v4",
+        ],
+    );
+    assert_eq!(c.cm_transport, Some(CmTransport::Udp));
+    assert_eq!(c.mad_port, 6000);
+    assert!(!c.verify_icrc_v4);
+    assert_eq!(
+        flag_err(&["--bind", "192.0.2.1", "--cm-transport", "tcp"]),
+        "--cm-transport: must be \"qp1\" or \"udp\" (got \"tcp\")"
+    );
+    assert_eq!(
+        file_err("bind = \"10.0.0.1\"\nmad_port = 0", &[]),
+        "config: mad_port: must be between 1 and 65535 (got 0)"
+    );
+}

@@ -196,6 +196,21 @@ fn ping_and_iperf3_both_ways() {
 }
 
 #[test]
+fn cm_over_the_udp_side_channel() {
+    // What a soft daemon runs with to talk to a `--provider verbs` one (whose kernel owns QP1).
+    let Some(lab) = Lab::up("e2eu", 2, &["--cm-transport", "udp", "--mad-port", "4799"]) else {
+        return;
+    };
+    lab.ping_ok(1, "198.19.0.2", &[]);
+    lab.ping_ok(2, "2001:db8:19::1", &["-6"]);
+    for k in [1, 2] {
+        let s = lab.status(k);
+        assert!(s["counters"]["tx_established"].as_u64() >= Some(1));
+        assert!(s["provider"]["mad_received"].as_u64() >= Some(2), "{s}");
+    }
+}
+
+#[test]
 fn packet_too_big_for_a_datagram_peer_reaches_ping() {
     let Some(lab) = Lab::up("e2eb", 2, &[]) else {
         return;

@@ -116,6 +116,26 @@ impl FromStr for Mode {
     }
 }
 
+/// How CM MADs travel (`--cm-transport`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CmTransport {
+    /// UD sends to QP1 (the software provider owns QP1).
+    Qp1,
+    /// The UDP side channel of [`crate::madudp`] (kernel verbs, whose QP1 the kernel owns).
+    Udp,
+}
+
+impl FromStr for CmTransport {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "qp1" => Ok(Self::Qp1),
+            "udp" => Ok(Self::Udp),
+            _ => Err(format!("must be \"qp1\" or \"udp\" (got {s:?})")),
+        }
+    }
+}
+
 /// What to do with a new connection when `max_conn_qp` QPs are already live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -304,6 +324,15 @@ pub struct Config {
     pub neigh: Vec<(IpAddr, crate::wire::ipoib::HwAddr)>,
     /// RoCEv2 UDP port (`--udp-port`, default 4791).
     pub udp_port: u16,
+    /// How CM MADs travel (`--cm-transport qp1|udp`); `None`: the provider's default (QP1 on
+    /// the software provider, UDP on libibverbs, whose QP1 the kernel owns).
+    pub cm_transport: Option<CmTransport>,
+    /// UDP port of the CM MAD side channel (`--mad-port`, default 4792); see
+    /// [`crate::madudp`].
+    pub mad_port: u16,
+    /// Verify the ICRC of IPv4 packets on the software provider (`--no-icrc-v4` turns it off;
+    /// needed with the kernel's rxe, which sends random IPv4 IDs).
+    pub verify_icrc_v4: bool,
     /// Local ACK timeout exponent of the RC QPs, `4.096 µs · 2^n` (`--qp-timeout`, default 12,
     /// about 17 ms: a lost tail packet costs that long; with retry count 7 a connection fails
     /// after about 8 of them without progress).
@@ -377,6 +406,15 @@ pub struct UpArgs {
     /// RoCEv2 UDP port [default: 4791].
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub udp_port: Option<String>,
+    /// How CM MADs travel: qp1 or udp [default: qp1 on soft, udp on verbs].
+    #[arg(long, value_name = "TRANSPORT")]
+    pub cm_transport: Option<String>,
+    /// UDP port of the CM MAD side channel (--cm-transport udp) [default: 4792].
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub mad_port: Option<String>,
+    /// Don't verify the ICRC of IPv4 packets (needed with the kernel's rxe).
+    #[arg(long)]
+    pub no_icrc_v4: bool,
     /// Local ACK timeout exponent of RC QPs, 4.096 us * 2^N, 8..=24 [default: 12].
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub qp_timeout: Option<String>,
@@ -480,6 +518,12 @@ pub struct ConfigFile {
     pub neigh: Option<Vec<String>>,
     /// See [`Config::udp_port`].
     pub udp_port: Option<i64>,
+    /// See [`Config::cm_transport`].
+    pub cm_transport: Option<String>,
+    /// See [`Config::mad_port`].
+    pub mad_port: Option<i64>,
+    /// See [`Config::verify_icrc_v4`].
+    pub verify_icrc_v4: Option<bool>,
     /// See [`Config::qp_timeout`].
     pub qp_timeout: Option<i64>,
     /// See [`Config::mode`].
@@ -848,6 +892,29 @@ pub fn resolve_parsed(file: &ConfigFile, flags: &UpArgs) -> Result<Config, Confi
     )?
     .map_or(DEFAULT_UDP_PORT, |v| v as u16);
 
+    let cm_transport = match pick_str(flags.cm_transport.as_deref(), file.cm_transport.as_deref()) {
+        Some((origin, s)) => Some(
+            s.parse::<CmTransport>()
+                .map_err(|m| origin.err("cm_transport", m))?,
+        ),
+        None => None,
+    };
+
+    let mad_port = pick_int(
+        "mad_port",
+        flags.mad_port.as_deref(),
+        file.mad_port,
+        1,
+        i64::from(u16::MAX),
+    )?
+    .map_or(crate::madudp::DEFAULT_MAD_PORT, |v| v as u16);
+
+    let verify_icrc_v4 = if flags.no_icrc_v4 {
+        false
+    } else {
+        file.verify_icrc_v4.unwrap_or(true)
+    };
+
     let qp_timeout = pick_int(
         "qp_timeout",
         flags.qp_timeout.as_deref(),
@@ -1017,6 +1084,9 @@ pub fn resolve_parsed(file: &ConfigFile, flags: &UpArgs) -> Result<Config, Confi
         peer,
         neigh,
         udp_port,
+        cm_transport,
+        mad_port,
+        verify_icrc_v4,
         qp_timeout,
         mode,
         srq,

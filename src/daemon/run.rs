@@ -16,13 +16,14 @@ use mio::{Events, Interest, Poll, Token};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 
-use super::config::{Config, Mode as CfgMode, QpBudgetPolicy as CfgPolicy};
+use super::config::{CmTransport, Config, Mode as CfgMode, QpBudgetPolicy as CfgPolicy};
 use super::control::ControlServer;
 use super::status::{
     Counters as StatusCounters, InterfaceStatus, NeighbourState, NeighbourStatus, RxState,
     RxStatus, Status, TxState, TxStatus,
 };
 use crate::ipoib::{self, Endpoint, EndpointConfig};
+use crate::madudp::MadUdp;
 use crate::soft::provider::SoftProvider;
 use crate::soft::{SoftConfig, SoftVerbs};
 use crate::sys::{ifaddr, tun::Tun};
@@ -32,6 +33,7 @@ const PROVIDER: usize = 0;
 const TUN: Token = Token(100);
 const CONTROL: Token = Token(101);
 const SIGNALS: Token = Token(102);
+const MAD: Token = Token(103);
 
 /// Packets read from the TUN device per turn.
 const TUN_BATCH: usize = 256;
@@ -86,11 +88,57 @@ fn seed() -> u64 {
     t ^ (u64::from(std::process::id()) << 32)
 }
 
-/// Runs the daemon until SIGINT or SIGTERM.
-///
-/// # Errors
-/// A set-up step that failed (one line naming it), or a fatal event-loop error.
-pub fn up(cfg: &Config) -> Result<(), DaemonError> {
+/// What the driver needs of a provider beyond [`Provider`]: its counters for the status.
+pub trait DaemonProvider: Provider {
+    /// Live QPs as the provider counts them, where it does.
+    fn qp_live(&self) -> Option<u64>;
+    /// Adds the provider's own counters to the status map.
+    fn counters(&self, out: &mut BTreeMap<String, u64>);
+}
+
+impl DaemonProvider for SoftProvider {
+    fn qp_live(&self) -> Option<u64> {
+        Some(self.engine().qp_count() as u64)
+    }
+
+    fn counters(&self, out: &mut BTreeMap<String, u64>) {
+        let engine: &SoftVerbs = self.engine();
+        let s = engine.stats();
+        for (k, v) in [
+            ("rx_datagrams", s.rx_datagrams),
+            ("rx_malformed", s.rx_malformed),
+            ("rx_bad_icrc", s.rx_bad_icrc),
+            ("rx_bad_pkey", s.rx_bad_pkey),
+            ("rx_unknown_qpn", s.rx_unknown_qpn),
+            ("rx_bad_src", s.rx_bad_src),
+            ("rx_bad_qkey", s.rx_bad_qkey),
+            ("rx_bad_state", s.rx_bad_state),
+            ("tx_packets", s.tx_packets),
+            ("tx_retransmits", s.tx_retransmits),
+            ("retransmit_timeouts", s.retransmit_timeouts),
+            ("send_errors", self.send_errors),
+            ("fault_dropped", s.faults.dropped),
+            ("fault_duplicated", s.faults.duplicated),
+            ("fault_reordered", s.faults.reordered),
+            ("fault_corrupted", s.faults.corrupted),
+            ("send_errors", self.send_errors),
+        ] {
+            out.insert(k.to_string(), v);
+        }
+    }
+}
+
+#[cfg(feature = "verbs")]
+impl DaemonProvider for crate::hw::HwVerbs {
+    fn qp_live(&self) -> Option<u64> {
+        None
+    }
+
+    fn counters(&self, _out: &mut BTreeMap<String, u64>) {}
+}
+
+/// The underlay link MTU of `--bind` and the path MTU to use.
+fn path_mtu(cfg: &Config) -> Result<crate::verbs::PathMtu, DaemonError> {
     let link_mtu = ifaddr::link_mtu_for(cfg.bind);
     if link_mtu.is_none() {
         return Err(DaemonError::Setup(format!(
@@ -98,21 +146,78 @@ pub fn up(cfg: &Config) -> Result<(), DaemonError> {
             cfg.bind
         )));
     }
-    let path_mtu = cfg.effective_path_mtu(link_mtu);
+    Ok(cfg.effective_path_mtu(link_mtu))
+}
+
+/// Runs the daemon on the software provider until SIGINT or SIGTERM. CM MADs travel over QP1
+/// unless `cm_transport` says UDP.
+///
+/// # Errors
+/// A set-up step that failed (one line naming it), or a fatal event-loop error.
+pub fn up(cfg: &Config) -> Result<(), DaemonError> {
+    let path_mtu = path_mtu(cfg)?;
     let mut soft = SoftConfig::new(cfg.bind);
     soft.src_port = cfg.udp_port;
     soft.dst_port = cfg.udp_port;
     soft.port_mtu = path_mtu;
+    soft.verify_icrc_v4 = cfg.verify_icrc_v4;
     soft.faults = cfg.fault;
     soft.quirks = cfg.quirks;
     let mut prov = SoftProvider::bind(soft)
         .map_err(|e| DaemonError::Setup(format!("--bind {}:{}: {e}", cfg.bind, cfg.udp_port)))?;
     prov.verbs().set_mcast_peers(cfg.peer.clone());
+    run(
+        cfg,
+        prov,
+        path_mtu,
+        cfg.cm_transport.unwrap_or(CmTransport::Qp1),
+    )
+}
+
+/// Runs the daemon on libibverbs (`--provider verbs`) until SIGINT or SIGTERM. CM MADs travel
+/// over the UDP side channel unless `cm_transport` says QP1 (which the kernel owns: set-up
+/// fails).
+///
+/// # Errors
+/// A set-up step that failed (one line naming it), or a fatal event-loop error.
+#[cfg(feature = "verbs")]
+pub fn up_verbs(cfg: &Config, hw: &crate::hw::HwConfig) -> Result<(), DaemonError> {
+    let path_mtu = path_mtu(cfg)?;
+    let mut hw = hw.clone();
+    hw.local_ip = hw.local_ip.or(Some(cfg.bind));
+    let prov = crate::hw::HwVerbs::open(&hw)
+        .map_err(|e| DaemonError::Setup(format!("--provider verbs: {e}")))?;
+    run(
+        cfg,
+        prov,
+        path_mtu,
+        cfg.cm_transport.unwrap_or(CmTransport::Udp),
+    )
+}
+
+/// The event loop over any provider.
+fn run<P: DaemonProvider>(
+    cfg: &Config,
+    mut prov: P,
+    path_mtu: crate::verbs::PathMtu,
+    transport: CmTransport,
+) -> Result<(), DaemonError> {
+    let mut mad_udp = match transport {
+        CmTransport::Qp1 => None,
+        CmTransport::Udp => Some(MadUdp::bind(cfg.bind, cfg.mad_port).map_err(|e| {
+            DaemonError::Setup(format!("--mad-port {}:{}: {e}", cfg.bind, cfg.mad_port))
+        })?),
+    };
+    let mut poll = Poll::new()?;
+    if let Some(u) = &mut mad_udp {
+        poll.registry()
+            .register(u.socket_mut(), MAD, Interest::READABLE)?;
+    }
 
     let start = Instant::now();
     let ep_cfg = endpoint_config(cfg, path_mtu, seed());
     let mtu = ep_cfg.interface_mtu();
-    let mut ep = Endpoint::new(start, prov.verbs(), ep_cfg)
+    let mut ep = Endpoint::with_mad_transport(start, prov.verbs(), ep_cfg, mad_udp)
         .map_err(|e| DaemonError::Setup(format!("provider set-up: {e}")))?;
 
     let mut tun = Tun::create(&cfg.ifname).map_err(|e| setup("--ifname")(e.to_string()))?;
@@ -136,7 +241,6 @@ pub fn up(cfg: &Config) -> Result<(), DaemonError> {
     })?;
     let mut signals = Signals::new([SIGINT, SIGTERM])?;
 
-    let mut poll = Poll::new()?;
     prov.register(poll.registry(), PROVIDER)?;
     poll.registry()
         .register(&mut tun, TUN, Interest::READABLE)?;
@@ -237,18 +341,19 @@ pub fn up(cfg: &Config) -> Result<(), DaemonError> {
 }
 
 /// The status snapshot served on the control socket.
-fn status(
+fn status<P: DaemonProvider>(
     name: &str,
     ep: &Endpoint,
-    prov: &SoftProvider,
+    prov: &P,
     now: Instant,
     tun_write_drops: u64,
 ) -> Status {
     let snap = ep.snapshot(now);
-    let engine: &SoftVerbs = prov.engine();
     let c = snap.counters;
     let counters = StatusCounters {
-        qp_live: engine.qp_count() as u64,
+        qp_live: prov
+            .qp_live()
+            .unwrap_or(c.qp_created.saturating_sub(c.qp_destroyed)),
         qp_created: c.qp_created,
         qp_destroyed: c.qp_destroyed,
         rx_accepted: c.rx_accepted,
@@ -263,21 +368,11 @@ fn status(
         icmp_too_big_sent: c.icmp_too_big_sent,
         rx_bad_packets: c.rx_bad_packets,
     };
-    let s = engine.stats();
     let cm = ep.cm_stats();
+    let mad = ep.mad_stats();
     let mut provider = BTreeMap::new();
+    prov.counters(&mut provider);
     for (k, v) in [
-        ("rx_datagrams", s.rx_datagrams),
-        ("rx_malformed", s.rx_malformed),
-        ("rx_bad_icrc", s.rx_bad_icrc),
-        ("rx_bad_pkey", s.rx_bad_pkey),
-        ("rx_unknown_qpn", s.rx_unknown_qpn),
-        ("rx_bad_src", s.rx_bad_src),
-        ("rx_bad_qkey", s.rx_bad_qkey),
-        ("rx_bad_state", s.rx_bad_state),
-        ("tx_packets", s.tx_packets),
-        ("tx_retransmits", s.tx_retransmits),
-        ("retransmit_timeouts", s.retransmit_timeouts),
         ("rx_packets", c.rx_packets),
         ("tx_ip_packets", c.tx_packets),
         ("tx_dropped", c.tx_dropped),
@@ -285,11 +380,6 @@ fn status(
         ("neigh_conflicts", c.neigh_conflicts),
         ("neigh_failed", c.neigh_failed),
         ("tun_write_drops", tun_write_drops),
-        ("send_errors", prov.send_errors),
-        ("fault_dropped", s.faults.dropped),
-        ("fault_duplicated", s.faults.duplicated),
-        ("fault_reordered", s.faults.reordered),
-        ("fault_corrupted", s.faults.corrupted),
         ("cm_mads_received", cm.mads_received),
         ("cm_dropped_malformed", cm.dropped_malformed),
         ("cm_dropped_unknown", cm.dropped_unknown),
@@ -298,6 +388,10 @@ fn status(
         ("cm_retransmits", cm.retransmits),
         ("cm_rej_sent", cm.rej_sent),
         ("cm_timeouts", cm.timeouts),
+        ("mad_sent", mad.sent),
+        ("mad_received", mad.received),
+        ("mad_send_dropped", mad.send_dropped),
+        ("mad_recv_malformed", mad.recv_malformed),
     ] {
         provider.insert(k.to_string(), v);
     }

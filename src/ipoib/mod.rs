@@ -45,6 +45,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::cm::{Cm, CmConfig, CmEvent, CommId};
 use crate::gsi::Gsi;
+use crate::madudp::{MadTransport, MadUdp};
 use crate::timer::{TimerId, TimerWheel};
 use crate::verbs::{
     AsyncEvent, BufId, Completion, CqId, PathMtu, PdId, PoolId, QKey, QpNum, SrqId, SrqInit, Verbs,
@@ -298,7 +299,7 @@ pub struct Endpoint {
     cfg: EndpointConfig,
     pd: PdId,
     ud: UdQp,
-    gsi: Gsi,
+    mad: MadTransport,
     cm: Cm,
     hwaddr: HwAddr,
     srq: Option<SrqId>,
@@ -345,6 +346,20 @@ impl Endpoint {
     /// # Errors
     /// Any verbs error of the set-up.
     pub fn new<V: Verbs>(now: Instant, v: &mut V, cfg: EndpointConfig) -> Result<Self, VerbsError> {
+        Self::with_mad_transport(now, v, cfg, None)
+    }
+
+    /// Like [`Endpoint::new`], but CM MADs travel over `udp` when given (kernel verbs, whose
+    /// QP1 the kernel owns; see [`crate::madudp`]) instead of over QP1.
+    ///
+    /// # Errors
+    /// Any verbs error of the set-up.
+    pub fn with_mad_transport<V: Verbs>(
+        now: Instant,
+        v: &mut V,
+        cfg: EndpointConfig,
+        udp: Option<MadUdp>,
+    ) -> Result<Self, VerbsError> {
         let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
         let mut counters = Counters::default();
         let pd = v.alloc_pd()?;
@@ -352,8 +367,13 @@ impl Endpoint {
         counters.qp_created += 1;
         // Deep enough for a burst of REQs from many peers at once (a dropped MAD costs a CM
         // retransmission timeout).
-        let gsi = Gsi::open(v, pd, GSI_RECV_DEPTH, 64)?;
-        counters.qp_created += 1;
+        let mad = match udp {
+            Some(u) => MadTransport::Udp(u),
+            None => {
+                counters.qp_created += 1;
+                MadTransport::Gsi(Gsi::open(v, pd, GSI_RECV_DEPTH, 64)?)
+            }
+        };
         let port = v.port_attr();
         let flags = if cfg.mode == Mode::Connected {
             HwAddr::FLAG_CONNECTED
@@ -407,7 +427,7 @@ impl Endpoint {
         Ok(Self {
             pd,
             ud,
-            gsi,
+            mad,
             cm,
             hwaddr,
             srq,
@@ -457,6 +477,11 @@ impl Endpoint {
         self.cm.stats()
     }
 
+    /// Counters of the CM MAD transport (QP1 or UDP).
+    pub fn mad_stats(&self) -> crate::gsi::GsiStats {
+        self.mad.stats()
+    }
+
     /// Live RX connections (any state).
     pub fn rx_count(&self) -> usize {
         self.rxs.len()
@@ -504,7 +529,7 @@ impl Endpoint {
     pub fn handle_verbs<V: Verbs>(&mut self, now: Instant, v: &mut V) {
         let mut mads = std::mem::take(&mut self.mads);
         mads.clear();
-        self.gsi.poll(v, &mut mads);
+        self.mad.poll(v, &mut mads);
         for (from, mad) in &mads {
             self.cm.handle_mad(now, *from, mad);
         }
@@ -554,7 +579,7 @@ impl Endpoint {
             }
             self.cm_events = events;
             while let Some((to, mad)) = self.cm.poll_transmit() {
-                if let Err(e) = self.gsi.send(v, to, &mad) {
+                if let Err(e) = self.mad.send(v, to, &mad) {
                     tracing::debug!(error = %e, "sending a CM MAD failed");
                 }
             }

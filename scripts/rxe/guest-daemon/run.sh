@@ -1,0 +1,84 @@
+#!/bin/sh
+# Guest side of check (e), `daemon`: `ipoib-cm up --provider verbs --cm-transport udp` on rxe0
+# (kernel rxe through libibverbs; CM MADs over the UDP side channel, port 4792, because the
+# kernel owns QP1) against `ipoib-cm up --cm-transport udp` on the soft provider in the host
+# netns (scripts/rxe/host-daemon.sh).
+#
+# Neighbours are static both ways (the IPoIB broadcast group does not cross between rxe's
+# multicast and the soft provider's unicast fan-out): the host's hardware address is known in
+# advance (the soft provider numbers QPs from 0x11 and the UD QP is the endpoint's first), and
+# ours goes to the host as a `GUEST_HWADDR` line on the console, which host-daemon.sh reads.
+. /lib/rxelab.sh
+B=/extra/ipoib-cm
+SOCK=/tmp/ib0.sock
+A4=10.77.0.2 H4=10.77.0.1 A6=fd77::2 H6=fd77::1
+hostgid=$(ipv4_gid "$PEER_IP" | tr -d ':' | sed 's/../&:/g; s/:$//')
+HOSTHW="80:00:00:11:$hostgid"
+modprobe tun 2>/dev/null
+[ -c /dev/net/tun ] || { mkdir -p /dev/net; mknod /dev/net/tun c 10 200; }
+el() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN {printf "%.1f", b - a}'; }
+
+t0=$(uptime_s)
+$B up --provider verbs --ib-dev "$RXE0" --bind "$IP0" --cm-transport udp --ifname ib0 \
+  --addr $A4/24 --addr $A6/64 --neigh "$H4=$HOSTHW" --neigh "$H6=$HOSTHW" \
+  --control-socket $SOCK --drain-timeout 5s --log info > /tmp/daemon.log 2>&1 &
+DPID=$!
+hw=
+i=0
+while [ $i -lt 100 ]; do
+  hw=$($B status --control-socket $SOCK --json 2>/dev/null | grep -o '"hwaddr": *"[^"]*"' | head -1 | sed 's/.*"\([^"]*\)"$/\1/')
+  [ -n "$hw" ] && break
+  kill -0 $DPID 2>/dev/null || break
+  sleep 0.1; i=$((i + 1))
+done
+if [ -z "$hw" ]; then
+  cat /tmp/daemon.log
+  res daemon_guest_up FAIL "$(el "$t0")s"
+  echo "GUEST_DONE"
+  exit 1
+fi
+res daemon_guest_up PASS "$(el "$t0")s hwaddr $hw"
+echo "GUEST_HWADDR $hw"
+ip addr show ib0 | sed 's/^/  /'
+
+# The host starts its daemon when it has read our hardware address: retry for up to ~3 min.
+t1=$(uptime_s)
+ok=FAIL
+i=0
+while [ $i -lt 90 ]; do
+  if ping -c 1 -W 2 $H4 > /dev/null 2>&1; then ok=PASS; break; fi
+  i=$((i + 1))
+done
+res daemon_first_ping4 "$ok $(el "$t1")s"
+t1=$(uptime_s)
+if ping -c 10 -i 0.2 -W 3 $H4 > /tmp/ping4.log 2>&1; then ok=PASS; else ok=FAIL; fi
+tail -2 /tmp/ping4.log
+res daemon_ping4 "$ok $(el "$t1")s"
+t1=$(uptime_s)
+if ping -6 -c 10 -i 0.2 -W 3 $H6 > /tmp/ping6.log 2>&1; then ok=PASS; else ok=FAIL; fi
+tail -2 /tmp/ping6.log
+res daemon_ping6 "$ok $(el "$t1")s"
+if [ -x /extra/iperf3 ]; then
+  t1=$(uptime_s)
+  i=0; ok=FAIL
+  while [ $i -lt 10 ]; do
+    if timeout 40 /extra/iperf3 -c $H4 -t 5 -f m > /tmp/iperf.log 2>&1; then ok=PASS; break; fi
+    grep -q "connect" /tmp/iperf.log || break
+    sleep 1; i=$((i + 1))
+  done
+  grep -E "sender|receiver|error" /tmp/iperf.log
+  echo "PERF daemon_iperf3: $(grep receiver /tmp/iperf.log | awk '{print $7, $8}')"
+  res daemon_iperf3 "$ok $(el "$t1")s"
+fi
+$B status --control-socket $SOCK | sed 's/^/  /'
+echo "hw_counters $RXE0: $(hw_counters "$RXE0")"
+
+# Orderly stop. rxe (6.1) never raises IBV_EVENT_QP_LAST_WQE_REACHED, so SRQ-mode RX
+# teardown ends through the drain watchdog (--drain-timeout 5s): expected here.
+t1=$(uptime_s)
+kill -TERM $DPID
+wait $DPID; rc=$?
+grep -E "stopped|drain|WARN|ERROR" /tmp/daemon.log | tail -5 | cut -c1-400
+if [ $rc -eq 0 ]; then ok=PASS; else ok=FAIL; fi
+res daemon_guest_stop "$ok rc=$rc $(el "$t1")s"
+echo "GUEST_DONE"

@@ -1,0 +1,47 @@
+#!/bin/sh
+# Host side of check (e), run by the rxe-lab harness in the tap netns (--host-cmd): waits for
+# the guest daemon's `GUEST_HWADDR` console line, then runs `ipoib-cm up --cm-transport udp
+# --no-icrc-v4` on the soft provider with a static neighbour for the guest (both IPv4 and
+# IPv6) and an iperf3 server, until the guest prints `GUEST_DONE`. $IPOIB_CM is the binary.
+BIN=${IPOIB_CM:?}
+CON=${RXE_LAB_RUN:?}/console.raw
+SOCK=/tmp/rxe-host-ib0.$$.sock
+el() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}'; }
+t0=$(date +%s.%N)
+hw=
+i=0
+while [ $i -lt 1500 ]; do   # the guest boots first (~1-2 min under TCG)
+  hw=$(tr -d '\r' < "$CON" 2>/dev/null | sed -n 's/.*GUEST_HWADDR \([0-9a-f:]*\).*/\1/p' | head -1)
+  [ -n "$hw" ] && break
+  grep -q GUEST_DONE "$CON" 2>/dev/null && break
+  sleep 0.2; i=$((i + 1))
+done
+[ -n "$hw" ] || { echo "RESULT daemon_host_up FAIL no GUEST_HWADDR after $(el "$t0")s"; exit 1; }
+ip link set lo up 2>/dev/null
+"$BIN" up --bind "$RXE_LAB_HOST_IP" --cm-transport udp --no-icrc-v4 --ifname ib0 \
+  --addr 10.77.0.1/24 --addr fd77::1/64 --neigh "10.77.0.2=$hw" --neigh "fd77::2=$hw" \
+  --control-socket $SOCK --drain-timeout 5s --log info > /tmp/rxe-host-daemon.$$ 2>&1 &
+DPID=$!
+sleep 1
+if kill -0 $DPID 2>/dev/null; then
+  echo "RESULT daemon_host_up PASS $(el "$t0")s guest $hw"
+else
+  cat /tmp/rxe-host-daemon.$$
+  echo "RESULT daemon_host_up FAIL"; exit 1
+fi
+IPID=
+if command -v iperf3 > /dev/null; then
+  iperf3 -s -1 -B 10.77.0.1 > /tmp/rxe-host-iperf.$$ 2>&1 &
+  IPID=$!
+fi
+i=0
+while [ $i -lt 1500 ] && ! grep -q GUEST_DONE "$CON" 2>/dev/null; do sleep 0.2; i=$((i + 1)); done
+"$BIN" status --control-socket $SOCK
+[ -z "$IPID" ] || kill $IPID 2>/dev/null
+t1=$(date +%s.%N)
+kill -TERM $DPID
+wait $DPID; rc=$?
+grep -E "stopped|WARN|ERROR" /tmp/rxe-host-daemon.$$ | tail -5 | cut -c1-400
+rm -f /tmp/rxe-host-daemon.$$ /tmp/rxe-host-iperf.$$
+echo "RESULT daemon_host_stop $([ $rc -eq 0 ] && echo PASS || echo FAIL) rc=$rc $(el "$t1")s"
+[ $rc -eq 0 ]
