@@ -4,17 +4,18 @@
 //! [`crate::tools::rc_pingpong`] (compatible with rdma-core's `ibv_rc_pingpong`); only the
 //! provider differs. The CM mode (`--cm`) and payload checks (`-c`) need the soft provider.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use mio::{Events, Poll};
 
 use super::{HwConfig, HwError, HwVerbs};
+use crate::tools::exchange::{exchange_err as xerr, print_dest, provider_err as perr, read_msg};
 use crate::tools::rc_pingpong::{Dest, Options, PingpongError, Summary, DEST_MSG_LEN};
 use crate::verbs::{
     AccessFlags, AddressVector, BufId, Completion, CqId, Provider, Psn, QpAttr, QpInit, QpNum,
-    QpState, QpType, SendWr, Verbs, VerbsError, WcOpcode, WcStatus, WrId,
+    QpState, QpType, SendWr, Verbs, WcOpcode, WcStatus, WrId,
 };
 
 const SEND_WRID: u64 = 1;
@@ -29,14 +30,6 @@ pub enum HwPingpongError {
     /// The run failed.
     #[error(transparent)]
     Run(#[from] PingpongError),
-}
-
-fn perr(e: VerbsError) -> PingpongError {
-    PingpongError::Provider(e.to_string())
-}
-
-fn xerr(what: &str, e: impl std::fmt::Display) -> PingpongError {
-    PingpongError::Exchange(format!("{what}: {e}"))
 }
 
 struct Ctx {
@@ -128,23 +121,6 @@ fn connect_qp(ctx: &mut Ctx, opts: &Options, rem: &Dest) -> Result<(), PingpongE
             },
         )
         .map_err(perr)
-}
-
-fn print_dest(label: &str, d: &Dest) {
-    println!(
-        "  {label} address:  LID {:#06x}, QPN {:#08x}, PSN {:#08x}, GID {}",
-        d.lid,
-        d.qpn.get(),
-        d.psn.get(),
-        d.gid
-    );
-}
-
-fn read_msg(s: &mut TcpStream, n: usize) -> Result<Vec<u8>, PingpongError> {
-    let mut b = vec![0u8; n];
-    s.read_exact(&mut b)
-        .map_err(|e| xerr("Couldn't read remote address", e))?;
-    Ok(b)
 }
 
 fn remote(s: &mut TcpStream) -> Result<Dest, PingpongError> {

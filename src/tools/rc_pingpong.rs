@@ -17,8 +17,8 @@
 //! `0x0000000001060000 | port`, and the run ends with DREQ/DREP. PSNs follow Linux's CM: each
 //! side advertises the PSN it expects to receive.
 
-use std::io::{self, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::io::{self, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use mio::{Events, Poll};
@@ -102,56 +102,8 @@ pub enum PingpongError {
     Usage(&'static str),
 }
 
-/// A peer's QP info, as exchanged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Dest {
-    /// LID (0 on RoCE).
-    pub lid: u16,
-    /// QPN.
-    pub qpn: QpNum,
-    /// The PSN this side sends from (the peer's expected receive PSN).
-    pub psn: Psn,
-    /// GID.
-    pub gid: Gid,
-}
-
-/// Length of the exchange message, with its NUL.
-pub const DEST_MSG_LEN: usize = 52;
-
-impl Dest {
-    /// The 52-byte exchange message.
-    pub fn to_msg(&self) -> [u8; DEST_MSG_LEN] {
-        let s = format!(
-            "{:04x}:{:06x}:{:06x}:{}",
-            self.lid,
-            self.qpn.get(),
-            self.psn.get(),
-            self.gid.to_wire_hex()
-        );
-        let mut out = [0u8; DEST_MSG_LEN];
-        out[..s.len()].copy_from_slice(s.as_bytes());
-        out
-    }
-
-    /// Parses an exchange message (trailing NULs allowed).
-    pub fn from_msg(msg: &[u8]) -> Option<Self> {
-        let text = std::str::from_utf8(msg).ok()?.trim_end_matches('\0');
-        let mut parts = text.split(':');
-        let lid = u16::from_str_radix(parts.next()?, 16).ok()?;
-        let qpn = u32::from_str_radix(parts.next()?, 16).ok()?;
-        let psn = u32::from_str_radix(parts.next()?, 16).ok()?;
-        let gid = Gid::from_wire_hex(parts.next()?)?;
-        if parts.next().is_some() || qpn > 0x00FF_FFFF || psn > 0x00FF_FFFF {
-            return None;
-        }
-        Some(Self {
-            lid,
-            qpn: QpNum::new(qpn),
-            psn: Psn::new(psn),
-            gid,
-        })
-    }
-}
+use super::exchange::{exchange_err, print_dest, read_msg, route_source};
+pub use super::exchange::{Dest, DEST_MSG_LEN};
 
 const SEND_WRID: u64 = 1;
 const RECV_WRID: u64 = 2;
@@ -172,22 +124,6 @@ fn pattern_matches(buf: &[u8], n: u32, from_client: bool) -> bool {
     let mut want = vec![0u8; buf.len()];
     fill_pattern(&mut want, n, from_client);
     want == buf
-}
-
-/// The local IP the kernel would use to reach `peer` (no packet is sent).
-fn route_source(peer: IpAddr) -> io::Result<IpAddr> {
-    let any: SocketAddr = if peer.is_ipv4() {
-        "0.0.0.0:0".parse().map_err(io::Error::other)?
-    } else {
-        "[::]:0".parse().map_err(io::Error::other)?
-    };
-    let s = UdpSocket::bind(any)?;
-    s.connect(SocketAddr::new(peer, 9))?;
-    Ok(s.local_addr()?.ip())
-}
-
-fn exchange_err(what: &str, e: impl std::fmt::Display) -> PingpongError {
-    PingpongError::Exchange(format!("{what}: {e}"))
 }
 
 /// The CM and its QP1 transport (with `--cm`).
@@ -388,23 +324,6 @@ fn connect_qp(ctx: &mut Ctx, opts: &Options, rem: &Dest) -> Result<(), PingpongE
     .map_err(perr)
 }
 
-fn print_dest(label: &str, d: &Dest) {
-    println!(
-        "  {label} address:  LID {:#06x}, QPN {:#08x}, PSN {:#08x}, GID {}",
-        d.lid,
-        d.qpn.get(),
-        d.psn.get(),
-        d.gid
-    );
-}
-
-fn read_exact(s: &mut TcpStream, n: usize) -> Result<Vec<u8>, PingpongError> {
-    let mut buf = vec![0u8; n];
-    s.read_exact(&mut buf)
-        .map_err(|e| exchange_err("Couldn't read remote address", e))?;
-    Ok(buf)
-}
-
 /// What a successful run reports.
 #[derive(Debug, Clone)]
 pub struct Outcome {
@@ -454,7 +373,7 @@ fn connect_with_tcp(opts: &Options) -> Result<Ctx, PingpongError> {
                 .map_err(|e| exchange_err("socket", e))?;
             s.write_all(&ctx.my.to_msg())
                 .map_err(|e| exchange_err("Couldn't send local address", e))?;
-            let msg = read_exact(&mut s, DEST_MSG_LEN)?;
+            let msg = read_msg(&mut s, DEST_MSG_LEN)?;
             let rem = Dest::from_msg(&msg)
                 .ok_or_else(|| exchange_err("bad remote address", "unparseable"))?;
             print_dest("remote", &rem);
@@ -481,14 +400,14 @@ fn connect_with_tcp(opts: &Options) -> Result<Ctx, PingpongError> {
             };
             let mut ctx = setup(opts, opts.bind.unwrap_or(local))?;
             print_dest("local", &ctx.my);
-            let msg = read_exact(&mut s, DEST_MSG_LEN)?;
+            let msg = read_msg(&mut s, DEST_MSG_LEN)?;
             let rem = Dest::from_msg(&msg)
                 .ok_or_else(|| exchange_err("bad remote address", "unparseable"))?;
             print_dest("remote", &rem);
             connect_qp(&mut ctx, opts, &rem)?;
             s.write_all(&ctx.my.to_msg())
                 .map_err(|e| exchange_err("Couldn't send local address", e))?;
-            let _done = read_exact(&mut s, 5)?;
+            let _done = read_msg(&mut s, 5)?;
             Ok(ctx)
         }
     }

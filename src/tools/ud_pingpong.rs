@@ -6,8 +6,8 @@
 //! in rdma-core. Each side sends its next message once its previous send completed and the
 //! peer's message arrived; the client starts.
 
-use std::io::{self, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use mio::{Events, Poll};
@@ -16,9 +16,12 @@ use rand::{Rng, SeedableRng};
 use super::rc_pingpong::{Dest, PingpongError, Summary, DEST_MSG_LEN};
 use crate::soft::provider::SoftProvider;
 use crate::soft::SoftConfig;
+use crate::tools::exchange::{
+    exchange_err as xerr, print_dest, provider_err as perr, read_msg, route_source,
+};
 use crate::verbs::{
     AddressVector, Completion, PathMtu, Provider, Psn, QKey, QpAttr, QpInit, QpState, QpType,
-    SendWr, UdDest, Verbs, VerbsError, WcOpcode, WcStatus, WrId,
+    SendWr, UdDest, Verbs, WcOpcode, WcStatus, WrId,
 };
 
 /// The Q_Key `ibv_ud_pingpong` uses.
@@ -52,45 +55,6 @@ pub struct Options {
     pub verify_icrc_v4: bool,
     /// Give up after this long.
     pub deadline: Duration,
-}
-
-fn perr(e: VerbsError) -> PingpongError {
-    PingpongError::Provider(e.to_string())
-}
-
-fn xerr(what: &str, e: impl std::fmt::Display) -> PingpongError {
-    PingpongError::Exchange(format!("{what}: {e}"))
-}
-
-fn route_source(peer: IpAddr) -> io::Result<IpAddr> {
-    let any = SocketAddr::new(
-        if peer.is_ipv4() {
-            IpAddr::from([0u8; 4])
-        } else {
-            IpAddr::from([0u8; 16])
-        },
-        0,
-    );
-    let s = UdpSocket::bind(any)?;
-    s.connect(SocketAddr::new(peer, 9))?;
-    Ok(s.local_addr()?.ip())
-}
-
-fn print_dest(label: &str, d: &Dest) {
-    println!(
-        "  {label} address:  LID {:#06x}, QPN {:#08x}, PSN {:#08x}, GID {}",
-        d.lid,
-        d.qpn.get(),
-        d.psn.get(),
-        d.gid
-    );
-}
-
-fn read_msg(s: &mut TcpStream, n: usize) -> Result<Vec<u8>, PingpongError> {
-    let mut b = vec![0u8; n];
-    s.read_exact(&mut b)
-        .map_err(|e| xerr("Couldn't read remote address", e))?;
-    Ok(b)
 }
 
 struct Ctx {
