@@ -159,7 +159,7 @@ fn tshark_decodes_a_captured_run() {
     std::fs::create_dir_all(&dir).expect("temp dir");
     let pcap = dir.join("rc-pingpong.pcap");
     let pcap_s = pcap.to_string_lossy().to_string();
-    let (mut dump, _dump_err) = start_capture(&lab, 1, &pcap_s);
+    let (mut dump, mut dump_err) = start_capture(&lab, 1, &pcap_s);
     // 20 round trips of 3000-byte messages: FIRST, MIDDLE, LAST at path MTU 1024.
     let iters = 20u32;
     pingpong(
@@ -177,7 +177,7 @@ fn tshark_decodes_a_captured_run() {
         ],
         Duration::from_secs(40),
     );
-    stop_capture(&mut dump);
+    stop_capture(&mut dump, &mut dump_err);
 
     let tshark = |extra: &[&str]| tshark(&pcap_s, extra);
     let bad = tshark(&["-Y", "_ws.malformed || _ws.expert.severity == error"]);
@@ -295,6 +295,8 @@ fn start_capture(lab: &Lab, k: usize, pcap: &str) -> (std::process::Child, Lines
             "-Z",
             "root",
             "--immediate-mode",
+            "-B",
+            "32768",
             "-i",
             "eth0",
             "-n",
@@ -342,12 +344,14 @@ fn tools_installed() -> bool {
     })
 }
 
-fn stop_capture(dump: &mut std::process::Child) {
+/// Stops tcpdump and prints its packet statistics.
+fn stop_capture(dump: &mut std::process::Child, err: &mut Lines) {
     std::thread::sleep(Duration::from_millis(300));
     let _ = Command::new("kill")
         .args(["-INT", &dump.id().to_string()])
         .status();
     wait_within(dump, Duration::from_secs(10));
+    println!("tcpdump: {:?}", err.finish(Duration::from_secs(2)));
 }
 
 #[test]
@@ -360,7 +364,7 @@ fn cm_connects_and_disconnects_and_tshark_decodes_it() {
     let dir = std::env::temp_dir().join(format!("ipoib-cm-cmcap-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let pcap = dir.join("cm.pcap").to_string_lossy().to_string();
-    let (mut dump, _err) = start_capture(&lab, 1, &pcap);
+    let (mut dump, mut dump_err) = start_capture(&lab, 1, &pcap);
     let bind = lab.addr(1).to_string();
     let (server, client) = pingpong_with(
         &lab,
@@ -368,7 +372,7 @@ fn cm_connects_and_disconnects_and_tshark_decodes_it() {
         &["--bind", &bind],
         Duration::from_secs(40),
     );
-    stop_capture(&mut dump);
+    stop_capture(&mut dump, &mut dump_err);
     for out in [&server, &client] {
         assert!(out.contains("50 iters in"), "{out}");
     }
