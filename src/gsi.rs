@@ -80,6 +80,11 @@ impl Gsi {
         })
     }
 
+    /// True when a send buffer is free (a [`Gsi::send`] now would not be dropped).
+    pub fn can_send(&self) -> bool {
+        !self.free_send.is_empty()
+    }
+
     /// Counters.
     pub fn stats(&self) -> GsiStats {
         self.stats

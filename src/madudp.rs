@@ -122,6 +122,14 @@ pub enum MadTransport {
 }
 
 impl MadTransport {
+    /// True when a MAD can be sent now without being dropped for lack of a send buffer.
+    pub fn can_send(&self) -> bool {
+        match self {
+            Self::Gsi(g) => g.can_send(),
+            Self::Udp(_) => true,
+        }
+    }
+
     /// Sends one MAD to `to`.
     ///
     /// # Errors

@@ -612,6 +612,12 @@ impl Cm {
         }
     }
 
+    /// True while MADs wait in [`Cm::poll_transmit`].
+    #[must_use]
+    pub fn has_transmit(&self) -> bool {
+        !self.tx.is_empty()
+    }
+
     /// The next MAD to send, and the GID whose QP1 it goes to.
     #[must_use]
     pub fn poll_transmit(&mut self) -> Option<(Gid, [u8; MAD_LEN])> {

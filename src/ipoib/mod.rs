@@ -323,6 +323,8 @@ pub struct Endpoint {
     counters: Counters,
     rng: ChaCha8Rng,
     stopping: bool,
+    /// The latest `now` handed in (what `poll_timeout` answers when work is pending).
+    last_now: Instant,
     wcs: Vec<Completion>,
     fired: Vec<(TimerId, Timer)>,
     mads: Vec<(crate::verbs::Gid, [u8; crate::gsi::MAD_LEN])>,
@@ -335,6 +337,8 @@ const RESOLVE_RETRIES: u8 = 3;
 const RESOLVE_INTERVAL: Duration = Duration::from_secs(1);
 /// Receives posted on QP1.
 const GSI_RECV_DEPTH: u32 = 1024;
+/// MADs in flight on QP1.
+const GSI_SEND_DEPTH: u32 = 256;
 /// Completions taken from a CQ per poll.
 const CQ_BATCH: usize = 64;
 
@@ -371,7 +375,7 @@ impl Endpoint {
             Some(u) => MadTransport::Udp(u),
             None => {
                 counters.qp_created += 1;
-                MadTransport::Gsi(Gsi::open(v, pd, GSI_RECV_DEPTH, 64)?)
+                MadTransport::Gsi(Gsi::open(v, pd, GSI_RECV_DEPTH, GSI_SEND_DEPTH)?)
             }
         };
         let port = v.port_attr();
@@ -449,6 +453,7 @@ impl Endpoint {
             counters,
             rng,
             stopping: false,
+            last_now: now,
             wcs: Vec::with_capacity(CQ_BATCH),
             fired: Vec::new(),
             mads: Vec::new(),
@@ -499,15 +504,19 @@ impl Endpoint {
 
     /// When [`Endpoint::handle_timeout`] must next run.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        match (self.wheel.poll_timeout(), self.cm.poll_timeout()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        // MADs waiting for a free send buffer: come back at once (the buffers return with
+        // the send completions the next `handle_verbs` reaps).
+        let pending = self.cm.has_transmit().then_some(self.last_now);
+        [self.wheel.poll_timeout(), self.cm.poll_timeout(), pending]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Fires due timers: RX staleness, teardown watchdogs, neighbour retries and ageing, CM
     /// retransmissions.
     pub fn handle_timeout<V: Verbs>(&mut self, now: Instant, v: &mut V) {
+        self.last_now = self.last_now.max(now);
         let mut fired = std::mem::take(&mut self.fired);
         fired.clear();
         self.wheel.expire(now, &mut fired);
@@ -527,6 +536,7 @@ impl Endpoint {
 
     /// Reaps completions and async events and exchanges CM MADs.
     pub fn handle_verbs<V: Verbs>(&mut self, now: Instant, v: &mut V) {
+        self.last_now = self.last_now.max(now);
         let mut mads = std::mem::take(&mut self.mads);
         mads.clear();
         self.mad.poll(v, &mut mads);
@@ -578,7 +588,13 @@ impl Endpoint {
                 self.on_cm_event(now, v, e);
             }
             self.cm_events = events;
-            while let Some((to, mad)) = self.cm.poll_transmit() {
+            // MADs beyond the free send buffers stay queued in the CM (and `poll_timeout`
+            // asks for an immediate turn), instead of being dropped and costing the peer a
+            // CM retransmission timeout.
+            while self.mad.can_send() {
+                let Some((to, mad)) = self.cm.poll_transmit() else {
+                    break;
+                };
                 if let Err(e) = self.mad.send(v, to, &mad) {
                     tracing::debug!(error = %e, "sending a CM MAD failed");
                 }
