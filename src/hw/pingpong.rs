@@ -11,11 +11,14 @@ use std::time::{Duration, Instant};
 use mio::{Events, Poll};
 
 use super::{HwConfig, HwError, HwVerbs};
-use crate::tools::exchange::{exchange_err as xerr, print_dest, provider_err as perr, read_msg};
+use crate::tools::exchange::{
+    clock_seed, exchange_err as xerr, open_rc_qp, print_dest, provider_err as perr, read_msg,
+    RcQpSetup,
+};
 use crate::tools::rc_pingpong::{Dest, Options, PingpongError, Summary, DEST_MSG_LEN};
 use crate::verbs::{
-    AccessFlags, AddressVector, BufId, Completion, CqId, Provider, Psn, QpAttr, QpInit, QpNum,
-    QpState, QpType, SendWr, Verbs, WcOpcode, WcStatus, WrId,
+    AddressVector, BufId, Completion, CqId, Provider, QpAttr, QpNum, QpState, SendWr, Verbs,
+    WcOpcode, WcStatus, WrId,
 };
 
 const SEND_WRID: u64 = 1;
@@ -41,47 +44,23 @@ struct Ctx {
 }
 
 fn setup(opts: &Options, mut v: HwVerbs) -> Result<Ctx, PingpongError> {
-    let pd = v.alloc_pd().map_err(perr)?;
-    let pool = v
-        .create_pool(pd, opts.size.max(1), opts.rx_depth as usize + 1)
-        .map_err(perr)?;
-    let cq = v.create_cq(opts.rx_depth + 1).map_err(perr)?;
-    let qp = v
-        .create_qp(&QpInit {
-            pd,
-            qp_type: QpType::Rc,
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
-            max_send_wr: 1,
-            max_recv_wr: opts.rx_depth,
-            sq_sig_all: false,
-        })
-        .map_err(perr)?;
-    v.modify_qp(
+    let RcQpSetup {
+        cq,
         qp,
-        &QpAttr {
-            pkey_index: Some(0),
-            port: Some(1),
-            access: Some(AccessFlags::default()),
-            ..QpAttr::to_state(QpState::Init)
-        },
-    )
-    .map_err(perr)?;
-    let exhausted = || PingpongError::Provider("buffer pool exhausted".into());
-    let send_buf = v.pools_mut().alloc(pool).ok_or_else(exhausted)?;
-    for _ in 0..opts.rx_depth {
-        let b = v.pools_mut().alloc(pool).ok_or_else(exhausted)?;
-        v.post_recv(qp, WrId(RECV_WRID), b).map_err(perr)?;
-    }
-    let seed = u64::from(std::process::id())
-        ^ std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
+        send_buf,
+        psn,
+        ..
+    } = open_rc_qp(
+        &mut v,
+        opts.size,
+        opts.rx_depth,
+        WrId(RECV_WRID),
+        clock_seed(),
+    )?;
     let my = Dest {
         lid: 0,
         qpn: qp,
-        psn: Psn::new((seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as u32 & 0xFF_FFFF),
+        psn,
         gid: v.port_attr().gid,
     };
     Ok(Ctx {

@@ -5,7 +5,12 @@ use std::io::{self, Read};
 use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
 
 use super::rc_pingpong::PingpongError;
-use crate::verbs::{Gid, Psn, QpNum, VerbsError};
+use rand::{Rng, SeedableRng};
+
+use crate::verbs::{
+    AccessFlags, BufId, CqId, Gid, PdId, Psn, QpAttr, QpInit, QpNum, QpState, QpType, Verbs,
+    VerbsError, WrId,
+};
 
 /// A peer's QP info, as exchanged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,4 +105,80 @@ pub(crate) fn read_msg(s: &mut TcpStream, n: usize) -> Result<Vec<u8>, PingpongE
     s.read_exact(&mut buf)
         .map_err(|e| exchange_err("Couldn't read remote address", e))?;
     Ok(buf)
+}
+
+/// Entropy for a run's PSN (and CM ids): the clock and the pid; it need not be secret, only
+/// differ between runs.
+pub(crate) fn clock_seed() -> u64 {
+    u64::from(std::process::id())
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// The RC QP of a pingpong run, as rdma-core's examples build it.
+pub(crate) struct RcQpSetup {
+    pub(crate) pd: PdId,
+    pub(crate) cq: CqId,
+    pub(crate) qp: QpNum,
+    /// The one send buffer (held).
+    pub(crate) send_buf: BufId,
+    /// This side's random PSN.
+    pub(crate) psn: Psn,
+}
+
+/// PD, a pool of `rx_depth + 1` buffers of `size` bytes, one CQ for both queues, an RC QP
+/// moved to INIT with `rx_depth` receives posted (`recv_wr`), one send buffer held, and a
+/// random 24-bit PSN drawn from `seed`.
+///
+/// # Errors
+/// The provider's error, or an exhausted pool.
+pub(crate) fn open_rc_qp<V: Verbs>(
+    v: &mut V,
+    size: usize,
+    rx_depth: u32,
+    recv_wr: WrId,
+    seed: u64,
+) -> Result<RcQpSetup, PingpongError> {
+    let pd = v.alloc_pd().map_err(provider_err)?;
+    let pool = v
+        .create_pool(pd, size.max(1), rx_depth as usize + 1)
+        .map_err(provider_err)?;
+    let cq = v.create_cq(rx_depth + 1).map_err(provider_err)?;
+    let qp = v
+        .create_qp(&QpInit {
+            pd,
+            qp_type: QpType::Rc,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            max_send_wr: 1,
+            max_recv_wr: rx_depth,
+            sq_sig_all: false,
+        })
+        .map_err(provider_err)?;
+    v.modify_qp(
+        qp,
+        &QpAttr {
+            pkey_index: Some(0),
+            port: Some(1),
+            access: Some(AccessFlags::default()),
+            ..QpAttr::to_state(QpState::Init)
+        },
+    )
+    .map_err(provider_err)?;
+    let exhausted = || PingpongError::Provider("buffer pool exhausted".into());
+    let send_buf = v.pools_mut().alloc(pool).ok_or_else(exhausted)?;
+    for _ in 0..rx_depth {
+        let b = v.pools_mut().alloc(pool).ok_or_else(exhausted)?;
+        v.post_recv(qp, recv_wr, b).map_err(provider_err)?;
+    }
+    let psn = Psn::new(rand_chacha::ChaCha8Rng::seed_from_u64(seed).gen::<u32>());
+    Ok(RcQpSetup {
+        pd,
+        cq,
+        qp,
+        send_buf,
+        psn,
+    })
 }

@@ -29,8 +29,8 @@ use crate::gsi::Gsi;
 use crate::soft::provider::SoftProvider;
 use crate::soft::{FaultConfig, SoftConfig, SoftVerbs};
 use crate::verbs::{
-    AccessFlags, AddressVector, AsyncEvent, BufId, Completion, CqId, Gid, PathMtu, PdId, Provider,
-    Psn, QpAttr, QpInit, QpNum, QpState, QpType, SendWr, Verbs, WcOpcode, WcStatus, WrId,
+    AddressVector, AsyncEvent, BufId, Completion, CqId, Gid, PathMtu, PdId, Provider, QpAttr,
+    QpNum, QpState, SendWr, Verbs, WcOpcode, WcStatus, WrId,
 };
 
 /// rdma_cm's service ID prefix for the TCP port space (`RDMA_PS_TCP`).
@@ -102,7 +102,9 @@ pub enum PingpongError {
     Usage(&'static str),
 }
 
-use super::exchange::{exchange_err, print_dest, read_msg, route_source};
+use super::exchange::{
+    clock_seed, exchange_err, open_rc_qp, print_dest, read_msg, route_source, RcQpSetup,
+};
 pub use super::exchange::{Dest, DEST_MSG_LEN};
 
 const SEND_WRID: u64 = 1;
@@ -210,51 +212,14 @@ fn setup(opts: &Options, local: IpAddr) -> Result<Ctx, PingpongError> {
     let mut prov = SoftProvider::bind(cfg)
         .map_err(|e| PingpongError::Provider(format!("bind {local} udp {}: {e}", opts.udp_port)))?;
     let v = prov.verbs();
-    let pd = v.alloc_pd().map_err(perr)?;
-    let count = opts.rx_depth as usize + 1;
-    let pool = v.create_pool(pd, opts.size.max(1), count).map_err(perr)?;
-    let cq = v.create_cq(opts.rx_depth + 1).map_err(perr)?;
-    let qp = v
-        .create_qp(&QpInit {
-            pd,
-            qp_type: QpType::Rc,
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
-            max_send_wr: 1,
-            max_recv_wr: opts.rx_depth,
-            sq_sig_all: false,
-        })
-        .map_err(perr)?;
-    v.modify_qp(
+    let seed = clock_seed();
+    let RcQpSetup {
+        pd,
+        cq,
         qp,
-        &QpAttr {
-            pkey_index: Some(0),
-            port: Some(1),
-            access: Some(AccessFlags::default()),
-            ..QpAttr::to_state(QpState::Init)
-        },
-    )
-    .map_err(perr)?;
-    let mut bufs = Vec::with_capacity(count);
-    for _ in 0..count {
-        bufs.push(
-            v.pools_mut()
-                .alloc(pool)
-                .ok_or_else(|| PingpongError::Provider("buffer pool exhausted".into()))?,
-        );
-    }
-    let send_buf = bufs
-        .pop()
-        .ok_or_else(|| PingpongError::Provider("no send buffer".into()))?;
-    for b in &bufs {
-        v.post_recv(qp, WrId(RECV_WRID), *b).map_err(perr)?;
-    }
-    let seed = std::process::id() as u64
-        ^ std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-    let psn = Psn::new(rand_chacha::ChaCha8Rng::seed_from_u64(seed).gen::<u32>());
+        send_buf,
+        psn,
+    } = open_rc_qp(v, opts.size, opts.rx_depth, WrId(RECV_WRID), seed)?;
     let gid = v.port_attr().gid;
     let my = Dest {
         lid: 0,
@@ -758,6 +723,7 @@ pub fn stats_line(v: &SoftVerbs) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::verbs::Psn;
 
     #[test]
     fn dest_message_matches_rdma_core_format() {
