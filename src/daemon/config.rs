@@ -333,6 +333,9 @@ pub struct Config {
     /// Verify the ICRC of IPv4 packets on the software provider (`--no-icrc-v4` turns it off;
     /// needed with the kernel's rxe, which sends random IPv4 IDs).
     pub verify_icrc_v4: bool,
+    /// Use UDP GSO/GRO on the software provider's socket (`--no-udp-offload` turns it off; see
+    /// [`crate::soft::provider::UdpOffload`]).
+    pub udp_offload: bool,
     /// Local ACK timeout exponent of the RC QPs, `4.096 µs · 2^n` (`--qp-timeout`, default 12,
     /// about 17 ms: a lost tail packet costs that long; with retry count 7 a connection fails
     /// after about 8 of them without progress).
@@ -415,6 +418,10 @@ pub struct UpArgs {
     /// Don't verify the ICRC of IPv4 packets (needed with the kernel's rxe).
     #[arg(long)]
     pub no_icrc_v4: bool,
+    /// Send and receive one UDP datagram per syscall: no GSO trains, no GRO (captures on a
+    /// veth then show every RoCE packet as sent).
+    #[arg(long)]
+    pub no_udp_offload: bool,
     /// Local ACK timeout exponent of RC QPs, 4.096 us * 2^N, 8..=24 [default: 12].
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub qp_timeout: Option<String>,
@@ -524,6 +531,8 @@ pub struct ConfigFile {
     pub mad_port: Option<i64>,
     /// See [`Config::verify_icrc_v4`].
     pub verify_icrc_v4: Option<bool>,
+    /// See [`Config::udp_offload`].
+    pub udp_offload: Option<bool>,
     /// See [`Config::qp_timeout`].
     pub qp_timeout: Option<i64>,
     /// See [`Config::mode`].
@@ -914,6 +923,7 @@ pub fn resolve_parsed(file: &ConfigFile, flags: &UpArgs) -> Result<Config, Confi
     } else {
         file.verify_icrc_v4.unwrap_or(true)
     };
+    let udp_offload = !flags.no_udp_offload && file.udp_offload.unwrap_or(true);
 
     let qp_timeout = pick_int(
         "qp_timeout",
@@ -1087,6 +1097,7 @@ pub fn resolve_parsed(file: &ConfigFile, flags: &UpArgs) -> Result<Config, Confi
         cm_transport,
         mad_port,
         verify_icrc_v4,
+        udp_offload,
         qp_timeout,
         mode,
         srq,

@@ -24,7 +24,7 @@ use super::status::{
 };
 use crate::ipoib::{self, Endpoint, EndpointConfig};
 use crate::madudp::MadUdp;
-use crate::soft::provider::SoftProvider;
+use crate::soft::provider::{SoftProvider, UdpOffload};
 use crate::soft::{SoftConfig, SoftVerbs};
 use crate::sys::{ifaddr, tun::Tun};
 use crate::verbs::{Provider, Verbs};
@@ -116,7 +116,9 @@ impl DaemonProvider for SoftProvider {
             ("tx_packets", s.tx_packets),
             ("tx_retransmits", s.tx_retransmits),
             ("retransmit_timeouts", s.retransmit_timeouts),
-            ("send_errors", self.send_errors),
+            ("rx_gso_segments", s.rx_gso_segments),
+            ("rx_gro_buffers", self.rx_gro_buffers),
+            ("tx_gso_trains", self.tx_gso_trains()),
             ("fault_dropped", s.faults.dropped),
             ("fault_duplicated", s.faults.duplicated),
             ("fault_reordered", s.faults.reordered),
@@ -163,7 +165,12 @@ pub fn up(cfg: &Config) -> Result<(), DaemonError> {
     soft.verify_icrc_v4 = cfg.verify_icrc_v4;
     soft.faults = cfg.fault;
     soft.quirks = cfg.quirks;
-    let mut prov = SoftProvider::bind(soft)
+    let offload = if cfg.udp_offload {
+        UdpOffload::On
+    } else {
+        UdpOffload::Off
+    };
+    let mut prov = SoftProvider::bind(soft, offload)
         .map_err(|e| DaemonError::Setup(format!("--bind {}:{}: {e}", cfg.bind, cfg.udp_port)))?;
     prov.verbs().set_mcast_peers(cfg.peer.clone());
     run(

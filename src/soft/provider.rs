@@ -17,8 +17,28 @@ const MAX_RECV_BATCH: usize = 512;
 const RECV_BUF_LEN: usize = 65_536;
 /// Datagrams per `recvmmsg` / `sendmmsg`.
 const IO_BATCH: usize = 64;
-/// Bytes preallocated per send slot: a 4096-MTU RoCE packet with headers fits.
+/// Bytes preallocated per send slot without GSO: a 4096-MTU RoCE packet with headers fits.
 const TX_SLOT_CAPACITY: usize = 4_352;
+/// Bytes preallocated per send slot with GSO: a whole train.
+const TX_TRAIN_CAPACITY: usize = 65_536;
+
+/// Whether the provider's socket uses the kernel's UDP segmentation offloads.
+///
+/// On: consecutive datagrams to one peer leave as one GSO train (one trip through the stack
+/// for up to 64 datagrams; see [`TxBatch`]) and trains or merged datagrams arrive as one
+/// buffer (GRO). The datagrams on the wire are the same RoCEv2 packets either way, except
+/// that IPv4 segments carry IP IDs 1, 2, ... (ICRCs to match). A capture taken on a veth
+/// or on the sending host before segmentation shows the train as one oversized datagram;
+/// capture on the receiving side of a real link, turn the device's `tx-udp-segmentation`
+/// off, or turn this off to see every packet as sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UdpOffload {
+    /// GSO and GRO where the kernel has them.
+    #[default]
+    On,
+    /// One datagram per send and per receive.
+    Off,
+}
 
 /// The software provider bound to a UDP socket.
 #[derive(Debug)]
@@ -31,6 +51,10 @@ pub struct SoftProvider {
     tx: TxBatch,
     /// Send errors other than `WouldBlock` (the datagram is dropped; RC retransmits).
     pub send_errors: u64,
+    /// Receive buffers that held two or more datagrams (GRO).
+    pub rx_gro_buffers: u64,
+    /// The datagram the engine wrote last, on its way into `tx`.
+    pkt: Vec<u8>,
     /// Where the socket is registered, to ask for writability only while a send is blocked
     /// (a UDP socket would otherwise wake the loop after every datagram it sends).
     registration: Option<(Registry, Token)>,
@@ -46,16 +70,33 @@ impl SoftProvider {
     ///
     /// # Errors
     /// The socket's bind or option errors.
-    pub fn bind(cfg: SoftConfig) -> io::Result<Self> {
+    pub fn bind(cfg: SoftConfig, offload: UdpOffload) -> io::Result<Self> {
         let transport = UdpTransport::bind(SocketAddr::new(cfg.local_ip, cfg.src_port))?;
         let mut cfg = cfg;
         cfg.src_port = transport.local_addr().port();
+        let gso = match offload {
+            UdpOffload::On => match transport.enable_gro() {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::info!(error = %e, "no UDP GRO on this kernel; sending and receiving datagram by datagram");
+                    false
+                }
+            },
+            UdpOffload::Off => false,
+        };
+        let tx = if gso {
+            TxBatch::with_gso(IO_BATCH, TX_TRAIN_CAPACITY, true)
+        } else {
+            TxBatch::new(IO_BATCH, TX_SLOT_CAPACITY)
+        };
         Ok(Self {
             verbs: SoftVerbs::new(cfg),
             transport,
             rx: RecvBatch::new(IO_BATCH, RECV_BUF_LEN),
-            tx: TxBatch::new(IO_BATCH, TX_SLOT_CAPACITY),
+            tx,
             send_errors: 0,
+            rx_gro_buffers: 0,
+            pkt: Vec::with_capacity(TX_SLOT_CAPACITY),
             rx_more: None,
             registration: None,
             want_writable: false,
@@ -72,15 +113,29 @@ impl SoftProvider {
         self.transport.local_addr()
     }
 
+    /// GSO trains of two or more datagrams sent so far.
+    pub fn tx_gso_trains(&self) -> u64 {
+        self.tx.trains_sent()
+    }
+
+    /// Trains are still being built (on, and no send refused one).
+    pub fn gso_enabled(&self) -> bool {
+        self.tx.gso_enabled()
+    }
+
     /// Sends the queued datagrams; false if the socket would block with some still queued.
     fn drain_tx(&mut self) -> bool {
         loop {
             match self.transport.send_batch(&mut self.tx) {
                 Ok(done) => return done,
                 Err(e) => {
-                    // That datagram is dropped; RC retransmits.
+                    // That datagram (or train) is dropped; RC retransmits.
                     self.send_errors += 1;
-                    tracing::debug!(error = %e, "soft provider send failed");
+                    if self.tx.gso_enabled() {
+                        tracing::debug!(error = %e, "soft provider send failed");
+                    } else {
+                        tracing::warn!(error = %e, "soft provider send failed");
+                    }
                 }
             }
         }
@@ -111,8 +166,14 @@ impl SoftProvider {
             if !self.drain_tx() {
                 return;
             }
-            let verbs = &mut self.verbs;
-            while self.tx.push_with(|buf| verbs.poll_transmit(now, buf)) {}
+            // A free slot takes any datagram, so the engine is asked only while there is one.
+            while !self.tx.is_full() {
+                let Some(dst) = self.verbs.poll_transmit(now, &mut self.pkt) else {
+                    break;
+                };
+                let queued = self.tx.push_datagram(dst, &self.pkt);
+                debug_assert!(queued, "a batch with a free slot refused a datagram");
+            }
             if self.tx.is_empty() {
                 return;
             }
@@ -140,8 +201,17 @@ impl Provider for SoftProvider {
         while read < MAX_RECV_BATCH {
             let n = self.transport.recv_batch(&mut self.rx)?;
             for i in 0..n {
-                if let Some((meta, d)) = self.transport.datagram(&self.rx, i) {
-                    self.verbs.handle_datagram(now, meta.src, meta.dst_ip, d);
+                let Some((meta, d)) = self.transport.datagram(&self.rx, i) else {
+                    continue;
+                };
+                match meta.segment_len.map(usize::from) {
+                    Some(seg) if d.len() > seg => {
+                        self.rx_gro_buffers += 1;
+                        for one in d.chunks(seg) {
+                            self.verbs.handle_datagram(now, meta.src, meta.dst_ip, one);
+                        }
+                    }
+                    _ => self.verbs.handle_datagram(now, meta.src, meta.dst_ip, d),
                 }
             }
             read += n;

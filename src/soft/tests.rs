@@ -49,3 +49,47 @@ fn timer_heap_stays_bounded_on_a_busy_qp() {
     fab.run_idle(1000, Duration::from_secs(1));
     assert!(fab.nodes.iter().all(|n| n.sh.timers.is_empty()));
 }
+
+/// IPv4 datagrams whose ICRC fits an IP ID of 1..64 (later segments of a UDP GSO train) are
+/// accepted and counted; any other ID, or a corrupted byte, is a bad ICRC.
+#[test]
+fn gso_segment_ids_are_accepted_and_nothing_else() {
+    use crate::soft::{SoftConfig, SoftVerbs};
+    use crate::wire::icrc::{append_icrc, IpHeaderInfo, Ipv4IdShift};
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+    let local = Ipv4Addr::new(198, 18, 0, 2);
+    let peer = Ipv4Addr::new(198, 18, 0, 1);
+    let mut v = SoftVerbs::new(SoftConfig::new(IpAddr::V4(local)));
+    let now = Instant::now();
+    // RC SEND_ONLY to QPN 0x123456 (none exists): past the ICRC check it counts as unknown.
+    let mut body = vec![0x04, 0, 0xFF, 0xFF, 0, 0x12, 0x34, 0x56, 0, 0, 0, 1];
+    body.extend_from_slice(&[0xAB; 64]);
+    let datagram = |id: u16| {
+        let ip = IpHeaderInfo::V4 {
+            src: peer,
+            dst: local,
+            identification: id,
+            dont_fragment: true,
+        };
+        let mut d = body.clone();
+        append_icrc(&ip, 4791, 4791, &mut d);
+        d
+    };
+    let src = SocketAddr::new(IpAddr::V4(peer), 4791);
+    for id in [0u16, 1, 7, 63] {
+        v.handle_datagram(now, src, IpAddr::V4(local), &datagram(id));
+    }
+    assert_eq!(v.stats().rx_gso_segments, 3);
+    assert_eq!(v.stats().rx_unknown_qpn, 4);
+    assert_eq!(v.stats().rx_bad_icrc, 0);
+    for id in [64u16, 1000] {
+        v.handle_datagram(now, src, IpAddr::V4(local), &datagram(id));
+    }
+    let mut corrupt = datagram(5);
+    corrupt[20] ^= 1;
+    v.handle_datagram(now, src, IpAddr::V4(local), &corrupt);
+    assert_eq!(v.stats().rx_bad_icrc, 3);
+    assert_eq!(v.stats().rx_gso_segments, 3);
+    assert_eq!(Ipv4IdShift::new(corrupt.len()).delta(0), 0);
+}

@@ -6,9 +6,14 @@
 //! - Sends are unconnected (`sendto`, or `sendmmsg` for a [`TxBatch`]) with DF set
 //!   (`IP_PMTUDISC_DO`): Linux then sends IPv4 ID 0, so the IPv4 header the ICRC covers is
 //!   predictable. `sendmmsg` runs the same per-datagram `udp_sendmsg` as `sendto`, so the
-//!   headers are identical (the netns capture test checks DF, ID 0 and every ICRC). No UDP GSO:
-//!   for IPv4 the kernel numbers the IP IDs of the segments 0, 1, 2, ..., which the ICRC covers
-//!   and the receiver (which sees no IP header) cannot know.
+//!   headers are identical (the netns capture test checks DF, ID 0 and every ICRC).
+//! - Optionally ([`TxBatch::with_gso`]), consecutive datagrams to one address leave as one UDP
+//!   GSO train. For IPv4 the kernel numbers the segments' IP IDs 0, 1, 2, ..., which the ICRC
+//!   covers, so each ICRC is shifted to its segment's ID
+//!   ([`Ipv4IdShift`](crate::wire::icrc::Ipv4IdShift)); receivers accept IDs 0..64
+//!   ([`SoftVerbs::handle_datagram`](super::SoftVerbs::handle_datagram)).
+//! - Optionally ([`UdpTransport::enable_gro`]), the kernel delivers a train (or datagrams it
+//!   merged) as one buffer with its segment length ([`RecvMeta::segment_len`]).
 //! - Receives come in batches through `recvmmsg` ([`UdpTransport::recv_batch`]) or one at a
 //!   time ([`UdpTransport::recv`]).
 //! - Receives report the destination IP from `IP_PKTINFO` / `IPV6_PKTINFO` (needed to verify the
@@ -30,6 +35,7 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use crate::sys::udp::{Outgoing, RecvBatch};
 use crate::sys::{sockopt, udp};
+use crate::wire::icrc::{shift_icrc, Ipv4IdShiftCache, GSO_MAX_SEGMENTS};
 
 /// Receive and send buffer size requested at bind time. The kernel doubles it; without
 /// `CAP_NET_ADMIN` it is clamped to `net.core.rmem_max` / `wmem_max`.
@@ -57,6 +63,9 @@ pub struct RecvMeta {
     /// The IP the datagram was addressed to (from packet info; the bound IP if the kernel gave
     /// none).
     pub dst_ip: IpAddr,
+    /// With GRO on: the buffer holds datagrams of this length back to back (the last one may
+    /// be shorter). `None`: it is one datagram.
+    pub segment_len: Option<u16>,
 }
 
 impl UdpTransport {
@@ -103,6 +112,15 @@ impl UdpTransport {
         self.local
     }
 
+    /// Asks the kernel for UDP GRO ([`sockopt::set_udp_gro`]): received buffers may then hold
+    /// several datagrams ([`RecvMeta::segment_len`]); give them room for 65,535 bytes.
+    ///
+    /// # Errors
+    /// The kernel's, e.g. `ENOPROTOOPT` where UDP GRO does not exist.
+    pub fn enable_gro(&self) -> io::Result<()> {
+        sockopt::set_udp_gro(&self.sock, true)
+    }
+
     /// One datagram; Ok(None) on WouldBlock. dst_ip from IP_PKTINFO/IPV6_PKTINFO (fall back to
     /// the bound IP).
     ///
@@ -130,6 +148,7 @@ impl UdpTransport {
                 len: got.len,
                 src: got.src,
                 dst_ip: got.dst_ip.unwrap_or(self.local.ip()),
+                segment_len: got.segment_len,
             }));
         }
         Err(io::Error::new(
@@ -197,6 +216,7 @@ impl UdpTransport {
                 len: got.len,
                 src: got.src,
                 dst_ip: got.dst_ip.unwrap_or(self.local.ip()),
+                segment_len: got.segment_len,
             },
             bytes,
         ))
@@ -218,6 +238,16 @@ impl UdpTransport {
                 Ok(n) => batch.consume(n),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
                 Err(e) => {
+                    if batch.front_is_train() && batch.gso_enabled() {
+                        // The kernel or the route refuses GSO (no checksum offload, a segment
+                        // over the MTU, ...): send datagram by datagram from now on.
+                        batch.disable_gso();
+                        batch.consume(1);
+                        return Err(io::Error::new(
+                            e.kind(),
+                            format!("UDP GSO send failed, turned GSO off: {e}"),
+                        ));
+                    }
                     batch.consume(1);
                     return Err(e);
                 }
@@ -232,33 +262,96 @@ impl UdpTransport {
     }
 }
 
+/// Largest UDP payload of one send: a GSO train must fit one IPv4 datagram's length field.
+const MAX_TRAIN_BYTES: usize = 65_507;
+
 /// Outgoing datagrams for [`UdpTransport::send_batch`]: a fixed set of reusable slots, filled
 /// in order and sent oldest first.
+///
+/// With GSO on ([`TxBatch::with_gso`]), [`push_datagram`](Self::push_datagram) appends a
+/// datagram to the newest unsent slot when it goes to the same address and is no longer than
+/// the slot's first one: the slot then leaves as one UDP GSO train (one `sendmmsg` entry, one
+/// trip through the stack) that the kernel cuts back into the same datagrams. For IPv4 the
+/// kernel numbers the segments' IP IDs 0, 1, 2, ..., so the ICRC of segment `k` is shifted to
+/// match ID `k` ([`Ipv4IdShift`]); on the wire every datagram is exactly the RoCEv2 packet
+/// it would have been on its own, with that ID.
 #[derive(Debug)]
 pub struct TxBatch {
     slots: Vec<Outgoing>,
+    /// Per slot: where it goes, and how many datagrams it holds.
+    trains: Vec<Train>,
     /// First unsent slot.
     head: usize,
     /// Slots filled.
     len: usize,
+    /// GSO trains are built; `None` when off.
+    gso: Option<Ipv4IdShiftCache>,
+    /// Trains of two or more datagrams handed to the kernel so far.
+    trains_sent: u64,
+}
+
+/// What a [`TxBatch`] slot holds.
+#[derive(Debug, Clone, Copy)]
+struct Train {
+    dst: SocketAddr,
+    /// Datagrams in the slot.
+    segments: usize,
+    /// A datagram shorter than the first ended the train.
+    closed: bool,
 }
 
 impl TxBatch {
     /// Room for `slots` datagrams (clamped to 1..=[`udp::BATCH_MAX`]), each buffer
-    /// preallocated with `capacity` bytes.
+    /// preallocated with `capacity` bytes; one datagram per slot (no GSO).
     pub fn new(slots: usize, capacity: usize) -> Self {
-        let dst = SockAddr::from(SocketAddr::from(([0, 0, 0, 0], 0)));
-        let slots = (0..slots.clamp(1, udp::BATCH_MAX))
-            .map(|_| Outgoing {
-                dst: dst.clone(),
-                data: Vec::with_capacity(capacity),
-            })
-            .collect();
+        let dst = SocketAddr::from(([0, 0, 0, 0], 0));
+        let slots = slots.clamp(1, udp::BATCH_MAX);
         Self {
-            slots,
+            slots: (0..slots)
+                .map(|_| Outgoing {
+                    dst: SockAddr::from(dst),
+                    data: Vec::with_capacity(capacity),
+                    segment_len: 0,
+                })
+                .collect(),
+            trains: vec![
+                Train {
+                    dst,
+                    segments: 0,
+                    closed: false,
+                };
+                slots
+            ],
             head: 0,
             len: 0,
+            gso: None,
+            trains_sent: 0,
         }
+    }
+
+    /// As [`new`](Self::new), building GSO trains of RoCEv2 datagrams when `gso` is true.
+    /// Slots that may hold a train should have room for [`MAX_TRAIN_BYTES`]; smaller ones grow.
+    pub fn with_gso(slots: usize, capacity: usize, gso: bool) -> Self {
+        let mut batch = Self::new(slots, capacity);
+        if gso {
+            batch.gso = Some(Ipv4IdShiftCache::default());
+        }
+        batch
+    }
+
+    /// Trains are being built.
+    pub fn gso_enabled(&self) -> bool {
+        self.gso.is_some()
+    }
+
+    /// Stops building trains (queued ones still go out as trains).
+    pub fn disable_gso(&mut self) {
+        self.gso = None;
+    }
+
+    /// Trains of two or more datagrams sent so far.
+    pub fn trains_sent(&self) -> u64 {
+        self.trains_sent
     }
 
     /// Nothing waits to be sent.
@@ -271,25 +364,31 @@ impl TxBatch {
         self.len == self.slots.len()
     }
 
-    /// Datagrams waiting to be sent.
+    /// Slots (datagrams or trains) waiting to be sent.
     pub fn queued(&self) -> usize {
         self.len - self.head
     }
 
     /// Fills the next free slot: `fill` writes the datagram into the (cleared by the caller's
     /// writer) buffer and returns its destination, or `None` to leave the slot free. Returns
-    /// whether a datagram was queued; false also when the batch is full.
+    /// whether a datagram was queued; false also when the batch is full. The slot is not a
+    /// train and takes no further datagrams.
     pub fn push_with(&mut self, fill: impl FnOnce(&mut Vec<u8>) -> Option<SocketAddr>) -> bool {
-        if self.is_empty() {
-            self.head = 0;
-            self.len = 0;
-        }
-        let Some(slot) = self.slots.get_mut(self.len) else {
+        self.reset_if_empty();
+        let (Some(slot), Some(train)) =
+            (self.slots.get_mut(self.len), self.trains.get_mut(self.len))
+        else {
             return false;
         };
         match fill(&mut slot.data) {
             Some(dst) => {
                 slot.dst = SockAddr::from(dst);
+                slot.segment_len = 0;
+                *train = Train {
+                    dst,
+                    segments: 1,
+                    closed: true,
+                };
                 self.len += 1;
                 true
             }
@@ -297,12 +396,92 @@ impl TxBatch {
         }
     }
 
+    /// Queues one RoCEv2 datagram (BTH … ICRC, the ICRC computed for IPv4 ID 0) for `dst`:
+    /// appended to the newest unsent train when GSO is on and it fits, else copied into the
+    /// next free slot. False (nothing queued) only when the batch is full.
+    pub fn push_datagram(&mut self, dst: SocketAddr, datagram: &[u8]) -> bool {
+        self.reset_if_empty();
+        if self.try_append(dst, datagram) {
+            return true;
+        }
+        let gso = self.gso.is_some();
+        let (Some(slot), Some(train)) =
+            (self.slots.get_mut(self.len), self.trains.get_mut(self.len))
+        else {
+            return false;
+        };
+        slot.data.clear();
+        slot.data.extend_from_slice(datagram);
+        slot.dst = SockAddr::from(dst);
+        slot.segment_len = u16::try_from(datagram.len()).unwrap_or(0);
+        *train = Train {
+            dst,
+            segments: 1,
+            closed: !gso || slot.segment_len == 0,
+        };
+        self.len += 1;
+        true
+    }
+
+    /// Appends `datagram` to the newest unsent slot if it can join that train.
+    fn try_append(&mut self, dst: SocketAddr, datagram: &[u8]) -> bool {
+        let Some(shifts) = self.gso.as_mut() else {
+            return false;
+        };
+        // Only a slot not yet (even partly) handed to the kernel may grow.
+        let Some(last) = self.len.checked_sub(1).filter(|&i| i >= self.head) else {
+            return false;
+        };
+        let (Some(slot), Some(train)) = (self.slots.get_mut(last), self.trains.get_mut(last))
+        else {
+            return false;
+        };
+        let seg = usize::from(slot.segment_len);
+        let fits = !train.closed
+            && train.dst == dst
+            && !datagram.is_empty()
+            && datagram.len() <= seg
+            && train.segments < GSO_MAX_SEGMENTS
+            && slot.data.len() + datagram.len() <= MAX_TRAIN_BYTES;
+        if !fits {
+            return false;
+        }
+        let start = slot.data.len();
+        slot.data.extend_from_slice(datagram);
+        if dst.is_ipv4() {
+            let delta = shifts.get(datagram.len()).delta(train.segments);
+            if let Some(d) = slot.data.get_mut(start..) {
+                shift_icrc(d, delta);
+            }
+        }
+        train.segments += 1;
+        train.closed = datagram.len() < seg;
+        true
+    }
+
+    fn reset_if_empty(&mut self) {
+        if self.is_empty() {
+            self.head = 0;
+            self.len = 0;
+        }
+    }
+
     fn pending(&self) -> &[Outgoing] {
         &self.slots[self.head..self.len]
     }
 
+    /// The oldest unsent slot is a train of two or more datagrams.
+    fn front_is_train(&self) -> bool {
+        self.trains.get(self.head).is_some_and(|t| t.segments > 1)
+    }
+
     fn consume(&mut self, n: usize) {
-        self.head = (self.head + n).min(self.len);
+        let end = (self.head + n).min(self.len);
+        self.trains_sent += self
+            .trains
+            .get(self.head..end)
+            .map_or(0, |t| t.iter().filter(|t| t.segments > 1).count() as u64);
+        self.head = end;
         if self.is_empty() {
             self.head = 0;
             self.len = 0;
@@ -614,6 +793,133 @@ mod tests {
         let (meta, d) = b.datagram(&rx, 0).unwrap();
         assert_eq!((meta.len, d.len()), (60_000, 60_000));
         assert!(n <= 64);
+    }
+
+    /// A RoCEv2-shaped datagram: `len - 4` bytes of `fill`, then its ICRC for IPv4 ID 0 from
+    /// `src` to `dst`.
+    fn roce_like(len: usize, fill: u8, src: SocketAddr, dst: SocketAddr) -> Vec<u8> {
+        let (IpAddr::V4(s), IpAddr::V4(d)) = (src.ip(), dst.ip()) else {
+            panic!("IPv4 only")
+        };
+        let ip = crate::wire::icrc::IpHeaderInfo::V4 {
+            src: s,
+            dst: d,
+            identification: 0,
+            dont_fragment: true,
+        };
+        let mut v = vec![fill; len - 4];
+        crate::wire::icrc::append_icrc(&ip, src.port(), dst.port(), &mut v);
+        v
+    }
+
+    #[test]
+    fn gso_trains_form_only_where_they_may() {
+        let a = SocketAddr::new(V4, 5000);
+        let b = SocketAddr::new(V4, 5001);
+        let c = SocketAddr::new(V4, 5002);
+        let mut tx = TxBatch::with_gso(4, 64, true);
+        // Three full datagrams and a shorter tail to b: one train, closed by the tail.
+        for fill in 0..3 {
+            assert!(tx.push_datagram(b, &roce_like(100, fill, a, b)));
+        }
+        assert!(tx.push_datagram(b, &roce_like(60, 3, a, b)));
+        assert_eq!(tx.queued(), 1);
+        assert_eq!(tx.pending()[0].segment_len, 100);
+        assert_eq!(tx.pending()[0].data.len(), 360);
+        // Closed: the next datagram to b starts a new slot, as does one to c, and a longer one.
+        assert!(tx.push_datagram(b, &roce_like(100, 4, a, b)));
+        assert!(tx.push_datagram(c, &roce_like(100, 5, a, c)));
+        assert!(tx.push_datagram(c, &roce_like(200, 6, a, c)));
+        assert_eq!(tx.queued(), 4);
+        assert!(tx.is_full());
+        // The newest slot still grows while full; a datagram that cannot join is refused.
+        assert!(tx.push_datagram(c, &roce_like(200, 7, a, c)));
+        assert!(!tx.push_datagram(b, &roce_like(200, 8, a, b)));
+        // Segment k carries the ICRC for IPv4 ID k.
+        let train = &tx.pending()[0].data;
+        for (k, seg) in train.chunks(100).enumerate() {
+            let ip = crate::wire::icrc::IpHeaderInfo::V4 {
+                src: Ipv4Addr::LOCALHOST,
+                dst: Ipv4Addr::LOCALHOST,
+                identification: k as u16,
+                dont_fragment: true,
+            };
+            assert!(
+                crate::wire::icrc::verify_icrc(&ip, 5000, 5001, seg),
+                "segment {k}"
+            );
+        }
+        // A slot partly handed to the kernel does not grow; at most 64 datagrams per train.
+        tx.consume(3);
+        assert!(tx.push_datagram(c, &roce_like(200, 9, a, c)));
+        assert_eq!(tx.queued(), 1);
+        tx.consume(1);
+        assert_eq!(tx.trains_sent(), 2);
+        for k in 0..70 {
+            assert!(tx.push_datagram(c, &roce_like(40, k, a, c)));
+        }
+        assert_eq!(tx.queued(), 2);
+        assert_eq!(tx.pending()[0].data.len(), 64 * 40);
+        // Off: one datagram per slot.
+        let mut plain = TxBatch::with_gso(4, 64, false);
+        assert!(plain.push_datagram(b, &roce_like(100, 0, a, b)));
+        assert!(plain.push_datagram(b, &roce_like(100, 1, a, b)));
+        assert_eq!(plain.queued(), 2);
+    }
+
+    #[test]
+    fn a_gso_train_arrives_as_sent() {
+        let a = UdpTransport::bind(SocketAddr::new(V4, 0)).unwrap();
+        let b = UdpTransport::bind(SocketAddr::new(V4, 0)).unwrap();
+        let gro = UdpTransport::bind(SocketAddr::new(V4, 0)).unwrap();
+        if let Err(e) = gro.enable_gro() {
+            println!("skipped: no UDP GRO ({e})");
+            return;
+        }
+        for dst in [b.local_addr(), gro.local_addr()] {
+            let mut tx = TxBatch::with_gso(4, 64, true);
+            for k in 0..10u8 {
+                let len = if k == 9 { 500 } else { 1000 };
+                assert!(tx.push_datagram(dst, &roce_like(len, k, a.local_addr(), dst)));
+            }
+            assert_eq!(tx.queued(), 1);
+            assert!(a.send_batch(&mut tx).unwrap());
+            assert_eq!(tx.trains_sent(), 1);
+        }
+        // Without GRO the kernel cuts the train apart: ten datagrams, segment k with ID k.
+        let mut rx = RecvBatch::new(16, 65_536);
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while got.len() < 10 && Instant::now() < deadline {
+            let n = recv_batch_within(&b, &mut rx);
+            for i in 0..n {
+                let (meta, d) = b.datagram(&rx, i).unwrap();
+                assert_eq!(meta.segment_len, None);
+                got.push(d.to_vec());
+            }
+        }
+        assert_eq!(got.len(), 10);
+        for (k, d) in got.iter().enumerate() {
+            assert_eq!(d.len(), if k == 9 { 500 } else { 1000 });
+            assert!(d[..d.len() - 4].iter().all(|&x| x == k as u8));
+            let ip = crate::wire::icrc::IpHeaderInfo::V4 {
+                src: Ipv4Addr::LOCALHOST,
+                dst: Ipv4Addr::LOCALHOST,
+                identification: k as u16,
+                dont_fragment: true,
+            };
+            assert!(crate::wire::icrc::verify_icrc(
+                &ip,
+                a.local_addr().port(),
+                b.local_addr().port(),
+                d
+            ));
+        }
+        // With GRO the train stays whole, with its segment length.
+        let n = recv_batch_within(&gro, &mut rx);
+        assert_eq!(n, 1);
+        let (meta, d) = gro.datagram(&rx, 0).unwrap();
+        assert_eq!((meta.segment_len, d.len()), (Some(1000), 9500));
     }
 
     #[test]

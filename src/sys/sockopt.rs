@@ -89,6 +89,15 @@ pub fn set_pktinfo(sock: &impl AsFd, ipv6: bool) -> io::Result<()> {
     }
 }
 
+/// Turns UDP GRO on (`UDP_GRO`): the kernel may then deliver several datagrams of one flow,
+/// all of one length but the last, as one, with their length in a `UDP_GRO` control message
+/// (see [`super::udp::Received::segment_len`]). Without it, a GSO train that reaches the socket
+/// unsegmented (over veth, say) is cut apart before queueing. `ENOPROTOOPT` on kernels before
+/// 5.0.
+pub fn set_udp_gro(sock: &impl AsFd, on: bool) -> io::Result<()> {
+    setsockopt_int(sock, libc::SOL_UDP, libc::UDP_GRO, c_int::from(on))
+}
+
 /// Accepts IPv6 UDP datagrams whose checksum field is zero (`UDP_NO_CHECK6_RX`).
 ///
 /// Linux drops such datagrams by default (RFC 8200 forbids them outside tunnels), but rdma_rxe

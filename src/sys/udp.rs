@@ -23,6 +23,17 @@ pub struct Received {
     /// The datagram's destination IP from `IP_PKTINFO` / `IPV6_PKTINFO`, when the socket asked
     /// for it (see [`super::sockopt::set_pktinfo`]).
     pub dst_ip: Option<IpAddr>,
+    /// With UDP GRO on ([`super::sockopt::set_udp_gro`]), the kernel may hand over several
+    /// datagrams of one flow as one: then this is their length (`UDP_GRO` control message) and
+    /// the buffer holds them back to back, the last one possibly shorter.
+    pub segment_len: Option<u16>,
+}
+
+/// What the control messages of one received datagram said.
+#[derive(Debug, Clone, Copy, Default)]
+struct Control {
+    dst_ip: Option<IpAddr>,
+    segment_len: Option<u16>,
 }
 
 /// Control buffer: room for one `in6_pktinfo` or `in_pktinfo` message plus slack for any other
@@ -44,7 +55,7 @@ pub fn recv_pktinfo(sock: &impl AsFd, buf: &mut [u8]) -> io::Result<Received> {
     // SAFETY: `try_init` hands the closure a zeroed `sockaddr_storage` and its length, and
     // builds the `SockAddr` from whatever length the closure leaves behind; the kernel writes at
     // most `msg_namelen` bytes into it and reports the real length back.
-    let ((len, flags, dst_ip), addr) = unsafe {
+    let ((len, flags, control), addr) = unsafe {
         SockAddr::try_init(|storage, storage_len| {
             // SAFETY: `msghdr` is a plain C struct for which all-zero bytes are a valid value
             // (null pointers, zero lengths).
@@ -64,8 +75,8 @@ pub fn recv_pktinfo(sock: &impl AsFd, buf: &mut [u8]) -> io::Result<Received> {
             *storage_len = msg.msg_namelen;
             // SAFETY: after a successful `recvmsg`, `msg_control`/`msg_controllen` describe
             // the control bytes the kernel wrote into `control`.
-            let dst_ip = pktinfo_dst(&msg);
-            Ok((n as usize, msg.msg_flags, dst_ip))
+            let control = decode_control(&msg);
+            Ok((n as usize, msg.msg_flags, control))
         })
     }?;
 
@@ -79,26 +90,28 @@ pub fn recv_pktinfo(sock: &impl AsFd, buf: &mut [u8]) -> io::Result<Received> {
         len: len.min(buf.len()),
         truncated: flags & libc::MSG_TRUNC != 0,
         src,
-        dst_ip,
+        dst_ip: control.dst_ip,
+        segment_len: control.segment_len,
     })
 }
 
-/// Walks the control messages of a `msghdr` filled by `recvmsg` and returns the destination
-/// address from the first `IP_PKTINFO` or `IPV6_PKTINFO` message.
+/// Walks the control messages of a `msghdr` filled by `recvmsg`: the destination address from
+/// the first `IP_PKTINFO` or `IPV6_PKTINFO` message and the segment length from `UDP_GRO`.
 ///
 /// # Safety
 ///
 /// `msg.msg_control` must point to `msg.msg_controllen` readable bytes, aligned for `cmsghdr`,
 /// as the kernel leaves them after a successful `recvmsg`.
-unsafe fn pktinfo_dst(msg: &libc::msghdr) -> Option<IpAddr> {
+unsafe fn decode_control(msg: &libc::msghdr) -> Control {
     // Each message takes at least CMSG_SPACE(0) bytes, so the walk ends after at most
     // controllen / 16 steps; the explicit bound only guards against a corrupt header.
     const MAX_MESSAGES: usize = size_of::<ControlBuf>() / size_of::<libc::cmsghdr>();
+    let mut out = Control::default();
     // SAFETY: the caller guarantees `msg` describes a valid control buffer.
     let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(msg) };
     for _ in 0..MAX_MESSAGES {
         if cmsg.is_null() {
-            return None;
+            break;
         }
         // SAFETY: a non-null pointer from CMSG_FIRSTHDR/CMSG_NXTHDR points to a complete,
         // aligned `cmsghdr` inside the control buffer.
@@ -108,24 +121,32 @@ unsafe fn pktinfo_dst(msg: &libc::msghdr) -> Option<IpAddr> {
             unsafe { libc::CMSG_LEN(0) } as usize,
         );
         match (hdr.cmsg_level, hdr.cmsg_type) {
-            (libc::IPPROTO_IP, libc::IP_PKTINFO) if data_len >= size_of::<libc::in_pktinfo>() => {
+            (libc::IPPROTO_IP, libc::IP_PKTINFO)
+                if out.dst_ip.is_none() && data_len >= size_of::<libc::in_pktinfo>() =>
+            {
                 // SAFETY: the message carries at least `size_of::<in_pktinfo>()` data bytes
                 // starting at CMSG_DATA; `read_unaligned` copes with any alignment.
                 let info: libc::in_pktinfo =
                     unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast()) };
                 // `ipi_addr` is the destination address from the IP header (`ipi_spec_dst` is
                 // the local address routing would pick, which differs for broadcasts).
-                return Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(
+                out.dst_ip = Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(
                     info.ipi_addr.s_addr,
                 ))));
             }
             (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO)
-                if data_len >= size_of::<libc::in6_pktinfo>() =>
+                if out.dst_ip.is_none() && data_len >= size_of::<libc::in6_pktinfo>() =>
             {
                 // SAFETY: as above, for `in6_pktinfo`.
                 let info: libc::in6_pktinfo =
                     unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast()) };
-                return Some(IpAddr::V6(Ipv6Addr::from(info.ipi6_addr.s6_addr)));
+                out.dst_ip = Some(IpAddr::V6(Ipv6Addr::from(info.ipi6_addr.s6_addr)));
+            }
+            (libc::SOL_UDP, libc::UDP_GRO) if data_len >= size_of::<libc::c_int>() => {
+                // SAFETY: as above, for the `int` segment size.
+                let size: libc::c_int =
+                    unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast()) };
+                out.segment_len = u16::try_from(size).ok().filter(|&s| s > 0);
             }
             _ => {}
         }
@@ -133,7 +154,7 @@ unsafe fn pktinfo_dst(msg: &libc::msghdr) -> Option<IpAddr> {
         // bounds-checks against `msg_controllen` and returns null at the end.
         cmsg = unsafe { libc::CMSG_NXTHDR(msg, cmsg) };
     }
-    None
+    out
 }
 
 /// Most datagrams one [`recv_batch`] or [`send_batch`] call moves (the `iovec`/`mmsghdr` arrays
@@ -285,12 +306,13 @@ pub fn recv_batch(sock: &impl AsFd, batch: &mut RecvBatch) -> io::Result<usize> 
         )?;
         // SAFETY: after a successful `recvmmsg`, each returned header's `msg_control` /
         // `msg_controllen` describe the control bytes the kernel wrote into that slot's buffer.
-        let dst_ip = unsafe { pktinfo_dst(msg) };
+        let control = unsafe { decode_control(msg) };
         batch.meta.push(Received {
             len: (hdr.msg_len as usize).min(slot_len),
             truncated: msg.msg_flags & libc::MSG_TRUNC != 0,
             src,
-            dst_ip,
+            dst_ip: control.dst_ip,
+            segment_len: control.segment_len,
         });
     }
     Ok(n)
@@ -301,9 +323,16 @@ pub fn recv_batch(sock: &impl AsFd, batch: &mut RecvBatch) -> io::Result<usize> 
 pub struct Outgoing {
     /// Where it goes.
     pub dst: SockAddr,
-    /// The UDP payload.
+    /// The UDP payload: one datagram, or with `segment_len` a GSO train of them.
     pub data: Vec<u8>,
+    /// 0 for one datagram. Otherwise `data` is a train of datagrams of this length (the last
+    /// one may be shorter) that the kernel cuts apart (UDP GSO: a `UDP_SEGMENT` control
+    /// message; at most 64 segments and 65,507 bytes in all, each segment within the path MTU).
+    pub segment_len: u16,
 }
+
+/// Control buffer of one outgoing message: room for `CMSG_SPACE(sizeof(u16))` (24 bytes).
+type SendControlBuf = [u64; 4];
 
 /// Sends `msgs` (at most [`BATCH_MAX`] of them; the rest are ignored) with one unconnected
 /// `sendmmsg(2)`; returns how many the kernel took, in order.
@@ -322,6 +351,7 @@ pub fn send_batch(sock: &impl AsFd, msgs: &[Outgoing]) -> io::Result<usize> {
     let mut iovs: [libc::iovec; BATCH_MAX] = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
     let mut hdrs: [libc::mmsghdr; BATCH_MAX] = unsafe { std::mem::zeroed() };
+    let mut controls: [SendControlBuf; BATCH_MAX] = [[0; 4]; BATCH_MAX];
     for (i, m) in msgs[..count].iter().enumerate() {
         iovs[i] = libc::iovec {
             // The kernel only reads through it (`sendmmsg`); the field is `*mut` in C.
@@ -333,10 +363,26 @@ pub fn send_batch(sock: &impl AsFd, msgs: &[Outgoing]) -> io::Result<usize> {
         msg.msg_namelen = m.dst.len();
         msg.msg_iov = &mut iovs[i];
         msg.msg_iovlen = 1;
+        if m.segment_len > 0 && m.data.len() > usize::from(m.segment_len) {
+            msg.msg_control = controls[i].as_mut_ptr().cast();
+            // SAFETY: CMSG_SPACE is pure arithmetic on its argument.
+            msg.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as _;
+            // SAFETY: `msg_control` points to `controls[i]` (32 bytes, aligned for `cmsghdr`),
+            // at least the CMSG_SPACE just set, so the first header and its two data bytes
+            // lie inside it.
+            unsafe {
+                let cmsg = libc::CMSG_FIRSTHDR(msg);
+                (*cmsg).cmsg_level = libc::SOL_UDP;
+                (*cmsg).cmsg_type = libc::UDP_SEGMENT;
+                (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as _;
+                std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<u16>(), m.segment_len);
+            }
+        }
     }
     // SAFETY: the first `count` headers point at live buffers of the stated lengths (each
-    // message's bytes and destination address, borrowed from `msgs` for the call); the kernel
-    // only reads them and writes `msg_len` into `hdrs`.
+    // message's bytes and destination address, borrowed from `msgs` for the call, and its
+    // control buffer in `controls`); the kernel only reads them and writes `msg_len` into
+    // `hdrs`.
     let n = unsafe { libc::sendmmsg(fd, hdrs.as_mut_ptr(), count as _, libc::MSG_DONTWAIT) };
     if n < 0 {
         return Err(io::Error::last_os_error());

@@ -26,7 +26,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::cm::{AcceptParams, Cm, CmConfig, CmEvent, CommId, ConnectParams};
 use crate::gsi::Gsi;
-use crate::soft::provider::SoftProvider;
+use crate::soft::provider::{SoftProvider, UdpOffload};
 use crate::soft::{FaultConfig, SoftConfig, SoftVerbs};
 use crate::verbs::{
     AddressVector, AsyncEvent, BufId, Completion, CqId, Gid, PathMtu, PdId, Provider, QpAttr,
@@ -209,7 +209,8 @@ fn setup(opts: &Options, local: IpAddr) -> Result<Ctx, PingpongError> {
     cfg.port_mtu = PathMtu::Mtu4096;
     cfg.verify_icrc_v4 = opts.verify_icrc_v4;
     cfg.faults = opts.faults;
-    let mut prov = SoftProvider::bind(cfg)
+    // Datagram by datagram (no GSO trains), so a capture anywhere shows every packet as sent.
+    let mut prov = SoftProvider::bind(cfg, UdpOffload::Off)
         .map_err(|e| PingpongError::Provider(format!("bind {local} udp {}: {e}", opts.udp_port)))?;
     let v = prov.verbs();
     let seed = clock_seed();

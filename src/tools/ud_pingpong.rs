@@ -14,7 +14,7 @@ use mio::{Events, Poll};
 use rand::{Rng, SeedableRng};
 
 use super::rc_pingpong::{Dest, PingpongError, Summary, DEST_MSG_LEN};
-use crate::soft::provider::SoftProvider;
+use crate::soft::provider::{SoftProvider, UdpOffload};
 use crate::soft::SoftConfig;
 use crate::tools::exchange::{
     exchange_err as xerr, print_dest, provider_err as perr, read_msg, route_source,
@@ -71,7 +71,8 @@ fn setup(opts: &Options, local: IpAddr) -> Result<Ctx, PingpongError> {
     cfg.dst_port = opts.udp_port;
     cfg.port_mtu = PathMtu::Mtu4096;
     cfg.verify_icrc_v4 = opts.verify_icrc_v4;
-    let mut prov = SoftProvider::bind(cfg)
+    // Datagram by datagram (no GSO trains), so a capture anywhere shows every packet as sent.
+    let mut prov = SoftProvider::bind(cfg, UdpOffload::Off)
         .map_err(|e| PingpongError::Provider(format!("bind {local} udp {}: {e}", opts.udp_port)))?;
     let v = prov.verbs();
     let pd = v.alloc_pd().map_err(perr)?;
