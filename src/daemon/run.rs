@@ -317,6 +317,7 @@ fn run<P: DaemonProvider>(
                     tracing::debug!(error = %e, "TUN write failed");
                 }
             }
+            ep.recycle_tun(p);
         }
         if control_ready {
             let name = tun.name().to_string();

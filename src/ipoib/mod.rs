@@ -320,6 +320,10 @@ pub struct Endpoint {
     drain_carrier: Option<QpNum>,
     wheel: TimerWheel<Timer>,
     tun_out: VecDeque<Vec<u8>>,
+    /// Emptied [`poll_tun`](Self::poll_tun) buffers given back by the driver
+    /// ([`recycle_tun`](Self::recycle_tun)), reused so that delivering a packet allocates
+    /// nothing (at most [`TUN_SPARE_MAX`] kept).
+    tun_spare: Vec<Vec<u8>>,
     counters: Counters,
     rng: ChaCha8Rng,
     stopping: bool,
@@ -341,6 +345,8 @@ const GSI_RECV_DEPTH: u32 = 1024;
 const GSI_SEND_DEPTH: u32 = 256;
 /// Completions taken from a CQ per poll.
 const CQ_BATCH: usize = 64;
+/// Most spare TUN buffers kept for reuse (each up to an MTU, 64 KiB).
+const TUN_SPARE_MAX: usize = 32;
 
 impl Endpoint {
     /// Sets up the interface on `v`: UD QP attached to the broadcast group, QP1 and the CM
@@ -450,6 +456,7 @@ impl Endpoint {
             drain_carrier: None,
             wheel: TimerWheel::new(now, Duration::from_millis(1)),
             tun_out: VecDeque::new(),
+            tun_spare: Vec::new(),
             counters,
             rng,
             stopping: false,
@@ -500,6 +507,14 @@ impl Endpoint {
     /// The next packet for the TUN device.
     pub fn poll_tun(&mut self) -> Option<Vec<u8>> {
         self.tun_out.pop_front()
+    }
+
+    /// Gives a buffer from [`poll_tun`](Self::poll_tun) back once written, for the next
+    /// packet to reuse (optional; dropping it is fine).
+    pub fn recycle_tun(&mut self, buf: Vec<u8>) {
+        if self.tun_spare.len() < TUN_SPARE_MAX {
+            self.tun_spare.push(buf);
+        }
     }
 
     /// When [`Endpoint::handle_timeout`] must next run.

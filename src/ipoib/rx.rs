@@ -314,15 +314,17 @@ impl Endpoint {
             }
             None => false,
         };
+        // The IP packet is read in place from the receive buffer (no copy until the TUN
+        // queue's).
         let payload = v.pools().get(b).ok().and_then(|buf| {
             let frame = buf.get(..len)?;
             let h = IpoibHeader::parse(frame).ok()?;
             matches!(h.ethertype, ETHERTYPE_IPV4 | ETHERTYPE_IPV6)
-                .then(|| frame.get(IpoibHeader::LEN..).map(<[u8]>::to_vec))
+                .then(|| frame.get(IpoibHeader::LEN..))
                 .flatten()
         });
         match payload {
-            Some(p) if live => self.deliver(&p),
+            Some(p) if live => self.deliver(p),
             Some(_) => {}
             None => self.counters.rx_bad_packets += 1,
         }

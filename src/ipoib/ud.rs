@@ -232,8 +232,10 @@ impl Endpoint {
             Ok(info) if info.total_len <= packet.len() => {
                 if info.is_multicast_or_broadcast() || self.is_ours(info.dst) {
                     self.counters.rx_packets += 1;
-                    self.tun_out
-                        .push_back(packet.get(..info.total_len).unwrap_or(packet).to_vec());
+                    let mut out = self.tun_spare.pop().unwrap_or_default();
+                    out.clear();
+                    out.extend_from_slice(packet.get(..info.total_len).unwrap_or(packet));
+                    self.tun_out.push_back(out);
                 } else {
                     self.counters.rx_bad_packets += 1;
                 }
