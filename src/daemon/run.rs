@@ -266,6 +266,8 @@ fn run<P: DaemonProvider>(
     let mut events = Events::with_capacity(256);
     let mut buf = vec![0u8; 65_536];
     let mut tun_more = false;
+    let mut tun_ready = true;
+    let mut last_event = Instant::now();
     let mut stop_deadline: Option<Instant> = None;
     let mut tun_write_drops = 0u64;
     loop {
@@ -274,7 +276,10 @@ fn run<P: DaemonProvider>(
             .into_iter()
             .flatten()
             .min();
-        let timeout = if tun_more {
+        // Busy polling: for `busy_poll` after the last event, look for events without
+        // sleeping, so a packet arriving then costs no wakeup.
+        let spinning = now < last_event + cfg.busy_poll;
+        let timeout = if tun_more || spinning {
             Duration::ZERO
         } else {
             next.map_or(IDLE_WAKE, |t| t.saturating_duration_since(now))
@@ -286,25 +291,40 @@ fn run<P: DaemonProvider>(
             Err(e) => return Err(e.into()),
         }
         let now = Instant::now();
+        if events.is_empty() && spinning && !tun_more && next.is_none_or(|t| t > now) {
+            // Nothing arrived and nothing is due: spin on.
+            std::hint::spin_loop();
+            continue;
+        }
+        if !events.is_empty() {
+            last_event = now;
+        }
         let mut control_ready = false;
         let mut signalled = false;
         for ev in events.iter() {
             match ev.token() {
                 CONTROL => control_ready = true,
                 SIGNALS => signalled = true,
-                _ => {}
+                TUN => tun_ready = true,
+                t => prov.note_readiness(t),
             }
         }
         prov.handle_io(now)?;
         ep.handle_verbs(now, prov.verbs());
-        tun_more = false;
-        for i in 0..TUN_BATCH {
-            match tun.recv(&mut buf)? {
-                Some(n) => ep.handle_tun_packet(now, prov.verbs(), &buf[..n]),
-                None => break,
-            }
-            if i + 1 == TUN_BATCH {
-                tun_more = true;
+        if tun_ready || tun_more {
+            tun_more = false;
+            for i in 0..TUN_BATCH {
+                match tun.recv(&mut buf)? {
+                    Some(n) => ep.handle_tun_packet(now, prov.verbs(), &buf[..n]),
+                    None => {
+                        // Read empty: edge-triggered, the next packet brings an event.
+                        tun_ready = false;
+                        break;
+                    }
+                }
+                if i + 1 == TUN_BATCH {
+                    tun_more = true;
+                }
             }
         }
         ep.handle_timeout(now, prov.verbs());

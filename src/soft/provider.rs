@@ -63,6 +63,13 @@ pub struct SoftProvider {
     /// The last receive batch hit its bound: more datagrams may be waiting and, the socket
     /// being edge-triggered, no readiness event will say so.
     rx_more: Option<Instant>,
+    /// Readiness was reported (or not yet asked for) since the socket was last read empty:
+    /// [`Provider::handle_io`] reads only then, saving an empty `recvmmsg` on every turn
+    /// that only the TUN side or a timer started.
+    rx_ready: bool,
+    /// The driver reports readiness ([`Provider::note_readiness`] was called); until then
+    /// every `handle_io` reads.
+    readiness_driven: bool,
 }
 
 impl SoftProvider {
@@ -98,6 +105,8 @@ impl SoftProvider {
             rx_gro_buffers: 0,
             pkt: Vec::with_capacity(TX_SLOT_CAPACITY),
             rx_more: None,
+            rx_ready: true,
+            readiness_driven: false,
             registration: None,
             want_writable: false,
         })
@@ -195,7 +204,19 @@ impl Provider for SoftProvider {
         Ok(1)
     }
 
+    fn note_readiness(&mut self, token: Token) {
+        if self.registration.as_ref().is_some_and(|(_, t)| *t == token) {
+            self.rx_ready = true;
+            self.readiness_driven = true;
+        }
+    }
+
     fn handle_io(&mut self, now: Instant) -> io::Result<()> {
+        if !self.rx_ready && self.rx_more.is_none() {
+            self.verbs.handle_timeout(now);
+            self.flush(now);
+            return self.update_interest();
+        }
         self.rx_more = Some(now);
         let mut read = 0;
         while read < MAX_RECV_BATCH {
@@ -219,6 +240,7 @@ impl Provider for SoftProvider {
                 // A short batch: the queue was empty when the kernel looked; with edge
                 // triggering, anything that arrived since brings a fresh readiness event.
                 self.rx_more = None;
+                self.rx_ready = !self.readiness_driven;
                 break;
             }
         }

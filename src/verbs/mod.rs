@@ -316,8 +316,17 @@ pub trait Provider {
     /// The registry's I/O error.
     fn register(&mut self, registry: &mio::Registry, first_token: usize) -> io::Result<usize>;
 
-    /// Does all pending I/O and timer work: reads until the sources would block, fires due
-    /// timers, and transmits what is queued.
+    /// Readiness was reported on `token`, one of the provider's: the driver calls this for
+    /// each such event before [`Provider::handle_io`]. A provider may skip reading sources
+    /// that reported nothing since they were last drained; the default ignores it (and
+    /// `handle_io` then reads every source each time).
+    fn note_readiness(&mut self, token: mio::Token) {
+        let _ = token;
+    }
+
+    /// Does all pending I/O and timer work: reads until the sources would block (those with
+    /// something to read; see [`Provider::note_readiness`]), fires due timers, and transmits
+    /// what is queued.
     ///
     /// # Errors
     /// A fatal I/O error of the provider's sources.
