@@ -403,7 +403,7 @@ impl Cm {
         let mut c = Conn::new_active(&self.cfg, tid, &p);
         let mad = c.req_mad(&self.cfg, id, &p, private_data);
         c.retx = Some(Retx {
-            mad,
+            mad: Box::new(mad),
             retries_left: c.max_retries,
             interval: c.timeout,
         });
@@ -429,9 +429,9 @@ impl Cm {
         let private_data = pad::<196>(&p.private_data)?;
         c.local_qpn = p.local_qpn;
         let mad = c.rep_mad(&self.cfg, id, &p, private_data);
-        c.reply = Some(mad);
+        c.reply = Some(Box::new(mad));
         c.retx = Some(Retx {
-            mad,
+            mad: Box::new(mad),
             retries_left: c.max_retries,
             interval: c.timeout,
         });
@@ -486,7 +486,7 @@ impl Cm {
             return Err(CmUseError::WrongState(c.state));
         }
         let mad = c.rtu_mad(id);
-        c.reply = Some(mad);
+        c.reply = Some(Box::new(mad));
         c.state = CmState::Established;
         let peer = c.peer;
         self.send(peer, mad);
@@ -505,6 +505,7 @@ impl Cm {
         if matches!(c.state, CmState::RepSent | CmState::MraRepRcvd) {
             c.state = CmState::Established;
             c.retx = None;
+            c.reply = None;
             self.set_deadline(id, None);
             self.events.push_back(CmEvent::Established { id });
         }
@@ -526,11 +527,13 @@ impl Cm {
             CmState::Established => {
                 let mad = c.dreq_mad(id);
                 c.retx = Some(Retx {
-                    mad,
+                    mad: Box::new(mad),
                     retries_left: c.max_retries,
                     interval: c.timeout,
                 });
                 c.state = CmState::DreqSent;
+                // A duplicate REP gets no RTU from DreqSent on.
+                c.reply = None;
                 let (peer, timeout) = (c.peer, c.timeout);
                 self.send(peer, mad);
                 self.set_deadline(id, Some(now + timeout));
@@ -710,6 +713,9 @@ impl Cm {
         if let Some(c) = self.conns.get_mut(&id.0) {
             c.state = CmState::TimeWait;
             c.retx = None;
+            // No reply is resent in TimeWait (a duplicate REQ gets a REJ, a duplicate REP
+            // nothing).
+            c.reply = None;
             let tw = self.cfg.timewait;
             self.set_deadline(id, Some(now + tw));
         }
@@ -749,7 +755,7 @@ impl Cm {
         let what = match c.retx.as_mut() {
             Some(r) if r.retries_left > 0 => {
                 r.retries_left -= 1;
-                Fire::Resend(r.mad, r.interval)
+                Fire::Resend(*r.mad, r.interval)
             }
             Some(_) => Fire::Exhausted,
             None if state == CmState::TimeWait => Fire::TimeWaitExit,

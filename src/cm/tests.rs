@@ -506,6 +506,28 @@ fn duplicate_req_in_rep_sent_resends_rep() {
 }
 
 #[test]
+fn duplicate_req_when_established_is_ignored_and_no_mad_is_kept() {
+    let t0 = Instant::now();
+    let (mut ca, mut cb) = (cm_a(), cm_b());
+    let (ida, idb, req) = req_delivered(t0, &mut ca, &mut cb);
+    cb.accept(t0, idb, accept_params()).unwrap();
+    let rep = sent_one(&mut cb, a());
+    ca.handle_mad(t0, b(), &rep);
+    let _ = events(&mut ca);
+    ca.rtu(t0, ida).unwrap();
+    let rtu = sent_one(&mut ca, b());
+    cb.handle_mad(t0, a(), &rtu);
+    assert_eq!(events(&mut cb), vec![CmEvent::Established { id: idb }]);
+    // An idle passive id keeps neither its REP nor a retransmission copy.
+    let c = cb.conns.get(&idb.0).unwrap();
+    assert!(c.reply.is_none() && c.retx.is_none());
+    cb.handle_mad(t0 + msec(10), a(), &req);
+    assert!(cb.poll_transmit().is_none());
+    assert_eq!(cb.state(idb), Some(CmState::Established));
+    assert_eq!(cb.stats().duplicates, 1);
+}
+
+#[test]
 fn duplicate_req_in_req_rcvd_is_ignored() {
     let t0 = Instant::now();
     let (mut ca, mut cb) = (cm_a(), cm_b());
