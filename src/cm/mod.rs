@@ -73,6 +73,12 @@ pub const MAX_LIVE_IDS: usize = 16_384;
 /// might drop it) and counted in [`CmStats::tx_queue_overflow`].
 pub const MAX_TX_QUEUE: usize = 4096;
 
+/// Entries the MAD and event queues (and their owner's scratch buffers for MADs and events)
+/// keep allocated once drained. A burst of connection set-ups grows them to the burst's size
+/// (a queued MAD is 272 bytes); trimmed back to this when empty, they do not hold a burst's
+/// worth of slots for good.
+pub const QUEUE_KEEP: usize = 64;
+
 /// The upper 32 bits of the transaction IDs this CM starts (REQ, DREQ): Linux's
 /// `cm_form_tid` puts the MAD agent's `hi_tid` there.
 const TID_HI: u64 = 1;
@@ -624,13 +630,17 @@ impl Cm {
     /// The next MAD to send, and the GID whose QP1 it goes to.
     #[must_use]
     pub fn poll_transmit(&mut self) -> Option<(Gid, [u8; MAD_LEN])> {
-        self.tx.pop_front()
+        let mad = self.tx.pop_front();
+        trim_drained(&mut self.tx);
+        mad
     }
 
     /// The next event for the owner.
     #[must_use]
     pub fn poll_event(&mut self) -> Option<CmEvent> {
-        self.events.pop_front()
+        let event = self.events.pop_front();
+        trim_drained(&mut self.events);
+        event
     }
 
     /// The state of a live id; `None` once it is freed.
@@ -808,6 +818,13 @@ impl Cm {
 
 /// Resolution of the CM's timers: deadlines round up to it (never early).
 const TIMER_TICK: Duration = Duration::from_millis(1);
+
+/// Gives back a drained queue's memory beyond [`QUEUE_KEEP`] entries.
+fn trim_drained<T>(q: &mut VecDeque<T>) {
+    if q.is_empty() && q.capacity() > QUEUE_KEEP {
+        q.shrink_to(QUEUE_KEEP);
+    }
+}
 
 /// `n` milliseconds.
 fn ms(n: u64) -> Duration {

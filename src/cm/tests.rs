@@ -1063,6 +1063,27 @@ fn duplicate_req_from_another_gid_is_spoofed() {
 }
 
 #[test]
+fn drained_queues_give_back_a_burst() {
+    let t0 = Instant::now();
+    let (mut ca, mut cb) = (cm_a(), cm_b());
+    let burst = 4 * QUEUE_KEEP;
+    for _ in 0..burst {
+        ca.connect(t0, connect_params()).unwrap();
+    }
+    let mut reqs = Vec::new();
+    while let Some((_, m)) = ca.poll_transmit() {
+        reqs.push(m);
+    }
+    assert_eq!(reqs.len(), burst);
+    assert!(ca.tx.capacity() < burst, "{}", ca.tx.capacity());
+    for m in &reqs {
+        cb.handle_mad(t0, a(), m);
+    }
+    assert_eq!(events(&mut cb).len(), burst);
+    assert!(cb.events.capacity() < burst, "{}", cb.events.capacity());
+}
+
+#[test]
 fn comm_id_seed_changes_ids_and_ids_skip_zero() {
     let t0 = Instant::now();
     let mut cfg = CmConfig::new(a(), GUID_A);
