@@ -30,8 +30,9 @@ const PACKET_RATE: u8 = 3;
 /// An outstanding MAD, resent until answered.
 #[derive(Debug, Clone)]
 pub(super) struct Retx {
-    /// The identical MAD to resend.
-    pub(super) mad: [u8; MAD_LEN],
+    /// The identical MAD to resend (boxed: only ids being set up or torn down have one, so
+    /// an idle id does not carry its 256 bytes).
+    pub(super) mad: Box<[u8; MAD_LEN]>,
     /// Resends left.
     pub(super) retries_left: u8,
     /// Time between sends (an MRA lengthens it).
@@ -62,8 +63,10 @@ pub(super) struct Conn {
     pub(super) av_timeout: u8,
     /// The outstanding MAD, if any.
     pub(super) retx: Option<Retx>,
-    /// The reply to resend on a duplicate: our REP (passive), our RTU (active).
-    pub(super) reply: Option<[u8; MAD_LEN]>,
+    /// The reply to resend on a duplicate: our REP (passive, while RepSent/MraRepRcvd; dropped
+    /// once Established, when a duplicate REQ no longer gets it), our RTU (active,
+    /// Established). Boxed, so an id without one is small.
+    pub(super) reply: Option<Box<[u8; MAD_LEN]>>,
     /// Where this id sits in `Cm::timers`.
     pub(super) deadline: Option<std::time::Instant>,
     /// The wheel entry of `deadline`.

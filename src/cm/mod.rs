@@ -73,6 +73,12 @@ pub const MAX_LIVE_IDS: usize = 16_384;
 /// might drop it) and counted in [`CmStats::tx_queue_overflow`].
 pub const MAX_TX_QUEUE: usize = 4096;
 
+/// Entries the MAD and event queues (and their owner's scratch buffers for MADs and events)
+/// keep allocated once drained. A burst of connection set-ups grows them to the burst's size
+/// (a queued MAD is 272 bytes); trimmed back to this when empty, they do not hold a burst's
+/// worth of slots for good.
+pub const QUEUE_KEEP: usize = 64;
+
 /// The upper 32 bits of the transaction IDs this CM starts (REQ, DREQ): Linux's
 /// `cm_form_tid` puts the MAD agent's `hi_tid` there.
 const TID_HI: u64 = 1;
@@ -403,7 +409,7 @@ impl Cm {
         let mut c = Conn::new_active(&self.cfg, tid, &p);
         let mad = c.req_mad(&self.cfg, id, &p, private_data);
         c.retx = Some(Retx {
-            mad,
+            mad: Box::new(mad),
             retries_left: c.max_retries,
             interval: c.timeout,
         });
@@ -429,9 +435,9 @@ impl Cm {
         let private_data = pad::<196>(&p.private_data)?;
         c.local_qpn = p.local_qpn;
         let mad = c.rep_mad(&self.cfg, id, &p, private_data);
-        c.reply = Some(mad);
+        c.reply = Some(Box::new(mad));
         c.retx = Some(Retx {
-            mad,
+            mad: Box::new(mad),
             retries_left: c.max_retries,
             interval: c.timeout,
         });
@@ -486,7 +492,7 @@ impl Cm {
             return Err(CmUseError::WrongState(c.state));
         }
         let mad = c.rtu_mad(id);
-        c.reply = Some(mad);
+        c.reply = Some(Box::new(mad));
         c.state = CmState::Established;
         let peer = c.peer;
         self.send(peer, mad);
@@ -505,6 +511,7 @@ impl Cm {
         if matches!(c.state, CmState::RepSent | CmState::MraRepRcvd) {
             c.state = CmState::Established;
             c.retx = None;
+            c.reply = None;
             self.set_deadline(id, None);
             self.events.push_back(CmEvent::Established { id });
         }
@@ -526,11 +533,13 @@ impl Cm {
             CmState::Established => {
                 let mad = c.dreq_mad(id);
                 c.retx = Some(Retx {
-                    mad,
+                    mad: Box::new(mad),
                     retries_left: c.max_retries,
                     interval: c.timeout,
                 });
                 c.state = CmState::DreqSent;
+                // A duplicate REP gets no RTU from DreqSent on.
+                c.reply = None;
                 let (peer, timeout) = (c.peer, c.timeout);
                 self.send(peer, mad);
                 self.set_deadline(id, Some(now + timeout));
@@ -621,13 +630,17 @@ impl Cm {
     /// The next MAD to send, and the GID whose QP1 it goes to.
     #[must_use]
     pub fn poll_transmit(&mut self) -> Option<(Gid, [u8; MAD_LEN])> {
-        self.tx.pop_front()
+        let mad = self.tx.pop_front();
+        trim_drained(&mut self.tx);
+        mad
     }
 
     /// The next event for the owner.
     #[must_use]
     pub fn poll_event(&mut self) -> Option<CmEvent> {
-        self.events.pop_front()
+        let event = self.events.pop_front();
+        trim_drained(&mut self.events);
+        event
     }
 
     /// The state of a live id; `None` once it is freed.
@@ -710,6 +723,9 @@ impl Cm {
         if let Some(c) = self.conns.get_mut(&id.0) {
             c.state = CmState::TimeWait;
             c.retx = None;
+            // No reply is resent in TimeWait (a duplicate REQ gets a REJ, a duplicate REP
+            // nothing).
+            c.reply = None;
             let tw = self.cfg.timewait;
             self.set_deadline(id, Some(now + tw));
         }
@@ -749,7 +765,7 @@ impl Cm {
         let what = match c.retx.as_mut() {
             Some(r) if r.retries_left > 0 => {
                 r.retries_left -= 1;
-                Fire::Resend(r.mad, r.interval)
+                Fire::Resend(*r.mad, r.interval)
             }
             Some(_) => Fire::Exhausted,
             None if state == CmState::TimeWait => Fire::TimeWaitExit,
@@ -802,6 +818,13 @@ impl Cm {
 
 /// Resolution of the CM's timers: deadlines round up to it (never early).
 const TIMER_TICK: Duration = Duration::from_millis(1);
+
+/// Gives back a drained queue's memory beyond [`QUEUE_KEEP`] entries.
+fn trim_drained<T>(q: &mut VecDeque<T>) {
+    if q.is_empty() && q.capacity() > QUEUE_KEEP {
+        q.shrink_to(QUEUE_KEEP);
+    }
+}
 
 /// `n` milliseconds.
 fn ms(n: u64) -> Duration {

@@ -68,7 +68,7 @@ impl Cm {
                     && c.remote_comm_id == Some(r.local_comm_id)
                     && c.remote_ca_guid == r.local_ca_guid
             })
-            .map(|(_, c)| (c.state, c.peer, c.reply));
+            .map(|(_, c)| (c.state, c.peer, c.reply.as_deref().copied()));
         if let Some((state, peer, reply)) = dup {
             if peer != from {
                 self.stats.dropped_spoofed += 1;
@@ -245,7 +245,7 @@ impl Cm {
             CmState::Established if c.active => {
                 // Our RTU was lost: send it again.
                 self.stats.duplicates += 1;
-                let (peer, rtu) = (c.peer, c.reply);
+                let (peer, rtu) = (c.peer, c.reply.as_deref().copied());
                 if let Some(rtu) = rtu {
                     self.send(peer, rtu);
                 }
@@ -265,6 +265,8 @@ impl Cm {
         if matches!(c.state, CmState::RepSent | CmState::MraRepRcvd) && !c.active {
             c.state = CmState::Established;
             c.retx = None;
+            // A duplicate REQ gets no REP once Established.
+            c.reply = None;
             self.set_deadline(id, None);
             self.events.push_back(CmEvent::Established { id });
         } else {

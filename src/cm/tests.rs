@@ -506,6 +506,28 @@ fn duplicate_req_in_rep_sent_resends_rep() {
 }
 
 #[test]
+fn duplicate_req_when_established_is_ignored_and_no_mad_is_kept() {
+    let t0 = Instant::now();
+    let (mut ca, mut cb) = (cm_a(), cm_b());
+    let (ida, idb, req) = req_delivered(t0, &mut ca, &mut cb);
+    cb.accept(t0, idb, accept_params()).unwrap();
+    let rep = sent_one(&mut cb, a());
+    ca.handle_mad(t0, b(), &rep);
+    let _ = events(&mut ca);
+    ca.rtu(t0, ida).unwrap();
+    let rtu = sent_one(&mut ca, b());
+    cb.handle_mad(t0, a(), &rtu);
+    assert_eq!(events(&mut cb), vec![CmEvent::Established { id: idb }]);
+    // An idle passive id keeps neither its REP nor a retransmission copy.
+    let c = cb.conns.get(&idb.0).unwrap();
+    assert!(c.reply.is_none() && c.retx.is_none());
+    cb.handle_mad(t0 + msec(10), a(), &req);
+    assert!(cb.poll_transmit().is_none());
+    assert_eq!(cb.state(idb), Some(CmState::Established));
+    assert_eq!(cb.stats().duplicates, 1);
+}
+
+#[test]
 fn duplicate_req_in_req_rcvd_is_ignored() {
     let t0 = Instant::now();
     let (mut ca, mut cb) = (cm_a(), cm_b());
@@ -1038,6 +1060,27 @@ fn duplicate_req_from_another_gid_is_spoofed() {
     cb.handle_mad(t0, x(), &req);
     assert!(cb.poll_transmit().is_none());
     assert_eq!(cb.stats().dropped_spoofed, 1);
+}
+
+#[test]
+fn drained_queues_give_back_a_burst() {
+    let t0 = Instant::now();
+    let (mut ca, mut cb) = (cm_a(), cm_b());
+    let burst = 4 * QUEUE_KEEP;
+    for _ in 0..burst {
+        ca.connect(t0, connect_params()).unwrap();
+    }
+    let mut reqs = Vec::new();
+    while let Some((_, m)) = ca.poll_transmit() {
+        reqs.push(m);
+    }
+    assert_eq!(reqs.len(), burst);
+    assert!(ca.tx.capacity() < burst, "{}", ca.tx.capacity());
+    for m in &reqs {
+        cb.handle_mad(t0, a(), m);
+    }
+    assert_eq!(events(&mut cb).len(), burst);
+    assert!(cb.events.capacity() < burst, "{}", cb.events.capacity());
 }
 
 #[test]

@@ -331,7 +331,9 @@ pub struct Endpoint {
     last_now: Instant,
     wcs: Vec<Completion>,
     fired: Vec<(TimerId, Timer)>,
+    /// Scratch for received MADs, trimmed to [`crate::cm::QUEUE_KEEP`] after each batch.
     mads: Vec<(crate::verbs::Gid, [u8; crate::gsi::MAD_LEN])>,
+    /// Scratch for CM events, trimmed like `mads`.
     cm_events: Vec<CmEvent>,
 }
 
@@ -558,6 +560,8 @@ impl Endpoint {
         for (from, mad) in &mads {
             self.cm.handle_mad(now, *from, mad);
         }
+        mads.clear();
+        mads.shrink_to(crate::cm::QUEUE_KEEP);
         self.mads = mads;
         for _ in 0..1024 {
             let Some(ev) = v.poll_async_event() else {
@@ -602,6 +606,7 @@ impl Endpoint {
             for e in events.drain(..) {
                 self.on_cm_event(now, v, e);
             }
+            events.shrink_to(crate::cm::QUEUE_KEEP);
             self.cm_events = events;
             // MADs beyond the free send buffers stay queued in the CM (and `poll_timeout`
             // asks for an immediate turn), instead of being dropped and costing the peer a

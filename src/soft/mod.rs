@@ -200,7 +200,9 @@ struct Shared {
 /// The software RC/UD provider engine. See the [module docs](self).
 #[derive(Debug)]
 pub struct SoftVerbs {
-    qps: HashMap<QpNum, Qp>,
+    /// The QPs, boxed: a `Qp` is some 360 bytes, and a map holds up to about twice as many
+    /// slots as entries, so inline values would double an idle QP's footprint.
+    qps: HashMap<QpNum, Box<Qp>>,
     next_qpn: u32,
     sh: Shared,
     faults: FaultInjector,
@@ -480,7 +482,10 @@ impl SoftVerbs {
     }
 
     fn qp(&self, qpn: QpNum) -> Result<&Qp, VerbsError> {
-        self.qps.get(&qpn).ok_or(VerbsError::NoSuchQp(qpn))
+        self.qps
+            .get(&qpn)
+            .map(Box::as_ref)
+            .ok_or(VerbsError::NoSuchQp(qpn))
     }
 }
 
@@ -1429,7 +1434,7 @@ impl Verbs for SoftVerbs {
         }
         let default_mtu = self.sh.cfg.port_mtu;
         self.qps
-            .insert(num, Qp::new(num, init.qp_type, init, default_mtu));
+            .insert(num, Box::new(Qp::new(num, init.qp_type, init, default_mtu)));
         Ok(num)
     }
 
