@@ -302,11 +302,24 @@ fn duration_rules() {
     );
     assert_eq!(
         flag_err(&[&b[..], &["--rx-timeout", "soon"]].concat()),
-        "--rx-timeout: invalid duration \"soon\" (use e.g. 500ms, 5s, 2m, 1h or plain seconds)"
+        "--rx-timeout: invalid duration \"soon\" (use e.g. 50us, 500ms, 5s, 2m, 1h or plain seconds)"
     );
     assert_eq!(
         ok("", &[&b[..], &["--rx-timeout", "1s"]].concat()).rx_timeout,
         Duration::from_secs(1)
+    );
+    assert_eq!(ok("", &b).busy_poll, Duration::ZERO);
+    assert_eq!(
+        ok("", &[&b[..], &["--busy-poll", "200us"]].concat()).busy_poll,
+        Duration::from_micros(200)
+    );
+    assert_eq!(
+        ok("busy_poll = \"2ms\"", &b).busy_poll,
+        Duration::from_millis(2)
+    );
+    assert_eq!(
+        flag_err(&[&b[..], &["--busy-poll", "11ms"]].concat()),
+        "--busy-poll: must be at most 10ms"
     );
     assert_eq!(
         flag_err(&[&b[..], &["--drain-timeout", "0"]].concat()),
@@ -322,7 +335,7 @@ fn duration_rules() {
     );
     assert_eq!(
         file_err("bind = \"10.0.0.1\"\nneigh_timeout = -3", &[]),
-        "config: neigh_timeout: invalid duration \"-3\" (use e.g. 500ms, 5s, 2m, 1h or plain seconds)"
+        "config: neigh_timeout: invalid duration \"-3\" (use e.g. 50us, 500ms, 5s, 2m, 1h or plain seconds)"
     );
 }
 

@@ -215,7 +215,7 @@ impl FromStr for Cidr {
 /// Parses a duration: `500ms`, `5s`, `2m`, `1h`, or plain seconds (`60`).
 ///
 /// # Errors
-/// `invalid duration "<input>" (use e.g. 500ms, 5s, 2m, 1h or plain seconds)`, or `duration
+/// `invalid duration "<input>" (use e.g. 50us, 500ms, 5s, 2m, 1h or plain seconds)`, or `duration
 /// "<input>" is too large`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let bad =
