@@ -16,7 +16,8 @@
 #   veth     bnv1 198.18.1.1 <-> bnv2 198.18.1.2, veth MTU 9000
 #   peer     OpenVPN 2.6 p2p, --cipher none --auth none --disable-dco, tun 198.19.1.1 <-> .2
 #            over that same veth (UDP)
-#   tunnel   scripts/lab.sh up 2 (prefix bnt): ib0 198.19.0.1 <-> .2 over a bridge, underlay
+#   tunnel   LAB_LINK=pair scripts/lab.sh up 2 (prefix bnt): ib0 198.19.0.1 <-> .2 over one veth
+#            pair like the other two paths (no bridge), underlay
 #            MTU 9000 (RoCE path MTU 4096); then again with underlay MTU 1500 (prefix bnu)
 #
 # CPU per GB: utime+stime of the tunnel processes (/proc/PID/stat, both ends) over the run,
@@ -200,7 +201,7 @@ ip netns del bnv1; ip netns del bnv2
 tunnel() {
     local name=$1 prefix=$2 mtu=$3
     section "$name: ipoib-cm lab of 2, underlay MTU $mtu"
-    LAB_PREFIX=$prefix LAB_MTU=$mtu bash scripts/lab.sh up 2
+    LAB_PREFIX=$prefix LAB_MTU=$mtu LAB_LINK=pair bash scripts/lab.sh up 2
     local st=/run/ipoib-cm-$prefix
     measure "$name" "${prefix}1" "${prefix}2" 198.19.0.2 "$(cat "$st/node1.pid")" "$(cat "$st/node2.pid")"
     LAB_PREFIX=$prefix bash scripts/lab.sh status 1 > "$OUT/$name.status.json" || true

@@ -14,7 +14,8 @@
 #   scripts/lab.sh exec K CMD...           run CMD in node K's namespace
 #
 # Settings: IPOIB_CM_BIN (the binary; default target/release/ipoib-cm, else target/debug),
-# LAB_MTU (underlay MTU, default 9000, which gives RoCE path MTU 4096), LAB_PREFIX (namespace
+# LAB_MTU (underlay MTU, default 9000, which gives RoCE path MTU 4096), LAB_LINK (bridge, the
+# default, or pair: two nodes on one veth pair, no bridge), LAB_PREFIX (namespace
 # prefix, default ibl; tests use their own so labs can coexist), LAB_STATE (state directory,
 # default /run/ipoib-cm-<prefix>). Needs root. Everything lives in namespaces the script
 # creates: no traffic touches the root namespace.
@@ -25,6 +26,8 @@ PREFIX=${LAB_PREFIX:-ibl}
 [[ "$PREFIX" =~ ^[a-z][a-z0-9]{0,8}$ ]] || { echo "lab.sh: LAB_PREFIX must be 1-9 lowercase letters/digits" >&2; exit 2; }
 STATE=${LAB_STATE:-/run/ipoib-cm-$PREFIX}
 MTU=${LAB_MTU:-9000}
+LINK=${LAB_LINK:-bridge}
+[[ "$LINK" =~ ^(bridge|pair)$ ]] || { echo "lab.sh: LAB_LINK must be bridge or pair" >&2; exit 2; }
 BR=${PREFIX}br
 
 die() { echo "lab.sh: $*" >&2; exit 2; }
@@ -110,6 +113,7 @@ stop_node() {
 cmd_up() {
     local n=${1:-}; shift || true
     [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 2 ] && [ "$n" -le 200 ] || die "up N: N must be 2..200"
+    [ "$LINK" = bridge ] || [ "$n" -eq 2 ] || die "LAB_LINK=pair needs exactly 2 nodes"
     if [ "${1:-}" = "--" ]; then shift; fi
     [ -e "$STATE/nodes" ] && die "a lab is already up (scripts/lab.sh down first)"
     mkdir -p "$STATE"
@@ -117,14 +121,24 @@ cmd_up() {
     echo "$n" > "$STATE/nodes"
     : > "$STATE/args"
     if [ "$#" -gt 0 ]; then printf "%s\n" "$@" > "$STATE/args"; fi
-    ip netns add "$BR"
-    ip -n "$BR" link add br0 type bridge
-    ip -n "$BR" link set br0 mtu "$MTU" up
+    if [ "$LINK" = pair ]; then
+        # Two nodes, one veth pair between them: no bridge (the benchmark's underlay, the
+        # same as its direct-veth and OpenVPN paths).
+        ip netns add "$(ns 1)"
+        ip netns add "$(ns 2)"
+        ip -n "$(ns 1)" link add eth0 mtu "$MTU" type veth peer name eth0 mtu "$MTU" netns "$(ns 2)"
+    else
+        ip netns add "$BR"
+        ip -n "$BR" link add br0 type bridge
+        ip -n "$BR" link set br0 mtu "$MTU" up
+    fi
     for ((k = 1; k <= n; k++)); do
-        ip netns add "$(ns "$k")"
+        if [ "$LINK" != pair ]; then
+            ip netns add "$(ns "$k")"
+            ip -n "$(ns "$k")" link add eth0 mtu "$MTU" type veth peer name "v$k" mtu "$MTU" netns "$BR"
+            ip -n "$BR" link set "v$k" master br0 up
+        fi
         ip -n "$(ns "$k")" link set lo up
-        ip -n "$(ns "$k")" link add eth0 mtu "$MTU" type veth peer name "v$k" mtu "$MTU" netns "$BR"
-        ip -n "$BR" link set "v$k" master br0 up
         ip -n "$(ns "$k")" addr add "198.18.0.$k/24" dev eth0
         ip -n "$(ns "$k")" link set eth0 up
     done

@@ -375,11 +375,19 @@ impl SoftVerbs {
     /// Writes the next datagram to send into `buf` (replacing its contents) and returns where
     /// it goes, or `None` when there is nothing to send.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<SocketAddr> {
+        buf.clear();
+        self.poll_transmit_append(now, buf)
+    }
+
+    /// As [`poll_transmit`](Self::poll_transmit), but appends the datagram to `buf` (which
+    /// keeps its contents; unchanged when `None`), so that a transport can build a train of
+    /// datagrams in place.
+    pub fn poll_transmit_append(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<SocketAddr> {
+        let start = buf.len();
         loop {
             if let Some((dst, d)) = self.sh.fanout.pop_front() {
                 self.sh.stats.tx_packets += 1;
                 if self.faults.config().is_clean() {
-                    buf.clear();
                     buf.extend_from_slice(&d);
                     return Some(dst);
                 }
@@ -387,14 +395,12 @@ impl SoftVerbs {
                 continue;
             }
             if let Some((dst, d)) = self.faults.pop() {
-                buf.clear();
                 buf.extend_from_slice(&d);
                 return Some(dst);
             }
             let Some(qpn) = self.sh.ready.pop_front() else {
                 self.faults.flush_held();
                 let (dst, d) = self.faults.pop()?;
-                buf.clear();
                 buf.extend_from_slice(&d);
                 return Some(dst);
             };
@@ -402,23 +408,33 @@ impl SoftVerbs {
                 continue;
             };
             qp.ready_queued = false;
+            if self.faults.config().is_clean() {
+                // Straight into the caller's buffer.
+                let dst = self.sh.next_packet(qp, now, buf);
+                if qp.has_work() {
+                    self.sh.mark_ready(qp);
+                }
+                match dst {
+                    Some(dst) => {
+                        self.sh.stats.tx_packets += 1;
+                        return Some(dst);
+                    }
+                    None => {
+                        buf.truncate(start);
+                        continue;
+                    }
+                }
+            }
             let mut out = std::mem::take(&mut self.scratch);
+            out.clear();
             let dst = self.sh.next_packet(qp, now, &mut out);
             if qp.has_work() {
                 self.sh.mark_ready(qp);
             }
-            let Some(dst) = dst else {
-                self.scratch = out;
-                continue;
-            };
-            self.sh.stats.tx_packets += 1;
-            if self.faults.config().is_clean() {
-                buf.clear();
-                buf.extend_from_slice(&out);
-                self.scratch = out;
-                return Some(dst);
+            if let Some(dst) = dst {
+                self.sh.stats.tx_packets += 1;
+                self.faults.push(dst, out.clone());
             }
-            self.faults.push(dst, out.clone());
             self.scratch = out;
         }
     }
@@ -989,7 +1005,7 @@ impl Shared {
         out: &mut Vec<u8>,
     ) -> Option<SocketAddr> {
         let ip = ip_info(self.cfg.local_ip, dst_ip)?;
-        repr.emit(payload, &ip, self.cfg.src_port, self.cfg.dst_port, out);
+        repr.emit_append(payload, &ip, self.cfg.src_port, self.cfg.dst_port, out);
         Some(SocketAddr::new(dst_ip, self.cfg.dst_port))
     }
 
@@ -1169,7 +1185,6 @@ impl Shared {
                 let mut d = Vec::new();
                 if let Some(to) = self.emit(&repr, payload, *peer, &mut d) {
                     if first.is_none() {
-                        out.clear();
                         out.extend_from_slice(&d);
                         first = Some(to);
                     } else {

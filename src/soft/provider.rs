@@ -53,8 +53,6 @@ pub struct SoftProvider {
     pub send_errors: u64,
     /// Receive buffers that held two or more datagrams (GRO).
     pub rx_gro_buffers: u64,
-    /// The datagram the engine wrote last, on its way into `tx`.
-    pkt: Vec<u8>,
     /// Where the socket is registered, to ask for writability only while a send is blocked
     /// (a UDP socket would otherwise wake the loop after every datagram it sends).
     registration: Option<(Registry, Token)>,
@@ -103,7 +101,6 @@ impl SoftProvider {
             tx,
             send_errors: 0,
             rx_gro_buffers: 0,
-            pkt: Vec::with_capacity(TX_SLOT_CAPACITY),
             rx_more: None,
             rx_ready: true,
             readiness_driven: false,
@@ -175,14 +172,13 @@ impl SoftProvider {
             if !self.drain_tx() {
                 return;
             }
-            // A free slot takes any datagram, so the engine is asked only while there is one.
-            while !self.tx.is_full() {
-                let Some(dst) = self.verbs.poll_transmit(now, &mut self.pkt) else {
-                    break;
-                };
-                let queued = self.tx.push_datagram(dst, &self.pkt);
-                debug_assert!(queued, "a batch with a free slot refused a datagram");
-            }
+            // The engine writes each datagram straight into the batch (onto the end of the
+            // newest train when it may join it).
+            let verbs = &mut self.verbs;
+            while self
+                .tx
+                .push_appending(|buf| verbs.poll_transmit_append(now, buf))
+            {}
             if self.tx.is_empty() {
                 return;
             }

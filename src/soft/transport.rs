@@ -400,63 +400,100 @@ impl TxBatch {
     /// appended to the newest unsent train when GSO is on and it fits, else copied into the
     /// next free slot. False (nothing queued) only when the batch is full.
     pub fn push_datagram(&mut self, dst: SocketAddr, datagram: &[u8]) -> bool {
-        self.reset_if_empty();
-        if self.try_append(dst, datagram) {
-            return true;
-        }
-        let gso = self.gso.is_some();
-        let (Some(slot), Some(train)) =
-            (self.slots.get_mut(self.len), self.trains.get_mut(self.len))
-        else {
-            return false;
-        };
-        slot.data.clear();
-        slot.data.extend_from_slice(datagram);
-        slot.dst = SockAddr::from(dst);
-        slot.segment_len = u16::try_from(datagram.len()).unwrap_or(0);
-        *train = Train {
-            dst,
-            segments: 1,
-            closed: !gso || slot.segment_len == 0,
-        };
-        self.len += 1;
-        true
+        self.push_appending(|buf| {
+            buf.extend_from_slice(datagram);
+            Some(dst)
+        })
     }
 
-    /// Appends `datagram` to the newest unsent slot if it can join that train.
-    fn try_append(&mut self, dst: SocketAddr, datagram: &[u8]) -> bool {
-        let Some(shifts) = self.gso.as_mut() else {
+    /// Lets `fill` append the next RoCEv2 datagram (ICRC for IPv4 ID 0) and return where it
+    /// goes, writing it in place: at the end of the newest unsent train when GSO is on (it
+    /// stays there if it may join the train, else it moves to the next free slot), or into
+    /// the next free slot. `fill` must append exactly one datagram, or nothing and return
+    /// `None`. False when `fill` gave nothing or no slot is free (`fill` is then not called).
+    pub fn push_appending(
+        &mut self,
+        fill: impl FnOnce(&mut Vec<u8>) -> Option<SocketAddr>,
+    ) -> bool {
+        self.reset_if_empty();
+        if self.is_full() {
             return false;
-        };
-        // Only a slot not yet (even partly) handed to the kernel may grow.
-        let Some(last) = self.len.checked_sub(1).filter(|&i| i >= self.head) else {
-            return false;
+        }
+        let gso = self.gso.is_some();
+        let next = self.len;
+        let open = next
+            .checked_sub(1)
+            .filter(|&i| gso && i >= self.head)
+            .filter(|&i| self.trains.get(i).is_some_and(|t| !t.closed));
+        let Some(last) = open else {
+            // A fresh slot.
+            let Some(slot) = self.slots.get_mut(next) else {
+                return false;
+            };
+            slot.data.clear();
+            let Some(dst) = fill(&mut slot.data) else {
+                return false;
+            };
+            self.start_train(next, dst);
+            return true;
         };
         let (Some(slot), Some(train)) = (self.slots.get_mut(last), self.trains.get_mut(last))
         else {
             return false;
         };
-        let seg = usize::from(slot.segment_len);
-        let fits = !train.closed
-            && train.dst == dst
-            && !datagram.is_empty()
-            && datagram.len() <= seg
-            && train.segments < GSO_MAX_SEGMENTS
-            && slot.data.len() + datagram.len() <= MAX_TRAIN_BYTES;
-        if !fits {
-            return false;
-        }
         let start = slot.data.len();
-        slot.data.extend_from_slice(datagram);
-        if dst.is_ipv4() {
-            let delta = shifts.get(datagram.len()).delta(train.segments);
-            if let Some(d) = slot.data.get_mut(start..) {
-                shift_icrc(d, delta);
+        let Some(dst) = fill(&mut slot.data) else {
+            slot.data.truncate(start);
+            return false;
+        };
+        let len = slot.data.len() - start;
+        let seg = usize::from(slot.segment_len);
+        let joins = train.dst == dst
+            && len > 0
+            && len <= seg
+            && train.segments < GSO_MAX_SEGMENTS
+            && slot.data.len() <= MAX_TRAIN_BYTES;
+        if joins {
+            if dst.is_ipv4() {
+                if let Some(shifts) = self.gso.as_mut() {
+                    let delta = shifts.get(len).delta(train.segments);
+                    if let Some(d) = slot.data.get_mut(start..) {
+                        shift_icrc(d, delta);
+                    }
+                }
             }
+            train.segments += 1;
+            train.closed = len < seg;
+            return true;
         }
-        train.segments += 1;
-        train.closed = datagram.len() < seg;
+        // It cannot join: move it to the next slot, which starts a new train.
+        train.closed = true;
+        let (head, tail) = self.slots.split_at_mut(next);
+        let (Some(from), Some(to)) = (head.get_mut(last), tail.first_mut()) else {
+            return false;
+        };
+        to.data.clear();
+        to.data
+            .extend_from_slice(from.data.get(start..).unwrap_or_default());
+        from.data.truncate(start);
+        self.start_train(next, dst);
         true
+    }
+
+    /// Slot `i` (just filled with one datagram for `dst`) becomes the newest slot.
+    fn start_train(&mut self, i: usize, dst: SocketAddr) {
+        let gso = self.gso.is_some();
+        let (Some(slot), Some(train)) = (self.slots.get_mut(i), self.trains.get_mut(i)) else {
+            return;
+        };
+        slot.dst = SockAddr::from(dst);
+        slot.segment_len = u16::try_from(slot.data.len()).unwrap_or(0);
+        *train = Train {
+            dst,
+            segments: 1,
+            closed: !gso || slot.segment_len == 0,
+        };
+        self.len = i + 1;
     }
 
     fn reset_if_empty(&mut self) {
@@ -832,9 +869,12 @@ mod tests {
         assert!(tx.push_datagram(c, &roce_like(200, 6, a, c)));
         assert_eq!(tx.queued(), 4);
         assert!(tx.is_full());
-        // The newest slot still grows while full; a datagram that cannot join is refused.
-        assert!(tx.push_datagram(c, &roce_like(200, 7, a, c)));
-        assert!(!tx.push_datagram(b, &roce_like(200, 8, a, b)));
+        // Those that could not join were moved out whole.
+        let lens: Vec<usize> = tx.pending().iter().map(|o| o.data.len()).collect();
+        assert_eq!(lens, [360, 100, 100, 200]);
+        assert_eq!(tx.pending()[3].data, roce_like(200, 6, a, c));
+        // A full batch takes nothing, even a datagram that could join the newest train.
+        assert!(!tx.push_datagram(c, &roce_like(200, 7, a, c)));
         // Segment k carries the ICRC for IPv4 ID k.
         let train = &tx.pending()[0].data;
         for (k, seg) in train.chunks(100).enumerate() {
@@ -849,12 +889,12 @@ mod tests {
                 "segment {k}"
             );
         }
-        // A slot partly handed to the kernel does not grow; at most 64 datagrams per train.
-        tx.consume(3);
+        // A slot handed to the kernel does not grow; at most 64 datagrams per train.
+        tx.consume(4);
+        assert_eq!(tx.trains_sent(), 1);
         assert!(tx.push_datagram(c, &roce_like(200, 9, a, c)));
-        assert_eq!(tx.queued(), 1);
+        assert_eq!(tx.pending()[0].data.len(), 200, "a fresh slot");
         tx.consume(1);
-        assert_eq!(tx.trains_sent(), 2);
         for k in 0..70 {
             assert!(tx.push_datagram(c, &roce_like(40, k, a, c)));
         }

@@ -138,29 +138,32 @@ pub fn compute_icrc(
     transport: &[u8],
 ) -> u32 {
     let udp_len = (UDP_HEADER_LEN + transport.len() + ICRC_LEN) as u16;
-    let mut crc = Hasher::new();
-    // The LRH stand-in: rxe's seed 0xdebb20e3 is the CRC state after these bytes.
-    crc.update(&[0xFF; 8]);
-
+    // Everything before the payload goes into one buffer and one CRC update (small updates
+    // take the CRC's slow path): the LRH stand-in (rxe's seed 0xdebb20e3 is the CRC state
+    // after these eight 0xFF bytes), the masked IP header, the UDP header with the checksum
+    // masked, and the BTH with byte 4 (FECN, BECN, resv6a) masked.
+    let mut prefix = [0xFFu8; 8 + 40 + UDP_HEADER_LEN + Bth::HEADER_LEN];
     let (ip_hdr, ip_len) = ip.masked_header(udp_len);
-    crc.update(ip_hdr.get(..ip_len).unwrap_or_default());
-
     let sp = udp_src_port.to_be_bytes();
     let dp = udp_dst_port.to_be_bytes();
     let ul = udp_len.to_be_bytes();
-    crc.update(&[sp[0], sp[1], dp[0], dp[1], ul[0], ul[1], 0xFF, 0xFF]);
-
-    // The BTH with byte 4 (FECN, BECN, resv6a) masked. A shorter `transport` is not a
-    // packet; it is hashed the same way as far as it goes.
+    let udp = [sp[0], sp[1], dp[0], dp[1], ul[0], ul[1], 0xFF, 0xFF];
+    // A shorter `transport` is not a packet; it is hashed the same way as far as it goes.
     let (bth, rest) = transport.split_at(transport.len().min(Bth::HEADER_LEN));
-    let mut masked = [0u8; Bth::HEADER_LEN];
-    for (m, b) in masked.iter_mut().zip(bth) {
-        *m = *b;
+    let mut len = 8;
+    for part in [ip_hdr.get(..ip_len).unwrap_or_default(), &udp, bth] {
+        if let Some(dst) = prefix.get_mut(len..len + part.len()) {
+            dst.copy_from_slice(part);
+        }
+        len += part.len();
     }
-    if let Some(b4) = masked.get_mut(4) {
-        *b4 = 0xFF;
+    if bth.len() > 4 {
+        if let Some(b4) = prefix.get_mut(8 + ip_len + UDP_HEADER_LEN + 4) {
+            *b4 = 0xFF;
+        }
     }
-    crc.update(masked.get(..bth.len()).unwrap_or_default());
+    let mut crc = Hasher::new();
+    crc.update(prefix.get(..len).unwrap_or_default());
     crc.update(rest);
     crc.finalize()
 }
@@ -222,8 +225,8 @@ const fn bytes_after_ipv4_id(datagram_len: usize) -> usize {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ipv4IdShift {
     datagram_len: usize,
-    /// The delta of each ID bit below [`GSO_MAX_SEGMENTS`].
-    basis: [u32; GSO_ID_BITS],
+    /// The delta of every segment index below [`GSO_MAX_SEGMENTS`].
+    deltas: [u32; GSO_MAX_SEGMENTS],
 }
 
 impl Ipv4IdShift {
@@ -247,9 +250,17 @@ impl Ipv4IdShift {
             }
             *delta = !h.finalize();
         }
+        let mut deltas = [0u32; GSO_MAX_SEGMENTS];
+        for (k, d) in deltas.iter_mut().enumerate() {
+            *d = basis
+                .iter()
+                .enumerate()
+                .filter(|(bit, _)| k & (1 << bit) != 0)
+                .fold(0, |acc, (_, b)| acc ^ b);
+        }
         Self {
             datagram_len,
-            basis,
+            deltas,
         }
     }
 
@@ -263,18 +274,20 @@ impl Ipv4IdShift {
     /// (taken modulo [`GSO_MAX_SEGMENTS`]).
     #[must_use]
     pub fn delta(&self, segment: usize) -> u32 {
-        self.basis
-            .iter()
-            .enumerate()
-            .filter(|(bit, _)| segment & (1 << bit) != 0)
-            .fold(0, |acc, (_, d)| acc ^ d)
+        self.deltas
+            .get(segment % GSO_MAX_SEGMENTS)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// The segment index in `1..GSO_MAX_SEGMENTS` whose [`delta`](Self::delta) is `diff` (the
     /// received ICRC XOR the one computed with ID 0), if any.
     #[must_use]
     pub fn segment_for(&self, diff: u32) -> Option<usize> {
-        (1..GSO_MAX_SEGMENTS).find(|&k| self.delta(k) == diff)
+        if diff == 0 {
+            return None;
+        }
+        self.deltas.iter().position(|&d| d == diff)
     }
 }
 

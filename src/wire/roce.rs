@@ -264,6 +264,20 @@ impl RoceRepr {
         udp_dst: u16,
         out: &mut Vec<u8>,
     ) {
+        out.clear();
+        self.emit_append(payload, ip, udp_src, udp_dst, out);
+    }
+
+    /// As [`emit`](Self::emit), but appends the datagram to `out` instead of replacing its
+    /// contents (for building several datagrams back to back in one buffer).
+    pub fn emit_append(
+        &self,
+        payload: &[u8],
+        ip: &IpHeaderInfo,
+        udp_src: u16,
+        udp_dst: u16,
+        out: &mut Vec<u8>,
+    ) {
         debug_assert_eq!(self.check(), Ok(()), "inconsistent RoceRepr {self:?}");
         debug_assert!(
             self.bth.opcode.has_payload() || payload.is_empty(),
@@ -272,7 +286,7 @@ impl RoceRepr {
         );
         let op = self.bth.opcode;
         let pad = pad_for(payload.len());
-        out.clear();
+        let start = out.len();
         out.reserve(self.datagram_len(payload.len()));
 
         let mut bth = self.bth;
@@ -291,11 +305,12 @@ impl RoceRepr {
             out.extend_from_slice(&self.imm.map_or([0; ImmDt::HEADER_LEN], |h| h.to_bytes()));
         }
         // Reserved or unrepresentable header bytes.
-        out.resize(self.header_len(), 0);
+        out.resize(start + self.header_len(), 0);
 
         out.extend_from_slice(payload);
         out.resize(out.len() + pad, 0);
-        icrc::append_icrc(ip, udp_src, udp_dst, out);
+        let icrc = icrc::compute_icrc(ip, udp_src, udp_dst, out.get(start..).unwrap_or_default());
+        out.extend_from_slice(&icrc.to_le_bytes());
     }
 }
 
@@ -415,6 +430,26 @@ mod tests {
             assert_eq!(p.payload, &payload[..]);
             assert_eq!(usize::from(p.bth.pad_count), pad);
         }
+    }
+
+    #[test]
+    fn emit_append_builds_datagrams_back_to_back() {
+        let repr = vector_repr();
+        let ip = v4_info();
+        let mut one = Vec::new();
+        repr.emit(b"hello", &ip, SPORT, ROCEV2_UDP_PORT, &mut one);
+        let mut two = vec![0xEE; 3];
+        repr.emit_append(b"hello", &ip, SPORT, ROCEV2_UDP_PORT, &mut two);
+        repr.emit_append(b"hello", &ip, SPORT, ROCEV2_UDP_PORT, &mut two);
+        assert_eq!(two.len(), 3 + 2 * one.len());
+        assert_eq!(&two[3..3 + one.len()], &one[..]);
+        assert_eq!(&two[3 + one.len()..], &one[..]);
+        assert!(icrc::verify_icrc(
+            &ip,
+            SPORT,
+            ROCEV2_UDP_PORT,
+            &two[3 + one.len()..]
+        ));
     }
 
     #[test]
