@@ -292,8 +292,10 @@ fn run<P: DaemonProvider>(
         }
         let now = Instant::now();
         if events.is_empty() && spinning && !tun_more && next.is_none_or(|t| t > now) {
-            // Nothing arrived and nothing is due: spin on.
-            std::hint::spin_loop();
+            // Nothing arrived and nothing is due: spin on, letting any other runnable task
+            // on this CPU go first (spinning must not starve the processes we carry
+            // packets for).
+            std::thread::yield_now();
             continue;
         }
         if !events.is_empty() {
@@ -309,8 +311,14 @@ fn run<P: DaemonProvider>(
                 t => prov.note_readiness(t),
             }
         }
-        prov.handle_io(now)?;
+        // Read, pass what arrived on to the TUN, then read the TUN (a local reply to what was
+        // just written may already be there), and transmit once at the end: the ACKs of what
+        // was read leave with the replies, after the data was delivered.
+        prov.handle_input(now)?;
         ep.handle_verbs(now, prov.verbs());
+        if write_tun(&tun, &mut ep, &mut tun_write_drops) {
+            tun_ready = true;
+        }
         if tun_ready || tun_more {
             tun_more = false;
             for i in 0..TUN_BATCH {
@@ -328,16 +336,8 @@ fn run<P: DaemonProvider>(
             }
         }
         ep.handle_timeout(now, prov.verbs());
-        while let Some(p) = ep.poll_tun() {
-            match tun.send(&p) {
-                Ok(true) => {}
-                Ok(false) => tun_write_drops += 1,
-                Err(e) => {
-                    tun_write_drops += 1;
-                    tracing::debug!(error = %e, "TUN write failed");
-                }
-            }
-            ep.recycle_tun(p);
+        if write_tun(&tun, &mut ep, &mut tun_write_drops) {
+            tun_ready = true;
         }
         if control_ready {
             let name = tun.name().to_string();
@@ -352,7 +352,7 @@ fn run<P: DaemonProvider>(
                 stop_deadline = Some(now + cfg.drain_timeout);
             }
         }
-        prov.handle_io(now)?;
+        prov.flush(now)?;
         if let Some(deadline) = stop_deadline {
             if ep.is_stopped() || now >= deadline {
                 if !ep.is_stopped() {
@@ -366,6 +366,23 @@ fn run<P: DaemonProvider>(
             }
         }
     }
+}
+
+/// Writes the packets the endpoint delivered to the TUN device; returns whether it wrote any.
+fn write_tun(tun: &Tun, ep: &mut Endpoint, drops: &mut u64) -> bool {
+    let mut wrote = false;
+    while let Some(p) = ep.poll_tun() {
+        match tun.send(&p) {
+            Ok(true) => wrote = true,
+            Ok(false) => *drops += 1,
+            Err(e) => {
+                *drops += 1;
+                tracing::debug!(error = %e, "TUN write failed");
+            }
+        }
+        ep.recycle_tun(p);
+    }
+    wrote
 }
 
 /// The status snapshot served on the control socket.

@@ -167,7 +167,7 @@ impl SoftProvider {
 
     /// Transmits until the engine has nothing more or the socket would block, up to
     /// [`IO_BATCH`] datagrams per `sendmmsg`.
-    fn flush(&mut self, now: Instant) {
+    fn transmit(&mut self, now: Instant) {
         loop {
             if !self.drain_tx() {
                 return;
@@ -208,10 +208,19 @@ impl Provider for SoftProvider {
     }
 
     fn handle_io(&mut self, now: Instant) -> io::Result<()> {
+        self.handle_input(now)?;
+        Provider::flush(self, now)
+    }
+
+    fn flush(&mut self, now: Instant) -> io::Result<()> {
+        self.transmit(now);
+        self.update_interest()
+    }
+
+    fn handle_input(&mut self, now: Instant) -> io::Result<()> {
         if !self.rx_ready && self.rx_more.is_none() {
             self.verbs.handle_timeout(now);
-            self.flush(now);
-            return self.update_interest();
+            return Ok(());
         }
         self.rx_more = Some(now);
         let mut read = 0;
@@ -241,8 +250,7 @@ impl Provider for SoftProvider {
             }
         }
         self.verbs.handle_timeout(now);
-        self.flush(now);
-        self.update_interest()
+        Ok(())
     }
 
     fn poll_timeout(&self) -> Option<Instant> {

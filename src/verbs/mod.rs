@@ -332,6 +332,28 @@ pub trait Provider {
     /// A fatal I/O error of the provider's sources.
     fn handle_io(&mut self, now: Instant) -> io::Result<()>;
 
+    /// The input half of [`Provider::handle_io`]: reads the sources and fires due timers, but
+    /// leaves what that queued for transmission to [`Provider::flush`]. A driver that runs
+    /// `handle_input`, then its own work (completions, TUN writes and reads), then `flush`,
+    /// sends the acknowledgements of what it read together with its replies, after the data
+    /// has been passed on. The default is all of `handle_io`.
+    ///
+    /// # Errors
+    /// As [`Provider::handle_io`].
+    fn handle_input(&mut self, now: Instant) -> io::Result<()> {
+        self.handle_io(now)
+    }
+
+    /// The output half of [`Provider::handle_io`]: transmits what is queued (nothing to do
+    /// for providers whose sends leave at post time, the default).
+    ///
+    /// # Errors
+    /// As [`Provider::handle_io`].
+    fn flush(&mut self, now: Instant) -> io::Result<()> {
+        let _ = now;
+        Ok(())
+    }
+
     /// When [`Provider::handle_io`] must next run even without readiness.
     fn poll_timeout(&self) -> Option<Instant>;
 }
