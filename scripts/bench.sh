@@ -18,7 +18,8 @@
 #            over that same veth (UDP)
 #   tunnel   LAB_LINK=pair scripts/lab.sh up 2 (prefix bnt): ib0 198.19.0.1 <-> .2 over one veth
 #            pair like the other two paths (no bridge), underlay
-#            MTU 9000 (RoCE path MTU 4096); then again with underlay MTU 1500 (prefix bnu)
+#            MTU 9000 (RoCE path MTU 4096); then again with underlay MTU 1500 (prefix bnu);
+#            then with --busy-poll 5ms (prefix bnb; ping and TCP 1 stream only)
 #
 # CPU per GB: utime+stime of the tunnel processes (/proc/PID/stat, both ends) over the run,
 # divided by the GB iperf3 received (TCP single stream). Null for veth (no tunnel process).
@@ -77,6 +78,7 @@ cleanup() {
     [ -n "${IPERF_PID:-}" ] && kill "$IPERF_PID" 2>/dev/null || true
     LAB_PREFIX=bnt bash scripts/lab.sh down >/dev/null 2>&1 || true
     LAB_PREFIX=bnu bash scripts/lab.sh down >/dev/null 2>&1 || true
+    LAB_PREFIX=bnb bash scripts/lab.sh down >/dev/null 2>&1 || true
     ip netns del bnv1 2>/dev/null || true
     ip netns del bnv2 2>/dev/null || true
 }
@@ -136,6 +138,29 @@ measure() {
     wait "$IPERF_PID" 2>/dev/null || true
     IPERF_PID=""
 
+    echo "$(cut -d' ' -f1-3 /proc/loadavg)" > "$OUT/$name.load"
+}
+
+# measure_latency NAME CLIENT_NS SERVER_NS DST [PIDS...]: the ping and TCP 1-stream parts of
+# measure.
+measure_latency() {
+    local name=$1 cns=$2 sns=$3 dst=$4
+    section "$name: warm-up ping"
+    ip netns exec "$cns" ping -n -c 5 -i 0.2 -W 3 "$dst" | tail -n 2
+    section "$name: ping, $PINGS at 2 ms"
+    ip netns exec "$cns" timeout 60 ping -n -c "$PINGS" -i 0.002 -W 1 "$dst" \
+        > "$OUT/$name.ping.txt" || true
+    tail -n 2 "$OUT/$name.ping.txt"
+    ip netns exec "$sns" timeout 300 iperf3 -s -p 5201 >/dev/null 2>&1 &
+    IPERF_PID=$!
+    sleep 0.5
+    section "$name: iperf3 TCP, 1 stream, ${T} s"
+    ip netns exec "$cns" timeout $((T + 20)) iperf3 -c "$dst" -p 5201 -t "$T" -J \
+        > "$OUT/$name.tcp.json" || true
+    jq -r '.end.sum_received.bits_per_second / 1e9 | "  \(.) Gbit/s"' "$OUT/$name.tcp.json" || true
+    kill "$IPERF_PID" 2>/dev/null || true
+    wait "$IPERF_PID" 2>/dev/null || true
+    IPERF_PID=""
     echo "$(cut -d' ' -f1-3 /proc/loadavg)" > "$OUT/$name.load"
 }
 
@@ -199,16 +224,20 @@ ip netns del bnv1; ip netns del bnv2
 
 # ---- ipoib-cm ------------------------------------------------------------------------------
 tunnel() {
-    local name=$1 prefix=$2 mtu=$3
-    section "$name: ipoib-cm lab of 2, underlay MTU $mtu"
-    LAB_PREFIX=$prefix LAB_MTU=$mtu LAB_LINK=pair bash scripts/lab.sh up 2
+    local name=$1 prefix=$2 mtu=$3 what=$4
+    shift 4
+    section "$name: ipoib-cm lab of 2, underlay MTU $mtu${*:+, $*}"
+    LAB_PREFIX=$prefix LAB_MTU=$mtu LAB_LINK=pair bash scripts/lab.sh up 2 -- "$@"
     local st=/run/ipoib-cm-$prefix
-    measure "$name" "${prefix}1" "${prefix}2" 198.19.0.2 "$(cat "$st/node1.pid")" "$(cat "$st/node2.pid")"
+    "$what" "$name" "${prefix}1" "${prefix}2" 198.19.0.2 "$(cat "$st/node1.pid")" "$(cat "$st/node2.pid")"
     LAB_PREFIX=$prefix bash scripts/lab.sh status 1 > "$OUT/$name.status.json" || true
     LAB_PREFIX=$prefix bash scripts/lab.sh down
 }
-tunnel tunnel bnt 9000
-tunnel tunnel1500 bnu 1500
+tunnel tunnel bnt 9000 measure
+tunnel tunnel1500 bnu 1500 measure
+# Latency with busy polling (the daemons spin between events instead of sleeping: no process
+# wakeup per packet, at the cost of busy CPUs): ping and a TCP stream only.
+tunnel tunnelbp bnb 9000 measure_latency --busy-poll 5ms
 
 # ---- simulated fabric ----------------------------------------------------------------------
 section "simulated fabric: cargo bench --bench fabric_scale"
