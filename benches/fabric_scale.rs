@@ -197,7 +197,7 @@ impl Sim {
             v.handle_timeout(now);
             ep.handle_verbs(now, v);
             ep.handle_timeout(now, v);
-            while let Some(p) = ep.poll_tun() {
+            while let Some(p) = ep.poll_tun(v) {
                 self.tun_rx[i] += 1;
                 drop(p);
             }

@@ -317,7 +317,7 @@ impl Net {
             if let Some(ep) = self.nodes[i].ep.as_mut() {
                 ep.handle_verbs(now, &mut self.f.nodes[i]);
                 ep.handle_timeout(now, &mut self.f.nodes[i]);
-                while ep.poll_tun().is_some() {
+                while ep.poll_tun(&mut self.f.nodes[i]).is_some() {
                     self.tun_packets += 1;
                 }
             }

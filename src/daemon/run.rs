@@ -327,7 +327,7 @@ fn run<P: DaemonProvider>(
         // was read leave with the replies, after the data was delivered.
         prov.handle_input(now)?;
         ep.handle_verbs(now, prov.verbs());
-        if write_tun(&tun, &mut ep, &mut tun_write_drops) {
+        if write_tun(&tun, &mut ep, prov.verbs(), &mut tun_write_drops) {
             tun_ready = true;
         }
         if tun_ready || tun_more {
@@ -347,7 +347,7 @@ fn run<P: DaemonProvider>(
             }
         }
         ep.handle_timeout(now, prov.verbs());
-        if write_tun(&tun, &mut ep, &mut tun_write_drops) {
+        if write_tun(&tun, &mut ep, prov.verbs(), &mut tun_write_drops) {
             tun_ready = true;
         }
         if control_ready {
@@ -379,20 +379,18 @@ fn run<P: DaemonProvider>(
     }
 }
 
-/// Writes the packets the endpoint delivered to the TUN device; returns whether it wrote any.
-fn write_tun(tun: &Tun, ep: &mut Endpoint, drops: &mut u64) -> bool {
+/// Writes the packets the endpoint delivered to the TUN device (straight from their receive
+/// buffers); returns whether it wrote any.
+fn write_tun<V: Verbs>(tun: &Tun, ep: &mut Endpoint, v: &mut V, drops: &mut u64) -> bool {
     let mut wrote = false;
-    while let Some(p) = ep.poll_tun() {
-        match tun.send(&p) {
-            Ok(true) => wrote = true,
-            Ok(false) => *drops += 1,
-            Err(e) => {
-                *drops += 1;
-                tracing::debug!(error = %e, "TUN write failed");
-            }
+    ep.drain_tun(v, |p| match tun.send(p) {
+        Ok(true) => wrote = true,
+        Ok(false) => *drops += 1,
+        Err(e) => {
+            *drops += 1;
+            tracing::debug!(error = %e, "TUN write failed");
         }
-        ep.recycle_tun(p);
-    }
+    });
     wrote
 }
 

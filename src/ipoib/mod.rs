@@ -14,7 +14,8 @@
 //! - [`Endpoint::handle_timeout`] when [`Endpoint::poll_timeout`] has passed (spurious calls
 //!   are harmless);
 //!
-//! and finally writes every packet from [`Endpoint::poll_tun`] to the TUN device. `now` must
+//! and finally writes every packet from [`Endpoint::drain_tun`] (or [`Endpoint::poll_tun`]) to
+//! the TUN device, which also gives their receive buffers back. `now` must
 //! never go backwards. The endpoint never reads the clock and does no I/O of its own: it acts
 //! through the verbs it is handed, so the same code runs over the deterministic simulated
 //! fabric of the tests.
@@ -52,7 +53,7 @@ use crate::verbs::{
     VerbsError,
 };
 use crate::wire::cm::{ipoib_service_id, IpoibCmData};
-use crate::wire::ipoib::{HwAddr, IPOIB_CM_BUF_SIZE};
+use crate::wire::ipoib::{HwAddr, IpoibHeader, IPOIB_CM_BUF_SIZE};
 
 pub use neigh::NeighState;
 use neigh::Neighbours;
@@ -319,7 +320,7 @@ pub struct Endpoint {
     drain_list: Vec<QpNum>,
     drain_carrier: Option<QpNum>,
     wheel: TimerWheel<Timer>,
-    tun_out: VecDeque<Vec<u8>>,
+    tun_out: VecDeque<TunPacket>,
     /// Emptied [`poll_tun`](Self::poll_tun) buffers given back by the driver
     /// ([`recycle_tun`](Self::recycle_tun)), reused so that delivering a packet allocates
     /// nothing (at most [`TUN_SPARE_MAX`] kept).
@@ -347,6 +348,23 @@ const GSI_RECV_DEPTH: u32 = 1024;
 const GSI_SEND_DEPTH: u32 = 256;
 /// Completions taken from a CQ per poll.
 const CQ_BATCH: usize = 64;
+/// A packet waiting for the TUN device.
+#[derive(Debug)]
+enum TunPacket {
+    /// Built or copied by the endpoint (ARP/ND-delivered, UD, ICMP errors).
+    Owned(Vec<u8>),
+    /// An IP packet of `len` bytes still in the receive buffer `buf` of RC connection `qpn`,
+    /// after the IPoIB header; the buffer goes back to the receive queue once written.
+    Received {
+        /// The RX connection it arrived on.
+        qpn: QpNum,
+        /// The receive buffer.
+        buf: BufId,
+        /// Bytes of the IP packet.
+        len: usize,
+    },
+}
+
 /// Most spare TUN buffers kept for reuse (each up to an MTU, 64 KiB).
 const TUN_SPARE_MAX: usize = 32;
 
@@ -506,9 +524,55 @@ impl Endpoint {
         self.txs.len()
     }
 
-    /// The next packet for the TUN device.
-    pub fn poll_tun(&mut self) -> Option<Vec<u8>> {
-        self.tun_out.pop_front()
+    /// The next packet for the TUN device, as an owned buffer (a packet still in a receive
+    /// buffer is copied out, and the receive buffer given back to `v`). See
+    /// [`drain_tun`](Self::drain_tun), which writes without the copy.
+    pub fn poll_tun<V: Verbs>(&mut self, v: &mut V) -> Option<Vec<u8>> {
+        match self.tun_out.pop_front()? {
+            TunPacket::Owned(p) => Some(p),
+            TunPacket::Received { qpn, buf, len } => {
+                let mut out = self.tun_spare.pop().unwrap_or_default();
+                out.clear();
+                if let Some(bytes) = v
+                    .pools()
+                    .get(buf)
+                    .ok()
+                    .and_then(|b| b.get(IpoibHeader::LEN..IpoibHeader::LEN + len))
+                {
+                    out.extend_from_slice(bytes);
+                }
+                self.release_rx_buf(v, qpn, buf);
+                Some(out)
+            }
+        }
+    }
+
+    /// Hands every packet waiting for the TUN device to `write`, in order, straight from the
+    /// receive buffers it arrived in, then gives those buffers back to `v` (to the SRQ or the
+    /// connection's ring, or frees them if the connection went away meanwhile). Call it on
+    /// every turn after [`handle_verbs`](Self::handle_verbs) and
+    /// [`handle_timeout`](Self::handle_timeout): until then the buffers stay out of the
+    /// receive queue.
+    pub fn drain_tun<V: Verbs>(&mut self, v: &mut V, mut write: impl FnMut(&[u8])) {
+        while let Some(item) = self.tun_out.pop_front() {
+            match item {
+                TunPacket::Owned(p) => {
+                    write(&p);
+                    self.recycle_tun(p);
+                }
+                TunPacket::Received { qpn, buf, len } => {
+                    if let Some(bytes) = v
+                        .pools()
+                        .get(buf)
+                        .ok()
+                        .and_then(|b| b.get(IpoibHeader::LEN..IpoibHeader::LEN + len))
+                    {
+                        write(bytes);
+                    }
+                    self.release_rx_buf(v, qpn, buf);
+                }
+            }
+        }
     }
 
     /// Gives a buffer from [`poll_tun`](Self::poll_tun) back once written, for the next

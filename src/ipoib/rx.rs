@@ -19,7 +19,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{wr, wr_kind, Endpoint, Owner, Timer, CQ_BATCH, WR_DRAIN, WR_RECV};
+use super::{wr, wr_kind, Endpoint, Owner, Timer, TunPacket, CQ_BATCH, WR_DRAIN, WR_RECV};
 use crate::cm::{AcceptParams, CommId};
 use crate::timer::TimerId;
 use crate::verbs::{
@@ -314,8 +314,8 @@ impl Endpoint {
             }
             None => false,
         };
-        // The IP packet is read in place from the receive buffer (no copy until the TUN
-        // queue's).
+        // The IP packet stays in the receive buffer until the driver writes it to the TUN
+        // device (`drain_tun`), which then gives the buffer back.
         let payload = v.pools().get(b).ok().and_then(|buf| {
             let frame = buf.get(..len)?;
             let h = IpoibHeader::parse(frame).ok()?;
@@ -323,11 +323,26 @@ impl Endpoint {
                 .then(|| frame.get(IpoibHeader::LEN..))
                 .flatten()
         });
-        match payload {
-            Some(p) if live => self.deliver(p),
-            Some(_) => {}
-            None => self.counters.rx_bad_packets += 1,
+        let accepted = match payload {
+            Some(p) if live => self.accept_for_tun(p),
+            Some(_) => None,
+            None => {
+                self.counters.rx_bad_packets += 1;
+                None
+            }
+        };
+        match accepted {
+            Some(len) => self
+                .tun_out
+                .push_back(TunPacket::Received { qpn, buf: b, len }),
+            None => self.repost_rx(v, qpn, b, live),
         }
+    }
+
+    /// Gives back a receive buffer whose packet went to the TUN device: as
+    /// [`repost_rx`](Self::repost_rx), with the connection's state as it is now.
+    pub(super) fn release_rx_buf<V: Verbs>(&mut self, v: &mut V, qpn: QpNum, b: BufId) {
+        let live = self.rxs.get(&qpn).is_some_and(|r| r.state == RxState::Live);
         self.repost_rx(v, qpn, b, live);
     }
 

@@ -8,7 +8,7 @@ use etherparse::{icmpv4::DestUnreachableHeader, Icmpv4Type, Icmpv6Type, PacketBu
 
 use super::neigh::{Learned, NeighState};
 use super::{
-    fill_ipoib, wr, wr_kind, Endpoint, EndpointConfig, Mode, Timer, UdQp, CQ_BATCH,
+    fill_ipoib, wr, wr_kind, Endpoint, EndpointConfig, Mode, Timer, TunPacket, UdQp, CQ_BATCH,
     RESOLVE_INTERVAL, RESOLVE_RETRIES, WR_RECV, WR_SEND,
 };
 use crate::soft::{grh_source_gid, GRH_LEN};
@@ -225,22 +225,32 @@ impl Endpoint {
         }
     }
 
-    /// Writes an IP packet received from a peer to the TUN device, if it is well-formed and
-    /// addressed to us (or multicast).
+    /// Queues an IP packet received from a peer for the TUN device (a copy), if it is
+    /// well-formed and addressed to us (or multicast).
     pub(super) fn deliver(&mut self, packet: &[u8]) {
+        if let Some(len) = self.accept_for_tun(packet) {
+            let mut out = self.tun_spare.pop().unwrap_or_default();
+            out.clear();
+            out.extend_from_slice(packet.get(..len).unwrap_or(packet));
+            self.tun_out.push_back(TunPacket::Owned(out));
+        }
+    }
+
+    /// Whether an IP packet from a peer may go to the TUN device (well-formed, addressed to
+    /// us or multicast), counted either way; its length without trailing bytes if so.
+    pub(super) fn accept_for_tun(&mut self, packet: &[u8]) -> Option<usize> {
         match classify(packet) {
-            Ok(info) if info.total_len <= packet.len() => {
-                if info.is_multicast_or_broadcast() || self.is_ours(info.dst) {
-                    self.counters.rx_packets += 1;
-                    let mut out = self.tun_spare.pop().unwrap_or_default();
-                    out.clear();
-                    out.extend_from_slice(packet.get(..info.total_len).unwrap_or(packet));
-                    self.tun_out.push_back(out);
-                } else {
-                    self.counters.rx_bad_packets += 1;
-                }
+            Ok(info)
+                if info.total_len <= packet.len()
+                    && (info.is_multicast_or_broadcast() || self.is_ours(info.dst)) =>
+            {
+                self.counters.rx_packets += 1;
+                Some(info.total_len)
             }
-            _ => self.counters.rx_bad_packets += 1,
+            _ => {
+                self.counters.rx_bad_packets += 1;
+                None
+            }
         }
     }
 
@@ -480,7 +490,7 @@ impl Endpoint {
         };
         if built {
             self.counters.icmp_too_big_sent += 1;
-            self.tun_out.push_back(out);
+            self.tun_out.push_back(TunPacket::Owned(out));
         }
         self.counters.tx_dropped += 1;
     }

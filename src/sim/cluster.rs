@@ -146,7 +146,7 @@ impl Cluster {
             if let Some(ep) = self.eps[i].as_mut() {
                 ep.handle_verbs(now, &mut self.f.nodes[i]);
                 ep.handle_timeout(now, &mut self.f.nodes[i]);
-                while let Some(p) = ep.poll_tun() {
+                while let Some(p) = ep.poll_tun(&mut self.f.nodes[i]) {
                     self.tun[i].push(p);
                 }
             }
