@@ -22,7 +22,7 @@ use super::status::{
     Counters as StatusCounters, InterfaceStatus, NeighbourState, NeighbourStatus, RxState,
     RxStatus, Status, TxState, TxStatus,
 };
-use crate::ipoib::{self, Endpoint, EndpointConfig};
+use crate::ipoib::{self, Endpoint, EndpointConfig, TUN_BUFFER_OFFSET};
 use crate::madudp::MadUdp;
 use crate::soft::provider::{SoftProvider, UdpOffload};
 use crate::soft::{SoftConfig, SoftVerbs};
@@ -333,13 +333,10 @@ fn run<P: DaemonProvider>(
         if tun_ready || tun_more {
             tun_more = false;
             for i in 0..TUN_BATCH {
-                match tun.recv(&mut buf)? {
-                    Some(n) => ep.handle_tun_packet(now, prov.verbs(), &buf[..n]),
-                    None => {
-                        // Read empty: edge-triggered, the next packet brings an event.
-                        tun_ready = false;
-                        break;
-                    }
+                if !read_tun(&tun, &mut ep, prov.verbs(), now, &mut buf)? {
+                    // Read empty: edge-triggered, the next packet brings an event.
+                    tun_ready = false;
+                    break;
                 }
                 if i + 1 == TUN_BATCH {
                     tun_more = true;
@@ -375,6 +372,50 @@ fn run<P: DaemonProvider>(
                 tracing::info!(counters = ?ep.counters(), "stopped");
                 return Ok(());
             }
+        }
+    }
+}
+
+/// Reads one packet from the TUN device and hands it to the endpoint: into one of its send
+/// buffers when it has one free (a packet for an established connection then leaves from
+/// there), else into `buf`. False when there was nothing to read.
+fn read_tun<V: Verbs>(
+    tun: &Tun,
+    ep: &mut Endpoint,
+    v: &mut V,
+    now: Instant,
+    buf: &mut [u8],
+) -> io::Result<bool> {
+    let Some(b) = ep.tun_buffer() else {
+        return Ok(match tun.recv(buf)? {
+            Some(n) => {
+                ep.handle_tun_packet(now, v, buf.get(..n).unwrap_or_default());
+                true
+            }
+            None => false,
+        });
+    };
+    let got = match v
+        .pools_mut()
+        .get_mut(b)
+        .ok()
+        .and_then(|room| room.get_mut(TUN_BUFFER_OFFSET..))
+    {
+        Some(room) => tun.recv(room),
+        None => Ok(None),
+    };
+    match got {
+        Ok(Some(n)) => {
+            ep.handle_tun_buffer(now, v, b, n);
+            Ok(true)
+        }
+        Ok(None) => {
+            ep.return_tun_buffer(b);
+            Ok(false)
+        }
+        Err(e) => {
+            ep.return_tun_buffer(b);
+            Err(e)
         }
     }
 }

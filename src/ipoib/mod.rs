@@ -325,6 +325,8 @@ pub struct Endpoint {
     /// ([`recycle_tun`](Self::recycle_tun)), reused so that delivering a packet allocates
     /// nothing (at most [`TUN_SPARE_MAX`] kept).
     tun_spare: Vec<Vec<u8>>,
+    /// Where [`Endpoint::handle_tun_buffer`] copies a packet that takes the general path.
+    tun_scratch: Vec<u8>,
     counters: Counters,
     rng: ChaCha8Rng,
     stopping: bool,
@@ -364,6 +366,10 @@ enum TunPacket {
         len: usize,
     },
 }
+
+/// Where the driver reads a TUN packet into a buffer from [`Endpoint::tun_buffer`]: after
+/// room for the IPoIB header.
+pub const TUN_BUFFER_OFFSET: usize = IpoibHeader::LEN;
 
 /// Most spare TUN buffers kept for reuse (each up to an MTU, 64 KiB).
 const TUN_SPARE_MAX: usize = 32;
@@ -477,6 +483,7 @@ impl Endpoint {
             wheel: TimerWheel::new(now, Duration::from_millis(1)),
             tun_out: VecDeque::new(),
             tun_spare: Vec::new(),
+            tun_scratch: Vec::new(),
             counters,
             rng,
             stopping: false,

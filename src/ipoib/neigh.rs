@@ -89,6 +89,15 @@ impl Neighbours {
         self.map.get(ip)
     }
 
+    /// The hardware address of `ip` when it is resolved (not still being resolved).
+    pub(super) fn resolved(&self, ip: &IpAddr) -> Option<HwAddr> {
+        let n = self.map.get(ip)?;
+        match n.state {
+            NeighState::Incomplete { .. } => None,
+            _ => n.hw,
+        }
+    }
+
     /// The entry for `ip`, writable.
     pub(super) fn get_mut(&mut self, ip: &IpAddr) -> Option<&mut Neigh> {
         self.map.get_mut(ip)

@@ -64,6 +64,43 @@ fn ipv4_packets_cross_an_rc_connection() {
     assert_eq!(n.qp_live(1), BASELINE_QPS + 1);
 }
 
+/// Packets read into the endpoint's own send buffers: the first ones (no neighbour, no
+/// connection yet) take the general path from a copy, later ones leave from the buffer they
+/// were read into; every buffer comes back.
+#[test]
+fn tun_packets_read_into_send_buffers_cross() {
+    let mut n = Net::new(2, |_, _| {}, |_, _| {});
+    let free_buffers = |n: &mut Net| {
+        let ep = n.ep(0);
+        let taken: Vec<BufId> = std::iter::from_fn(|| ep.tun_buffer()).collect();
+        let count = taken.len();
+        for b in taken {
+            ep.return_tun_buffer(b);
+        }
+        count
+    };
+    let depth = free_buffers(&mut n);
+    assert!(depth > 0);
+    let p4 = ping4(0, 1, 100);
+    n.inject_via_buffer(0, &p4);
+    n.run(Duration::from_millis(100));
+    assert_eq!(
+        n.tun[1],
+        vec![p4.clone()],
+        "queued during ARP and CM, then sent"
+    );
+    let sent = n.ep(0).counters().tx_packets;
+    let big = ping4(0, 1, 65000);
+    let p6 = ping6(0, 1, 3000);
+    for p in [&big, &p4, &p6] {
+        n.inject_via_buffer(0, p);
+    }
+    n.run(Duration::from_millis(100));
+    assert_eq!(n.tun[1][1..], [big, p4, p6.clone()][..]);
+    assert!(n.ep(0).counters().tx_packets >= sent + 2);
+    assert_eq!(free_buffers(&mut n), depth, "every send buffer came back");
+}
+
 #[test]
 fn ipv6_resolves_with_nd_and_crosses() {
     let mut n = Net::new(2, |_, _| {}, |_, _| {});

@@ -15,7 +15,7 @@ use super::{wr, wr_kind, Endpoint, Owner, Timer, CQ_BATCH, WR_SEND};
 use crate::cm::{CommId, ConnectParams};
 use crate::timer::TimerId;
 use crate::verbs::{
-    AccessFlags, AddressVector, Psn, QpAttr, QpInit, QpNum, QpState, QpType, SendWr, Verbs,
+    AccessFlags, AddressVector, BufId, Psn, QpAttr, QpInit, QpNum, QpState, QpType, SendWr, Verbs,
     WcOpcode, WcStatus,
 };
 use crate::wire::cm::{ipoib_service_id, IpoibCmData, RejReason};
@@ -121,6 +121,21 @@ impl Endpoint {
             self.counters.tx_dropped += 1;
             return;
         };
+        self.post_rc_buf(v, qpn, b, len);
+    }
+
+    /// The established RC connection a packet to `hw` may go on right now, if any, and the
+    /// packet fits its MTU: the fast path of [`send_rc`](Self::send_rc) for a packet already
+    /// in a send buffer (anything else takes the general path).
+    pub(super) fn established_tx(&self, hw: HwAddr, packet_len: usize) -> Option<QpNum> {
+        let qpn = *self.tx_by_peer.get(&(hw.gid, hw.qpn))?;
+        let tx = self.txs.get(&qpn)?;
+        (tx.state == TxState::Established && packet_len <= tx.mtu as usize).then_some(qpn)
+    }
+
+    /// Posts the held send buffer `b` (an IPoIB message of `len` bytes) on `qpn`; on failure
+    /// the buffer is free again and the packet counted as dropped.
+    pub(super) fn post_rc_buf<V: Verbs>(&mut self, v: &mut V, qpn: QpNum, b: BufId, len: usize) {
         match v.post_send(qpn, &SendWr::send(wr(WR_SEND), b, len)) {
             Ok(()) => {
                 self.counters.tx_packets += 1;

@@ -96,6 +96,79 @@ impl Endpoint {
         self.send_ip(now, v, dst, hw, ethertype, packet);
     }
 
+    /// A send buffer for the driver to read the next TUN packet into, at
+    /// [`TUN_BUFFER_OFFSET`](super::TUN_BUFFER_OFFSET) (room for the IPoIB header before it), so
+    /// that a packet for an established connection is posted from where it was read. Give it
+    /// back with [`handle_tun_buffer`](Self::handle_tun_buffer) or
+    /// [`return_tun_buffer`](Self::return_tun_buffer). `None` while none is free (read into a
+    /// buffer of your own and use [`handle_tun_packet`](Self::handle_tun_packet)).
+    pub fn tun_buffer(&mut self) -> Option<BufId> {
+        if self.stopping {
+            return None;
+        }
+        self.tx_free.pop()
+    }
+
+    /// Gives back a buffer from [`tun_buffer`](Self::tun_buffer) that received nothing.
+    pub fn return_tun_buffer(&mut self, b: BufId) {
+        self.tx_free.push(b);
+    }
+
+    /// Handles an IP packet of `len` bytes that the driver read into the buffer `b` from
+    /// [`tun_buffer`](Self::tun_buffer), at [`TUN_BUFFER_OFFSET`](super::TUN_BUFFER_OFFSET):
+    /// as [`handle_tun_packet`](Self::handle_tun_packet), but a packet for an established RC
+    /// connection is sent from that buffer without a copy.
+    pub fn handle_tun_buffer<V: Verbs>(&mut self, now: Instant, v: &mut V, b: BufId, len: usize) {
+        let fast = v
+            .pools()
+            .get(b)
+            .ok()
+            .and_then(|buf| buf.get(IpoibHeader::LEN..IpoibHeader::LEN + len))
+            .and_then(|packet| {
+                let info = classify(packet).ok()?;
+                if info.is_multicast_or_broadcast() || self.cfg.mode != Mode::Connected {
+                    return None;
+                }
+                let hw = self.neigh.resolved(&info.dst)?;
+                if !hw.connected_mode() {
+                    return None;
+                }
+                let qpn = self.established_tx(hw, packet.len())?;
+                Some((info.dst, info.version.ethertype(), qpn))
+            });
+        if let Some((dst, ethertype, qpn)) = fast {
+            if let Some(n) = self.neigh.get_mut(&dst) {
+                n.last_used = now;
+            }
+            let header = IpoibHeader::new(ethertype).to_bytes();
+            let written = v
+                .pools_mut()
+                .get_mut(b)
+                .ok()
+                .and_then(|buf| buf.get_mut(..IpoibHeader::LEN))
+                .map(|h| h.copy_from_slice(&header))
+                .is_some();
+            if written {
+                self.post_rc_buf(v, qpn, b, IpoibHeader::LEN + len);
+                return;
+            }
+        }
+        // Anything else: the general path, from a copy.
+        let mut packet = std::mem::take(&mut self.tun_scratch);
+        packet.clear();
+        if let Some(bytes) = v
+            .pools()
+            .get(b)
+            .ok()
+            .and_then(|buf| buf.get(IpoibHeader::LEN..IpoibHeader::LEN + len))
+        {
+            packet.extend_from_slice(bytes);
+        }
+        self.tx_free.push(b);
+        self.handle_tun_packet(now, v, &packet);
+        self.tun_scratch = packet;
+    }
+
     /// Sends an IP packet to a resolved neighbour: over its RC connection in connected mode
     /// when the peer supports it, otherwise over UD.
     pub(super) fn send_ip<V: Verbs>(

@@ -188,6 +188,37 @@ impl Cluster {
         }
     }
 
+    /// As [`inject`](Self::inject), the way the daemon reads its TUN device: into one of the
+    /// endpoint's send buffers ([`Endpoint::tun_buffer`]), falling back to `inject` when none
+    /// is free or the packet does not fit.
+    pub fn inject_via_buffer(&mut self, i: usize, packet: &[u8]) {
+        let now = self.f.now();
+        let Some(ep) = self.eps[i].as_mut() else {
+            return;
+        };
+        let v = &mut self.f.nodes[i];
+        let Some(b) = ep.tun_buffer() else {
+            ep.handle_tun_packet(now, v, packet);
+            return;
+        };
+        let room = crate::ipoib::TUN_BUFFER_OFFSET..crate::ipoib::TUN_BUFFER_OFFSET + packet.len();
+        match v
+            .pools_mut()
+            .get_mut(b)
+            .ok()
+            .and_then(|buf| buf.get_mut(room))
+        {
+            Some(dst) => {
+                dst.copy_from_slice(packet);
+                ep.handle_tun_buffer(now, v, b, packet.len());
+            }
+            None => {
+                ep.return_tun_buffer(b);
+                ep.handle_tun_packet(now, v, packet);
+            }
+        }
+    }
+
     /// Node `i` vanishes: its packets stop and its endpoint is gone (as after SIGKILL).
     pub fn kill(&mut self, i: usize) {
         self.f.partitioned[i] = true;
