@@ -120,6 +120,8 @@ impl DaemonProvider for SoftProvider {
             ("tx_packets", s.tx_packets),
             ("tx_retransmits", s.tx_retransmits),
             ("retransmit_timeouts", s.retransmit_timeouts),
+            ("send_errors", self.send_errors),
+            ("udp_gso", u64::from(self.gso_enabled())),
             ("rx_gso_segments", s.rx_gso_segments),
             ("rx_gro_buffers", self.rx_gro_buffers),
             ("tx_gso_trains", self.tx_gso_trains()),
@@ -127,7 +129,6 @@ impl DaemonProvider for SoftProvider {
             ("fault_duplicated", s.faults.duplicated),
             ("fault_reordered", s.faults.reordered),
             ("fault_corrupted", s.faults.corrupted),
-            ("send_errors", self.send_errors),
         ] {
             out.insert(k.to_string(), v);
         }
