@@ -273,8 +273,8 @@ const MAX_TRAIN_BYTES: usize = 65_507;
 /// the slot's first one: the slot then leaves as one UDP GSO train (one `sendmmsg` entry, one
 /// trip through the stack) that the kernel cuts back into the same datagrams. For IPv4 the
 /// kernel numbers the segments' IP IDs 0, 1, 2, ..., so the ICRC of segment `k` is shifted to
-/// match ID `k` ([`Ipv4IdShift`]); on the wire every datagram is exactly the RoCEv2 packet
-/// it would have been on its own, with that ID.
+/// match ID `k` ([`Ipv4IdShift`](crate::wire::icrc::Ipv4IdShift)); on the wire every
+/// datagram is exactly the RoCEv2 packet it would have been on its own, with that ID.
 #[derive(Debug)]
 pub struct TxBatch {
     slots: Vec<Outgoing>,
@@ -330,7 +330,8 @@ impl TxBatch {
     }
 
     /// As [`new`](Self::new), building GSO trains of RoCEv2 datagrams when `gso` is true.
-    /// Slots that may hold a train should have room for [`MAX_TRAIN_BYTES`]; smaller ones grow.
+    /// Slots that may hold a train should have room for 65,507 bytes (a UDP datagram); smaller
+    /// ones grow.
     pub fn with_gso(slots: usize, capacity: usize, gso: bool) -> Self {
         let mut batch = Self::new(slots, capacity);
         if gso {
