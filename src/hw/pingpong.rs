@@ -44,7 +44,7 @@ fn setup(opts: &Options, mut v: HwVerbs) -> Result<Ctx, PingpongError> {
         cq,
         qp,
         send_buf,
-        psn,
+        my,
         ..
     } = open_rc_qp(
         &mut v,
@@ -53,12 +53,6 @@ fn setup(opts: &Options, mut v: HwVerbs) -> Result<Ctx, PingpongError> {
         WrId(RECV_WRID),
         clock_seed(),
     )?;
-    let my = Dest {
-        lid: 0,
-        qpn: qp,
-        psn,
-        gid: v.port_attr().gid,
-    };
     Ok(Ctx {
         v,
         cq,
@@ -90,13 +84,7 @@ pub fn run(opts: &Options, cfg: &HwConfig) -> Result<Summary, HwPingpongError> {
     }
     let v = HwVerbs::open(cfg)?;
     let ctx = setup(opts, v)?;
-    let ex = TcpExchange {
-        peer: opts.peer,
-        bind: opts.bind,
-        tcp_port: opts.tcp_port,
-        io_timeout: opts.deadline,
-        accept_deadline: None,
-    };
+    let ex = TcpExchange::rdma_core(opts.peer, opts.bind, opts.tcp_port, opts.deadline);
     // The device's GID is this side's address; the exchange's local address is not needed.
     let (mut ctx, _) = exchange_over_tcp(
         &ex,

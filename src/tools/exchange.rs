@@ -129,13 +129,14 @@ pub(crate) struct RcQpSetup {
     pub(crate) send_buf: BufId,
     /// The other `tx_depth - 1` send buffers (held).
     pub(crate) spare_send_bufs: Vec<BufId>,
-    /// This side's random PSN.
-    pub(crate) psn: Psn,
+    /// This side's QP info: the QPN, a random PSN and the port's GID.
+    pub(crate) my: Dest,
 }
 
 /// PD, a pool of `rx_depth + tx_depth` buffers of `size` bytes, one CQ for both queues, an RC
 /// QP with room for `tx_depth` sends moved to INIT with `rx_depth` receives posted
-/// (`recv_wr`), `tx_depth` send buffers held, and a random 24-bit PSN drawn from `seed`.
+/// (`recv_wr`), `tx_depth` send buffers held, and a random 24-bit PSN drawn from `seed`
+/// (in the returned [`Dest`]).
 /// rdma-core's pingpong examples use a `tx_depth` of 1.
 ///
 /// # Errors
@@ -187,13 +188,19 @@ pub(crate) fn open_rc_qp<V: Verbs>(
         v.post_recv(qp, recv_wr, b).map_err(provider_err)?;
     }
     let psn = Psn::new(rand_chacha::ChaCha8Rng::seed_from_u64(seed).gen::<u32>());
+    let my = Dest {
+        lid: 0,
+        qpn: qp,
+        psn,
+        gid: v.port_attr().gid,
+    };
     Ok(RcQpSetup {
         pd,
         cq,
         qp,
         send_buf,
         spare_send_bufs,
-        psn,
+        my,
     })
 }
 
@@ -262,6 +269,24 @@ pub(crate) struct TcpExchange {
     pub(crate) io_timeout: Duration,
     /// When the server stops waiting for a client; `None` waits forever, as rdma-core does.
     pub(crate) accept_deadline: Option<Instant>,
+}
+
+impl TcpExchange {
+    /// As rdma-core's examples: the server waits for its client forever.
+    pub(crate) fn rdma_core(
+        peer: Option<IpAddr>,
+        bind: Option<IpAddr>,
+        tcp_port: u16,
+        io_timeout: Duration,
+    ) -> Self {
+        Self {
+            peer,
+            bind,
+            tcp_port,
+            io_timeout,
+            accept_deadline: None,
+        }
+    }
 }
 
 /// rdma-core's pingpong exchange over TCP. The client connects and sends its [`Dest`], the

@@ -207,16 +207,10 @@ fn setup(opts: &Options, local: IpAddr) -> Result<Ctx, PingpongError> {
         cq,
         qp,
         send_buf,
-        psn,
+        my,
         ..
     } = open_rc_qp(v, opts.size, (opts.rx_depth, 1), WrId(RECV_WRID), seed)?;
-    let gid = v.port_attr().gid;
-    let my = Dest {
-        lid: 0,
-        qpn: qp,
-        psn,
-        gid,
-    };
+    let gid = my.gid;
     let cm = if opts.cm {
         let gsi = Gsi::open(v, pd, 64, 16).map_err(perr)?;
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed.rotate_left(17));
@@ -292,13 +286,7 @@ pub fn run(opts: &Options) -> Result<Outcome, PingpongError> {
 
 /// rdma-core's pingpong set-up: QP info over TCP.
 fn connect_with_tcp(opts: &Options) -> Result<Ctx, PingpongError> {
-    let ex = TcpExchange {
-        peer: opts.peer,
-        bind: opts.bind,
-        tcp_port: opts.tcp_port,
-        io_timeout: opts.deadline,
-        accept_deadline: None,
-    };
+    let ex = TcpExchange::rdma_core(opts.peer, opts.bind, opts.tcp_port, opts.deadline);
     let (ctx, _) = exchange_over_tcp(
         &ex,
         |local| {

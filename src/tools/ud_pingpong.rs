@@ -136,13 +136,7 @@ fn setup(opts: &Options, local: IpAddr) -> Result<Ctx, PingpongError> {
 }
 
 fn exchange(opts: &Options) -> Result<(Ctx, Dest), PingpongError> {
-    let ex = TcpExchange {
-        peer: opts.peer,
-        bind: opts.bind,
-        tcp_port: opts.tcp_port,
-        io_timeout: opts.deadline,
-        accept_deadline: None,
-    };
+    let ex = TcpExchange::rdma_core(opts.peer, opts.bind, opts.tcp_port, opts.deadline);
     // UD needs no connecting: the peer's QPN and GID go into every send.
     exchange_over_tcp(
         &ex,
