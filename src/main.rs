@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use ipoib_cm::daemon::{self, ConfigError, UpArgs};
 use ipoib_cm::soft::FaultConfig;
+use ipoib_cm::tools::perf::{self, PerfArgs};
 use ipoib_cm::tools::rc_pingpong;
 use ipoib_cm::verbs::PathMtu;
 
@@ -31,6 +32,9 @@ enum Command {
     /// Ping-pong over UD QPs on the software RoCEv2 provider, like rdma-core's
     /// ibv_ud_pingpong (and compatible with its TCP QP-info exchange).
     UdPingpong(UdPingpongArgs),
+    /// Measure the software RC provider alone between two hosts, like perftest's ib_send_bw
+    /// (--bw, the default) and ib_send_lat (--lat); the server waits for one client.
+    Perf(Box<PerfArgs>),
     /// Run the provider conformance suite over two libibverbs devices (feature `verbs`).
     #[command(hide = true)]
     Conformance(ConformanceArgs),
@@ -417,6 +421,36 @@ fn rc_pingpong_main(a: &PingpongArgs) -> ExitCode {
     }
 }
 
+fn perf_main(a: &PerfArgs) -> ExitCode {
+    let opts = match a.resolve() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("ipoib-cm perf: {e}");
+            return ExitCode::from(ConfigError::EXIT_CODE);
+        }
+    };
+    match perf::run(&opts) {
+        Ok(report) => {
+            println!("{}", report.text());
+            if a.stats {
+                println!("{}", report.stats);
+            }
+            if a.json {
+                println!("{}", report.json());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e @ rc_pingpong::PingpongError::Usage(_)) => {
+            eprintln!("ipoib-cm perf: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("ipoib-cm perf: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn up_main(u: &UpCmd) -> ExitCode {
     let a = &u.args;
     // Without a usable device, say so before any configuration mistake.
@@ -496,6 +530,10 @@ fn main() -> ExitCode {
         Command::RcPingpong(a) => {
             init_logging("warn");
             rc_pingpong_main(a)
+        }
+        Command::Perf(a) => {
+            init_logging("warn");
+            perf_main(a)
         }
     }
 }

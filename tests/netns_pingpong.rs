@@ -15,7 +15,7 @@ use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::netns::{output_within, wait_within, Lab, Lines};
+use common::netns::{output_within, server_and_client, wait_within, Lab, Lines};
 use ipoib_cm::wire::icrc::{verify_icrc, IpHeaderInfo};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ipoib-cm");
@@ -33,47 +33,11 @@ fn pingpong_with(
     server_only: &[&str],
     limit: Duration,
 ) -> (String, String) {
-    let mut srv_args = vec![BIN, "rc-pingpong"];
-    srv_args.extend_from_slice(args);
-    let cli_base = srv_args.clone();
-    srv_args.extend_from_slice(server_only);
-    let mut server = lab.exec(1, &srv_args);
-    server.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut server = server.spawn().expect("spawn server");
-    let mut srv_out = Lines::new(server.stdout.take().expect("stdout"));
-    let srv_err = Lines::new(server.stderr.take().expect("stderr"));
-    let peer = lab.addr(1).to_string();
-    let mut cli_args = cli_base;
-    cli_args.push(&peer);
-    // The server listens before it prints anything; give it a moment, then retry the client
-    // a few times in case it was not listening yet.
-    let mut client_out = None;
-    for _ in 0..20 {
-        std::thread::sleep(Duration::from_millis(100));
-        let out = output_within(lab.exec(2, &cli_args), limit);
-        let text = String::from_utf8_lossy(&out.stderr).to_string();
-        if text.contains("Couldn't connect") || text.contains("no answer") {
-            continue;
-        }
-        client_out = Some(out);
-        break;
-    }
-    let client = client_out.expect("client never connected");
-    let status = wait_within(&mut server, limit);
-    let server_text = srv_out.finish(Duration::from_secs(2)).join("\n");
-    let mut srv_err = srv_err;
-    let server_err = srv_err.finish(Duration::from_secs(2)).join("\n");
-    let client_text = String::from_utf8_lossy(&client.stdout).to_string();
-    assert!(
-        client.status.success(),
-        "client failed: {client_text}\n{}",
-        String::from_utf8_lossy(&client.stderr)
-    );
-    assert!(
-        status.success(),
-        "server failed: {server_text}\n{server_err}"
-    );
-    (server_text, client_text)
+    let mut client = vec![BIN, "rc-pingpong"];
+    client.extend_from_slice(args);
+    let mut server = client.clone();
+    server.extend_from_slice(server_only);
+    server_and_client(lab, &server, &client, limit)
 }
 
 fn stat(line: &str, key: &str) -> u64 {

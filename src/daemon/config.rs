@@ -469,21 +469,9 @@ pub struct UpArgs {
     /// IB path MTU: 256, 512, 1024, 2048 or 4096 [default: from the underlay link MTU].
     #[arg(long, value_name = "BYTES", allow_negative_numbers = true)]
     pub path_mtu: Option<String>,
-    /// Percentage of sent packets the software provider drops.
-    #[arg(long, value_name = "PCT", allow_negative_numbers = true)]
-    pub fault_loss: Option<String>,
-    /// Percentage of sent packets the software provider reorders.
-    #[arg(long, value_name = "PCT", allow_negative_numbers = true)]
-    pub fault_reorder: Option<String>,
-    /// Percentage of sent packets the software provider duplicates.
-    #[arg(long, value_name = "PCT", allow_negative_numbers = true)]
-    pub fault_dup: Option<String>,
-    /// Percentage of sent packets the software provider corrupts.
-    #[arg(long, value_name = "PCT", allow_negative_numbers = true)]
-    pub fault_corrupt: Option<String>,
-    /// Seed of the fault RNG [default: 1].
-    #[arg(long, value_name = "N", allow_negative_numbers = true)]
-    pub fault_seed: Option<String>,
+    /// Fault injection on what the software provider sends.
+    #[command(flatten)]
+    pub faults: FaultFlags,
     /// Provider quirk: drain-never, no-last-wqe or dup-last-wqe (repeatable).
     #[arg(long, value_name = "QUIRK")]
     pub quirk: Vec<String>,
@@ -518,6 +506,59 @@ impl<'de> Deserialize<'de> for DurationValue {
             }
         }
         d.deserialize_any(V)
+    }
+}
+
+/// The fault-injection flags of the software provider, shared by `ipoib-cm up` and the
+/// tools; `#[command(flatten)]` it. Values are text, validated by [`FaultFlags::resolve`].
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct FaultFlags {
+    /// Percentage of sent packets the software provider drops.
+    #[arg(long, value_name = "PCT", allow_negative_numbers = true)]
+    pub fault_loss: Option<String>,
+    /// Percentage of sent packets the software provider reorders.
+    #[arg(long, value_name = "PCT", allow_negative_numbers = true)]
+    pub fault_reorder: Option<String>,
+    /// Percentage of sent packets the software provider duplicates.
+    #[arg(long, value_name = "PCT", allow_negative_numbers = true)]
+    pub fault_dup: Option<String>,
+    /// Percentage of sent packets the software provider corrupts.
+    #[arg(long, value_name = "PCT", allow_negative_numbers = true)]
+    pub fault_corrupt: Option<String>,
+    /// Seed of the fault RNG [default: 1].
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub fault_seed: Option<String>,
+}
+
+impl FaultFlags {
+    /// The flags over the file's `fault_*` keys (pass `ConfigFile::default()` without a file).
+    ///
+    /// # Errors
+    /// A one-line [`ConfigError`] naming the flag or key.
+    pub fn resolve(&self, file: &ConfigFile) -> Result<FaultConfig, ConfigError> {
+        let seed = pick_int(
+            "fault_seed",
+            self.fault_seed.as_deref(),
+            file.fault_seed,
+            0,
+            i64::MAX,
+        )?
+        .map_or(1, |v| v as u64);
+        Ok(FaultConfig {
+            loss_pct: pick_pct("fault_loss", self.fault_loss.as_deref(), file.fault_loss)?,
+            reorder_pct: pick_pct(
+                "fault_reorder",
+                self.fault_reorder.as_deref(),
+                file.fault_reorder,
+            )?,
+            dup_pct: pick_pct("fault_dup", self.fault_dup.as_deref(), file.fault_dup)?,
+            corrupt_pct: pick_pct(
+                "fault_corrupt",
+                self.fault_corrupt.as_deref(),
+                file.fault_corrupt,
+            )?,
+            seed,
+        })
     }
 }
 
@@ -681,7 +722,7 @@ fn pick_str<'a>(flag: Option<&'a str>, file: Option<&'a str>) -> Option<(Origin,
 }
 
 /// Picks an integer in `lo..=hi`: a flag string or a file integer.
-fn pick_int(
+pub(crate) fn pick_int(
     key: &str,
     flag: Option<&str>,
     file: Option<i64>,
@@ -704,7 +745,7 @@ fn pick_int(
 }
 
 /// Picks a duration of at least `min`: a flag string or a file string/integer.
-fn pick_duration(
+pub(crate) fn pick_duration(
     key: &str,
     flag: Option<&str>,
     file: Option<&DurationValue>,
@@ -1060,29 +1101,7 @@ pub fn resolve_parsed(file: &ConfigFile, flags: &UpArgs) -> Result<Config, Confi
         }
     };
 
-    let fault_seed = pick_int(
-        "fault_seed",
-        flags.fault_seed.as_deref(),
-        file.fault_seed,
-        0,
-        i64::MAX,
-    )?
-    .map_or(1, |v| v as u64);
-    let fault = FaultConfig {
-        loss_pct: pick_pct("fault_loss", flags.fault_loss.as_deref(), file.fault_loss)?,
-        reorder_pct: pick_pct(
-            "fault_reorder",
-            flags.fault_reorder.as_deref(),
-            file.fault_reorder,
-        )?,
-        dup_pct: pick_pct("fault_dup", flags.fault_dup.as_deref(), file.fault_dup)?,
-        corrupt_pct: pick_pct(
-            "fault_corrupt",
-            flags.fault_corrupt.as_deref(),
-            file.fault_corrupt,
-        )?,
-        seed: fault_seed,
-    };
+    let fault = flags.faults.resolve(file)?;
 
     let (origin, list) = pick_list(&flags.quirk, file.quirk.as_deref());
     let mut quirks = Quirks::default();

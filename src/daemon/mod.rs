@@ -14,8 +14,8 @@ pub mod run;
 pub mod status;
 
 pub use config::{
-    default_control_socket, resolve, Cidr, CmTransport, Config, ConfigError, ConfigFile, Mode,
-    QpBudgetPolicy, UpArgs,
+    default_control_socket, resolve, Cidr, CmTransport, Config, ConfigError, ConfigFile,
+    FaultFlags, Mode, QpBudgetPolicy, UpArgs,
 };
 pub use control::{query, ControlError, ControlServer};
 pub use status::{

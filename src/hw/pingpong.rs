@@ -4,21 +4,17 @@
 //! [`crate::tools::rc_pingpong`] (compatible with rdma-core's `ibv_rc_pingpong`); only the
 //! provider differs. The CM mode (`--cm`) and payload checks (`-c`) need the soft provider.
 
-use std::io::Write;
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use mio::{Events, Poll};
 
 use super::{HwConfig, HwError, HwVerbs};
 use crate::tools::exchange::{
-    clock_seed, exchange_err as xerr, open_rc_qp, print_dest, provider_err as perr, read_msg,
-    RcQpSetup,
+    clock_seed, exchange_over_tcp, open_rc_qp, rc_to_rts, RcPath, RcQpSetup, TcpExchange,
 };
-use crate::tools::rc_pingpong::{Dest, Options, PingpongError, Summary, DEST_MSG_LEN};
+use crate::tools::rc_pingpong::{Dest, Options, PingpongError, Summary};
 use crate::verbs::{
-    AddressVector, BufId, Completion, CqId, Provider, QpAttr, QpNum, QpState, SendWr, Verbs,
-    WcOpcode, WcStatus, WrId,
+    BufId, Completion, CqId, Provider, QpNum, SendWr, Verbs, WcOpcode, WcStatus, WrId,
 };
 
 const SEND_WRID: u64 = 1;
@@ -48,21 +44,15 @@ fn setup(opts: &Options, mut v: HwVerbs) -> Result<Ctx, PingpongError> {
         cq,
         qp,
         send_buf,
-        psn,
+        my,
         ..
     } = open_rc_qp(
         &mut v,
         opts.size,
-        opts.rx_depth,
+        (opts.rx_depth, 1),
         WrId(RECV_WRID),
         clock_seed(),
     )?;
-    let my = Dest {
-        lid: 0,
-        qpn: qp,
-        psn,
-        gid: v.port_attr().gid,
-    };
     Ok(Ctx {
         v,
         cq,
@@ -73,40 +63,13 @@ fn setup(opts: &Options, mut v: HwVerbs) -> Result<Ctx, PingpongError> {
 }
 
 fn connect_qp(ctx: &mut Ctx, opts: &Options, rem: &Dest) -> Result<(), PingpongError> {
-    ctx.v
-        .modify_qp(
-            ctx.qp,
-            &QpAttr {
-                av: Some(AddressVector::to_gid(rem.gid)),
-                path_mtu: Some(opts.mtu),
-                dest_qpn: Some(rem.qpn),
-                rq_psn: Some(rem.psn),
-                max_dest_rd_atomic: Some(1),
-                min_rnr_timer: Some(12),
-                ..QpAttr::to_state(QpState::Rtr)
-            },
-        )
-        .map_err(perr)?;
-    ctx.v
-        .modify_qp(
-            ctx.qp,
-            &QpAttr {
-                timeout: Some(opts.qp_timeout),
-                retry_cnt: Some(7),
-                rnr_retry: Some(7),
-                sq_psn: Some(ctx.my.psn),
-                max_rd_atomic: Some(1),
-                ..QpAttr::to_state(QpState::Rts)
-            },
-        )
-        .map_err(perr)
-}
-
-fn remote(s: &mut TcpStream) -> Result<Dest, PingpongError> {
-    let rem = Dest::from_msg(&read_msg(s, DEST_MSG_LEN)?)
-        .ok_or_else(|| xerr("bad remote address", "unparseable"))?;
-    print_dest("remote", &rem);
-    Ok(rem)
+    let path = RcPath {
+        mtu: opts.mtu,
+        qp_timeout: opts.qp_timeout,
+        rq_psn: rem.psn,
+        sq_psn: ctx.my.psn,
+    };
+    rc_to_rts(&mut ctx.v, ctx.qp, rem, &path)
 }
 
 /// Runs rc-pingpong on the device `cfg` names.
@@ -120,36 +83,18 @@ pub fn run(opts: &Options, cfg: &HwConfig) -> Result<Summary, HwPingpongError> {
         );
     }
     let v = HwVerbs::open(cfg)?;
-    let mut ctx = setup(opts, v)?;
-    print_dest("local", &ctx.my);
-    let to = Some(opts.deadline);
-    let stream = if let Some(peer) = opts.peer {
-        let mut s =
-            TcpStream::connect_timeout(&SocketAddr::new(peer, opts.tcp_port), opts.deadline)
-                .map_err(|e| xerr(&format!("Couldn't connect to {peer}:{}", opts.tcp_port), e))?;
-        s.set_read_timeout(to).map_err(|e| xerr("socket", e))?;
-        s.write_all(&ctx.my.to_msg())
-            .map_err(|e| xerr("Couldn't send local address", e))?;
-        let rem = remote(&mut s)?;
-        connect_qp(&mut ctx, opts, &rem)?;
-        s.write_all(b"done\0")
-            .map_err(|e| xerr("Couldn't send done", e))?;
-        s
-    } else {
-        let any = opts.bind.unwrap_or(IpAddr::from([0u8; 4]));
-        let l = TcpListener::bind(SocketAddr::new(any, opts.tcp_port))
-            .map_err(|e| xerr(&format!("Couldn't listen to port {}", opts.tcp_port), e))?;
-        let (mut s, _) = l.accept().map_err(|e| xerr("accept", e))?;
-        s.set_read_timeout(to).map_err(|e| xerr("socket", e))?;
-        let rem = remote(&mut s)?;
-        connect_qp(&mut ctx, opts, &rem)?;
-        s.write_all(&ctx.my.to_msg())
-            .map_err(|e| xerr("Couldn't send local address", e))?;
-        let _done = read_msg(&mut s, 5)?;
-        s
-    };
+    let ctx = setup(opts, v)?;
+    let ex = TcpExchange::rdma_core(opts.peer, opts.bind, opts.tcp_port, opts.deadline);
+    // The device's GID is this side's address; the exchange's local address is not needed.
+    let (mut ctx, _) = exchange_over_tcp(
+        &ex,
+        |_| {
+            let my = ctx.my;
+            Ok((ctx, my))
+        },
+        |ctx, rem| connect_qp(ctx, opts, rem),
+    )?;
     let summary = pingpong(&mut ctx, opts)?;
-    drop(stream);
     Ok(summary)
 }
 

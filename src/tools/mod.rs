@@ -2,5 +2,6 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod exchange;
+pub mod perf;
 pub mod rc_pingpong;
 pub mod ud_pingpong;

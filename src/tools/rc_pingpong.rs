@@ -17,20 +17,19 @@
 //! `0x0000000001060000 | port`, and the run ends with DREQ/DREP. PSNs follow Linux's CM: each
 //! side advertises the PSN it expects to receive.
 
-use std::io::{self, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::io;
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use mio::{Events, Poll};
 use rand::{Rng, SeedableRng};
 
 use crate::cm::{AcceptParams, Cm, CmConfig, CmEvent, CommId, ConnectParams};
 use crate::gsi::Gsi;
-use crate::soft::provider::{SoftProvider, UdpOffload};
-use crate::soft::{FaultConfig, SoftConfig, SoftVerbs};
+use crate::soft::provider::UdpOffload;
+use crate::soft::{FaultConfig, SoftVerbs};
 use crate::verbs::{
-    AddressVector, AsyncEvent, BufId, Completion, CqId, Gid, PathMtu, PdId, Provider, QpAttr,
-    QpNum, QpState, SendWr, Verbs, WcOpcode, WcStatus, WrId,
+    AsyncEvent, BufId, Completion, CqId, Gid, PathMtu, PdId, Provider, QpAttr, QpNum, QpState,
+    SendWr, Verbs, WcOpcode, WcStatus, WrId,
 };
 
 /// rdma_cm's service ID prefix for the TCP port space (`RDMA_PS_TCP`).
@@ -103,7 +102,8 @@ pub enum PingpongError {
 }
 
 use super::exchange::{
-    clock_seed, exchange_err, open_rc_qp, print_dest, read_msg, route_source, RcQpSetup,
+    clock_seed, exchange_err, exchange_over_tcp, linger, open_rc_qp, print_dest, rc_to_rts,
+    route_source, RcPath, RcQpSetup, SoftLink, SoftLoop, TcpExchange,
 };
 pub use super::exchange::{Dest, DEST_MSG_LEN};
 
@@ -138,9 +138,7 @@ struct CmCtx {
 
 /// Everything the run needs once the provider exists.
 struct Ctx {
-    prov: SoftProvider,
-    poll: Poll,
-    events: Events,
+    lp: SoftLoop,
     pd: PdId,
     cq: CqId,
     qp: QpNum,
@@ -153,11 +151,11 @@ impl Ctx {
     /// One pass over everything that may have work: the socket, timers, CM MADs and events.
     /// CM events are appended to `out`.
     fn pump(&mut self, now: Instant, out: &mut Vec<CmEvent>) -> Result<(), PingpongError> {
-        self.prov.handle_io(now)?;
+        self.lp.prov.handle_io(now)?;
         let Some(c) = &mut self.cm else {
             return Ok(());
         };
-        let v = self.prov.verbs();
+        let v = self.lp.prov.verbs();
         c.mads.clear();
         c.gsi.poll(v, &mut c.mads);
         for (from, mad) in &c.mads {
@@ -180,54 +178,39 @@ impl Ctx {
         while let Some(e) = c.cm.poll_event() {
             out.push(e);
         }
-        self.prov.handle_io(now)?;
+        self.lp.prov.handle_io(now)?;
         Ok(())
     }
 
     /// Sleeps until something may be ready (at most `cap`).
     fn wait(&mut self, cap: Duration) -> Result<(), PingpongError> {
-        let now = Instant::now();
-        let deadlines = [
-            self.prov.poll_timeout(),
-            self.cm.as_ref().and_then(|c| c.cm.poll_timeout()),
-        ];
-        let timeout = deadlines
-            .into_iter()
-            .flatten()
-            .map(|t| t.saturating_duration_since(now))
-            .fold(cap, Duration::min);
-        self.poll.poll(&mut self.events, Some(timeout))?;
-        Ok(())
+        let cm_timeout = self.cm.as_ref().and_then(|c| c.cm.poll_timeout());
+        self.lp.wait(cap, cm_timeout)
     }
 }
 
 fn setup(opts: &Options, local: IpAddr) -> Result<Ctx, PingpongError> {
     let perr = |e: crate::verbs::VerbsError| PingpongError::Provider(e.to_string());
-    let mut cfg = SoftConfig::new(local);
-    cfg.src_port = opts.udp_port;
-    cfg.dst_port = opts.udp_port;
-    cfg.port_mtu = PathMtu::Mtu4096;
-    cfg.verify_icrc_v4 = opts.verify_icrc_v4;
-    cfg.faults = opts.faults;
-    // Datagram by datagram (no GSO trains), so a capture anywhere shows every packet as sent.
-    let mut prov = SoftProvider::bind(cfg, UdpOffload::Off)
-        .map_err(|e| PingpongError::Provider(format!("bind {local} udp {}: {e}", opts.udp_port)))?;
-    let v = prov.verbs();
+    let mut lp = SoftLoop::bind(&SoftLink {
+        local,
+        udp_port: opts.udp_port,
+        verify_icrc_v4: opts.verify_icrc_v4,
+        faults: opts.faults,
+        // Datagram by datagram (no GSO trains), so a capture anywhere shows every packet as
+        // sent.
+        offload: UdpOffload::Off,
+    })?;
+    let v = lp.prov.verbs();
     let seed = clock_seed();
     let RcQpSetup {
         pd,
         cq,
         qp,
         send_buf,
-        psn,
-    } = open_rc_qp(v, opts.size, opts.rx_depth, WrId(RECV_WRID), seed)?;
-    let gid = v.port_attr().gid;
-    let my = Dest {
-        lid: 0,
-        qpn: qp,
-        psn,
-        gid,
-    };
+        my,
+        ..
+    } = open_rc_qp(v, opts.size, (opts.rx_depth, 1), WrId(RECV_WRID), seed)?;
+    let gid = my.gid;
     let cm = if opts.cm {
         let gsi = Gsi::open(v, pd, 64, 16).map_err(perr)?;
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed.rotate_left(17));
@@ -244,12 +227,8 @@ fn setup(opts: &Options, local: IpAddr) -> Result<Ctx, PingpongError> {
     } else {
         None
     };
-    let poll = Poll::new()?;
-    prov.register(poll.registry(), 0)?;
     Ok(Ctx {
-        prov,
-        poll,
-        events: Events::with_capacity(64),
+        lp,
         pd,
         cq,
         qp,
@@ -259,35 +238,21 @@ fn setup(opts: &Options, local: IpAddr) -> Result<Ctx, PingpongError> {
     })
 }
 
-/// RTR then RTS: `rem.psn` is what we send from; our own `ctx.my.psn` is what we expect.
+/// RTR then RTS: with the TCP exchange each side sends from its own PSN; with the CM each
+/// side advertised the PSN it expects.
 fn connect_qp(ctx: &mut Ctx, opts: &Options, rem: &Dest) -> Result<(), PingpongError> {
-    let perr = |e: crate::verbs::VerbsError| PingpongError::Provider(e.to_string());
-    let v = ctx.prov.verbs();
-    v.modify_qp(
-        ctx.qp,
-        &QpAttr {
-            av: Some(AddressVector::to_gid(rem.gid)),
-            path_mtu: Some(opts.mtu),
-            dest_qpn: Some(rem.qpn),
-            rq_psn: Some(if opts.cm { ctx.my.psn } else { rem.psn }),
-            max_dest_rd_atomic: Some(1),
-            min_rnr_timer: Some(12),
-            ..QpAttr::to_state(QpState::Rtr)
-        },
-    )
-    .map_err(perr)?;
-    v.modify_qp(
-        ctx.qp,
-        &QpAttr {
-            timeout: Some(opts.qp_timeout),
-            retry_cnt: Some(7),
-            rnr_retry: Some(7),
-            sq_psn: Some(if opts.cm { rem.psn } else { ctx.my.psn }),
-            max_rd_atomic: Some(1),
-            ..QpAttr::to_state(QpState::Rts)
-        },
-    )
-    .map_err(perr)
+    let (rq_psn, sq_psn) = if opts.cm {
+        (ctx.my.psn, rem.psn)
+    } else {
+        (rem.psn, ctx.my.psn)
+    };
+    let path = RcPath {
+        mtu: opts.mtu,
+        qp_timeout: opts.qp_timeout,
+        rq_psn,
+        sq_psn,
+    };
+    rc_to_rts(ctx.lp.prov.verbs(), ctx.qp, rem, &path)
 }
 
 /// What a successful run reports.
@@ -315,68 +280,23 @@ pub fn run(opts: &Options) -> Result<Outcome, PingpongError> {
     }
     Ok(Outcome {
         summary,
-        stats: stats_line(ctx.prov.engine()),
+        stats: stats_line(ctx.lp.prov.engine()),
     })
 }
 
 /// rdma-core's pingpong set-up: QP info over TCP.
 fn connect_with_tcp(opts: &Options) -> Result<Ctx, PingpongError> {
-    let io_timeout = Some(opts.deadline);
-    match opts.peer {
-        Some(peer) => {
-            let local = match opts.bind {
-                Some(ip) => ip,
-                None => route_source(peer).map_err(|e| exchange_err("route to peer", e))?,
-            };
-            let mut ctx = setup(opts, local)?;
-            print_dest("local", &ctx.my);
-            let mut s =
-                TcpStream::connect_timeout(&SocketAddr::new(peer, opts.tcp_port), opts.deadline)
-                    .map_err(|e| {
-                        exchange_err(&format!("Couldn't connect to {peer}:{}", opts.tcp_port), e)
-                    })?;
-            s.set_read_timeout(io_timeout)
-                .map_err(|e| exchange_err("socket", e))?;
-            s.write_all(&ctx.my.to_msg())
-                .map_err(|e| exchange_err("Couldn't send local address", e))?;
-            let msg = read_msg(&mut s, DEST_MSG_LEN)?;
-            let rem = Dest::from_msg(&msg)
-                .ok_or_else(|| exchange_err("bad remote address", "unparseable"))?;
-            print_dest("remote", &rem);
-            connect_qp(&mut ctx, opts, &rem)?;
-            s.write_all(b"done\0")
-                .map_err(|e| exchange_err("Couldn't send done", e))?;
-            Ok(ctx)
-        }
-        None => {
-            let any: IpAddr = match opts.bind {
-                Some(ip) => ip,
-                None => IpAddr::from([0, 0, 0, 0]),
-            };
-            let l = TcpListener::bind(SocketAddr::new(any, opts.tcp_port)).map_err(|e| {
-                exchange_err(&format!("Couldn't listen to port {}", opts.tcp_port), e)
-            })?;
-            let (mut s, _) = l.accept().map_err(|e| exchange_err("accept", e))?;
-            s.set_read_timeout(io_timeout)
-                .map_err(|e| exchange_err("socket", e))?;
-            let local = s.local_addr().map_err(|e| exchange_err("socket", e))?.ip();
-            let local = match local {
-                IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(local, IpAddr::V4),
-                v4 => v4,
-            };
-            let mut ctx = setup(opts, opts.bind.unwrap_or(local))?;
-            print_dest("local", &ctx.my);
-            let msg = read_msg(&mut s, DEST_MSG_LEN)?;
-            let rem = Dest::from_msg(&msg)
-                .ok_or_else(|| exchange_err("bad remote address", "unparseable"))?;
-            print_dest("remote", &rem);
-            connect_qp(&mut ctx, opts, &rem)?;
-            s.write_all(&ctx.my.to_msg())
-                .map_err(|e| exchange_err("Couldn't send local address", e))?;
-            let _done = read_msg(&mut s, 5)?;
-            Ok(ctx)
-        }
-    }
+    let ex = TcpExchange::rdma_core(opts.peer, opts.bind, opts.tcp_port, opts.deadline);
+    let (ctx, _) = exchange_over_tcp(
+        &ex,
+        |local| {
+            let ctx = setup(opts, local)?;
+            let my = ctx.my;
+            Ok((ctx, my))
+        },
+        |ctx, rem| connect_qp(ctx, opts, rem),
+    )?;
+    Ok(ctx)
 }
 
 /// Runs the event loop until `f` returns a value for one of the CM events, or the deadline.
@@ -546,7 +466,8 @@ fn disconnect_with_cm(ctx: &mut Ctx, opts: &Options) -> Result<(), PingpongError
     }
     // Move the QP to ERR as the CM's owner must; the process exits right after.
     let qp = ctx.qp;
-    ctx.prov
+    ctx.lp
+        .prov
         .verbs()
         .modify_qp(qp, &QpAttr::to_state(QpState::Err))
         .map_err(|e| PingpongError::Provider(e.to_string()))?;
@@ -594,7 +515,7 @@ fn pingpong(ctx: &mut Ctx, opts: &Options) -> Result<Summary, PingpongError> {
     let mut send_pending = false;
     let mut recv_pending = true;
     let post_send = |ctx: &mut Ctx, n: u32| -> Result<(), PingpongError> {
-        let v = ctx.prov.verbs();
+        let v = ctx.lp.prov.verbs();
         if opts.validate {
             if let Ok(b) = v.pools_mut().get_mut(ctx.send_buf) {
                 fill_pattern(&mut b[..opts.size], n, is_client);
@@ -624,7 +545,7 @@ fn pingpong(ctx: &mut Ctx, opts: &Options) -> Result<Summary, PingpongError> {
             }
         }
         wcs.clear();
-        ctx.prov.verbs().poll_cq(ctx.cq, &mut wcs, 64);
+        ctx.lp.prov.verbs().poll_cq(ctx.cq, &mut wcs, 64);
         for wc in &wcs {
             if wc.status != WcStatus::Success {
                 return Err(PingpongError::Completion(*wc));
@@ -639,7 +560,7 @@ fn pingpong(ctx: &mut Ctx, opts: &Options) -> Result<Summary, PingpongError> {
                         .buf
                         .ok_or_else(|| PingpongError::Provider("recv without buffer".into()))?;
                     if opts.validate {
-                        let v = ctx.prov.verbs();
+                        let v = ctx.lp.prov.verbs();
                         let data = v
                             .pools()
                             .get(buf)
@@ -651,7 +572,8 @@ fn pingpong(ctx: &mut Ctx, opts: &Options) -> Result<Summary, PingpongError> {
                     }
                     rcnt += 1;
                     recv_pending = false;
-                    ctx.prov
+                    ctx.lp
+                        .prov
                         .verbs()
                         .post_recv(ctx.qp, WrId(RECV_WRID), buf)
                         .map_err(|e| {
@@ -666,13 +588,13 @@ fn pingpong(ctx: &mut Ctx, opts: &Options) -> Result<Summary, PingpongError> {
             }
         }
         if !wcs.is_empty() {
-            ctx.prov.handle_io(Instant::now())?;
+            ctx.lp.prov.handle_io(Instant::now())?;
             continue;
         }
         ctx.wait(Duration::from_millis(100))?;
     }
     let elapsed = start.elapsed();
-    linger(ctx, opts)?;
+    linger_pingpong(ctx, opts)?;
     Ok(Summary {
         bytes: opts.size as u64 * u64::from(opts.iters) * 2,
         elapsed,
@@ -680,23 +602,14 @@ fn pingpong(ctx: &mut Ctx, opts: &Options) -> Result<Summary, PingpongError> {
     })
 }
 
-/// Keeps answering for a while after the last completion: the peer may still be waiting for
-/// an ACK that got lost, and only this side can re-ACK its retransmission.
-fn linger(ctx: &mut Ctx, opts: &Options) -> Result<(), PingpongError> {
-    let interval = Duration::from_nanos(4096u64 << opts.qp_timeout);
-    let linger = (interval * 8 + Duration::from_millis(20)).min(Duration::from_secs(2));
-    let end = Instant::now() + linger;
+/// Keeps answering for a while after the last completion (see [`linger`]).
+fn linger_pingpong(ctx: &mut Ctx, opts: &Options) -> Result<(), PingpongError> {
     let mut evs = Vec::new();
-    for _ in 0..100_000 {
-        let now = Instant::now();
-        if now >= end {
-            break;
-        }
+    linger(ctx, opts.qp_timeout, |ctx, now, cap| {
         evs.clear();
         ctx.pump(now, &mut evs)?;
-        ctx.wait((end - now).min(Duration::from_millis(10)))?;
-    }
-    Ok(())
+        ctx.wait(cap)
+    })
 }
 
 /// The provider's counters, one line, for the end of a run.

@@ -6,18 +6,16 @@
 //! in rdma-core. Each side sends its next message once its previous send completed and the
 //! peer's message arrived; the client starts.
 
-use std::io::Write;
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use mio::{Events, Poll};
 use rand::{Rng, SeedableRng};
 
-use super::rc_pingpong::{Dest, PingpongError, Summary, DEST_MSG_LEN};
-use crate::soft::provider::{SoftProvider, UdpOffload};
-use crate::soft::SoftConfig;
+use super::rc_pingpong::{Dest, PingpongError, Summary};
+use crate::soft::provider::UdpOffload;
+use crate::soft::FaultConfig;
 use crate::tools::exchange::{
-    exchange_err as xerr, print_dest, provider_err as perr, read_msg, route_source,
+    clock_seed, exchange_over_tcp, provider_err as perr, SoftLink, SoftLoop, TcpExchange,
 };
 use crate::verbs::{
     AddressVector, Completion, PathMtu, Provider, Psn, QKey, QpAttr, QpInit, QpState, QpType,
@@ -58,7 +56,7 @@ pub struct Options {
 }
 
 struct Ctx {
-    prov: SoftProvider,
+    lp: SoftLoop,
     qp: crate::verbs::QpNum,
     cq: crate::verbs::CqId,
     send_buf: crate::verbs::BufId,
@@ -66,15 +64,16 @@ struct Ctx {
 }
 
 fn setup(opts: &Options, local: IpAddr) -> Result<Ctx, PingpongError> {
-    let mut cfg = SoftConfig::new(local);
-    cfg.src_port = opts.udp_port;
-    cfg.dst_port = opts.udp_port;
-    cfg.port_mtu = PathMtu::Mtu4096;
-    cfg.verify_icrc_v4 = opts.verify_icrc_v4;
-    // Datagram by datagram (no GSO trains), so a capture anywhere shows every packet as sent.
-    let mut prov = SoftProvider::bind(cfg, UdpOffload::Off)
-        .map_err(|e| PingpongError::Provider(format!("bind {local} udp {}: {e}", opts.udp_port)))?;
-    let v = prov.verbs();
+    let mut lp = SoftLoop::bind(&SoftLink {
+        local,
+        udp_port: opts.udp_port,
+        verify_icrc_v4: opts.verify_icrc_v4,
+        faults: FaultConfig::default(),
+        // Datagram by datagram (no GSO trains), so a capture anywhere shows every packet as
+        // sent.
+        offload: UdpOffload::Off,
+    })?;
+    let v = lp.prov.verbs();
     let pd = v.alloc_pd().map_err(perr)?;
     let count = opts.rx_depth as usize + 1;
     let pool = v.create_pool(pd, opts.size + GRH, count).map_err(perr)?;
@@ -109,11 +108,8 @@ fn setup(opts: &Options, local: IpAddr) -> Result<Ctx, PingpongError> {
             .ok_or_else(|| PingpongError::Provider("buffer pool exhausted".into()))?;
         v.post_recv(qp, WrId(RECV_WRID), b).map_err(perr)?;
     }
-    let seed = u64::from(std::process::id())
-        ^ std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-    let psn = Psn::new(rand_chacha::ChaCha8Rng::seed_from_u64(seed).gen::<u32>() & 0xFF_FFFF);
+    let psn =
+        Psn::new(rand_chacha::ChaCha8Rng::seed_from_u64(clock_seed()).gen::<u32>() & 0xFF_FFFF);
     v.modify_qp(qp, &QpAttr::to_state(QpState::Rtr))
         .map_err(perr)?;
     v.modify_qp(
@@ -131,7 +127,7 @@ fn setup(opts: &Options, local: IpAddr) -> Result<Ctx, PingpongError> {
         gid: v.port_attr().gid,
     };
     Ok(Ctx {
-        prov,
+        lp,
         qp,
         cq,
         send_buf,
@@ -140,47 +136,17 @@ fn setup(opts: &Options, local: IpAddr) -> Result<Ctx, PingpongError> {
 }
 
 fn exchange(opts: &Options) -> Result<(Ctx, Dest), PingpongError> {
-    let to = Some(opts.deadline);
-    if let Some(peer) = opts.peer {
-        let local = match opts.bind {
-            Some(ip) => ip,
-            None => route_source(peer).map_err(|e| xerr("route to peer", e))?,
-        };
-        let ctx = setup(opts, local)?;
-        print_dest("local", &ctx.my);
-        let mut s =
-            TcpStream::connect_timeout(&SocketAddr::new(peer, opts.tcp_port), opts.deadline)
-                .map_err(|e| xerr(&format!("Couldn't connect to {peer}:{}", opts.tcp_port), e))?;
-        s.set_read_timeout(to).map_err(|e| xerr("socket", e))?;
-        s.write_all(&ctx.my.to_msg())
-            .map_err(|e| xerr("Couldn't send local address", e))?;
-        let rem = Dest::from_msg(&read_msg(&mut s, DEST_MSG_LEN)?)
-            .ok_or_else(|| xerr("bad remote address", "unparseable"))?;
-        print_dest("remote", &rem);
-        s.write_all(b"done\0")
-            .map_err(|e| xerr("Couldn't send done", e))?;
-        Ok((ctx, rem))
-    } else {
-        let any = opts.bind.unwrap_or(IpAddr::from([0u8; 4]));
-        let l = TcpListener::bind(SocketAddr::new(any, opts.tcp_port))
-            .map_err(|e| xerr(&format!("Couldn't listen to port {}", opts.tcp_port), e))?;
-        let (mut s, _) = l.accept().map_err(|e| xerr("accept", e))?;
-        s.set_read_timeout(to).map_err(|e| xerr("socket", e))?;
-        let local = s.local_addr().map_err(|e| xerr("socket", e))?.ip();
-        let local = match local {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(local, IpAddr::V4),
-            v4 => v4,
-        };
-        let ctx = setup(opts, opts.bind.unwrap_or(local))?;
-        print_dest("local", &ctx.my);
-        let rem = Dest::from_msg(&read_msg(&mut s, DEST_MSG_LEN)?)
-            .ok_or_else(|| xerr("bad remote address", "unparseable"))?;
-        print_dest("remote", &rem);
-        s.write_all(&ctx.my.to_msg())
-            .map_err(|e| xerr("Couldn't send local address", e))?;
-        let _done = read_msg(&mut s, 5)?;
-        Ok((ctx, rem))
-    }
+    let ex = TcpExchange::rdma_core(opts.peer, opts.bind, opts.tcp_port, opts.deadline);
+    // UD needs no connecting: the peer's QPN and GID go into every send.
+    exchange_over_tcp(
+        &ex,
+        |local| {
+            let ctx = setup(opts, local)?;
+            let my = ctx.my;
+            Ok((ctx, my))
+        },
+        |_, _| Ok(()),
+    )
 }
 
 /// Runs the tool.
@@ -194,9 +160,6 @@ pub fn run(opts: &Options) -> Result<Summary, PingpongError> {
         ));
     }
     let (mut ctx, rem) = exchange(opts)?;
-    let mut poll = Poll::new()?;
-    let mut events = Events::with_capacity(64);
-    ctx.prov.register(poll.registry(), 0)?;
     let dest = UdDest {
         av: AddressVector {
             hop_limit: 1,
@@ -216,7 +179,8 @@ pub fn run(opts: &Options) -> Result<Summary, PingpongError> {
             ud: Some(dest),
             ..SendWr::send(WrId(SEND_WRID), ctx.send_buf, opts.size)
         };
-        ctx.prov
+        ctx.lp
+            .prov
             .verbs()
             .post_send(ctx.qp, &wr)
             .map_err(|e| PingpongError::Provider(format!("Couldn't post send: {e}")))
@@ -231,19 +195,12 @@ pub fn run(opts: &Options) -> Result<Summary, PingpongError> {
         if now >= deadline {
             return Err(PingpongError::Timeout(opts.deadline, scnt, rcnt));
         }
-        ctx.prov.handle_io(now)?;
+        ctx.lp.prov.handle_io(now)?;
         cs.clear();
         let cq = ctx.cq;
-        if ctx.prov.verbs().poll_cq(cq, &mut cs, 64) == 0 {
+        if ctx.lp.prov.verbs().poll_cq(cq, &mut cs, 64) == 0 {
             // Nothing to do: sleep until the socket or a timer wakes us.
-            let wait = ctx
-                .prov
-                .poll_timeout()
-                .map_or(Duration::from_millis(100), |t| {
-                    t.saturating_duration_since(now)
-                })
-                .min(Duration::from_millis(100));
-            poll.poll(&mut events, Some(wait))?;
+            ctx.lp.wait(Duration::from_millis(100), None)?;
             continue;
         }
         // Completions were handled: loop straight back so handle_io transmits what they
@@ -262,7 +219,8 @@ pub fn run(opts: &Options) -> Result<Summary, PingpongError> {
                     let b = c
                         .buf
                         .ok_or_else(|| PingpongError::Provider("recv without buffer".into()))?;
-                    ctx.prov
+                    ctx.lp
+                        .prov
                         .verbs()
                         .post_recv(ctx.qp, WrId(RECV_WRID), b)
                         .map_err(|e| {

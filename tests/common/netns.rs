@@ -208,6 +208,53 @@ impl Drop for Lab {
     }
 }
 
+/// Runs `server` in node 1, then `client` with node 1's address appended in node 2 (retried
+/// while the server is not listening yet: stderr says "Couldn't connect" or "no answer");
+/// returns both stdouts after checking that both exited 0 within `limit`.
+pub(crate) fn server_and_client(
+    lab: &Lab,
+    server: &[&str],
+    client: &[&str],
+    limit: Duration,
+) -> (String, String) {
+    let mut server_cmd = lab.exec(1, server);
+    server_cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut server = server_cmd.spawn().expect("spawn server");
+    let mut srv_out = Lines::new(server.stdout.take().expect("stdout"));
+    let mut srv_err = Lines::new(server.stderr.take().expect("stderr"));
+    let peer = lab.addr(1).to_string();
+    let mut cli_args = client.to_vec();
+    cli_args.push(&peer);
+    // The server listens before it prints anything; give it a moment, then retry the client
+    // a few times in case it was not listening yet.
+    let mut client_out = None;
+    for _ in 0..20 {
+        thread::sleep(Duration::from_millis(100));
+        let out = output_within(lab.exec(2, &cli_args), limit);
+        let text = String::from_utf8_lossy(&out.stderr).to_string();
+        if text.contains("Couldn't connect") || text.contains("no answer") {
+            continue;
+        }
+        client_out = Some(out);
+        break;
+    }
+    let client = client_out.expect("client never connected");
+    let status = wait_within(&mut server, limit);
+    let server_text = srv_out.finish(Duration::from_secs(2)).join("\n");
+    let server_err = srv_err.finish(Duration::from_secs(2)).join("\n");
+    let client_text = String::from_utf8_lossy(&client.stdout).to_string();
+    assert!(
+        client.status.success(),
+        "client failed: {client_text}\n{}",
+        String::from_utf8_lossy(&client.stderr)
+    );
+    assert!(
+        status.success(),
+        "server failed: {server_text}\n{server_err}"
+    );
+    (server_text, client_text)
+}
+
 /// Runs `cmd` to completion with stdout and stderr captured, killing it at `timeout`.
 ///
 /// Panics if it cannot be started. A killed command comes back with a failed status and
