@@ -8,8 +8,9 @@
 # iperf3 UDP with 64-byte datagrams (5 s, unlimited rate, received packets/s), ping RTT p50/p99
 # (1,000 pings at 2 ms), CPU time per GB moved; then the simulated-fabric figures
 # (benches/fabric_scale.rs: CM set-up rate, stale-reap rate, heap per RX connection) and the
-# provider alone (rc-pingpong). Prints a table with tunnel/veth ratios and the load average
-# next to each section, and writes the JSON document to FILE. --quick: 2 s iperf3 runs, 200
+# provider alone (ipoib-cm perf: bandwidth with 64 KiB and 4 KiB messages, 64 B latency).
+# Prints a table with tunnel/veth ratios and the load average next to each section, and
+# writes the JSON document to FILE. --quick: 2 s iperf3 runs, 200
 # pings (for trying the script out; not for figures).
 #
 # Paths (all inside namespaces this script creates and deletes; 198.18.0.0/15 only):
@@ -174,24 +175,29 @@ ip -n bnv1 link set eth0 up
 ip -n bnv2 link set eth0 up
 measure veth bnv1 bnv2 198.18.1.2
 
-# ---- provider alone (rc-pingpong over the same veth) ---------------------------------------
-section "provider alone: rc-pingpong over the veth (64 KiB and 64 B messages, path MTU 4096)"
-rcpp() {
-    local size=$1 iters=$2
-    ip netns exec bnv2 timeout 60 "$BIN" rc-pingpong -m 4096 -s "$size" -n "$iters" \
-        --bind 198.18.1.2 > "$OUT/rcpp-server.txt" 2>&1 &
-    local sp=$! i
+# ---- provider alone (ipoib-cm perf over the same veth) -------------------------------------
+section "provider alone: ipoib-cm perf over the veth (path MTU 4096)"
+# provider_perf NAME ARGS...: server in bnv2, client in bnv1; the server's JSON line (its
+# figures end at the last receive) goes to $OUT/perf-NAME.json.
+provider_perf() {
+    local name=$1 i
+    shift
+    ip netns exec bnv2 timeout 90 "$BIN" perf --json --deadline 60 --bind 198.18.1.2 "$@" \
+        > "$OUT/perf-$name-server.txt" 2>&1 &
+    local sp=$!
     for ((i = 0; i < 50; i++)); do
-        ip netns exec bnv2 ss -ltn 2>/dev/null | grep -q ':18515 ' && break
+        ip netns exec bnv2 ss -ltn 2>/dev/null | grep -q ':18516 ' && break
         sleep 0.1
     done
-    ip netns exec bnv1 timeout 60 "$BIN" rc-pingpong -m 4096 -s "$size" -n "$iters" 198.18.1.2 \
-        > "$OUT/rcpp-$size.txt" 2>&1 || true
+    ip netns exec bnv1 timeout 90 "$BIN" perf --json --deadline 60 "$@" 198.18.1.2 \
+        > "$OUT/perf-$name-client.txt" 2>&1 || true
     wait "$sp" 2>/dev/null || true
-    grep -E "Mbit/sec|usec/iter" "$OUT/rcpp-$size.txt" || true
+    grep -E "^(bw|lat) server" "$OUT/perf-$name-server.txt" || true
+    tail -n 1 "$OUT/perf-$name-server.txt" > "$OUT/perf-$name.json" || true
 }
-rcpp 65536 2000
-rcpp 64 5000
+provider_perf bw65536 --bw -s 65536 -n 20000
+provider_perf bw4096 --bw -s 4096 -n 100000
+provider_perf lat64 --lat -s 64 -n 20000
 
 # ---- OpenVPN over the same veth ------------------------------------------------------------
 section "peer: OpenVPN $(openvpn --version | head -n 1 | cut -d' ' -f2), p2p, --cipher none --auth none --disable-dco"

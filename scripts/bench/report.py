@@ -89,16 +89,9 @@ try:
 except OSError:
     pass
 prov = {}
-for size in ("65536", "64"):
-    try:
-        t = (D / f"rcpp-{size}.txt").read_text()
-    except OSError:
-        continue
-    m = re.search(r"= ([0-9.]+) Mbit/sec", t)
-    u = re.search(r"= ([0-9.]+) usec/iter", t)
-    prov[size] = {"mbit_s": float(m.group(1)) if m else None,
-                  "usec_per_iter": float(u.group(1)) if u else None}
-doc["extra"]["provider_rc_pingpong"] = prov
+for name in ("bw65536", "bw4096", "lat64"):
+    prov[name] = load(f"perf-{name}.json")
+doc["extra"]["provider_perf"] = prov
 
 
 def fmt(v, unit=""):
@@ -150,9 +143,15 @@ print(f"simulated fabric: {fab.get('reap_qps', '?')} stale RX QPs reaped in "
       f"{fmt(fab.get('reap_cpu_s'))} s CPU / {fmt(fab.get('reap_wall_s'))} s wall = "
       f"{fmt(doc['tunnel_reap_qps_per_s'])} QP/s; hub heap per idle RX connection (SRQ) "
       f"{fmt(doc['tunnel_rx_conn_bytes'])} B")
-for size, v in prov.items():
-    print(f"provider alone (rc-pingpong, {size} B messages): {fmt(v['mbit_s'])} Mbit/s, "
-          f"{fmt(v['usec_per_iter'])} us/iter")
+for name, v in prov.items():
+    if not v:
+        print(f"provider alone (ipoib-cm perf {name}): no result")
+    elif v.get("mode") == "bw":
+        print(f"provider alone (ipoib-cm perf --bw, {v.get('size')} B messages): "
+              f"{fmt(v.get('gbit_s'))} Gbit/s, {fmt(v.get('msg_per_s'))} msg/s")
+    else:
+        print(f"provider alone (ipoib-cm perf --lat, {v.get('size')} B): one-way p50 "
+              f"{fmt(v.get('lat_p50_us'))} us, p99 {fmt(v.get('lat_p99_us'))} us")
 
 # Targets.
 T, V, O = doc["tunnel"], doc["veth"], doc["peer"]
