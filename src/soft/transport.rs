@@ -909,6 +909,28 @@ mod tests {
     }
 
     #[test]
+    fn a_refused_train_turns_gso_off() {
+        // The kernel refuses any datagram to port 0 (EINVAL); standing in for a route or
+        // device that refuses GSO, it shows the bookkeeping: the train is dropped (RC
+        // retransmits), the error names GSO, and later datagrams go one by one.
+        let a = UdpTransport::bind(SocketAddr::new(V4, 0)).unwrap();
+        let nowhere = SocketAddr::new(V4, 0);
+        let mut tx = TxBatch::with_gso(4, 64, true);
+        for k in 0..3 {
+            assert!(tx.push_datagram(nowhere, &roce_like(100, k, a.local_addr(), nowhere)));
+        }
+        assert_eq!(tx.queued(), 1);
+        let err = a.send_batch(&mut tx).unwrap_err();
+        assert!(err.to_string().contains("GSO"), "{err}");
+        assert!(!tx.gso_enabled());
+        assert!(tx.is_empty());
+        for k in 0..3 {
+            assert!(tx.push_datagram(nowhere, &roce_like(100, k, a.local_addr(), nowhere)));
+        }
+        assert_eq!(tx.queued(), 3, "one datagram per slot from now on");
+    }
+
+    #[test]
     fn a_gso_train_arrives_as_sent() {
         let a = UdpTransport::bind(SocketAddr::new(V4, 0)).unwrap();
         let b = UdpTransport::bind(SocketAddr::new(V4, 0)).unwrap();
