@@ -125,16 +125,18 @@ measure() {
         > "$OUT/$name.cpu.json"
     jq -r '.end.sum_received.bits_per_second / 1e9 | "  \(.) Gbit/s"' "$OUT/$name.tcp.json" || true
 
-    section "$name: iperf3 TCP, 4 streams, ${T} s"
-    ip netns exec "$cns" timeout $((T + 20)) iperf3 -c "$dst" -p 5201 -t "$T" -P 4 -J \
-        > "$OUT/$name.tcp4.json" || true
-    jq -r '.end.sum_received.bits_per_second / 1e9 | "  \(.) Gbit/s"' "$OUT/$name.tcp4.json" || true
+    if [ "${LATENCY_ONLY:-0}" -eq 0 ]; then
+        section "$name: iperf3 TCP, 4 streams, ${T} s"
+        ip netns exec "$cns" timeout $((T + 20)) iperf3 -c "$dst" -p 5201 -t "$T" -P 4 -J \
+            > "$OUT/$name.tcp4.json" || true
+        jq -r '.end.sum_received.bits_per_second / 1e9 | "  \(.) Gbit/s"' "$OUT/$name.tcp4.json" || true
 
-    section "$name: iperf3 UDP, 64-byte datagrams, unlimited rate, ${T} s"
-    ip netns exec "$cns" timeout $((T + 20)) iperf3 -c "$dst" -p 5201 -t "$T" -u -l 64 -b 0 -J \
-        > "$OUT/$name.udp.json" || true
-    jq -r '.end.sum | "  \((.packets - .lost_packets) / .seconds) pps received, \(.lost_percent) % lost"' \
-        "$OUT/$name.udp.json" || true
+        section "$name: iperf3 UDP, 64-byte datagrams, unlimited rate, ${T} s"
+        ip netns exec "$cns" timeout $((T + 20)) iperf3 -c "$dst" -p 5201 -t "$T" -u -l 64 -b 0 -J \
+            > "$OUT/$name.udp.json" || true
+        jq -r '.end.sum | "  \((.packets - .lost_packets) / .seconds) pps received, \(.lost_percent) % lost"' \
+            "$OUT/$name.udp.json" || true
+    fi
     kill "$IPERF_PID" 2>/dev/null || true
     wait "$IPERF_PID" 2>/dev/null || true
     IPERF_PID=""
@@ -142,28 +144,8 @@ measure() {
     echo "$(cut -d' ' -f1-3 /proc/loadavg)" > "$OUT/$name.load"
 }
 
-# measure_latency NAME CLIENT_NS SERVER_NS DST [PIDS...]: the ping and TCP 1-stream parts of
-# measure.
-measure_latency() {
-    local name=$1 cns=$2 sns=$3 dst=$4
-    section "$name: warm-up ping"
-    ip netns exec "$cns" ping -n -c 5 -i 0.2 -W 3 "$dst" | tail -n 2
-    section "$name: ping, $PINGS at 2 ms"
-    ip netns exec "$cns" timeout 60 ping -n -c "$PINGS" -i 0.002 -W 1 "$dst" \
-        > "$OUT/$name.ping.txt" || true
-    tail -n 2 "$OUT/$name.ping.txt"
-    ip netns exec "$sns" timeout 300 iperf3 -s -p 5201 >/dev/null 2>&1 &
-    IPERF_PID=$!
-    sleep 0.5
-    section "$name: iperf3 TCP, 1 stream, ${T} s"
-    ip netns exec "$cns" timeout $((T + 20)) iperf3 -c "$dst" -p 5201 -t "$T" -J \
-        > "$OUT/$name.tcp.json" || true
-    jq -r '.end.sum_received.bits_per_second / 1e9 | "  \(.) Gbit/s"' "$OUT/$name.tcp.json" || true
-    kill "$IPERF_PID" 2>/dev/null || true
-    wait "$IPERF_PID" 2>/dev/null || true
-    IPERF_PID=""
-    echo "$(cut -d' ' -f1-3 /proc/loadavg)" > "$OUT/$name.load"
-}
+# measure_latency NAME CLIENT_NS SERVER_NS DST [PIDS...]: measure's ping and TCP 1-stream parts.
+measure_latency() { LATENCY_ONLY=1 measure "$@"; }
 
 # ---- veth ----------------------------------------------------------------------------------
 section "veth: namespaces bnv1/bnv2, MTU 9000"

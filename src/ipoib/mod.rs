@@ -274,6 +274,15 @@ fn wr_kind(id: crate::verbs::WrId) -> u64 {
     id.0 >> WR_KIND_SHIFT
 }
 
+/// The IP packet of `len` bytes after the IPoIB header in buffer `b` (a receive buffer, or a
+/// send buffer the driver read a TUN packet into).
+fn ip_packet_in<V: Verbs>(v: &V, b: BufId, len: usize) -> Option<&[u8]> {
+    v.pools()
+        .get(b)
+        .ok()?
+        .get(IpoibHeader::LEN..IpoibHeader::LEN + len)
+}
+
 /// Writes the IPoIB header and `payload` into the held buffer `b`; returns the message length,
 /// or `None` when it does not fit.
 fn fill_ipoib<V: Verbs>(v: &mut V, b: BufId, ethertype: u16, payload: &[u8]) -> Option<usize> {
@@ -540,12 +549,7 @@ impl Endpoint {
             TunPacket::Received { qpn, buf, len } => {
                 let mut out = self.tun_spare.pop().unwrap_or_default();
                 out.clear();
-                if let Some(bytes) = v
-                    .pools()
-                    .get(buf)
-                    .ok()
-                    .and_then(|b| b.get(IpoibHeader::LEN..IpoibHeader::LEN + len))
-                {
+                if let Some(bytes) = ip_packet_in(v, buf, len) {
                     out.extend_from_slice(bytes);
                 }
                 self.release_rx_buf(v, qpn, buf);
@@ -568,12 +572,7 @@ impl Endpoint {
                     self.recycle_tun(p);
                 }
                 TunPacket::Received { qpn, buf, len } => {
-                    if let Some(bytes) = v
-                        .pools()
-                        .get(buf)
-                        .ok()
-                        .and_then(|b| b.get(IpoibHeader::LEN..IpoibHeader::LEN + len))
-                    {
+                    if let Some(bytes) = ip_packet_in(v, buf, len) {
                         write(bytes);
                     }
                     self.release_rx_buf(v, qpn, buf);

@@ -119,23 +119,18 @@ impl Endpoint {
     /// as [`handle_tun_packet`](Self::handle_tun_packet), but a packet for an established RC
     /// connection is sent from that buffer without a copy.
     pub fn handle_tun_buffer<V: Verbs>(&mut self, now: Instant, v: &mut V, b: BufId, len: usize) {
-        let fast = v
-            .pools()
-            .get(b)
-            .ok()
-            .and_then(|buf| buf.get(IpoibHeader::LEN..IpoibHeader::LEN + len))
-            .and_then(|packet| {
-                let info = classify(packet).ok()?;
-                if info.is_multicast_or_broadcast() || self.cfg.mode != Mode::Connected {
-                    return None;
-                }
-                let hw = self.neigh.resolved(&info.dst)?;
-                if !hw.connected_mode() {
-                    return None;
-                }
-                let qpn = self.established_tx(hw, packet.len())?;
-                Some((info.dst, info.version.ethertype(), qpn))
-            });
+        let fast = super::ip_packet_in(v, b, len).and_then(|packet| {
+            let info = classify(packet).ok()?;
+            if info.is_multicast_or_broadcast() || self.cfg.mode != Mode::Connected {
+                return None;
+            }
+            let hw = self.neigh.resolved(&info.dst)?;
+            if !hw.connected_mode() {
+                return None;
+            }
+            let qpn = self.established_tx(hw, packet.len())?;
+            Some((info.dst, info.version.ethertype(), qpn))
+        });
         if let Some((dst, ethertype, qpn)) = fast {
             if let Some(n) = self.neigh.get_mut(&dst) {
                 n.last_used = now;
@@ -156,12 +151,7 @@ impl Endpoint {
         // Anything else: the general path, from a copy.
         let mut packet = std::mem::take(&mut self.tun_scratch);
         packet.clear();
-        if let Some(bytes) = v
-            .pools()
-            .get(b)
-            .ok()
-            .and_then(|buf| buf.get(IpoibHeader::LEN..IpoibHeader::LEN + len))
-        {
+        if let Some(bytes) = super::ip_packet_in(v, b, len) {
             packet.extend_from_slice(bytes);
         }
         self.tx_free.push(b);
