@@ -658,3 +658,19 @@ fn cm_transport_mad_port_and_icrc() {
         "config: mad_port: must be between 1 and 65535 (got 0)"
     );
 }
+
+#[test]
+fn udp_offload_flag_and_key() {
+    assert!(ok("", &["--bind", "192.0.2.1"]).udp_offload);
+    assert!(!ok("", &["--bind", "192.0.2.1", "--no-udp-offload"]).udp_offload);
+    assert!(!ok("bind = \"192.0.2.1\"\nudp_offload = false", &[]).udp_offload);
+    assert!(
+        !ok(
+            "bind = \"192.0.2.1\"\nudp_offload = true",
+            &["--no-udp-offload"]
+        )
+        .udp_offload
+    );
+    let e = file_err("bind = \"192.0.2.1\"\nudp_offload = \"yes\"", &[]);
+    assert!(e.contains("udp_offload"), "{e}");
+}
