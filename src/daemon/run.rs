@@ -39,10 +39,6 @@ const MAD: Token = Token(103);
 const TUN_BATCH: usize = 256;
 /// Longest sleep when nothing is scheduled.
 const IDLE_WAKE: Duration = Duration::from_secs(1);
-/// A busy-poll yield that took longer than this ran another task: the CPU is contended.
-const SPIN_CONTENDED: Duration = Duration::from_micros(50);
-/// How long busy polling stays off after it found the CPU contended.
-const SPIN_PAUSE: Duration = Duration::from_millis(20);
 
 /// Why the daemon could not run.
 #[derive(Debug, thiserror::Error)]
@@ -273,7 +269,6 @@ fn run<P: DaemonProvider>(
     let mut tun_more = false;
     let mut tun_ready = true;
     let mut last_event = Instant::now();
-    let mut spin_paused_until = last_event;
     let mut stop_deadline: Option<Instant> = None;
     let mut tun_write_drops = 0u64;
     loop {
@@ -284,7 +279,7 @@ fn run<P: DaemonProvider>(
             .min();
         // Busy polling: for `busy_poll` after the last event, look for events without
         // sleeping, so a packet arriving then costs no wakeup.
-        let spinning = now < last_event + cfg.busy_poll && now >= spin_paused_until;
+        let spinning = now < last_event + cfg.busy_poll;
         let timeout = if tun_more || spinning {
             Duration::ZERO
         } else {
@@ -300,14 +295,8 @@ fn run<P: DaemonProvider>(
         if events.is_empty() && spinning && !tun_more && next.is_none_or(|t| t > now) {
             // Nothing arrived and nothing is due: spin on, letting any other runnable task
             // on this CPU go first (spinning must not starve the processes we carry
-            // packets for). When the yield did hand the CPU over, the CPU is contended:
-            // spinning would only take time from others (and shrink our batches), so sleep
-            // between events for a while.
+            // packets for).
             std::thread::yield_now();
-            let after = Instant::now();
-            if after.saturating_duration_since(now) > SPIN_CONTENDED {
-                spin_paused_until = after + SPIN_PAUSE;
-            }
             continue;
         }
         if !events.is_empty() {
