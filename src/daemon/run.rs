@@ -134,10 +134,20 @@ impl DaemonProvider for SoftProvider {
 #[cfg(feature = "verbs")]
 impl DaemonProvider for crate::hw::HwVerbs {
     fn qp_live(&self) -> Option<u64> {
-        None
+        Some(self.qp_count() as u64)
     }
 
-    fn counters(&self, _out: &mut BTreeMap<String, u64>) {}
+    fn counters(&self, out: &mut BTreeMap<String, u64>) {
+        let s = self.stats();
+        for (k, v) in [
+            ("hw_completions", s.completions),
+            ("hw_completion_errors", s.completion_errors),
+            ("hw_async_events", s.async_events),
+            ("hw_async_unhandled", s.async_unhandled),
+        ] {
+            out.insert(k.to_string(), v);
+        }
+    }
 }
 
 /// The underlay link MTU of `--bind` and the path MTU to use.

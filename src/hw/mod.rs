@@ -151,6 +151,20 @@ pub struct HwVerbs {
     next_id: u32,
     events: VecDeque<AsyncEvent>,
     wc: Vec<ffi::ibv_wc>,
+    stats: HwStats,
+}
+
+/// What the libibverbs provider counted, for the daemon's status.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HwStats {
+    /// Work completions handed out.
+    pub completions: u64,
+    /// Of those, completions with an error status (flushes included).
+    pub completion_errors: u64,
+    /// Asynchronous events read from the device.
+    pub async_events: u64,
+    /// Of those, events of a kind the provider does not pass on.
+    pub async_unhandled: u64,
 }
 
 fn os_err(what: &str) -> String {
@@ -244,6 +258,16 @@ fn gid_type(dev: &str, port: u8, idx: i32) -> Option<String> {
 }
 
 impl HwVerbs {
+    /// What the provider counted so far.
+    pub fn stats(&self) -> HwStats {
+        self.stats
+    }
+
+    /// QPs that exist now (created and not yet destroyed).
+    pub fn qp_count(&self) -> usize {
+        self.qps.len()
+    }
+
     /// Opens the device, queries the port and picks the GID index.
     ///
     /// # Errors
@@ -324,6 +348,7 @@ impl HwVerbs {
             next_id: 1,
             events: VecDeque::new(),
             wc: Vec::new(),
+            stats: HwStats::default(),
         };
         v.init(cfg)?;
         Ok(v)
@@ -559,9 +584,13 @@ impl HwVerbs {
             };
             // SAFETY: every event from ibv_get_async_event is acked exactly once.
             unsafe { ffi::ibv_ack_async_event(&mut ev) };
+            self.stats.async_events += 1;
             match out {
                 Some(e) => self.events.push_back(e),
-                None => tracing::debug!(event = t, "unhandled async event"),
+                None => {
+                    self.stats.async_unhandled += 1;
+                    tracing::debug!(event = t, "unhandled async event");
+                }
             }
         }
     }
@@ -874,6 +903,10 @@ impl Verbs for HwVerbs {
             for i in 0..n as usize {
                 let wc = self.wc[i];
                 if let Some(c) = self.map_wc(&wc) {
+                    self.stats.completions += 1;
+                    if c.status != WcStatus::Success {
+                        self.stats.completion_errors += 1;
+                    }
                     out.push(c);
                     got += 1;
                 }

@@ -72,6 +72,12 @@ if [ -x /extra/iperf3 ]; then
 fi
 $B status --control-socket $SOCK | sed 's/^/  /'
 echo "hw_counters $RXE0: $(hw_counters "$RXE0")"
+# The libibverbs provider's own counters and QP count reach the status document.
+st=$($B status --control-socket $SOCK --json 2>/dev/null)
+num() { printf '%s' "$st" | grep -o "\"$1\": *[0-9]*" | head -1 | grep -o '[0-9]*$'; }
+comp=$(num hw_completions); live=$(num qp_live)
+if [ "${comp:-0}" -gt 0 ] && [ "${live:-0}" -ge 1 ]; then ok=PASS; else ok=FAIL; fi
+res daemon_guest_status "$ok hw_completions=${comp:-none} qp_live=${live:-none}"
 
 # Orderly stop. rxe (6.1) never raises IBV_EVENT_QP_LAST_WQE_REACHED, so SRQ-mode RX
 # teardown ends through the drain watchdog (--drain-timeout 5s): expected here.
