@@ -969,6 +969,42 @@ mod tests {
     }
 
     #[test]
+    fn an_ipv6_train_needs_no_icrc_shift() {
+        let Ok(a) = UdpTransport::bind(SocketAddr::new(V6, 0)) else {
+            println!("skipped: no IPv6 loopback");
+            return;
+        };
+        let b = UdpTransport::bind(SocketAddr::new(V6, 0)).unwrap();
+        let ip = crate::wire::icrc::IpHeaderInfo::V6 {
+            src: Ipv6Addr::LOCALHOST,
+            dst: Ipv6Addr::LOCALHOST,
+        };
+        let (sport, dport) = (a.local_addr().port(), b.local_addr().port());
+        let mut tx = TxBatch::with_gso(4, 64, true);
+        for k in 0..5u8 {
+            let mut d = vec![k; 996];
+            crate::wire::icrc::append_icrc(&ip, sport, dport, &mut d);
+            assert!(tx.push_datagram(b.local_addr(), &d));
+        }
+        assert_eq!(tx.queued(), 1);
+        assert!(a.send_batch(&mut tx).unwrap());
+        let mut rx = RecvBatch::new(8, 65_536);
+        let mut got = 0;
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while got < 5 && Instant::now() < deadline {
+            let n = recv_batch_within(&b, &mut rx);
+            for i in 0..n {
+                let (_, d) = b.datagram(&rx, i).unwrap();
+                assert_eq!(d.len(), 1000);
+                assert!(d[..996].iter().all(|&x| x == got as u8));
+                assert!(crate::wire::icrc::verify_icrc(&ip, sport, dport, d));
+                got += 1;
+            }
+        }
+        assert_eq!(got, 5);
+    }
+
+    #[test]
     fn a_refused_train_turns_gso_off() {
         // The kernel refuses any datagram to port 0 (EINVAL); standing in for a route or
         // device that refuses GSO, it shows the bookkeeping: the train is dropped (RC
