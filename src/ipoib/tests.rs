@@ -96,9 +96,21 @@ fn tun_packets_read_into_send_buffers_cross() {
         n.inject_via_buffer(0, p);
     }
     n.run(Duration::from_millis(100));
-    assert_eq!(n.tun[1][1..], [big, p4, p6.clone()][..]);
+    assert_eq!(n.tun[1][1..], [big, p4.clone(), p6.clone()][..]);
     assert!(n.ep(0).counters().tx_packets >= sent + 2);
     assert_eq!(free_buffers(&mut n), depth, "every send buffer came back");
+    // A packet whose IP length exceeds what was read (cut short by the read) is dropped.
+    let now = n.f.now();
+    let dropped = n.ep(0).counters().tx_dropped;
+    let stump = &p4[..p4.len() - 10];
+    let ep = n.0.eps[0].as_mut().expect("node 0 is up");
+    let b = ep.tun_buffer().expect("a free send buffer");
+    let v = &mut n.0.f.nodes[0];
+    v.pools_mut().get_mut(b).expect("buffer")[TUN_BUFFER_OFFSET..][..stump.len()]
+        .copy_from_slice(stump);
+    ep.handle_tun_buffer(now, v, b, stump.len());
+    assert_eq!(n.ep(0).counters().tx_dropped, dropped + 1);
+    assert_eq!(free_buffers(&mut n), depth);
 }
 
 #[test]

@@ -119,6 +119,16 @@ impl Endpoint {
     /// as [`handle_tun_packet`](Self::handle_tun_packet), but a packet for an established RC
     /// connection is sent from that buffer without a copy.
     pub fn handle_tun_buffer<V: Verbs>(&mut self, now: Instant, v: &mut V, b: BufId, len: usize) {
+        // A packet longer than the buffer was cut short by the read (an interface MTU raised
+        // past what IPoIB-CM carries): never send the stump.
+        let truncated = super::ip_packet_in(v, b, len)
+            .and_then(|p| classify(p).ok())
+            .is_some_and(|info| info.total_len > len);
+        if truncated {
+            self.counters.tx_dropped += 1;
+            self.tx_free.push(b);
+            return;
+        }
         let fast = super::ip_packet_in(v, b, len).and_then(|packet| {
             let info = classify(packet).ok()?;
             if info.is_multicast_or_broadcast() || self.cfg.mode != Mode::Connected {
