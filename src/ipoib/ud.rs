@@ -121,16 +121,13 @@ impl Endpoint {
     pub fn handle_tun_buffer<V: Verbs>(&mut self, now: Instant, v: &mut V, b: BufId, len: usize) {
         // A packet longer than the buffer was cut short by the read (an interface MTU raised
         // past what IPoIB-CM carries): never send the stump.
-        let truncated = super::ip_packet_in(v, b, len)
-            .and_then(|p| classify(p).ok())
-            .is_some_and(|info| info.total_len > len);
-        if truncated {
+        let info = super::ip_packet_in(v, b, len).and_then(|p| classify(p).ok());
+        if info.is_some_and(|info| info.total_len > len) {
             self.counters.tx_dropped += 1;
             self.tx_free.push(b);
             return;
         }
-        let fast = super::ip_packet_in(v, b, len).and_then(|packet| {
-            let info = classify(packet).ok()?;
+        let fast = info.and_then(|info| {
             if info.is_multicast_or_broadcast() || self.cfg.mode != Mode::Connected {
                 return None;
             }
@@ -138,7 +135,7 @@ impl Endpoint {
             if !hw.connected_mode() {
                 return None;
             }
-            let qpn = self.established_tx(hw, packet.len())?;
+            let qpn = self.established_tx(hw, len)?;
             Some((info.dst, info.version.ethertype(), qpn))
         });
         if let Some((dst, ethertype, qpn)) = fast {

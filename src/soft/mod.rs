@@ -297,8 +297,7 @@ impl SoftVerbs {
                 // Off by exactly what a nonzero IPv4 ID changes: a later segment of a UDP GSO
                 // train (IPv6 has no ID, so any difference there is an error).
                 Some(d)
-                    if src.is_ipv4()
-                        && self.id_shifts.get(datagram.len()).segment_for(d).is_some() =>
+                    if src.is_ipv4() && self.id_shifts.segment_for(datagram.len(), d).is_some() =>
                 {
                     self.sh.stats.rx_gso_segments += 1;
                 }

@@ -370,33 +370,6 @@ impl TxBatch {
         self.len - self.head
     }
 
-    /// Fills the next free slot: `fill` writes the datagram into the (cleared by the caller's
-    /// writer) buffer and returns its destination, or `None` to leave the slot free. Returns
-    /// whether a datagram was queued; false also when the batch is full. The slot is not a
-    /// train and takes no further datagrams.
-    pub fn push_with(&mut self, fill: impl FnOnce(&mut Vec<u8>) -> Option<SocketAddr>) -> bool {
-        self.reset_if_empty();
-        let (Some(slot), Some(train)) =
-            (self.slots.get_mut(self.len), self.trains.get_mut(self.len))
-        else {
-            return false;
-        };
-        match fill(&mut slot.data) {
-            Some(dst) => {
-                slot.dst = SockAddr::from(dst);
-                slot.segment_len = 0;
-                *train = Train {
-                    dst,
-                    segments: 1,
-                    closed: true,
-                };
-                self.len += 1;
-                true
-            }
-            None => false,
-        }
-    }
-
     /// Queues one RoCEv2 datagram (BTH … ICRC, the ICRC computed for IPv4 ID 0) for `dst`:
     /// appended to the newest unsent train when GSO is on and it fits, else copied into the
     /// next free slot. False (nothing queued) only when the batch is full.
@@ -457,7 +430,7 @@ impl TxBatch {
         if joins {
             if dst.is_ipv4() {
                 if let Some(shifts) = self.gso.as_mut() {
-                    let delta = shifts.get(len).delta(train.segments);
+                    let delta = shifts.delta(len, train.segments);
                     if let Some(d) = slot.data.get_mut(start..) {
                         shift_icrc(d, delta);
                     }
@@ -693,7 +666,7 @@ mod tests {
         let mut expect = Vec::new();
         while sent < 12 {
             while sent < 12
-                && tx.push_with(|buf| {
+                && tx.push_appending(|buf| {
                     buf.clear();
                     let len = if sent == 3 {
                         3000
@@ -754,7 +727,7 @@ mod tests {
         let b = UdpTransport::bind(SocketAddr::new(V4, 0)).unwrap();
         let mut tx = TxBatch::new(4, 16);
         for len in [5usize, 65_508, 6] {
-            assert!(tx.push_with(|buf| {
+            assert!(tx.push_appending(|buf| {
                 buf.clear();
                 buf.resize(len, 1);
                 Some(b.local_addr())
@@ -781,16 +754,19 @@ mod tests {
         let mut tx = TxBatch::new(4, 8);
         assert!(tx.is_empty() && !tx.is_full());
         for k in 0..4u8 {
-            assert!(tx.push_with(|buf| {
+            assert!(tx.push_appending(|buf| {
                 buf.clear();
                 buf.push(k);
                 Some(dst)
             }));
         }
         assert!(tx.is_full());
-        assert!(!tx.push_with(|_| Some(dst)), "a full batch takes nothing");
         assert!(
-            !TxBatch::new(1, 8).push_with(|_| None),
+            !tx.push_appending(|_| Some(dst)),
+            "a full batch takes nothing"
+        );
+        assert!(
+            !TxBatch::new(1, 8).push_appending(|_| None),
             "None leaves the slot free"
         );
         tx.consume(3);
@@ -802,7 +778,7 @@ mod tests {
             tx.is_empty() && !tx.is_full(),
             "an emptied batch reuses its slots"
         );
-        assert!(tx.push_with(|buf| {
+        assert!(tx.push_appending(|buf| {
             buf.clear();
             buf.push(9);
             Some(dst)
@@ -816,7 +792,7 @@ mod tests {
         let a = UdpTransport::bind(SocketAddr::new(V4, 0)).unwrap();
         let b = UdpTransport::bind(SocketAddr::new(V4, 0)).unwrap();
         let mut tx = TxBatch::new(64, 16);
-        while tx.push_with(|buf| {
+        while tx.push_appending(|buf| {
             buf.clear();
             buf.resize(60_000, 2);
             Some(b.local_addr())

@@ -305,10 +305,27 @@ impl Ipv4IdShiftCache {
 
     /// The shifts for `datagram_len`, computed on a miss.
     pub fn get(&mut self, datagram_len: usize) -> Ipv4IdShift {
+        self.with(datagram_len, |s| *s)
+    }
+
+    /// [`Ipv4IdShift::delta`] for datagrams of `datagram_len` bytes.
+    pub fn delta(&mut self, datagram_len: usize, segment: usize) -> u32 {
+        self.with(datagram_len, |s| s.delta(segment))
+    }
+
+    /// [`Ipv4IdShift::segment_for`] for datagrams of `datagram_len` bytes.
+    pub fn segment_for(&mut self, datagram_len: usize, diff: u32) -> Option<usize> {
+        self.with(datagram_len, |s| s.segment_for(diff))
+    }
+
+    /// Runs `f` on the cached shifts for `datagram_len` (computed and cached on a miss),
+    /// without copying the table out.
+    fn with<R>(&mut self, datagram_len: usize, f: impl FnOnce(&Ipv4IdShift) -> R) -> R {
         if let Some(e) = self.entries.iter().find(|e| e.datagram_len == datagram_len) {
-            return *e;
+            return f(e);
         }
         let shift = Ipv4IdShift::new(datagram_len);
+        let out = f(&shift);
         if self.entries.len() < Self::ENTRIES {
             self.entries.push(shift);
         } else {
@@ -318,7 +335,7 @@ impl Ipv4IdShiftCache {
                 *slot = shift;
             }
         }
-        shift
+        out
     }
 }
 
