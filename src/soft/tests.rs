@@ -93,3 +93,45 @@ fn gso_segment_ids_are_accepted_and_nothing_else() {
     assert_eq!(v.stats().rx_gso_segments, 3);
     assert_eq!(Ipv4IdShift::new(corrupt.len()).delta(0), 0);
 }
+
+/// In one flush, requests leave before responses that were due first: B owes A the ACK of a
+/// request when it posts a reply on its own QP to A, and the reply goes out ahead of the ACK
+/// (so A wakes to both, not to the ACK alone while the reply waits behind it).
+#[test]
+fn requests_leave_before_pending_acks() {
+    use crate::wire::bth::Opcode;
+    use std::net::SocketAddr;
+
+    let now = Instant::now();
+    let mut fab = Fabric::with_nodes(2, now, |_, _| {});
+    let (a, b) = fab.providers();
+    let ea = cf::open_endpoint(a, 256, 4, 64).unwrap();
+    let eb = cf::open_endpoint(b, 256, 4, 64).unwrap();
+    let p = RcParams::default();
+    let (qa, qb) = cf::connect_rc(a, &ea, b, &eb, &p).unwrap();
+    let (qb2, qa2) = cf::connect_rc(b, &eb, a, &ea, &p).unwrap();
+    cf::post_recvs(b, RecvTarget::Qp(qb), eb.pool, 0, 1).unwrap();
+    cf::post_recvs(a, RecvTarget::Qp(qa2), ea.pool, 0, 1).unwrap();
+    cf::post_send_data(a, qa, ea.pool, 1, &[1; 64]).unwrap();
+    let mut buf = Vec::new();
+    let a_src = SocketAddr::new(a.config().local_ip, a.config().src_port);
+    a.poll_transmit(now, &mut buf).expect("A sends its request");
+    assert!(a.poll_transmit(now, &mut Vec::new()).is_none());
+    let b_ip = b.config().local_ip;
+    b.handle_datagram(now, a_src, b_ip, &buf);
+    // B now owes an ACK on qb; the "reply" is posted after that.
+    cf::post_send_data(b, qb2, eb.pool, 2, &[2; 64]).unwrap();
+    let mut opcodes = Vec::new();
+    for _ in 0..4 {
+        buf.clear();
+        if b.poll_transmit(now, &mut buf).is_none() {
+            break;
+        }
+        opcodes.push(Opcode(buf[0]));
+    }
+    assert_eq!(
+        opcodes,
+        [Opcode::RC_SEND_ONLY, Opcode::RC_ACKNOWLEDGE],
+        "the reply must leave first, then the ACK"
+    );
+}
