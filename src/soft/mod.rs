@@ -725,7 +725,11 @@ impl Shared {
                     return;
                 }
                 self.retire_through(qp, psn);
+                let acked = psn.add(1).diff(qp.req.comp_psn);
                 qp.req.comp_psn = psn.add(1);
+                if qp.req.retrying_from.is_none() {
+                    qp.req.window_grow(u32::try_from(acked).unwrap_or(0));
+                }
                 self.catch_up(qp);
                 self.progress(qp, now);
             }
@@ -754,6 +758,7 @@ impl Shared {
                 }
                 qp.req.retry_left -= 1;
                 qp.req.retrying_from = Some(psn);
+                qp.req.window_shrink();
                 qp.req.rewind(psn);
             }
             Syndrome::RnrNak { timer } => {
@@ -842,6 +847,7 @@ impl Shared {
         // merely slow, or a CPU that did not run us for a while, then costs retries over ~47
         // intervals instead of 8, while a dead peer still fails after `retry_cnt` timeouts.
         qp.req.timeouts_in_row = qp.req.timeouts_in_row.saturating_add(1);
+        qp.req.window_shrink();
         let from = qp.req.comp_psn;
         qp.req.rewind(from);
         if let Some(iv) = qp.retransmit_interval() {
@@ -1101,7 +1107,7 @@ impl Shared {
             (false, false, true, true) => Opcode::RC_SEND_LAST_WITH_IMMEDIATE,
         };
         qp.req.noack_pkts += 1;
-        let window_closing = qp.req.outstanding() + 1 >= qp::MAX_UNACKED_PSNS;
+        let window_closing = qp.req.outstanding() + 1 >= qp.req.window;
         let ack_req = last || qp.req.noack_pkts >= MAX_PKTS_PER_ACK || window_closing;
         if ack_req {
             qp.req.noack_pkts = 0;

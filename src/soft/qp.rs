@@ -12,8 +12,16 @@ use crate::verbs::{
     AddressVector, BufId, CqId, PathMtu, Psn, QKey, QpNum, QpState, QpType, SendWr, SrqId, WrId,
 };
 
-/// rxe `RXE_MAX_UNACKED_PSNS`: the requester stalls this many PSNs past the oldest unacked.
-pub(crate) const MAX_UNACKED_PSNS: u32 = 128;
+/// The requester's send window (PSNs past the oldest unacknowledged one) never shrinks below
+/// this, and starts here: rxe's fixed `RXE_MAX_UNACKED_PSNS`.
+pub(crate) const WINDOW_MIN_PSNS: u32 = 128;
+/// The send window grows up to this while nothing is lost: 4 MiB at path MTU 4096. At 128
+/// PSNs a busy receiver's ACKs (sent once it has delivered a batch) came back too late and
+/// the requester sat idle: one TCP stream through the tunnel went from 12.2 to 13.2-13.8
+/// Gbit/s with 1024 (4096 gave no more).
+pub(crate) const WINDOW_MAX_PSNS: u32 = 1024;
+/// Acknowledged PSNs per window increment while growing.
+const WINDOW_GROWTH_PSNS: u32 = 4;
 /// rxe `RXE_MAX_PKT_PER_ACK`: AckReq at least this often within a long message.
 pub(crate) const MAX_PKTS_PER_ACK: u32 = 64;
 
@@ -92,6 +100,13 @@ pub(crate) struct Requester {
     pub(crate) rnr_queued: Option<Instant>,
     /// A go-back-N from this PSN is in progress (a second NAK for it starts nothing).
     pub(crate) retrying_from: Option<Psn>,
+    /// Send window in PSNs, between [`WINDOW_MIN_PSNS`] and [`WINDOW_MAX_PSNS`]: grows by one
+    /// for every [`WINDOW_GROWTH_PSNS`] acknowledged, halves when a loss makes the requester go
+    /// back (go-back-N resends everything after a loss, so a wide window on a lossy path
+    /// costs much more than it gains).
+    pub(crate) window: u32,
+    /// Acknowledged PSNs not yet counted into a window increment.
+    pub(crate) window_credit: u32,
 }
 
 impl Requester {
@@ -112,7 +127,26 @@ impl Requester {
             retransmit_queued: None,
             rnr_queued: None,
             retrying_from: None,
+            window: WINDOW_MIN_PSNS,
+            window_credit: 0,
         }
+    }
+
+    /// `acked` more PSNs were acknowledged without a loss: widen the window.
+    pub(crate) fn window_grow(&mut self, acked: u32) {
+        if self.window >= WINDOW_MAX_PSNS {
+            return;
+        }
+        self.window_credit = self.window_credit.saturating_add(acked);
+        let steps = self.window_credit / WINDOW_GROWTH_PSNS;
+        self.window_credit %= WINDOW_GROWTH_PSNS;
+        self.window = self.window.saturating_add(steps).min(WINDOW_MAX_PSNS);
+    }
+
+    /// A packet was lost (sequence NAK or retransmit timeout): halve the window.
+    pub(crate) fn window_shrink(&mut self) {
+        self.window = (self.window / 2).max(WINDOW_MIN_PSNS);
+        self.window_credit = 0;
     }
 
     /// PSNs between the oldest unacknowledged one and the send position (the send window).
@@ -127,9 +161,7 @@ impl Requester {
 
     /// True when the requester has a packet it may send now.
     pub(crate) fn can_send(&self) -> bool {
-        self.rnr_at.is_none()
-            && self.send_idx < self.sq.len()
-            && self.outstanding() < MAX_UNACKED_PSNS
+        self.rnr_at.is_none() && self.send_idx < self.sq.len() && self.outstanding() < self.window
     }
 
     /// Moves the send position so the next packet sent has PSN `to`: backwards for go-back-N,

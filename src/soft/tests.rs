@@ -135,3 +135,60 @@ fn requests_leave_before_pending_acks() {
         "the reply must leave first, then the ACK"
     );
 }
+
+/// The send window starts at rxe's 128 PSNs, widens to its maximum while nothing is lost,
+/// and halves when a loss makes the requester go back.
+#[test]
+fn send_window_grows_while_clean_and_halves_on_loss() {
+    use crate::soft::qp::{WINDOW_MAX_PSNS, WINDOW_MIN_PSNS};
+    use crate::verbs::PathMtu;
+
+    let mut fab = Fabric::with_nodes(2, Instant::now(), |_, _| {});
+    let (a, b) = fab.providers();
+    let ea = cf::open_endpoint(a, 65536, 64, 256).unwrap();
+    let eb = cf::open_endpoint(b, 65536, 64, 256).unwrap();
+    let p = RcParams {
+        path_mtu: Some(PathMtu::Mtu256),
+        ..RcParams::default()
+    };
+    let (qa, qb) = cf::connect_rc(a, &ea, b, &eb, &p).unwrap();
+    let window = |fab: &Fabric| fab.nodes[0].qps.get(&qa).map(|q| q.req.window);
+    assert_eq!(window(&fab), Some(WINDOW_MIN_PSNS));
+    let mut cs: Vec<Completion> = Vec::new();
+    let mut send = |fab: &mut Fabric, first: u64, n: u64| {
+        for i in first..first + n {
+            let (a, b) = fab.providers();
+            cf::post_recvs(b, RecvTarget::Qp(qb), eb.pool, i, 1).unwrap();
+            cf::post_send_data(a, qa, ea.pool, i, &cf::pattern(i, 65536)).unwrap();
+        }
+        let done = fab.run_until(100_000, Duration::from_secs(10), |f| {
+            f.nodes[0].pools().posted_count() == 0
+        });
+        assert!(done, "messages {first}.. did not complete");
+        for (v, cq) in fab.nodes.iter_mut().zip([ea.send_cq, eb.recv_cq]) {
+            cs.clear();
+            cf::poll_into(v, cq, &mut cs);
+            cf::free_bufs(v, &cs);
+        }
+    };
+    // 16 messages of 256 packets: 4096 PSNs acknowledged, enough to reach the maximum.
+    send(&mut fab, 0, 16);
+    assert_eq!(window(&fab), Some(WINDOW_MAX_PSNS));
+    // A's packets vanish for a while: the retransmit timeout halves the window.
+    fab.partitioned[0] = true;
+    {
+        let (a, b) = fab.providers();
+        cf::post_recvs(b, RecvTarget::Qp(qb), eb.pool, 100, 1).unwrap();
+        cf::post_send_data(a, qa, ea.pool, 100, &[9; 1000]).unwrap();
+    }
+    fab.transmit();
+    fab.advance(Duration::from_millis(100));
+    fab.partitioned[0] = false;
+    assert_eq!(window(&fab), Some(WINDOW_MAX_PSNS / 2));
+    fab.run_idle(10_000, Duration::from_secs(5));
+    assert_eq!(
+        fab.nodes[0].pools().posted_count(),
+        0,
+        "the resend got through"
+    );
+}
