@@ -20,6 +20,11 @@ pub(crate) const WINDOW_MIN_PSNS: u32 = 128;
 /// the requester sat idle: one TCP stream through the tunnel went from 12.2 to 13.2-13.8
 /// Gbit/s with 1024 (4096 gave no more).
 pub(crate) const WINDOW_MAX_PSNS: u32 = 1024;
+/// Messages sent and not yet acknowledged never exceed this (what the PSN window of 128 meant
+/// for one-packet messages before it could grow): a receiver posts a few hundred receives, and
+/// a requester past that only collects RNR NAKs (a 64-byte UDP flood through the tunnel fell
+/// from ~150k to ~125k packets/s with the window alone).
+pub(crate) const MAX_UNACKED_MESSAGES: usize = 128;
 /// Acknowledged PSNs per window increment while growing.
 const WINDOW_GROWTH_PSNS: u32 = 4;
 /// rxe `RXE_MAX_PKT_PER_ACK`: AckReq at least this often within a long message.
@@ -161,7 +166,10 @@ impl Requester {
 
     /// True when the requester has a packet it may send now.
     pub(crate) fn can_send(&self) -> bool {
-        self.rnr_at.is_none() && self.send_idx < self.sq.len() && self.outstanding() < self.window
+        self.rnr_at.is_none()
+            && self.send_idx < self.sq.len()
+            && self.outstanding() < self.window
+            && self.send_idx < MAX_UNACKED_MESSAGES
     }
 
     /// Moves the send position so the next packet sent has PSN `to`: backwards for go-back-N,

@@ -192,3 +192,38 @@ fn send_window_grows_while_clean_and_halves_on_loss() {
         "the resend got through"
     );
 }
+
+/// However wide the PSN window, at most 128 messages are in flight unacknowledged: a flood of
+/// one-packet messages stops there until ACKs return (the receiver's posted receives are
+/// what bounds it, not the PSN space).
+#[test]
+fn unacknowledged_messages_are_capped() {
+    use crate::soft::qp::{MAX_UNACKED_MESSAGES, WINDOW_MAX_PSNS};
+
+    let mut fab = Fabric::with_nodes(2, Instant::now(), |_, _| {});
+    let (a, b) = fab.providers();
+    let ea = cf::open_endpoint(a, 256, 512, 1024).unwrap();
+    let eb = cf::open_endpoint(b, 256, 512, 1024).unwrap();
+    let p = RcParams {
+        max_send_wr: 512,
+        max_recv_wr: 512,
+        ..RcParams::default()
+    };
+    let (qa, qb) = cf::connect_rc(a, &ea, b, &eb, &p).unwrap();
+    if let Some(q) = fab.nodes[0].qps.get_mut(&qa) {
+        q.req.window = WINDOW_MAX_PSNS;
+    }
+    let (a, b) = fab.providers();
+    cf::post_recvs(b, RecvTarget::Qp(qb), eb.pool, 0, 200).unwrap();
+    for i in 0..200 {
+        cf::post_send_data(a, qa, ea.pool, i, &[1; 64]).unwrap();
+    }
+    let now = fab.now();
+    let mut buf = Vec::new();
+    let mut sent = 0;
+    while sent < 1000 && fab.nodes[0].poll_transmit(now, &mut buf).is_some() {
+        buf.clear();
+        sent += 1;
+    }
+    assert_eq!(sent, MAX_UNACKED_MESSAGES);
+}
