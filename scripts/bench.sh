@@ -17,6 +17,9 @@
 #   veth     bnv1 198.18.1.1 <-> bnv2 198.18.1.2, veth MTU 9000
 #   peer     OpenVPN 2.6 p2p, --cipher none --auth none --disable-dco, tun 198.19.1.1 <-> .2
 #            over that same veth (UDP)
+#   relay    examples/naive_relay.rs (TUN <-> UDP, one packet per syscall, no protocol), tun
+#            198.19.2.1 <-> .2, MTU 8972, over that same veth: the floor of a userspace tunnel
+#            that sleeps between packets (ping and TCP 1 stream only)
 #   tunnel   LAB_LINK=pair scripts/lab.sh up 2 (prefix bnt): ib0 198.19.0.1 <-> .2 over one veth
 #            pair like the other two paths (no bridge), underlay
 #            MTU 9000 (RoCE path MTU 4096); then again with underlay MTU 1500 (prefix bnu);
@@ -67,15 +70,18 @@ section() { printf '\n==== %s (load %s) ====\n' "$1" "$(cut -d' ' -f1-3 /proc/lo
 
 section "cargo build --release"
 cargo build --release
+cargo build --release --example naive_relay
 BIN=$here/target/release/ipoib-cm
+RELAY=$here/target/release/examples/naive_relay
 export IPOIB_CM_BIN=$BIN
 
 OUT=$(mktemp -d /tmp/ipoib-bench.XXXXXX)
 VNS=(bnv1 bnv2)
 OVPN_PIDS=()
+RELAY_PIDS=()
 cleanup() {
     local p
-    for p in "${OVPN_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${OVPN_PIDS[@]}" "${RELAY_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     [ -n "${IPERF_PID:-}" ] && kill "$IPERF_PID" 2>/dev/null || true
     LAB_PREFIX=bnt bash scripts/lab.sh down >/dev/null 2>&1 || true
     LAB_PREFIX=bnu bash scripts/lab.sh down >/dev/null 2>&1 || true
@@ -208,6 +214,30 @@ done
 measure peer bnv1 bnv2 198.19.1.2 "${OVPN_REAL[@]}"
 for p in "${OVPN_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
 OVPN_PIDS=()
+
+# ---- naive relay over the same veth --------------------------------------------------------
+section "relay: examples/naive_relay.rs over the veth, tun MTU 8972"
+for me in 1 2; do
+    other=$((3 - me))
+    ip netns exec "bnv$me" timeout 600 "$RELAY" rl0 "198.18.1.$me:5555" "198.18.1.$other:5555" &
+    RELAY_PIDS+=($!)
+done
+for me in 1 2; do
+    for ((i = 0; i < 50; i++)); do
+        ip -n "bnv$me" link show rl0 >/dev/null 2>&1 && break
+        sleep 0.1
+    done
+    ip -n "bnv$me" addr add "198.19.2.$me/24" dev rl0
+    ip -n "bnv$me" link set rl0 mtu 8972 up
+done
+RELAY_REAL=()
+for p in "${RELAY_PIDS[@]}"; do
+    c=$(pgrep -P "$p" naive_relay || true)
+    RELAY_REAL+=("${c:-$p}")
+done
+measure_latency relay bnv1 bnv2 198.19.2.2 "${RELAY_REAL[@]}"
+for p in "${RELAY_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+RELAY_PIDS=()
 ip netns del bnv1; ip netns del bnv2
 
 # ---- ipoib-cm ------------------------------------------------------------------------------

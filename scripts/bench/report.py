@@ -11,8 +11,10 @@ from pathlib import Path
 D = Path(sys.argv[1])
 OUT = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] else None
 PATHS = ["veth", "peer", "tunnel", "tunnel1500"]
-# Measured for latency only (ping, TCP 1 stream): the tunnel with --busy-poll 5ms.
+# Measured for latency only (ping, TCP 1 stream): the tunnel with --busy-poll 5ms, and the
+# naive relay (examples/naive_relay.rs), the floor of a userspace tunnel that sleeps.
 BUSY = "tunnelbp"
+RELAY = "relay"
 
 
 def load(name):
@@ -82,7 +84,8 @@ rx = [x for x in (fab.get("rx_conn_bytes"), fab.get("rx_conn_bytes_big")) if x i
 doc["tunnel_rx_conn_bytes"] = max(rx) if rx else None
 doc["tunnel_mtu1500"] = doc.pop("tunnel1500")
 doc["tunnel_busy_poll"], extras[BUSY] = path_figures(BUSY)
-doc["extra"] = {p: extras[p] for p in PATHS + [BUSY]}
+doc["relay"], extras[RELAY] = path_figures(RELAY)
+doc["extra"] = {p: extras[p] for p in PATHS + [BUSY, RELAY]}
 doc["extra"]["fabric"] = fab
 try:
     doc["extra"]["fabric"]["load"] = (D / "fabric.load").read_text().strip()
@@ -127,6 +130,12 @@ for label, k in [("  TCP 1 stream Gbit/s", "tcp_gbps"), ("  ping p50 us", "ping_
                  ("  ping p99 us", "ping_p99_us")]:
     print(f"{label:26}{fmt(doc['veth'][k]):>10}{fmt(doc['peer'][k]):>10}{fmt(bp[k]):>10}"
           f"{'':>10}{ratio(bp[k], doc['veth'][k]):>8}{ratio(bp[k], doc['peer'][k]):>8}")
+rl = doc["relay"]
+print(f"{'naive relay (floor):':26}")
+for label, k in [("  TCP 1 stream Gbit/s", "tcp_gbps"), ("  ping p50 us", "ping_p50_us"),
+                 ("  ping p99 us", "ping_p99_us")]:
+    print(f"{label:26}{fmt(doc['veth'][k]):>10}{fmt(doc['peer'][k]):>10}{fmt(rl[k]):>10}"
+          f"{'':>10}{ratio(rl[k], doc['veth'][k]):>8}{ratio(rl[k], doc['peer'][k]):>8}")
 label = "whole-VM busy s/GB"
 vm = [extras[p].get("vm_cpu_s_per_gb") for p in PATHS]
 print(f"{label:26}" + "".join(f"{fmt(x):>10}" for x in vm)
@@ -180,6 +189,11 @@ check("ping p50 <= veth p50 + 30 us, with --busy-poll 5ms",
       le(B["ping_p50_us"], V["ping_p50_us"] and V["ping_p50_us"] + 30))
 check("ping p99 <= 3x p50, with --busy-poll 5ms",
       le(B["ping_p99_us"], B["ping_p50_us"] and 3 * B["ping_p50_us"]))
+R = doc["relay"]
+if R["ping_p50_us"] is not None and T["ping_p50_us"] is not None:
+    print(f"  (context: the naive relay's ping p50 is {fmt(R['ping_p50_us'])} us, the tunnel's "
+          f"{fmt(T['ping_p50_us'])} us: {fmt(T['ping_p50_us'] - R['ping_p50_us'])} us above the "
+          f"floor of a tunnel that sleeps between packets)")
 check(">= 150k pps of 64-byte UDP", ge(T["udp64_pps"], 150_000))
 check("1,000 connections established <= 1 s (burst)",
       le(fab.get("setup_wall_s") and max(fab["setup_wall_s"], fab.get("setup_virtual_s", 0)), 1.0))
