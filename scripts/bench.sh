@@ -4,7 +4,8 @@
 #
 #   sudo scripts/bench.sh [--json FILE] [--quick]
 #
-# One run: builds release, then for each path measures iperf3 TCP (1 and 4 streams, 5 s),
+# One run: builds release, then for each path measures iperf3 TCP (1 stream: the median of 3
+# runs of 5 s, since veth alone varies by a quarter from run to run; 4 streams: 5 s),
 # iperf3 UDP with 64-byte datagrams (5 s, unlimited rate, received packets/s), ping RTT p50/p99
 # (1,000 pings at 2 ms), CPU time per GB moved; then the simulated-fabric figures
 # (benches/fabric_scale.rs: CM set-up rate, stale-reap rate, heap per RX connection) and the
@@ -25,8 +26,8 @@
 #            MTU 9000 (RoCE path MTU 4096); then again with underlay MTU 1500 (prefix bnu);
 #            then with --busy-poll 5ms (prefix bnb; ping and TCP 1 stream only)
 #
-# CPU per GB: utime+stime of the tunnel processes (/proc/PID/stat, both ends) over the run,
-# divided by the GB iperf3 received (TCP single stream). Null for veth (no tunnel process).
+# CPU per GB: utime+stime of the tunnel processes (/proc/PID/stat, both ends) over the TCP
+# single-stream runs, divided by the GB iperf3 received in them. Null for veth (no tunnel process).
 # Softirq and kernel work done on behalf of the tunnel in other contexts cannot be attributed
 # per process, so the whole-machine busy time per GB (/proc/stat, all CPUs, everything but
 # idle+iowait; includes iperf3 itself and any other load) is reported next to it as
@@ -47,8 +48,8 @@ while [ $# -gt 0 ]; do
 done
 [ "$(id -u)" -eq 0 ] || { echo "bench.sh: needs root (network namespaces)" >&2; exit 2; }
 
-T=5; PINGS=1000
-[ "$QUICK" -eq 1 ] && { T=2; PINGS=200; }
+T=5; PINGS=1000; TCP_RUNS=3
+[ "$QUICK" -eq 1 ] && { T=2; PINGS=200; TCP_RUNS=1; }
 
 # shellcheck source=scripts/setup.sh
 source scripts/setup.sh
@@ -122,14 +123,16 @@ measure() {
     IPERF_PID=$!
     sleep 0.5
 
-    section "$name: iperf3 TCP, 1 stream, ${T} s"
+    section "$name: iperf3 TCP, 1 stream, $TCP_RUNS x ${T} s (the median counts)"
     j0=$(proc_jiffies "${pids[@]}"); b0=$(busy_jiffies); s0=$(softirq_jiffies)
-    ip netns exec "$cns" timeout $((T + 20)) iperf3 -c "$dst" -p 5201 -t "$T" -J \
-        > "$OUT/$name.tcp.json" || true
+    for ((run = 1; run <= TCP_RUNS; run++)); do
+        ip netns exec "$cns" timeout $((T + 20)) iperf3 -c "$dst" -p 5201 -t "$T" -J \
+            > "$OUT/$name.tcp.$run.json" || true
+        jq -r '.end.sum_received.bits_per_second / 1e9 | "  \(.) Gbit/s"' "$OUT/$name.tcp.$run.json" || true
+    done
     j1=$(proc_jiffies "${pids[@]}"); b1=$(busy_jiffies); s1=$(softirq_jiffies)
     echo "{\"hz\": $hz, \"proc\": $((j1 - j0)), \"busy\": $((b1 - b0)), \"softirq\": $((s1 - s0)), \"procs\": ${#pids[@]}}" \
         > "$OUT/$name.cpu.json"
-    jq -r '.end.sum_received.bits_per_second / 1e9 | "  \(.) Gbit/s"' "$OUT/$name.tcp.json" || true
 
     if [ "${LATENCY_ONLY:-0}" -eq 0 ]; then
         section "$name: iperf3 TCP, 4 streams, ${T} s"
