@@ -52,6 +52,10 @@ pub const GRH_LEN: usize = 40;
 /// Largest RC message, in bytes (IBTA allows 2^31).
 pub const MAX_RC_MSG: usize = 1 << 31;
 
+/// Request packets that may leave ahead of a QP waiting with only responses to send (see
+/// `Shared::ready_responses`).
+const REQUESTS_PER_RESPONSE: u32 = 16;
+
 /// Configuration of a software provider instance.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SoftConfig {
@@ -187,11 +191,14 @@ struct Shared {
     stats: SoftStats,
     /// QPs with requests to transmit (and perhaps responses), in turn.
     ready: VecDeque<QpNum>,
-    /// QPs that had only responses (ACKs, NAKs) to send when queued, served once
-    /// [`Self::ready`] is empty: in one flush the ACK of a request then leaves after the reply
-    /// to it, so the peer wakes to both at once instead of to the ACK first (ping over the
-    /// tunnel: p50 62 -> 56 us).
+    /// QPs that had only responses (ACKs, NAKs) to send when queued, served after
+    /// [`Self::ready`]: in one flush the ACK of a request then leaves after the reply to it,
+    /// so the peer wakes to both at once instead of to the ACK first (ping over the tunnel:
+    /// p50 62 -> 56 us). At most [`REQUESTS_PER_RESPONSE`] request packets go ahead of a
+    /// waiting response, so that a stream one way does not hold back the ACKs of the other.
     ready_responses: VecDeque<QpNum>,
+    /// Request packets sent since a response QP was last served.
+    requests_since_response: u32,
     /// Multicast group memberships of UD QPs (`attach_mcast`).
     mcast: HashMap<Gid, Vec<QpNum>>,
     /// Underlay addresses a multicast UD send is fanned out to.
@@ -236,6 +243,7 @@ impl SoftVerbs {
                 stats: SoftStats::default(),
                 ready: VecDeque::new(),
                 ready_responses: VecDeque::new(),
+                requests_since_response: 0,
                 mcast: HashMap::new(),
                 mcast_peers: Vec::new(),
                 fanout: VecDeque::new(),
@@ -403,8 +411,7 @@ impl SoftVerbs {
                 buf.extend_from_slice(&d);
                 return Some(dst);
             }
-            let next = self.sh.ready.pop_front();
-            let Some(qpn) = next.or_else(|| self.sh.ready_responses.pop_front()) else {
+            let Some(qpn) = self.sh.next_ready() else {
                 self.faults.flush_held();
                 let (dst, d) = self.faults.pop()?;
                 buf.extend_from_slice(&d);
@@ -535,6 +542,21 @@ fn ip_info(src: IpAddr, dst: IpAddr) -> Option<IpHeaderInfo> {
 }
 
 impl Shared {
+    /// The next QP to serve: requests first, but a waiting response QP after at most
+    /// [`REQUESTS_PER_RESPONSE`] of them.
+    fn next_ready(&mut self) -> Option<QpNum> {
+        if self.requests_since_response < REQUESTS_PER_RESPONSE {
+            if let Some(q) = self.ready.pop_front() {
+                self.requests_since_response += 1;
+                return Some(q);
+            }
+        }
+        self.requests_since_response = 0;
+        self.ready_responses
+            .pop_front()
+            .or_else(|| self.ready.pop_front())
+    }
+
     fn mark_ready(&mut self, qp: &mut Qp) {
         if !qp.ready_queued {
             qp.ready_queued = true;

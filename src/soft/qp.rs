@@ -21,9 +21,9 @@ pub(crate) const WINDOW_MIN_PSNS: u32 = 128;
 /// Gbit/s with 1024 (4096 gave no more).
 pub(crate) const WINDOW_MAX_PSNS: u32 = 1024;
 /// Messages sent and not yet acknowledged never exceed this (what the PSN window of 128 meant
-/// for one-packet messages before it could grow): a receiver posts a few hundred receives, and
-/// a requester past that only collects RNR NAKs (a 64-byte UDP flood through the tunnel fell
-/// from ~150k to ~125k packets/s with the window alone).
+/// for one-packet messages before it could grow): a receiver posts a few hundred receives
+/// (the IPoIB-CM SRQ 256), and a requester with 1,024 one-packet messages in flight would
+/// only collect RNR NAKs past them.
 pub(crate) const MAX_UNACKED_MESSAGES: usize = 128;
 /// Acknowledged PSNs per window increment while growing.
 const WINDOW_GROWTH_PSNS: u32 = 4;

@@ -227,3 +227,46 @@ fn unacknowledged_messages_are_capped() {
     }
     assert_eq!(sent, MAX_UNACKED_MESSAGES);
 }
+
+/// A stream one way does not hold back the ACKs the other way: with a QP sending a long
+/// message and another owing an ACK, the ACK leaves within the first
+/// `REQUESTS_PER_RESPONSE` + 1 packets.
+#[test]
+fn a_stream_does_not_hold_back_acks() {
+    use crate::verbs::PathMtu;
+    use std::net::SocketAddr;
+
+    let now = Instant::now();
+    let mut fab = Fabric::with_nodes(2, now, |_, _| {});
+    let (a, b) = fab.providers();
+    let ea = cf::open_endpoint(a, 65536, 8, 64).unwrap();
+    let eb = cf::open_endpoint(b, 65536, 8, 64).unwrap();
+    let p = RcParams {
+        path_mtu: Some(PathMtu::Mtu256),
+        ..RcParams::default()
+    };
+    let (qa, qb) = cf::connect_rc(a, &ea, b, &eb, &p).unwrap();
+    let (qb2, qa2) = cf::connect_rc(b, &eb, a, &ea, &p).unwrap();
+    cf::post_recvs(b, RecvTarget::Qp(qb), eb.pool, 0, 1).unwrap();
+    cf::post_recvs(a, RecvTarget::Qp(qa2), ea.pool, 0, 1).unwrap();
+    // B starts a 100-packet message to A, then receives A's request and owes its ACK.
+    cf::post_send_data(b, qb2, eb.pool, 2, &[2; 25_600]).unwrap();
+    cf::post_send_data(a, qa, ea.pool, 1, &[1; 64]).unwrap();
+    let mut buf = Vec::new();
+    let a_src = SocketAddr::new(a.config().local_ip, a.config().src_port);
+    a.poll_transmit(now, &mut buf).expect("A sends its request");
+    let b_ip = b.config().local_ip;
+    b.handle_datagram(now, a_src, b_ip, &buf);
+    let mut ack_at = None;
+    for i in 0..40 {
+        buf.clear();
+        if b.poll_transmit(now, &mut buf).is_none() {
+            break;
+        }
+        if crate::wire::bth::Opcode(buf[0]) == crate::wire::bth::Opcode::RC_ACKNOWLEDGE {
+            ack_at = Some(i);
+            break;
+        }
+    }
+    assert_eq!(ack_at, Some(super::REQUESTS_PER_RESPONSE as usize));
+}
