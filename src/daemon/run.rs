@@ -40,6 +40,9 @@ const TUN_BATCH: usize = 256;
 /// Longest sleep when nothing is scheduled.
 const IDLE_WAKE: Duration = Duration::from_secs(1);
 
+/// Packets read in one turn from which their acknowledgements leave before the TUN writes.
+const EARLY_ACK_BATCH: usize = 8;
+
 /// Why the daemon could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -325,7 +328,13 @@ fn run<P: DaemonProvider>(
         // Read, pass what arrived on to the TUN, then read the TUN (a local reply to what was
         // just written may already be there), and transmit once at the end: the ACKs of what
         // was read leave with the replies, after the data was delivered.
-        prov.handle_input(now)?;
+        let read = prov.handle_input(now)?;
+        if read >= EARLY_ACK_BATCH {
+            // A large batch takes a while to pass on to the TUN: acknowledge it first, so
+            // that the peer's send queue drains meanwhile (a single request still has its ACK
+            // leave after the reply, below).
+            prov.flush(now)?;
+        }
         ep.handle_verbs(now, prov.verbs());
         if write_tun(&tun, &mut ep, prov.verbs(), &mut tun_write_drops) {
             tun_ready = true;

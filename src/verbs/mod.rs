@@ -336,12 +336,14 @@ pub trait Provider {
     /// leaves what that queued for transmission to [`Provider::flush`]. A driver that runs
     /// `handle_input`, then its own work (completions, TUN writes and reads), then `flush`,
     /// sends the acknowledgements of what it read together with its replies, after the data
-    /// has been passed on. The default is all of `handle_io`.
+    /// has been passed on. Returns how many packets it read (0 when it cannot tell), so that
+    /// the driver can send the acknowledgements of a large batch before the long work of
+    /// passing it on. The default is all of `handle_io`, reporting 0.
     ///
     /// # Errors
     /// As [`Provider::handle_io`].
-    fn handle_input(&mut self, now: Instant) -> io::Result<()> {
-        self.handle_io(now)
+    fn handle_input(&mut self, now: Instant) -> io::Result<usize> {
+        self.handle_io(now).map(|()| 0)
     }
 
     /// The output half of [`Provider::handle_io`]: transmits what is queued (nothing to do
