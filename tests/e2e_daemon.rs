@@ -155,6 +155,74 @@ fn run_within(mut c: Command, limit: Duration) -> Output {
     }
 }
 
+/// A sender that outruns the fabric: once every send buffer is in flight the daemon stops
+/// reading the TUN, so the excess is dropped by the kernel at the TUN queue (counted as the
+/// interface's TX drops) instead of being read only to be dropped by the endpoint.
+#[test]
+fn a_udp_flood_waits_in_the_tun_queue() {
+    if !Command::new("iperf3")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        println!("skipped: iperf3 not installed");
+        return;
+    }
+    let Some(lab) = Lab::up("e2eq", 2, &[]) else {
+        return;
+    };
+    lab.ping_ok(1, "198.19.0.2", &[]);
+    let mut server = Command::new("ip")
+        .args(["netns", "exec", "e2eq2", "iperf3", "-s", "-1"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("iperf3 server");
+    std::thread::sleep(Duration::from_millis(500));
+    let out = lab.exec(
+        1,
+        &[
+            "iperf3",
+            "-c",
+            "198.19.0.2",
+            "-u",
+            "-b",
+            "0",
+            "-l",
+            "64",
+            "-t",
+            "2",
+            "-J",
+        ],
+        Duration::from_secs(30),
+    );
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(out.status.success(), "iperf3: {out:?}");
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("iperf3 JSON");
+    let sum = &j["end"]["sum"];
+    let (sent, lost) = (
+        sum["packets"].as_u64().expect("packets"),
+        sum["lost_packets"].as_u64().expect("lost_packets"),
+    );
+    let links = lab.exec(
+        1,
+        &["ip", "-s", "-j", "link", "show", "ib0"],
+        Duration::from_secs(10),
+    );
+    let links: serde_json::Value = serde_json::from_slice(&links.stdout).expect("ip -j");
+    let tun_drops = links[0]["stats64"]["tx"]["dropped"].as_u64().unwrap_or(0);
+    println!("flood: {sent} sent, {lost} lost; TUN queue drops {tun_drops}");
+    assert!(sent > lost, "nothing got through");
+    assert_eq!(
+        lab.provider_counter(1, "tx_dropped"),
+        0,
+        "the daemon read packets it could not send"
+    );
+    // What the fabric could not take went nowhere else: the TUN queue dropped it.
+    assert!(tun_drops > 0 || lost == 0, "{lost} lost but no TUN drops");
+}
+
 #[test]
 fn ping_and_iperf3_both_ways() {
     let Some(lab) = Lab::up("e2ep", 2, &[]) else {

@@ -341,11 +341,19 @@ fn run<P: DaemonProvider>(
         }
         if tun_ready || tun_more {
             tun_more = false;
+            let draining = stop_deadline.is_some();
             for i in 0..TUN_BATCH {
-                if !read_tun(&tun, &mut ep, prov.verbs(), now, &mut buf)? {
-                    // Read empty: edge-triggered, the next packet brings an event.
-                    tun_ready = false;
-                    break;
+                match read_tun(&tun, &mut ep, prov.verbs(), now, &mut buf, draining)? {
+                    TunRead::Packet => {}
+                    TunRead::Empty => {
+                        // Edge-triggered: the next packet brings an event.
+                        tun_ready = false;
+                        break;
+                    }
+                    // Every send buffer is in flight: leave the packets in the TUN queue
+                    // (tun_ready stays set) until completions free some; reading them only to
+                    // drop them cost a read each while the sender outran the fabric.
+                    TunRead::NoSendBuffer => break,
                 }
                 if i + 1 == TUN_BATCH {
                     tun_more = true;
@@ -385,24 +393,41 @@ fn run<P: DaemonProvider>(
     }
 }
 
-/// Reads one packet from the TUN device and hands it to the endpoint: into one of its send
-/// buffers when it has one free (a packet for an established connection then leaves from
-/// there), else into `buf`. False when there was nothing to read.
+/// What [`read_tun`] did.
+enum TunRead {
+    /// Read and handled a packet.
+    Packet,
+    /// Nothing was waiting.
+    Empty,
+    /// Read nothing: no send buffer is free.
+    NoSendBuffer,
+}
+
+/// Reads one packet from the TUN device into one of the endpoint's send buffers (a packet for
+/// an established connection then leaves from there) and hands it over. With none free,
+/// reads nothing, unless `draining` (shutting down: the packet is read into `buf` and handed
+/// over, to be dropped or queued as the endpoint sees fit).
 fn read_tun<V: Verbs>(
     tun: &Tun,
     ep: &mut Endpoint,
     v: &mut V,
     now: Instant,
     buf: &mut [u8],
-) -> io::Result<bool> {
+    draining: bool,
+) -> io::Result<TunRead> {
+    let read = |got: Option<usize>| match got {
+        Some(_) => TunRead::Packet,
+        None => TunRead::Empty,
+    };
     let Some(b) = ep.tun_buffer() else {
-        return Ok(match tun.recv(buf)? {
-            Some(n) => {
-                ep.handle_tun_packet(now, v, buf.get(..n).unwrap_or_default());
-                true
-            }
-            None => false,
-        });
+        if !draining {
+            return Ok(TunRead::NoSendBuffer);
+        }
+        let got = tun.recv(buf)?;
+        if let Some(n) = got {
+            ep.handle_tun_packet(now, v, buf.get(..n).unwrap_or_default());
+        }
+        return Ok(read(got));
     };
     let got = match v
         .pools_mut()
@@ -416,11 +441,11 @@ fn read_tun<V: Verbs>(
     match got {
         Ok(Some(n)) => {
             ep.handle_tun_buffer(now, v, b, n);
-            Ok(true)
+            Ok(TunRead::Packet)
         }
         Ok(None) => {
             ep.return_tun_buffer(b);
-            Ok(false)
+            Ok(TunRead::Empty)
         }
         Err(e) => {
             ep.return_tun_buffer(b);
