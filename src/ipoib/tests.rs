@@ -366,3 +366,50 @@ fn no_connection_is_opened_after_shutdown_began() {
     assert_eq!(n.qp_live(1), BASELINE_QPS);
     assert!(n.tun[0].is_empty());
 }
+
+/// A peer whose receive queue runs dry and stays dry (here: it never reads its TUN device,
+/// so no receive buffer comes back) answers with RNR NAKs for ever. The TX connection to it
+/// must fail after a bounded number of them, giving its send buffers back, so that traffic to
+/// every other node goes on; with an infinite RNR retry count, the send buffers stayed with
+/// that connection and the node could reach nobody.
+#[test]
+fn a_peer_stuck_in_rnr_does_not_lock_the_node_out() {
+    let mut n = Net::new(
+        3,
+        |_, _| {},
+        |i, c| {
+            if i == 1 {
+                // Small, and never reaped by its own stale scan: the stuck state lasts.
+                c.srq_depth = 16;
+                c.rx_timeout = Duration::from_secs(3600);
+            }
+        },
+    );
+    // Connections and neighbours first.
+    for to in [1, 2] {
+        n.inject(0, &ping4(0, to, 100));
+    }
+    n.run(Duration::from_millis(200));
+    assert_eq!(n.tun[1].len(), 1);
+    assert_eq!(n.tun[2].len(), 1);
+    n.tun_stalled[1] = true;
+    // Far more than node 1 has receives for, and than node 0 has send buffers.
+    for _ in 0..400 {
+        n.inject_via_buffer(0, &ping4(0, 1, 1000));
+        n.run(Duration::from_micros(200));
+    }
+    n.run(Duration::from_secs(2));
+    let c0 = n.ep(0).counters();
+    assert!(c0.tx_failed >= 1, "the connection to the stuck peer failed");
+    assert_eq!(c0.tx_dropped, 0, "send buffers came back: {c0:?}");
+    // Each failed connection was closed with a DREQ: no RX QP piles up on the stuck peer.
+    let c1 = n.ep(1).counters();
+    assert!(c1.rx_accepted >= 2, "node 0 reconnected: {c1:?}");
+    assert!(c1.rx_accepted <= c1.rx_dreq_reaped + 1, "{c1:?}");
+    assert!(n.qp_live(1) <= BASELINE_QPS + 1);
+    // Node 0 still reaches node 2.
+    let before = n.tun[2].len();
+    n.inject_via_buffer(0, &ping4(0, 2, 200));
+    n.run(Duration::from_millis(200));
+    assert_eq!(n.tun[2].len(), before + 1, "node 0 can still reach node 2");
+}

@@ -21,6 +21,14 @@ use crate::verbs::{
 use crate::wire::cm::{ipoib_service_id, IpoibCmData, RejReason};
 use crate::wire::ipoib::{HwAddr, IpoibHeader};
 
+/// RNR retries of a TX connection: finite (7 would mean for ever). A peer whose receive
+/// queue stays dry then fails the connection after 7 RNR NAKs in a row without progress
+/// (the budget is restored by every ACK), giving its send buffers back: with an infinite
+/// count they stayed with that connection and the node could reach no one else. Linux uses
+/// 0, as the IPoIB-CM draft warns against retries; a software fabric over UDP meets a
+/// momentarily empty receive queue more often, so a few retries ride that out.
+const TX_RNR_RETRY: u8 = 6;
+
 /// State of an active connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TxState {
@@ -185,7 +193,7 @@ impl Endpoint {
             starting_psn: our_psn,
             path_mtu: self.cfg.path_mtu,
             retry_count: 7,
-            rnr_retry_count: 7,
+            rnr_retry_count: TX_RNR_RETRY,
             srq: false,
             local_ack_timeout: self.cfg.qp_timeout,
             private_data: self.cm_private_data(),
@@ -253,7 +261,7 @@ impl Endpoint {
         let rts = QpAttr {
             timeout: Some(self.cfg.qp_timeout),
             retry_cnt: Some(7),
-            rnr_retry: Some(7),
+            rnr_retry: Some(TX_RNR_RETRY),
             sq_psn: Some(remote_psn),
             max_rd_atomic: Some(0),
             ..QpAttr::to_state(QpState::Rts)

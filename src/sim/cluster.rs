@@ -65,6 +65,9 @@ pub struct Cluster {
     pub eps: Vec<Option<Endpoint>>,
     /// Packets each node's TUN device received.
     pub tun: Vec<Vec<Vec<u8>>>,
+    /// Nodes whose TUN device is not read while set: what the endpoint delivers stays queued,
+    /// holding its receive buffers (a peer whose receive queue runs dry).
+    pub tun_stalled: Vec<bool>,
     configs: Vec<EndpointConfig>,
     soft: Vec<SoftConfig>,
     restarts: u64,
@@ -100,6 +103,7 @@ impl Cluster {
             f,
             eps: (0..n).map(|_| None).collect(),
             tun: vec![Vec::new(); n],
+            tun_stalled: vec![false; n],
             configs,
             soft: softs,
             restarts: 0,
@@ -146,6 +150,9 @@ impl Cluster {
             if let Some(ep) = self.eps[i].as_mut() {
                 ep.handle_verbs(now, &mut self.f.nodes[i]);
                 ep.handle_timeout(now, &mut self.f.nodes[i]);
+                if self.tun_stalled.get(i).copied().unwrap_or(false) {
+                    continue;
+                }
                 while let Some(p) = ep.poll_tun(&mut self.f.nodes[i]) {
                     self.tun[i].push(p);
                 }
