@@ -106,6 +106,17 @@ proc_jiffies() {
     echo "$t"
 }
 
+# child_pids NAME PIDS...: timeout(1) forks the program it runs; the pid of each PID's child
+# called NAME (PID itself if there is none), so that the program's own CPU is measured.
+child_pids() {
+    local name=$1 p c
+    shift
+    for p in "$@"; do
+        c=$(pgrep -P "$p" "$name" || true)
+        echo "${c:-$p}"
+    done
+}
+
 # measure NAME CLIENT_NS SERVER_NS DST [TUNNEL PIDS...]: writes $OUT/NAME.*.
 measure() {
     local name=$1 cns=$2 sns=$3 dst=$4
@@ -208,12 +219,7 @@ for ((i = 0; i < 100; i++)); do
     sleep 0.1
 done
 grep -h "Data Channel" "$OUT"/openvpn*.log | head -n 1 || true
-# timeout(1) forks openvpn: measure openvpn's own CPU (timeout's children).
-OVPN_REAL=()
-for p in "${OVPN_PIDS[@]}"; do
-    c=$(pgrep -P "$p" openvpn || true)
-    OVPN_REAL+=("${c:-$p}")
-done
+mapfile -t OVPN_REAL < <(child_pids openvpn "${OVPN_PIDS[@]}")
 measure peer bnv1 bnv2 198.19.1.2 "${OVPN_REAL[@]}"
 for p in "${OVPN_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
 OVPN_PIDS=()
@@ -233,11 +239,7 @@ for me in 1 2; do
     ip -n "bnv$me" addr add "198.19.2.$me/24" dev rl0
     ip -n "bnv$me" link set rl0 mtu 8972 up
 done
-RELAY_REAL=()
-for p in "${RELAY_PIDS[@]}"; do
-    c=$(pgrep -P "$p" naive_relay || true)
-    RELAY_REAL+=("${c:-$p}")
-done
+mapfile -t RELAY_REAL < <(child_pids naive_relay "${RELAY_PIDS[@]}")
 measure_latency relay bnv1 bnv2 198.19.2.2 "${RELAY_REAL[@]}"
 for p in "${RELAY_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
 RELAY_PIDS=()

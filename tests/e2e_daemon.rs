@@ -94,6 +94,45 @@ impl Lab {
         );
     }
 
+    /// Runs `iperf3 -c DST ARGS -J` on node `from` against a one-shot server on node `to`,
+    /// asserts it succeeded and returns its JSON report; `None` when iperf3 cannot be started
+    /// (not installed).
+    fn iperf3(
+        &self,
+        from: usize,
+        to: usize,
+        dst: &str,
+        args: &[&str],
+    ) -> Option<serde_json::Value> {
+        let installed = Command::new("iperf3")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !installed {
+            return None;
+        }
+        let mut server = Command::new("ip")
+            .args(["netns", "exec", &format!("{}{to}", self.prefix)])
+            .args(["iperf3", "-s", "-1"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .ok()?;
+        std::thread::sleep(Duration::from_millis(500));
+        let mut cmd = vec!["iperf3", "-c", dst];
+        cmd.extend_from_slice(args);
+        cmd.push("-J");
+        let out = self.exec(from, &cmd, Duration::from_secs(30));
+        let _ = server.kill();
+        let _ = server.wait();
+        assert!(
+            out.status.success(),
+            "iperf3: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Some(serde_json::from_slice(&out.stdout).expect("iperf3 JSON"))
+    }
+
     fn status(&self, k: usize) -> serde_json::Value {
         let out = self.sh(&["status", &k.to_string()]);
         assert!(
@@ -160,46 +199,15 @@ fn run_within(mut c: Command, limit: Duration) -> Output {
 /// interface's TX drops) instead of being read only to be dropped by the endpoint.
 #[test]
 fn a_udp_flood_waits_in_the_tun_queue() {
-    if !Command::new("iperf3")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
-        println!("skipped: iperf3 not installed");
-        return;
-    }
     let Some(lab) = Lab::up("e2eq", 2, &[]) else {
         return;
     };
     lab.ping_ok(1, "198.19.0.2", &[]);
-    let mut server = Command::new("ip")
-        .args(["netns", "exec", "e2eq2", "iperf3", "-s", "-1"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("iperf3 server");
-    std::thread::sleep(Duration::from_millis(500));
-    let out = lab.exec(
-        1,
-        &[
-            "iperf3",
-            "-c",
-            "198.19.0.2",
-            "-u",
-            "-b",
-            "0",
-            "-l",
-            "64",
-            "-t",
-            "2",
-            "-J",
-        ],
-        Duration::from_secs(30),
-    );
-    let _ = server.kill();
-    let _ = server.wait();
-    assert!(out.status.success(), "iperf3: {out:?}");
-    let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("iperf3 JSON");
+    let flood = ["-u", "-b", "0", "-l", "64", "-t", "2"];
+    let Some(j) = lab.iperf3(1, 2, "198.19.0.2", &flood) else {
+        println!("skipped: iperf3 not installed");
+        return;
+    };
     let sum = &j["end"]["sum"];
     let (sent, lost) = (
         sum["packets"].as_u64().expect("packets"),
@@ -234,26 +242,7 @@ fn ping_and_iperf3_both_ways() {
     lab.ping_ok(2, "2001:db8:19::1", &["-6"]);
     lab.ping_ok(1, "198.19.0.2", &["-s", "65000"]);
     lab.ping_ok(2, "2001:db8:19::1", &["-6", "-s", "65000"]);
-    let server = Command::new("ip")
-        .args(["netns", "exec", "e2ep2", "iperf3", "-s", "-1"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn();
-    if let Ok(mut server) = server {
-        std::thread::sleep(Duration::from_millis(500));
-        let out = lab.exec(
-            1,
-            &["iperf3", "-c", "198.19.0.2", "-t", "2", "-J"],
-            Duration::from_secs(30),
-        );
-        let _ = server.kill();
-        let _ = server.wait();
-        assert!(
-            out.status.success(),
-            "iperf3: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("iperf3 JSON");
+    if let Some(j) = lab.iperf3(1, 2, "198.19.0.2", &["-t", "2"]) {
         let bps = j["end"]["sum_received"]["bits_per_second"]
             .as_f64()
             .unwrap_or(0.0);

@@ -97,28 +97,55 @@ fn gso_segment_ids_are_accepted_and_nothing_else() {
 /// In one flush, requests leave before responses that were due first: B owes A the ACK of a
 /// request when it posts a reply on its own QP to A, and the reply goes out ahead of the ACK
 /// (so A wakes to both, not to the ACK alone while the reply waits behind it).
-#[test]
-fn requests_leave_before_pending_acks() {
-    use crate::wire::bth::Opcode;
+/// Two nodes with RC pairs both ways (A to B, B to A) at `params`, buffers of `buf_len`
+/// bytes, one receive posted on each receiving QP, and `b_first` posted by B to A before
+/// anything else; then A's 64-byte request is delivered to B, which now owes its ACK.
+struct Crossing {
+    fab: Fabric,
+    now: Instant,
+    /// B's endpoint.
+    eb: cf::Endpoint,
+    /// B's QP sending to A.
+    qb2: crate::verbs::QpNum,
+}
+
+fn crossing_pairs(buf_len: usize, params: &RcParams, b_first: Option<&[u8]>) -> Crossing {
     use std::net::SocketAddr;
 
     let now = Instant::now();
     let mut fab = Fabric::with_nodes(2, now, |_, _| {});
     let (a, b) = fab.providers();
-    let ea = cf::open_endpoint(a, 256, 4, 64).unwrap();
-    let eb = cf::open_endpoint(b, 256, 4, 64).unwrap();
-    let p = RcParams::default();
-    let (qa, qb) = cf::connect_rc(a, &ea, b, &eb, &p).unwrap();
-    let (qb2, qa2) = cf::connect_rc(b, &eb, a, &ea, &p).unwrap();
+    let ea = cf::open_endpoint(a, buf_len, 8, 64).unwrap();
+    let eb = cf::open_endpoint(b, buf_len, 8, 64).unwrap();
+    let (qa, qb) = cf::connect_rc(a, &ea, b, &eb, params).unwrap();
+    let (qb2, qa2) = cf::connect_rc(b, &eb, a, &ea, params).unwrap();
     cf::post_recvs(b, RecvTarget::Qp(qb), eb.pool, 0, 1).unwrap();
     cf::post_recvs(a, RecvTarget::Qp(qa2), ea.pool, 0, 1).unwrap();
+    if let Some(data) = b_first {
+        cf::post_send_data(b, qb2, eb.pool, 2, data).unwrap();
+    }
     cf::post_send_data(a, qa, ea.pool, 1, &[1; 64]).unwrap();
     let mut buf = Vec::new();
     let a_src = SocketAddr::new(a.config().local_ip, a.config().src_port);
     a.poll_transmit(now, &mut buf).expect("A sends its request");
-    assert!(a.poll_transmit(now, &mut Vec::new()).is_none());
     let b_ip = b.config().local_ip;
     b.handle_datagram(now, a_src, b_ip, &buf);
+    Crossing { fab, now, eb, qb2 }
+}
+
+#[test]
+fn requests_leave_before_pending_acks() {
+    use crate::wire::bth::Opcode;
+
+    let Crossing {
+        mut fab,
+        now,
+        eb,
+        qb2,
+    } = crossing_pairs(256, &RcParams::default(), None);
+    let (a, b) = fab.providers();
+    assert!(a.poll_transmit(now, &mut Vec::new()).is_none());
+    let mut buf = Vec::new();
     // B now owes an ACK on qb; the "reply" is posted after that.
     cf::post_send_data(b, qb2, eb.pool, 2, &[2; 64]).unwrap();
     let mut opcodes = Vec::new();
@@ -234,29 +261,15 @@ fn unacknowledged_messages_are_capped() {
 #[test]
 fn a_stream_does_not_hold_back_acks() {
     use crate::verbs::PathMtu;
-    use std::net::SocketAddr;
 
-    let now = Instant::now();
-    let mut fab = Fabric::with_nodes(2, now, |_, _| {});
-    let (a, b) = fab.providers();
-    let ea = cf::open_endpoint(a, 65536, 8, 64).unwrap();
-    let eb = cf::open_endpoint(b, 65536, 8, 64).unwrap();
     let p = RcParams {
         path_mtu: Some(PathMtu::Mtu256),
         ..RcParams::default()
     };
-    let (qa, qb) = cf::connect_rc(a, &ea, b, &eb, &p).unwrap();
-    let (qb2, qa2) = cf::connect_rc(b, &eb, a, &ea, &p).unwrap();
-    cf::post_recvs(b, RecvTarget::Qp(qb), eb.pool, 0, 1).unwrap();
-    cf::post_recvs(a, RecvTarget::Qp(qa2), ea.pool, 0, 1).unwrap();
     // B starts a 100-packet message to A, then receives A's request and owes its ACK.
-    cf::post_send_data(b, qb2, eb.pool, 2, &[2; 25_600]).unwrap();
-    cf::post_send_data(a, qa, ea.pool, 1, &[1; 64]).unwrap();
+    let Crossing { mut fab, now, .. } = crossing_pairs(65536, &p, Some(&[2; 25_600]));
+    let b = &mut fab.nodes[1];
     let mut buf = Vec::new();
-    let a_src = SocketAddr::new(a.config().local_ip, a.config().src_port);
-    a.poll_transmit(now, &mut buf).expect("A sends its request");
-    let b_ip = b.config().local_ip;
-    b.handle_datagram(now, a_src, b_ip, &buf);
     let mut ack_at = None;
     for i in 0..40 {
         buf.clear();
