@@ -67,6 +67,22 @@ else
     bash scripts/rxe-interop.sh --quick
 fi
 
+section "benchmark smoke (scripts/bench.sh --quick; root only; SKIP_BENCH=1 skips)"
+# Only that every path of the one-run benchmark still produces its figures: the figures
+# themselves are not checked (a 2 s run on a shared machine says nothing about speed).
+if [ "$(id -u)" -ne 0 ]; then
+    echo "skipped: scripts/bench.sh needs root (network namespaces)"
+elif [ -n "${SKIP_BENCH:-}" ]; then
+    echo "skipped: SKIP_BENCH is set"
+else
+    bench_json=$(mktemp)
+    bash scripts/bench.sh --quick --json "$bench_json" > "$bench_json.log" 2>&1 \
+        || { tail -n 40 "$bench_json.log"; echo "bench.sh --quick failed"; exit 1; }
+    sed -n '/^==== report/,$p' "$bench_json.log"
+    python3 scripts/bench/check_schema.py "$bench_json"
+    rm -f "$bench_json" "$bench_json.log"
+fi
+
 section "fuzz targets (${FUZZ_SECONDS:-10} s each)"
 bash scripts/fuzz.sh "${FUZZ_SECONDS:-10}"
 

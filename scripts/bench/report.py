@@ -51,12 +51,16 @@ def path_figures(p):
     t = load(f"{p}.tcp4.json")
     if t and "end" in t and "sum_received" in t["end"]:
         f["tcp4_gbps"] = t["end"]["sum_received"]["bits_per_second"] / 1e9
-    t = load(f"{p}.udp.json")
-    if t and "end" in t and "sum" in t["end"]:
-        s = t["end"]["sum"]
+    udp = []
+    for name in sorted(D.glob(f"{p}.udp.*.json")):
+        t = load(name.name)
+        s = t["end"].get("sum", {}) if t and "end" in t else {}
         if s.get("seconds"):
-            f["udp64_pps"] = (s["packets"] - s["lost_packets"]) / s["seconds"]
-            extra["udp64_lost_pct"] = s.get("lost_percent")
+            udp.append(((s["packets"] - s["lost_packets"]) / s["seconds"], s.get("lost_percent")))
+    if udp:
+        udp.sort(key=lambda r: r[0])
+        f["udp64_pps"], extra["udp64_lost_pct"] = udp[len(udp) // 2]
+        extra["udp64_runs_pps"] = [r[0] for r in udp]
     try:
         rtts = [float(m) * 1000.0 for m in
                 re.findall(r"time=([0-9.]+) ms", (D / f"{p}.ping.txt").read_text())]
@@ -141,6 +145,8 @@ for title, fig in [("with --busy-poll 5ms:", doc["tunnel_busy_poll"]),
 print("TCP 1 stream, each run (Gbit/s; the median above): " + ", ".join(
     f"{p} " + "/".join(fmt(x) for x in extras[p].get("tcp_runs_gbps", []))
     for p in PATHS + [BUSY, RELAY]))
+print("UDP 64 B, each run (pps; the median above): " + ", ".join(
+    f"{p} " + "/".join(fmt(x) for x in extras[p].get("udp64_runs_pps", [])) for p in PATHS))
 label = "whole-VM busy s/GB"
 vm = [extras[p].get("vm_cpu_s_per_gb") for p in PATHS]
 print(f"{label:26}" + "".join(f"{fmt(x):>10}" for x in vm)
