@@ -52,6 +52,7 @@ fn defaults() {
     assert!(c.srq);
     assert_eq!(c.rx_timeout, Duration::from_secs(60));
     assert_eq!(c.drain_timeout, Duration::from_secs(5));
+    assert_eq!(c.tx_stall_timeout, Duration::from_secs(1));
     assert_eq!(c.neigh_timeout, Duration::from_secs(300));
     assert_eq!(c.max_conn_qp, 128);
     assert_eq!(c.qp_budget_policy, QpBudgetPolicy::Evict);
@@ -336,6 +337,33 @@ fn duration_rules() {
     assert_eq!(
         file_err("bind = \"10.0.0.1\"\nneigh_timeout = -3", &[]),
         "config: neigh_timeout: invalid duration \"-3\" (use e.g. 50us, 500ms, 5s, 2m, 1h or plain seconds)"
+    );
+}
+
+#[test]
+fn tx_stall_timeout_rules() {
+    let b = ["--bind", "192.0.2.1"];
+    // The default is 1 s, or 4 local ACK timeouts when they are longer (2^18 * 4.096 us).
+    assert_eq!(
+        ok("", &[&b[..], &["--qp-timeout", "18"]].concat()).tx_stall_timeout,
+        Duration::from_nanos(4 * (4096 << 18))
+    );
+    assert_eq!(
+        ok("", &[&b[..], &["--tx-stall-timeout", "250ms"]].concat()).tx_stall_timeout,
+        Duration::from_millis(250)
+    );
+    assert_eq!(
+        ok("tx_stall_timeout = \"3s\"", &b).tx_stall_timeout,
+        Duration::from_secs(3)
+    );
+    // It must outlast one local ACK timeout (2^12 * 4.096 us = 16.8 ms by default).
+    assert_eq!(
+        flag_err(&[&b[..], &["--tx-stall-timeout", "10ms"]].concat()),
+        "--tx-stall-timeout: must be longer than the local ACK timeout of qp_timeout 12 (16777us)"
+    );
+    assert_eq!(
+        file_err("bind = \"10.0.0.1\"\ntx_stall_timeout = \"0\"", &[]),
+        "config: tx_stall_timeout: must be positive (got \"0\")"
     );
 }
 

@@ -157,7 +157,7 @@ fn json_key_names_on_the_wire() {
     assert_eq!(keys(&v["interface"]), ["hwaddr", "mode", "mtu", "name"]);
     assert_eq!(keys(&v["rx"][0]), ["idle_ms", "peer", "qpn", "state"]);
     assert_eq!(v["rx"][0]["state"], "drained");
-    assert_eq!(keys(&v["counters"]).len(), 14);
+    assert_eq!(keys(&v["counters"]).len(), 15);
     drop(server);
     std::fs::remove_dir_all(&dir).unwrap();
 }

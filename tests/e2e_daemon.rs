@@ -580,3 +580,68 @@ fn gso_trains_leave_as_exact_roce_packets() {
         assert_eq!(lab.provider_counter(k, "rx_bad_icrc"), 0, "node {k}");
     }
 }
+
+/// A peer whose daemon freezes (SIGSTOP: no DREQ, no NAK, no ACK) while node 1 has every
+/// send buffer in flight to it holds node 1 back only for `--tx-stall-timeout`, not for the
+/// RC retry budget: at `--qp-timeout 16` (268 ms) the software provider would retry for about
+/// 12.6 s (47 backed-off timeouts), and node 1 could reach no one meanwhile.
+#[test]
+fn a_frozen_peer_holds_the_send_buffers_only_for_the_stall_timeout() {
+    let Some(lab) = Lab::up(
+        "e2ez",
+        3,
+        &["--qp-timeout", "16", "--tx-stall-timeout", "1s"],
+    ) else {
+        return;
+    };
+    lab.ping_ok(1, "198.19.0.2", &[]);
+    lab.ping_ok(1, "198.19.0.3", &[]);
+    let pid = std::fs::read_to_string(lab.state.join("node2.pid")).expect("node 2 pid");
+    let stop = |sig: &str| {
+        let ok = Command::new("kill")
+            .args([sig, pid.trim()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} node 2");
+    };
+    stop("-STOP");
+    // More packets for the frozen peer than node 1 has send buffers (128), sent at once (in
+    // the background: ping waits for replies that will not come).
+    let mut flood = Command::new("ip")
+        .args(["netns", "exec", "e2ez1"])
+        .args([
+            "ping", "-n", "-q", "-c", "300", "-l", "300", "-s", "1000", "-w", "3",
+        ])
+        .arg("198.19.0.2")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("ping");
+    std::thread::sleep(Duration::from_millis(200));
+    let t0 = Instant::now();
+    let reached = lab.wait_for(Duration::from_secs(10), |l| {
+        l.exec(
+            1,
+            &["ping", "-n", "-c", "1", "-W", "1", "198.19.0.3"],
+            Duration::from_secs(3),
+        )
+        .status
+        .success()
+    });
+    let waited = t0.elapsed();
+    let _ = flood.kill();
+    let _ = flood.wait();
+    stop("-CONT");
+    assert!(reached, "node 1 never reached node 3 again: {}", lab.log(1));
+    println!(
+        "node 1 reached node 3 {:.1} s after flooding the frozen node 2 (stall timeout 1 s)",
+        waited.as_secs_f64()
+    );
+    assert!(waited < Duration::from_secs(4), "took {waited:?}");
+    assert!(lab.counter(1, "tx_stalled") >= 1);
+    // The thawed peer is reachable again (a new connection).
+    let back = lab.wait_for(Duration::from_secs(15), |l| {
+        l.ping(1, "198.19.0.2", &[]).status.success()
+    });
+    assert!(back, "node 2 not reachable after SIGCONT: {}", lab.log(1));
+}

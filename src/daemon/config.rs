@@ -37,6 +37,11 @@ pub const DEFAULT_RX_TIMEOUT: Duration = Duration::from_secs(60);
 pub const MIN_RX_TIMEOUT: Duration = Duration::from_secs(1);
 /// Default time to wait for a QP to drain before it is destroyed anyway.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// `tx_stall_timeout` when not given: this, or [`TX_STALL_ACK_TIMEOUTS`] local ACK timeouts
+/// if that is longer.
+pub const DEFAULT_TX_STALL_TIMEOUT: Duration = Duration::from_secs(1);
+/// The default `tx_stall_timeout` is at least this many local ACK timeouts (`qp_timeout`).
+pub const TX_STALL_ACK_TIMEOUTS: u32 = 4;
 /// Longest `--busy-poll`.
 pub const MAX_BUSY_POLL: Duration = Duration::from_millis(10);
 /// Default neighbour entry lifetime.
@@ -345,7 +350,8 @@ pub struct Config {
     pub udp_offload: bool,
     /// Local ACK timeout exponent of the RC QPs, `4.096 µs · 2^n` (`--qp-timeout`, default 12,
     /// about 17 ms: a lost tail packet costs that long; with retry count 7 a connection fails
-    /// after about 8 of them without progress).
+    /// after 8 of them without progress, which the software provider spreads over about 47
+    /// by backing off; `tx_stall_timeout` bounds either).
     pub qp_timeout: u8,
     /// IPoIB mode (`--mode`, default connected).
     pub mode: Mode,
@@ -356,6 +362,11 @@ pub struct Config {
     /// How long to wait for a QP to drain before destroying it anyway (`--drain-timeout`,
     /// default 5s).
     pub drain_timeout: Duration,
+    /// A TX connection with sends in flight and none completed for this long fails and gives
+    /// its send buffers back (`--tx-stall-timeout`, default 1s or 4 local ACK timeouts if
+    /// longer; longer than one local ACK timeout): how long a vanished or stuck peer can hold
+    /// the send buffers every other peer needs too, whatever the provider's retry budget.
+    pub tx_stall_timeout: Duration,
     /// After each event, keep looking for the next one without sleeping for this long
     /// (`--busy-poll`, default 0: off; at most 10ms). Saves a process wakeup per packet that
     /// arrives within it, at the cost of a busy CPU meanwhile.
@@ -448,6 +459,10 @@ pub struct UpArgs {
     /// Give up waiting for a QP to drain after this long [default: 5s].
     #[arg(long, value_name = "DURATION", allow_negative_numbers = true)]
     pub drain_timeout: Option<String>,
+    /// Fail a TX connection whose sends complete none for this long, freeing its send
+    /// buffers for other peers [default: 1s, or 4 local ACK timeouts if longer].
+    #[arg(long, value_name = "DURATION", allow_negative_numbers = true)]
+    pub tx_stall_timeout: Option<String>,
     /// Spin looking for events this long after each one, e.g. 200us; at most 10ms [default: 0].
     #[arg(long, value_name = "DURATION", allow_negative_numbers = true)]
     pub busy_poll: Option<String>,
@@ -598,6 +613,8 @@ pub struct ConfigFile {
     pub rx_timeout: Option<DurationValue>,
     /// See [`Config::drain_timeout`].
     pub drain_timeout: Option<DurationValue>,
+    /// See [`Config::tx_stall_timeout`].
+    pub tx_stall_timeout: Option<DurationValue>,
     /// See [`Config::busy_poll`].
     pub busy_poll: Option<DurationValue>,
     /// See [`Config::neigh_timeout`].
@@ -745,6 +762,11 @@ pub(crate) fn pick_int(
 }
 
 /// Picks a duration of at least `min`: a flag string or a file string/integer.
+/// The local ACK timeout of exponent `n`: 4.096 µs · 2^n.
+pub fn local_ack_timeout(n: u8) -> Duration {
+    Duration::from_nanos(4096u64 << n.min(31))
+}
+
 pub(crate) fn pick_duration(
     key: &str,
     flag: Option<&str>,
@@ -1016,6 +1038,28 @@ pub fn resolve_parsed(file: &ConfigFile, flags: &UpArgs) -> Result<Config, Confi
         Duration::from_millis(1),
         DEFAULT_DRAIN_TIMEOUT,
     )?;
+    let ack_timeout = local_ack_timeout(qp_timeout);
+    let tx_stall_timeout = pick_duration(
+        "tx_stall_timeout",
+        flags.tx_stall_timeout.as_deref(),
+        file.tx_stall_timeout.as_ref(),
+        Duration::from_millis(1),
+        DEFAULT_TX_STALL_TIMEOUT.max(ack_timeout * TX_STALL_ACK_TIMEOUTS),
+    )?;
+    if tx_stall_timeout <= ack_timeout {
+        let origin = if flags.tx_stall_timeout.is_some() {
+            Origin::Flag
+        } else {
+            Origin::File
+        };
+        return Err(origin.err(
+            "tx_stall_timeout",
+            format!(
+                "must be longer than the local ACK timeout of qp_timeout {qp_timeout} ({})",
+                format_duration(ack_timeout)
+            ),
+        ));
+    }
     let busy_poll = pick_duration(
         "busy_poll",
         flags.busy_poll.as_deref(),
@@ -1156,6 +1200,7 @@ pub fn resolve_parsed(file: &ConfigFile, flags: &UpArgs) -> Result<Config, Confi
         srq,
         rx_timeout,
         drain_timeout,
+        tx_stall_timeout,
         busy_poll,
         neigh_timeout,
         max_conn_qp,

@@ -68,6 +68,7 @@ fn endpoint_config(cfg: &Config, path_mtu: crate::verbs::PathMtu, seed: u64) -> 
     e.srq = cfg.srq;
     e.rx_timeout = cfg.rx_timeout;
     e.drain_timeout = cfg.drain_timeout;
+    e.tx_stall_timeout = cfg.tx_stall_timeout;
     e.neigh_timeout = cfg.neigh_timeout;
     e.max_conn_qp = cfg.max_conn_qp as usize;
     e.budget_policy = match cfg.qp_budget_policy {
@@ -498,6 +499,7 @@ fn status<P: DaemonProvider>(
         last_wqe_events: c.last_wqe_events,
         tx_established: c.tx_established,
         tx_failed: c.tx_failed,
+        tx_stalled: c.tx_stalled,
         tx_queue_drops: c.tx_queue_drops,
         icmp_too_big_sent: c.icmp_too_big_sent,
         rx_bad_packets: c.rx_bad_packets,

@@ -215,8 +215,10 @@ pub struct Counters {
     pub last_wqe_events: u64,
     /// TX connections established.
     pub tx_established: u64,
-    /// TX connections that failed (REJ, timeout, error).
+    /// TX connections that failed (REJ, timeout, error, stall).
     pub tx_failed: u64,
+    /// Of `tx_failed`: sends in flight and none completed for `tx_stall_timeout`.
+    pub tx_stalled: u64,
     /// Packets dropped because a neighbour's queue was full.
     pub tx_queue_drops: u64,
     /// ICMP "packet too big" / "fragmentation needed" sent back to the host.
@@ -227,7 +229,7 @@ pub struct Counters {
 
 impl Counters {
     /// `(name, value)` in schema order, for rendering.
-    pub fn fields(&self) -> [(&'static str, u64); 14] {
+    pub fn fields(&self) -> [(&'static str, u64); 15] {
         [
             ("qp_live", self.qp_live),
             ("qp_created", self.qp_created),
@@ -240,6 +242,7 @@ impl Counters {
             ("last_wqe_events", self.last_wqe_events),
             ("tx_established", self.tx_established),
             ("tx_failed", self.tx_failed),
+            ("tx_stalled", self.tx_stalled),
             ("tx_queue_drops", self.tx_queue_drops),
             ("icmp_too_big_sent", self.icmp_too_big_sent),
             ("rx_bad_packets", self.rx_bad_packets),
@@ -473,6 +476,7 @@ mod tests {
             "last_wqe_events",
             "tx_established",
             "tx_failed",
+            "tx_stalled",
             "tx_queue_drops",
             "icmp_too_big_sent",
             "rx_bad_packets",
@@ -588,6 +592,7 @@ counters:
   last_wqe_events    0
   tx_established     0
   tx_failed          0
+  tx_stalled         0
   tx_queue_drops     0
   icmp_too_big_sent  0
   rx_bad_packets     0

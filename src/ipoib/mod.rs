@@ -101,6 +101,10 @@ pub struct EndpointConfig {
     pub rx_timeout: Duration,
     /// Bound on every teardown wait (Last WQE, drain completion, flush).
     pub drain_timeout: Duration,
+    /// A TX connection with sends in flight and none completed for this long fails (and gives
+    /// its send buffers back), whatever the provider's retry budget: the bound on how long a
+    /// vanished or stuck peer can hold the send buffers that every other peer needs too.
+    pub tx_stall_timeout: Duration,
     /// Most live RX connections.
     pub max_conn_qp: usize,
     /// What a REQ beyond `max_conn_qp` does.
@@ -143,6 +147,7 @@ impl EndpointConfig {
             srq: true,
             rx_timeout: Duration::from_secs(60),
             drain_timeout: Duration::from_secs(5),
+            tx_stall_timeout: Duration::from_secs(1),
             max_conn_qp: 128,
             budget_policy: QpBudgetPolicy::Evict,
             tx_queue_len: 3,
@@ -199,8 +204,10 @@ pub struct Counters {
     pub rx_rejected: u64,
     /// Active connections established.
     pub tx_established: u64,
-    /// Active connections that failed (REJ, timeout, send error).
+    /// Active connections that failed (REJ, timeout, send error, stall).
     pub tx_failed: u64,
+    /// Of `tx_failed`: connections whose sends made no progress for `tx_stall_timeout`.
+    pub tx_stalled: u64,
     /// Packets dropped because a neighbour's queue was full.
     pub tx_queue_drops: u64,
     /// Packets dropped for other reasons (no buffer, no route, resolution failed).
@@ -247,6 +254,8 @@ enum Timer {
     RxWatchdog(QpNum),
     /// Bound a TX teardown.
     TxWatchdog(QpNum),
+    /// Check that a TX connection's sends make progress.
+    TxStall(QpNum),
     /// Resend an ARP request / NS, or give up.
     NeighResolve(IpAddr),
     /// Check a neighbour's last use.
@@ -612,6 +621,7 @@ impl Endpoint {
                 Timer::RxStale(qpn) => self.on_rx_stale_timer(now, v, qpn, id),
                 Timer::RxWatchdog(qpn) => self.on_rx_watchdog(now, v, qpn, id),
                 Timer::TxWatchdog(qpn) => self.on_tx_watchdog(now, v, qpn, id),
+                Timer::TxStall(qpn) => self.on_tx_stall_timer(now, v, qpn, id),
                 Timer::NeighResolve(ip) => self.on_resolve_timer(now, v, ip, id),
                 Timer::NeighAge(ip) => self.on_neigh_age_timer(now, v, ip, id),
             }

@@ -413,3 +413,86 @@ fn a_peer_stuck_in_rnr_does_not_lock_the_node_out() {
     n.run(Duration::from_millis(200));
     assert_eq!(n.tun[2].len(), before + 1, "node 0 can still reach node 2");
 }
+
+/// A peer that vanishes without a DREQ while every send buffer is in flight to it holds them
+/// only for `tx_stall_timeout`, not for the provider's retry budget (the software provider
+/// backs off over ~47 local ACK timeouts, 3.2 s at exponent 14, before the send fails; the
+/// node reached no other peer meanwhile): the connection fails, every buffer comes back, the
+/// node reaches the other peers again, and the failed connection's QP is destroyed.
+#[test]
+fn a_vanished_peer_holds_the_send_buffers_only_for_the_stall_timeout() {
+    // Idle RX connections are not reaped meanwhile: node 2 keeps the one from node 0.
+    let mut n = Net::new(3, |_, _| {}, |_, c| c.rx_timeout = Duration::from_secs(60));
+    for to in [1, 2] {
+        n.inject(0, &ping4(0, to, 100));
+    }
+    n.run(Duration::from_millis(200));
+    assert_eq!((n.tun[1].len(), n.tun[2].len()), (1, 1));
+    let tx_depth = n.ep(0).cfg.tx_depth as usize;
+    let stall_timeout = n.ep(0).cfg.tx_stall_timeout;
+    n.kill(1);
+    // As the daemon does: read packets (all for the vanished peer) while a send buffer is free.
+    let mut sent = 0;
+    while sent < 10 * tx_depth {
+        let Some(b) = n.ep(0).tun_buffer() else {
+            break;
+        };
+        n.ep(0).return_tun_buffer(b);
+        n.inject_via_buffer(0, &ping4(0, 1, 1000));
+        sent += 1;
+    }
+    assert_eq!(
+        sent, tx_depth,
+        "every send buffer is in flight to the vanished peer"
+    );
+    // The node cannot send until the connection fails; then it can.
+    let stuck_at = n.now();
+    for _ in 0..500 {
+        if let Some(b) = n.ep(0).tun_buffer() {
+            n.ep(0).return_tun_buffer(b);
+            break;
+        }
+        n.run(Duration::from_millis(10));
+    }
+    let stuck = n.now() - stuck_at;
+    let c0 = n.ep(0).counters();
+    assert!(
+        stuck <= stall_timeout + Duration::from_millis(20),
+        "send buffers held for {stuck:?}: {c0:?}"
+    );
+    assert_eq!((c0.tx_stalled, c0.tx_failed), (1, 1), "{stuck:?} {c0:?}");
+    let mut free = Vec::new();
+    while let Some(b) = n.ep(0).tun_buffer() {
+        free.push(b);
+    }
+    assert_eq!(free.len(), tx_depth, "every send buffer came back");
+    for b in free {
+        n.ep(0).return_tun_buffer(b);
+    }
+    n.inject_via_buffer(0, &ping4(0, 2, 200));
+    n.run(Duration::from_millis(100));
+    assert_eq!(n.tun[2].len(), 2, "node 0 reaches node 2 again");
+    // The failed connection's QP goes (the TX watchdog bounds its flush); the one to node 2
+    // is all that is left.
+    n.run(Duration::from_secs(10));
+    assert_eq!(n.ep(0).txs.len(), 1);
+    assert_eq!(n.qp_live(0), BASELINE_QPS + 1);
+}
+
+/// Sends that keep completing never trip the stall check, however long the connection stays
+/// busy: a stream of pings over 5 s (five stall timeouts) to a live peer, every one delivered.
+#[test]
+fn a_busy_connection_that_makes_progress_never_stalls() {
+    let mut n = Net::new(2, |_, _| {}, |_, c| c.rx_timeout = Duration::from_secs(60));
+    for _ in 0..500 {
+        n.inject_via_buffer(0, &ping4(0, 1, 1000));
+        n.run(Duration::from_millis(10));
+    }
+    let c0 = n.ep(0).counters();
+    assert_eq!(
+        (c0.tx_stalled, c0.tx_failed, c0.tx_established),
+        (0, 0, 1),
+        "{c0:?}"
+    );
+    assert_eq!(n.tun[1].len(), 500);
+}

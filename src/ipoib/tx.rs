@@ -65,6 +65,10 @@ pub(super) struct TxConn {
     /// Sends posted and not completed.
     pub(super) outstanding: u32,
     pub(super) watchdog: Option<TimerId>,
+    /// When a send last completed, or the first of the sends now in flight was posted.
+    pub(super) progress_at: Instant,
+    /// The stall check, armed while sends are in flight.
+    pub(super) stall: Option<TimerId>,
 }
 
 impl Endpoint {
@@ -113,13 +117,20 @@ impl Endpoint {
                     self.too_big(packet, mtu);
                     return;
                 }
-                self.post_rc(v, qpn, ethertype, packet);
+                self.post_rc(now, v, qpn, ethertype, packet);
             }
         }
     }
 
     /// Posts one RC send.
-    fn post_rc<V: Verbs>(&mut self, v: &mut V, qpn: QpNum, ethertype: u16, packet: &[u8]) {
+    fn post_rc<V: Verbs>(
+        &mut self,
+        now: Instant,
+        v: &mut V,
+        qpn: QpNum,
+        ethertype: u16,
+        packet: &[u8],
+    ) {
         let Some(b) = self.tx_free.pop() else {
             self.counters.tx_dropped += 1;
             return;
@@ -129,7 +140,7 @@ impl Endpoint {
             self.counters.tx_dropped += 1;
             return;
         };
-        self.post_rc_buf(v, qpn, b, len);
+        self.post_rc_buf(now, v, qpn, b, len);
     }
 
     /// The established RC connection a packet to `hw` may go on right now, if any, and the
@@ -143,12 +154,31 @@ impl Endpoint {
 
     /// Posts the held send buffer `b` (an IPoIB message of `len` bytes) on `qpn`; on failure
     /// the buffer is free again and the packet counted as dropped.
-    pub(super) fn post_rc_buf<V: Verbs>(&mut self, v: &mut V, qpn: QpNum, b: BufId, len: usize) {
+    pub(super) fn post_rc_buf<V: Verbs>(
+        &mut self,
+        now: Instant,
+        v: &mut V,
+        qpn: QpNum,
+        b: BufId,
+        len: usize,
+    ) {
         match v.post_send(qpn, &SendWr::send(wr(WR_SEND), b, len)) {
             Ok(()) => {
                 self.counters.tx_packets += 1;
-                if let Some(tx) = self.txs.get_mut(&qpn) {
-                    tx.outstanding += 1;
+                let Some(tx) = self.txs.get_mut(&qpn) else {
+                    return;
+                };
+                tx.outstanding += 1;
+                if tx.outstanding == 1 {
+                    // Nothing was in flight: the wait for progress starts now.
+                    tx.progress_at = now;
+                }
+                if tx.stall.is_none() {
+                    let at = tx.progress_at + self.cfg.tx_stall_timeout;
+                    let t = self.arm(at, Timer::TxStall(qpn));
+                    if let Some(tx) = self.txs.get_mut(&qpn) {
+                        tx.stall = Some(t);
+                    }
                 }
             }
             Err(e) => {
@@ -219,6 +249,8 @@ impl Endpoint {
                 queue: VecDeque::new(),
                 outstanding: 0,
                 watchdog: None,
+                progress_at: now,
+                stall: None,
             },
         );
         Some(qpn)
@@ -288,7 +320,7 @@ impl Endpoint {
             if p.len() > mtu as usize {
                 self.too_big(&p, mtu);
             } else {
-                self.post_rc(v, qpn, ethertype, &p);
+                self.post_rc(now, v, qpn, ethertype, &p);
             }
         }
     }
@@ -312,6 +344,9 @@ impl Endpoint {
                 let qpn = wc.qp;
                 if let Some(tx) = self.txs.get_mut(&qpn) {
                     tx.outstanding = tx.outstanding.saturating_sub(1);
+                    if wc.status == WcStatus::Success {
+                        tx.progress_at = now;
+                    }
                 }
                 match wc.status {
                     WcStatus::Success => {}
@@ -371,8 +406,12 @@ impl Endpoint {
         }
         tx.state = TxState::Closing;
         tx.queue.clear();
+        let stall = tx.stall.take();
         let id = tx.id;
         let outstanding = tx.outstanding;
+        if let Some(t) = stall {
+            self.wheel.cancel(t);
+        }
         self.tx_by_peer.retain(|_, q| *q != qpn);
         // DREQ (or REJ while connecting) unless the peer already ended it; the CM ignores a
         // disconnect of an id that is gone or already disconnecting.
@@ -402,12 +441,43 @@ impl Endpoint {
         }
     }
 
+    /// The stall check of `qpn`: sends in flight and none completed for `tx_stall_timeout`
+    /// fail the connection (its flushed sends give the buffers back); with progress since,
+    /// check again a timeout after it; with nothing in flight, the next send arms it again.
+    pub(super) fn on_tx_stall_timer<V: Verbs>(
+        &mut self,
+        now: Instant,
+        v: &mut V,
+        qpn: QpNum,
+        id: TimerId,
+    ) {
+        let timeout = self.cfg.tx_stall_timeout;
+        let Some(tx) = self.txs.get_mut(&qpn).filter(|t| t.stall == Some(id)) else {
+            return;
+        };
+        tx.stall = None;
+        if tx.outstanding == 0 || tx.state != TxState::Established {
+            return;
+        }
+        let due = tx.progress_at + timeout;
+        if now < due {
+            let t = self.arm(due, Timer::TxStall(qpn));
+            if let Some(tx) = self.txs.get_mut(&qpn) {
+                tx.stall = Some(t);
+            }
+            return;
+        }
+        tracing::debug!(qp = %qpn, "TX connection stalled; failing it");
+        self.counters.tx_stalled += 1;
+        self.fail_tx(now, v, qpn);
+    }
+
     /// Destroys a TX QP. Its CM id stays with the CM until TimeWait ends.
     pub(super) fn destroy_tx<V: Verbs>(&mut self, v: &mut V, qpn: QpNum) {
         let Some(tx) = self.txs.remove(&qpn) else {
             return;
         };
-        if let Some(t) = tx.watchdog {
+        for t in [tx.watchdog, tx.stall].into_iter().flatten() {
             self.wheel.cancel(t);
         }
         if self.cm.state(tx.id).is_none() {

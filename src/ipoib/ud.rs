@@ -151,7 +151,7 @@ impl Endpoint {
                 .map(|h| h.copy_from_slice(&header))
                 .is_some();
             if written {
-                self.post_rc_buf(v, qpn, b, IpoibHeader::LEN + len);
+                self.post_rc_buf(now, v, qpn, b, IpoibHeader::LEN + len);
                 return;
             }
         }
