@@ -558,16 +558,17 @@ fn status<P: DaemonProvider>(
         tx: snap
             .tx
             .iter()
-            .map(|(peer, qpn, st, mtu, queued)| TxStatus {
-                peer: peer.gid.to_string(),
-                qpn: qpn.get(),
-                state: match st {
+            .map(|t| TxStatus {
+                peer: t.peer.gid.to_string(),
+                qpn: t.qpn.get(),
+                state: match t.state {
                     ipoib::TxState::Connecting => TxState::Connecting,
                     ipoib::TxState::Established => TxState::Live,
                     ipoib::TxState::Closing => TxState::Closing,
                 },
-                mtu: *mtu,
-                queued: *queued as u64,
+                mtu: t.mtu,
+                queued: t.queued as u64,
+                in_flight: u64::from(t.in_flight),
             })
             .collect(),
         rx: snap

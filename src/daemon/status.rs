@@ -150,6 +150,9 @@ pub struct TxStatus {
     pub mtu: u32,
     /// Packets queued waiting for the connection.
     pub queued: u64,
+    /// Sends posted and not yet completed: the send buffers (shared by all TX connections)
+    /// this connection holds.
+    pub in_flight: u64,
 }
 
 /// State of a receive connection, as Linux `ipoib_cm` tracks its RX QPs.
@@ -327,10 +330,15 @@ pub fn render_text(status: &Status) -> String {
                     t.state.as_str().to_owned(),
                     t.mtu.to_string(),
                     t.queued.to_string(),
+                    t.in_flight.to_string(),
                 ]
             })
             .collect();
-        table(&mut out, &["PEER", "QPN", "STATE", "MTU", "QUEUED"], &rows);
+        table(
+            &mut out,
+            &["PEER", "QPN", "STATE", "MTU", "QUEUED", "IN_FLIGHT"],
+            &rows,
+        );
     }
 
     let _ = write!(out, "\nrx ({})", status.rx.len());
@@ -403,6 +411,7 @@ mod tests {
                 state: TxState::Live,
                 mtu: 65520,
                 queued: 0,
+                in_flight: 2,
             }],
             rx: vec![
                 RxStatus {
@@ -458,7 +467,7 @@ mod tests {
         assert_eq!(k, ["hwaddr", "ip", "state"]);
         let mut k = keys(&v["tx"][0]);
         k.sort_unstable();
-        assert_eq!(k, ["mtu", "peer", "qpn", "queued", "state"]);
+        assert_eq!(k, ["in_flight", "mtu", "peer", "qpn", "queued", "state"]);
         let mut k = keys(&v["rx"][0]);
         k.sort_unstable();
         assert_eq!(k, ["idle_ms", "peer", "qpn", "state"]);
@@ -572,8 +581,8 @@ neighbours (1):
   198.19.0.2  80:00:00:4a:fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:02  reachable
 
 tx (1):
-  PEER        QPN       STATE  MTU    QUEUED
-  198.19.0.2  0x00004a  live   65520  0
+  PEER        QPN       STATE  MTU    QUEUED  IN_FLIGHT
+  198.19.0.2  0x00004a  live   65520  0       2
 
 rx (2):
   PEER     QPN       STATE  IDLE

@@ -226,6 +226,23 @@ pub struct Counters {
     pub neigh_failed: u64,
 }
 
+/// One TX connection in a [`Snapshot`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct TxSnapshot {
+    /// The peer's hardware address.
+    pub peer: HwAddr,
+    /// Our QP number.
+    pub qpn: QpNum,
+    /// Connection state.
+    pub state: TxState,
+    /// Largest IP packet.
+    pub mtu: u32,
+    /// Packets waiting for the connection to come up.
+    pub queued: usize,
+    /// Sends posted and not completed: send buffers this connection holds.
+    pub in_flight: u32,
+}
+
 /// A snapshot for status output.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
@@ -237,8 +254,8 @@ pub struct Snapshot {
     pub mode: Mode,
     /// `(ip, hwaddr, state)` per neighbour.
     pub neighbours: Vec<(IpAddr, Option<HwAddr>, NeighState)>,
-    /// `(peer, qpn, state, mtu, queued)` per TX connection.
-    pub tx: Vec<(HwAddr, QpNum, TxState, u32, usize)>,
+    /// Per TX connection.
+    pub tx: Vec<TxSnapshot>,
     /// `(peer, qpn, state, idle)` per RX connection.
     pub rx: Vec<(crate::verbs::Gid, QpNum, RxState, Duration)>,
     /// Counters.
@@ -827,9 +844,16 @@ impl Endpoint {
         let mut tx: Vec<_> = self
             .txs
             .iter()
-            .map(|(q, t)| (t.peer, *q, t.state, t.mtu, t.queue.len()))
+            .map(|(q, t)| TxSnapshot {
+                peer: t.peer,
+                qpn: *q,
+                state: t.state,
+                mtu: t.mtu,
+                queued: t.queue.len(),
+                in_flight: t.outstanding,
+            })
             .collect();
-        tx.sort_by_key(|(_, q, ..)| *q);
+        tx.sort_by_key(|t| t.qpn);
         let mut rx: Vec<_> = self
             .rxs
             .iter()

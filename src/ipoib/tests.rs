@@ -445,6 +445,16 @@ fn a_vanished_peer_holds_the_send_buffers_only_for_the_stall_timeout() {
         sent, tx_depth,
         "every send buffer is in flight to the vanished peer"
     );
+    // Status shows which connection holds them.
+    let now = n.now();
+    let held: Vec<u32> = n
+        .ep(0)
+        .snapshot(now)
+        .tx
+        .iter()
+        .map(|t| t.in_flight)
+        .collect();
+    assert_eq!(held, [tx_depth as u32, 0]);
     // The node cannot send until the connection fails; then it can.
     let stuck_at = n.now();
     for _ in 0..500 {
