@@ -393,7 +393,7 @@ impl Net {
                         if n.stopping { " (stopping)" } else { "" },
                         self.f.nodes[i].qp_count(),
                         s.rx.iter().map(|r| (r.1, r.2)).collect::<Vec<_>>(),
-                        s.tx.iter().map(|t| (t.1, t.2)).collect::<Vec<_>>(),
+                        s.tx.iter().map(|t| (t.qpn, t.state)).collect::<Vec<_>>(),
                         c.qp_created,
                         c.qp_destroyed,
                         c.tx_established,
@@ -526,8 +526,8 @@ impl Net {
             }
             QpSel::Tx(k) if !snap.tx.is_empty() => {
                 let t = &snap.tx[usize::from(k) % snap.tx.len()];
-                from = t.0.gid.to_ip();
-                (t.1.get(), 0)
+                from = t.peer.gid.to_ip();
+                (t.qpn.get(), 0)
             }
             QpSel::Rx(k) | QpSel::Tx(k) => (0x11 + u32::from(k), 0),
             QpSel::Other(q) => (q & 0xFF_FFFF, UD_QKEY),
@@ -663,8 +663,8 @@ impl Net {
             );
             let mut peers: Vec<_> =
                 s.tx.iter()
-                    .filter(|t| t.2 != TxState::Closing)
-                    .map(|t| (t.0.gid, t.0.qpn))
+                    .filter(|t| t.state != TxState::Closing)
+                    .map(|t| (t.peer.gid, t.peer.qpn))
                     .collect();
             let all = peers.len();
             peers.sort_by_key(|(g, q)| (g.0, q.get()));

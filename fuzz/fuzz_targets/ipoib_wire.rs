@@ -7,8 +7,7 @@
 #![no_main]
 
 use ipoib_cm::wire::ipoib::{
-    classify, HwAddr, IpoibArp, IpoibHeader, NdMessage, NeighborAdvertisement,
-    NeighborSolicitation,
+    classify, HwAddr, IpoibArp, IpoibHeader, NdMessage, NeighborAdvertisement, NeighborSolicitation,
 };
 use libfuzzer_sys::fuzz_target;
 
