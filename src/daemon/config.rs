@@ -699,6 +699,15 @@ enum Origin {
 }
 
 impl Origin {
+    /// Where a value that was given came from: the flag if it was set, else the file.
+    fn of<T>(flag: Option<T>) -> Self {
+        if flag.is_some() {
+            Self::Flag
+        } else {
+            Self::File
+        }
+    }
+
     /// `--rx-timeout` or `config: rx_timeout` for the config key `rx_timeout`.
     fn name(self, key: &str) -> String {
         match self {
@@ -1047,12 +1056,7 @@ pub fn resolve_parsed(file: &ConfigFile, flags: &UpArgs) -> Result<Config, Confi
         DEFAULT_TX_STALL_TIMEOUT.max(ack_timeout * TX_STALL_ACK_TIMEOUTS),
     )?;
     if tx_stall_timeout <= ack_timeout {
-        let origin = if flags.tx_stall_timeout.is_some() {
-            Origin::Flag
-        } else {
-            Origin::File
-        };
-        return Err(origin.err(
+        return Err(Origin::of(flags.tx_stall_timeout.as_ref()).err(
             "tx_stall_timeout",
             format!(
                 "must be longer than the local ACK timeout of qp_timeout {qp_timeout} ({})",
@@ -1068,12 +1072,7 @@ pub fn resolve_parsed(file: &ConfigFile, flags: &UpArgs) -> Result<Config, Confi
         Duration::ZERO,
     )?;
     if busy_poll > MAX_BUSY_POLL {
-        let origin = if flags.busy_poll.is_some() {
-            Origin::Flag
-        } else {
-            Origin::File
-        };
-        return Err(origin.err(
+        return Err(Origin::of(flags.busy_poll.as_ref()).err(
             "busy_poll",
             format!("must be at most {}", format_duration(MAX_BUSY_POLL)),
         ));
