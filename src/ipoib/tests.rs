@@ -368,10 +368,10 @@ fn no_connection_is_opened_after_shutdown_began() {
 }
 
 /// A peer whose receive queue runs dry and stays dry (here: it never reads its TUN device,
-/// so no receive buffer comes back) answers with RNR NAKs for ever. The TX connection to it
-/// must fail after a bounded number of them, giving its send buffers back, so that traffic to
-/// every other node goes on; with an infinite RNR retry count, the send buffers stayed with
-/// that connection and the node could reach nobody.
+/// so no receive buffer comes back) answers with RNR NAKs for ever, and TX connections retry
+/// RNR for ever. Nothing completes, so the stall watchdog fails the connection after
+/// `tx_stall_timeout`, its send buffers come back, and traffic to every other node goes on;
+/// without the watchdog the buffers stayed with that connection and the node reached nobody.
 #[test]
 fn a_peer_stuck_in_rnr_does_not_lock_the_node_out() {
     let mut n = Net::new(
@@ -385,6 +385,7 @@ fn a_peer_stuck_in_rnr_does_not_lock_the_node_out() {
             }
         },
     );
+    let tx_depth = n.ep(0).cfg.tx_depth as usize;
     // Connections and neighbours first.
     for to in [1, 2] {
         n.inject(0, &ping4(0, to, 100));
@@ -393,18 +394,35 @@ fn a_peer_stuck_in_rnr_does_not_lock_the_node_out() {
     assert_eq!(n.tun[1].len(), 1);
     assert_eq!(n.tun[2].len(), 1);
     n.tun_stalled[1] = true;
-    // Far more than node 1 has receives for, and than node 0 has send buffers.
+    // Far more than node 1 has receives for, and than node 0 has send buffers, read as the
+    // daemon reads its TUN device: only while a send buffer is free.
+    let mut sent = 0;
     for _ in 0..400 {
-        n.inject_via_buffer(0, &ping4(0, 1, 1000));
+        if let Some(b) = n.ep(0).tun_buffer() {
+            n.ep(0).return_tun_buffer(b);
+            n.inject_via_buffer(0, &ping4(0, 1, 1000));
+            sent += 1;
+        }
         n.run(Duration::from_micros(200));
     }
+    assert!(sent >= tx_depth, "{sent}");
     n.run(Duration::from_secs(2));
     let c0 = n.ep(0).counters();
-    assert!(c0.tx_failed >= 1, "the connection to the stuck peer failed");
-    assert_eq!(c0.tx_dropped, 0, "send buffers came back: {c0:?}");
-    // Each failed connection was closed with a DREQ: no RX QP piles up on the stuck peer.
+    assert!(
+        c0.tx_stalled >= 1,
+        "the connection to the stuck peer failed: {c0:?}"
+    );
+    assert_eq!(c0.tx_dropped, 0, "{c0:?}");
+    let mut free = Vec::new();
+    while let Some(b) = n.ep(0).tun_buffer() {
+        free.push(b);
+    }
+    assert_eq!(free.len(), tx_depth, "every send buffer came back");
+    for b in free {
+        n.ep(0).return_tun_buffer(b);
+    }
+    // The failed connection was closed with a DREQ: no RX QP piles up on the stuck peer.
     let c1 = n.ep(1).counters();
-    assert!(c1.rx_accepted >= 2, "node 0 reconnected: {c1:?}");
     assert!(c1.rx_accepted <= c1.rx_dreq_reaped + 1, "{c1:?}");
     assert!(n.qp_live(1) <= BASELINE_QPS + 1);
     // Node 0 still reaches node 2.
@@ -412,6 +430,54 @@ fn a_peer_stuck_in_rnr_does_not_lock_the_node_out() {
     n.inject_via_buffer(0, &ping4(0, 2, 200));
     n.run(Duration::from_millis(200));
     assert_eq!(n.tun[2].len(), before + 1, "node 0 can still reach node 2");
+}
+
+/// An overloaded receiver (its TUN device read only now and then, so its shared receive
+/// queue keeps running dry) answers two senders with RNR NAKs, yet delivers everything in the
+/// end: their connections ride it out instead of failing and reconnecting, which would flush
+/// what was in flight. With 6 RNR retries instead of for ever, connections failed here.
+#[test]
+fn an_overloaded_receiver_costs_rnr_naks_not_connections() {
+    let mut n = Net::new(
+        3,
+        |_, _| {},
+        |i, c| {
+            if i == 1 {
+                c.srq_depth = 16;
+            }
+        },
+    );
+    for from in [0, 2] {
+        n.inject(from, &ping4(from, 1, 100));
+    }
+    n.run(Duration::from_millis(200));
+    assert_eq!(n.tun[1].len(), 2);
+    let mut sent = 2;
+    for round in 0..200 {
+        // The receiver reads its TUN one turn in five.
+        n.tun_stalled[1] = round % 5 != 0;
+        for from in [0, 2] {
+            for _ in 0..8 {
+                if let Some(b) = n.ep(from).tun_buffer() {
+                    n.ep(from).return_tun_buffer(b);
+                    n.inject_via_buffer(from, &ping4(from, 1, 1000));
+                    sent += 1;
+                }
+            }
+        }
+        n.run(Duration::from_millis(2));
+    }
+    n.tun_stalled[1] = false;
+    n.run(Duration::from_millis(500));
+    assert!(
+        n.f.nodes[1].stats().tx_rnr_naks > 0,
+        "the receive queue ran dry"
+    );
+    for from in [0, 2] {
+        let c = n.ep(from).counters();
+        assert_eq!((c.tx_failed, c.tx_dropped), (0, 0), "node {from}: {c:?}");
+    }
+    assert_eq!(n.tun[1].len(), sent, "everything arrived");
 }
 
 /// A peer that vanishes without a DREQ while every send buffer is in flight to it holds them

@@ -21,13 +21,15 @@ use crate::verbs::{
 use crate::wire::cm::{ipoib_service_id, IpoibCmData, RejReason};
 use crate::wire::ipoib::{HwAddr, IpoibHeader};
 
-/// RNR retries of a TX connection: finite (7 would mean for ever). A peer whose receive
-/// queue stays dry then fails the connection after 7 RNR NAKs in a row without progress
-/// (the budget is restored by every ACK), giving its send buffers back: with an infinite
-/// count they stayed with that connection and the node could reach no one else. Linux uses
-/// 0, as the IPoIB-CM draft warns against retries; a software fabric over UDP meets a
-/// momentarily empty receive queue more often, so a few retries ride that out.
-const TX_RNR_RETRY: u8 = 6;
+/// RNR retries of a TX connection: 7, for ever. An RNR NAK says the peer is alive and its
+/// receive queue momentarily empty (an overloaded receiver: with 6 retries, three nodes
+/// flooding one failed 2 to 19 connections each per 5 s and reconnected, flushing what was in
+/// flight; with 7, none). A peer whose receive queue stays dry completes nothing, and the
+/// stall watchdog (`tx_stall_timeout`) fails that connection and gives its send buffers back,
+/// so it cannot lock the node out. Linux uses 0, as the IPoIB-CM draft warns against retries,
+/// and keeps its receive queue filled from interrupt context; a daemon on a busy CPU can be
+/// off it for longer than a few RNR timer periods.
+const TX_RNR_RETRY: u8 = 7;
 
 /// State of an active connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
