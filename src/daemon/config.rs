@@ -771,11 +771,6 @@ pub(crate) fn pick_int(
 }
 
 /// Picks a duration of at least `min`: a flag string or a file string/integer.
-/// The local ACK timeout of exponent `n`: 4.096 µs · 2^n.
-pub fn local_ack_timeout(n: u8) -> Duration {
-    Duration::from_nanos(4096u64 << n.min(31))
-}
-
 pub(crate) fn pick_duration(
     key: &str,
     flag: Option<&str>,
@@ -1047,7 +1042,7 @@ pub fn resolve_parsed(file: &ConfigFile, flags: &UpArgs) -> Result<Config, Confi
         Duration::from_millis(1),
         DEFAULT_DRAIN_TIMEOUT,
     )?;
-    let ack_timeout = local_ack_timeout(qp_timeout);
+    let ack_timeout = crate::wire::cm::ibta_timeout(qp_timeout);
     let tx_stall_timeout = pick_duration(
         "tx_stall_timeout",
         flags.tx_stall_timeout.as_deref(),

@@ -421,19 +421,15 @@ fn read_tun<V: Verbs>(
     buf: &mut [u8],
     draining: bool,
 ) -> io::Result<TunRead> {
-    let read = |got: Option<usize>| match got {
-        Some(_) => TunRead::Packet,
-        None => TunRead::Empty,
-    };
     let Some(b) = ep.tun_buffer() else {
         if !draining {
             return Ok(TunRead::NoSendBuffer);
         }
-        let got = tun.recv(buf)?;
-        if let Some(n) = got {
-            ep.handle_tun_packet(now, v, buf.get(..n).unwrap_or_default());
-        }
-        return Ok(read(got));
+        let Some(n) = tun.recv(buf)? else {
+            return Ok(TunRead::Empty);
+        };
+        ep.handle_tun_packet(now, v, buf.get(..n).unwrap_or_default());
+        return Ok(TunRead::Packet);
     };
     let got = match v
         .pools_mut()

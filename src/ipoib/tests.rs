@@ -35,6 +35,21 @@ impl Net {
     fn ep(&mut self, i: usize) -> &mut Endpoint {
         self.0.ep(i).expect("node is up")
     }
+
+    /// Node `i` reads `packet` from its TUN device as the daemon does: into a send buffer, and
+    /// only while one is free (else the packet stays in the TUN queue). Whether it read it.
+    fn read_tun(&mut self, i: usize, packet: &[u8]) -> bool {
+        if self.free_send_buffers(i) == 0 {
+            return false;
+        }
+        self.inject_via_buffer(i, packet);
+        true
+    }
+
+    /// Send buffers of node `i` not in flight.
+    fn free_send_buffers(&mut self, i: usize) -> usize {
+        self.ep(i).tx_free.len()
+    }
 }
 
 #[test]
@@ -398,9 +413,7 @@ fn a_peer_stuck_in_rnr_does_not_lock_the_node_out() {
     // daemon reads its TUN device: only while a send buffer is free.
     let mut sent = 0;
     for _ in 0..400 {
-        if let Some(b) = n.ep(0).tun_buffer() {
-            n.ep(0).return_tun_buffer(b);
-            n.inject_via_buffer(0, &ping4(0, 1, 1000));
+        if n.read_tun(0, &ping4(0, 1, 1000)) {
             sent += 1;
         }
         n.run(Duration::from_micros(200));
@@ -413,14 +426,11 @@ fn a_peer_stuck_in_rnr_does_not_lock_the_node_out() {
         "the connection to the stuck peer failed: {c0:?}"
     );
     assert_eq!(c0.tx_dropped, 0, "{c0:?}");
-    let mut free = Vec::new();
-    while let Some(b) = n.ep(0).tun_buffer() {
-        free.push(b);
-    }
-    assert_eq!(free.len(), tx_depth, "every send buffer came back");
-    for b in free {
-        n.ep(0).return_tun_buffer(b);
-    }
+    assert_eq!(
+        n.free_send_buffers(0),
+        tx_depth,
+        "every send buffer came back"
+    );
     // The failed connection was closed with a DREQ: no RX QP piles up on the stuck peer.
     let c1 = n.ep(1).counters();
     assert!(c1.rx_accepted <= c1.rx_dreq_reaped + 1, "{c1:?}");
@@ -458,9 +468,7 @@ fn an_overloaded_receiver_costs_rnr_naks_not_connections() {
         n.tun_stalled[1] = round % 5 != 0;
         for from in [0, 2] {
             for _ in 0..8 {
-                if let Some(b) = n.ep(from).tun_buffer() {
-                    n.ep(from).return_tun_buffer(b);
-                    n.inject_via_buffer(from, &ping4(from, 1, 1000));
+                if n.read_tun(from, &ping4(from, 1, 1000)) {
                     sent += 1;
                 }
             }
@@ -499,12 +507,7 @@ fn a_vanished_peer_holds_the_send_buffers_only_for_the_stall_timeout() {
     n.kill(1);
     // As the daemon does: read packets (all for the vanished peer) while a send buffer is free.
     let mut sent = 0;
-    while sent < 10 * tx_depth {
-        let Some(b) = n.ep(0).tun_buffer() else {
-            break;
-        };
-        n.ep(0).return_tun_buffer(b);
-        n.inject_via_buffer(0, &ping4(0, 1, 1000));
+    while sent < 10 * tx_depth && n.read_tun(0, &ping4(0, 1, 1000)) {
         sent += 1;
     }
     assert_eq!(
@@ -524,8 +527,7 @@ fn a_vanished_peer_holds_the_send_buffers_only_for_the_stall_timeout() {
     // The node cannot send until the connection fails; then it can.
     let stuck_at = n.now();
     for _ in 0..500 {
-        if let Some(b) = n.ep(0).tun_buffer() {
-            n.ep(0).return_tun_buffer(b);
+        if n.free_send_buffers(0) > 0 {
             break;
         }
         n.run(Duration::from_millis(10));
@@ -537,14 +539,11 @@ fn a_vanished_peer_holds_the_send_buffers_only_for_the_stall_timeout() {
         "send buffers held for {stuck:?}: {c0:?}"
     );
     assert_eq!((c0.tx_stalled, c0.tx_failed), (1, 1), "{stuck:?} {c0:?}");
-    let mut free = Vec::new();
-    while let Some(b) = n.ep(0).tun_buffer() {
-        free.push(b);
-    }
-    assert_eq!(free.len(), tx_depth, "every send buffer came back");
-    for b in free {
-        n.ep(0).return_tun_buffer(b);
-    }
+    assert_eq!(
+        n.free_send_buffers(0),
+        tx_depth,
+        "every send buffer came back"
+    );
     n.inject_via_buffer(0, &ping4(0, 2, 200));
     n.run(Duration::from_millis(100));
     assert_eq!(n.tun[2].len(), 2, "node 0 reaches node 2 again");

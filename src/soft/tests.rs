@@ -5,22 +5,35 @@ use std::time::{Duration, Instant};
 
 use crate::sim::Fabric;
 use crate::verbs::conformance::{self as cf, ConformancePair, RcParams, RecvTarget};
-use crate::verbs::{Completion, Verbs};
+use crate::verbs::{Completion, QpNum, Verbs};
+
+/// A fresh two-node fabric with an endpoint on each node (`count` buffers of `buf_len` bytes,
+/// CQs of `cq_depth` entries) and an RC pair from A to B at `params`: `(fabric, A's endpoint,
+/// B's endpoint, A's QP, B's QP)`.
+fn rc_pair(
+    buf_len: usize,
+    count: usize,
+    cq_depth: u32,
+    params: &RcParams,
+) -> (Fabric, cf::Endpoint, cf::Endpoint, QpNum, QpNum) {
+    let mut fab = Fabric::with_nodes(2, Instant::now(), |_, _| {});
+    let (a, b) = fab.providers();
+    let ea = cf::open_endpoint(a, buf_len, count, cq_depth).unwrap();
+    let eb = cf::open_endpoint(b, buf_len, count, cq_depth).unwrap();
+    let (qa, qb) = cf::connect_rc(a, &ea, b, &eb, params).unwrap();
+    (fab, ea, eb, qa, qb)
+}
 
 /// A busy QP cancels its retransmit timer whenever everything is acknowledged and re-arms it
 /// with the next send. The timer heap must not keep an entry per cycle: one live entry per QP
 /// timer (plus briefly a superseded one) is all there may be, however long the stream.
 #[test]
 fn timer_heap_stays_bounded_on_a_busy_qp() {
-    let mut fab = Fabric::with_nodes(2, Instant::now(), |_, _| {});
-    let (a, b) = fab.providers();
-    let ea = cf::open_endpoint(a, 256, 4, 64).unwrap();
-    let eb = cf::open_endpoint(b, 256, 4, 64).unwrap();
     let p = RcParams {
         timeout: 8, // 1 ms: many expiries of stale entries during the stream
         ..RcParams::default()
     };
-    let (qa, qb) = cf::connect_rc(a, &ea, b, &eb, &p).unwrap();
+    let (mut fab, ea, eb, qa, qb) = rc_pair(256, 4, 64, &p);
     let mut cs: Vec<Completion> = Vec::new();
     let mut most = 0;
     for i in 0..2000u64 {
@@ -94,9 +107,6 @@ fn gso_segment_ids_are_accepted_and_nothing_else() {
     assert_eq!(Ipv4IdShift::new(corrupt.len()).delta(0), 0);
 }
 
-/// In one flush, requests leave before responses that were due first: B owes A the ACK of a
-/// request when it posts a reply on its own QP to A, and the reply goes out ahead of the ACK
-/// (so A wakes to both, not to the ACK alone while the reply waits behind it).
 /// Two nodes with RC pairs both ways (A to B, B to A) at `params`, buffers of `buf_len`
 /// bytes, one receive posted on each receiving QP, and `b_first` posted by B to A before
 /// anything else; then A's 64-byte request is delivered to B, which now owes its ACK.
@@ -106,18 +116,15 @@ struct Crossing {
     /// B's endpoint.
     eb: cf::Endpoint,
     /// B's QP sending to A.
-    qb2: crate::verbs::QpNum,
+    qb2: QpNum,
 }
 
 fn crossing_pairs(buf_len: usize, params: &RcParams, b_first: Option<&[u8]>) -> Crossing {
     use std::net::SocketAddr;
 
-    let now = Instant::now();
-    let mut fab = Fabric::with_nodes(2, now, |_, _| {});
+    let (mut fab, ea, eb, qa, qb) = rc_pair(buf_len, 8, 64, params);
+    let now = fab.now();
     let (a, b) = fab.providers();
-    let ea = cf::open_endpoint(a, buf_len, 8, 64).unwrap();
-    let eb = cf::open_endpoint(b, buf_len, 8, 64).unwrap();
-    let (qa, qb) = cf::connect_rc(a, &ea, b, &eb, params).unwrap();
     let (qb2, qa2) = cf::connect_rc(b, &eb, a, &ea, params).unwrap();
     cf::post_recvs(b, RecvTarget::Qp(qb), eb.pool, 0, 1).unwrap();
     cf::post_recvs(a, RecvTarget::Qp(qa2), ea.pool, 0, 1).unwrap();
@@ -133,6 +140,9 @@ fn crossing_pairs(buf_len: usize, params: &RcParams, b_first: Option<&[u8]>) -> 
     Crossing { fab, now, eb, qb2 }
 }
 
+/// In one flush, requests leave before responses that were due first: B owes A the ACK of a
+/// request when it posts a reply on its own QP to A, and the reply goes out ahead of the ACK
+/// (so A wakes to both, not to the ACK alone while the reply waits behind it).
 #[test]
 fn requests_leave_before_pending_acks() {
     use crate::wire::bth::Opcode;
@@ -170,15 +180,11 @@ fn send_window_grows_while_clean_and_halves_on_loss() {
     use crate::soft::qp::{WINDOW_MAX_PSNS, WINDOW_MIN_PSNS};
     use crate::verbs::PathMtu;
 
-    let mut fab = Fabric::with_nodes(2, Instant::now(), |_, _| {});
-    let (a, b) = fab.providers();
-    let ea = cf::open_endpoint(a, 65536, 64, 256).unwrap();
-    let eb = cf::open_endpoint(b, 65536, 64, 256).unwrap();
     let p = RcParams {
         path_mtu: Some(PathMtu::Mtu256),
         ..RcParams::default()
     };
-    let (qa, qb) = cf::connect_rc(a, &ea, b, &eb, &p).unwrap();
+    let (mut fab, ea, eb, qa, qb) = rc_pair(65536, 64, 256, &p);
     let window = |fab: &Fabric| fab.nodes[0].qps.get(&qa).map(|q| q.req.window);
     assert_eq!(window(&fab), Some(WINDOW_MIN_PSNS));
     let mut cs: Vec<Completion> = Vec::new();
@@ -227,16 +233,12 @@ fn send_window_grows_while_clean_and_halves_on_loss() {
 fn unacknowledged_messages_are_capped() {
     use crate::soft::qp::{MAX_UNACKED_MESSAGES, WINDOW_MAX_PSNS};
 
-    let mut fab = Fabric::with_nodes(2, Instant::now(), |_, _| {});
-    let (a, b) = fab.providers();
-    let ea = cf::open_endpoint(a, 256, 512, 1024).unwrap();
-    let eb = cf::open_endpoint(b, 256, 512, 1024).unwrap();
     let p = RcParams {
         max_send_wr: 512,
         max_recv_wr: 512,
         ..RcParams::default()
     };
-    let (qa, qb) = cf::connect_rc(a, &ea, b, &eb, &p).unwrap();
+    let (mut fab, ea, eb, qa, qb) = rc_pair(256, 512, 1024, &p);
     if let Some(q) = fab.nodes[0].qps.get_mut(&qa) {
         q.req.window = WINDOW_MAX_PSNS;
     }
