@@ -9,9 +9,9 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use ipoib_cm::wire::{
-    append_icrc, compute_icrc, psn_add, psn_cmp, psn_diff, read_icrc, rnr_timer_code_at_least,
+    append_icrc, compute_icrc, read_icrc, rnr_timer_code_at_least,
     rnr_timer_duration, verify_icrc, Aeth, Bth, Deth, ImmDt, IpHeaderInfo, NakCode, Reth, Syndrome,
-    WireError, PSN_MASK, QPN_MASK,
+    Psn, WireError, PSN_MASK, QPN_MASK,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -61,20 +61,22 @@ fn check_bth(data: &[u8]) {
 
     // PSN arithmetic on the parsed PSN and the next bytes as an offset.
     let n = be32(data.get(12..16).unwrap_or_default());
-    let a = b.psn;
-    let c = psn_add(a, n);
-    assert!(c <= PSN_MASK);
-    let d = psn_diff(c, a);
+    let a = Psn::new(b.psn);
+    assert_eq!(a.get(), b.psn);
+    let c = a.add(n);
+    assert!(c.get() <= PSN_MASK);
+    let d = c.diff(a);
     assert!((-(1 << 23)..(1 << 23)).contains(&d));
-    assert_eq!(psn_add(a, d as u32), c);
+    assert_eq!(a.add(d as u32), c);
+    assert_eq!(c.sub(n), a);
     assert_eq!(d & 0x00FF_FFFF, (n & PSN_MASK) as i32 & 0x00FF_FFFF);
-    let ord = psn_cmp(c, a);
+    let ord = c.cmp_window(a);
     assert_eq!(ord, d.cmp(&0));
     if d != -(1 << 23) {
-        assert_eq!(psn_cmp(a, c), ord.reverse());
-        assert_eq!(psn_diff(a, c), -d);
+        assert_eq!(a.cmp_window(c), ord.reverse());
+        assert_eq!(a.diff(c), -d);
     }
-    assert_eq!(psn_cmp(a, a), Ordering::Equal);
+    assert_eq!(a.cmp_window(a), Ordering::Equal);
 }
 
 fn check_reth(data: &[u8]) {

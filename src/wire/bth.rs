@@ -1,4 +1,4 @@
-//! The Base Transport Header (BTH), the opcode table and 24-bit PSN arithmetic.
+//! The Base Transport Header (BTH) and the opcode table. PSN arithmetic is [`Psn`](super::Psn)'s.
 //!
 //! Layout (12 bytes, big-endian; `rxe_hdr.h` `struct rxe_bth`):
 //!
@@ -10,7 +10,6 @@
 //!            1  1  2   4                1    1    6     24      1    7      24   bits
 //! ```
 
-use core::cmp::Ordering;
 use core::fmt;
 
 use super::{Result, WireError, DEFAULT_PKEY};
@@ -20,40 +19,6 @@ pub const PSN_MASK: u32 = 0x00FF_FFFF;
 
 /// Mask of a 24-bit queue pair number (`BTH_QPN_MASK`).
 pub const QPN_MASK: u32 = 0x00FF_FFFF;
-
-/// Adds `n` to `psn` modulo 2^24.
-#[inline]
-#[must_use]
-pub const fn psn_add(psn: u32, n: u32) -> u32 {
-    psn.wrapping_add(n) & PSN_MASK
-}
-
-/// Signed distance from `b` to `a` in 24-bit PSN space, in `-2^23 ..= 2^23 - 1`.
-///
-/// Positive means `a` is after `b`. This is rxe's `psn_compare` (`(s32)((a - b) << 8)`)
-/// scaled back down, so the sign always agrees with it. Two PSNs exactly 2^23 apart compare
-/// as "before" in both directions, as in rxe.
-#[inline]
-#[must_use]
-pub const fn psn_diff(a: u32, b: u32) -> i32 {
-    // Shift the 24-bit difference into the top of the word, reinterpret as signed, and
-    // shift back arithmetically to sign-extend.
-    ((a.wrapping_sub(b) << 8) as i32) >> 8
-}
-
-/// Orders two PSNs within the ±2^23 window ([`psn_diff`]'s sign).
-#[inline]
-#[must_use]
-pub const fn psn_cmp(a: u32, b: u32) -> Ordering {
-    let d = psn_diff(a, b);
-    if d < 0 {
-        Ordering::Less
-    } else if d > 0 {
-        Ordering::Greater
-    } else {
-        Ordering::Equal
-    }
-}
 
 /// The transport service, from the top three bits of an opcode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -706,19 +671,6 @@ pub(crate) mod tests {
         Bth::new(Opcode::RC_SEND_ONLY, 1, 1).emit(&mut [0u8; 11]);
     }
 
-    #[test]
-    fn psn_arithmetic() {
-        assert_eq!(psn_add(PSN_MASK, 1), 0);
-        assert_eq!(psn_add(5, 0xFF_FFFF), 4);
-        assert_eq!(psn_diff(0, PSN_MASK), 1);
-        assert_eq!(psn_diff(PSN_MASK, 0), -1);
-        assert_eq!(psn_diff(10, 3), 7);
-        assert_eq!(psn_cmp(0, PSN_MASK), Ordering::Greater);
-        assert_eq!(psn_cmp(7, 7), Ordering::Equal);
-        assert_eq!(psn_cmp(1 << 23, 0), Ordering::Less);
-        assert_eq!(psn_cmp(0, 1 << 23), Ordering::Less);
-    }
-
     pub(crate) fn arb_bth() -> impl Strategy<Value = Bth> {
         (
             any::<u8>(),
@@ -772,10 +724,5 @@ pub(crate) mod tests {
             prop_assert_eq!(back.psn, psn & PSN_MASK);
         }
 
-        #[test]
-        fn psn_diff_inverts_add(a in 0u32..=PSN_MASK, n in 0u32..(1 << 23)) {
-            prop_assert_eq!(psn_diff(psn_add(a, n), a), n as i32);
-            prop_assert_eq!(psn_diff(a, psn_add(a, n)), -(n as i32));
-        }
     }
 }

@@ -7,8 +7,10 @@
 //!
 //! # Layers
 //!
-//! - [`bth`]: the 12-byte Base Transport Header ([`Bth`]), the [`Opcode`] table and 24-bit PSN
-//!   arithmetic.
+//! - [`ids`]: the identifiers the headers carry ([`QpNum`], [`Psn`] with its 24-bit window
+//!   arithmetic, [`Gid`], [`PathMtu`]). `wire` depends on nothing else in the crate; `verbs`
+//!   re-exports these.
+//! - [`bth`]: the 12-byte Base Transport Header ([`Bth`]) and the [`Opcode`] table.
 //! - [`ext`]: the extension headers used by RC and UD: [`Reth`], [`Aeth`] (with its
 //!   [`Syndrome`] byte and the RNR timer table), [`Deth`] and [`ImmDt`].
 //! - [`icrc`]: the invariant CRC exactly as Linux `rdma_rxe` computes it, over a masked copy of
@@ -49,14 +51,16 @@ pub mod bth;
 pub mod cm;
 pub mod ext;
 pub mod icrc;
+pub mod ids;
 pub mod ipoib;
 pub mod roce;
 
-pub use bth::{psn_add, psn_cmp, psn_diff, Bth, Opcode, Transport, PSN_MASK, QPN_MASK};
+pub use bth::{Bth, Opcode, Transport, PSN_MASK, QPN_MASK};
 pub use ext::{
     rnr_timer_code_at_least, rnr_timer_duration, Aeth, Deth, ImmDt, NakCode, Reth, Syndrome,
 };
 pub use icrc::{append_icrc, compute_icrc, read_icrc, verify_icrc, IpHeaderInfo, ICRC_LEN};
+pub use ids::{Gid, PathMtu, Psn, QpNum};
 pub use roce::{RocePacket, RoceRepr};
 
 /// The UDP destination port of RoCEv2 (IANA "roce"). Receivers key on it; the source port is

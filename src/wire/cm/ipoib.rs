@@ -8,7 +8,7 @@
 //! - REQ and REP carry `struct ipoib_cm_data { __be32 qpn; __be32 mtu; }` at the start of
 //!   their private data ([`IpoibCmData`]).
 
-use crate::verbs::QpNum;
+use crate::wire::QpNum;
 
 use super::CmError;
 

@@ -15,7 +15,7 @@
 //! | 28 | 52 | 64 | Local CA GUID |
 //! | 36 | 60 | 196 B | private data |
 
-use crate::verbs::{Psn, QpNum};
+use crate::wire::{Psn, QpNum};
 
 use super::{be24, be32, be64, get, put, put24, put32, put64, Data, MAD_DATA_LEN};
 

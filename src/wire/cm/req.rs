@@ -20,7 +20,7 @@
 //! | 96 | 120 | 44 B | alternate path; bit 2 of rel 139 is SAP Supported |
 //! | 140 | 164 | 92 B | private data |
 
-use crate::verbs::{Gid, PathMtu, Psn, QpNum};
+use crate::wire::{Gid, PathMtu, Psn, QpNum};
 
 use super::{
     be16, be24, be32, be64, get, put, put16, put24, put32, put64, read_at, write_at, Data,

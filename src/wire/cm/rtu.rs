@@ -8,7 +8,7 @@
 //! | 8 | 32 | | private data (224 B) | Remote QPN/EECN (24 bits), reserved (8) |
 //! | 12 | 36 | | | private data (220 B) |
 
-use crate::verbs::QpNum;
+use crate::wire::QpNum;
 
 use super::{be24, be32, get, put, put24, put32, Data, MAD_DATA_LEN};
 

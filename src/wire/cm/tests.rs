@@ -2,7 +2,7 @@
 //! IPoIB-CM helpers, and (when tshark is installed) a Wireshark decode of emitted MADs.
 
 use super::*;
-use crate::verbs::{Gid, PathMtu, Psn, QpNum};
+use crate::wire::{Gid, PathMtu, Psn, QpNum};
 use core::net::Ipv4Addr;
 use proptest::prelude::*;
 

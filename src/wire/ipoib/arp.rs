@@ -197,8 +197,8 @@ impl IpoibArp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::verbs::{Gid, QpNum};
     use crate::wire::ipoib::hwaddr::tests::arb_hwaddr;
+    use crate::wire::{Gid, QpNum};
     use proptest::prelude::*;
 
     fn our_hw() -> HwAddr {

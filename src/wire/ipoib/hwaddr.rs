@@ -14,8 +14,8 @@ use core::str::FromStr;
 
 use super::mcast::broadcast_mgid;
 use super::{head, Result};
-use crate::verbs::{Gid, QpNum};
 use crate::wire::bth::emit_into;
+use crate::wire::{Gid, QpNum};
 
 /// An IPoIB hardware address.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -15,7 +15,7 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use crate::verbs::Gid;
+use crate::wire::Gid;
 
 /// The link-local scope nibble of the MGIDs this module builds (`ff12:…`).
 pub const MGID_SCOPE_LINK_LOCAL: u8 = 0x2;
