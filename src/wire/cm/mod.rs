@@ -553,14 +553,74 @@ pub fn cm_timeout_ms(t: u8) -> u64 {
     1u64 << u32::from(t.min(31)).saturating_sub(8)
 }
 
-/// The exact IBTA time value for exponent `t`: 4.096 µs · 2^t.
+/// The exact IBTA time value for exponent `t`: 4.096 µs · 2^t
+/// ([`LocalAckTimeout::duration`] of `t` clamped to 31).
 ///
 /// `t` is clamped to 31 (the widest CM time field has five bits; 31 is about 2.4 hours).
 /// For the Local ACK Timeout, IBTA gives 0 the special meaning "infinite"; callers handle that
-/// themselves.
+/// themselves, or use [`LocalAckTimeout::retransmit_interval`].
 #[must_use]
-pub fn ibta_timeout(t: u8) -> Duration {
-    Duration::from_nanos(4096u64 << t.min(31))
+pub const fn ibta_timeout(t: u8) -> Duration {
+    LocalAckTimeout::saturating(t).duration()
+}
+
+/// An IBTA Local ACK Timeout: the five-bit exponent `n` of an RC requester's retransmit
+/// interval, 4.096 µs · 2^n (`IBV_QP_TIMEOUT`, the REQ's and REP's ACK timeout fields).
+///
+/// Invariant: the exponent is in `0..=31`. Exponent 0 means "infinite" (no retransmit timer)
+/// to a QP; [`duration`](Self::duration) still gives the time value 4.096 µs for it, as the
+/// CM time fields read it, and [`retransmit_interval`](Self::retransmit_interval) gives `None`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct LocalAckTimeout(u8);
+
+impl LocalAckTimeout {
+    /// Exponent 0: the QP never retransmits on a timer.
+    pub const INFINITE: Self = Self(0);
+    /// The largest exponent a five-bit field holds (about 2.4 hours).
+    pub const MAX: Self = Self(31);
+
+    /// The timeout for exponent `n`, or `None` if `n` does not fit five bits.
+    #[must_use]
+    pub const fn new(n: u8) -> Option<Self> {
+        if n <= Self::MAX.0 {
+            Some(Self(n))
+        } else {
+            None
+        }
+    }
+
+    /// The timeout for exponent `n`, clamped to [`MAX`](Self::MAX).
+    #[must_use]
+    pub const fn saturating(n: u8) -> Self {
+        if n <= Self::MAX.0 {
+            Self(n)
+        } else {
+            Self::MAX
+        }
+    }
+
+    /// The exponent, `0..=31`.
+    #[must_use]
+    pub const fn exponent(self) -> u8 {
+        self.0
+    }
+
+    /// The IBTA time value 4.096 µs · 2^n (4.096 µs for exponent 0).
+    #[must_use]
+    pub const fn duration(self) -> Duration {
+        Duration::from_nanos(4096u64 << self.0)
+    }
+
+    /// How long a requester waits for an ACK before retransmitting: [`duration`](Self::duration),
+    /// or `None` for exponent 0 (infinite).
+    #[must_use]
+    pub const fn retransmit_interval(self) -> Option<Duration> {
+        if self.0 == 0 {
+            None
+        } else {
+            Some(self.duration())
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------

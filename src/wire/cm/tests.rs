@@ -817,6 +817,30 @@ fn timeouts() {
     }
 }
 
+#[test]
+fn local_ack_timeout_is_a_five_bit_exponent() {
+    assert_eq!(LocalAckTimeout::new(32), None);
+    assert_eq!(LocalAckTimeout::new(31), Some(LocalAckTimeout::MAX));
+    assert_eq!(LocalAckTimeout::saturating(200), LocalAckTimeout::MAX);
+    assert_eq!(LocalAckTimeout::default(), LocalAckTimeout::INFINITE);
+    let t14 = LocalAckTimeout::new(14).unwrap();
+    assert_eq!(t14.exponent(), 14);
+    assert_eq!(t14.duration(), Duration::from_nanos(67_108_864));
+    assert_eq!(t14.retransmit_interval(), Some(t14.duration()));
+    assert_eq!(LocalAckTimeout::INFINITE.retransmit_interval(), None);
+    assert_eq!(
+        LocalAckTimeout::INFINITE.duration(),
+        Duration::from_nanos(4096)
+    );
+    for t in 0..=u8::MAX {
+        assert_eq!(
+            ibta_timeout(t),
+            LocalAckTimeout::saturating(t).duration(),
+            "{t}"
+        );
+    }
+}
+
 // ------------------------------------------------------------------------------------------
 // Wireshark
 
