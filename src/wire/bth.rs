@@ -12,6 +12,7 @@
 
 use core::fmt;
 
+use super::field::emit_head;
 use super::{Result, WireError, DEFAULT_PKEY};
 
 /// Mask of the 24-bit Packet Sequence Number (`BTH_PSN_MASK`).
@@ -506,7 +507,7 @@ impl Bth {
     ///
     /// If `buf` is shorter than 12 bytes (a caller bug, not a wire condition).
     pub fn emit(&self, buf: &mut [u8]) {
-        emit_into(buf, &self.to_bytes());
+        emit_head(buf, &self.to_bytes());
     }
 
     /// # Errors
@@ -518,17 +519,6 @@ impl Bth {
         } else {
             Err(WireError::BadTver(self.tver))
         }
-    }
-}
-
-/// Copies a fixed header into the start of `buf`, panicking with a clear message if it does
-/// not fit. Shared by the `emit` functions of every fixed-size header.
-#[track_caller]
-pub(super) fn emit_into<const N: usize>(buf: &mut [u8], bytes: &[u8; N]) {
-    let len = buf.len();
-    match buf.first_chunk_mut::<N>() {
-        Some(dst) => *dst = *bytes,
-        None => panic!("wire: {N}-byte header does not fit a {len}-byte buffer"),
     }
 }
 

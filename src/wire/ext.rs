@@ -12,16 +12,12 @@
 
 use core::time::Duration;
 
-use super::bth::{emit_into, QPN_MASK};
+use super::bth::QPN_MASK;
+use super::field::{emit_head, head};
 use super::{Result, WireError};
 
 /// Mask of the 24-bit AETH Message Sequence Number.
 const MSN_MASK: u32 = 0x00FF_FFFF;
-
-/// Reads a fixed-size header from the start of `buf`.
-fn head<const N: usize>(buf: &[u8]) -> Result<&[u8; N]> {
-    buf.first_chunk::<N>().ok_or(WireError::Truncated)
-}
 
 /// RDMA Extended Transport Header (16 bytes): the remote buffer of an RDMA WRITE or READ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -44,7 +40,9 @@ impl Reth {
     ///
     /// [`WireError::Truncated`] if `buf` is shorter than 16 bytes.
     pub fn parse(buf: &[u8]) -> Result<Self> {
-        head::<{ Self::HEADER_LEN }>(buf).map(Self::from_bytes)
+        head::<{ Self::HEADER_LEN }>(buf)
+            .ok_or(WireError::Truncated)
+            .map(Self::from_bytes)
     }
 
     /// Decodes a RETH from exactly 16 bytes.
@@ -75,7 +73,7 @@ impl Reth {
     ///
     /// If `buf` is shorter than 16 bytes.
     pub fn emit(&self, buf: &mut [u8]) {
-        emit_into(buf, &self.to_bytes());
+        emit_head(buf, &self.to_bytes());
     }
 }
 
@@ -221,7 +219,7 @@ impl Aeth {
     /// [`WireError::Truncated`] if `buf` is shorter than 4 bytes;
     /// [`WireError::BadSyndrome`] as in [`Syndrome::from_byte`].
     pub fn parse(buf: &[u8]) -> Result<Self> {
-        Self::from_bytes(head::<{ Self::HEADER_LEN }>(buf)?)
+        Self::from_bytes(head::<{ Self::HEADER_LEN }>(buf).ok_or(WireError::Truncated)?)
     }
 
     /// Decodes an AETH from exactly 4 bytes.
@@ -252,7 +250,7 @@ impl Aeth {
     ///
     /// If `buf` is shorter than 4 bytes.
     pub fn emit(&self, buf: &mut [u8]) {
-        emit_into(buf, &self.to_bytes());
+        emit_head(buf, &self.to_bytes());
     }
 }
 
@@ -305,7 +303,9 @@ impl Deth {
     ///
     /// [`WireError::Truncated`] if `buf` is shorter than 8 bytes.
     pub fn parse(buf: &[u8]) -> Result<Self> {
-        head::<{ Self::HEADER_LEN }>(buf).map(Self::from_bytes)
+        head::<{ Self::HEADER_LEN }>(buf)
+            .ok_or(WireError::Truncated)
+            .map(Self::from_bytes)
     }
 
     /// Decodes a DETH from exactly 8 bytes.
@@ -331,7 +331,7 @@ impl Deth {
     ///
     /// If `buf` is shorter than 8 bytes.
     pub fn emit(&self, buf: &mut [u8]) {
-        emit_into(buf, &self.to_bytes());
+        emit_head(buf, &self.to_bytes());
     }
 }
 
@@ -353,7 +353,9 @@ impl ImmDt {
     ///
     /// [`WireError::Truncated`] if `buf` is shorter than 4 bytes.
     pub fn parse(buf: &[u8]) -> Result<Self> {
-        head::<{ Self::HEADER_LEN }>(buf).map(Self::from_bytes)
+        head::<{ Self::HEADER_LEN }>(buf)
+            .ok_or(WireError::Truncated)
+            .map(Self::from_bytes)
     }
 
     /// Decodes an ImmDt from exactly 4 bytes.
@@ -374,7 +376,7 @@ impl ImmDt {
     ///
     /// If `buf` is shorter than 4 bytes.
     pub fn emit(&self, buf: &mut [u8]) {
-        emit_into(buf, &self.to_bytes());
+        emit_head(buf, &self.to_bytes());
     }
 }
 

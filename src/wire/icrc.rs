@@ -23,6 +23,7 @@ use core::net::{Ipv4Addr, Ipv6Addr};
 use crc32fast::Hasher;
 
 use super::bth::Bth;
+use super::field::Bytes;
 
 /// Bytes of the ICRC trailer.
 pub const ICRC_LEN: usize = 4;
@@ -73,48 +74,25 @@ impl IpHeaderInfo {
                 identification,
                 dont_fragment,
             } => {
-                let total = 20u16.wrapping_add(udp_len).to_be_bytes();
-                let id = identification.to_be_bytes();
                 let flags = if dont_fragment { 0x40 } else { 0x00 };
-                let s = src.octets();
-                let d = dst.octets();
-                let v4: [u8; 20] = [
-                    0x45,
-                    0xFF, // version/IHL, TOS (masked)
-                    total[0],
-                    total[1],
-                    id[0],
-                    id[1],
-                    flags,
-                    0x00, // flags, fragment offset
-                    0xFF,
-                    IPPROTO_UDP,
-                    0xFF,
-                    0xFF, // TTL (masked), protocol, checksum (masked)
-                    s[0],
-                    s[1],
-                    s[2],
-                    s[3],
-                    d[0],
-                    d[1],
-                    d[2],
-                    d[3],
-                ];
-                if let Some(dst) = h.first_chunk_mut::<20>() {
-                    *dst = v4;
-                }
+                // Version/IHL, TOS (masked).
+                h.put_bytes::<0, 2>([0x45, 0xFF]);
+                h.put_be16::<2>(20u16.wrapping_add(udp_len));
+                h.put_be16::<4>(identification);
+                // Flags and fragment offset, TTL (masked), protocol, checksum (masked).
+                h.put_bytes::<6, 6>([flags, 0x00, 0xFF, IPPROTO_UDP, 0xFF, 0xFF]);
+                h.put_bytes::<12, 4>(src.octets());
+                h.put_bytes::<16, 4>(dst.octets());
                 (h, 20)
             }
             Self::V6 { src, dst } => {
-                let plen = udp_len.to_be_bytes();
                 // Version 6, then traffic class and flow label all ones.
-                let fixed: [u8; 8] = [0x6F, 0xFF, 0xFF, 0xFF, plen[0], plen[1], IPPROTO_UDP, 0xFF];
-                for (o, b) in h
-                    .iter_mut()
-                    .zip(fixed.iter().chain(&src.octets()).chain(&dst.octets()))
-                {
-                    *o = *b;
-                }
+                h.put_bytes::<0, 4>([0x6F, 0xFF, 0xFF, 0xFF]);
+                h.put_be16::<4>(udp_len);
+                // Next header, hop limit (masked).
+                h.put_bytes::<6, 2>([IPPROTO_UDP, 0xFF]);
+                h.put_bytes::<8, 16>(src.octets());
+                h.put_bytes::<24, 16>(dst.octets());
                 (h, 40)
             }
         }
@@ -144,10 +122,11 @@ pub fn compute_icrc(
     // masked, and the BTH with byte 4 (FECN, BECN, resv6a) masked.
     let mut prefix = [0xFFu8; 8 + 40 + UDP_HEADER_LEN + Bth::HEADER_LEN];
     let (ip_hdr, ip_len) = ip.masked_header(udp_len);
-    let sp = udp_src_port.to_be_bytes();
-    let dp = udp_dst_port.to_be_bytes();
-    let ul = udp_len.to_be_bytes();
-    let udp = [sp[0], sp[1], dp[0], dp[1], ul[0], ul[1], 0xFF, 0xFF];
+    // The UDP checksum (bytes 6..8) is masked.
+    let mut udp = [0xFFu8; UDP_HEADER_LEN];
+    udp.put_be16::<0>(udp_src_port);
+    udp.put_be16::<2>(udp_dst_port);
+    udp.put_be16::<4>(udp_len);
     // A shorter `transport` is not a packet; it is hashed the same way as far as it goes.
     let (bth, rest) = transport.split_at(transport.len().min(Bth::HEADER_LEN));
     let mut len = 8;

@@ -15,6 +15,8 @@
 //!   [`Syndrome`] byte and the RNR timer table), [`Deth`] and [`ImmDt`].
 //! - [`icrc`]: the invariant CRC exactly as Linux `rdma_rxe` computes it, over a masked copy of
 //!   the IP and UDP headers ([`IpHeaderInfo`]).
+//! - [`field`]: byte fields: cutting headers out of buffers and big-endian integers at
+//!   offsets, without panics.
 //! - [`roce`]: the UDP payload of a RoCEv2 datagram (BTH … ICRC) as a borrowed, parsed view
 //!   ([`RocePacket`]) and as a builder ([`RoceRepr`]).
 //!
@@ -54,6 +56,9 @@ pub mod icrc;
 pub mod ids;
 pub mod ipoib;
 pub mod roce;
+
+// The byte-field helpers every codec above reads and writes through.
+pub mod field;
 
 pub use bth::{Bth, Opcode, Transport, PSN_MASK, QPN_MASK};
 pub use ext::{

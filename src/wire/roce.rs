@@ -19,6 +19,7 @@ use super::bth::Bth;
 #[cfg(doc)]
 use super::bth::Opcode;
 use super::ext::{Aeth, Deth, ImmDt, Reth};
+use super::field::take;
 use super::icrc::{self, IpHeaderInfo, ICRC_LEN};
 use super::{Result, WireError};
 
@@ -26,13 +27,6 @@ use super::{Result, WireError};
 #[inline]
 const fn pad_for(len: usize) -> usize {
     len.wrapping_neg() & 3
-}
-
-/// Splits a fixed-size header off the front of `buf`.
-fn take<'a, const N: usize>(buf: &mut &'a [u8]) -> Result<&'a [u8; N]> {
-    let (head, rest) = buf.split_first_chunk::<N>().ok_or(WireError::Truncated)?;
-    *buf = rest;
-    Ok(head)
 }
 
 /// A parsed RoCEv2 datagram, borrowing its payload from the receive buffer.
@@ -92,22 +86,30 @@ impl<'a> RocePacket<'a> {
 
         let mut ext = headers.get(Bth::HEADER_LEN..).unwrap_or_default();
         let reth = if op.has_reth() {
-            Some(Reth::from_bytes(take(&mut ext)?))
+            Some(Reth::from_bytes(
+                take(&mut ext).ok_or(WireError::Truncated)?,
+            ))
         } else {
             None
         };
         let aeth = if op.has_aeth() {
-            Some(Aeth::from_bytes(take(&mut ext)?)?)
+            Some(Aeth::from_bytes(
+                take(&mut ext).ok_or(WireError::Truncated)?,
+            )?)
         } else {
             None
         };
         let deth = if op.has_deth() {
-            Some(Deth::from_bytes(take(&mut ext)?))
+            Some(Deth::from_bytes(
+                take(&mut ext).ok_or(WireError::Truncated)?,
+            ))
         } else {
             None
         };
         let imm = if op.has_immediate() {
-            Some(ImmDt::from_bytes(take(&mut ext)?))
+            Some(ImmDt::from_bytes(
+                take(&mut ext).ok_or(WireError::Truncated)?,
+            ))
         } else {
             None
         };

@@ -8,7 +8,8 @@
 //! | 9 | 33 | 5,3 | Service Timeout, reserved |
 //! | 10 | 34 | 222 B | private data |
 
-use super::{be32, get, put, put32, Data, TargetMsg, MAD_DATA_LEN};
+use super::{TargetMsg, MAD_DATA_LEN};
+use crate::wire::field::Bytes;
 
 /// Message Receipt Acknowledgement: "I got your message; the answer will take a while".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -48,23 +49,23 @@ impl Mra {
     #[must_use]
     pub fn from_bytes(d: &[u8; MAD_DATA_LEN]) -> Self {
         Self {
-            local_comm_id: be32::<0>(d),
-            remote_comm_id: be32::<4>(d),
+            local_comm_id: d.be32::<0>(),
+            remote_comm_id: d.be32::<4>(),
             msg_mraed: TargetMsg::from_bits(d[8] >> 6),
             service_timeout: d[9] >> 3,
-            private_data: get::<10, { Self::PRIVATE_DATA_LEN }>(d),
+            private_data: d.bytes::<10, { Self::PRIVATE_DATA_LEN }>(),
         }
     }
 
     /// Encodes the 232 bytes after the MAD header.
     #[must_use]
     pub fn to_bytes(&self) -> [u8; MAD_DATA_LEN] {
-        let mut d: Data = [0; MAD_DATA_LEN];
-        put32::<0>(&mut d, self.local_comm_id);
-        put32::<4>(&mut d, self.remote_comm_id);
+        let mut d = [0u8; MAD_DATA_LEN];
+        d.put_be32::<0>(self.local_comm_id);
+        d.put_be32::<4>(self.remote_comm_id);
         d[8] = self.msg_mraed.bits() << 6;
         d[9] = (self.service_timeout & 0x1F) << 3;
-        put::<10, { Self::PRIVATE_DATA_LEN }>(&mut d, self.private_data);
+        d.put_bytes::<10, { Self::PRIVATE_DATA_LEN }>(self.private_data);
         d
     }
 }

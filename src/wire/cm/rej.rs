@@ -10,7 +10,8 @@
 //! | 12 | 36 | 72 B | Additional Reject Information (ARI) |
 //! | 84 | 108 | 148 B | private data |
 
-use super::{be16, be32, get, put, put16, put32, Data, TargetMsg, MAD_DATA_LEN};
+use super::{TargetMsg, MAD_DATA_LEN};
+use crate::wire::field::Bytes;
 
 /// Declares [`RejReason`] with its codes, `from_code` and `code`.
 macro_rules! rej_reasons {
@@ -162,27 +163,27 @@ impl Rej {
     #[must_use]
     pub fn from_bytes(d: &[u8; MAD_DATA_LEN]) -> Self {
         Self {
-            local_comm_id: be32::<0>(d),
-            remote_comm_id: be32::<4>(d),
+            local_comm_id: d.be32::<0>(),
+            remote_comm_id: d.be32::<4>(),
             msg_rejected: TargetMsg::from_bits(d[8] >> 6),
             reject_info_len: d[9] >> 1,
-            reason: RejReason::from_code(be16::<10>(d)),
-            ari: get::<12, { Self::ARI_LEN }>(d),
-            private_data: get::<84, { Self::PRIVATE_DATA_LEN }>(d),
+            reason: RejReason::from_code(d.be16::<10>()),
+            ari: d.bytes::<12, { Self::ARI_LEN }>(),
+            private_data: d.bytes::<84, { Self::PRIVATE_DATA_LEN }>(),
         }
     }
 
     /// Encodes the 232 bytes after the MAD header.
     #[must_use]
     pub fn to_bytes(&self) -> [u8; MAD_DATA_LEN] {
-        let mut d: Data = [0; MAD_DATA_LEN];
-        put32::<0>(&mut d, self.local_comm_id);
-        put32::<4>(&mut d, self.remote_comm_id);
+        let mut d = [0u8; MAD_DATA_LEN];
+        d.put_be32::<0>(self.local_comm_id);
+        d.put_be32::<4>(self.remote_comm_id);
         d[8] = self.msg_rejected.bits() << 6;
         d[9] = (self.reject_info_len & 0x7F) << 1;
-        put16::<10>(&mut d, self.reason.code());
-        put::<12, { Self::ARI_LEN }>(&mut d, self.ari);
-        put::<84, { Self::PRIVATE_DATA_LEN }>(&mut d, self.private_data);
+        d.put_be16::<10>(self.reason.code());
+        d.put_bytes::<12, { Self::ARI_LEN }>(self.ari);
+        d.put_bytes::<84, { Self::PRIVATE_DATA_LEN }>(self.private_data);
         d
     }
 }

@@ -17,7 +17,8 @@
 
 use crate::wire::{Psn, QpNum};
 
-use super::{be24, be32, be64, get, put, put24, put32, put64, Data, MAD_DATA_LEN};
+use super::MAD_DATA_LEN;
+use crate::wire::field::Bytes;
 
 /// ConnectReply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -90,13 +91,13 @@ impl Rep {
     pub fn from_bytes(d: &[u8; MAD_DATA_LEN]) -> Self {
         let (b26, b27) = (d[26], d[27]);
         Self {
-            local_comm_id: be32::<0>(d),
-            remote_comm_id: be32::<4>(d),
-            local_qkey: be32::<8>(d),
-            local_qpn: QpNum::new(be24::<12>(d)),
+            local_comm_id: d.be32::<0>(),
+            remote_comm_id: d.be32::<4>(),
+            local_qkey: d.be32::<8>(),
+            local_qpn: QpNum::new(d.be24::<12>()),
             vendor_id: u32::from_be_bytes([0, d[15], d[19], d[23]]),
-            local_eecn: be24::<16>(d),
-            starting_psn: Psn::new(be24::<20>(d)),
+            local_eecn: d.be24::<16>(),
+            starting_psn: Psn::new(d.be24::<20>()),
             responder_resources: d[24],
             initiator_depth: d[25],
             target_ack_delay: b26 >> 3,
@@ -104,24 +105,24 @@ impl Rep {
             e2e_flow_control: b26 & 1 != 0,
             rnr_retry_count: b27 >> 5,
             srq: b27 & 0x10 != 0,
-            local_ca_guid: be64::<28>(d),
-            private_data: get::<36, { Self::PRIVATE_DATA_LEN }>(d),
+            local_ca_guid: d.be64::<28>(),
+            private_data: d.bytes::<36, { Self::PRIVATE_DATA_LEN }>(),
         }
     }
 
     /// Encodes the 232 bytes after the MAD header.
     #[must_use]
     pub fn to_bytes(&self) -> [u8; MAD_DATA_LEN] {
-        let mut d: Data = [0; MAD_DATA_LEN];
+        let mut d = [0u8; MAD_DATA_LEN];
         let [_, v_hi, v_mid, v_lo] = self.vendor_id.to_be_bytes();
-        put32::<0>(&mut d, self.local_comm_id);
-        put32::<4>(&mut d, self.remote_comm_id);
-        put32::<8>(&mut d, self.local_qkey);
-        put24::<12>(&mut d, self.local_qpn.get());
+        d.put_be32::<0>(self.local_comm_id);
+        d.put_be32::<4>(self.remote_comm_id);
+        d.put_be32::<8>(self.local_qkey);
+        d.put_be24::<12>(self.local_qpn.get());
         d[15] = v_hi;
-        put24::<16>(&mut d, self.local_eecn);
+        d.put_be24::<16>(self.local_eecn);
         d[19] = v_mid;
-        put24::<20>(&mut d, self.starting_psn.get());
+        d.put_be24::<20>(self.starting_psn.get());
         d[23] = v_lo;
         d[24] = self.responder_resources;
         d[25] = self.initiator_depth;
@@ -129,8 +130,8 @@ impl Rep {
             | (self.failover_accepted & 3) << 1
             | u8::from(self.e2e_flow_control);
         d[27] = (self.rnr_retry_count & 7) << 5 | u8::from(self.srq) << 4;
-        put64::<28>(&mut d, self.local_ca_guid);
-        put::<36, { Self::PRIVATE_DATA_LEN }>(&mut d, self.private_data);
+        d.put_be64::<28>(self.local_ca_guid);
+        d.put_bytes::<36, { Self::PRIVATE_DATA_LEN }>(self.private_data);
         d
     }
 }

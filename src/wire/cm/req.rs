@@ -22,10 +22,8 @@
 
 use crate::wire::{Gid, PathMtu, Psn, QpNum};
 
-use super::{
-    be16, be24, be32, be64, get, put, put16, put24, put32, put64, read_at, write_at, Data,
-    MAD_DATA_LEN,
-};
+use super::MAD_DATA_LEN;
+use crate::wire::field::Bytes;
 
 /// One path of a REQ (44 bytes; the primary path at rel 52, the alternate at rel 96).
 ///
@@ -73,12 +71,12 @@ impl CmPath {
     /// Decodes a path from its 44 bytes; reserved bits are ignored.
     #[must_use]
     pub fn from_bytes(b: &[u8; Self::LEN]) -> Self {
-        let fl = u32::from_be_bytes(read_at::<36, 4, { Self::LEN }>(b));
+        let fl = b.be32::<36>();
         Self {
-            local_lid: u16::from_be_bytes([b[0], b[1]]),
-            remote_lid: u16::from_be_bytes([b[2], b[3]]),
-            local_gid: Gid(read_at::<4, 16, { Self::LEN }>(b)),
-            remote_gid: Gid(read_at::<20, 16, { Self::LEN }>(b)),
+            local_lid: b.be16::<0>(),
+            remote_lid: b.be16::<2>(),
+            local_gid: Gid(b.bytes::<4, 16>()),
+            remote_gid: Gid(b.bytes::<20, 16>()),
             flow_label: fl >> 12,
             packet_rate: (fl & 0x3F) as u8,
             traffic_class: b[40],
@@ -93,12 +91,12 @@ impl CmPath {
     #[must_use]
     pub fn to_bytes(&self) -> [u8; Self::LEN] {
         let mut b = [0u8; Self::LEN];
-        write_at::<0, 2, { Self::LEN }>(&mut b, self.local_lid.to_be_bytes());
-        write_at::<2, 2, { Self::LEN }>(&mut b, self.remote_lid.to_be_bytes());
-        write_at::<4, 16, { Self::LEN }>(&mut b, self.local_gid.0);
-        write_at::<20, 16, { Self::LEN }>(&mut b, self.remote_gid.0);
+        b.put_be16::<0>(self.local_lid);
+        b.put_be16::<2>(self.remote_lid);
+        b.put_bytes::<4, 16>(self.local_gid.0);
+        b.put_bytes::<20, 16>(self.remote_gid.0);
         let fl = (self.flow_label & 0x000F_FFFF) << 12 | u32::from(self.packet_rate & 0x3F);
-        write_at::<36, 4, { Self::LEN }>(&mut b, fl.to_be_bytes());
+        b.put_be32::<36>(fl);
         b[40] = self.traffic_class;
         b[41] = self.hop_limit;
         b[42] = (self.sl & 0x0F) << 4 | u8::from(self.subnet_local) << 3;
@@ -229,68 +227,68 @@ impl Req {
     pub fn from_bytes(d: &[u8; MAD_DATA_LEN]) -> Self {
         let (b43, b47, b50, b51) = (d[43], d[47], d[50], d[51]);
         Self {
-            local_comm_id: be32::<0>(d),
-            vendor_id: be24::<5>(d),
-            service_id: be64::<8>(d),
-            local_ca_guid: be64::<16>(d),
-            local_qkey: be32::<28>(d),
-            local_qpn: QpNum::new(be24::<32>(d)),
+            local_comm_id: d.be32::<0>(),
+            vendor_id: d.be24::<5>(),
+            service_id: d.be64::<8>(),
+            local_ca_guid: d.be64::<16>(),
+            local_qkey: d.be32::<28>(),
+            local_qpn: QpNum::new(d.be24::<32>()),
             responder_resources: d[35],
-            local_eecn: be24::<36>(d),
+            local_eecn: d.be24::<36>(),
             initiator_depth: d[39],
-            remote_eecn: be24::<40>(d),
+            remote_eecn: d.be24::<40>(),
             remote_cm_response_timeout: b43 >> 3,
             transport_service_type: (b43 >> 1) & 3,
             e2e_flow_control: b43 & 1 != 0,
-            starting_psn: Psn::new(be24::<44>(d)),
+            starting_psn: Psn::new(d.be24::<44>()),
             local_cm_response_timeout: b47 >> 3,
             retry_count: b47 & 7,
-            pkey: be16::<48>(d),
+            pkey: d.be16::<48>(),
             path_mtu: PathMtu::from_enum(b50 >> 4),
             rdc_exists: b50 & 0x08 != 0,
             rnr_retry_count: b50 & 7,
             max_cm_retries: b51 >> 4,
             srq: b51 & 0x08 != 0,
             extended_transport_type: b51 & 7,
-            primary_path: CmPath::from_bytes(&get::<52, { CmPath::LEN }>(d)),
-            alternate_path: CmPath::from_bytes(&get::<96, { CmPath::LEN }>(d)),
+            primary_path: CmPath::from_bytes(&d.bytes::<52, { CmPath::LEN }>()),
+            alternate_path: CmPath::from_bytes(&d.bytes::<96, { CmPath::LEN }>()),
             sap_supported: d[139] & 0x04 != 0,
-            private_data: get::<140, { Self::PRIVATE_DATA_LEN }>(d),
+            private_data: d.bytes::<140, { Self::PRIVATE_DATA_LEN }>(),
         }
     }
 
     /// Encodes the 232 bytes after the MAD header.
     #[must_use]
     pub fn to_bytes(&self) -> [u8; MAD_DATA_LEN] {
-        let mut d: Data = [0; MAD_DATA_LEN];
-        put32::<0>(&mut d, self.local_comm_id);
-        put24::<5>(&mut d, self.vendor_id);
-        put64::<8>(&mut d, self.service_id);
-        put64::<16>(&mut d, self.local_ca_guid);
-        put32::<28>(&mut d, self.local_qkey);
-        put24::<32>(&mut d, self.local_qpn.get());
+        let mut d = [0u8; MAD_DATA_LEN];
+        d.put_be32::<0>(self.local_comm_id);
+        d.put_be24::<5>(self.vendor_id);
+        d.put_be64::<8>(self.service_id);
+        d.put_be64::<16>(self.local_ca_guid);
+        d.put_be32::<28>(self.local_qkey);
+        d.put_be24::<32>(self.local_qpn.get());
         d[35] = self.responder_resources;
-        put24::<36>(&mut d, self.local_eecn);
+        d.put_be24::<36>(self.local_eecn);
         d[39] = self.initiator_depth;
-        put24::<40>(&mut d, self.remote_eecn);
+        d.put_be24::<40>(self.remote_eecn);
         d[43] = (self.remote_cm_response_timeout & 0x1F) << 3
             | (self.transport_service_type & 3) << 1
             | u8::from(self.e2e_flow_control);
-        put24::<44>(&mut d, self.starting_psn.get());
+        d.put_be24::<44>(self.starting_psn.get());
         d[47] = (self.local_cm_response_timeout & 0x1F) << 3 | (self.retry_count & 7);
-        put16::<48>(&mut d, self.pkey);
+        d.put_be16::<48>(self.pkey);
         d[50] = self.path_mtu.map_or(0, PathMtu::to_enum) << 4
             | u8::from(self.rdc_exists) << 3
             | (self.rnr_retry_count & 7);
         d[51] = (self.max_cm_retries & 0x0F) << 4
             | u8::from(self.srq) << 3
             | (self.extended_transport_type & 7);
-        put::<52, { CmPath::LEN }>(&mut d, self.primary_path.to_bytes());
-        put::<96, { CmPath::LEN }>(&mut d, self.alternate_path.to_bytes());
+        d.put_bytes::<52, { CmPath::LEN }>(self.primary_path.to_bytes());
+        d.put_bytes::<96, { CmPath::LEN }>(self.alternate_path.to_bytes());
         if self.sap_supported {
             d[139] |= 0x04;
         }
-        put::<140, { Self::PRIVATE_DATA_LEN }>(&mut d, self.private_data);
+        d.put_bytes::<140, { Self::PRIVATE_DATA_LEN }>(self.private_data);
         d
     }
 }

@@ -10,7 +10,8 @@
 
 use crate::wire::QpNum;
 
-use super::{be24, be32, get, put, put24, put32, Data, MAD_DATA_LEN};
+use super::MAD_DATA_LEN;
+use crate::wire::field::Bytes;
 
 /// ReadyToUse: the active side's confirmation that completes connection setup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -56,19 +57,19 @@ macro_rules! ids_and_private {
             #[must_use]
             pub fn from_bytes(d: &[u8; MAD_DATA_LEN]) -> Self {
                 Self {
-                    local_comm_id: be32::<0>(d),
-                    remote_comm_id: be32::<4>(d),
-                    private_data: get::<8, { Self::PRIVATE_DATA_LEN }>(d),
+                    local_comm_id: d.be32::<0>(),
+                    remote_comm_id: d.be32::<4>(),
+                    private_data: d.bytes::<8, { Self::PRIVATE_DATA_LEN }>(),
                 }
             }
 
             /// Encodes the 232 bytes after the MAD header.
             #[must_use]
             pub fn to_bytes(&self) -> [u8; MAD_DATA_LEN] {
-                let mut d: Data = [0; MAD_DATA_LEN];
-                put32::<0>(&mut d, self.local_comm_id);
-                put32::<4>(&mut d, self.remote_comm_id);
-                put::<8, { Self::PRIVATE_DATA_LEN }>(&mut d, self.private_data);
+                let mut d = [0u8; MAD_DATA_LEN];
+                d.put_be32::<0>(self.local_comm_id);
+                d.put_be32::<4>(self.remote_comm_id);
+                d.put_bytes::<8, { Self::PRIVATE_DATA_LEN }>(self.private_data);
                 d
             }
         }
@@ -112,21 +113,21 @@ impl Dreq {
     #[must_use]
     pub fn from_bytes(d: &[u8; MAD_DATA_LEN]) -> Self {
         Self {
-            local_comm_id: be32::<0>(d),
-            remote_comm_id: be32::<4>(d),
-            remote_qpn: QpNum::new(be24::<8>(d)),
-            private_data: get::<12, { Self::PRIVATE_DATA_LEN }>(d),
+            local_comm_id: d.be32::<0>(),
+            remote_comm_id: d.be32::<4>(),
+            remote_qpn: QpNum::new(d.be24::<8>()),
+            private_data: d.bytes::<12, { Self::PRIVATE_DATA_LEN }>(),
         }
     }
 
     /// Encodes the 232 bytes after the MAD header.
     #[must_use]
     pub fn to_bytes(&self) -> [u8; MAD_DATA_LEN] {
-        let mut d: Data = [0; MAD_DATA_LEN];
-        put32::<0>(&mut d, self.local_comm_id);
-        put32::<4>(&mut d, self.remote_comm_id);
-        put24::<8>(&mut d, self.remote_qpn.get());
-        put::<12, { Self::PRIVATE_DATA_LEN }>(&mut d, self.private_data);
+        let mut d = [0u8; MAD_DATA_LEN];
+        d.put_be32::<0>(self.local_comm_id);
+        d.put_be32::<4>(self.remote_comm_id);
+        d.put_be24::<8>(self.remote_qpn.get());
+        d.put_bytes::<12, { Self::PRIVATE_DATA_LEN }>(self.private_data);
         d
     }
 }

@@ -20,8 +20,8 @@
 
 use std::net::Ipv4Addr;
 
-use super::{head, HwAddr, IpoibError, Result};
-use crate::wire::bth::emit_into;
+use super::{HwAddr, IpoibError, Result};
+use crate::wire::field::{emit_head, head, Bytes};
 
 /// ARP hardware type of InfiniBand (`ARPHRD_INFINIBAND`).
 pub const ARP_HTYPE_INFINIBAND: u16 = 32;
@@ -121,7 +121,7 @@ impl IpoibArp {
     ///   are not 32, `0x0800`, 20 and 4.
     /// - [`IpoibError::BadArpOp`] if the operation is neither request nor reply.
     pub fn parse(buf: &[u8]) -> Result<Self> {
-        Self::from_bytes(head::<{ Self::LEN }>(buf)?)
+        Self::from_bytes(head::<{ Self::LEN }>(buf).ok_or(IpoibError::Truncated)?)
     }
 
     /// Decodes exactly 56 bytes; see [`IpoibArp::parse`].
@@ -130,56 +130,43 @@ impl IpoibArp {
     ///
     /// As [`IpoibArp::parse`], except `Truncated`.
     pub fn from_bytes(b: &[u8; Self::LEN]) -> Result<Self> {
-        let (fixed, rest) = b.split_first_chunk::<8>().ok_or(IpoibError::Truncated)?;
-        let htype = u16::from_be_bytes([fixed[0], fixed[1]]);
+        let htype = b.be16::<0>();
         if htype != ARP_HTYPE_INFINIBAND {
             return Err(IpoibError::BadHardwareType(htype));
         }
-        let ptype = u16::from_be_bytes([fixed[2], fixed[3]]);
+        let ptype = b.be16::<2>();
         if ptype != ARP_PTYPE_IPV4 {
             return Err(IpoibError::BadProtocolType(ptype));
         }
-        if usize::from(fixed[4]) != HwAddr::LEN {
-            return Err(IpoibError::BadHardwareLen(fixed[4]));
+        let [hlen, plen] = b.bytes::<4, 2>();
+        if usize::from(hlen) != HwAddr::LEN {
+            return Err(IpoibError::BadHardwareLen(hlen));
         }
-        if fixed[5] != 4 {
-            return Err(IpoibError::BadProtocolLen(fixed[5]));
+        if plen != 4 {
+            return Err(IpoibError::BadProtocolLen(plen));
         }
-        let op = ArpOp::from_code(u16::from_be_bytes([fixed[6], fixed[7]]))?;
-        let (sha, rest) = rest
-            .split_first_chunk::<{ HwAddr::LEN }>()
-            .ok_or(IpoibError::Truncated)?;
-        let (spa, rest) = rest.split_first_chunk::<4>().ok_or(IpoibError::Truncated)?;
-        let (tha, rest) = rest
-            .split_first_chunk::<{ HwAddr::LEN }>()
-            .ok_or(IpoibError::Truncated)?;
-        let tpa = rest.first_chunk::<4>().ok_or(IpoibError::Truncated)?;
+        let op = ArpOp::from_code(b.be16::<6>())?;
         Ok(Self {
             op,
-            sender_hw: HwAddr::from_bytes(sha),
-            sender_ip: Ipv4Addr::from(*spa),
-            target_hw: HwAddr::from_bytes(tha),
-            target_ip: Ipv4Addr::from(*tpa),
+            sender_hw: HwAddr::from_bytes(&b.bytes::<8, { HwAddr::LEN }>()),
+            sender_ip: Ipv4Addr::from(b.bytes::<28, 4>()),
+            target_hw: HwAddr::from_bytes(&b.bytes::<32, { HwAddr::LEN }>()),
+            target_ip: Ipv4Addr::from(b.bytes::<52, 4>()),
         })
     }
 
     /// Encodes the 56 bytes.
     #[must_use]
     pub fn to_bytes(&self) -> [u8; Self::LEN] {
-        let h = ARP_HTYPE_INFINIBAND.to_be_bytes();
-        let p = ARP_PTYPE_IPV4.to_be_bytes();
-        let o = self.op.code().to_be_bytes();
-        let fixed = [h[0], h[1], p[0], p[1], HwAddr::LEN as u8, 4, o[0], o[1]];
-        let fields = fixed
-            .into_iter()
-            .chain(self.sender_hw.to_bytes())
-            .chain(self.sender_ip.octets())
-            .chain(self.target_hw.to_bytes())
-            .chain(self.target_ip.octets());
         let mut b = [0u8; Self::LEN];
-        for (dst, src) in b.iter_mut().zip(fields) {
-            *dst = src;
-        }
+        b.put_be16::<0>(ARP_HTYPE_INFINIBAND);
+        b.put_be16::<2>(ARP_PTYPE_IPV4);
+        b.put_bytes::<4, 2>([HwAddr::LEN as u8, 4]);
+        b.put_be16::<6>(self.op.code());
+        b.put_bytes::<8, { HwAddr::LEN }>(self.sender_hw.to_bytes());
+        b.put_bytes::<28, 4>(self.sender_ip.octets());
+        b.put_bytes::<32, { HwAddr::LEN }>(self.target_hw.to_bytes());
+        b.put_bytes::<52, 4>(self.target_ip.octets());
         b
     }
 
@@ -190,7 +177,7 @@ impl IpoibArp {
     /// If `buf` is shorter than 56 bytes.
     #[track_caller]
     pub fn emit(&self, buf: &mut [u8]) {
-        emit_into(buf, &self.to_bytes());
+        emit_head(buf, &self.to_bytes());
     }
 }
 

@@ -8,6 +8,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::{IpoibError, Result, ETHERTYPE_IPV4, ETHERTYPE_IPV6};
+use crate::wire::field::{head, Bytes};
 
 /// The IP version of a packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -107,7 +108,7 @@ fn classify_v4(packet: &[u8]) -> Result<IpInfo> {
         .ok_or(IpoibError::Truncated)?;
     let ihl = h[0] & 0x0f;
     let header_len = usize::from(ihl) * 4;
-    let total_len = usize::from(u16::from_be_bytes([h[2], h[3]]));
+    let total_len = usize::from(h.be16::<2>());
     if header_len < IPV4_MIN_HEADER_LEN || total_len < header_len {
         return Err(IpoibError::BadIpHeaderLen(ihl));
     }
@@ -126,24 +127,18 @@ fn classify_v4(packet: &[u8]) -> Result<IpInfo> {
 
 /// [`classify`] for IPv6.
 fn classify_v6(packet: &[u8]) -> Result<IpInfo> {
-    let (fixed, rest) = packet
-        .split_first_chunk::<8>()
-        .ok_or(IpoibError::Truncated)?;
-    let (src, rest) = rest
-        .split_first_chunk::<16>()
-        .ok_or(IpoibError::Truncated)?;
-    let dst = rest.first_chunk::<16>().ok_or(IpoibError::Truncated)?;
-    let total_len = IPV6_HEADER_LEN + usize::from(u16::from_be_bytes([fixed[4], fixed[5]]));
+    let h = head::<IPV6_HEADER_LEN>(packet).ok_or(IpoibError::Truncated)?;
+    let total_len = IPV6_HEADER_LEN + usize::from(h.be16::<4>());
     if total_len > packet.len() {
         return Err(IpoibError::Truncated);
     }
     Ok(IpInfo {
         version: IpVersion::V6,
-        src: IpAddr::V6(Ipv6Addr::from(*src)),
-        dst: IpAddr::V6(Ipv6Addr::from(*dst)),
+        src: IpAddr::V6(Ipv6Addr::from(h.bytes::<8, 16>())),
+        dst: IpAddr::V6(Ipv6Addr::from(h.bytes::<24, 16>())),
         total_len,
         header_len: IPV6_HEADER_LEN,
-        protocol: fixed[6],
+        protocol: h[6],
     })
 }
 

@@ -5,8 +5,8 @@
 //! on RC there is no GRH. The 20-byte "pseudo header" Linux pushes in front of the header is
 //! kernel-internal and never on the wire.
 
-use super::{head, Result};
-use crate::wire::bth::emit_into;
+use super::{IpoibError, Result};
+use crate::wire::field::{emit_head, head};
 
 /// EtherType of IPv4.
 pub const ETHERTYPE_IPV4: u16 = 0x0800;
@@ -57,10 +57,12 @@ impl IpoibHeader {
     ///
     /// # Errors
     ///
-    /// [`IpoibError::Truncated`](super::IpoibError::Truncated) if `buf` is shorter than 4
+    /// [`IpoibError::Truncated`] if `buf` is shorter than 4
     /// bytes.
     pub fn parse(buf: &[u8]) -> Result<Self> {
-        head::<{ Self::LEN }>(buf).map(Self::from_bytes)
+        head::<{ Self::LEN }>(buf)
+            .ok_or(IpoibError::Truncated)
+            .map(Self::from_bytes)
     }
 
     /// Decodes exactly 4 bytes (the reserved bytes are ignored).
@@ -85,7 +87,7 @@ impl IpoibHeader {
     /// If `buf` is shorter than 4 bytes.
     #[track_caller]
     pub fn emit(&self, buf: &mut [u8]) {
-        emit_into(buf, &self.to_bytes());
+        emit_head(buf, &self.to_bytes());
     }
 }
 

@@ -13,8 +13,8 @@ use core::fmt;
 use core::str::FromStr;
 
 use super::mcast::broadcast_mgid;
-use super::{head, Result};
-use crate::wire::bth::emit_into;
+use super::{IpoibError, Result};
+use crate::wire::field::{emit_head, head};
 use crate::wire::{Gid, QpNum};
 
 /// An IPoIB hardware address.
@@ -74,10 +74,12 @@ impl HwAddr {
     ///
     /// # Errors
     ///
-    /// [`IpoibError::Truncated`](super::IpoibError::Truncated) if `buf` is shorter than 20
+    /// [`IpoibError::Truncated`] if `buf` is shorter than 20
     /// bytes.
     pub fn parse(buf: &[u8]) -> Result<Self> {
-        head::<{ Self::LEN }>(buf).map(Self::from_bytes)
+        head::<{ Self::LEN }>(buf)
+            .ok_or(IpoibError::Truncated)
+            .map(Self::from_bytes)
     }
 
     /// Decodes exactly 20 bytes.
@@ -111,7 +113,7 @@ impl HwAddr {
     /// If `buf` is shorter than 20 bytes.
     #[track_caller]
     pub fn emit(&self, buf: &mut [u8]) {
-        emit_into(buf, &self.to_bytes());
+        emit_head(buf, &self.to_bytes());
     }
 }
 

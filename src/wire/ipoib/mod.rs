@@ -121,8 +121,3 @@ pub enum IpoibError {
 
 /// Result of the IPoIB parsers.
 pub type Result<T> = core::result::Result<T, IpoibError>;
-
-/// Reads a fixed-size header from the start of `buf`.
-fn head<const N: usize>(buf: &[u8]) -> Result<&[u8; N]> {
-    buf.first_chunk::<N>().ok_or(IpoibError::Truncated)
-}

@@ -21,6 +21,7 @@
 use std::net::Ipv6Addr;
 
 use super::{HwAddr, IpoibError, Result};
+use crate::wire::field::{read_array, write_u16, Bytes};
 
 /// The IPv6 Next Header value of ICMPv6.
 pub const IPPROTO_ICMPV6: u8 = 58;
@@ -274,22 +275,18 @@ impl<'a> NdMessage<'a> {
         let (hdr, rest) = packet
             .split_first_chunk::<IPV6_HEADER_LEN>()
             .ok_or(IpoibError::Truncated)?;
-        let (fixed, addrs) = hdr.split_first_chunk::<8>().ok_or(IpoibError::Truncated)?;
-        let (src, dst) = addrs
-            .split_first_chunk::<16>()
-            .ok_or(IpoibError::Truncated)?;
-        let dst = dst.first_chunk::<16>().ok_or(IpoibError::Truncated)?;
-        let (src, dst) = (Ipv6Addr::from(*src), Ipv6Addr::from(*dst));
-        let version = fixed[0] >> 4;
+        let src = Ipv6Addr::from(hdr.bytes::<8, 16>());
+        let dst = Ipv6Addr::from(hdr.bytes::<24, 16>());
+        let version = hdr[0] >> 4;
         if version != 6 {
             return Err(IpoibError::BadIpVersion(version));
         }
-        let payload_len = usize::from(u16::from_be_bytes([fixed[4], fixed[5]]));
-        if fixed[6] != IPPROTO_ICMPV6 {
-            return Err(IpoibError::NotIcmpv6(fixed[6]));
+        let payload_len = usize::from(hdr.be16::<4>());
+        if hdr[6] != IPPROTO_ICMPV6 {
+            return Err(IpoibError::NotIcmpv6(hdr[6]));
         }
-        if fixed[7] != ND_HOP_LIMIT {
-            return Err(IpoibError::BadHopLimit(fixed[7]));
+        if hdr[7] != ND_HOP_LIMIT {
+            return Err(IpoibError::BadHopLimit(hdr[7]));
         }
         let icmp = rest.get(..payload_len).ok_or(IpoibError::Truncated)?;
         let (kind, _) = nd_options(icmp)?;
@@ -310,8 +307,7 @@ impl<'a> NdMessage<'a> {
     pub fn target(&self) -> Option<Ipv6Addr> {
         match self.kind {
             NdType::NeighborSolicitation | NdType::NeighborAdvertisement | NdType::Redirect => {
-                let t = self.icmp.get(8..24)?;
-                <[u8; 16]>::try_from(t).ok().map(Ipv6Addr::from)
+                read_array::<16>(self.icmp, 8..24).map(Ipv6Addr::from)
             }
             NdType::RouterSolicitation | NdType::RouterAdvertisement => None,
         }
@@ -332,25 +328,14 @@ impl<'a> NdMessage<'a> {
 fn emit_packet(src: Ipv6Addr, dst: Ipv6Addr, icmp: &[u8], out: &mut Vec<u8>) {
     out.clear();
     out.reserve(IPV6_HEADER_LEN + icmp.len());
-    let plen = u16::try_from(icmp.len()).unwrap_or(u16::MAX).to_be_bytes();
-    out.extend_from_slice(&[
-        0x60,
-        0,
-        0,
-        0,
-        plen[0],
-        plen[1],
-        IPPROTO_ICMPV6,
-        ND_HOP_LIMIT,
-    ]);
+    let mut fixed = [0x60, 0, 0, 0, 0, 0, IPPROTO_ICMPV6, ND_HOP_LIMIT];
+    fixed.put_be16::<4>(u16::try_from(icmp.len()).unwrap_or(u16::MAX));
+    out.extend_from_slice(&fixed);
     out.extend_from_slice(&src.octets());
     out.extend_from_slice(&dst.octets());
     out.extend_from_slice(icmp);
-    let sum = icmpv6_checksum(src, dst, icmp).to_be_bytes();
     let at = IPV6_HEADER_LEN + CHECKSUM_OFFSET;
-    if let Some(field) = out.get_mut(at..at + 2) {
-        field.copy_from_slice(&sum);
-    }
+    write_u16(out, at..at + 2, icmpv6_checksum(src, dst, icmp));
 }
 
 /// A Neighbor Solicitation (ICMPv6 type 135) as a whole IPv6 packet.
