@@ -20,6 +20,8 @@
 
 use std::net::Ipv6Addr;
 
+use etherparse::checksum::Sum16BitWords;
+
 use super::{HwAddr, IpoibError, Result};
 use crate::wire::field::{read_array, write_u16, Bytes};
 
@@ -199,24 +201,16 @@ fn push_ll_option(out: &mut Vec<u8>, which: LlOption, hw: &HwAddr) {
 /// correct checksum the result is 0 (see [`icmpv6_checksum_valid`]).
 #[must_use]
 pub fn icmpv6_checksum(src: Ipv6Addr, dst: Ipv6Addr, icmp: &[u8]) -> u16 {
-    let len = icmp.len() as u64;
-    let mut sum: u64 = u64::from(IPPROTO_ICMPV6) + (len >> 16) + (len & 0xFFFF);
-    for addr in [src, dst] {
-        sum += addr.segments().iter().map(|&s| u64::from(s)).sum::<u64>();
-    }
-    let mut words = icmp.chunks_exact(2);
-    for w in &mut words {
-        if let [hi, lo] = *w {
-            sum += u64::from(u16::from_be_bytes([hi, lo]));
-        }
-    }
-    if let [last] = *words.remainder() {
-        sum += u64::from(u16::from_be_bytes([last, 0]));
-    }
-    while sum > 0xFFFF {
-        sum = (sum & 0xFFFF) + (sum >> 16);
-    }
-    !(sum as u16)
+    // The pseudo-header's upper-layer length is 32 bits; an ND message is far shorter.
+    let len = u32::try_from(icmp.len()).unwrap_or(u32::MAX);
+    Sum16BitWords::new()
+        .add_16bytes(src.octets())
+        .add_16bytes(dst.octets())
+        .add_4bytes(len.to_be_bytes())
+        .add_2bytes([0, IPPROTO_ICMPV6])
+        .add_slice(icmp)
+        .ones_complement()
+        .to_be()
 }
 
 /// True if the checksum field of `icmp` is correct for `src` → `dst`.
@@ -732,6 +726,39 @@ mod tests {
             NeighborSolicitation::parse(&long),
             NeighborSolicitation::parse(&NS_VECTOR)
         );
+    }
+
+    /// A Neighbor Solicitation for 2001:db8::2 from 2001:db8::1 with an IPoIB source
+    /// link-layer option, as the Linux kernel checksummed it (sent on a raw ICMPv6 socket,
+    /// which always fills the checksum, and read back from another).
+    const KERNEL_NS_ICMP: [u8; 48] = [
+        0x87, 0x00, 0xe9, 0xa9, 0x00, 0x00, 0x00, 0x00, 0x20, 0x01, 0x0d, 0xb8, 0x00, 0x00, 0x00,
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x02, 0x01, 0x03, 0x00, 0x00, 0x80, 0x00,
+        0x00, 0x48, 0xfe, 0x80, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x02, 0xc9, 0x03, 0x00,
+        0x0a, 0xbc, 0xde,
+    ];
+
+    #[test]
+    fn checksum_matches_the_kernel() {
+        let (src, dst) = (ip("2001:db8::1"), ip("2001:db8::2"));
+        assert!(icmpv6_checksum_valid(src, dst, &KERNEL_NS_ICMP));
+        let mut zeroed = KERNEL_NS_ICMP;
+        zeroed[2..4].fill(0);
+        assert_eq!(icmpv6_checksum(src, dst, &zeroed), 0xe9a9);
+        assert!(!icmpv6_checksum_valid(
+            src,
+            ip("2001:db8::3"),
+            &KERNEL_NS_ICMP
+        ));
+        let mut p = vec![0x60, 0, 0, 0, 0, 48, IPPROTO_ICMPV6, ND_HOP_LIMIT];
+        p.extend_from_slice(&src.octets());
+        p.extend_from_slice(&dst.octets());
+        p.extend_from_slice(&KERNEL_NS_ICMP);
+        assert!(independent_checksum_ok(&p));
+        let ns = NeighborSolicitation::parse(&p).unwrap();
+        assert_eq!(ns.target, dst);
+        assert_eq!(ns.source_hw, Some(our_hw()));
+        assert_eq!(ns.to_packet(), p, "emit reproduces the kernel's bytes");
     }
 
     #[test]
