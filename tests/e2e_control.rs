@@ -4,9 +4,11 @@
 //! control socket is attacked: slowloris clients that send a byte every 100 ms, 200 idle
 //! connections, and four threads that connect, stay silent a moment and reconnect as fast as
 //! they can. No ping may be lost, the longest round trip must stay below [`MAX_RTT`] (the
-//! undisturbed one is well under a millisecond), and `ipoib-cm status` still answers during
-//! and after every attack. The figures print with `--nocapture`. Every loop is bounded in
-//! count and time.
+//! undisturbed one is well under a millisecond on an idle machine; where the undisturbed run
+//! of the same test shows longer spikes, the bound is twice its longest) and at most three
+//! more replies than undisturbed may take longer than it, and `ipoib-cm status` still answers
+//! during and after every attack. The figures print with `--nocapture`. Every loop is
+//! bounded in count and time.
 
 mod common;
 
@@ -34,11 +36,26 @@ struct PingFigures {
     received: u32,
     avg_ms: f64,
     max_ms: f64,
+    /// Replies slower than [`MAX_RTT`].
+    slow: usize,
 }
 
-/// Parses `ping -q`'s summary ("N packets transmitted, M received, ..." and "rtt
-/// min/avg/max/mdev = a/b/c/d ms").
+/// Parses `ping`'s output: the replies' `time=T ms` and the summary ("N packets transmitted,
+/// M received, ..." and "rtt min/avg/max/mdev = a/b/c/d ms").
 fn ping_figures(out: &str) -> Option<PingFigures> {
+    let bound_ms = MAX_RTT.as_secs_f64() * 1e3;
+    let slow = out
+        .lines()
+        .filter_map(|l| {
+            l.split("time=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .filter(|&t: &f64| t > bound_ms)
+        .count();
     let counts = out.lines().find(|l| l.contains("packets transmitted"))?;
     let mut words = counts.split(|c: char| c == ',' || c.is_whitespace());
     let sent = words.next()?.parse().ok()?;
@@ -63,6 +80,7 @@ fn ping_figures(out: &str) -> Option<PingFigures> {
         received,
         avg_ms: *values.get(1)?,
         max_ms: *values.get(2)?,
+        slow,
     })
 }
 
@@ -90,7 +108,6 @@ fn ping_during(
             &[
                 "ping",
                 "-n",
-                "-q",
                 "-i",
                 PING_INTERVAL,
                 "-c",
@@ -108,10 +125,11 @@ fn ping_during(
     let text = String::from_utf8_lossy(&out.stdout);
     let f = ping_figures(&text).unwrap_or_else(|| panic!("ping output: {text}\n{}", lab.log(1)));
     println!(
-        "{what}: ping avg {:.3} ms max {:.3} ms, {}/{} received; {connections} connections; \
-         status during: {} in {:?}",
+        "{what}: ping avg {:.3} ms max {:.3} ms, {} over {MAX_RTT:?}, {}/{} received; \
+         {connections} connections; status during: {} in {:?}",
         f.avg_ms,
         f.max_ms,
+        f.slow,
         f.received,
         f.sent,
         if status_during.0 {
@@ -230,6 +248,10 @@ fn control_clients_do_not_stall_the_tunnel() {
         ("200 idle", idle),
         ("4 reconnecting", reconnecting),
     ];
+    // On a loaded machine the undisturbed run has spikes of its own: the bounds make room
+    // for them (a stalled loop delays every ping sent during the stall, not one).
+    let max_ms = (MAX_RTT.as_secs_f64() * 1e3).max(2.0 * baseline.max_ms);
+    let max_slow = baseline.slow + 3;
     let mut failures = Vec::new();
     for (what, attack) in attacks {
         let f = ping_during(&lab, what, attack);
@@ -240,10 +262,11 @@ fn control_clients_do_not_stall_the_tunnel() {
                 f.sent
             ));
         }
-        if f.max_ms >= MAX_RTT.as_secs_f64() * 1e3 {
+        if f.max_ms >= max_ms || f.slow > max_slow {
             failures.push(format!(
-                "{what}: max RTT {:.3} ms (bound {MAX_RTT:?}, undisturbed {:.3} ms)",
-                f.max_ms, baseline.max_ms
+                "{what}: max RTT {:.3} ms (bound {max_ms:.3} ms), {} replies over {MAX_RTT:?} \
+                 (bound {max_slow}); undisturbed max {:.3} ms",
+                f.max_ms, f.slow, baseline.max_ms
             ));
         }
     }
