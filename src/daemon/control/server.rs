@@ -12,16 +12,16 @@
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mio::net::{UnixListener, UnixStream};
 use mio::{Interest, Registry, Token};
 
-use super::super::config::os_message;
-use super::super::status::Status;
 use super::{format_error, format_response, parse_request, request_complete, Request};
 use super::{DIR_MODE, MAX_REQUEST_BYTES, SOCKET_MODE};
+use crate::daemon::config::os_message;
+use crate::daemon::status::Status;
 use crate::sys::peercred;
 
 /// Most clients served at once; each has one token.
@@ -56,7 +56,7 @@ enum Phase {
     /// Reading the request; `buf` holds what arrived, at most [`MAX_REQUEST_BYTES`].
     Request { buf: Vec<u8> },
     /// Writing `answer`, of which `sent` bytes are written.
-    Answer { answer: Rc<[u8]>, sent: usize },
+    Answer { answer: Arc<[u8]>, sent: usize },
 }
 
 /// One accepted connection.
@@ -291,7 +291,7 @@ impl ControlServer {
             self.accept(now);
         }
         let poll_all = self.registration.is_none();
-        let mut answer: Option<Rc<[u8]>> = None;
+        let mut answer: Option<Arc<[u8]>> = None;
         for slot in 0..MAX_CLIENTS {
             let Some(c) = self.clients.get_mut(slot).and_then(Option::as_mut) else {
                 continue;
@@ -345,7 +345,8 @@ impl ControlServer {
             );
             // One short line into an empty socket buffer; best effort, never waited for.
             let _ = stream.write(format_error("too many control clients").as_bytes());
-            let _ = stream.shutdown(std::net::Shutdown::Both);
+            let _ = stream.shutdown(std::net::Shutdown::Write);
+            discard_input(&mut stream);
             return;
         };
         if let Some((registry, _, first)) = &self.registration {
@@ -413,18 +414,20 @@ impl Client {
     fn step(
         &mut self,
         now: Instant,
-        answer: &mut Option<Rc<[u8]>>,
+        answer: &mut Option<Arc<[u8]>>,
         status: &mut impl FnMut() -> Status,
         counters: &mut ControlCounters,
     ) -> io::Result<Step> {
         if let Phase::Request { buf } = &mut self.phase {
             let reply = match read_request(&mut self.stream, buf)? {
-                Some(()) if !self.allowed => Rc::from(format_error("permission denied").as_bytes()),
+                Some(()) if !self.allowed => {
+                    Arc::from(format_error("permission denied").as_bytes())
+                }
                 Some(()) => match parse_request(buf) {
                     Ok(Request::Status { .. }) => answer
-                        .get_or_insert_with(|| Rc::from(format_response(&status()).into_bytes()))
+                        .get_or_insert_with(|| Arc::from(format_response(&status()).into_bytes()))
                         .clone(),
-                    Err(msg) => Rc::from(format_error(&msg).into_bytes()),
+                    Err(msg) => Arc::from(format_error(&msg).into_bytes()),
                 },
                 None if now < self.deadline => return Ok(Step::Keep),
                 None => {
@@ -434,7 +437,7 @@ impl Client {
                     } else {
                         "permission denied".to_owned()
                     };
-                    Rc::from(format_error(&msg).into_bytes())
+                    Arc::from(format_error(&msg).into_bytes())
                 }
             };
             self.phase = Phase::Answer {
