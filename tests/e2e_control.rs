@@ -3,12 +3,13 @@
 //! A two-node lab (`scripts/lab.sh`) pings across the tunnel every 10 ms while node 1's
 //! control socket is attacked: slowloris clients that send a byte every 100 ms, 200 idle
 //! connections, and four threads that connect, stay silent a moment and reconnect as fast as
-//! they can. No ping may be lost, the longest round trip must stay below [`MAX_RTT`] (the
-//! undisturbed one is well under a millisecond on an idle machine; where the undisturbed run
-//! of the same test shows longer spikes, the bound is twice its longest) and at most three
-//! more replies than undisturbed may take longer than it, and `ipoib-cm status` still answers
-//! during and after every attack. The figures print with `--nocapture`. Every loop is
-//! bounded in count and time.
+//! they can. No ping may be lost, at most [`SLOW_ALLOWED`] more replies than in an
+//! undisturbed run may take longer than [`SLOW_RTT`], none longer than [`MAX_RTT`], and
+//! `ipoib-cm status` still answers during and after every attack. An undisturbed round trip
+//! is well under a millisecond on an idle machine, but a loaded one has scheduling spikes of
+//! tens of milliseconds, each delaying one reply; a stalled loop delays every ping sent
+//! during the stall (a loop that waited for slow clients delayed 100-240 of the 300 by up to
+//! 4 s). The figures print with `--nocapture`. Every loop is bounded in count and time.
 
 mod common;
 
@@ -20,8 +21,12 @@ use std::time::{Duration, Instant};
 
 use common::lab::Lab;
 
+/// A round trip this long counts as slow.
+const SLOW_RTT: Duration = Duration::from_millis(50);
+/// Slow replies allowed per attack beyond those of the undisturbed run.
+const SLOW_ALLOWED: usize = 5;
 /// The longest round trip allowed while the control socket is attacked.
-const MAX_RTT: Duration = Duration::from_millis(50);
+const MAX_RTT: Duration = Duration::from_millis(200);
 /// Pings sent per run, one every [`PING_INTERVAL`].
 const PINGS: u32 = 300;
 /// `ping -i`.
@@ -36,14 +41,14 @@ struct PingFigures {
     received: u32,
     avg_ms: f64,
     max_ms: f64,
-    /// Replies slower than [`MAX_RTT`].
+    /// Replies slower than [`SLOW_RTT`].
     slow: usize,
 }
 
 /// Parses `ping`'s output: the replies' `time=T ms` and the summary ("N packets transmitted,
 /// M received, ..." and "rtt min/avg/max/mdev = a/b/c/d ms").
 fn ping_figures(out: &str) -> Option<PingFigures> {
-    let bound_ms = MAX_RTT.as_secs_f64() * 1e3;
+    let bound_ms = SLOW_RTT.as_secs_f64() * 1e3;
     let slow = out
         .lines()
         .filter_map(|l| {
@@ -125,7 +130,7 @@ fn ping_during(
     let text = String::from_utf8_lossy(&out.stdout);
     let f = ping_figures(&text).unwrap_or_else(|| panic!("ping output: {text}\n{}", lab.log(1)));
     println!(
-        "{what}: ping avg {:.3} ms max {:.3} ms, {} over {MAX_RTT:?}, {}/{} received; \
+        "{what}: ping avg {:.3} ms max {:.3} ms, {} over {SLOW_RTT:?}, {}/{} received; \
          {connections} connections; status during: {} in {:?}",
         f.avg_ms,
         f.max_ms,
@@ -248,10 +253,8 @@ fn control_clients_do_not_stall_the_tunnel() {
         ("200 idle", idle),
         ("4 reconnecting", reconnecting),
     ];
-    // On a loaded machine the undisturbed run has spikes of its own: the bounds make room
-    // for them (a stalled loop delays every ping sent during the stall, not one).
-    let max_ms = (MAX_RTT.as_secs_f64() * 1e3).max(2.0 * baseline.max_ms);
-    let max_slow = baseline.slow + 3;
+    let max_ms = MAX_RTT.as_secs_f64() * 1e3;
+    let max_slow = baseline.slow + SLOW_ALLOWED;
     let mut failures = Vec::new();
     for (what, attack) in attacks {
         let f = ping_during(&lab, what, attack);
@@ -264,7 +267,7 @@ fn control_clients_do_not_stall_the_tunnel() {
         }
         if f.max_ms >= max_ms || f.slow > max_slow {
             failures.push(format!(
-                "{what}: max RTT {:.3} ms (bound {max_ms:.3} ms), {} replies over {MAX_RTT:?} \
+                "{what}: max RTT {:.3} ms (bound {max_ms:.3} ms), {} replies over {SLOW_RTT:?} \
                  (bound {max_slow}); undisturbed max {:.3} ms",
                 f.max_ms, f.slow, baseline.max_ms
             ));
