@@ -8,12 +8,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ipoib_cm::daemon::control::{query, ControlError, ControlServer};
+use ipoib_cm::daemon::control::{query, ControlError, ControlServer, CLIENT_TIMEOUT};
 use ipoib_cm::daemon::status::{
     format_hwaddr, Counters, InterfaceStatus, RxState, RxStatus, Status,
 };
 use ipoib_cm::daemon::Mode;
-use mio::{Events, Interest, Poll, Token};
+use mio::{Events, Poll, Token};
 
 static N: AtomicUsize = AtomicUsize::new(0);
 
@@ -50,28 +50,34 @@ fn status() -> Status {
     }
 }
 
-/// Serves through a mio poll loop until `client` finishes; returns how often `status` ran.
+/// Serves through a mio poll loop, as the daemon's does, until `client` finishes; returns
+/// how often `status` ran.
 fn serve_until<T>(server: &mut ControlServer, client: &JoinHandle<T>) -> usize {
     let mut poll = Poll::new().unwrap();
-    poll.registry()
-        .register(server, Token(7), Interest::READABLE)
+    server
+        .register(poll.registry(), Token(7), Token(1000))
         .unwrap();
     let mut events = Events::with_capacity(8);
     let mut calls = 0;
     let t0 = Instant::now();
     while !client.is_finished() {
         assert!(t0.elapsed() < Duration::from_secs(10), "client hung");
-        poll.poll(&mut events, Some(Duration::from_millis(20)))
-            .unwrap();
+        let now = Instant::now();
+        let timeout = server
+            .poll_timeout()
+            .map_or(Duration::from_millis(20), |t| {
+                t.saturating_duration_since(now)
+            })
+            .min(Duration::from_millis(20));
+        poll.poll(&mut events, Some(timeout)).unwrap();
         for ev in &events {
-            assert_eq!(ev.token(), Token(7));
-            server.accept_and_serve(|| {
-                calls += 1;
-                status()
-            });
+            assert!(server.note_readiness(ev.token()), "{:?}", ev.token());
         }
+        server.handle(Instant::now(), || {
+            calls += 1;
+            status()
+        });
     }
-    poll.registry().deregister(server).unwrap();
     calls
 }
 
@@ -198,16 +204,27 @@ fn silent_client_does_not_stall_the_loop() {
     let path = dir.join("ib0.sock");
     let mut server = ControlServer::bind(&path).unwrap();
     let silent = UnixStream::connect(&path).unwrap();
+    silent.set_nonblocking(true).unwrap();
     let t0 = Instant::now();
-    server.accept_and_serve(status);
+    server.handle(t0, status);
     let took = t0.elapsed();
-    assert!(took < Duration::from_millis(500), "took {took:?}");
+    assert!(took < Duration::from_millis(50), "took {took:?}");
+    let mut byte = [0u8; 1];
+    let nothing = (&silent).read(&mut byte).unwrap_err();
+    assert_eq!(nothing.kind(), std::io::ErrorKind::WouldBlock);
+    // Its deadline is the server's next timer; at it, the client gets the error and EOF.
+    assert_eq!(server.poll_timeout(), Some(t0 + CLIENT_TIMEOUT));
+    let t1 = Instant::now();
+    server.handle(t0 + CLIENT_TIMEOUT, status);
+    assert!(t1.elapsed() < Duration::from_millis(50));
+    silent.set_nonblocking(false).unwrap();
     let mut out = String::new();
     (&silent).read_to_string(&mut out).unwrap();
-    assert_eq!(out, "{\"error\":\"no request within 100ms\"}\n");
+    assert_eq!(out, "{\"error\":\"no request within 1s\"}\n");
+    assert_eq!(server.poll_timeout(), None);
     // Nothing pending: returns at once.
     let t0 = Instant::now();
-    server.accept_and_serve(status);
+    server.handle(t0, status);
     assert!(t0.elapsed() < Duration::from_millis(50));
     drop(server);
     std::fs::remove_dir_all(&dir).unwrap();

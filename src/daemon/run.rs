@@ -3,9 +3,9 @@
 //!
 //! One clock read per turn; every source is drained until it would block (each bounded per
 //! turn so none starves the others); the loop sleeps until the earliest deadline of the
-//! provider and the endpoint. SIGINT/SIGTERM start an orderly shutdown: stop accepting, DREQ
-//! everything, drain with the `drain_timeout` bound, destroy what is left, remove the
-//! interface (by closing the TUN device) and return.
+//! provider, the endpoint and the control socket's clients. SIGINT/SIGTERM start an orderly
+//! shutdown: stop accepting, DREQ everything, drain with the `drain_timeout` bound, destroy
+//! what is left, remove the interface (by closing the TUN device) and return.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -34,6 +34,8 @@ const TUN: Token = Token(100);
 const CONTROL: Token = Token(101);
 const SIGNALS: Token = Token(102);
 const MAD: Token = Token(103);
+/// The first of the control clients' tokens, up to `CONTROL_CLIENTS + MAX_CLIENTS`.
+const CONTROL_CLIENTS: Token = Token(1000);
 
 /// Packets read from the TUN device per turn.
 const TUN_BATCH: usize = 256;
@@ -271,8 +273,7 @@ fn run<P: DaemonProvider>(
     prov.register(poll.registry(), PROVIDER)?;
     poll.registry()
         .register(&mut tun, TUN, Interest::READABLE)?;
-    poll.registry()
-        .register(&mut control, CONTROL, Interest::READABLE)?;
+    control.register(poll.registry(), CONTROL, CONTROL_CLIENTS)?;
     poll.registry()
         .register(&mut signals, SIGNALS, Interest::READABLE)?;
     tracing::info!(
@@ -292,10 +293,15 @@ fn run<P: DaemonProvider>(
     let mut tun_write_drops = 0u64;
     loop {
         let now = Instant::now();
-        let next = [prov.poll_timeout(), ep.poll_timeout(), stop_deadline]
-            .into_iter()
-            .flatten()
-            .min();
+        let next = [
+            prov.poll_timeout(),
+            ep.poll_timeout(),
+            control.poll_timeout(),
+            stop_deadline,
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         // Busy polling: for `busy_poll` after the last event, look for events without
         // sleeping, so a packet arriving then costs no wakeup.
         let spinning = now < last_event + cfg.busy_poll;
@@ -321,13 +327,12 @@ fn run<P: DaemonProvider>(
         if !events.is_empty() {
             last_event = now;
         }
-        let mut control_ready = false;
         let mut signalled = false;
         for ev in events.iter() {
             match ev.token() {
-                CONTROL => control_ready = true,
                 SIGNALS => signalled = true,
                 TUN => tun_ready = true,
+                t if control.note_readiness(t) => {}
                 t => prov.note_readiness(t),
             }
         }
@@ -370,10 +375,7 @@ fn run<P: DaemonProvider>(
         if write_tun(&tun, &mut ep, prov.verbs(), &mut tun_write_drops) {
             tun_ready = true;
         }
-        if control_ready {
-            let name = tun.name().to_string();
-            control.accept_and_serve(|| status(&name, &ep, &prov, now, tun_write_drops));
-        }
+        control.handle(now, || status(tun.name(), &ep, &prov, now, tun_write_drops));
         if signalled {
             for sig in signals.pending() {
                 tracing::info!(signal = sig, "shutting down");

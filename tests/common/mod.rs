@@ -3,4 +3,5 @@
 //! Each test binary compiles this module on its own and uses a different part of it.
 #![allow(dead_code)]
 
+pub(crate) mod lab;
 pub(crate) mod netns;

@@ -1,0 +1,518 @@
+//! [`ControlServer`]: the daemon side of the control socket, a state machine over
+//! non-blocking sockets that the event loop drives with the `now` of its turn.
+//!
+//! Every client is non-blocking and has its own mio token (`first_client + slot`). What one
+//! turn does is bounded: at most [`ACCEPTS_PER_TURN`] accepts, at most
+//! [`MAX_REQUEST_BYTES`] read and at most [`WRITE_PER_TURN`] written per client. What a client
+//! holds is bounded: a slot among [`MAX_CLIENTS`] (a connection beyond them is answered
+//! `{"error":"too many control clients"}` without being read, and closed) and
+//! [`CLIENT_TIMEOUT`] to send its request and again to read its answer. The server never reads
+//! the clock and never blocks.
+
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mio::net::{UnixListener, UnixStream};
+use mio::{Interest, Registry, Token};
+
+use super::{format_error, format_response, parse_request, request_complete, Request};
+use super::{DIR_MODE, MAX_REQUEST_BYTES, SOCKET_MODE};
+use crate::daemon::config::os_message;
+use crate::daemon::status::Status;
+use crate::sys::peercred;
+
+/// Most clients served at once; each has one token.
+pub const MAX_CLIENTS: usize = 64;
+/// Most connections accepted in one turn.
+pub const ACCEPTS_PER_TURN: usize = 32;
+/// How long a client has to send its whole request, and again to read its whole answer.
+pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Most answer bytes written to one client in one turn.
+pub const WRITE_PER_TURN: usize = 256 << 10;
+/// Most bytes a client sent beyond its request that are read and discarded before its socket
+/// is closed (closing a Unix stream socket with unread data resets the connection, and the
+/// client could lose its answer).
+const DISCARD_BYTES: usize = 16 << 10;
+
+/// What the control socket did, since [`ControlServer::bind`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ControlCounters {
+    /// Connections given a slot.
+    pub accepted: u64,
+    /// Connections closed at once because every slot was taken.
+    pub over_limit: u64,
+    /// Clients that did not send a whole request, or read their whole answer, in time.
+    pub timed_out: u64,
+    /// Answers written in full.
+    pub answered: u64,
+}
+
+/// Where a client is in its one exchange.
+#[derive(Debug)]
+enum Phase {
+    /// Reading the request; `buf` holds what arrived, at most [`MAX_REQUEST_BYTES`].
+    Request { buf: Vec<u8> },
+    /// Writing `answer`, of which `sent` bytes are written.
+    Answer { answer: Arc<[u8]>, sent: usize },
+}
+
+/// One accepted connection.
+#[derive(Debug)]
+struct Client {
+    stream: UnixStream,
+    /// The peer is root or the daemon's user.
+    allowed: bool,
+    /// When the current phase times out.
+    deadline: Instant,
+    /// The socket may make progress: readiness was reported, or the last turn stopped at a
+    /// bound rather than at `WouldBlock`.
+    ready: bool,
+    /// WRITABLE (instead of READABLE) is registered: the answer is being written.
+    writable: bool,
+    phase: Phase,
+}
+
+/// What one step left a client in.
+enum Step {
+    /// Still in the table.
+    Keep,
+    /// Done with (answered, timed out or failed): deregister and close.
+    Close,
+}
+
+/// The daemon side of the control socket: a non-blocking listener and up to
+/// [`MAX_CLIENTS`] non-blocking clients.
+///
+/// Drive it like the other sources of the event loop: [`ControlServer::register`] it once,
+/// pass every readiness event to [`ControlServer::note_readiness`], call
+/// [`ControlServer::handle`] with the turn's `now` every turn, and sleep no longer than
+/// [`ControlServer::poll_timeout`]. Unregistered (in tests), every client is tried every
+/// turn. The socket file is removed on drop (unless something else has replaced it since).
+#[derive(Debug)]
+pub struct ControlServer {
+    listener: UnixListener,
+    path: PathBuf,
+    /// `(st_dev, st_ino)` of the socket file we created.
+    id: (u64, u64),
+    own_euid: u32,
+    allow: fn(u32, u32) -> bool,
+    /// The registry, the listener's token and the first client token.
+    registration: Option<(Registry, Token, usize)>,
+    /// The listener may have connections waiting (reported, or the accept bound was hit).
+    listener_ready: bool,
+    /// Slot `i` is the client with token `first_client + i`.
+    clients: Vec<Option<Client>>,
+    /// The `now` of the last [`ControlServer::handle`].
+    now: Option<Instant>,
+    counters: ControlCounters,
+}
+
+/// Adds the path to an I/O error, keeping its kind: `control socket PATH: message`.
+fn with_path(path: &Path, e: &io::Error) -> io::Error {
+    io::Error::new(
+        e.kind(),
+        format!("control socket {}: {}", path.display(), os_message(e)),
+    )
+}
+
+/// Whether a peer may talk to the daemon: root, or the daemon's own user.
+pub(super) fn default_allow(peer_uid: u32, own_euid: u32) -> bool {
+    peer_uid == 0 || peer_uid == own_euid
+}
+
+impl ControlServer {
+    /// Binds the control socket at `path`: creates its directory (mode 0700) if missing,
+    /// replaces a stale socket file nobody listens on, refuses to replace a live one or a
+    /// non-socket file, makes the socket mode 0600 and non-blocking.
+    ///
+    /// # Errors
+    /// One-line `control socket PATH: ...` errors: `AddrInUse` when another daemon listens
+    /// there, `AlreadyExists` when the path is not a socket, or the OS error.
+    pub fn bind(path: &Path) -> io::Result<Self> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if !dir.exists() {
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(DIR_MODE)
+                    .create(dir)
+                    .map_err(|e| with_path(path, &e))?;
+            }
+        }
+        let listener = match UnixListener::bind(path) {
+            Ok(l) => l,
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
+                Self::remove_stale(path)?;
+                UnixListener::bind(path).map_err(|e| with_path(path, &e))?
+            }
+            Err(e) => return Err(with_path(path, &e)),
+        };
+        let setup = || -> io::Result<(u64, u64)> {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))?;
+            let meta = std::fs::symlink_metadata(path)?;
+            Ok((meta.dev(), meta.ino()))
+        };
+        let id = match setup() {
+            Ok(id) => id,
+            Err(e) => {
+                let _ = std::fs::remove_file(path);
+                return Err(with_path(path, &e));
+            }
+        };
+        Ok(Self {
+            listener,
+            path: path.to_owned(),
+            id,
+            own_euid: peercred::effective_uid(),
+            allow: default_allow,
+            registration: None,
+            listener_ready: true,
+            clients: (0..MAX_CLIENTS).map(|_| None).collect(),
+            now: None,
+            counters: ControlCounters::default(),
+        })
+    }
+
+    /// Removes a socket file at `path` that nobody listens on.
+    fn remove_stale(path: &Path) -> io::Result<()> {
+        let meta = std::fs::symlink_metadata(path).map_err(|e| with_path(path, &e))?;
+        if !meta.file_type().is_socket() {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!(
+                    "control socket {}: exists and is not a socket",
+                    path.display()
+                ),
+            ));
+        }
+        match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!(
+                    "control socket {}: another daemon is listening on it",
+                    path.display()
+                ),
+            )),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                std::fs::remove_file(path).map_err(|e| with_path(path, &e))
+            }
+            Err(e) => Err(with_path(path, &e)),
+        }
+    }
+
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// What the server did so far.
+    pub fn counters(&self) -> ControlCounters {
+        self.counters
+    }
+
+    /// Clients holding a slot.
+    pub fn clients(&self) -> usize {
+        self.clients.iter().flatten().count()
+    }
+
+    /// Registers the listener with `registry` under `listener`, and every client it accepts
+    /// later under `first_client + slot`: the tokens `first_client ..
+    /// first_client + MAX_CLIENTS` are the server's. Registering again moves the server (and
+    /// closes its clients).
+    ///
+    /// # Errors
+    /// The registry's.
+    pub fn register(
+        &mut self,
+        registry: &Registry,
+        listener: Token,
+        first_client: Token,
+    ) -> io::Result<()> {
+        for slot in 0..MAX_CLIENTS {
+            self.close(slot);
+        }
+        if let Some((old, _, _)) = self.registration.take() {
+            old.deregister(&mut self.listener)?;
+        }
+        registry.register(&mut self.listener, listener, Interest::READABLE)?;
+        self.listener_ready = true;
+        self.registration = Some((registry.try_clone()?, listener, first_client.0));
+        Ok(())
+    }
+
+    /// Takes note of a readiness event; returns whether `token` is one of the server's.
+    pub fn note_readiness(&mut self, token: Token) -> bool {
+        let Some((_, listener, first)) = &self.registration else {
+            return false;
+        };
+        if token == *listener {
+            self.listener_ready = true;
+            return true;
+        }
+        let Some(slot) = token.0.checked_sub(*first).filter(|&s| s < MAX_CLIENTS) else {
+            return false;
+        };
+        if let Some(c) = self.clients.get_mut(slot).and_then(Option::as_mut) {
+            c.ready = true;
+        }
+        true
+    }
+
+    /// When [`ControlServer::handle`] has work next: at once while connections or answer
+    /// bytes wait behind a per-turn bound, else the earliest client deadline.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let registered = self.registration.is_some();
+        let mut next: Option<Instant> = None;
+        for c in self.clients.iter().flatten() {
+            let t = if c.ready && registered {
+                self.now.unwrap_or(c.deadline)
+            } else {
+                c.deadline
+            };
+            next = Some(next.map_or(t, |n| n.min(t)));
+        }
+        match self.now {
+            Some(now) if registered && self.listener_ready => Some(now),
+            _ => next,
+        }
+    }
+
+    /// One turn at `now`: accepts waiting connections (at most [`ACCEPTS_PER_TURN`]), reads
+    /// requests, writes answers, and closes clients that are done or out of time. A request
+    /// is answered with a [`Status`] from `status` (called at most once per turn, only if a
+    /// permitted client asked), `{"error":"permission denied"}` for a peer that is neither root
+    /// nor the daemon's user, or an error for a malformed, oversized or missing request.
+    /// Never panics, never blocks; per-client failures are logged and the client dropped.
+    pub fn handle(&mut self, now: Instant, mut status: impl FnMut() -> Status) {
+        self.now = Some(now);
+        if self.listener_ready || self.registration.is_none() {
+            self.accept(now);
+        }
+        let poll_all = self.registration.is_none();
+        let mut answer: Option<Arc<[u8]>> = None;
+        for slot in 0..MAX_CLIENTS {
+            let Some(c) = self.clients.get_mut(slot).and_then(Option::as_mut) else {
+                continue;
+            };
+            if !(c.ready || poll_all || now >= c.deadline) {
+                continue;
+            }
+            c.ready = false;
+            let step = match c.step(now, &mut answer, &mut status, &mut self.counters) {
+                Ok(step) => step,
+                Err(e) => {
+                    tracing::debug!(error = %e, "control client dropped");
+                    Step::Close
+                }
+            };
+            if matches!(step, Step::Close) {
+                self.close(slot);
+            } else if matches!(c.phase, Phase::Answer { .. }) && !c.writable {
+                self.want_writable(slot);
+            }
+        }
+    }
+
+    /// Accepts up to [`ACCEPTS_PER_TURN`] connections; `listener_ready` stays set if the
+    /// bound stopped it.
+    fn accept(&mut self, now: Instant) {
+        for _ in 0..ACCEPTS_PER_TURN {
+            match self.listener.accept() {
+                Ok((stream, _)) => self.admit(stream, now),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.listener_ready = false;
+                    return;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, path = %self.path.display(), "control socket accept failed");
+                    self.listener_ready = false;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Gives an accepted connection a slot and a token, or closes it if none is free.
+    fn admit(&mut self, mut stream: UnixStream, now: Instant) {
+        let Some(slot) = self.clients.iter().position(Option::is_none) else {
+            self.counters.over_limit += 1;
+            tracing::debug!(
+                clients = MAX_CLIENTS,
+                "control socket: too many clients, connection closed"
+            );
+            // One short line into an empty socket buffer; best effort, never waited for.
+            let _ = stream.write(format_error("too many control clients").as_bytes());
+            let _ = stream.shutdown(std::net::Shutdown::Write);
+            discard_input(&mut stream);
+            return;
+        };
+        if let Some((registry, _, first)) = &self.registration {
+            if let Err(e) = registry.register(&mut stream, Token(first + slot), Interest::READABLE)
+            {
+                tracing::debug!(error = %e, "control client dropped");
+                return;
+            }
+        }
+        let allowed = match peercred::peer_cred(&stream) {
+            Ok(cred) => (self.allow)(cred.uid, self.own_euid),
+            Err(_) => false,
+        };
+        self.counters.accepted += 1;
+        if let Some(s) = self.clients.get_mut(slot) {
+            *s = Some(Client {
+                stream,
+                allowed,
+                deadline: now + CLIENT_TIMEOUT,
+                // The request may have arrived before the accept.
+                ready: true,
+                writable: false,
+                phase: Phase::Request {
+                    buf: Vec::with_capacity(MAX_REQUEST_BYTES),
+                },
+            });
+        }
+    }
+
+    /// Asks for WRITABLE on a client writing its answer (it only waits for that then).
+    fn want_writable(&mut self, slot: usize) {
+        let Some((registry, _, first)) = &self.registration else {
+            return;
+        };
+        if let Some(c) = self.clients.get_mut(slot).and_then(Option::as_mut) {
+            match registry.reregister(&mut c.stream, Token(first + slot), Interest::WRITABLE) {
+                Ok(()) => c.writable = true,
+                Err(e) => {
+                    tracing::debug!(error = %e, "control client dropped");
+                    self.close(slot);
+                }
+            }
+        }
+    }
+
+    /// Deregisters and closes the client in `slot`.
+    fn close(&mut self, slot: usize) {
+        let Some(mut c) = self.clients.get_mut(slot).and_then(Option::take) else {
+            return;
+        };
+        if let Some((registry, _, _)) = &self.registration {
+            let _ = registry.deregister(&mut c.stream);
+        }
+    }
+
+    /// For tests: replace the access policy `(peer_uid, own_euid) -> allowed`.
+    #[cfg(test)]
+    pub(super) fn set_policy(&mut self, allow: fn(u32, u32) -> bool) {
+        self.allow = allow;
+    }
+}
+
+impl Client {
+    /// Moves the exchange on as far as the socket allows without blocking.
+    fn step(
+        &mut self,
+        now: Instant,
+        answer: &mut Option<Arc<[u8]>>,
+        status: &mut impl FnMut() -> Status,
+        counters: &mut ControlCounters,
+    ) -> io::Result<Step> {
+        if let Phase::Request { buf } = &mut self.phase {
+            let reply = match read_request(&mut self.stream, buf)? {
+                Some(()) if !self.allowed => {
+                    Arc::from(format_error("permission denied").as_bytes())
+                }
+                Some(()) => match parse_request(buf) {
+                    Ok(Request::Status { .. }) => answer
+                        .get_or_insert_with(|| Arc::from(format_response(&status()).into_bytes()))
+                        .clone(),
+                    Err(msg) => Arc::from(format_error(&msg).into_bytes()),
+                },
+                None if now < self.deadline => return Ok(Step::Keep),
+                None => {
+                    counters.timed_out += 1;
+                    let msg = if self.allowed {
+                        format!("no request within {CLIENT_TIMEOUT:?}")
+                    } else {
+                        "permission denied".to_owned()
+                    };
+                    Arc::from(format_error(&msg).into_bytes())
+                }
+            };
+            self.phase = Phase::Answer {
+                answer: reply,
+                sent: 0,
+            };
+            self.deadline = now + CLIENT_TIMEOUT;
+        }
+        let Phase::Answer { answer, sent } = &mut self.phase else {
+            return Ok(Step::Keep);
+        };
+        if now >= self.deadline {
+            counters.timed_out += 1;
+            return Ok(Step::Close);
+        }
+        let budget_end = (*sent + WRITE_PER_TURN).min(answer.len());
+        while *sent < answer.len() {
+            if *sent >= budget_end {
+                // More to write and the socket did not say no: carry on next turn.
+                self.ready = true;
+                return Ok(Step::Keep);
+            }
+            let chunk = answer.get(*sent..budget_end).unwrap_or_default();
+            match self.stream.write(chunk) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(k) => *sent += k,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Step::Keep),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        counters.answered += 1;
+        self.stream.shutdown(std::net::Shutdown::Write)?;
+        discard_input(&mut self.stream);
+        Ok(Step::Close)
+    }
+}
+
+/// Reads what is waiting of a request into `buf` (never past [`MAX_REQUEST_BYTES`]):
+/// `Some(())` once it is whole (a newline, the size bound or EOF), `None` if more is to come.
+fn read_request(stream: &mut UnixStream, buf: &mut Vec<u8>) -> io::Result<Option<()>> {
+    let mut chunk = [0u8; MAX_REQUEST_BYTES];
+    while !request_complete(buf) {
+        let room = MAX_REQUEST_BYTES.saturating_sub(buf.len());
+        let into = chunk.get_mut(..room).unwrap_or_default();
+        match stream.read(into) {
+            Ok(0) => return Ok(Some(())),
+            Ok(k) => buf.extend_from_slice(into.get(..k).unwrap_or_default()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Some(()))
+}
+
+/// Reads and drops what the client sent beyond its request, up to [`DISCARD_BYTES`] and
+/// without waiting.
+fn discard_input(stream: &mut UnixStream) {
+    let mut sink = [0u8; 1024];
+    let mut left = DISCARD_BYTES;
+    while left > 0 {
+        match stream.read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => left = left.saturating_sub(k),
+        }
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        if let Ok(meta) = std::fs::symlink_metadata(&self.path) {
+            if (meta.dev(), meta.ino()) == self.id {
+                let _ = std::fs::remove_file(&self.path);
+            }
+        }
+    }
+}

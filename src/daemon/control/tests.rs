@@ -1,0 +1,324 @@
+//! Unit tests of the control socket: the codecs, and the server's state machine driven with
+//! virtual `now`s over real sockets in a temp dir.
+
+use super::server::default_allow;
+use super::*;
+use crate::daemon::status::{Counters, InterfaceStatus};
+use crate::daemon::Mode;
+use std::os::unix::net::UnixStream;
+
+fn status() -> Status {
+    Status {
+        interface: InterfaceStatus {
+            name: "ib0".into(),
+            mtu: 2044,
+            mode: Mode::Datagram,
+            hwaddr: crate::daemon::status::format_hwaddr(&[0; 20]),
+        },
+        neighbours: vec![],
+        tx: vec![],
+        rx: vec![],
+        counters: Counters::default(),
+        provider: Default::default(),
+    }
+}
+
+#[test]
+fn requests() {
+    assert_eq!(
+        parse_request(b"status\n"),
+        Ok(Request::Status { json: false })
+    );
+    assert_eq!(
+        parse_request(b"status json\n"),
+        Ok(Request::Status { json: true })
+    );
+    assert_eq!(
+        parse_request(b"status json\r\n"),
+        Ok(Request::Status { json: true })
+    );
+    assert_eq!(
+        parse_request(b"status"),
+        Ok(Request::Status { json: false })
+    );
+    assert_eq!(
+        parse_request(b"status\nsomething else"),
+        Ok(Request::Status { json: false })
+    );
+    assert_eq!(parse_request(b""), Err("empty request".into()));
+    assert_eq!(parse_request(b"\n"), Err("empty request".into()));
+    assert_eq!(
+        parse_request(b"reboot\n"),
+        Err("unknown request \"reboot\" (expected \"status\" or \"status json\")".into())
+    );
+    assert_eq!(
+        parse_request(b"status xml\n").unwrap_err(),
+        "unknown request \"status xml\" (expected \"status\" or \"status json\")"
+    );
+    assert_eq!(
+        parse_request(b"\xff\xfe\n"),
+        Err("request is not UTF-8".into())
+    );
+    let long = vec![b'a'; MAX_REQUEST_BYTES];
+    assert_eq!(
+        parse_request(&long),
+        Err("request longer than 256 bytes".into())
+    );
+    let mut long_line = vec![b' '; MAX_REQUEST_BYTES + 10];
+    long_line.push(b'\n');
+    assert!(parse_request(&long_line).is_err());
+    assert!(request_complete(b"x\n"));
+    assert!(!request_complete(b"status"));
+    assert!(request_complete(&long));
+}
+
+#[test]
+fn responses() {
+    let s = status();
+    let text = format_response(&s);
+    assert!(text.ends_with('\n') && text.matches('\n').count() == 1);
+    assert_eq!(parse_response(&text), Ok(s));
+    assert_eq!(
+        format_error("permission denied"),
+        "{\"error\":\"permission denied\"}\n"
+    );
+    assert_eq!(
+        parse_response("{\"error\":\"permission denied\"}\n"),
+        Err(ResponseError::Daemon("permission denied".into()))
+    );
+    assert!(matches!(
+        parse_response("{\"error\":5}"),
+        Err(ResponseError::Daemon(m)) if m == "5"
+    ));
+    assert!(matches!(
+        parse_response(""),
+        Err(ResponseError::Malformed(_))
+    ));
+    assert!(matches!(
+        parse_response("[1,2]"),
+        Err(ResponseError::Malformed(_))
+    ));
+    assert!(matches!(
+        parse_response("{\"interface\":{}}"),
+        Err(ResponseError::Malformed(_))
+    ));
+}
+
+#[test]
+fn access_policy() {
+    assert!(default_allow(0, 1000));
+    assert!(default_allow(1000, 1000));
+    assert!(!default_allow(1001, 1000));
+    assert!(default_allow(0, 0));
+    assert!(!default_allow(1000, 0));
+}
+
+/// A server bound in a fresh temp dir; the dir goes with it.
+struct Bound {
+    server: ControlServer,
+    dir: PathBuf,
+}
+
+impl Bound {
+    fn new(tag: &str) -> Self {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "ipoib-cm-ctl-unit-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        let server = ControlServer::bind(&dir.join("ib9.sock")).unwrap();
+        Self { server, dir }
+    }
+
+    fn connect(&self) -> UnixStream {
+        let s = UnixStream::connect(self.server.path()).unwrap();
+        s.set_nonblocking(true).unwrap();
+        s
+    }
+}
+
+impl Drop for Bound {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// What the server has written to `s` so far, and whether it closed (EOF).
+fn received(s: &mut UnixStream) -> (String, bool) {
+    let mut out = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match s.read(&mut chunk) {
+            Ok(0) => return (String::from_utf8(out).unwrap(), true),
+            Ok(k) => out.extend_from_slice(&chunk[..k]),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                return (String::from_utf8(out).unwrap(), false)
+            }
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+}
+
+#[test]
+fn refused_peer_gets_permission_denied() {
+    let mut b = Bound::new("refused");
+    b.server.set_policy(|_, _| false);
+    let client = std::thread::spawn({
+        let path = b.server.path().to_owned();
+        move || query(&path, Duration::from_secs(5))
+    });
+    let t0 = Instant::now();
+    while !client.is_finished() && t0.elapsed() < Duration::from_secs(5) {
+        b.server.handle(Instant::now(), || {
+            unreachable!("status computed for a refused peer")
+        });
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let err = client.join().unwrap().unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the daemon for ib9 answered: permission denied"
+    );
+}
+
+#[test]
+fn a_silent_client_is_answered_at_its_deadline_not_before() {
+    let mut b = Bound::new("silent");
+    let mut c = b.connect();
+    let t0 = Instant::now();
+    b.server.handle(t0, status);
+    assert_eq!(b.server.clients(), 1);
+    assert_eq!(b.server.poll_timeout(), Some(t0 + CLIENT_TIMEOUT));
+    b.server
+        .handle(t0 + CLIENT_TIMEOUT - Duration::from_millis(1), status);
+    assert_eq!(received(&mut c), (String::new(), false));
+    b.server.handle(t0 + CLIENT_TIMEOUT, status);
+    assert_eq!(
+        received(&mut c),
+        ("{\"error\":\"no request within 1s\"}\n".to_owned(), true)
+    );
+    assert_eq!(b.server.clients(), 0);
+    assert_eq!(b.server.poll_timeout(), None);
+    let n = b.server.counters();
+    assert_eq!((n.accepted, n.timed_out, n.answered), (1, 1, 1));
+}
+
+#[test]
+fn a_request_sent_a_byte_at_a_time_is_answered_once_whole() {
+    let mut b = Bound::new("slow");
+    let mut c = b.connect();
+    let t0 = Instant::now();
+    let mut calls = 0;
+    for (i, byte) in b"status json\n".iter().enumerate() {
+        assert_eq!(received(&mut c), (String::new(), false), "after {i} bytes");
+        c.write_all(&[*byte]).unwrap();
+        let now = t0 + Duration::from_millis(10 * i as u64);
+        b.server.handle(now, || {
+            calls += 1;
+            status()
+        });
+    }
+    assert_eq!(calls, 1);
+    let (text, closed) = received(&mut c);
+    assert!(closed);
+    assert_eq!(parse_response(&text), Ok(status()));
+}
+
+#[test]
+fn clients_beyond_the_limit_are_closed_at_once() {
+    let mut b = Bound::new("limit");
+    let now = Instant::now();
+    let mut held: Vec<UnixStream> = (0..MAX_CLIENTS).map(|_| b.connect()).collect();
+    // Accepted ACCEPTS_PER_TURN a turn.
+    for _ in 0..MAX_CLIENTS.div_ceil(ACCEPTS_PER_TURN) {
+        b.server.handle(now, status);
+    }
+    assert_eq!(b.server.clients(), MAX_CLIENTS);
+    let mut extra = b.connect();
+    b.server.handle(now, status);
+    assert_eq!(
+        received(&mut extra),
+        (
+            "{\"error\":\"too many control clients\"}\n".to_owned(),
+            true
+        )
+    );
+    assert_eq!(b.server.counters().over_limit, 1);
+    // A slot freed is a slot given.
+    held[0].write_all(b"status\n").unwrap();
+    b.server.handle(now, status);
+    assert!(received(&mut held[0]).1);
+    assert_eq!(b.server.clients(), MAX_CLIENTS - 1);
+    let _next = b.connect();
+    b.server.handle(now, status);
+    assert_eq!(b.server.clients(), MAX_CLIENTS);
+    assert_eq!(b.server.counters().accepted, MAX_CLIENTS as u64 + 1);
+}
+
+#[test]
+fn accepts_are_bounded_per_turn_and_the_rest_is_due_at_once() {
+    let mut b = Bound::new("accepts");
+    let mut poll = mio::Poll::new().unwrap();
+    b.server
+        .register(poll.registry(), mio::Token(1), mio::Token(1000))
+        .unwrap();
+    let _clients: Vec<UnixStream> = (0..ACCEPTS_PER_TURN + 8).map(|_| b.connect()).collect();
+    let mut events = mio::Events::with_capacity(8);
+    poll.poll(&mut events, Some(Duration::from_secs(5)))
+        .unwrap();
+    for ev in &events {
+        assert!(b.server.note_readiness(ev.token()));
+    }
+    let now = Instant::now();
+    b.server.handle(now, status);
+    assert_eq!(b.server.clients(), ACCEPTS_PER_TURN);
+    assert_eq!(b.server.poll_timeout(), Some(now));
+    b.server.handle(now, status);
+    assert_eq!(b.server.clients(), ACCEPTS_PER_TURN + 8);
+    assert_eq!(b.server.poll_timeout(), Some(now + CLIENT_TIMEOUT));
+    assert!(!b.server.note_readiness(mio::Token(1000 + MAX_CLIENTS)));
+    assert!(b.server.note_readiness(mio::Token(1000 + MAX_CLIENTS - 1)));
+}
+
+#[test]
+fn a_large_answer_is_written_across_turns_and_a_client_that_stops_reading_is_dropped() {
+    let big = || {
+        let mut s = status();
+        s.provider = (0..200_000).map(|i| (format!("counter_{i}"), i)).collect();
+        s
+    };
+    let want = format_response(&big());
+    assert!(want.len() > 4 * WRITE_PER_TURN);
+    let mut b = Bound::new("large");
+    let mut reader = b.connect();
+    let mut stuck = b.connect();
+    reader.write_all(b"status\n").unwrap();
+    stuck.write_all(b"status\n").unwrap();
+    let t0 = Instant::now();
+    let mut calls = 0;
+    let mut got = Vec::new();
+    let mut chunk = vec![0u8; 64 << 10];
+    let mut turns = 0;
+    while turns == 0 || (b.server.clients() > 1 && turns < 10_000) {
+        turns += 1;
+        b.server.handle(t0, || {
+            calls += 1;
+            big()
+        });
+        while let Ok(k) = reader.read(&mut chunk) {
+            if k == 0 {
+                break;
+            }
+            got.extend_from_slice(&chunk[..k]);
+        }
+    }
+    assert_eq!(calls, 1, "one status for both clients");
+    assert!(turns > want.len() / WRITE_PER_TURN, "{turns} turns");
+    assert_eq!(String::from_utf8(got).unwrap(), want);
+    // The other one never read: closed when its time to read runs out.
+    assert_eq!(b.server.clients(), 1);
+    b.server.handle(t0 + CLIENT_TIMEOUT, status);
+    assert_eq!(b.server.clients(), 0);
+    assert_eq!(b.server.counters().timed_out, 1);
+}
