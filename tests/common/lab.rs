@@ -23,7 +23,8 @@ fn script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/lab.sh")
 }
 
-fn can_run() -> Result<(), String> {
+/// Ok when this process may build a lab (root, `ip`, the lab script), or why not.
+pub(crate) fn can_run() -> Result<(), String> {
     let uid = Command::new("id")
         .arg("-u")
         .output()
