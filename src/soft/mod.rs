@@ -36,18 +36,17 @@ use crate::verbs::{
 };
 use crate::wire::bth::{Bth, Opcode};
 use crate::wire::ext::{rnr_timer_duration, Aeth, Deth, ImmDt, NakCode, Syndrome};
+use crate::wire::grh::GrhRepr;
 use crate::wire::icrc::{self, IpHeaderInfo, Ipv4IdShiftCache};
 use crate::wire::roce::{RocePacket, RoceRepr};
 use crate::wire::{ICRC_LEN, ROCEV2_UDP_PORT};
 
+pub use crate::wire::grh::{grh_source_gid, GRH_LEN};
 pub use fault::{FaultConfig, FaultInjector, FaultStats, Quirks};
 use qp::{Filling, Qp, RecvWqe, Response, SendWqe, MAX_PKTS_PER_ACK};
 
 /// The QPN of multicast packets.
 pub const MULTICAST_QPN: QpNum = QpNum::new(0x00FF_FFFF);
-
-/// Size of the GRH area at the start of every UD receive buffer.
-pub const GRH_LEN: usize = 40;
 
 /// Largest RC message, in bytes (IBTA allows 2^31).
 pub const MAX_RC_MSG: usize = 1 << 31;
@@ -1006,7 +1005,7 @@ impl Shared {
             }
             return;
         };
-        write_grh(buf, src, dst, pkt.payload.len());
+        GrhRepr::rocev2_ud(src, dst, pkt.payload.len()).emit(buf);
         if let Some(d) = buf.get_mut(GRH_LEN..total) {
             d.copy_from_slice(pkt.payload);
         }
@@ -1248,50 +1247,6 @@ struct RecvInfo {
     imm: Option<u32>,
     src_qp: Option<QpNum>,
     grh: bool,
-}
-
-/// Writes the 40-byte GRH area of a UD receive: for IPv6 the IPv6 header, for IPv4 20 zero
-/// bytes then the IPv4 header (as RoCEv2 HCAs and rxe do).
-fn write_grh(buf: &mut [u8], src: IpAddr, dst: IpAddr, payload_len: usize) {
-    let Some(grh) = buf.get_mut(..GRH_LEN) else {
-        return;
-    };
-    grh.fill(0);
-    // UDP header + BTH + DETH + payload + ICRC, approximately what the sender put on the wire.
-    let udp_len = 8 + 12 + 8 + payload_len + 4;
-    match (src, dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => {
-            let h = &mut grh[20..];
-            h[0] = 0x45;
-            let total = u16::try_from(20 + udp_len).unwrap_or(u16::MAX);
-            h[2..4].copy_from_slice(&total.to_be_bytes());
-            h[6] = 0x40;
-            h[8] = 64;
-            h[9] = 17;
-            h[12..16].copy_from_slice(&s.octets());
-            h[16..20].copy_from_slice(&d.octets());
-        }
-        (s, d) => {
-            grh[0] = 0x60;
-            let plen = u16::try_from(udp_len).unwrap_or(u16::MAX);
-            grh[4..6].copy_from_slice(&plen.to_be_bytes());
-            grh[6] = 17;
-            grh[7] = 64;
-            grh[8..24].copy_from_slice(&Gid::from_ip(s).0);
-            grh[24..40].copy_from_slice(&Gid::from_ip(d).0);
-        }
-    }
-}
-
-/// The source GID of a UD receive, read from its GRH area.
-pub fn grh_source_gid(grh: &[u8]) -> Option<Gid> {
-    let grh = grh.get(..GRH_LEN)?;
-    if grh.get(20) == Some(&0x45) && grh[..20].iter().all(|b| *b == 0) {
-        let ip: [u8; 4] = grh.get(32..36)?.try_into().ok()?;
-        return Some(Gid::from(std::net::Ipv4Addr::from(ip)));
-    }
-    let raw: [u8; 16] = grh.get(8..24)?.try_into().ok()?;
-    Some(Gid(raw))
 }
 
 impl Verbs for SoftVerbs {

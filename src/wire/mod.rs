@@ -48,6 +48,7 @@
 pub mod bth;
 pub mod cm;
 pub mod ext;
+pub mod grh;
 pub mod icrc;
 pub mod ipoib;
 pub mod roce;
