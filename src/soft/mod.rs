@@ -17,6 +17,22 @@
 //! Everything received is validated before it can touch a QP: unknown QPN, bad ICRC, wrong
 //! P_Key or TVer, wrong Q_Key, a source address that is not the QP's peer, a packet the QP's
 //! state does not accept, or anything malformed is dropped and counted in [`SoftStats`].
+//!
+//! # Layout
+//!
+//! The engine is split as rxe is (`drivers/infiniband/sw/rxe`), each file owning its state:
+//!
+//! - this file: [`SoftVerbs`], the QP table beside a `Device` that owns the rest, and the
+//!   [`Verbs`] implementation;
+//! - `objects`: PDs, CQs, SRQs, buffer pools and the QP table (`rxe_pool.c`), and completions;
+//! - `qp`: one QP with its attributes, and its moves to ERR (`rxe_qp.c`);
+//! - `requester`: the send side of a QP and the packets it builds (`rxe_req.c`);
+//! - `completer`: ACKs and NAKs retiring send WQEs, go-back-N, retries (`rxe_comp.c`);
+//! - `responder`: the receive side of a QP, its ACKs and NAKs, UD delivery (`rxe_resp.c`);
+//! - `sched`: which QP sends next, and the QP timers;
+//! - `rx`, `tx`: datagram dispatch in and out; `mcast`: multicast over a unicast underlay;
+//! - [`fault`], [`transport`] and [`provider`]: fault injection, the UDP socket, and the
+//!   provider that joins the engine to the socket.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod completer;
@@ -160,9 +176,13 @@ pub struct SoftStats {
 #[derive(Debug)]
 struct Device {
     cfg: SoftConfig,
+    /// PDs, CQs, SRQs and buffer pools.
     objects: Objects,
+    /// Async events not yet taken by `poll_async_event`.
     events: VecDeque<AsyncEvent>,
+    /// Counters (the fault injector's are added by [`SoftVerbs::stats`]).
     stats: SoftStats,
+    /// QPs waiting to send, and the QP timers.
     sched: Scheduler,
     mcast: Multicast,
 }
@@ -172,7 +192,9 @@ struct Device {
 pub struct SoftVerbs {
     qps: QpTable,
     dev: Device,
+    /// Transmit-side faults; bypassed while its configuration is clean.
     faults: FaultInjector,
+    /// The packet being built while faults are injected (they take an owned copy).
     scratch: Vec<u8>,
     /// ICRC shifts of IPv4 GSO segments, by datagram length (see [`Ipv4IdShift`](crate::wire::icrc::Ipv4IdShift)).
     id_shifts: Ipv4IdShiftCache,
