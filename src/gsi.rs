@@ -6,12 +6,12 @@
 //! is identified by the source GID in the receive's GRH area.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
-use crate::soft::{grh_source_gid, GRH_LEN};
 use crate::verbs::setup::open_ud_qp;
 use crate::verbs::{
     AddressVector, BufId, Completion, CqId, Gid, PdId, PoolId, QKey, QpNum, QpType, SendWr, UdDest,
     Verbs, VerbsError, WcOpcode, WcStatus, WrId,
 };
+use crate::wire::grh::{grh_source_gid, GRH_LEN};
 
 /// Size of a MAD.
 pub const MAD_LEN: usize = 256;

@@ -11,12 +11,12 @@ use super::{
     fill_ipoib, wr, wr_kind, Endpoint, EndpointConfig, Mode, Timer, TunPacket, UdQp, CQ_BATCH,
     RESOLVE_INTERVAL, RESOLVE_RETRIES, WR_RECV, WR_SEND,
 };
-use crate::soft::{grh_source_gid, GRH_LEN};
 use crate::timer::TimerId;
 use crate::verbs::setup::open_ud_qp;
 use crate::verbs::{
     AddressVector, BufId, PdId, QpType, SendWr, UdDest, Verbs, VerbsError, WcOpcode, WcStatus,
 };
+use crate::wire::grh::{grh_source_gid, GRH_LEN};
 use crate::wire::ipoib::{
     broadcast_mgid, classify, mgid_for_ipv6, ArpOp, HwAddr, IpoibArp, IpoibHeader, NdMessage,
     NdType, NeighborAdvertisement, NeighborSolicitation, ETHERTYPE_ARP, ETHERTYPE_IPV4,

@@ -47,7 +47,7 @@ fn timer_heap_stays_bounded_on_a_busy_qp() {
         most = most.max(
             fab.nodes
                 .iter()
-                .map(|n| n.sh.timers.len())
+                .map(|n| n.dev.sched.timer_entries())
                 .max()
                 .unwrap_or(0),
         );
@@ -60,7 +60,7 @@ fn timer_heap_stays_bounded_on_a_busy_qp() {
     assert!(most <= 2, "the timer heap grew to {most} entries");
     // Once idle, stale entries drain away.
     fab.run_idle(1000, Duration::from_secs(1));
-    assert!(fab.nodes.iter().all(|n| n.sh.timers.is_empty()));
+    assert!(fab.nodes.iter().all(|n| n.dev.sched.timer_entries() == 0));
 }
 
 /// IPv4 datagrams whose ICRC fits an IP ID of 1..64 (later segments of a UDP GSO train) are
@@ -177,7 +177,7 @@ fn requests_leave_before_pending_acks() {
 /// and halves when a loss makes the requester go back.
 #[test]
 fn send_window_grows_while_clean_and_halves_on_loss() {
-    use crate::soft::qp::{WINDOW_MAX_PSNS, WINDOW_MIN_PSNS};
+    use crate::soft::requester::{WINDOW_MAX_PSNS, WINDOW_MIN_PSNS};
     use crate::verbs::PathMtu;
 
     let p = RcParams {
@@ -185,7 +185,7 @@ fn send_window_grows_while_clean_and_halves_on_loss() {
         ..RcParams::default()
     };
     let (mut fab, ea, eb, qa, qb) = rc_pair(65536, 64, 256, &p);
-    let window = |fab: &Fabric| fab.nodes[0].qps.get(&qa).map(|q| q.req.window);
+    let window = |fab: &Fabric| fab.nodes[0].qps.get(qa).map(|q| q.req.window);
     assert_eq!(window(&fab), Some(WINDOW_MIN_PSNS));
     let mut cs: Vec<Completion> = Vec::new();
     let mut send = |fab: &mut Fabric, first: u64, n: u64| {
@@ -231,7 +231,7 @@ fn send_window_grows_while_clean_and_halves_on_loss() {
 /// what bounds it, not the PSN space).
 #[test]
 fn unacknowledged_messages_are_capped() {
-    use crate::soft::qp::{MAX_UNACKED_MESSAGES, WINDOW_MAX_PSNS};
+    use crate::soft::requester::{MAX_UNACKED_MESSAGES, WINDOW_MAX_PSNS};
 
     let p = RcParams {
         max_send_wr: 512,
@@ -239,7 +239,7 @@ fn unacknowledged_messages_are_capped() {
         ..RcParams::default()
     };
     let (mut fab, ea, eb, qa, qb) = rc_pair(256, 512, 1024, &p);
-    if let Some(q) = fab.nodes[0].qps.get_mut(&qa) {
+    if let Some(q) = fab.nodes[0].qps.get_mut(qa) {
         q.req.window = WINDOW_MAX_PSNS;
     }
     let (a, b) = fab.providers();
@@ -283,5 +283,5 @@ fn a_stream_does_not_hold_back_acks() {
             break;
         }
     }
-    assert_eq!(ack_at, Some(super::REQUESTS_PER_RESPONSE as usize));
+    assert_eq!(ack_at, Some(super::sched::REQUESTS_PER_RESPONSE as usize));
 }

@@ -52,6 +52,7 @@
 pub mod bth;
 pub mod cm;
 pub mod ext;
+pub mod grh;
 pub mod icrc;
 pub mod ids;
 pub mod ipoib;

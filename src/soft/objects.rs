@@ -1,0 +1,395 @@
+//! The object tables (rxe `rxe_pool.c`): protection domains, completion queues, shared
+//! receive queues, buffer pools and the QP table; completions are pushed onto their CQs here.
+
+use std::collections::{HashMap, VecDeque};
+
+use super::qp::{Qp, RecvWqe};
+use super::requester::SendWqe;
+use super::Device;
+use crate::verbs::{
+    AsyncEvent, BufId, BufPools, Completion, CqId, PdId, PoolId, QpInit, QpNum, SrqId, SrqInit,
+    VerbsError, WcOpcode, WcStatus, WrId,
+};
+
+/// A completion queue.
+#[derive(Debug)]
+struct Cq {
+    /// Entries beyond this count as overflows (they are still queued).
+    depth: usize,
+    entries: VecDeque<Completion>,
+}
+
+/// A shared receive queue.
+#[derive(Debug)]
+struct Srq {
+    pd: PdId,
+    max_wr: u32,
+    /// Raise `SrqLimitReached` once fewer WQEs than this remain (0: disarmed).
+    limit: u32,
+    wqes: VecDeque<RecvWqe>,
+    /// QPs attached to it.
+    attached: usize,
+}
+
+/// Every object but the QPs: PDs with their user counts, CQs, SRQs and the buffer pools.
+#[derive(Debug)]
+pub(super) struct Objects {
+    pub(super) pools: BufPools,
+    /// Users (pools, SRQs, QPs) of each PD, by PD number.
+    pds: HashMap<u32, usize>,
+    next_pd: u32,
+    cqs: HashMap<CqId, Cq>,
+    next_cq: u32,
+    srqs: HashMap<SrqId, Srq>,
+    next_srq: u32,
+}
+
+impl Objects {
+    pub(super) fn new() -> Self {
+        Self {
+            pools: BufPools::new(),
+            pds: HashMap::new(),
+            next_pd: 1,
+            cqs: HashMap::new(),
+            next_cq: 1,
+            srqs: HashMap::new(),
+            next_srq: 1,
+        }
+    }
+
+    pub(super) fn alloc_pd(&mut self) -> PdId {
+        let id = self.next_pd;
+        self.next_pd = self.next_pd.wrapping_add(1);
+        self.pds.insert(id, 0);
+        PdId(id)
+    }
+
+    pub(super) fn dealloc_pd(&mut self, pd: PdId) -> Result<(), VerbsError> {
+        match self.pds.get(&pd.0) {
+            None => Err(VerbsError::NoSuchObject("PD")),
+            Some(0) => {
+                self.pds.remove(&pd.0);
+                Ok(())
+            }
+            Some(_) => Err(VerbsError::Busy("PD")),
+        }
+    }
+
+    pub(super) fn create_pool(
+        &mut self,
+        pd: PdId,
+        buf_len: usize,
+        count: usize,
+    ) -> Result<PoolId, VerbsError> {
+        let users = self
+            .pds
+            .get_mut(&pd.0)
+            .ok_or(VerbsError::NoSuchObject("PD"))?;
+        let id = self.pools.create(buf_len, count)?;
+        *users += 1;
+        Ok(id)
+    }
+
+    pub(super) fn create_cq(&mut self, depth: u32) -> CqId {
+        let id = CqId(self.next_cq);
+        self.next_cq = self.next_cq.wrapping_add(1);
+        self.cqs.insert(
+            id,
+            Cq {
+                depth: depth.max(1) as usize,
+                entries: VecDeque::new(),
+            },
+        );
+        id
+    }
+
+    /// Destroys `cq` unless a QP uses it (`in_use`); buffers of its entries are freed.
+    pub(super) fn destroy_cq(&mut self, cq: CqId, in_use: bool) -> Result<(), VerbsError> {
+        if !self.cqs.contains_key(&cq) {
+            return Err(VerbsError::NoSuchObject("CQ"));
+        }
+        if in_use {
+            return Err(VerbsError::Busy("CQ"));
+        }
+        if let Some(q) = self.cqs.remove(&cq) {
+            for c in q.entries {
+                if let Some(b) = c.buf {
+                    let _ = self.pools.free(b);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn poll_cq(&mut self, cq: CqId, out: &mut Vec<Completion>, max: usize) -> usize {
+        let Some(q) = self.cqs.get_mut(&cq) else {
+            return 0;
+        };
+        let n = max.min(q.entries.len());
+        out.extend(q.entries.drain(..n));
+        n
+    }
+
+    pub(super) fn create_srq(&mut self, init: &SrqInit) -> Result<SrqId, VerbsError> {
+        let users = self
+            .pds
+            .get_mut(&init.pd.0)
+            .ok_or(VerbsError::NoSuchObject("PD"))?;
+        *users += 1;
+        let id = SrqId(self.next_srq);
+        self.next_srq = self.next_srq.wrapping_add(1);
+        self.srqs.insert(
+            id,
+            Srq {
+                pd: init.pd,
+                max_wr: init.max_wr.max(1),
+                limit: init.limit,
+                wqes: VecDeque::new(),
+                attached: 0,
+            },
+        );
+        Ok(id)
+    }
+
+    pub(super) fn modify_srq(&mut self, srq: SrqId, limit: u32) -> Result<(), VerbsError> {
+        let s = self
+            .srqs
+            .get_mut(&srq)
+            .ok_or(VerbsError::NoSuchObject("SRQ"))?;
+        s.limit = limit;
+        Ok(())
+    }
+
+    pub(super) fn post_srq_recv(
+        &mut self,
+        srq: SrqId,
+        wr_id: WrId,
+        buf: BufId,
+    ) -> Result<(), VerbsError> {
+        let s = self
+            .srqs
+            .get_mut(&srq)
+            .ok_or(VerbsError::NoSuchObject("SRQ"))?;
+        if s.wqes.len() >= s.max_wr as usize {
+            return Err(VerbsError::QueueFull);
+        }
+        self.pools.lend(buf)?;
+        s.wqes.push_back(RecvWqe { wr_id, buf });
+        Ok(())
+    }
+
+    pub(super) fn destroy_srq(&mut self, srq: SrqId) -> Result<(), VerbsError> {
+        let s = self.srqs.get(&srq).ok_or(VerbsError::NoSuchObject("SRQ"))?;
+        if s.attached > 0 {
+            return Err(VerbsError::Busy("SRQ"));
+        }
+        if let Some(s) = self.srqs.remove(&srq) {
+            for w in s.wqes {
+                self.pools.release(w.buf);
+            }
+            if let Some(u) = self.pds.get_mut(&s.pd.0) {
+                *u = u.saturating_sub(1);
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks that the PD, CQs and SRQ a new QP names exist.
+    pub(super) fn check_qp_init(&self, init: &QpInit) -> Result<(), VerbsError> {
+        if !self.pds.contains_key(&init.pd.0) {
+            return Err(VerbsError::NoSuchObject("PD"));
+        }
+        if !self.cqs.contains_key(&init.send_cq) || !self.cqs.contains_key(&init.recv_cq) {
+            return Err(VerbsError::NoSuchObject("CQ"));
+        }
+        if let Some(s) = init.srq {
+            if !self.srqs.contains_key(&s) {
+                return Err(VerbsError::NoSuchObject("SRQ"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts a new QP as a user of its PD and SRQ.
+    pub(super) fn add_qp_user(&mut self, init: &QpInit) {
+        if let Some(s) = init.srq.and_then(|s| self.srqs.get_mut(&s)) {
+            s.attached += 1;
+        }
+        if let Some(u) = self.pds.get_mut(&init.pd.0) {
+            *u += 1;
+        }
+    }
+
+    /// Frees what a destroyed QP held: its posted buffers and its use of its PD and SRQ.
+    pub(super) fn release_qp(&mut self, qp: &Qp) {
+        let pools = &mut self.pools;
+        qp.req
+            .sq
+            .iter()
+            .filter_map(|w| w.wr.buf)
+            .chain(qp.rq.iter().map(|w| w.buf))
+            .chain(qp.resp.filling.map(|f| f.wqe.buf))
+            .chain(qp.swallowed.iter().copied())
+            .for_each(|b| pools.release(b));
+        if let Some(s) = qp.srq.and_then(|s| self.srqs.get_mut(&s)) {
+            s.attached = s.attached.saturating_sub(1);
+        }
+        if let Some(u) = self.pds.get_mut(&qp.pd.0) {
+            *u = u.saturating_sub(1);
+        }
+    }
+
+    /// Puts `wqe` back at the front of the queue it was taken from (an SRQ's or `qp`'s own).
+    pub(super) fn return_recv(&mut self, qp: &mut Qp, wqe: RecvWqe) {
+        match qp.srq.and_then(|s| self.srqs.get_mut(&s)) {
+            Some(srq) => srq.wqes.push_front(wqe),
+            None => qp.rq.push_front(wqe),
+        }
+    }
+}
+
+/// The QPs by number, and the next number to hand out.
+#[derive(Debug)]
+pub(super) struct QpTable {
+    /// The QPs, boxed: a `Qp` is some 360 bytes, and a map holds up to about twice as many
+    /// slots as entries, so inline values would double an idle QP's footprint.
+    qps: HashMap<QpNum, Box<Qp>>,
+    next_qpn: u32,
+}
+
+impl QpTable {
+    pub(super) fn new() -> Self {
+        Self {
+            qps: HashMap::new(),
+            next_qpn: 0x11,
+        }
+    }
+
+    pub(super) fn get(&self, qpn: QpNum) -> Option<&Qp> {
+        self.qps.get(&qpn).map(Box::as_ref)
+    }
+
+    pub(super) fn get_mut(&mut self, qpn: QpNum) -> Option<&mut Qp> {
+        self.qps.get_mut(&qpn).map(Box::as_mut)
+    }
+
+    pub(super) fn contains(&self, qpn: QpNum) -> bool {
+        self.qps.contains_key(&qpn)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.qps.len()
+    }
+
+    pub(super) fn insert(&mut self, qp: Qp) {
+        self.qps.insert(qp.num, Box::new(qp));
+    }
+
+    pub(super) fn remove(&mut self, qpn: QpNum) -> Option<Box<Qp>> {
+        self.qps.remove(&qpn)
+    }
+
+    /// True when a QP completes onto `cq`.
+    pub(super) fn uses_cq(&self, cq: CqId) -> bool {
+        self.qps
+            .values()
+            .any(|q| q.send_cq == cq || q.recv_cq == cq)
+    }
+
+    /// A QPN no QP has, above 1 (0 and 1 are the special QPs).
+    pub(super) fn alloc_qpn(&mut self) -> Option<QpNum> {
+        for _ in 0..(1u32 << 24) {
+            let n = QpNum::new(self.next_qpn);
+            self.next_qpn = (self.next_qpn + 1) & 0x00FF_FFFF;
+            if n.get() > 1 && !self.qps.contains_key(&n) {
+                return Some(n);
+            }
+        }
+        None
+    }
+}
+
+/// What a receive completion reports besides its WQE and status.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct RecvInfo {
+    pub(super) byte_len: u32,
+    pub(super) imm: Option<u32>,
+    pub(super) src_qp: Option<QpNum>,
+    pub(super) grh: bool,
+}
+
+impl Device {
+    fn push_completion(&mut self, cq: CqId, c: Completion) {
+        if let Some(b) = c.buf {
+            self.objects.pools.reclaim(b);
+        }
+        if let Some(q) = self.objects.cqs.get_mut(&cq) {
+            if q.entries.len() >= q.depth {
+                self.stats.cq_overflows += 1;
+            }
+            q.entries.push_back(c);
+        }
+    }
+
+    pub(super) fn complete_send(&mut self, qp: &Qp, w: &SendWqe, status: WcStatus) {
+        let signaled = w.wr.signaled || qp.sq_sig_all || status != WcStatus::Success;
+        if signaled {
+            self.push_completion(
+                qp.send_cq,
+                Completion {
+                    wr_id: w.wr.wr_id,
+                    status,
+                    opcode: WcOpcode::Send,
+                    byte_len: 0,
+                    qp: qp.num,
+                    buf: w.wr.buf,
+                    imm: None,
+                    src_qp: None,
+                    grh: false,
+                },
+            );
+        } else if let Some(b) = w.wr.buf {
+            // Nobody will be told this WR finished, so its buffer goes back to the pool.
+            self.objects.pools.release(b);
+        }
+    }
+
+    pub(super) fn complete_recv(
+        &mut self,
+        qp: &Qp,
+        wqe: RecvWqe,
+        status: WcStatus,
+        extra: RecvInfo,
+    ) {
+        self.push_completion(
+            qp.recv_cq,
+            Completion {
+                wr_id: wqe.wr_id,
+                status,
+                opcode: WcOpcode::Recv,
+                byte_len: extra.byte_len,
+                qp: qp.num,
+                buf: Some(wqe.buf),
+                imm: extra.imm,
+                src_qp: extra.src_qp,
+                grh: extra.grh,
+            },
+        );
+    }
+
+    /// Takes the next receive WQE for `qp`, from its SRQ or its own queue.
+    pub(super) fn take_recv(&mut self, qp: &mut Qp) -> Option<RecvWqe> {
+        match qp.srq {
+            None => qp.rq.pop_front(),
+            Some(id) => {
+                let srq = self.objects.srqs.get_mut(&id)?;
+                let w = srq.wqes.pop_front()?;
+                if srq.limit > 0 && (srq.wqes.len() as u32) < srq.limit {
+                    srq.limit = 0;
+                    self.events.push_back(AsyncEvent::SrqLimitReached(id));
+                }
+                Some(w)
+            }
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! The receive path: a datagram is checked (ICRC, header, P_Key, destination QP, source
+//! address) and handed to the completer, the responder or the UD receive of its QP.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Instant;
+
+use super::{ip_info, SoftVerbs, MULTICAST_QPN};
+use crate::verbs::{PKey, QpNum, QpType};
+use crate::wire::bth::{Bth, Opcode, Transport};
+use crate::wire::icrc;
+use crate::wire::roce::RocePacket;
+use crate::wire::ICRC_LEN;
+
+impl SoftVerbs {
+    /// Processes one received UDP datagram (the UDP payload). `src` is the sender's address and
+    /// port, `dst` the IP address it was sent to.
+    pub fn handle_datagram(&mut self, now: Instant, src: SocketAddr, dst: IpAddr, datagram: &[u8]) {
+        self.dev.stats.rx_datagrams += 1;
+        let check_icrc = match src.ip() {
+            IpAddr::V4(_) => self.dev.cfg.verify_icrc_v4,
+            IpAddr::V6(_) => true,
+        };
+        // The ICRC covers every byte of the datagram (but the masked BTH byte) and needs no
+        // parsing, so it is checked first: a corrupted frame counts as a bad ICRC even when
+        // the flipped bit also made it unparseable (an opcode or pad count), rather than as
+        // malformed, and the parser only ever sees verified bytes. Anything too short to
+        // hold a BTH and an ICRC is malformed.
+        if check_icrc && datagram.len() >= Bth::HEADER_LEN + ICRC_LEN {
+            let diff = ip_info(src.ip(), dst).and_then(|ip| {
+                icrc::icrc_difference(&ip, src.port(), self.dev.cfg.dst_port, datagram)
+            });
+            match diff {
+                Some(0) => {}
+                // Off by exactly what a nonzero IPv4 ID changes: a later segment of a UDP GSO
+                // train (IPv6 has no ID, so any difference there is an error).
+                Some(d)
+                    if src.is_ipv4() && self.id_shifts.segment_for(datagram.len(), d).is_some() =>
+                {
+                    self.dev.stats.rx_gso_segments += 1;
+                }
+                _ => {
+                    self.dev.stats.rx_bad_icrc += 1;
+                    return;
+                }
+            }
+        }
+        let Ok(pkt) = RocePacket::parse(datagram) else {
+            self.dev.stats.rx_malformed += 1;
+            return;
+        };
+        if pkt.bth.tver != 0 {
+            self.dev.stats.rx_bad_tver += 1;
+            return;
+        }
+        if !PKey(pkt.bth.pkey).matches(PKey::DEFAULT) {
+            self.dev.stats.rx_bad_pkey += 1;
+            return;
+        }
+        let qpn = QpNum::new(pkt.bth.dest_qp);
+        if qpn == MULTICAST_QPN {
+            // Every UD QP attached to a group gets a copy.
+            let members = self.dev.mcast.members();
+            if members.is_empty() {
+                self.dev.stats.rx_unknown_qpn += 1;
+            }
+            for m in members {
+                if let Some(qp) = self.qps.get_mut(m) {
+                    self.dev.on_ud(qp, src.ip(), dst, &pkt);
+                }
+            }
+            return;
+        }
+        let Some(qp) = self.qps.get_mut(qpn) else {
+            self.dev.stats.rx_unknown_qpn += 1;
+            return;
+        };
+        let dev = &mut self.dev;
+        match qp.qp_type {
+            QpType::Rc => {
+                let peer_ok = qp.attrs.av.is_some_and(|av| av.dgid.to_ip() == src.ip());
+                if !peer_ok {
+                    dev.stats.rx_bad_src += 1;
+                    return;
+                }
+                if pkt.bth.opcode == Opcode::RC_ACKNOWLEDGE {
+                    dev.on_ack(qp, now, &pkt);
+                    dev.check_sq_drained(qp);
+                } else if pkt.bth.opcode.transport() == Transport::Rc && pkt.bth.opcode.is_send() {
+                    dev.on_request(qp, &pkt);
+                } else {
+                    // RDMA, atomics and UC/UD opcodes are not accepted by these QPs.
+                    dev.stats.rx_bad_state += 1;
+                }
+            }
+            QpType::Ud | QpType::Gsi => dev.on_ud(qp, src.ip(), dst, &pkt),
+        }
+        if qp.has_work() {
+            dev.sched.mark_ready(qp);
+        }
+    }
+}

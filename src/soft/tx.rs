@@ -1,0 +1,76 @@
+//! The transmit path: the next datagram from the multicast fan-out, the fault injector or the
+//! next ready QP.
+
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use super::SoftVerbs;
+
+impl SoftVerbs {
+    /// Writes the next datagram to send into `buf` (replacing its contents) and returns where
+    /// it goes, or `None` when there is nothing to send.
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<SocketAddr> {
+        buf.clear();
+        self.poll_transmit_append(now, buf)
+    }
+
+    /// As [`poll_transmit`](Self::poll_transmit), but appends the datagram to `buf` (which
+    /// keeps its contents; unchanged when `None`), so that a transport can build a train of
+    /// datagrams in place.
+    pub fn poll_transmit_append(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<SocketAddr> {
+        let start = buf.len();
+        loop {
+            if let Some((dst, d)) = self.dev.mcast.fanout.pop_front() {
+                self.dev.stats.tx_packets += 1;
+                if self.faults.config().is_clean() {
+                    buf.extend_from_slice(&d);
+                    return Some(dst);
+                }
+                self.faults.push(dst, d);
+                continue;
+            }
+            if let Some((dst, d)) = self.faults.pop() {
+                buf.extend_from_slice(&d);
+                return Some(dst);
+            }
+            let Some(qpn) = self.dev.sched.next_ready() else {
+                self.faults.flush_held();
+                let (dst, d) = self.faults.pop()?;
+                buf.extend_from_slice(&d);
+                return Some(dst);
+            };
+            let Some(qp) = self.qps.get_mut(qpn) else {
+                continue;
+            };
+            qp.ready_queued = false;
+            if self.faults.config().is_clean() {
+                // Straight into the caller's buffer.
+                let dst = self.dev.next_packet(qp, now, buf);
+                if qp.has_work() {
+                    self.dev.sched.mark_ready(qp);
+                }
+                match dst {
+                    Some(dst) => {
+                        self.dev.stats.tx_packets += 1;
+                        return Some(dst);
+                    }
+                    None => {
+                        buf.truncate(start);
+                        continue;
+                    }
+                }
+            }
+            let mut out = std::mem::take(&mut self.scratch);
+            out.clear();
+            let dst = self.dev.next_packet(qp, now, &mut out);
+            if qp.has_work() {
+                self.dev.sched.mark_ready(qp);
+            }
+            if let Some(dst) = dst {
+                self.dev.stats.tx_packets += 1;
+                self.faults.push(dst, out.clone());
+            }
+            self.scratch = out;
+        }
+    }
+}
