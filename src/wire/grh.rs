@@ -19,52 +19,50 @@
 //!
 //! [`GrhRepr`] is the parse/emit pair; [`grh_source_gid`] reads just the sender.
 
-use core::ops::Range;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use super::bth::{emit_into, Bth};
+use super::bth::Bth;
 use super::ext::Deth;
+use super::field::{emit_head, Bytes};
+use super::Gid;
 use super::{Result, WireError, ICRC_LEN};
-use crate::verbs::Gid;
 
 /// Size of the GRH area at the start of every UD receive buffer.
 pub const GRH_LEN: usize = 40;
 
-/// Byte positions inside the GRH area.
-mod field {
-    use super::Range;
-
-    /// IPv6 form: the payload length (what follows the 40-byte header).
-    pub(super) const V6_PAYLOAD_LEN: Range<usize> = 4..6;
+/// Byte offsets inside the GRH area (each field's width is in the access that reads it).
+mod offset {
+    /// IPv6 form: the payload length (what follows the 40-byte header), 2 bytes.
+    pub(super) const V6_PAYLOAD_LEN: usize = 4;
     /// IPv6 form: the next header.
     pub(super) const V6_NEXT_HEADER: usize = 6;
     /// IPv6 form: the hop limit.
     pub(super) const V6_HOP_LIMIT: usize = 7;
-    /// IPv6 form: the source address (SGID).
-    pub(super) const V6_SRC: Range<usize> = 8..24;
-    /// IPv6 form: the destination address (DGID).
-    pub(super) const V6_DST: Range<usize> = 24..40;
+    /// IPv6 form: the source address (SGID), 16 bytes.
+    pub(super) const V6_SRC: usize = 8;
+    /// IPv6 form: the destination address (DGID), 16 bytes.
+    pub(super) const V6_DST: usize = 24;
 
-    /// IPv4 form: the zero bytes in front of the IPv4 header.
-    pub(super) const V4_PAD: Range<usize> = 0..20;
+    /// IPv4 form: the 20 zero bytes in front of the IPv4 header.
+    pub(super) const V4_PAD: usize = 0;
     /// IPv4 form: version and header length.
     pub(super) const V4_VER_IHL: usize = 20;
-    /// IPv4 form: the total length (IPv4 header included).
-    pub(super) const V4_TOTAL_LEN: Range<usize> = 22..24;
+    /// IPv4 form: the total length (IPv4 header included), 2 bytes.
+    pub(super) const V4_TOTAL_LEN: usize = 22;
     /// IPv4 form: the flags byte (DF is `0x40`).
     pub(super) const V4_FLAGS: usize = 26;
     /// IPv4 form: the time to live.
     pub(super) const V4_TTL: usize = 28;
     /// IPv4 form: the protocol.
     pub(super) const V4_PROTOCOL: usize = 29;
-    /// IPv4 form: the source address.
-    pub(super) const V4_SRC: Range<usize> = 32..36;
-    /// IPv4 form: the destination address.
-    pub(super) const V4_DST: Range<usize> = 36..40;
+    /// IPv4 form: the source address, 4 bytes.
+    pub(super) const V4_SRC: usize = 32;
+    /// IPv4 form: the destination address, 4 bytes.
+    pub(super) const V4_DST: usize = 36;
 }
 
 /// Version 4, five 32-bit words of header: the only IPv4 header the IPv4 form holds.
-const V4_VER_IHL: u8 = 0x45;
+const IPV4_VERSION_IHL: u8 = 0x45;
 /// Version 6 in the top nibble, traffic class and flow label 0.
 const V6_VERSION: u8 = 0x60;
 /// Length of the IPv4 header inside the IPv4 form.
@@ -123,19 +121,19 @@ impl GrhRepr {
     /// Decodes exactly [`GRH_LEN`] bytes (see [`parse`](Self::parse)).
     #[must_use]
     pub fn from_bytes(b: &[u8; GRH_LEN]) -> Self {
-        let is_v4 = b[field::V4_VER_IHL] == V4_VER_IHL && b[field::V4_PAD].iter().all(|x| *x == 0);
+        use offset::*;
+        let is_v4 = b[V4_VER_IHL] == IPV4_VERSION_IHL && b.bytes::<V4_PAD, 20>() == [0; 20];
         if is_v4 {
-            let total = u16::from_be_bytes(array(&b[field::V4_TOTAL_LEN]));
             Self {
-                src: IpAddr::V4(Ipv4Addr::from(array::<4>(&b[field::V4_SRC]))),
-                dst: IpAddr::V4(Ipv4Addr::from(array::<4>(&b[field::V4_DST]))),
-                udp_len: total.saturating_sub(V4_HEADER_LEN),
+                src: IpAddr::V4(Ipv4Addr::from(b.bytes::<V4_SRC, 4>())),
+                dst: IpAddr::V4(Ipv4Addr::from(b.bytes::<V4_DST, 4>())),
+                udp_len: b.be16::<V4_TOTAL_LEN>().saturating_sub(V4_HEADER_LEN),
             }
         } else {
             Self {
-                src: IpAddr::V6(Ipv6Addr::from(array::<16>(&b[field::V6_SRC]))),
-                dst: IpAddr::V6(Ipv6Addr::from(array::<16>(&b[field::V6_DST]))),
-                udp_len: u16::from_be_bytes(array(&b[field::V6_PAYLOAD_LEN])),
+                src: IpAddr::V6(Ipv6Addr::from(b.bytes::<V6_SRC, 16>())),
+                dst: IpAddr::V6(Ipv6Addr::from(b.bytes::<V6_DST, 16>())),
+                udp_len: b.be16::<V6_PAYLOAD_LEN>(),
             }
         }
     }
@@ -145,25 +143,25 @@ impl GrhRepr {
     /// flow label, IP ID, checksum) are zero.
     #[must_use]
     pub fn to_bytes(&self) -> [u8; GRH_LEN] {
+        use offset::*;
         let mut b = [0u8; GRH_LEN];
         match (self.src, self.dst) {
             (IpAddr::V4(s), IpAddr::V4(d)) => {
-                let total = self.udp_len.saturating_add(V4_HEADER_LEN);
-                b[field::V4_VER_IHL] = V4_VER_IHL;
-                b[field::V4_TOTAL_LEN].copy_from_slice(&total.to_be_bytes());
-                b[field::V4_FLAGS] = V4_DONT_FRAGMENT;
-                b[field::V4_TTL] = HOP_LIMIT;
-                b[field::V4_PROTOCOL] = IPPROTO_UDP;
-                b[field::V4_SRC].copy_from_slice(&s.octets());
-                b[field::V4_DST].copy_from_slice(&d.octets());
+                b[V4_VER_IHL] = IPV4_VERSION_IHL;
+                b.put_be16::<V4_TOTAL_LEN>(self.udp_len.saturating_add(V4_HEADER_LEN));
+                b[V4_FLAGS] = V4_DONT_FRAGMENT;
+                b[V4_TTL] = HOP_LIMIT;
+                b[V4_PROTOCOL] = IPPROTO_UDP;
+                b.put_bytes::<V4_SRC, 4>(s.octets());
+                b.put_bytes::<V4_DST, 4>(d.octets());
             }
             (s, d) => {
                 b[0] = V6_VERSION;
-                b[field::V6_PAYLOAD_LEN].copy_from_slice(&self.udp_len.to_be_bytes());
-                b[field::V6_NEXT_HEADER] = IPPROTO_UDP;
-                b[field::V6_HOP_LIMIT] = HOP_LIMIT;
-                b[field::V6_SRC].copy_from_slice(&Gid::from_ip(s).0);
-                b[field::V6_DST].copy_from_slice(&Gid::from_ip(d).0);
+                b.put_be16::<V6_PAYLOAD_LEN>(self.udp_len);
+                b[V6_NEXT_HEADER] = IPPROTO_UDP;
+                b[V6_HOP_LIMIT] = HOP_LIMIT;
+                b.put_bytes::<V6_SRC, 16>(Gid::from_ip(s).0);
+                b.put_bytes::<V6_DST, 16>(Gid::from_ip(d).0);
             }
         }
         b
@@ -176,7 +174,7 @@ impl GrhRepr {
     /// If `buf` is shorter than [`GRH_LEN`].
     #[track_caller]
     pub fn emit(&self, buf: &mut [u8]) {
-        emit_into(buf, &self.to_bytes());
+        emit_head(buf, &self.to_bytes());
     }
 }
 
@@ -185,13 +183,6 @@ impl GrhRepr {
 #[must_use]
 pub fn grh_source_gid(grh: &[u8]) -> Option<Gid> {
     GrhRepr::parse(grh).ok().map(|g| Gid::from_ip(g.src))
-}
-
-/// The `N` bytes of a field whose range is `N` long.
-fn array<const N: usize>(bytes: &[u8]) -> [u8; N] {
-    let mut a = [0u8; N];
-    a.copy_from_slice(bytes);
-    a
 }
 
 #[cfg(test)]
@@ -263,7 +254,10 @@ mod tests {
         b[3] = 1;
         // No longer the IPv4 form: bytes 8..24 are the source.
         assert!(matches!(GrhRepr::parse(&b).unwrap().src, IpAddr::V6(_)));
-        assert_eq!(grh_source_gid(&b).unwrap().0, array::<16>(&b[8..24]));
+        assert_eq!(
+            grh_source_gid(&b).unwrap().0,
+            <[u8; 16]>::try_from(&b[8..24]).unwrap()
+        );
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! RoCEv2 packet codecs: the Base Transport Header, the extension headers, the invariant CRC
-//! and a whole-datagram view.
+//! Packet codecs: RoCEv2 (the Base Transport Header, the extension headers, the invariant CRC,
+//! the GRH area and a whole-datagram view), IB CM MADs and IPoIB.
 //!
 //! Everything here works on byte slices. There is no I/O, no clock, and the parsers do not
 //! allocate. The only allocating function is [`RoceRepr::emit`], which fills a caller-owned
@@ -17,6 +17,11 @@
 //!   the IP and UDP headers ([`IpHeaderInfo`]).
 //! - [`field`]: byte fields: cutting headers out of buffers and big-endian integers at
 //!   offsets, without panics.
+//! - [`grh`]: the 40-byte GRH area at the start of every UD receive buffer ([`grh::GrhRepr`]).
+//! - [`cm`]: IB Communication Manager MADs (REQ, REP, RTU, DREQ, DREP, REJ, MRA) and the
+//!   IPoIB-CM private data and service IDs.
+//! - [`ipoib`]: IPoIB encapsulation, the 20-byte hardware address, ARP, IPv6 ND and the
+//!   multicast GIDs.
 //! - [`roce`]: the UDP payload of a RoCEv2 datagram (BTH … ICRC) as a borrowed, parsed view
 //!   ([`RocePacket`]) and as a builder ([`RoceRepr`]).
 //!
