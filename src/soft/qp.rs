@@ -189,10 +189,9 @@ impl Qp {
         u32::try_from(len.div_ceil(mtu).max(1)).unwrap_or(u32::MAX)
     }
 
-    /// The retransmit interval, `4.096 µs · 2^timeout`; `None` when timeout is 0 (infinite).
+    /// The retransmit interval of the QP's local ACK timeout; `None` when it is 0 (infinite).
     pub(super) fn retransmit_interval(&self) -> Option<std::time::Duration> {
-        (self.attrs.timeout != 0)
-            .then(|| std::time::Duration::from_nanos(4096u64 << self.attrs.timeout))
+        crate::wire::cm::LocalAckTimeout::saturating(self.attrs.timeout).retransmit_interval()
     }
 }
 
