@@ -31,10 +31,11 @@
 //! | `comm_est` | [`check_comm_est`] |
 //! | `object_rules` | [`check_object_rules`] |
 
+use super::setup::{self, RcConnection};
 use super::{
-    AccessFlags, AddressVector, AsyncEvent, BufId, Completion, CqId, Gid, PathMtu, PdId, PoolId,
-    Psn, QKey, QpAttr, QpInit, QpNum, QpState, QpType, SendWr, SrqId, SrqInit, UdDest, Verbs,
-    VerbsError, WcOpcode, WcStatus, WrId,
+    AddressVector, AsyncEvent, BufId, Completion, CqId, Gid, PathMtu, PdId, PoolId, Psn, QKey,
+    QpAttr, QpInit, QpNum, QpState, QpType, SendWr, SrqId, SrqInit, UdDest, Verbs, VerbsError,
+    WcOpcode, WcStatus, WrId,
 };
 
 /// Two providers that can reach each other, and a way to let the fabric between them run.
@@ -217,43 +218,53 @@ pub fn create_qp<V: Verbs>(
     })
 }
 
-/// The RESET → INIT attributes of an RC QP.
-pub fn rc_init_attr() -> QpAttr {
-    QpAttr {
-        pkey_index: Some(0),
-        port: Some(1),
-        access: Some(AccessFlags::default()),
-        ..QpAttr::to_state(QpState::Init)
+pub use super::setup::rc_init_attr;
+
+/// The RC connection from one side towards `remote` (GID, QPN): `p`'s policy, `rnr_retry`,
+/// receiving from `rq_psn` and sending from `sq_psn`.
+fn rc_connection(
+    remote: (Gid, QpNum),
+    mtu: PathMtu,
+    (rq_psn, sq_psn): (Psn, Psn),
+    rnr_retry: u8,
+    p: &RcParams,
+) -> RcConnection {
+    RcConnection {
+        timeout: p.timeout,
+        retry_cnt: p.retry_cnt,
+        rnr_retry,
+        min_rnr_timer: p.min_rnr_timer,
+        ..RcConnection::new(remote, mtu, rq_psn, sq_psn)
     }
 }
 
 /// The INIT → RTR attributes of an RC QP talking to `remote` (GID, QPN).
 pub fn rc_rtr_attr(remote: (Gid, QpNum), mtu: PathMtu, rq_psn: Psn, min_rnr_timer: u8) -> QpAttr {
-    QpAttr {
-        av: Some(AddressVector::to_gid(remote.0)),
-        path_mtu: Some(mtu),
-        dest_qpn: Some(remote.1),
-        rq_psn: Some(rq_psn),
-        max_dest_rd_atomic: Some(0),
-        min_rnr_timer: Some(min_rnr_timer),
-        ..QpAttr::to_state(QpState::Rtr)
+    RcConnection {
+        min_rnr_timer,
+        ..RcConnection::new(remote, mtu, rq_psn, Psn::new(0))
     }
+    .rtr_attr()
 }
 
 /// The RTR → RTS attributes of an RC QP.
 pub fn rc_rts_attr(timeout: u8, retry_cnt: u8, rnr_retry: u8, sq_psn: Psn) -> QpAttr {
-    QpAttr {
-        timeout: Some(timeout),
-        retry_cnt: Some(retry_cnt),
-        rnr_retry: Some(rnr_retry),
-        sq_psn: Some(sq_psn),
-        max_rd_atomic: Some(0),
-        ..QpAttr::to_state(QpState::Rts)
+    RcConnection {
+        timeout,
+        retry_cnt,
+        rnr_retry,
+        ..RcConnection::new(
+            (Gid::default(), QpNum::new(1)),
+            PathMtu::Mtu1024,
+            Psn::new(0),
+            sq_psn,
+        )
     }
+    .rts_attr()
 }
 
-/// Creates an RC QP on each side and connects them (both end in RTS). Returns `(a's QP,
-/// b's QP)`.
+/// Creates an RC QP on each side and connects them with [`setup::connect_rc`] (both end in
+/// RTS). Returns `(a's QP, b's QP)`.
 ///
 /// # Errors
 /// The first failing verb's error.
@@ -265,15 +276,11 @@ pub fn connect_rc<V: Verbs>(
     p: &RcParams,
 ) -> Result<(QpNum, QpNum), VerbsError> {
     let (qa, qb) = create_rc_pair(a, ea, b, eb, p)?;
-    rc_to_rtr(a, qa, b, qb, p)?;
-    a.modify_qp(
-        qa,
-        &rc_rts_attr(p.timeout, p.retry_cnt, p.rnr_retry_a, p.psn_a),
-    )?;
-    b.modify_qp(
-        qb,
-        &rc_rts_attr(p.timeout, p.retry_cnt, p.rnr_retry_b, p.psn_b),
-    )?;
+    let (ca, cb) = rc_connections(a, qa, b, qb, p);
+    setup::init_rc_qp(a, qa)?;
+    setup::init_rc_qp(b, qb)?;
+    setup::connect_rc(a, qa, &ca)?;
+    setup::connect_rc(b, qb, &cb)?;
     Ok((qa, qb))
 }
 
@@ -290,23 +297,23 @@ fn create_rc_pair<V: Verbs>(
     Ok((qa, qb))
 }
 
-/// Both QPs RESET → INIT → RTR, each pointed at the other.
-fn rc_to_rtr<V: Verbs>(
-    a: &mut V,
+/// The connections of `qa` (towards `qb`) and `qb` (towards `qa`): each receives from the
+/// PSN the other sends from.
+fn rc_connections<V: Verbs>(
+    a: &V,
     qa: QpNum,
-    b: &mut V,
+    b: &V,
     qb: QpNum,
     p: &RcParams,
-) -> Result<(), VerbsError> {
+) -> (RcConnection, RcConnection) {
     let mtu = p
         .path_mtu
         .unwrap_or_else(|| a.port_attr().active_mtu.min(b.port_attr().active_mtu));
     let (ga, gb) = (a.port_attr().gid, b.port_attr().gid);
-    a.modify_qp(qa, &rc_init_attr())?;
-    b.modify_qp(qb, &rc_init_attr())?;
-    a.modify_qp(qa, &rc_rtr_attr((gb, qb), mtu, p.psn_b, p.min_rnr_timer))?;
-    b.modify_qp(qb, &rc_rtr_attr((ga, qa), mtu, p.psn_a, p.min_rnr_timer))?;
-    Ok(())
+    (
+        rc_connection((gb, qb), mtu, (p.psn_b, p.psn_a), p.rnr_retry_a, p),
+        rc_connection((ga, qa), mtu, (p.psn_a, p.psn_b), p.rnr_retry_b, p),
+    )
 }
 
 /// `len` deterministic pseudo-random bytes (xorshift64*), different for every `seed`.
@@ -1364,9 +1371,11 @@ pub fn check_comm_est<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> Result<(
     let p = RcParams::default();
     let (a, b) = pair.providers();
     let (qa, qb) = create_rc_pair(a, &ea, b, &eb, &p).ctx("create")?;
-    rc_to_rtr(a, qa, b, qb, &p).ctx("to RTR")?;
-    a.modify_qp(qa, &rc_rts_attr(p.timeout, p.retry_cnt, 7, p.psn_a))
-        .ctx("a to RTS")?;
+    let (ca, cb) = rc_connections(a, qa, b, qb, &p);
+    setup::init_rc_qp(a, qa).ctx("a to INIT")?;
+    setup::init_rc_qp(b, qb).ctx("b to INIT")?;
+    setup::connect_rc(a, qa, &ca).ctx("a to RTS")?;
+    b.modify_qp(qb, &cb.rtr_attr()).ctx("b to RTR")?;
     post_recvs(b, RecvTarget::Qp(qb), eb.pool, 1, 2)?;
     drain_events(b);
     post_send_data(a, qa, ea.pool, 1, &pattern(1, 10))?;
