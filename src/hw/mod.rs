@@ -30,7 +30,6 @@
 #![allow(unsafe_code)]
 
 pub mod conformance;
-pub mod pingpong;
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::CStr;
