@@ -1,5 +1,5 @@
 //! rdma-core's QP-info exchange: the message ([`Dest`]) and the TCP exchange around it
-//! ([`exchange_over_tcp`]), as its pingpong examples do it, so the tools pair with them.
+//! (`exchange_over_tcp`), as its pingpong examples do it, so the tools pair with them.
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};

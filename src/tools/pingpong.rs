@@ -48,7 +48,7 @@ pub struct PingpongRun {
     pub iters: u32,
     /// This side sends first.
     pub is_client: bool,
-    /// Check every received payload against [`fill_pattern`].
+    /// Check every received payload against the pattern of its message number and direction.
     pub validate: bool,
     /// Give up after this long.
     pub deadline: Duration,
