@@ -38,6 +38,44 @@ use super::{
     WcOpcode, WcStatus, WrId,
 };
 
+/// How a check failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConformanceError {
+    /// A verb the check needs failed (one the contract says succeeds there).
+    #[error("{step}: {source}")]
+    Verb {
+        /// What the check was doing.
+        step: String,
+        /// The provider's error.
+        #[source]
+        source: VerbsError,
+    },
+    /// The provider broke the contract: what it did, against what the contract asks.
+    #[error("{0}")]
+    Violation(String),
+    /// A pool the check allocates from had no free buffer.
+    #[error("pool {0:?} exhausted")]
+    PoolExhausted(PoolId),
+    /// Data the check sends does not fit a buffer of its pool.
+    #[error("{len} bytes do not fit a buffer of {cap}")]
+    TooBig {
+        /// Bytes to send.
+        len: usize,
+        /// The pool's buffer size.
+        cap: usize,
+    },
+    /// [`run_one`] was asked for a check that does not exist.
+    #[error("no conformance check named {0}")]
+    NoSuchCheck(String),
+}
+
+/// A [`ConformanceError::Violation`] described by a format string.
+macro_rules! violation {
+    ($($fmt:tt)+) => {
+        ConformanceError::Violation(format!($($fmt)+))
+    };
+}
+
 /// Two providers that can reach each other, and a way to let the fabric between them run.
 pub trait ConformancePair<V: Verbs> {
     /// The two providers, called `a` and `b` by the checks.
@@ -52,7 +90,7 @@ pub trait ConformancePair<V: Verbs> {
 }
 
 /// A check: a name and the function that runs it.
-pub type Check<P> = (&'static str, fn(&mut P) -> Result<(), String>);
+pub type Check<P> = (&'static str, fn(&mut P) -> Result<(), ConformanceError>);
 
 /// Most [`ConformancePair::settle`] calls a check makes while waiting for one thing.
 pub const MAX_SETTLES: usize = 64;
@@ -82,7 +120,7 @@ pub fn checks<V: Verbs, P: ConformancePair<V>>() -> Vec<Check<P>> {
 /// Runs every check on `pair`, in order; returns each check's name and outcome.
 pub fn run_all<V: Verbs, P: ConformancePair<V>>(
     pair: &mut P,
-) -> Vec<(&'static str, Result<(), String>)> {
+) -> Vec<(&'static str, Result<(), ConformanceError>)> {
     checks::<V, P>()
         .into_iter()
         .map(|(name, f)| (name, f(pair)))
@@ -93,11 +131,14 @@ pub fn run_all<V: Verbs, P: ConformancePair<V>>(
 ///
 /// # Errors
 /// The check's failure, or an error naming an unknown check.
-pub fn run_one<V: Verbs, P: ConformancePair<V>>(pair: &mut P, name: &str) -> Result<(), String> {
+pub fn run_one<V: Verbs, P: ConformancePair<V>>(
+    pair: &mut P,
+    name: &str,
+) -> Result<(), ConformanceError> {
     let (_, f) = checks::<V, P>()
         .into_iter()
         .find(|(n, _)| *n == name)
-        .ok_or_else(|| format!("no conformance check named {name}"))?;
+        .ok_or_else(|| ConformanceError::NoSuchCheck(name.to_owned()))?;
     f(pair)
 }
 
@@ -333,15 +374,22 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
 ///
 /// # Errors
 /// A message when the pool is exhausted or the buffer too small.
-pub fn alloc_with<V: Verbs>(v: &mut V, pool: PoolId, data: &[u8]) -> Result<BufId, String> {
+pub fn alloc_with<V: Verbs>(
+    v: &mut V,
+    pool: PoolId,
+    data: &[u8],
+) -> Result<BufId, ConformanceError> {
     let b = v
         .pools_mut()
         .alloc(pool)
-        .ok_or_else(|| format!("pool {pool:?} exhausted"))?;
-    let dst = v.pools_mut().get_mut(b).map_err(|e| e.to_string())?;
+        .ok_or(ConformanceError::PoolExhausted(pool))?;
+    let dst = v.pools_mut().get_mut(b).ctx("the fresh buffer")?;
     let cap = dst.len();
     dst.get_mut(..data.len())
-        .ok_or_else(|| format!("{} bytes do not fit a buffer of {cap}", data.len()))?
+        .ok_or(ConformanceError::TooBig {
+            len: data.len(),
+            cap,
+        })?
         .copy_from_slice(data);
     Ok(b)
 }
@@ -356,10 +404,10 @@ pub fn post_send_data<V: Verbs>(
     pool: PoolId,
     wr_id: u64,
     data: &[u8],
-) -> Result<BufId, String> {
+) -> Result<BufId, ConformanceError> {
     let b = alloc_with(v, pool, data)?;
     v.post_send(qp, &SendWr::send(WrId(wr_id), b, data.len()))
-        .map_err(|e| format!("post_send {wr_id}: {e}"))?;
+        .ctx(&format!("post_send {wr_id}"))?;
     Ok(b)
 }
 
@@ -374,19 +422,19 @@ pub fn post_recvs<V: Verbs>(
     pool: PoolId,
     first_id: u64,
     n: usize,
-) -> Result<Vec<BufId>, String> {
+) -> Result<Vec<BufId>, ConformanceError> {
     let mut out = Vec::with_capacity(n);
     for i in 0..n as u64 {
         let b = v
             .pools_mut()
             .alloc(pool)
-            .ok_or_else(|| format!("pool {pool:?} exhausted"))?;
+            .ok_or(ConformanceError::PoolExhausted(pool))?;
         let id = WrId(first_id + i);
         match target {
             RecvTarget::Qp(q) => v.post_recv(q, id, b),
             RecvTarget::Srq(s) => v.post_srq_recv(s, id, b),
         }
-        .map_err(|e| format!("post receive {}: {e}", first_id + i))?;
+        .ctx(&format!("post receive {}", first_id + i))?;
         out.push(b);
     }
     Ok(out)
@@ -476,19 +524,22 @@ fn wait<V: Verbs, P: ConformancePair<V>>(
 macro_rules! ensure {
     ($cond:expr, $($fmt:tt)+) => {
         if !$cond {
-            return Err(format!($($fmt)+));
+            return Err(violation!($($fmt)+));
         }
     };
 }
 
 /// Adds context to a verbs error.
 trait Ctx<T> {
-    fn ctx(self, what: &str) -> Result<T, String>;
+    fn ctx(self, what: &str) -> Result<T, ConformanceError>;
 }
 
 impl<T> Ctx<T> for Result<T, VerbsError> {
-    fn ctx(self, what: &str) -> Result<T, String> {
-        self.map_err(|e| format!("{what}: {e}"))
+    fn ctx(self, what: &str) -> Result<T, ConformanceError> {
+        self.map_err(|source| ConformanceError::Verb {
+            step: what.to_owned(),
+            source,
+        })
     }
 }
 
@@ -504,7 +555,7 @@ fn endpoints<V: Verbs, P: ConformancePair<V>>(
     pair: &mut P,
     buf_len: usize,
     count: usize,
-) -> Result<(Endpoint, Endpoint), String> {
+) -> Result<(Endpoint, Endpoint), ConformanceError> {
     let (a, b) = pair.providers();
     let ea = open_endpoint(a, buf_len, count, 1024).ctx("open endpoint a")?;
     let eb = open_endpoint(b, buf_len, count, 1024).ctx("open endpoint b")?;
@@ -531,7 +582,11 @@ fn teardown<V: Verbs, P: ConformancePair<V>>(
 }
 
 /// Checks a completion list against expected `(wr_id, status)` pairs, in order.
-fn expect_statuses(what: &str, got: &[Completion], want: &[(u64, WcStatus)]) -> Result<(), String> {
+fn expect_statuses(
+    what: &str,
+    got: &[Completion],
+    want: &[(u64, WcStatus)],
+) -> Result<(), ConformanceError> {
     ensure!(
         statuses(got) == want,
         "{what}: completions {:?}, expected {want:?}",
@@ -547,7 +602,7 @@ fn expect_recv<V: Verbs>(
     wr_id: u64,
     data: &[u8],
     grh_off: usize,
-) -> Result<(), String> {
+) -> Result<(), ConformanceError> {
     ensure!(
         c.wr_id.0 == wr_id && c.status == WcStatus::Success && c.opcode == WcOpcode::Recv,
         "receive completion {c:?}, expected wr_id {wr_id} success"
@@ -558,14 +613,16 @@ fn expect_recv<V: Verbs>(
         c.byte_len,
         data.len() + grh_off
     );
-    let b = c.buf.ok_or_else(|| format!("receive {wr_id}: no buffer"))?;
+    let b = c
+        .buf
+        .ok_or_else(|| violation!("receive {wr_id}: no buffer"))?;
     let got = v.pools().get(b).ctx("returned receive buffer")?;
     let got = got
         .get(grh_off..grh_off + data.len())
-        .ok_or_else(|| format!("receive {wr_id}: buffer too short"))?;
+        .ok_or_else(|| violation!("receive {wr_id}: buffer too short"))?;
     if got != data {
         let at = got.iter().zip(data).position(|(x, y)| x != y).unwrap_or(0);
-        return Err(format!(
+        return Err(violation!(
             "receive {wr_id}: {} bytes differ from what was sent, first at offset {at}",
             got.iter().zip(data).filter(|(x, y)| x != y).count()
         ));
@@ -585,7 +642,9 @@ fn expect_recv<V: Verbs>(
 /// [`VerbsError::InvalidAttribute`], and none of them changes the state. Legal transitions
 /// walk RESET→INIT→RTR→RTS→RTS→SQD→RTS→ERR→RESET→INIT; `post_recv` works from INIT on and
 /// `post_send` from RTS on. A UD QP needs a Q_Key, not an address vector.
-pub fn check_qp_state_machine<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> Result<(), String> {
+pub fn check_qp_state_machine<V: Verbs, P: ConformancePair<V>>(
+    pair: &mut P,
+) -> Result<(), ConformanceError> {
     let (ea, eb) = endpoints(pair, 4096, 8)?;
     let mut seen = Seen::default();
     let (a, b) = pair.providers();
@@ -593,17 +652,20 @@ pub fn check_qp_state_machine<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> 
     let peer = create_qp(b, &eb, QpType::Rc, None, (16, 16)).ctx("create peer QP")?;
     let ud = create_qp(a, &ea, QpType::Ud, None, (16, 16)).ctx("create UD QP")?;
     let result = (|| {
-        let expect_state = |v: &V, want: QpState| -> Result<(), String> {
+        let expect_state = |v: &V, want: QpState| -> Result<(), ConformanceError> {
             let s = v.query_qp_state(qp).ctx("query_qp_state")?;
             ensure!(s == want, "QP in {s:?}, expected {want:?}");
             Ok(())
         };
         expect_state(a, QpState::Reset)?;
-        let buf = a.pools_mut().alloc(ea.pool).ok_or("pool exhausted")?;
+        let buf = a
+            .pools_mut()
+            .alloc(ea.pool)
+            .ok_or(ConformanceError::PoolExhausted(ea.pool))?;
         match a.post_recv(qp, WrId(1), buf) {
             Err(VerbsError::InvalidState { .. }) => {}
             r => {
-                return Err(format!(
+                return Err(violation!(
                     "post_recv in RESET gave {r:?}, expected InvalidState"
                 ))
             }
@@ -611,7 +673,7 @@ pub fn check_qp_state_machine<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> 
         match a.post_send(qp, &SendWr::send(WrId(2), buf, 8)) {
             Err(VerbsError::InvalidState { .. }) => {}
             r => {
-                return Err(format!(
+                return Err(violation!(
                     "post_send in RESET gave {r:?}, expected InvalidState"
                 ))
             }
@@ -620,11 +682,11 @@ pub fn check_qp_state_machine<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> 
             a.pools().get(buf).is_ok(),
             "a refused post kept the buffer from its owner"
         );
-        let illegal = |v: &mut V, from: QpState, to: QpState| -> Result<(), String> {
+        let illegal = |v: &mut V, from: QpState, to: QpState| -> Result<(), ConformanceError> {
             match v.modify_qp(qp, &QpAttr::to_state(to)) {
                 Err(VerbsError::IllegalTransition { .. }) => {}
                 r => {
-                    return Err(format!(
+                    return Err(violation!(
                         "{from:?}->{to:?} gave {r:?}, expected IllegalTransition"
                     ))
                 }
@@ -644,7 +706,7 @@ pub fn check_qp_state_machine<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> 
         };
         match a.modify_qp(qp, &partial) {
             Err(VerbsError::MissingAttributes { .. }) => {}
-            r => return Err(format!("RESET->INIT without PORT gave {r:?}")),
+            r => return Err(violation!("RESET->INIT without PORT gave {r:?}")),
         }
         let extra = QpAttr {
             sq_psn: Some(Psn::new(1)),
@@ -652,7 +714,7 @@ pub fn check_qp_state_machine<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> 
         };
         match a.modify_qp(qp, &extra) {
             Err(VerbsError::UnexpectedAttributes { .. }) => {}
-            r => return Err(format!("RESET->INIT with SQ_PSN gave {r:?}")),
+            r => return Err(violation!("RESET->INIT with SQ_PSN gave {r:?}")),
         }
         expect_state(a, QpState::Reset)?;
         a.modify_qp(qp, &rc_init_attr()).ctx("RESET->INIT")?;
@@ -660,7 +722,7 @@ pub fn check_qp_state_machine<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> 
         match a.post_send(qp, &SendWr::send(WrId(2), buf, 8)) {
             Err(VerbsError::InvalidState { .. }) => {}
             r => {
-                return Err(format!(
+                return Err(violation!(
                     "post_send in INIT gave {r:?}, expected InvalidState"
                 ))
             }
@@ -671,11 +733,14 @@ pub fn check_qp_state_machine<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> 
         let rtr = rc_rtr_attr((b.port_attr().gid, peer), mtu, Psn::new(5), 14);
         a.modify_qp(qp, &rtr).ctx("INIT->RTR")?;
         expect_state(a, QpState::Rtr)?;
-        let buf2 = a.pools_mut().alloc(ea.pool).ok_or("pool exhausted")?;
+        let buf2 = a
+            .pools_mut()
+            .alloc(ea.pool)
+            .ok_or(ConformanceError::PoolExhausted(ea.pool))?;
         match a.post_send(qp, &SendWr::send(WrId(3), buf2, 8)) {
             Err(VerbsError::InvalidState { .. }) => {}
             r => {
-                return Err(format!(
+                return Err(violation!(
                     "post_send in RTR gave {r:?}, expected InvalidState"
                 ))
             }
@@ -686,7 +751,7 @@ pub fn check_qp_state_machine<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> 
         rts.retry_cnt = None;
         match a.modify_qp(qp, &rts) {
             Err(VerbsError::MissingAttributes { .. }) => {}
-            r => return Err(format!("RTR->RTS without RETRY_CNT gave {r:?}")),
+            r => return Err(violation!("RTR->RTS without RETRY_CNT gave {r:?}")),
         }
         let wrong_cur = QpAttr {
             cur_state: Some(QpState::Init),
@@ -694,7 +759,7 @@ pub fn check_qp_state_machine<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> 
         };
         match a.modify_qp(qp, &wrong_cur) {
             Err(VerbsError::InvalidAttribute(_)) => {}
-            r => return Err(format!("RTR->RTS with cur_state INIT gave {r:?}")),
+            r => return Err(violation!("RTR->RTS with cur_state INIT gave {r:?}")),
         }
         expect_state(a, QpState::Rtr)?;
         a.modify_qp(qp, &rc_rts_attr(14, 7, 7, Psn::new(9)))
@@ -743,11 +808,11 @@ pub fn check_qp_state_machine<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> 
     };
     match a.modify_qp(ud, &ud_with_access) {
         Err(VerbsError::UnexpectedAttributes { .. }) => {}
-        r => return Err(format!("UD RESET->INIT with ACCESS_FLAGS gave {r:?}")),
+        r => return Err(violation!("UD RESET->INIT with ACCESS_FLAGS gave {r:?}")),
     }
     match a.modify_qp(ud, &rc_init_attr()) {
         Err(VerbsError::MissingAttributes { .. } | VerbsError::UnexpectedAttributes { .. }) => {}
-        r => return Err(format!("UD RESET->INIT without QKEY gave {r:?}")),
+        r => return Err(violation!("UD RESET->INIT without QKEY gave {r:?}")),
     }
     teardown(pair, (&ea, &eb), (&[qp, ud], &[peer]), &seen);
     Ok(())
@@ -758,7 +823,9 @@ pub fn check_qp_state_machine<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> 
 /// content; `b` receives each and sends the received buffer straight back; `a` receives the
 /// echoes. Every receive completes successfully with the right `byte_len` and exactly the
 /// bytes sent, in order; every send completes successfully.
-pub fn check_rc_message_sizes<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> Result<(), String> {
+pub fn check_rc_message_sizes<V: Verbs, P: ConformancePair<V>>(
+    pair: &mut P,
+) -> Result<(), ConformanceError> {
     const SIZES: [usize; 5] = [1, 4096, 65_524, 65_536, 100_000];
     let (ea, eb) = endpoints(pair, BIG, 16)?;
     let mut seen = Seen::default();
@@ -780,7 +847,7 @@ pub fn check_rc_message_sizes<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> 
     let (_, b) = pair.providers();
     for (i, (c, m)) in seen.b_recv.iter().zip(&msgs).enumerate() {
         expect_recv(b, c, 200 + i as u64, m, 0)?;
-        let buf = c.buf.ok_or("no buffer")?;
+        let buf = c.buf.ok_or_else(|| violation!("no buffer"))?;
         b.post_send(qb, &SendWr::send(WrId(300 + i as u64), buf, m.len()))
             .ctx("echo")?;
     }
@@ -815,7 +882,9 @@ pub fn check_rc_message_sizes<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> 
 /// in posting order with the right lengths, contents and immediates; the sender gets exactly
 /// one successful completion per signaled WR, in posting order, and none for unsignaled
 /// ones; afterwards no buffer is left posted.
-pub fn check_completion_order<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> Result<(), String> {
+pub fn check_completion_order<V: Verbs, P: ConformancePair<V>>(
+    pair: &mut P,
+) -> Result<(), ConformanceError> {
     const N: u64 = 48;
     let (ea, eb) = endpoints(pair, 16 * 1024, 64)?;
     let mut seen = Seen::default();
@@ -878,7 +947,9 @@ pub fn check_completion_order<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> 
 /// every send and every receive with [`WcStatus::WrFlushErr`], the unsignaled send included,
 /// each queue in posting order, and returns every buffer. Receives posted on `b` and then
 /// flushed by moving `b` to ERR behave the same.
-pub fn check_flush_on_err<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> Result<(), String> {
+pub fn check_flush_on_err<V: Verbs, P: ConformancePair<V>>(
+    pair: &mut P,
+) -> Result<(), ConformanceError> {
     let (ea, eb) = endpoints(pair, 8192, 16)?;
     let mut seen = Seen::default();
     let (a, b) = pair.providers();
@@ -926,7 +997,9 @@ pub fn check_flush_on_err<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> Resu
     )?;
     let (a, b) = pair.providers();
     for c in seen.a_send.iter().chain(&seen.a_recv) {
-        let buf = c.buf.ok_or("a flushed WR returned no buffer")?;
+        let buf = c
+            .buf
+            .ok_or_else(|| violation!("a flushed WR returned no buffer"))?;
         ensure!(
             a.pools().get(buf).is_ok(),
             "buffer of flushed WR {} not returned",
@@ -949,7 +1022,7 @@ pub fn check_flush_on_err<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> Resu
 /// WRs complete after the two sends posted before them.
 pub fn check_drain_wr_after_err<V: Verbs, P: ConformancePair<V>>(
     pair: &mut P,
-) -> Result<(), String> {
+) -> Result<(), ConformanceError> {
     let (ea, eb) = endpoints(pair, 8192, 16)?;
     let mut seen = Seen::default();
     let (a, b) = pair.providers();
@@ -996,7 +1069,7 @@ pub fn check_drain_wr_after_err<V: Verbs, P: ConformancePair<V>>(
 /// can only be destroyed once the QP is gone, which frees them.
 pub fn check_srq_last_wqe_once<V: Verbs, P: ConformancePair<V>>(
     pair: &mut P,
-) -> Result<(), String> {
+) -> Result<(), ConformanceError> {
     let (ea, eb) = endpoints(pair, 8192, 16)?;
     let mut seen = Seen::default();
     let (a, b) = pair.providers();
@@ -1058,7 +1131,7 @@ pub fn check_srq_last_wqe_once<V: Verbs, P: ConformancePair<V>>(
     );
     match b.destroy_srq(srq) {
         Err(VerbsError::Busy(_)) => {}
-        r => return Err(format!("destroy_srq with a QP attached gave {r:?}")),
+        r => return Err(violation!("destroy_srq with a QP attached gave {r:?}")),
     }
     let posted = b.pools().posted_count();
     b.destroy_qp(qb).ctx("destroy QP")?;
@@ -1075,7 +1148,9 @@ pub fn check_srq_last_wqe_once<V: Verbs, P: ConformancePair<V>>(
 /// **RNR, then success.** With `rnr_retry` 7 (infinite), a send to a QP with no receive
 /// posted does not complete while the responder is not ready; once `b` posts a receive the
 /// send completes successfully and the receive holds the message.
-pub fn check_rnr_then_success<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> Result<(), String> {
+pub fn check_rnr_then_success<V: Verbs, P: ConformancePair<V>>(
+    pair: &mut P,
+) -> Result<(), ConformanceError> {
     let (ea, eb) = endpoints(pair, 8192, 8)?;
     let mut seen = Seen::default();
     let (a, b) = pair.providers();
@@ -1113,7 +1188,7 @@ pub fn check_rnr_then_success<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> 
 /// [`WcStatus::WrFlushErr`], and the QP is in ERR.
 pub fn check_rnr_retry_exceeded<V: Verbs, P: ConformancePair<V>>(
     pair: &mut P,
-) -> Result<(), String> {
+) -> Result<(), ConformanceError> {
     for rnr_retry in [0u8, 1, 3] {
         let (ea, eb) = endpoints(pair, 8192, 8)?;
         let mut seen = Seen::default();
@@ -1153,7 +1228,7 @@ pub fn check_rnr_retry_exceeded<V: Verbs, P: ConformancePair<V>>(
 /// [`WcStatus::WrFlushErr`], and `a`'s QP is in ERR.
 pub fn check_retry_exceeded_peer_gone<V: Verbs, P: ConformancePair<V>>(
     pair: &mut P,
-) -> Result<(), String> {
+) -> Result<(), ConformanceError> {
     let (ea, eb) = endpoints(pair, 8192, 8)?;
     let mut seen = Seen::default();
     let (a, b) = pair.providers();
@@ -1190,7 +1265,9 @@ pub fn check_retry_exceeded_peer_gone<V: Verbs, P: ConformancePair<V>>(
 /// GID (for an IPv4-mapped GID, the IPv4 source at bytes 32..36; otherwise the IPv6 source
 /// at 8..24). A send with the wrong Q_Key completes at the sender but is dropped by the
 /// receiver: the next receive gets the following good message instead.
-pub fn check_ud_grh_qkey<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> Result<(), String> {
+pub fn check_ud_grh_qkey<V: Verbs, P: ConformancePair<V>>(
+    pair: &mut P,
+) -> Result<(), ConformanceError> {
     const QK: QKey = QKey(0x1122_3344);
     let (ea, eb) = endpoints(pair, 4096, 8)?;
     let mut seen = Seen::default();
@@ -1257,7 +1334,10 @@ pub fn check_ud_grh_qkey<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> Resul
         c0.src_qp,
         c0.imm
     );
-    let grh = b.pools().get(c0.buf.ok_or("no buffer")?).ctx("UD buffer")?;
+    let grh = b
+        .pools()
+        .get(c0.buf.ok_or_else(|| violation!("no buffer"))?)
+        .ctx("UD buffer")?;
     let src_ok = match ga.to_ip() {
         std::net::IpAddr::V4(v4) => grh.get(32..36) == Some(&v4.octets()[..]),
         std::net::IpAddr::V6(_) => grh.get(8..24) == Some(&ga.0[..]),
@@ -1274,7 +1354,9 @@ pub fn check_ud_grh_qkey<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> Resul
 /// completion returns it with its contents (the sent bytes unchanged, the received bytes
 /// written). Destroying a QP with a receive still posted frees that buffer without a
 /// completion, and `posted_count` returns to where it started.
-pub fn check_buffer_lending<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> Result<(), String> {
+pub fn check_buffer_lending<V: Verbs, P: ConformancePair<V>>(
+    pair: &mut P,
+) -> Result<(), ConformanceError> {
     let (ea, eb) = endpoints(pair, 4096, 8)?;
     let mut seen = Seen::default();
     let (a, b) = pair.providers();
@@ -1299,11 +1381,15 @@ pub fn check_buffer_lending<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> Re
     }
     match a.post_send(qa, &SendWr::send(WrId(2), sb, 10)) {
         Err(VerbsError::BufferNotHeld(_)) => {}
-        r => return Err(format!("posting a posted buffer again gave {r:?}")),
+        r => return Err(violation!("posting a posted buffer again gave {r:?}")),
     }
     match b.post_recv(qb, WrId(7), rb[0]) {
         Err(VerbsError::BufferNotHeld(_)) => {}
-        r => return Err(format!("posting a posted receive buffer again gave {r:?}")),
+        r => {
+            return Err(violation!(
+                "posting a posted receive buffer again gave {r:?}"
+            ))
+        }
     }
     ensure!(
         a.pools().posted_count() == base_a + 1 && b.pools().posted_count() == base_b + 2,
@@ -1365,7 +1451,9 @@ pub fn check_buffer_lending<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> Re
 /// **Communication established.** `b`'s QP is left in RTR (never moved to RTS); the first
 /// request arriving on it is processed (the receive completes) and raises
 /// [`AsyncEvent::CommEst`] for it, once.
-pub fn check_comm_est<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> Result<(), String> {
+pub fn check_comm_est<V: Verbs, P: ConformancePair<V>>(
+    pair: &mut P,
+) -> Result<(), ConformanceError> {
     let (ea, eb) = endpoints(pair, 4096, 8)?;
     let mut seen = Seen::default();
     let p = RcParams::default();
@@ -1401,7 +1489,9 @@ pub fn check_comm_est<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> Result<(
 /// is [`VerbsError::TooLong`]; a send queue holding `max_send_wr` WRs refuses another with
 /// [`VerbsError::QueueFull`]. A refused post leaves the buffer with the caller. Once the QP is
 /// destroyed, the CQ and SRQ can be.
-pub fn check_object_rules<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> Result<(), String> {
+pub fn check_object_rules<V: Verbs, P: ConformancePair<V>>(
+    pair: &mut P,
+) -> Result<(), ConformanceError> {
     let (ea, eb) = endpoints(pair, 4096, 16)?;
     let (a, b) = pair.providers();
     let srq = a
@@ -1424,23 +1514,26 @@ pub fn check_object_rules<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> Resu
     ] {
         match r {
             Err(VerbsError::Busy(_)) => {}
-            r => return Err(format!("{what} gave {r:?}, expected Busy")),
+            r => return Err(violation!("{what} gave {r:?}, expected Busy")),
         }
     }
     let gone = QpNum::new(0xFF_FFF0);
     match a.destroy_qp(gone) {
         Err(VerbsError::NoSuchQp(_)) => {}
-        r => return Err(format!("destroy_qp of an unknown QP gave {r:?}")),
+        r => return Err(violation!("destroy_qp of an unknown QP gave {r:?}")),
     }
-    let buf = a.pools_mut().alloc(ea.pool).ok_or("pool exhausted")?;
+    let buf = a
+        .pools_mut()
+        .alloc(ea.pool)
+        .ok_or(ConformanceError::PoolExhausted(ea.pool))?;
     match a.post_recv(qa, WrId(1), buf) {
         Err(VerbsError::UsesSrq(_)) => {}
-        r => return Err(format!("post_recv on an SRQ-attached QP gave {r:?}")),
+        r => return Err(violation!("post_recv on an SRQ-attached QP gave {r:?}")),
     }
     match a.post_send(qa, &SendWr::send(WrId(2), buf, 4097)) {
         Err(VerbsError::TooLong { .. }) => {}
         r => {
-            return Err(format!(
+            return Err(violation!(
                 "a 4097-byte send from a 4096-byte buffer gave {r:?}"
             ))
         }
@@ -1456,7 +1549,7 @@ pub fn check_object_rules<V: Verbs, P: ConformancePair<V>>(pair: &mut P) -> Resu
     let buf = alloc_with(a, ea.pool, &[3; 8])?;
     match a.post_send(qa, &SendWr::send(WrId(5), buf, 8)) {
         Err(VerbsError::QueueFull) => {}
-        r => return Err(format!("a third send on a 2-deep send queue gave {r:?}")),
+        r => return Err(violation!("a third send on a 2-deep send queue gave {r:?}")),
     }
     a.pools_mut().free(buf).ctx("free")?;
     a.destroy_qp(qa).ctx("destroy_qp")?;
