@@ -78,9 +78,9 @@ impl Default for RcParams {
         Self {
             path_mtu: None,
             timeout: 14,
-            retry_cnt: 7,
-            rnr_retry_a: 7,
-            rnr_retry_b: 7,
+            retry_cnt: setup::RC_RETRY_CNT,
+            rnr_retry_a: setup::RNR_RETRY_FOREVER,
+            rnr_retry_b: setup::RNR_RETRY_FOREVER,
             min_rnr_timer: 14,
             psn_a: Psn::new(0x00_1000),
             psn_b: Psn::new(0x7F_F000),

@@ -1,6 +1,7 @@
 //! The checks of the QP state machine and of the object rules.
 
 use super::*;
+use crate::verbs::setup::{RC_RETRY_CNT, RNR_RETRY_FOREVER};
 
 /// **QP state machine through `modify_qp`.** A fresh RC QP is in RESET and refuses
 /// `post_recv` and `post_send` there; illegal transitions (RESET→RTR, INIT→RTS, RTS→RTR,
@@ -115,7 +116,7 @@ pub fn check_qp_state_machine<V: Verbs, P: ConformancePair<V>>(
         }
         a.pools_mut().free(buf2).ctx("free")?;
         illegal(a, QpState::Rtr, QpState::Init)?;
-        let mut rts = rc_rts_attr(14, 7, 7, Psn::new(9));
+        let mut rts = rc_rts_attr(14, RC_RETRY_CNT, RNR_RETRY_FOREVER, Psn::new(9));
         rts.retry_cnt = None;
         match a.modify_qp(qp, &rts) {
             Err(VerbsError::MissingAttributes { .. }) => {}
@@ -123,15 +124,18 @@ pub fn check_qp_state_machine<V: Verbs, P: ConformancePair<V>>(
         }
         let wrong_cur = QpAttr {
             cur_state: Some(QpState::Init),
-            ..rc_rts_attr(14, 7, 7, Psn::new(9))
+            ..rc_rts_attr(14, RC_RETRY_CNT, RNR_RETRY_FOREVER, Psn::new(9))
         };
         match a.modify_qp(qp, &wrong_cur) {
             Err(VerbsError::InvalidAttribute(_)) => {}
             r => return Err(violation!("RTR->RTS with cur_state INIT gave {r:?}")),
         }
         expect_state(a, QpState::Rtr)?;
-        a.modify_qp(qp, &rc_rts_attr(14, 7, 7, Psn::new(9)))
-            .ctx("RTR->RTS")?;
+        a.modify_qp(
+            qp,
+            &rc_rts_attr(14, RC_RETRY_CNT, RNR_RETRY_FOREVER, Psn::new(9)),
+        )
+        .ctx("RTR->RTS")?;
         expect_state(a, QpState::Rts)?;
         let rts_rts = QpAttr {
             min_rnr_timer: Some(12),
