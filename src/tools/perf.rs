@@ -27,9 +27,8 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use super::exchange::{exchange_over_tcp, Dest, TcpExchange};
-use super::rc_pingpong::stats_line;
 use super::rc_qp::{connect_rc_qp, open_rc_qp, RcQpSetup};
-use super::soft_loop::{linger, SoftLink, SoftLoop};
+use super::soft_loop::{linger, stats_line, SoftLink, SoftLoop};
 use super::{Options, PingpongError, RcLink, RECV_WRID, ROCE_V2_UDP_PORT, SEND_WRID};
 use crate::daemon::config::{pick_duration, pick_int, ConfigError, ConfigFile, FaultFlags};
 use crate::soft::provider::UdpOffload;
@@ -308,7 +307,7 @@ pub struct Report {
     pub elapsed: Duration,
     /// With `--lat`, and at least one round trip timed.
     pub latency: Option<Latency>,
-    /// The provider's counters ([`stats_line`]).
+    /// The provider's counters (`soft-rc: tx_packets=… …`, one line).
     pub stats: String,
 }
 

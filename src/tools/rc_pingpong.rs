@@ -25,7 +25,7 @@ use rand::{Rng, SeedableRng};
 use super::exchange::{exchange_over_tcp, print_dest, route_source, Dest, TcpExchange};
 use super::pingpong::{run_pingpong, PingpongIo, PingpongRun, Summary};
 use super::rc_qp::{connect_rc_qp, open_rc_qp, RcQpSetup};
-use super::soft_loop::{linger, SoftLink, SoftLoop};
+use super::soft_loop::{linger, stats_line, SoftLink, SoftLoop};
 use super::{Options, PingpongError, RcLink};
 use crate::cm::{AcceptParams, Cm, CmConfig, CmEvent, CommId, ConnectParams};
 use crate::gsi::Gsi;
@@ -215,7 +215,7 @@ fn connect_qp(
 pub struct Outcome {
     /// rdma-core's figures.
     pub summary: Summary,
-    /// The provider's counters ([`stats_line`]).
+    /// The provider's counters (`soft-rc: tx_packets=… …`, one line).
     pub stats: String,
 }
 
@@ -449,28 +449,6 @@ fn linger_pingpong(ctx: &mut Ctx, opts: &RcPingpongOptions) -> Result<(), Pingpo
         ctx.pump_into(now, &mut evs)?;
         ctx.wait_for(cap)
     })
-}
-
-/// The provider's counters, one line, for the end of a run.
-pub fn stats_line(v: &SoftVerbs) -> String {
-    let s = v.stats();
-    format!(
-        "soft-rc: tx_packets={} retransmits={} timeouts={} acks={} seq_naks_tx={} rnr_naks_tx={} rx_datagrams={} rx_bad_icrc={} rx_duplicate={} rx_out_of_sequence={} injected_loss={} injected_dup={} injected_reorder={} injected_corrupt={}",
-        s.tx_packets,
-        s.tx_retransmits,
-        s.retransmit_timeouts,
-        s.tx_acks,
-        s.tx_seq_naks,
-        s.tx_rnr_naks,
-        s.rx_datagrams,
-        s.rx_bad_icrc,
-        s.rx_duplicate,
-        s.rx_out_of_sequence,
-        s.faults.dropped,
-        s.faults.duplicated,
-        s.faults.reordered,
-        s.faults.corrupted
-    )
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use mio::{Events, Poll};
 
 use super::PingpongError;
 use crate::soft::provider::{SoftProvider, UdpOffload};
-use crate::soft::{FaultConfig, SoftConfig};
+use crate::soft::{FaultConfig, SoftConfig, SoftVerbs};
 use crate::verbs::{PathMtu, Provider};
 
 /// Where and how a tool's software provider runs.
@@ -105,4 +105,26 @@ pub(crate) fn linger<C>(
         turn(ctx, now, (end - now).min(Duration::from_millis(10)))?;
     }
     Ok(())
+}
+
+/// The provider's counters, one line, for the end of a run.
+pub(crate) fn stats_line(v: &SoftVerbs) -> String {
+    let s = v.stats();
+    format!(
+        "soft-rc: tx_packets={} retransmits={} timeouts={} acks={} seq_naks_tx={} rnr_naks_tx={} rx_datagrams={} rx_bad_icrc={} rx_duplicate={} rx_out_of_sequence={} injected_loss={} injected_dup={} injected_reorder={} injected_corrupt={}",
+        s.tx_packets,
+        s.tx_retransmits,
+        s.retransmit_timeouts,
+        s.tx_acks,
+        s.tx_seq_naks,
+        s.tx_rnr_naks,
+        s.rx_datagrams,
+        s.rx_bad_icrc,
+        s.rx_duplicate,
+        s.rx_out_of_sequence,
+        s.faults.dropped,
+        s.faults.duplicated,
+        s.faults.reordered,
+        s.faults.corrupted
+    )
 }
