@@ -6,7 +6,7 @@
 #                               [hw-pingpong] [daemon]
 #
 # Checks (all by default):
-#   conformance  (a) the provider conformance suite (src/verbs/conformance.rs) over the
+#   conformance  (a) the provider conformance suite (src/verbs/conformance/) over the
 #                libibverbs provider HwVerbs on the guest's rxe0 <-> rxe1;
 #   rc-pingpong  (b) `ipoib-cm rc-pingpong` on the soft provider in a host netns <-> rdma-core's
 #                `ibv_rc_pingpong -g IDX` on rxe0, the guest serving and then the host serving

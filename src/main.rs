@@ -8,7 +8,8 @@ use clap::{Args, Parser, Subcommand};
 use ipoib_cm::daemon::{self, ConfigError, UpArgs};
 use ipoib_cm::soft::FaultConfig;
 use ipoib_cm::tools::perf::{self, PerfArgs};
-use ipoib_cm::tools::rc_pingpong;
+use ipoib_cm::tools::rc_pingpong::{self, RcPingpong, RcPingpongOptions};
+use ipoib_cm::tools::{PingpongError, RcLink};
 use ipoib_cm::verbs::PathMtu;
 
 /// Userspace IPoIB connected mode over InfiniBand RC queue pairs.
@@ -129,9 +130,9 @@ fn up_verbs(_cfg: &daemon::Config, _u: &UpCmd) -> Result<(), daemon::run::Daemon
 
 /// `rc-pingpong --provider verbs`: no device exits 2 with one line; a failed run exits 1.
 #[cfg(feature = "verbs")]
-fn verbs_rc_pingpong(a: &PingpongArgs, opts: &rc_pingpong::Options) -> ExitCode {
-    use ipoib_cm::hw::pingpong::{self, HwPingpongError};
+fn verbs_rc_pingpong(a: &PingpongArgs, opts: &RcPingpongOptions) -> ExitCode {
     use ipoib_cm::hw::HwConfig;
+    use ipoib_cm::tools::hw_pingpong::{self as pingpong, HwPingpongError};
     let cfg = HwConfig {
         device: a.ib_dev.clone(),
         gid_index: a.gid_idx.and_then(|g| u8::try_from(g).ok()),
@@ -143,10 +144,7 @@ fn verbs_rc_pingpong(a: &PingpongArgs, opts: &rc_pingpong::Options) -> ExitCode 
             s.print();
             ExitCode::SUCCESS
         }
-        Err(
-            e @ (HwPingpongError::Open(_)
-            | HwPingpongError::Run(rc_pingpong::PingpongError::Usage(_))),
-        ) => {
+        Err(e @ (HwPingpongError::Open(_) | HwPingpongError::Run(PingpongError::Usage(_)))) => {
             eprintln!("ipoib-cm rc-pingpong: {e}");
             ExitCode::from(2)
         }
@@ -158,7 +156,7 @@ fn verbs_rc_pingpong(a: &PingpongArgs, opts: &rc_pingpong::Options) -> ExitCode 
 }
 
 #[cfg(not(feature = "verbs"))]
-fn verbs_rc_pingpong(a: &PingpongArgs, _opts: &rc_pingpong::Options) -> ExitCode {
+fn verbs_rc_pingpong(a: &PingpongArgs, _opts: &RcPingpongOptions) -> ExitCode {
     let _ = &a.ib_dev;
     verbs_provider("rc-pingpong", a.bind)
 }
@@ -235,7 +233,7 @@ struct UdPingpongArgs {
 fn ud_pingpong_main(a: &UdPingpongArgs) -> ExitCode {
     use ipoib_cm::tools::ud_pingpong;
     let _ = a.gid_idx;
-    let opts = ud_pingpong::Options {
+    let opts = ipoib_cm::tools::Options {
         peer: a.peer,
         bind: a.bind,
         tcp_port: a.port,
@@ -245,6 +243,7 @@ fn ud_pingpong_main(a: &UdPingpongArgs) -> ExitCode {
         rx_depth: a.rx_depth,
         verify_icrc_v4: !a.no_icrc_v4,
         deadline: Duration::from_secs(a.deadline.max(1)),
+        tool: (),
     };
     match ud_pingpong::run(&opts) {
         Ok(s) => {
@@ -382,21 +381,25 @@ fn rc_pingpong_main(a: &PingpongArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let opts = rc_pingpong::Options {
+    let opts = RcPingpongOptions {
         peer: a.peer,
         bind: a.bind,
         tcp_port: a.port,
         udp_port: a.udp_port,
         size: a.size as usize,
         iters: a.iters,
-        mtu: PathMtu::from_bytes(a.mtu).unwrap_or(PathMtu::Mtu1024),
         rx_depth: a.rx_depth,
-        validate: a.chk,
-        qp_timeout: a.qp_timeout,
         verify_icrc_v4: !a.no_icrc_v4,
-        faults,
-        cm: a.cm,
         deadline: Duration::from_secs(a.deadline.max(1)),
+        tool: RcPingpong {
+            link: RcLink {
+                mtu: PathMtu::from_bytes(a.mtu).unwrap_or(PathMtu::Mtu1024),
+                qp_timeout: a.qp_timeout,
+                faults,
+            },
+            validate: a.chk,
+            cm: a.cm,
+        },
     };
     if a.provider == ProviderKind::Verbs {
         return verbs_rc_pingpong(a, &opts);
@@ -410,7 +413,7 @@ fn rc_pingpong_main(a: &PingpongArgs) -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Err(e @ rc_pingpong::PingpongError::Usage(_)) => {
+        Err(e @ PingpongError::Usage(_)) => {
             eprintln!("ipoib-cm rc-pingpong: {e}");
             ExitCode::from(2)
         }
@@ -440,7 +443,7 @@ fn perf_main(a: &PerfArgs) -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Err(e @ rc_pingpong::PingpongError::Usage(_)) => {
+        Err(e @ PingpongError::Usage(_)) => {
             eprintln!("ipoib-cm perf: {e}");
             ExitCode::from(2)
         }

@@ -75,7 +75,8 @@ fn run_all_on_one_pair() {
     for (name, r) in &results {
         println!(
             "{name}: {}",
-            r.as_ref().map_or_else(|e| e.as_str(), |()| "ok")
+            r.as_ref()
+                .map_or_else(|e| e.to_string(), |()| "ok".to_owned())
         );
     }
     let failed: Vec<_> = results.iter().filter(|(_, r)| r.is_err()).collect();

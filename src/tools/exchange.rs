@@ -1,20 +1,12 @@
-//! What the tools share: rdma-core's QP-info exchange message and the TCP exchange around it,
-//! the software provider with its mio event loop, and the RC QP set-up.
+//! rdma-core's QP-info exchange: the message ([`Dest`]) and the TCP exchange around it
+//! (`exchange_over_tcp`), as its pingpong examples do it, so the tools pair with them.
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
-use super::rc_pingpong::PingpongError;
-use mio::{Events, Poll};
-use rand::{Rng, SeedableRng};
-
-use crate::soft::provider::{SoftProvider, UdpOffload};
-use crate::soft::{FaultConfig, SoftConfig};
-use crate::verbs::{
-    AccessFlags, AddressVector, BufId, CqId, Gid, PathMtu, PdId, Provider, Psn, QpAttr, QpInit,
-    QpNum, QpState, QpType, Verbs, VerbsError, WrId,
-};
+use super::PingpongError;
+use crate::verbs::{Gid, Psn, QpNum};
 
 /// A peer's QP info, as exchanged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,16 +74,6 @@ pub(crate) fn route_source(peer: IpAddr) -> io::Result<IpAddr> {
     Ok(s.local_addr()?.ip())
 }
 
-/// An exchange error: `what` failed because of `e`.
-pub(crate) fn exchange_err(what: &str, e: impl std::fmt::Display) -> PingpongError {
-    PingpongError::Exchange(format!("{what}: {e}"))
-}
-
-/// A provider error as a pingpong error.
-pub(crate) fn provider_err(e: VerbsError) -> PingpongError {
-    PingpongError::Provider(e.to_string())
-}
-
 /// Prints a QP's info the way rdma-core's pingpong examples do.
 pub(crate) fn print_dest(label: &str, d: &Dest) {
     println!(
@@ -104,155 +86,11 @@ pub(crate) fn print_dest(label: &str, d: &Dest) {
 }
 
 /// Reads exactly `n` bytes of the exchange.
-pub(crate) fn read_msg(s: &mut TcpStream, n: usize) -> Result<Vec<u8>, PingpongError> {
+fn read_msg(s: &mut TcpStream, n: usize) -> Result<Vec<u8>, PingpongError> {
     let mut buf = vec![0u8; n];
     s.read_exact(&mut buf)
-        .map_err(|e| exchange_err("Couldn't read remote address", e))?;
+        .map_err(PingpongError::exchange("Couldn't read remote address"))?;
     Ok(buf)
-}
-
-/// Entropy for a run's PSN (and CM ids): the clock and the pid; it need not be secret, only
-/// differ between runs.
-pub(crate) fn clock_seed() -> u64 {
-    u64::from(std::process::id())
-        ^ std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
-}
-
-/// The RC QP of a run, as rdma-core's examples build it.
-pub(crate) struct RcQpSetup {
-    pub(crate) pd: PdId,
-    pub(crate) cq: CqId,
-    pub(crate) qp: QpNum,
-    /// The first send buffer (held).
-    pub(crate) send_buf: BufId,
-    /// The other `tx_depth - 1` send buffers (held).
-    pub(crate) spare_send_bufs: Vec<BufId>,
-    /// This side's QP info: the QPN, a random PSN and the port's GID.
-    pub(crate) my: Dest,
-}
-
-/// PD, a pool of `rx_depth + tx_depth` buffers of `size` bytes, one CQ for both queues, an RC
-/// QP with room for `tx_depth` sends moved to INIT with `rx_depth` receives posted
-/// (`recv_wr`), `tx_depth` send buffers held, and a random 24-bit PSN drawn from `seed`
-/// (in the returned [`Dest`]).
-/// rdma-core's pingpong examples use a `tx_depth` of 1.
-///
-/// # Errors
-/// The provider's error, or an exhausted pool.
-pub(crate) fn open_rc_qp<V: Verbs>(
-    v: &mut V,
-    size: usize,
-    (rx_depth, tx_depth): (u32, u32),
-    recv_wr: WrId,
-    seed: u64,
-) -> Result<RcQpSetup, PingpongError> {
-    let tx_depth = tx_depth.max(1);
-    let pd = v.alloc_pd().map_err(provider_err)?;
-    let pool = v
-        .create_pool(pd, size.max(1), rx_depth as usize + tx_depth as usize)
-        .map_err(provider_err)?;
-    let cq = v
-        .create_cq(rx_depth.saturating_add(tx_depth))
-        .map_err(provider_err)?;
-    let qp = v
-        .create_qp(&QpInit {
-            pd,
-            qp_type: QpType::Rc,
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
-            max_send_wr: tx_depth,
-            max_recv_wr: rx_depth,
-            sq_sig_all: false,
-        })
-        .map_err(provider_err)?;
-    v.modify_qp(
-        qp,
-        &QpAttr {
-            pkey_index: Some(0),
-            port: Some(1),
-            access: Some(AccessFlags::default()),
-            ..QpAttr::to_state(QpState::Init)
-        },
-    )
-    .map_err(provider_err)?;
-    let exhausted = || PingpongError::Provider("buffer pool exhausted".into());
-    let send_buf = v.pools_mut().alloc(pool).ok_or_else(exhausted)?;
-    let spare_send_bufs = (1..tx_depth)
-        .map(|_| v.pools_mut().alloc(pool).ok_or_else(exhausted))
-        .collect::<Result<Vec<_>, _>>()?;
-    for _ in 0..rx_depth {
-        let b = v.pools_mut().alloc(pool).ok_or_else(exhausted)?;
-        v.post_recv(qp, recv_wr, b).map_err(provider_err)?;
-    }
-    let psn = Psn::new(rand_chacha::ChaCha8Rng::seed_from_u64(seed).gen::<u32>());
-    let my = Dest {
-        lid: 0,
-        qpn: qp,
-        psn,
-        gid: v.port_attr().gid,
-    };
-    Ok(RcQpSetup {
-        pd,
-        cq,
-        qp,
-        send_buf,
-        spare_send_bufs,
-        my,
-    })
-}
-
-/// The path of an RC connection: what RTR and RTS need beyond the peer's [`Dest`].
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RcPath {
-    /// Path MTU.
-    pub(crate) mtu: PathMtu,
-    /// Local ACK timeout exponent (`4.096 µs · 2^n`).
-    pub(crate) qp_timeout: u8,
-    /// The PSN this side expects to receive first.
-    pub(crate) rq_psn: Psn,
-    /// The PSN this side sends from.
-    pub(crate) sq_psn: Psn,
-}
-
-/// RTR then RTS towards `rem`, with rdma-core's pingpong attributes (7 retries, 7 RNR
-/// retries, one read/atomic).
-///
-/// # Errors
-/// The provider's error.
-pub(crate) fn rc_to_rts<V: Verbs>(
-    v: &mut V,
-    qp: QpNum,
-    rem: &Dest,
-    path: &RcPath,
-) -> Result<(), PingpongError> {
-    v.modify_qp(
-        qp,
-        &QpAttr {
-            av: Some(AddressVector::to_gid(rem.gid)),
-            path_mtu: Some(path.mtu),
-            dest_qpn: Some(rem.qpn),
-            rq_psn: Some(path.rq_psn),
-            max_dest_rd_atomic: Some(1),
-            min_rnr_timer: Some(12),
-            ..QpAttr::to_state(QpState::Rtr)
-        },
-    )
-    .map_err(provider_err)?;
-    v.modify_qp(
-        qp,
-        &QpAttr {
-            timeout: Some(path.qp_timeout),
-            retry_cnt: Some(7),
-            rnr_retry: Some(7),
-            sq_psn: Some(path.sq_psn),
-            max_rd_atomic: Some(1),
-            ..QpAttr::to_state(QpState::Rts)
-        },
-    )
-    .map_err(provider_err)
 }
 
 /// Where the TCP QP-info exchange runs.
@@ -297,43 +135,52 @@ impl TcpExchange {
 /// the client once it was sent.
 ///
 /// # Errors
-/// [`PingpongError::Exchange`] for the TCP side, or what `open` and `connect` return.
+/// [`PingpongError::Exchange`], [`PingpongError::BadRemoteAddress`] or
+/// [`PingpongError::NoClient`] for the TCP side, or what `open` and `connect` return.
 pub(crate) fn exchange_over_tcp<C>(
     ex: &TcpExchange,
     open: impl FnOnce(IpAddr) -> Result<(C, Dest), PingpongError>,
     connect: impl FnOnce(&mut C, &Dest) -> Result<(), PingpongError>,
 ) -> Result<(C, Dest), PingpongError> {
     let remote = |s: &mut TcpStream| -> Result<Dest, PingpongError> {
-        let rem = Dest::from_msg(&read_msg(s, DEST_MSG_LEN)?)
-            .ok_or_else(|| exchange_err("bad remote address", "unparseable"))?;
+        let rem =
+            Dest::from_msg(&read_msg(s, DEST_MSG_LEN)?).ok_or(PingpongError::BadRemoteAddress)?;
         print_dest("remote", &rem);
         Ok(rem)
     };
-    let sock_err = |e| exchange_err("socket", e);
     if let Some(peer) = ex.peer {
         let local = match ex.bind {
             Some(ip) => ip,
-            None => route_source(peer).map_err(|e| exchange_err("route to peer", e))?,
+            None => route_source(peer).map_err(PingpongError::exchange("route to peer"))?,
         };
         let (mut ctx, my) = open(local)?;
         print_dest("local", &my);
         let mut s = TcpStream::connect_timeout(&SocketAddr::new(peer, ex.tcp_port), ex.io_timeout)
-            .map_err(|e| exchange_err(&format!("Couldn't connect to {peer}:{}", ex.tcp_port), e))?;
-        s.set_read_timeout(Some(ex.io_timeout)).map_err(sock_err)?;
+            .map_err(PingpongError::exchange(format!(
+                "Couldn't connect to {peer}:{}",
+                ex.tcp_port
+            )))?;
+        s.set_read_timeout(Some(ex.io_timeout))
+            .map_err(PingpongError::exchange("socket"))?;
         s.write_all(&my.to_msg())
-            .map_err(|e| exchange_err("Couldn't send local address", e))?;
+            .map_err(PingpongError::exchange("Couldn't send local address"))?;
         let rem = remote(&mut s)?;
         connect(&mut ctx, &rem)?;
         s.write_all(b"done\0")
-            .map_err(|e| exchange_err("Couldn't send done", e))?;
+            .map_err(PingpongError::exchange("Couldn't send done"))?;
         Ok((ctx, rem))
     } else {
         let any = ex.bind.unwrap_or(IpAddr::from([0u8; 4]));
-        let l = TcpListener::bind(SocketAddr::new(any, ex.tcp_port))
-            .map_err(|e| exchange_err(&format!("Couldn't listen to port {}", ex.tcp_port), e))?;
+        let l = TcpListener::bind(SocketAddr::new(any, ex.tcp_port)).map_err(
+            PingpongError::exchange(format!("Couldn't listen to port {}", ex.tcp_port)),
+        )?;
         let mut s = accept_until(&l, ex.accept_deadline)?;
-        s.set_read_timeout(Some(ex.io_timeout)).map_err(sock_err)?;
-        let local = s.local_addr().map_err(sock_err)?.ip();
+        s.set_read_timeout(Some(ex.io_timeout))
+            .map_err(PingpongError::exchange("socket"))?;
+        let local = s
+            .local_addr()
+            .map_err(PingpongError::exchange("socket"))?
+            .ip();
         let local = match local {
             IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(local, IpAddr::V4),
             v4 => v4,
@@ -343,7 +190,7 @@ pub(crate) fn exchange_over_tcp<C>(
         let rem = remote(&mut s)?;
         connect(&mut ctx, &rem)?;
         s.write_all(&my.to_msg())
-            .map_err(|e| exchange_err("Couldn't send local address", e))?;
+            .map_err(PingpongError::exchange("Couldn't send local address"))?;
         let _done = read_msg(&mut s, 5)?;
         Ok((ctx, rem))
     }
@@ -355,117 +202,48 @@ fn accept_until(l: &TcpListener, deadline: Option<Instant>) -> Result<TcpStream,
         return l
             .accept()
             .map(|(s, _)| s)
-            .map_err(|e| exchange_err("accept", e));
+            .map_err(PingpongError::exchange("accept"));
     };
     l.set_nonblocking(true)
-        .map_err(|e| exchange_err("accept", e))?;
+        .map_err(PingpongError::exchange("accept"))?;
     loop {
         match l.accept() {
             Ok((s, _)) => {
                 s.set_nonblocking(false)
-                    .map_err(|e| exchange_err("accept", e))?;
+                    .map_err(PingpongError::exchange("accept"))?;
                 return Ok(s);
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 if Instant::now() >= deadline {
-                    return Err(exchange_err("accept", "no client before the deadline"));
+                    return Err(PingpongError::NoClient);
                 }
                 std::thread::sleep(Duration::from_millis(10));
             }
-            Err(e) => return Err(exchange_err("accept", e)),
+            Err(e) => return Err(PingpongError::exchange("accept")(e)),
         }
     }
 }
 
-/// Where and how a tool's software provider runs.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct SoftLink {
-    /// Local underlay address.
-    pub(crate) local: IpAddr,
-    /// UDP port of RoCEv2 traffic, both directions.
-    pub(crate) udp_port: u16,
-    /// Verify the ICRC of IPv4 packets.
-    pub(crate) verify_icrc_v4: bool,
-    /// Fault injection on what this side sends.
-    pub(crate) faults: FaultConfig,
-    /// UDP GSO/GRO.
-    pub(crate) offload: UdpOffload,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// The software provider with the mio poll that wakes a tool's event loop.
-pub(crate) struct SoftLoop {
-    /// The provider (its socket is registered with the poll).
-    pub(crate) prov: SoftProvider,
-    poll: Poll,
-    events: Events,
-}
-
-impl SoftLoop {
-    /// Binds the provider (port MTU 4096) and registers it with a new poll.
-    ///
-    /// # Errors
-    /// [`PingpongError::Provider`] if the socket cannot be bound, or the poll's error.
-    pub(crate) fn bind(link: &SoftLink) -> Result<Self, PingpongError> {
-        let mut cfg = SoftConfig::new(link.local);
-        cfg.src_port = link.udp_port;
-        cfg.dst_port = link.udp_port;
-        cfg.port_mtu = PathMtu::Mtu4096;
-        cfg.verify_icrc_v4 = link.verify_icrc_v4;
-        cfg.faults = link.faults;
-        let mut prov = SoftProvider::bind(cfg, link.offload).map_err(|e| {
-            PingpongError::Provider(format!("bind {} udp {}: {e}", link.local, link.udp_port))
-        })?;
-        let poll = Poll::new()?;
-        prov.register(poll.registry(), 0)?;
-        Ok(Self {
-            prov,
-            poll,
-            events: Events::with_capacity(64),
-        })
+    #[test]
+    fn dest_message_matches_rdma_core_format() {
+        let d = Dest {
+            lid: 0,
+            qpn: QpNum::new(0x11),
+            psn: Psn::new(0xabcdef),
+            gid: Gid::from(std::net::Ipv4Addr::new(198, 18, 0, 1)),
+        };
+        let msg = d.to_msg();
+        assert_eq!(
+            &msg[..51],
+            b"0000:000011:abcdef:00000000000000000000ffffc6120001".as_slice()
+        );
+        assert_eq!(msg[51], 0);
+        assert_eq!(Dest::from_msg(&msg), Some(d));
+        assert_eq!(Dest::from_msg(b"0000:1000000:000000:00"), None);
+        assert_eq!(Dest::from_msg(b"\xff\xfe"), None);
     }
-
-    /// Sleeps until the socket is ready, the provider's next timer or `other` is due, or
-    /// `cap` has passed, whichever is first.
-    ///
-    /// # Errors
-    /// The poll's error.
-    pub(crate) fn wait(
-        &mut self,
-        cap: Duration,
-        other: Option<Instant>,
-    ) -> Result<(), PingpongError> {
-        let now = Instant::now();
-        let timeout = [self.prov.poll_timeout(), other]
-            .into_iter()
-            .flatten()
-            .map(|t| t.saturating_duration_since(now))
-            .fold(cap, Duration::min);
-        self.poll.poll(&mut self.events, Some(timeout))?;
-        Ok(())
-    }
-}
-
-/// Keeps a run's loop turning for a while after its last completion: the peer may still be
-/// waiting for an ACK that got lost, and only this side can re-ACK its retransmission. The
-/// while is eight local ACK timeouts (`4.096 µs · 2^qp_timeout`) plus 20 ms, at most 2 s;
-/// `turn(ctx, now, cap)` does one pass of I/O and sleeps at most `cap`.
-///
-/// # Errors
-/// What `turn` returns.
-pub(crate) fn linger<C>(
-    ctx: &mut C,
-    qp_timeout: u8,
-    mut turn: impl FnMut(&mut C, Instant, Duration) -> Result<(), PingpongError>,
-) -> Result<(), PingpongError> {
-    let interval = Duration::from_nanos(4096u64 << qp_timeout.min(31));
-    let linger = (interval * 8 + Duration::from_millis(20)).min(Duration::from_secs(2));
-    let end = Instant::now() + linger;
-    for _ in 0..100_000 {
-        let now = Instant::now();
-        if now >= end {
-            break;
-        }
-        turn(ctx, now, (end - now).min(Duration::from_millis(10)))?;
-    }
-    Ok(())
 }

@@ -1,7 +1,23 @@
 //! Command-line tools built on the providers (the `ipoib-cm` subcommands other than the daemon).
+//!
+//! Layout: [`exchange`] is rdma-core's TCP QP-info exchange; [`pingpong`] the ping-pong loop
+//! over any provider; `rc_qp` and `soft_loop` the RC QP set-up and the software provider's
+//! event loop the tools share; [`rc_pingpong`], [`ud_pingpong`] and [`perf`] the tools, with
+//! `hw_pingpong` running rc-pingpong on the libibverbs provider (feature `verbs`). Every tool
+//! takes one [`Options`] and fails with one [`PingpongError`].
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+mod error;
 pub mod exchange;
+#[cfg(feature = "verbs")]
+pub mod hw_pingpong;
+mod options;
 pub mod perf;
+pub mod pingpong;
 pub mod rc_pingpong;
+mod rc_qp;
+mod soft_loop;
 pub mod ud_pingpong;
+
+pub use error::PingpongError;
+pub use options::{Options, RcLink, RECV_WRID, ROCE_V2_UDP_PORT, SEND_WRID};

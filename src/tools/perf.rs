@@ -26,16 +26,15 @@
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use super::exchange::{
-    clock_seed, exchange_over_tcp, linger, open_rc_qp, rc_to_rts, RcPath, RcQpSetup, SoftLink,
-    SoftLoop, TcpExchange,
-};
-use super::rc_pingpong::{stats_line, Dest, PingpongError};
+use super::exchange::{exchange_over_tcp, Dest, TcpExchange};
+use super::rc_qp::{connect_rc_qp, open_rc_qp, RcQpSetup};
+use super::soft_loop::{linger, stats_line, SoftLink, SoftLoop};
+use super::{Options, PingpongError, RcLink, RECV_WRID, ROCE_V2_UDP_PORT, SEND_WRID};
 use crate::daemon::config::{pick_duration, pick_int, ConfigError, ConfigFile, FaultFlags};
 use crate::soft::provider::UdpOffload;
-use crate::soft::FaultConfig;
+use crate::verbs::setup::{clock_seed, DEFAULT_LOCAL_ACK_TIMEOUT};
 use crate::verbs::{
-    BufId, Completion, CqId, PathMtu, Provider, QpNum, SendWr, Verbs, WcOpcode, WcStatus, WrId,
+    BufId, Completion, CqId, PathMtu, Provider, QpNum, SendWr, Verbs, WcOpcode, WcStatus,
 };
 
 /// The default TCP port of the exchange (rc-pingpong's 18515 plus one, so both can run).
@@ -46,9 +45,6 @@ pub const MAX_SIZE: usize = 1 << 24;
 
 /// Most memory the receive and send buffers of one side may take.
 pub const MAX_BUFFER_BYTES: usize = 1 << 30;
-
-const SEND_WRID: u64 = 1;
-const RECV_WRID: u64 = 2;
 
 /// Longest sleep of the event loop without a timer or readiness.
 const IDLE_WAIT: Duration = Duration::from_millis(100);
@@ -75,41 +71,22 @@ impl Mode {
     }
 }
 
-/// A validated run.
-#[derive(Debug, Clone)]
-pub struct Options {
+/// What perf takes beyond [`Options`] (whose `iters` are messages with `--bw`, round trips
+/// with `--lat`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Perf {
     /// Bandwidth or latency.
     pub mode: Mode,
-    /// The server (client mode); `None` makes this the server.
-    pub peer: Option<IpAddr>,
-    /// Local underlay address; derived from the route to the peer (client) or the accepted
-    /// TCP connection (server) when absent.
-    pub bind: Option<IpAddr>,
-    /// TCP port of the QP-info exchange.
-    pub tcp_port: u16,
-    /// UDP port of RoCEv2 traffic, both directions.
-    pub udp_port: u16,
-    /// Message size in bytes.
-    pub size: usize,
-    /// Messages (bw) or round trips (lat).
-    pub iters: u32,
-    /// Path MTU.
-    pub mtu: PathMtu,
+    /// Path MTU, ACK timeout and faults.
+    pub link: RcLink,
     /// Sends outstanding at most.
     pub tx_depth: u32,
-    /// Receives kept posted.
-    pub rx_depth: u32,
-    /// Local ACK timeout exponent (`4.096 µs · 2^n`).
-    pub qp_timeout: u8,
-    /// Verify the ICRC of IPv4 packets.
-    pub verify_icrc_v4: bool,
     /// UDP GSO/GRO.
     pub offload: UdpOffload,
-    /// Fault injection on what this side sends.
-    pub faults: FaultConfig,
-    /// Everything (the exchange included) ends by then.
-    pub deadline: Duration,
 }
+
+/// A validated perf run; everything, the exchange included, ends by its deadline.
+pub type PerfOptions = Options<Perf>;
 
 /// The flags of `ipoib-cm perf`; `#[command(flatten)]` it. Values are text, validated by
 /// [`PerfArgs::resolve`] into one-line errors that name the flag.
@@ -194,7 +171,7 @@ impl PerfArgs {
     ///
     /// # Errors
     /// A one-line [`ConfigError`] naming the flag; exit with [`ConfigError::EXIT_CODE`].
-    pub fn resolve(&self) -> Result<Options, ConfigError> {
+    pub fn resolve(&self) -> Result<PerfOptions, ConfigError> {
         if self.bw && self.lat {
             return Err(invalid("--lat", "conflicts with --bw (one mode a run)"));
         }
@@ -236,24 +213,20 @@ impl PerfArgs {
             )
         })?;
         Ok(Options {
-            mode,
             peer,
             bind,
             tcp_port: int("port", &self.port, 1, 65535, i64::from(DEFAULT_TCP_PORT))? as u16,
-            udp_port: int("udp_port", &self.udp_port, 1, 65535, 4791)? as u16,
+            udp_port: int(
+                "udp_port",
+                &self.udp_port,
+                1,
+                65535,
+                i64::from(ROCE_V2_UDP_PORT),
+            )? as u16,
             size,
             iters: int("iters", &self.iters, 1, 100_000_000, 1000)? as u32,
-            mtu,
-            tx_depth,
             rx_depth,
-            qp_timeout: int("qp_timeout", &self.qp_timeout, 1, 31, 14)? as u8,
             verify_icrc_v4: !self.no_icrc_v4,
-            offload: if self.no_udp_offload {
-                UdpOffload::Off
-            } else {
-                UdpOffload::On
-            },
-            faults: self.faults.resolve(&ConfigFile::default())?,
             deadline: pick_duration(
                 "deadline",
                 self.deadline.as_deref(),
@@ -261,6 +234,26 @@ impl PerfArgs {
                 Duration::from_secs(1),
                 Duration::from_secs(60),
             )?,
+            tool: Perf {
+                mode,
+                link: RcLink {
+                    mtu,
+                    qp_timeout: int(
+                        "qp_timeout",
+                        &self.qp_timeout,
+                        1,
+                        31,
+                        i64::from(DEFAULT_LOCAL_ACK_TIMEOUT),
+                    )? as u8,
+                    faults: self.faults.resolve(&ConfigFile::default())?,
+                },
+                tx_depth,
+                offload: if self.no_udp_offload {
+                    UdpOffload::Off
+                } else {
+                    UdpOffload::On
+                },
+            },
         })
     }
 }
@@ -314,7 +307,7 @@ pub struct Report {
     pub elapsed: Duration,
     /// With `--lat`, and at least one round trip timed.
     pub latency: Option<Latency>,
-    /// The provider's counters ([`stats_line`]).
+    /// The provider's counters (`soft-rc: tx_packets=… …`, one line).
     pub stats: String,
 }
 
@@ -436,13 +429,13 @@ struct Run {
 }
 
 impl Run {
-    fn open(opts: &Options, local: IpAddr) -> Result<Self, PingpongError> {
+    fn open(opts: &PerfOptions, local: IpAddr) -> Result<Self, PingpongError> {
         let mut lp = SoftLoop::bind(&SoftLink {
             local,
             udp_port: opts.udp_port,
             verify_icrc_v4: opts.verify_icrc_v4,
-            faults: opts.faults,
-            offload: opts.offload,
+            faults: opts.tool.link.faults,
+            offload: opts.tool.offload,
         })?;
         let v = lp.prov.verbs();
         let RcQpSetup {
@@ -455,8 +448,7 @@ impl Run {
         } = open_rc_qp(
             v,
             opts.size,
-            (opts.rx_depth, opts.tx_depth),
-            WrId(RECV_WRID),
+            (opts.rx_depth, opts.tool.tx_depth),
             clock_seed(),
         )?;
         let mut free_send = spare_send_bufs;
@@ -480,8 +472,8 @@ impl Run {
         self.lp
             .prov
             .verbs()
-            .post_send(self.qp, &SendWr::send(WrId(SEND_WRID), buf, size))
-            .map_err(|e| PingpongError::Provider(format!("Couldn't post send: {e}")))?;
+            .post_send(self.qp, &SendWr::send(SEND_WRID, buf, size))
+            .map_err(PingpongError::verbs("Couldn't post send"))?;
         Ok(true)
     }
 
@@ -497,9 +489,7 @@ impl Run {
             if wc.status != WcStatus::Success {
                 return Err(PingpongError::Completion(*wc));
             }
-            let buf = wc
-                .buf
-                .ok_or_else(|| PingpongError::Provider("completion without its buffer".into()))?;
+            let buf = wc.buf.ok_or(PingpongError::NoBuffer(*wc))?;
             match wc.opcode {
                 WcOpcode::Send => {
                     self.free_send.push(buf);
@@ -511,9 +501,8 @@ impl Run {
                     }
                     self.received += 1;
                     t.recvs += 1;
-                    v.post_recv(self.qp, WrId(RECV_WRID), buf).map_err(|e| {
-                        PingpongError::Provider(format!("Couldn't post receive: {e}"))
-                    })?;
+                    v.post_recv(self.qp, RECV_WRID, buf)
+                        .map_err(PingpongError::verbs("Couldn't post receive"))?;
                 }
             }
         }
@@ -529,19 +518,23 @@ impl Run {
 /// Counts of a run, to say how far it got when it timed out.
 fn check_deadline(
     deadline: Instant,
-    opts: &Options,
+    opts: &PerfOptions,
     sends: u32,
     recvs: u32,
 ) -> Result<(), PingpongError> {
     if Instant::now() > deadline {
-        return Err(PingpongError::Timeout(opts.deadline, sends, recvs));
+        return Err(PingpongError::Timeout {
+            after: opts.deadline,
+            sends,
+            recvs,
+        });
     }
     Ok(())
 }
 
 /// `--bw`: the client keeps up to `tx_depth` sends posted until `iters` have completed; the
 /// server takes `iters` receives.
-fn stream(run: &mut Run, opts: &Options, deadline: Instant) -> Result<Duration, PingpongError> {
+fn stream(run: &mut Run, opts: &PerfOptions, deadline: Instant) -> Result<Duration, PingpongError> {
     let is_client = opts.peer.is_some();
     let start = Instant::now();
     let (mut posted, mut sends, mut recvs) = (0u32, 0u32, 0u32);
@@ -564,7 +557,7 @@ fn stream(run: &mut Run, opts: &Options, deadline: Instant) -> Result<Duration, 
 /// the round trip from its send to the answer. Returns the loop's time and the round trips.
 fn ping_pong(
     run: &mut Run,
-    opts: &Options,
+    opts: &PerfOptions,
     deadline: Instant,
 ) -> Result<(Duration, Vec<Duration>), PingpongError> {
     let start = Instant::now();
@@ -599,8 +592,9 @@ fn ping_pong(
 /// Runs one side.
 ///
 /// # Errors
-/// Any [`PingpongError`]; the caller prints it and exits non-zero.
-pub fn run(opts: &Options) -> Result<Report, PingpongError> {
+/// Any [`PingpongError`]; the caller prints it and exits with
+/// [`PingpongError::exit_code`].
+pub fn run(opts: &PerfOptions) -> Result<Report, PingpongError> {
     let deadline = Instant::now() + opts.deadline;
     let ex = TcpExchange {
         accept_deadline: Some(deadline),
@@ -614,17 +608,13 @@ pub fn run(opts: &Options) -> Result<Report, PingpongError> {
             Ok((run, my))
         },
         |run, rem| {
-            let path = RcPath {
-                mtu: opts.mtu,
-                qp_timeout: opts.qp_timeout,
-                rq_psn: rem.psn,
-                sq_psn: run.my.psn,
-            };
-            rc_to_rts(run.lp.prov.verbs(), run.qp, rem, &path)
+            let psns = (rem.psn, run.my.psn);
+            connect_rc_qp(run.lp.prov.verbs(), run.qp, rem, &opts.tool.link, psns)
         },
     )?;
     let is_client = opts.peer.is_some();
-    let (elapsed, latency) = match (opts.mode, is_client) {
+    let mode = opts.tool.mode;
+    let (elapsed, latency) = match (mode, is_client) {
         (Mode::Bw, _) => (stream(&mut run, opts, deadline)?, None),
         (Mode::Lat, _) => {
             let (elapsed, mut round_trips) = ping_pong(&mut run, opts, deadline)?;
@@ -632,14 +622,14 @@ pub fn run(opts: &Options) -> Result<Report, PingpongError> {
         }
     };
     // The streaming client has nothing left to acknowledge; everyone else may have.
-    if opts.mode == Mode::Lat || !is_client {
-        linger(&mut run, opts.qp_timeout, |run, now, cap| {
+    if mode == Mode::Lat || !is_client {
+        linger(&mut run, opts.tool.link.qp_timeout, |run, now, cap| {
             run.lp.prov.handle_io(now)?;
             run.idle(now + cap)
         })?;
     }
     Ok(Report {
-        mode: opts.mode,
+        mode,
         is_client,
         size: opts.size,
         iters: opts.iters,
@@ -660,39 +650,47 @@ mod tests {
         perf: PerfArgs,
     }
 
-    fn parse(args: &[&str]) -> Result<Options, String> {
-        let cli = Cli::try_parse_from(std::iter::once("perf").chain(args.iter().copied()))
-            .map_err(|e| format!("clap: {e}"))?;
-        cli.perf.resolve().map_err(|e| {
+    /// Why a command line was refused: by clap, or by [`PerfArgs::resolve`].
+    #[derive(Debug, thiserror::Error)]
+    enum Refused {
+        #[error("clap: {0}")]
+        Clap(#[from] clap::Error),
+        #[error(transparent)]
+        Resolve(#[from] ConfigError),
+    }
+
+    fn parse(args: &[&str]) -> Result<PerfOptions, Refused> {
+        let cli = Cli::try_parse_from(std::iter::once("perf").chain(args.iter().copied()))?;
+        let opts = cli.perf.resolve().inspect_err(|e| {
             let s = e.to_string();
             assert!(!s.contains('\n'), "multi-line error: {s:?}");
-            s
-        })
+        })?;
+        Ok(opts)
     }
 
     fn err(args: &[&str]) -> String {
-        parse(args).expect_err("should be rejected")
+        parse(args).expect_err("should be rejected").to_string()
     }
 
     #[test]
     fn defaults() {
         let o = parse(&[]).unwrap();
-        assert_eq!(o.mode, Mode::Bw);
+        assert_eq!(o.tool.mode, Mode::Bw);
         assert_eq!(o.peer, None);
         assert_eq!(o.tcp_port, DEFAULT_TCP_PORT);
         assert_ne!(o.tcp_port, super::super::rc_pingpong::DEFAULT_TCP_PORT);
         assert_eq!(o.udp_port, 4791);
         assert_eq!(o.size, 65536);
         assert_eq!(o.iters, 1000);
-        assert_eq!(o.mtu, PathMtu::Mtu4096);
-        assert_eq!((o.tx_depth, o.rx_depth), (128, 512));
-        assert_eq!(o.qp_timeout, 14);
+        assert_eq!(o.tool.link.mtu, PathMtu::Mtu4096);
+        assert_eq!((o.tool.tx_depth, o.rx_depth), (128, 512));
+        assert_eq!(o.tool.link.qp_timeout, 14);
         assert!(o.verify_icrc_v4);
-        assert_eq!(o.offload, UdpOffload::On);
-        assert!(o.faults.is_clean());
+        assert_eq!(o.tool.offload, UdpOffload::On);
+        assert!(o.tool.link.faults.is_clean());
         assert_eq!(o.deadline, Duration::from_secs(60));
         let lat = parse(&["--lat"]).unwrap();
-        assert_eq!((lat.mode, lat.size), (Mode::Lat, 2));
+        assert_eq!((lat.tool.mode, lat.size), (Mode::Lat, 2));
     }
 
     #[test]
@@ -728,19 +726,25 @@ mod tests {
             "7",
         ])
         .unwrap();
-        assert_eq!(o.mode, Mode::Lat);
+        assert_eq!(o.tool.mode, Mode::Lat);
         assert_eq!(o.peer, Some("198.18.0.1".parse().unwrap()));
         assert_eq!(o.bind, Some("198.18.0.2".parse().unwrap()));
         assert_eq!((o.tcp_port, o.udp_port), (20000, 4800));
         assert_eq!((o.size, o.iters), (64, 2000));
-        assert_eq!(o.mtu, PathMtu::Mtu1024);
-        assert_eq!((o.tx_depth, o.rx_depth, o.qp_timeout), (16, 64, 10));
+        assert_eq!(o.tool.link.mtu, PathMtu::Mtu1024);
+        assert_eq!(
+            (o.tool.tx_depth, o.rx_depth, o.tool.link.qp_timeout),
+            (16, 64, 10)
+        );
         assert!(!o.verify_icrc_v4);
-        assert_eq!(o.offload, UdpOffload::Off);
-        assert_eq!((o.faults.loss_pct, o.faults.seed), (5.0, 7));
+        assert_eq!(o.tool.offload, UdpOffload::Off);
+        assert_eq!(
+            (o.tool.link.faults.loss_pct, o.tool.link.faults.seed),
+            (5.0, 7)
+        );
         assert_eq!(o.deadline, Duration::from_secs(30));
         assert_eq!(
-            parse(&["--deadline", "500ms"]).unwrap_err(),
+            err(&["--deadline", "500ms"]),
             "--deadline: must be at least 1s (got \"500ms\")"
         );
     }

@@ -17,20 +17,22 @@
 //! `0x0000000001060000 | port`, and the run ends with DREQ/DREP. PSNs follow Linux's CM: each
 //! side advertises the PSN it expects to receive.
 
-use std::io;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 
+use super::exchange::{exchange_over_tcp, print_dest, route_source, Dest, TcpExchange};
+use super::pingpong::{run_pingpong, PingpongIo, PingpongRun, Summary};
+use super::rc_qp::{connect_rc_qp, open_rc_qp, RcQpSetup};
+use super::soft_loop::{linger, stats_line, SoftLink, SoftLoop};
+use super::{Options, PingpongError, RcLink};
 use crate::cm::{AcceptParams, Cm, CmConfig, CmEvent, CommId, ConnectParams};
 use crate::gsi::Gsi;
 use crate::soft::provider::UdpOffload;
-use crate::soft::{FaultConfig, SoftVerbs};
-use crate::verbs::{
-    AsyncEvent, BufId, Completion, CqId, Gid, PathMtu, PdId, Provider, QpAttr, QpNum, QpState,
-    SendWr, Verbs, WcOpcode, WcStatus, WrId,
-};
+use crate::soft::SoftVerbs;
+use crate::verbs::setup::{clock_seed, RC_RETRY_CNT, RNR_RETRY_FOREVER};
+use crate::verbs::{AsyncEvent, BufId, CqId, Gid, Provider, Psn, QpAttr, QpNum, QpState, Verbs};
 
 /// rdma_cm's service ID prefix for the TCP port space (`RDMA_PS_TCP`).
 pub const RDMA_CM_TCP_SERVICE: u64 = 0x0000_0000_0106_0000;
@@ -38,95 +40,19 @@ pub const RDMA_CM_TCP_SERVICE: u64 = 0x0000_0000_0106_0000;
 /// The TCP port rdma-core's pingpong examples use.
 pub const DEFAULT_TCP_PORT: u16 = 18515;
 
-/// What to run.
-#[derive(Debug, Clone)]
-pub struct Options {
-    /// Peer host (client mode); `None` makes this the server.
-    pub peer: Option<IpAddr>,
-    /// Local underlay address; derived from the route to the peer (client) or the accepted TCP
-    /// connection (server) when absent.
-    pub bind: Option<IpAddr>,
-    /// TCP port of the QP-info exchange.
-    pub tcp_port: u16,
-    /// UDP port of RoCEv2 traffic, both directions.
-    pub udp_port: u16,
-    /// Message size in bytes.
-    pub size: usize,
-    /// Round trips.
-    pub iters: u32,
-    /// Path MTU.
-    pub mtu: PathMtu,
-    /// Receive WRs kept posted.
-    pub rx_depth: u32,
+/// What rc-pingpong takes beyond [`Options`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RcPingpong {
+    /// Path MTU, ACK timeout and faults.
+    pub link: RcLink,
     /// Check every received payload against the expected pattern.
     pub validate: bool,
-    /// Local ACK timeout exponent (`4.096 µs · 2^n`); rdma-core uses 14.
-    pub qp_timeout: u8,
-    /// Verify the ICRC of IPv4 packets (off for peers with random IP IDs, such as rxe).
-    pub verify_icrc_v4: bool,
-    /// Fault injection on what this side sends.
-    pub faults: FaultConfig,
     /// Connect through the IB CM (REQ/REP/RTU over QP1) instead of the TCP exchange.
     pub cm: bool,
-    /// Give up after this long.
-    pub deadline: Duration,
 }
 
-/// What went wrong, for a one-line message and a non-zero exit.
-#[derive(Debug, thiserror::Error)]
-pub enum PingpongError {
-    /// The TCP exchange failed.
-    #[error("QP info exchange: {0}")]
-    Exchange(String),
-    /// The provider could not be set up.
-    #[error("provider: {0}")]
-    Provider(String),
-    /// A work completion failed.
-    #[error("Failed status {status} for wr_id {wr_id}", status = .0.status.as_str(), wr_id = .0.wr_id.0)]
-    Completion(Completion),
-    /// A received payload differed from what was sent.
-    #[error("payload mismatch in message {0}")]
-    Mismatch(u32),
-    /// The run did not finish in time.
-    #[error("timed out after {0:?} ({1} sends and {2} receives completed)")]
-    Timeout(Duration, u32, u32),
-    /// An I/O error of the event loop.
-    #[error("event loop: {0}")]
-    Io(#[from] io::Error),
-    /// The CM could not connect or disconnect.
-    #[error("CM: {0}")]
-    Cm(String),
-    /// A command-line combination that cannot work.
-    #[error("{0}")]
-    Usage(&'static str),
-}
-
-use super::exchange::{
-    clock_seed, exchange_err, exchange_over_tcp, linger, open_rc_qp, print_dest, rc_to_rts,
-    route_source, RcPath, RcQpSetup, SoftLink, SoftLoop, TcpExchange,
-};
-pub use super::exchange::{Dest, DEST_MSG_LEN};
-
-const SEND_WRID: u64 = 1;
-const RECV_WRID: u64 = 2;
-
-/// Fills `buf` with the pattern of message `n` in direction `from_client`.
-fn fill_pattern(buf: &mut [u8], n: u32, from_client: bool) {
-    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (u64::from(n) << 1) ^ u64::from(from_client);
-    for chunk in buf.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let bytes = x.to_le_bytes();
-        chunk.copy_from_slice(&bytes[..chunk.len()]);
-    }
-}
-
-fn pattern_matches(buf: &[u8], n: u32, from_client: bool) -> bool {
-    let mut want = vec![0u8; buf.len()];
-    fill_pattern(&mut want, n, from_client);
-    want == buf
-}
+/// The options of an rc-pingpong run.
+pub type RcPingpongOptions = Options<RcPingpong>;
 
 /// The CM and its QP1 transport (with `--cm`).
 struct CmCtx {
@@ -139,18 +65,19 @@ struct CmCtx {
 /// Everything the run needs once the provider exists.
 struct Ctx {
     lp: SoftLoop,
-    pd: PdId,
     cq: CqId,
     qp: QpNum,
     send_buf: BufId,
     my: Dest,
     cm: Option<CmCtx>,
+    /// CM events of the last pump.
+    cm_events: Vec<CmEvent>,
 }
 
 impl Ctx {
     /// One pass over everything that may have work: the socket, timers, CM MADs and events.
     /// CM events are appended to `out`.
-    fn pump(&mut self, now: Instant, out: &mut Vec<CmEvent>) -> Result<(), PingpongError> {
+    fn pump_into(&mut self, now: Instant, out: &mut Vec<CmEvent>) -> Result<(), PingpongError> {
         self.lp.prov.handle_io(now)?;
         let Some(c) = &mut self.cm else {
             return Ok(());
@@ -173,7 +100,7 @@ impl Ctx {
         while let Some((to, mad)) = c.cm.poll_transmit() {
             c.gsi
                 .send(v, to, &mad)
-                .map_err(|e| PingpongError::Provider(format!("sending a CM MAD: {e}")))?;
+                .map_err(PingpongError::verbs("sending a CM MAD"))?;
         }
         while let Some(e) = c.cm.poll_event() {
             out.push(e);
@@ -183,19 +110,48 @@ impl Ctx {
     }
 
     /// Sleeps until something may be ready (at most `cap`).
-    fn wait(&mut self, cap: Duration) -> Result<(), PingpongError> {
+    fn wait_for(&mut self, cap: Duration) -> Result<(), PingpongError> {
         let cm_timeout = self.cm.as_ref().and_then(|c| c.cm.poll_timeout());
         self.lp.wait(cap, cm_timeout)
     }
 }
 
-fn setup(opts: &Options, local: IpAddr) -> Result<Ctx, PingpongError> {
-    let perr = |e: crate::verbs::VerbsError| PingpongError::Provider(e.to_string());
+/// The ping-pong's view: a disconnect or reject from the peer ends the run.
+impl PingpongIo for Ctx {
+    type V = SoftVerbs;
+
+    fn verbs(&mut self) -> &mut SoftVerbs {
+        self.lp.prov.verbs()
+    }
+
+    fn pump(&mut self, now: Instant) -> Result<(), PingpongError> {
+        let mut evs = std::mem::take(&mut self.cm_events);
+        evs.clear();
+        let r = self.pump_into(now, &mut evs);
+        let gone = evs.iter().find(|e| {
+            matches!(
+                e,
+                CmEvent::DisconnectReceived { .. } | CmEvent::Rejected { .. }
+            )
+        });
+        if let Some(e) = gone {
+            return Err(PingpongError::PeerWentAway(Box::new(e.clone())));
+        }
+        self.cm_events = evs;
+        r
+    }
+
+    fn wait(&mut self, cap: Duration) -> Result<(), PingpongError> {
+        self.wait_for(cap)
+    }
+}
+
+fn setup(opts: &RcPingpongOptions, local: IpAddr) -> Result<Ctx, PingpongError> {
     let mut lp = SoftLoop::bind(&SoftLink {
         local,
         udp_port: opts.udp_port,
         verify_icrc_v4: opts.verify_icrc_v4,
-        faults: opts.faults,
+        faults: opts.tool.link.faults,
         // Datagram by datagram (no GSO trains), so a capture anywhere shows every packet as
         // sent.
         offload: UdpOffload::Off,
@@ -209,10 +165,10 @@ fn setup(opts: &Options, local: IpAddr) -> Result<Ctx, PingpongError> {
         send_buf,
         my,
         ..
-    } = open_rc_qp(v, opts.size, (opts.rx_depth, 1), WrId(RECV_WRID), seed)?;
+    } = open_rc_qp(v, opts.size, (opts.rx_depth, 1), seed)?;
     let gid = my.gid;
-    let cm = if opts.cm {
-        let gsi = Gsi::open(v, pd, 64, 16).map_err(perr)?;
+    let cm = if opts.tool.cm {
+        let gsi = Gsi::open(v, pd, 64, 16).map_err(PingpongError::verbs("opening QP1"))?;
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed.rotate_left(17));
         let mut cfg = CmConfig::new(gid, rng.gen::<u64>() | 1);
         cfg.comm_id_seed = rng.gen();
@@ -229,30 +185,29 @@ fn setup(opts: &Options, local: IpAddr) -> Result<Ctx, PingpongError> {
     };
     Ok(Ctx {
         lp,
-        pd,
         cq,
         qp,
         send_buf,
         my,
         cm,
+        cm_events: Vec::new(),
     })
 }
 
-/// RTR then RTS: with the TCP exchange each side sends from its own PSN; with the CM each
-/// side advertised the PSN it expects.
-fn connect_qp(ctx: &mut Ctx, opts: &Options, rem: &Dest) -> Result<(), PingpongError> {
-    let (rq_psn, sq_psn) = if opts.cm {
+/// RTR then RTS on `link`: with the TCP exchange each side sends from its own PSN; with the
+/// CM each side advertised the PSN it expects.
+fn connect_qp(
+    ctx: &mut Ctx,
+    opts: &RcPingpongOptions,
+    link: &RcLink,
+    rem: &Dest,
+) -> Result<(), PingpongError> {
+    let psns: (Psn, Psn) = if opts.tool.cm {
         (ctx.my.psn, rem.psn)
     } else {
         (rem.psn, ctx.my.psn)
     };
-    let path = RcPath {
-        mtu: opts.mtu,
-        qp_timeout: opts.qp_timeout,
-        rq_psn,
-        sq_psn,
-    };
-    rc_to_rts(ctx.lp.prov.verbs(), ctx.qp, rem, &path)
+    connect_rc_qp(ctx.lp.prov.verbs(), ctx.qp, rem, link, psns)
 }
 
 /// What a successful run reports.
@@ -260,22 +215,35 @@ fn connect_qp(ctx: &mut Ctx, opts: &Options, rem: &Dest) -> Result<(), PingpongE
 pub struct Outcome {
     /// rdma-core's figures.
     pub summary: Summary,
-    /// The provider's counters ([`stats_line`]).
+    /// The provider's counters (`soft-rc: tx_packets=… …`, one line).
     pub stats: String,
 }
 
 /// Runs the tool.
 ///
 /// # Errors
-/// Any [`PingpongError`]; the caller prints it and exits non-zero.
-pub fn run(opts: &Options) -> Result<Outcome, PingpongError> {
-    let mut ctx = if opts.cm {
+/// Any [`PingpongError`]; the caller prints it and exits with
+/// [`PingpongError::exit_code`].
+pub fn run(opts: &RcPingpongOptions) -> Result<Outcome, PingpongError> {
+    let mut ctx = if opts.tool.cm {
         connect_with_cm(opts)?
     } else {
         connect_with_tcp(opts)?
     };
-    let summary = pingpong(&mut ctx, opts)?;
-    if opts.cm {
+    let run = PingpongRun {
+        qp: ctx.qp,
+        ud: None,
+        cq: ctx.cq,
+        send_buf: ctx.send_buf,
+        size: opts.size,
+        iters: opts.iters,
+        is_client: opts.is_client(),
+        validate: opts.tool.validate,
+        deadline: opts.deadline,
+    };
+    let summary = run_pingpong(&mut ctx, &run)?;
+    linger_pingpong(&mut ctx, opts)?;
+    if opts.tool.cm {
         disconnect_with_cm(&mut ctx, opts)?;
     }
     Ok(Outcome {
@@ -285,7 +253,7 @@ pub fn run(opts: &Options) -> Result<Outcome, PingpongError> {
 }
 
 /// rdma-core's pingpong set-up: QP info over TCP.
-fn connect_with_tcp(opts: &Options) -> Result<Ctx, PingpongError> {
+fn connect_with_tcp(opts: &RcPingpongOptions) -> Result<Ctx, PingpongError> {
     let ex = TcpExchange::rdma_core(opts.peer, opts.bind, opts.tcp_port, opts.deadline);
     let (ctx, _) = exchange_over_tcp(
         &ex,
@@ -294,7 +262,7 @@ fn connect_with_tcp(opts: &Options) -> Result<Ctx, PingpongError> {
             let my = ctx.my;
             Ok((ctx, my))
         },
-        |ctx, rem| connect_qp(ctx, opts, rem),
+        |ctx, rem| connect_qp(ctx, opts, &opts.tool.link, rem),
     )?;
     Ok(ctx)
 }
@@ -303,7 +271,7 @@ fn connect_with_tcp(opts: &Options) -> Result<Ctx, PingpongError> {
 fn until_cm_event<T>(
     ctx: &mut Ctx,
     deadline: Instant,
-    what: &str,
+    what: &'static str,
     mut f: impl FnMut(&mut Ctx, &CmEvent) -> Result<Option<T>, PingpongError>,
 ) -> Result<T, PingpongError> {
     let mut evs = Vec::new();
@@ -313,26 +281,27 @@ fn until_cm_event<T>(
             break;
         }
         evs.clear();
-        ctx.pump(now, &mut evs)?;
+        ctx.pump_into(now, &mut evs)?;
         for e in &evs {
             if let Some(t) = f(ctx, e)? {
                 return Ok(t);
             }
         }
-        ctx.wait(Duration::from_millis(100))?;
+        ctx.wait_for(Duration::from_millis(100))?;
     }
-    Err(PingpongError::Cm(format!("timed out waiting for {what}")))
+    Err(PingpongError::CmTimeout(what))
 }
 
 /// The IB CM set-up: REQ/REP/RTU over QP1.
-fn connect_with_cm(opts: &Options) -> Result<Ctx, PingpongError> {
+fn connect_with_cm(opts: &RcPingpongOptions) -> Result<Ctx, PingpongError> {
     let deadline = Instant::now() + opts.deadline;
     let service_id = RDMA_CM_TCP_SERVICE | u64::from(opts.tcp_port);
+    let link = &opts.tool.link;
     match opts.peer {
         Some(peer) => {
             let local = match opts.bind {
                 Some(ip) => ip,
-                None => route_source(peer).map_err(|e| exchange_err("route to peer", e))?,
+                None => route_source(peer).map_err(PingpongError::exchange("route to peer"))?,
             };
             let mut ctx = setup(opts, local)?;
             print_dest("local", &ctx.my);
@@ -341,17 +310,17 @@ fn connect_with_cm(opts: &Options) -> Result<Ctx, PingpongError> {
                 service_id,
                 local_qpn: ctx.qp,
                 starting_psn: ctx.my.psn,
-                path_mtu: opts.mtu,
-                retry_count: 7,
-                rnr_retry_count: 7,
+                path_mtu: link.mtu,
+                retry_count: RC_RETRY_CNT,
+                rnr_retry_count: RNR_RETRY_FOREVER,
                 srq: false,
-                local_ack_timeout: opts.qp_timeout,
+                local_ack_timeout: link.qp_timeout,
                 private_data: Vec::new(),
             };
             let c = ctx.cm.as_mut().ok_or(PingpongError::Usage("no CM"))?;
             let id =
                 c.cm.connect(Instant::now(), params)
-                    .map_err(|e| PingpongError::Cm(e.to_string()))?;
+                    .map_err(PingpongError::cm("connect"))?;
             c.id = Some(id);
             until_cm_event(&mut ctx, deadline, "the REP", |ctx, e| match *e {
                 CmEvent::RepReceived {
@@ -367,19 +336,15 @@ fn connect_with_cm(opts: &Options) -> Result<Ctx, PingpongError> {
                         gid: Gid::from_ip(peer),
                     };
                     print_dest("remote", &rem);
-                    connect_qp(ctx, opts, &rem)?;
+                    connect_qp(ctx, opts, link, &rem)?;
                     if let Some(c) = ctx.cm.as_mut() {
                         c.cm.rtu(Instant::now(), id)
-                            .map_err(|e| PingpongError::Cm(e.to_string()))?;
+                            .map_err(PingpongError::cm("rtu"))?;
                     }
                     Ok(Some(()))
                 }
-                CmEvent::Rejected { reason, .. } => Err(PingpongError::Cm(format!(
-                    "connection rejected: {reason:?}"
-                ))),
-                CmEvent::TimedOut { .. } => Err(PingpongError::Cm(format!(
-                    "no answer from {peer} after all REQ retries"
-                ))),
+                CmEvent::Rejected { reason, .. } => Err(PingpongError::Rejected(reason)),
+                CmEvent::TimedOut { .. } => Err(PingpongError::NoAnswer(peer)),
                 _ => Ok(None),
             })?;
             Ok(ctx)
@@ -420,19 +385,21 @@ fn connect_with_cm(opts: &Options) -> Result<Ctx, PingpongError> {
                         gid: peer,
                     };
                     print_dest("remote", &rem);
-                    let mut o = opts.clone();
-                    o.mtu = o.mtu.min(path_mtu);
-                    connect_qp(ctx, &o, &rem)?;
+                    let path = RcLink {
+                        mtu: link.mtu.min(path_mtu),
+                        ..*link
+                    };
+                    connect_qp(ctx, opts, &path, &rem)?;
                     let params = AcceptParams {
                         local_qpn: ctx.qp,
                         starting_psn: ctx.my.psn,
                         srq: false,
-                        rnr_retry_count: 7,
+                        rnr_retry_count: RNR_RETRY_FOREVER,
                         private_data: Vec::new(),
                     };
                     if let Some(c) = ctx.cm.as_mut() {
                         c.cm.accept(Instant::now(), id, params)
-                            .map_err(|e| PingpongError::Cm(e.to_string()))?;
+                            .map_err(PingpongError::cm("accept"))?;
                     }
                     Ok(Some(()))
                 }
@@ -444,16 +411,16 @@ fn connect_with_cm(opts: &Options) -> Result<Ctx, PingpongError> {
 }
 
 /// DREQ/DREP: the client disconnects, the server waits for it.
-fn disconnect_with_cm(ctx: &mut Ctx, opts: &Options) -> Result<(), PingpongError> {
+fn disconnect_with_cm(ctx: &mut Ctx, opts: &RcPingpongOptions) -> Result<(), PingpongError> {
     let deadline = Instant::now() + opts.deadline;
     let c = ctx.cm.as_mut().ok_or(PingpongError::Usage("no CM"))?;
     let id = c.id.ok_or(PingpongError::Usage("no connection"))?;
-    if opts.peer.is_some() {
+    if opts.is_client() {
         c.cm.disconnect(Instant::now(), id)
-            .map_err(|e| PingpongError::Cm(e.to_string()))?;
+            .map_err(PingpongError::cm("disconnect"))?;
     }
     let already =
-        matches!(c.cm.state(id), Some(crate::cm::CmState::TimeWait) | None) && opts.peer.is_none();
+        matches!(c.cm.state(id), Some(crate::cm::CmState::TimeWait) | None) && !opts.is_client();
     if !already {
         until_cm_event(ctx, deadline, "the disconnect", |_, e| match *e {
             CmEvent::Disconnected { id: got } | CmEvent::DisconnectReceived { id: got }
@@ -470,202 +437,29 @@ fn disconnect_with_cm(ctx: &mut Ctx, opts: &Options) -> Result<(), PingpongError
         .prov
         .verbs()
         .modify_qp(qp, &QpAttr::to_state(QpState::Err))
-        .map_err(|e| PingpongError::Provider(e.to_string()))?;
-    let _ = ctx.pd;
+        .map_err(PingpongError::verbs("moving the QP to ERR"))?;
     Ok(())
 }
 
-/// Figures of a finished run.
-#[derive(Debug, Clone, Copy)]
-pub struct Summary {
-    /// Bytes moved (both directions).
-    pub bytes: u64,
-    /// Wall time of the ping-pong loop.
-    pub elapsed: Duration,
-    /// Round trips.
-    pub iters: u32,
-}
-
-impl Summary {
-    /// Prints rdma-core's two summary lines.
-    pub fn print(&self) {
-        let usec = self.elapsed.as_secs_f64() * 1e6;
-        println!(
-            "{} bytes in {:.2} seconds = {:.2} Mbit/sec",
-            self.bytes,
-            usec / 1e6,
-            self.bytes as f64 * 8.0 / usec.max(1.0)
-        );
-        println!(
-            "{} iters in {:.2} seconds = {:.2} usec/iter",
-            self.iters,
-            usec / 1e6,
-            usec / f64::from(self.iters.max(1))
-        );
-    }
-}
-
-fn pingpong(ctx: &mut Ctx, opts: &Options) -> Result<Summary, PingpongError> {
-    let is_client = opts.peer.is_some();
-    let mut wcs: Vec<Completion> = Vec::with_capacity(64);
-    let mut cm_events = Vec::new();
-    let start = Instant::now();
-    let deadline = start + opts.deadline;
-    let (mut scnt, mut rcnt) = (0u32, 0u32);
-    let mut send_pending = false;
-    let mut recv_pending = true;
-    let post_send = |ctx: &mut Ctx, n: u32| -> Result<(), PingpongError> {
-        let v = ctx.lp.prov.verbs();
-        if opts.validate {
-            if let Ok(b) = v.pools_mut().get_mut(ctx.send_buf) {
-                fill_pattern(&mut b[..opts.size], n, is_client);
-            }
-        }
-        let wr = SendWr::send(WrId(SEND_WRID), ctx.send_buf, opts.size);
-        v.post_send(ctx.qp, &wr)
-            .map_err(|e| PingpongError::Provider(format!("Couldn't post send: {e}")))
-    };
-    if is_client {
-        post_send(ctx, 0)?;
-        send_pending = true;
-    }
-    while rcnt < opts.iters || scnt < opts.iters {
-        let now = Instant::now();
-        if now > deadline {
-            return Err(PingpongError::Timeout(opts.deadline, scnt, rcnt));
-        }
-        cm_events.clear();
-        ctx.pump(now, &mut cm_events)?;
-        for e in &cm_events {
-            match e {
-                CmEvent::DisconnectReceived { .. } | CmEvent::Rejected { .. } => {
-                    return Err(PingpongError::Cm(format!("peer went away: {e:?}")));
-                }
-                _ => {}
-            }
-        }
-        wcs.clear();
-        ctx.lp.prov.verbs().poll_cq(ctx.cq, &mut wcs, 64);
-        for wc in &wcs {
-            if wc.status != WcStatus::Success {
-                return Err(PingpongError::Completion(*wc));
-            }
-            match wc.opcode {
-                WcOpcode::Send => {
-                    scnt += 1;
-                    send_pending = false;
-                }
-                WcOpcode::Recv => {
-                    let buf = wc
-                        .buf
-                        .ok_or_else(|| PingpongError::Provider("recv without buffer".into()))?;
-                    if opts.validate {
-                        let v = ctx.lp.prov.verbs();
-                        let data = v
-                            .pools()
-                            .get(buf)
-                            .map_err(|e| PingpongError::Provider(e.to_string()))?;
-                        let len = wc.byte_len as usize;
-                        if len != opts.size || !pattern_matches(&data[..len], rcnt, !is_client) {
-                            return Err(PingpongError::Mismatch(rcnt));
-                        }
-                    }
-                    rcnt += 1;
-                    recv_pending = false;
-                    ctx.lp
-                        .prov
-                        .verbs()
-                        .post_recv(ctx.qp, WrId(RECV_WRID), buf)
-                        .map_err(|e| {
-                            PingpongError::Provider(format!("Couldn't post receive: {e}"))
-                        })?;
-                }
-            }
-            if scnt < opts.iters && !send_pending && !recv_pending {
-                post_send(ctx, scnt)?;
-                send_pending = true;
-                recv_pending = true;
-            }
-        }
-        if !wcs.is_empty() {
-            ctx.lp.prov.handle_io(Instant::now())?;
-            continue;
-        }
-        ctx.wait(Duration::from_millis(100))?;
-    }
-    let elapsed = start.elapsed();
-    linger_pingpong(ctx, opts)?;
-    Ok(Summary {
-        bytes: opts.size as u64 * u64::from(opts.iters) * 2,
-        elapsed,
-        iters: opts.iters,
-    })
-}
-
 /// Keeps answering for a while after the last completion (see [`linger`]).
-fn linger_pingpong(ctx: &mut Ctx, opts: &Options) -> Result<(), PingpongError> {
+fn linger_pingpong(ctx: &mut Ctx, opts: &RcPingpongOptions) -> Result<(), PingpongError> {
     let mut evs = Vec::new();
-    linger(ctx, opts.qp_timeout, |ctx, now, cap| {
+    linger(ctx, opts.tool.link.qp_timeout, |ctx, now, cap| {
         evs.clear();
-        ctx.pump(now, &mut evs)?;
-        ctx.wait(cap)
+        ctx.pump_into(now, &mut evs)?;
+        ctx.wait_for(cap)
     })
-}
-
-/// The provider's counters, one line, for the end of a run.
-pub fn stats_line(v: &SoftVerbs) -> String {
-    let s = v.stats();
-    format!(
-        "soft-rc: tx_packets={} retransmits={} timeouts={} acks={} seq_naks_tx={} rnr_naks_tx={} rx_datagrams={} rx_bad_icrc={} rx_duplicate={} rx_out_of_sequence={} injected_loss={} injected_dup={} injected_reorder={} injected_corrupt={}",
-        s.tx_packets,
-        s.tx_retransmits,
-        s.retransmit_timeouts,
-        s.tx_acks,
-        s.tx_seq_naks,
-        s.tx_rnr_naks,
-        s.rx_datagrams,
-        s.rx_bad_icrc,
-        s.rx_duplicate,
-        s.rx_out_of_sequence,
-        s.faults.dropped,
-        s.faults.duplicated,
-        s.faults.reordered,
-        s.faults.corrupted
-    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::verbs::Psn;
 
     #[test]
-    fn dest_message_matches_rdma_core_format() {
-        let d = Dest {
-            lid: 0,
-            qpn: QpNum::new(0x11),
-            psn: Psn::new(0xabcdef),
-            gid: Gid::from(std::net::Ipv4Addr::new(198, 18, 0, 1)),
-        };
-        let msg = d.to_msg();
+    fn cm_service_id_is_rdma_cm_tcp_port_space() {
         assert_eq!(
-            &msg[..51],
-            b"0000:000011:abcdef:00000000000000000000ffffc6120001".as_slice()
+            RDMA_CM_TCP_SERVICE | u64::from(DEFAULT_TCP_PORT),
+            0x0106_4853
         );
-        assert_eq!(msg[51], 0);
-        assert_eq!(Dest::from_msg(&msg), Some(d));
-        assert_eq!(Dest::from_msg(b"0000:1000000:000000:00"), None);
-        assert_eq!(Dest::from_msg(b"\xff\xfe"), None);
-    }
-
-    #[test]
-    fn pattern_depends_on_message_and_direction() {
-        let mut a = vec![0u8; 100];
-        let mut b = vec![0u8; 100];
-        fill_pattern(&mut a, 3, true);
-        fill_pattern(&mut b, 3, false);
-        assert_ne!(a, b);
-        assert!(pattern_matches(&a, 3, true));
-        assert!(!pattern_matches(&a, 4, true));
     }
 }

@@ -3,23 +3,22 @@
 //! Same TCP exchange as [`super::rc_pingpong`] (the client sends `LID:QPN:PSN:GID`, the
 //! server answers with its own, the client sends `"done"`), then UD sends with Q_Key
 //! `0x11111111` to the peer's QPN. Receive buffers hold `size + 40` bytes (the GRH area), as
-//! in rdma-core. Each side sends its next message once its previous send completed and the
-//! peer's message arrived; the client starts.
+//! in rdma-core. The ping-pong is [`super::pingpong`]'s: each side sends its next message
+//! once its previous send completed and the peer's message arrived; the client starts.
 
 use std::net::IpAddr;
-use std::time::{Duration, Instant};
 
-use rand::{Rng, SeedableRng};
-
-use super::rc_pingpong::{Dest, PingpongError, Summary};
+use super::exchange::{exchange_over_tcp, Dest, TcpExchange};
+use super::pingpong::{run_pingpong, PingpongIo, PingpongRun, Summary};
+use super::rc_qp::random_psn;
+use super::soft_loop::{SoftLink, SoftLoop};
+use super::{Options, PingpongError, RECV_WRID};
 use crate::soft::provider::UdpOffload;
-use crate::soft::FaultConfig;
-use crate::tools::exchange::{
-    clock_seed, exchange_over_tcp, provider_err as perr, SoftLink, SoftLoop, TcpExchange,
-};
+use crate::soft::{FaultConfig, SoftVerbs};
+use crate::verbs::setup::clock_seed;
 use crate::verbs::{
-    AddressVector, Completion, PathMtu, Provider, Psn, QKey, QpAttr, QpInit, QpState, QpType,
-    SendWr, UdDest, Verbs, WcOpcode, WcStatus, WrId,
+    AddressVector, BufId, CqId, PathMtu, Provider, QKey, QpAttr, QpInit, QpNum, QpState, QpType,
+    UdDest, Verbs,
 };
 
 /// The Q_Key `ibv_ud_pingpong` uses.
@@ -28,39 +27,29 @@ pub const UD_PINGPONG_QKEY: QKey = QKey(0x1111_1111);
 /// Bytes of the GRH area at the start of every UD receive buffer.
 const GRH: usize = 40;
 
-const RECV_WRID: u64 = 1;
-const SEND_WRID: u64 = 2;
-
-/// What to run.
-#[derive(Debug, Clone)]
-pub struct Options {
-    /// Peer host (client mode); `None` makes this the server.
-    pub peer: Option<IpAddr>,
-    /// Local underlay address (default: the route to the peer, or the address the client
-    /// reached).
-    pub bind: Option<IpAddr>,
-    /// TCP port of the QP-info exchange.
-    pub tcp_port: u16,
-    /// UDP port of RoCEv2 traffic.
-    pub udp_port: u16,
-    /// Message size (at most the path MTU).
-    pub size: usize,
-    /// Round trips.
-    pub iters: u32,
-    /// Receive WRs kept posted.
-    pub rx_depth: u32,
-    /// Verify the ICRC of IPv4 packets (off for rxe peers).
-    pub verify_icrc_v4: bool,
-    /// Give up after this long.
-    pub deadline: Duration,
-}
-
 struct Ctx {
     lp: SoftLoop,
-    qp: crate::verbs::QpNum,
-    cq: crate::verbs::CqId,
-    send_buf: crate::verbs::BufId,
+    qp: QpNum,
+    cq: CqId,
+    send_buf: BufId,
     my: Dest,
+}
+
+impl PingpongIo for Ctx {
+    type V = SoftVerbs;
+
+    fn verbs(&mut self) -> &mut SoftVerbs {
+        self.lp.prov.verbs()
+    }
+
+    fn pump(&mut self, now: std::time::Instant) -> Result<(), PingpongError> {
+        self.lp.prov.handle_io(now)?;
+        Ok(())
+    }
+
+    fn wait(&mut self, cap: std::time::Duration) -> Result<(), PingpongError> {
+        self.lp.wait(cap, None)
+    }
 }
 
 fn setup(opts: &Options, local: IpAddr) -> Result<Ctx, PingpongError> {
@@ -74,10 +63,14 @@ fn setup(opts: &Options, local: IpAddr) -> Result<Ctx, PingpongError> {
         offload: UdpOffload::Off,
     })?;
     let v = lp.prov.verbs();
-    let pd = v.alloc_pd().map_err(perr)?;
+    let pd = v.alloc_pd().map_err(PingpongError::verbs("alloc_pd"))?;
     let count = opts.rx_depth as usize + 1;
-    let pool = v.create_pool(pd, opts.size + GRH, count).map_err(perr)?;
-    let cq = v.create_cq(opts.rx_depth + 1).map_err(perr)?;
+    let pool = v
+        .create_pool(pd, opts.size + GRH, count)
+        .map_err(PingpongError::verbs("create_pool"))?;
+    let cq = v
+        .create_cq(opts.rx_depth + 1)
+        .map_err(PingpongError::verbs("create_cq"))?;
     let qp = v
         .create_qp(&QpInit {
             pd,
@@ -89,37 +82,36 @@ fn setup(opts: &Options, local: IpAddr) -> Result<Ctx, PingpongError> {
             max_recv_wr: opts.rx_depth,
             sq_sig_all: false,
         })
-        .map_err(perr)?;
+        .map_err(PingpongError::verbs("create_qp"))?;
     let init = QpAttr {
         pkey_index: Some(0),
         port: Some(1),
         qkey: Some(UD_PINGPONG_QKEY),
         ..QpAttr::to_state(QpState::Init)
     };
-    v.modify_qp(qp, &init).map_err(perr)?;
+    v.modify_qp(qp, &init)
+        .map_err(PingpongError::verbs("RESET->INIT"))?;
     let send_buf = v
         .pools_mut()
         .alloc(pool)
-        .ok_or_else(|| PingpongError::Provider("buffer pool exhausted".into()))?;
+        .ok_or(PingpongError::PoolExhausted)?;
     for _ in 0..opts.rx_depth {
         let b = v
             .pools_mut()
             .alloc(pool)
-            .ok_or_else(|| PingpongError::Provider("buffer pool exhausted".into()))?;
-        v.post_recv(qp, WrId(RECV_WRID), b).map_err(perr)?;
+            .ok_or(PingpongError::PoolExhausted)?;
+        v.post_recv(qp, RECV_WRID, b)
+            .map_err(PingpongError::verbs("Couldn't post receive"))?;
     }
-    let psn =
-        Psn::new(rand_chacha::ChaCha8Rng::seed_from_u64(clock_seed()).gen::<u32>() & 0xFF_FFFF);
+    let psn = random_psn(clock_seed());
     v.modify_qp(qp, &QpAttr::to_state(QpState::Rtr))
-        .map_err(perr)?;
-    v.modify_qp(
-        qp,
-        &QpAttr {
-            sq_psn: Some(psn),
-            ..QpAttr::to_state(QpState::Rts)
-        },
-    )
-    .map_err(perr)?;
+        .map_err(PingpongError::verbs("INIT->RTR"))?;
+    let rts = QpAttr {
+        sq_psn: Some(psn),
+        ..QpAttr::to_state(QpState::Rts)
+    };
+    v.modify_qp(qp, &rts)
+        .map_err(PingpongError::verbs("RTR->RTS"))?;
     let my = Dest {
         lid: 0,
         qpn: qp,
@@ -152,7 +144,8 @@ fn exchange(opts: &Options) -> Result<(Ctx, Dest), PingpongError> {
 /// Runs the tool.
 ///
 /// # Errors
-/// Any [`PingpongError`]; the caller prints it and exits non-zero.
+/// Any [`PingpongError`]; the caller prints it and exits with
+/// [`PingpongError::exit_code`].
 pub fn run(opts: &Options) -> Result<Summary, PingpongError> {
     if opts.size == 0 || opts.size > PathMtu::Mtu4096.bytes() {
         return Err(PingpongError::Usage(
@@ -160,86 +153,23 @@ pub fn run(opts: &Options) -> Result<Summary, PingpongError> {
         ));
     }
     let (mut ctx, rem) = exchange(opts)?;
-    let dest = UdDest {
-        av: AddressVector {
-            hop_limit: 1,
-            ..AddressVector::to_gid(rem.gid)
-        },
-        remote_qpn: rem.qpn,
-        remote_qkey: UD_PINGPONG_QKEY,
-    };
-    let client = opts.peer.is_some();
-    let (mut scnt, mut rcnt) = (0u32, 0u32);
-    let mut pending_send = false;
-    let mut pending_recv = true;
-    let start = Instant::now();
-    let deadline = start + opts.deadline;
-    let send = |ctx: &mut Ctx| -> Result<(), PingpongError> {
-        let wr = SendWr {
-            ud: Some(dest),
-            ..SendWr::send(WrId(SEND_WRID), ctx.send_buf, opts.size)
-        };
-        ctx.lp
-            .prov
-            .verbs()
-            .post_send(ctx.qp, &wr)
-            .map_err(|e| PingpongError::Provider(format!("Couldn't post send: {e}")))
-    };
-    if client {
-        send(&mut ctx)?;
-        pending_send = true;
-    }
-    let mut cs: Vec<Completion> = Vec::new();
-    while rcnt < opts.iters || scnt < opts.iters {
-        let now = Instant::now();
-        if now >= deadline {
-            return Err(PingpongError::Timeout(opts.deadline, scnt, rcnt));
-        }
-        ctx.lp.prov.handle_io(now)?;
-        cs.clear();
-        let cq = ctx.cq;
-        if ctx.lp.prov.verbs().poll_cq(cq, &mut cs, 64) == 0 {
-            // Nothing to do: sleep until the socket or a timer wakes us.
-            ctx.lp.wait(Duration::from_millis(100), None)?;
-            continue;
-        }
-        // Completions were handled: loop straight back so handle_io transmits what they
-        // posted.
-        for c in cs.drain(..) {
-            if c.status != WcStatus::Success {
-                return Err(PingpongError::Completion(c));
-            }
-            match c.opcode {
-                WcOpcode::Send => {
-                    ctx.send_buf = c.buf.unwrap_or(ctx.send_buf);
-                    scnt += 1;
-                    pending_send = false;
-                }
-                WcOpcode::Recv => {
-                    let b = c
-                        .buf
-                        .ok_or_else(|| PingpongError::Provider("recv without buffer".into()))?;
-                    ctx.lp
-                        .prov
-                        .verbs()
-                        .post_recv(ctx.qp, WrId(RECV_WRID), b)
-                        .map_err(|e| {
-                            PingpongError::Provider(format!("Couldn't post receive: {e}"))
-                        })?;
-                    rcnt += 1;
-                    pending_recv = false;
-                }
-            }
-            if scnt < opts.iters && !pending_send && !pending_recv {
-                send(&mut ctx)?;
-                pending_send = true;
-                pending_recv = true;
-            }
-        }
-    }
-    Ok(Summary {
-        bytes: opts.size as u64 * u64::from(opts.iters) * 2,
-        elapsed: start.elapsed(),
+    let run = PingpongRun {
+        qp: ctx.qp,
+        ud: Some(UdDest {
+            av: AddressVector {
+                hop_limit: 1,
+                ..AddressVector::to_gid(rem.gid)
+            },
+            remote_qpn: rem.qpn,
+            remote_qkey: UD_PINGPONG_QKEY,
+        }),
+        cq: ctx.cq,
+        send_buf: ctx.send_buf,
+        size: opts.size,
         iters: opts.iters,
-    })
+        is_client: opts.is_client(),
+        validate: false,
+        deadline: opts.deadline,
+    };
+    run_pingpong(&mut ctx, &run)
 }

@@ -367,39 +367,29 @@ pub fn check_modify(qp_type: QpType, current: QpState, attr: &QpAttr) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::verbs::setup::RcConnection;
     use QpState::{Init, Reset, Rtr, Rts, Sqd, Sqe};
     const ERR: QpState = QpState::Err;
 
     fn init_attr() -> QpAttr {
-        QpAttr {
-            pkey_index: Some(0),
-            port: Some(1),
-            access: Some(AccessFlags::default()),
-            ..QpAttr::to_state(Init)
-        }
+        crate::verbs::setup::rc_init_attr()
     }
 
-    pub(crate) fn rtr_attr() -> QpAttr {
-        QpAttr {
-            av: Some(AddressVector::to_gid(Gid::default())),
-            path_mtu: Some(PathMtu::Mtu1024),
-            dest_qpn: Some(QpNum::new(0x12)),
-            rq_psn: Some(Psn::new(0)),
-            max_dest_rd_atomic: Some(0),
-            min_rnr_timer: Some(12),
-            ..QpAttr::to_state(Rtr)
-        }
+    fn connection() -> RcConnection {
+        RcConnection::new(
+            (Gid::default(), QpNum::new(0x12)),
+            PathMtu::Mtu1024,
+            Psn::new(0),
+            Psn::new(0),
+        )
+    }
+
+    fn rtr_attr() -> QpAttr {
+        connection().rtr_attr()
     }
 
     fn rts_attr() -> QpAttr {
-        QpAttr {
-            timeout: Some(14),
-            retry_cnt: Some(7),
-            rnr_retry: Some(7),
-            sq_psn: Some(Psn::new(0)),
-            max_rd_atomic: Some(0),
-            ..QpAttr::to_state(Rts)
-        }
+        connection().rts_attr()
     }
 
     #[test]

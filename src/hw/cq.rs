@@ -1,0 +1,213 @@
+//! Completion queues on the one completion channel: creation, polling (each device completion
+//! mapped back to the caller's WR and buffer), and the channel's events.
+
+use std::ptr;
+
+use super::error::errno_err;
+use super::ffi_map::status_from;
+use super::wr::Owner;
+use super::HwVerbs;
+use crate::verbs::{Completion, CqId, QpNum, QpType, VerbsError, WcOpcode, WcStatus};
+use ibverbs_sys as ffi;
+
+/// A CQ and how many QPs use it.
+#[derive(Debug)]
+pub(super) struct Cq {
+    pub(super) raw: *mut ffi::ibv_cq,
+    pub(super) users: usize,
+}
+
+impl HwVerbs {
+    pub(super) fn cq_raw(&self, cq: CqId) -> Result<*mut ffi::ibv_cq, VerbsError> {
+        self.cqs
+            .get(&cq.0)
+            .map(|c| c.raw)
+            .ok_or(VerbsError::NoSuchObject("CQ"))
+    }
+
+    pub(super) fn use_cq(&mut self, cq: CqId, d: isize) {
+        if let Some(c) = self.cqs.get_mut(&cq.0) {
+            c.users = c.users.saturating_add_signed(d);
+        }
+    }
+
+    /// Reads every pending completion-channel event, acks it and re-arms its CQ.
+    pub(super) fn drain_channel(&mut self) {
+        if self.channel.is_null() {
+            return;
+        }
+        loop {
+            let mut cq = ptr::null_mut();
+            let mut cq_ctx = ptr::null_mut();
+            // SAFETY: valid channel (non-blocking fd) and out pointers.
+            if unsafe { ffi::ibv_get_cq_event(self.channel, &mut cq, &mut cq_ctx) } != 0 {
+                break;
+            }
+            // SAFETY: `cq` was returned by the channel and is still live (we destroy CQs only
+            // after draining the channel).
+            unsafe {
+                ffi::ibv_ack_cq_events(cq, 1);
+                if let Some(arm) = (*self.ctx).ops.req_notify_cq {
+                    arm(cq, 0);
+                }
+            }
+        }
+    }
+
+    /// Maps one work completion; `None` for a WR this wrapper no longer tracks.
+    fn map_wc(&mut self, wc: &ffi::ibv_wc) -> Option<Completion> {
+        let id = wc.wr_id();
+        let w = self.wrs.remove(&id)?;
+        let status = status_from(
+            wc.error()
+                .map_or(ffi::ibv_wc_status::IBV_WC_SUCCESS, |e| e.0),
+        );
+        let qp = QpNum::new(wc.qp_num);
+        if w.send {
+            // Sends complete in order: earlier unsignaled sends of this QP are done too.
+            if let Owner::Qp(q) = w.owner {
+                let mut done = Vec::new();
+                if let Some(x) = self.qps.get_mut(&q.get()) {
+                    while let Some(front) = x.sends.pop_front() {
+                        if front == id {
+                            break;
+                        }
+                        done.push(front);
+                    }
+                }
+                for d in done {
+                    if let Some(e) = self.wrs.remove(&d) {
+                        if let Some(b) = e.buf {
+                            self.pools.release(b);
+                        }
+                    }
+                }
+            }
+        } else {
+            match w.owner {
+                Owner::Qp(q) => {
+                    if let Some(x) = self.qps.get_mut(&q.get()) {
+                        x.recvs = x.recvs.saturating_sub(1);
+                    }
+                }
+                Owner::Srq(s) => {
+                    if let Some(x) = self.srqs.get_mut(&s.0) {
+                        x.posted = x.posted.saturating_sub(1);
+                    }
+                }
+            }
+        }
+        let ok = status == WcStatus::Success;
+        if w.send && ok && !w.signaled {
+            // An unsignaled send that succeeded: nobody is told, its buffer goes back.
+            if let Some(b) = w.buf {
+                self.pools.release(b);
+            }
+            return None;
+        }
+        if let Some(b) = w.buf {
+            self.pools.reclaim(b);
+        }
+        let recv = !w.send;
+        let flags = wc.wc_flags;
+        let imm = (ok && recv && (flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM).0 != 0)
+            .then(|| u32::from_be(wc.imm_data));
+        let grh = ok && recv && (flags & ffi::ibv_wc_flags::IBV_WC_GRH).0 != 0;
+        let ud = self
+            .qps
+            .get(&wc.qp_num)
+            .is_some_and(|x| x.qp_type != QpType::Rc);
+        Some(Completion {
+            wr_id: w.user,
+            status,
+            opcode: if recv { WcOpcode::Recv } else { WcOpcode::Send },
+            byte_len: if recv && ok { wc.len() as u32 } else { 0 },
+            qp: if recv {
+                qp
+            } else {
+                match w.owner {
+                    Owner::Qp(q) => q,
+                    Owner::Srq(_) => qp,
+                }
+            },
+            buf: w.buf,
+            imm,
+            src_qp: (ok && recv && ud).then(|| QpNum::new(wc.src_qp)),
+            grh,
+        })
+    }
+}
+
+pub(super) fn create(v: &mut HwVerbs, depth: u32) -> Result<CqId, VerbsError> {
+    let n = i32::try_from(depth.max(1)).map_err(|_| VerbsError::OutOfResources("CQ"))?;
+    // SAFETY: valid context and channel.
+    let raw = unsafe { ffi::ibv_create_cq(v.ctx, n, ptr::null_mut(), v.channel, 0) };
+    if raw.is_null() {
+        return Err(errno_err("ibv_create_cq", -1));
+    }
+    // SAFETY: a live CQ of this context.
+    if let Some(arm) = unsafe { (*v.ctx).ops.req_notify_cq } {
+        // SAFETY: as above.
+        unsafe { arm(raw, 0) };
+    }
+    let id = v.id();
+    v.cqs.insert(id, Cq { raw, users: 0 });
+    Ok(CqId(id))
+}
+
+pub(super) fn destroy(v: &mut HwVerbs, cq: CqId) -> Result<(), VerbsError> {
+    let c = v.cqs.get(&cq.0).ok_or(VerbsError::NoSuchObject("CQ"))?;
+    if c.users > 0 {
+        return Err(VerbsError::Busy("CQ"));
+    }
+    let raw = c.raw;
+    // ibv_destroy_cq waits until every event it reported was acked.
+    v.drain_channel();
+    // SAFETY: a live CQ no QP uses, with all its events acked.
+    let rc = unsafe { ffi::ibv_destroy_cq(raw) };
+    if rc != 0 {
+        return Err(errno_err("ibv_destroy_cq", rc));
+    }
+    v.cqs.remove(&cq.0);
+    Ok(())
+}
+
+pub(super) fn poll(v: &mut HwVerbs, cq: CqId, out: &mut Vec<Completion>, max: usize) -> usize {
+    let Ok(raw) = v.cq_raw(cq) else {
+        return 0;
+    };
+    let Some(poll) = (
+        // SAFETY: valid context.
+        unsafe { (*v.ctx).ops.poll_cq }
+    ) else {
+        return 0;
+    };
+    let mut got = 0;
+    while got < max {
+        let want = (max - got).min(64);
+        if v.wc.len() < want {
+            // SAFETY: ibv_wc is plain C data; all-zero is valid.
+            v.wc.resize(want, unsafe { std::mem::zeroed() });
+        }
+        // SAFETY: a live CQ and room for `want` entries.
+        let n = unsafe { poll(raw, want as i32, v.wc.as_mut_ptr()) };
+        if n <= 0 {
+            break;
+        }
+        for i in 0..n as usize {
+            let wc = v.wc[i];
+            if let Some(c) = v.map_wc(&wc) {
+                v.stats.completions += 1;
+                if c.status != WcStatus::Success {
+                    v.stats.completion_errors += 1;
+                }
+                out.push(c);
+                got += 1;
+            }
+        }
+        if (n as usize) < want {
+            break;
+        }
+    }
+    got
+}

@@ -1,0 +1,144 @@
+//! [`Verbs`] and [`Provider`] for [`HwVerbs`]: each verb is done by the module of the object it
+//! acts on; the provider's I/O drains the completion channel and the async events.
+
+use std::io;
+use std::time::Instant;
+
+use mio::unix::SourceFd;
+use mio::{Interest, Registry, Token};
+
+use super::{cq, pd, qp, srq, wr, HwVerbs};
+use crate::verbs::{
+    AsyncEvent, BufId, BufPools, Completion, CqId, Gid, PdId, PoolId, PortAttr, Provider, QpAttr,
+    QpInit, QpNum, QpState, SendWr, SrqId, SrqInit, Verbs, VerbsError, WrId,
+};
+
+impl Verbs for HwVerbs {
+    fn port_attr(&self) -> PortAttr {
+        self.attr
+    }
+
+    fn alloc_pd(&mut self) -> Result<PdId, VerbsError> {
+        pd::alloc(self)
+    }
+
+    fn dealloc_pd(&mut self, pd: PdId) -> Result<(), VerbsError> {
+        pd::dealloc(self, pd)
+    }
+
+    fn create_pool(
+        &mut self,
+        pd: PdId,
+        buf_len: usize,
+        count: usize,
+    ) -> Result<PoolId, VerbsError> {
+        pd::register_pool(self, pd, buf_len, count)
+    }
+
+    fn pools(&self) -> &BufPools {
+        &self.pools
+    }
+
+    fn pools_mut(&mut self) -> &mut BufPools {
+        &mut self.pools
+    }
+
+    fn create_cq(&mut self, depth: u32) -> Result<CqId, VerbsError> {
+        cq::create(self, depth)
+    }
+
+    fn destroy_cq(&mut self, cq: CqId) -> Result<(), VerbsError> {
+        cq::destroy(self, cq)
+    }
+
+    fn poll_cq(&mut self, cq: CqId, out: &mut Vec<Completion>, max: usize) -> usize {
+        cq::poll(self, cq, out, max)
+    }
+
+    fn create_srq(&mut self, init: &SrqInit) -> Result<SrqId, VerbsError> {
+        srq::create(self, init)
+    }
+
+    fn modify_srq(&mut self, srq: SrqId, limit: u32) -> Result<(), VerbsError> {
+        srq::modify(self, srq, limit)
+    }
+
+    fn post_srq_recv(&mut self, srq: SrqId, wr_id: WrId, buf: BufId) -> Result<(), VerbsError> {
+        srq::post_recv(self, srq, wr_id, buf)
+    }
+
+    fn destroy_srq(&mut self, srq: SrqId) -> Result<(), VerbsError> {
+        srq::destroy(self, srq)
+    }
+
+    fn create_qp(&mut self, init: &QpInit) -> Result<QpNum, VerbsError> {
+        qp::create(self, init)
+    }
+
+    fn modify_qp(&mut self, qp: QpNum, attr: &QpAttr) -> Result<(), VerbsError> {
+        qp::modify(self, qp, attr)
+    }
+
+    fn query_qp_state(&self, qp: QpNum) -> Result<QpState, VerbsError> {
+        qp::query_qp_state(self, qp)
+    }
+
+    fn post_send(&mut self, qp: QpNum, wr: &SendWr) -> Result<(), VerbsError> {
+        wr::post_send(self, qp, wr)
+    }
+
+    fn post_recv(&mut self, qp: QpNum, wr_id: WrId, buf: BufId) -> Result<(), VerbsError> {
+        wr::post_recv(self, qp, wr_id, buf)
+    }
+
+    fn destroy_qp(&mut self, qp: QpNum) -> Result<(), VerbsError> {
+        qp::destroy(self, qp)
+    }
+
+    fn qp_count(&self) -> usize {
+        self.qps.len()
+    }
+
+    fn attach_mcast(&mut self, qp: QpNum, mgid: Gid) -> Result<(), VerbsError> {
+        qp::attach_mcast(self, qp, mgid)
+    }
+
+    fn detach_mcast(&mut self, qp: QpNum, mgid: Gid) -> Result<(), VerbsError> {
+        qp::detach_mcast(self, qp, mgid)
+    }
+
+    fn poll_async_event(&mut self) -> Option<AsyncEvent> {
+        self.drain_async();
+        self.events.pop_front()
+    }
+}
+
+impl Provider for HwVerbs {
+    type Verbs = Self;
+
+    fn verbs(&mut self) -> &mut Self {
+        self
+    }
+
+    fn register(&mut self, registry: &Registry, first_token: usize) -> io::Result<usize> {
+        // SAFETY: the channel and context are live while `self` is.
+        let (cfd, afd) = unsafe { ((*self.channel).fd, (*self.ctx).async_fd) };
+        registry.register(&mut SourceFd(&cfd), Token(first_token), Interest::READABLE)?;
+        registry.register(
+            &mut SourceFd(&afd),
+            Token(first_token + 1),
+            Interest::READABLE,
+        )?;
+        Ok(2)
+    }
+
+    fn handle_io(&mut self, _now: Instant) -> io::Result<()> {
+        self.drain_channel();
+        self.drain_async();
+        Ok(())
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        None
+    }
+}

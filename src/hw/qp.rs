@@ -1,0 +1,329 @@
+//! Queue pairs: creation, `modify_qp` (checked by [`check_modify`] against the state the
+//! device reports), multicast attachment and destruction.
+
+use std::collections::VecDeque;
+use std::ptr;
+
+use super::error::errno_err;
+use super::ffi_map::{bit, state_from, state_to};
+use super::wr::Owner;
+use super::HwVerbs;
+use crate::verbs::{
+    check_modify, CqId, Gid, PdId, QpAttr, QpInit, QpNum, QpState, QpType, SrqId, VerbsError,
+};
+use ibverbs_sys as ffi;
+
+/// A QP and what this wrapper tracks of it.
+#[derive(Debug)]
+pub(super) struct Qp {
+    pub(super) raw: *mut ffi::ibv_qp,
+    pub(super) qp_type: QpType,
+    pub(super) state: QpState,
+    pub(super) pd: PdId,
+    pub(super) send_cq: CqId,
+    pub(super) recv_cq: CqId,
+    pub(super) srq: Option<SrqId>,
+    pub(super) max_send_wr: u32,
+    pub(super) max_recv_wr: u32,
+    pub(super) sq_sig_all: bool,
+    /// Internal ids of outstanding send WRs, oldest first.
+    pub(super) sends: VecDeque<u64>,
+    pub(super) recvs: usize,
+    pub(super) mcast: Vec<Gid>,
+}
+
+impl HwVerbs {
+    /// Whether the QP is in SQD and still draining (`ibv_qp_attr.sq_draining`).
+    fn sq_draining(&self, raw: *mut ffi::ibv_qp) -> bool {
+        // SAFETY: plain C structs; all-zero is valid.
+        let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut init: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: a live QP and valid out pointers.
+        let rc = unsafe {
+            ffi::ibv_query_qp(
+                raw,
+                &mut attr,
+                bit(ffi::ibv_qp_attr_mask::IBV_QP_STATE),
+                &mut init,
+            )
+        };
+        rc == 0 && attr.sq_draining != 0
+    }
+
+    pub(super) fn query_state(&self, raw: *mut ffi::ibv_qp) -> Option<QpState> {
+        // SAFETY: plain C structs; all-zero is valid.
+        let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut init: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: a live QP and valid out pointers.
+        let rc = unsafe {
+            ffi::ibv_query_qp(
+                raw,
+                &mut attr,
+                bit(ffi::ibv_qp_attr_mask::IBV_QP_STATE),
+                &mut init,
+            )
+        };
+        (rc == 0).then(|| state_from(attr.qp_state))
+    }
+}
+
+pub(super) fn create(v: &mut HwVerbs, init: &QpInit) -> Result<QpNum, VerbsError> {
+    let qp_type = match init.qp_type {
+        QpType::Rc => ffi::ibv_qp_type::IBV_QPT_RC,
+        QpType::Ud => ffi::ibv_qp_type::IBV_QPT_UD,
+        QpType::Gsi => return Err(VerbsError::OutOfResources("QP1 (owned by the kernel)")),
+    };
+    let raw_pd = v.pd_raw(init.pd)?;
+    let scq = v.cq_raw(init.send_cq)?;
+    let rcq = v.cq_raw(init.recv_cq)?;
+    let srq = match init.srq {
+        Some(s) => v.srqs.get(&s.0).ok_or(VerbsError::NoSuchObject("SRQ"))?.raw,
+        None => ptr::null_mut(),
+    };
+    let mut a = ffi::ibv_qp_init_attr {
+        qp_context: ptr::null_mut(),
+        send_cq: scq,
+        recv_cq: rcq,
+        srq,
+        cap: ffi::ibv_qp_cap {
+            max_send_wr: init.max_send_wr.max(1),
+            max_recv_wr: if srq.is_null() {
+                init.max_recv_wr.max(1)
+            } else {
+                0
+            },
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+        qp_type,
+        sq_sig_all: i32::from(init.sq_sig_all),
+    };
+    // SAFETY: valid PD, CQs, SRQ (or null) and attribute struct.
+    let raw = unsafe { ffi::ibv_create_qp(raw_pd, &mut a) };
+    if raw.is_null() {
+        return Err(errno_err("ibv_create_qp", -1));
+    }
+    // SAFETY: a live QP.
+    let qpn = unsafe { (*raw).qp_num };
+    v.qps.insert(
+        qpn,
+        Qp {
+            raw,
+            qp_type: init.qp_type,
+            state: QpState::Reset,
+            pd: init.pd,
+            send_cq: init.send_cq,
+            recv_cq: init.recv_cq,
+            srq: init.srq,
+            max_send_wr: init.max_send_wr.max(1),
+            max_recv_wr: init.max_recv_wr.max(1),
+            sq_sig_all: init.sq_sig_all,
+            sends: VecDeque::new(),
+            recvs: 0,
+            mcast: Vec::new(),
+        },
+    );
+    v.use_pd(init.pd, 1);
+    v.use_cq(init.send_cq, 1);
+    v.use_cq(init.recv_cq, 1);
+    if let Some(s) = init.srq.and_then(|s| v.srqs.get_mut(&s.0)) {
+        s.users += 1;
+    }
+    Ok(QpNum::new(qpn))
+}
+
+pub(super) fn modify(v: &mut HwVerbs, qp: QpNum, attr: &QpAttr) -> Result<(), VerbsError> {
+    let q = v.qps.get(&qp.get()).ok_or(VerbsError::NoSuchQp(qp))?;
+    let (raw, qp_type) = (q.raw, q.qp_type);
+    let current = v.query_state(raw).unwrap_or(q.state);
+    check_modify(qp_type, current, attr)?;
+    if current == QpState::Sqd && !matches!(attr.state, Some(QpState::Err | QpState::Reset)) {
+        // A device may refuse to leave SQD while the send queue is still draining (rxe
+        // does, with EINVAL): wait for the drain, at most a second.
+        for _ in 0..1000 {
+            if !v.sq_draining(raw) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    use ffi::ibv_qp_attr_mask as M;
+    // SAFETY: ibv_qp_attr is a plain C struct; all-zero is valid.
+    let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+    let mut mask = 0i32;
+    let to = attr.state.unwrap_or(current);
+    a.qp_state = state_to(to);
+    mask |= bit(M::IBV_QP_STATE);
+    if let Some(s) = attr.cur_state {
+        a.cur_qp_state = state_to(s);
+        mask |= bit(M::IBV_QP_CUR_STATE);
+    }
+    if let Some(v) = attr.pkey_index {
+        a.pkey_index = v;
+        mask |= bit(M::IBV_QP_PKEY_INDEX);
+    }
+    if let Some(v) = attr.port {
+        a.port_num = v;
+        mask |= bit(M::IBV_QP_PORT);
+    }
+    if let Some(v) = attr.qkey {
+        a.qkey = v.0;
+        mask |= bit(M::IBV_QP_QKEY);
+    }
+    if let Some(acc) = attr.access {
+        use ffi::ibv_access_flags as F;
+        let mut f = 0;
+        if acc.remote_write {
+            f |= F::IBV_ACCESS_REMOTE_WRITE.0;
+        }
+        if acc.remote_read {
+            f |= F::IBV_ACCESS_REMOTE_READ.0;
+        }
+        if acc.remote_atomic {
+            f |= F::IBV_ACCESS_REMOTE_ATOMIC.0;
+        }
+        a.qp_access_flags = f;
+        mask |= bit(M::IBV_QP_ACCESS_FLAGS);
+    }
+    if let Some(av) = attr.av {
+        a.ah_attr.is_global = 1;
+        a.ah_attr.port_num = attr.port.unwrap_or(v.port);
+        a.ah_attr.grh.dgid = ffi::ibv_gid { raw: av.dgid.0 };
+        a.ah_attr.grh.sgid_index = v.gid_index;
+        a.ah_attr.grh.hop_limit = av.hop_limit;
+        a.ah_attr.grh.traffic_class = av.traffic_class;
+        a.ah_attr.grh.flow_label = av.flow_label;
+        mask |= bit(M::IBV_QP_AV);
+    }
+    if let Some(m) = attr.path_mtu {
+        a.path_mtu = ffi::ibv_mtu::from(m.to_enum());
+        mask |= bit(M::IBV_QP_PATH_MTU);
+    }
+    if let Some(v) = attr.dest_qpn {
+        a.dest_qp_num = v.get();
+        mask |= bit(M::IBV_QP_DEST_QPN);
+    }
+    if let Some(v) = attr.rq_psn {
+        a.rq_psn = v.get();
+        mask |= bit(M::IBV_QP_RQ_PSN);
+    }
+    if let Some(v) = attr.max_dest_rd_atomic {
+        a.max_dest_rd_atomic = v;
+        mask |= bit(M::IBV_QP_MAX_DEST_RD_ATOMIC);
+    }
+    if let Some(v) = attr.min_rnr_timer {
+        a.min_rnr_timer = v;
+        mask |= bit(M::IBV_QP_MIN_RNR_TIMER);
+    }
+    if let Some(v) = attr.timeout {
+        a.timeout = v;
+        mask |= bit(M::IBV_QP_TIMEOUT);
+    }
+    if let Some(v) = attr.retry_cnt {
+        a.retry_cnt = v;
+        mask |= bit(M::IBV_QP_RETRY_CNT);
+    }
+    if let Some(v) = attr.rnr_retry {
+        a.rnr_retry = v;
+        mask |= bit(M::IBV_QP_RNR_RETRY);
+    }
+    if let Some(v) = attr.sq_psn {
+        a.sq_psn = v.get();
+        mask |= bit(M::IBV_QP_SQ_PSN);
+    }
+    if let Some(v) = attr.max_rd_atomic {
+        a.max_rd_atomic = v;
+        mask |= bit(M::IBV_QP_MAX_QP_RD_ATOMIC);
+    }
+    if let Some(v) = attr.en_sqd_async_notify {
+        a.en_sqd_async_notify = u8::from(v);
+        mask |= bit(M::IBV_QP_EN_SQD_ASYNC_NOTIFY);
+    }
+    // SAFETY: a live QP and a filled attribute struct whose mask names the set fields.
+    let rc = unsafe { ffi::ibv_modify_qp(raw, &mut a, mask) };
+    if rc != 0 {
+        return Err(errno_err("ibv_modify_qp", rc));
+    }
+    if let Some(q) = v.qps.get_mut(&qp.get()) {
+        q.state = to;
+        if to == QpState::Reset {
+            // RESET discards every outstanding WR without completions.
+            q.sends.clear();
+            q.recvs = 0;
+        }
+    }
+    if to == QpState::Reset {
+        v.release_owner(Owner::Qp(qp));
+    }
+    Ok(())
+}
+
+pub(super) fn query_qp_state(v: &HwVerbs, qp: QpNum) -> Result<QpState, VerbsError> {
+    let q = v.qps.get(&qp.get()).ok_or(VerbsError::NoSuchQp(qp))?;
+    Ok(v.query_state(q.raw).unwrap_or(q.state))
+}
+
+pub(super) fn destroy(v: &mut HwVerbs, qp: QpNum) -> Result<(), VerbsError> {
+    let q = v.qps.get(&qp.get()).ok_or(VerbsError::NoSuchQp(qp))?;
+    let raw = q.raw;
+    for g in q.mcast.clone() {
+        let gid = ffi::ibv_gid { raw: g.0 };
+        // SAFETY: a live QP attached to `gid`.
+        unsafe { ffi::ibv_detach_mcast(raw, &gid, 0) };
+    }
+    // SAFETY: a live QP; nothing else refers to it.
+    let rc = unsafe { ffi::ibv_destroy_qp(raw) };
+    if rc != 0 {
+        return Err(errno_err("ibv_destroy_qp", rc));
+    }
+    if let Some(q) = v.qps.remove(&qp.get()) {
+        v.use_pd(q.pd, -1);
+        v.use_cq(q.send_cq, -1);
+        v.use_cq(q.recv_cq, -1);
+        if let Some(s) = q.srq.and_then(|s| v.srqs.get_mut(&s.0)) {
+            s.users = s.users.saturating_sub(1);
+        }
+    }
+    v.release_owner(Owner::Qp(qp));
+    Ok(())
+}
+
+pub(super) fn attach_mcast(v: &mut HwVerbs, qp: QpNum, mgid: Gid) -> Result<(), VerbsError> {
+    let q = v.qps.get(&qp.get()).ok_or(VerbsError::NoSuchQp(qp))?;
+    if q.qp_type == QpType::Rc {
+        return Err(VerbsError::InvalidWr("multicast on a non-UD QP"));
+    }
+    if mgid.0[0] != 0xFF && !mgid.to_ip().is_multicast() {
+        return Err(VerbsError::InvalidWr("not a multicast GID"));
+    }
+    let gid = ffi::ibv_gid { raw: mgid.0 };
+    // SAFETY: a live UD QP and a GID.
+    let rc = unsafe { ffi::ibv_attach_mcast(q.raw, &gid, 0) };
+    if rc != 0 {
+        return Err(errno_err("ibv_attach_mcast", rc));
+    }
+    if let Some(q) = v.qps.get_mut(&qp.get()) {
+        q.mcast.push(mgid);
+    }
+    Ok(())
+}
+
+pub(super) fn detach_mcast(v: &mut HwVerbs, qp: QpNum, mgid: Gid) -> Result<(), VerbsError> {
+    let q = v.qps.get(&qp.get()).ok_or(VerbsError::NoSuchQp(qp))?;
+    if !q.mcast.contains(&mgid) {
+        return Err(VerbsError::NoSuchObject("multicast attachment"));
+    }
+    let gid = ffi::ibv_gid { raw: mgid.0 };
+    // SAFETY: a live QP attached to `gid`.
+    let rc = unsafe { ffi::ibv_detach_mcast(q.raw, &gid, 0) };
+    if rc != 0 {
+        return Err(errno_err("ibv_detach_mcast", rc));
+    }
+    if let Some(q) = v.qps.get_mut(&qp.get()) {
+        q.mcast.retain(|g| *g != mgid);
+    }
+    Ok(())
+}

@@ -1,0 +1,267 @@
+//! The checks of the QP state machine and of the object rules.
+
+use super::*;
+use crate::verbs::setup::{RC_RETRY_CNT, RNR_RETRY_FOREVER};
+
+/// **QP state machine through `modify_qp`.** A fresh RC QP is in RESET and refuses
+/// `post_recv` and `post_send` there; illegal transitions (RESET→RTR, INIT→RTS, RTS→RTR,
+/// ERR→RTS, ERR→INIT) fail with [`VerbsError::IllegalTransition`], a transition lacking a
+/// required attribute with [`VerbsError::MissingAttributes`], one with a forbidden attribute
+/// with [`VerbsError::UnexpectedAttributes`], a wrong `cur_state` with
+/// [`VerbsError::InvalidAttribute`], and none of them changes the state. Legal transitions
+/// walk RESET→INIT→RTR→RTS→RTS→SQD→RTS→ERR→RESET→INIT; `post_recv` works from INIT on and
+/// `post_send` from RTS on. A UD QP needs a Q_Key, not an address vector.
+pub fn check_qp_state_machine<V: Verbs, P: ConformancePair<V>>(
+    pair: &mut P,
+) -> Result<(), ConformanceError> {
+    let (ea, eb) = endpoints(pair, 4096, 8)?;
+    let mut seen = Seen::default();
+    let (a, b) = pair.providers();
+    let qp = create_qp(a, &ea, QpType::Rc, None, (16, 16)).ctx("create_qp")?;
+    let peer = create_qp(b, &eb, QpType::Rc, None, (16, 16)).ctx("create peer QP")?;
+    let ud = create_qp(a, &ea, QpType::Ud, None, (16, 16)).ctx("create UD QP")?;
+    let result = (|| {
+        let expect_state = |v: &V, want: QpState| -> Result<(), ConformanceError> {
+            let s = v.query_qp_state(qp).ctx("query_qp_state")?;
+            ensure!(s == want, "QP in {s:?}, expected {want:?}");
+            Ok(())
+        };
+        expect_state(a, QpState::Reset)?;
+        let buf = a
+            .pools_mut()
+            .alloc(ea.pool)
+            .ok_or(ConformanceError::PoolExhausted(ea.pool))?;
+        match a.post_recv(qp, WrId(1), buf) {
+            Err(VerbsError::InvalidState { .. }) => {}
+            r => {
+                return Err(violation!(
+                    "post_recv in RESET gave {r:?}, expected InvalidState"
+                ))
+            }
+        }
+        match a.post_send(qp, &SendWr::send(WrId(2), buf, 8)) {
+            Err(VerbsError::InvalidState { .. }) => {}
+            r => {
+                return Err(violation!(
+                    "post_send in RESET gave {r:?}, expected InvalidState"
+                ))
+            }
+        }
+        ensure!(
+            a.pools().get(buf).is_ok(),
+            "a refused post kept the buffer from its owner"
+        );
+        let illegal = |v: &mut V, from: QpState, to: QpState| -> Result<(), ConformanceError> {
+            match v.modify_qp(qp, &QpAttr::to_state(to)) {
+                Err(VerbsError::IllegalTransition { .. }) => {}
+                r => {
+                    return Err(violation!(
+                        "{from:?}->{to:?} gave {r:?}, expected IllegalTransition"
+                    ))
+                }
+            }
+            let s = v.query_qp_state(qp).ctx("query_qp_state")?;
+            ensure!(
+                s == from,
+                "a rejected {from:?}->{to:?} left the QP in {s:?}"
+            );
+            Ok(())
+        };
+        illegal(a, QpState::Reset, QpState::Rtr)?;
+        illegal(a, QpState::Reset, QpState::Rts)?;
+        let partial = QpAttr {
+            pkey_index: Some(0),
+            ..QpAttr::to_state(QpState::Init)
+        };
+        match a.modify_qp(qp, &partial) {
+            Err(VerbsError::MissingAttributes { .. }) => {}
+            r => return Err(violation!("RESET->INIT without PORT gave {r:?}")),
+        }
+        let extra = QpAttr {
+            sq_psn: Some(Psn::new(1)),
+            ..rc_init_attr()
+        };
+        match a.modify_qp(qp, &extra) {
+            Err(VerbsError::UnexpectedAttributes { .. }) => {}
+            r => return Err(violation!("RESET->INIT with SQ_PSN gave {r:?}")),
+        }
+        expect_state(a, QpState::Reset)?;
+        a.modify_qp(qp, &rc_init_attr()).ctx("RESET->INIT")?;
+        expect_state(a, QpState::Init)?;
+        match a.post_send(qp, &SendWr::send(WrId(2), buf, 8)) {
+            Err(VerbsError::InvalidState { .. }) => {}
+            r => {
+                return Err(violation!(
+                    "post_send in INIT gave {r:?}, expected InvalidState"
+                ))
+            }
+        }
+        a.post_recv(qp, WrId(1), buf).ctx("post_recv in INIT")?;
+        illegal(a, QpState::Init, QpState::Rts)?;
+        let mtu = a.port_attr().active_mtu.min(b.port_attr().active_mtu);
+        let rtr = rc_rtr_attr((b.port_attr().gid, peer), mtu, Psn::new(5), 14);
+        a.modify_qp(qp, &rtr).ctx("INIT->RTR")?;
+        expect_state(a, QpState::Rtr)?;
+        let buf2 = a
+            .pools_mut()
+            .alloc(ea.pool)
+            .ok_or(ConformanceError::PoolExhausted(ea.pool))?;
+        match a.post_send(qp, &SendWr::send(WrId(3), buf2, 8)) {
+            Err(VerbsError::InvalidState { .. }) => {}
+            r => {
+                return Err(violation!(
+                    "post_send in RTR gave {r:?}, expected InvalidState"
+                ))
+            }
+        }
+        a.pools_mut().free(buf2).ctx("free")?;
+        illegal(a, QpState::Rtr, QpState::Init)?;
+        let mut rts = rc_rts_attr(14, RC_RETRY_CNT, RNR_RETRY_FOREVER, Psn::new(9));
+        rts.retry_cnt = None;
+        match a.modify_qp(qp, &rts) {
+            Err(VerbsError::MissingAttributes { .. }) => {}
+            r => return Err(violation!("RTR->RTS without RETRY_CNT gave {r:?}")),
+        }
+        let wrong_cur = QpAttr {
+            cur_state: Some(QpState::Init),
+            ..rc_rts_attr(14, RC_RETRY_CNT, RNR_RETRY_FOREVER, Psn::new(9))
+        };
+        match a.modify_qp(qp, &wrong_cur) {
+            Err(VerbsError::InvalidAttribute(_)) => {}
+            r => return Err(violation!("RTR->RTS with cur_state INIT gave {r:?}")),
+        }
+        expect_state(a, QpState::Rtr)?;
+        a.modify_qp(
+            qp,
+            &rc_rts_attr(14, RC_RETRY_CNT, RNR_RETRY_FOREVER, Psn::new(9)),
+        )
+        .ctx("RTR->RTS")?;
+        expect_state(a, QpState::Rts)?;
+        let rts_rts = QpAttr {
+            min_rnr_timer: Some(12),
+            ..QpAttr::to_state(QpState::Rts)
+        };
+        a.modify_qp(qp, &rts_rts).ctx("RTS->RTS")?;
+        illegal(a, QpState::Rts, QpState::Rtr)?;
+        a.modify_qp(qp, &QpAttr::to_state(QpState::Sqd))
+            .ctx("RTS->SQD")?;
+        expect_state(a, QpState::Sqd)?;
+        a.modify_qp(qp, &QpAttr::to_state(QpState::Rts))
+            .ctx("SQD->RTS")?;
+        a.modify_qp(qp, &QpAttr::to_state(QpState::Err))
+            .ctx("RTS->ERR")?;
+        expect_state(a, QpState::Err)?;
+        illegal(a, QpState::Err, QpState::Rts)?;
+        illegal(a, QpState::Err, QpState::Init)?;
+        Ok(())
+    })();
+    result?;
+    // The receive posted in INIT is flushed by the move to ERR.
+    let ok = wait(pair, &ea, &eb, &mut seen, |s| !s.a_recv.is_empty());
+    ensure!(ok, "the receive posted before ERR was never flushed");
+    expect_statuses(
+        "receive posted in INIT",
+        &seen.a_recv,
+        &[(1, WcStatus::WrFlushErr)],
+    )?;
+    let (a, _) = pair.providers();
+    a.modify_qp(qp, &QpAttr::to_state(QpState::Reset))
+        .ctx("ERR->RESET")?;
+    ensure!(
+        a.query_qp_state(qp).ctx("query")? == QpState::Reset,
+        "ERR->RESET did not reach RESET"
+    );
+    a.modify_qp(qp, &rc_init_attr())
+        .ctx("RESET->INIT after a reset")?;
+    // UD: RESET->INIT takes a Q_Key, and refuses RC-only access flags.
+    let ud_with_access = QpAttr {
+        qkey: Some(QKey(0x1111)),
+        ..rc_init_attr()
+    };
+    match a.modify_qp(ud, &ud_with_access) {
+        Err(VerbsError::UnexpectedAttributes { .. }) => {}
+        r => return Err(violation!("UD RESET->INIT with ACCESS_FLAGS gave {r:?}")),
+    }
+    match a.modify_qp(ud, &rc_init_attr()) {
+        Err(VerbsError::MissingAttributes { .. } | VerbsError::UnexpectedAttributes { .. }) => {}
+        r => return Err(violation!("UD RESET->INIT without QKEY gave {r:?}")),
+    }
+    teardown(pair, (&ea, &eb), (&[qp, ud], &[peer]), &seen);
+    Ok(())
+}
+
+/// **Object and work-request rules.** A CQ, SRQ or PD still in use cannot be destroyed
+/// ([`VerbsError::Busy`]); an unknown QP is [`VerbsError::NoSuchQp`]; a receive posted
+/// directly to an SRQ-attached QP is [`VerbsError::UsesSrq`]; a send longer than its buffer
+/// is [`VerbsError::TooLong`]; a send queue holding `max_send_wr` WRs refuses another with
+/// [`VerbsError::QueueFull`]. A refused post leaves the buffer with the caller. Once the QP is
+/// destroyed, the CQ and SRQ can be.
+pub fn check_object_rules<V: Verbs, P: ConformancePair<V>>(
+    pair: &mut P,
+) -> Result<(), ConformanceError> {
+    let (ea, eb) = endpoints(pair, 4096, 16)?;
+    let (a, b) = pair.providers();
+    let srq = a
+        .create_srq(&SrqInit {
+            pd: ea.pd,
+            max_wr: 4,
+            limit: 0,
+        })
+        .ctx("create_srq")?;
+    let p = RcParams {
+        max_send_wr: 2,
+        srq_a: Some(srq),
+        ..RcParams::default()
+    };
+    let (qa, qb) = connect_rc(a, &ea, b, &eb, &p).ctx("connect")?;
+    for (what, r) in [
+        ("destroy_cq of a CQ in use", a.destroy_cq(ea.send_cq)),
+        ("destroy_srq of an SRQ in use", a.destroy_srq(srq)),
+        ("dealloc_pd of a PD in use", a.dealloc_pd(ea.pd)),
+    ] {
+        match r {
+            Err(VerbsError::Busy(_)) => {}
+            r => return Err(violation!("{what} gave {r:?}, expected Busy")),
+        }
+    }
+    let gone = QpNum::new(0xFF_FFF0);
+    match a.destroy_qp(gone) {
+        Err(VerbsError::NoSuchQp(_)) => {}
+        r => return Err(violation!("destroy_qp of an unknown QP gave {r:?}")),
+    }
+    let buf = a
+        .pools_mut()
+        .alloc(ea.pool)
+        .ok_or(ConformanceError::PoolExhausted(ea.pool))?;
+    match a.post_recv(qa, WrId(1), buf) {
+        Err(VerbsError::UsesSrq(_)) => {}
+        r => return Err(violation!("post_recv on an SRQ-attached QP gave {r:?}")),
+    }
+    match a.post_send(qa, &SendWr::send(WrId(2), buf, 4097)) {
+        Err(VerbsError::TooLong { .. }) => {}
+        r => {
+            return Err(violation!(
+                "a 4097-byte send from a 4096-byte buffer gave {r:?}"
+            ))
+        }
+    }
+    ensure!(
+        a.pools().get(buf).is_ok(),
+        "a refused post kept the buffer from its owner"
+    );
+    a.pools_mut().free(buf).ctx("free")?;
+    // b posts no receive: the two sends stay queued (RNR), a third does not fit.
+    post_send_data(a, qa, ea.pool, 3, &[1; 8])?;
+    post_send_data(a, qa, ea.pool, 4, &[2; 8])?;
+    let buf = alloc_with(a, ea.pool, &[3; 8])?;
+    match a.post_send(qa, &SendWr::send(WrId(5), buf, 8)) {
+        Err(VerbsError::QueueFull) => {}
+        r => return Err(violation!("a third send on a 2-deep send queue gave {r:?}")),
+    }
+    a.pools_mut().free(buf).ctx("free")?;
+    a.destroy_qp(qa).ctx("destroy_qp")?;
+    a.destroy_srq(srq).ctx("destroy_srq after its QP")?;
+    b.destroy_qp(qb).ctx("destroy peer")?;
+    teardown(pair, (&ea, &eb), (&[], &[]), &Seen::default());
+    Ok(())
+}
