@@ -1,7 +1,7 @@
 //! The object tables (rxe `rxe_pool.c`): protection domains, completion queues, shared
 //! receive queues, buffer pools and the QP table; completions are pushed onto their CQs here.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use super::qp::{Qp, RecvWqe};
 use super::requester::SendWqe;
@@ -10,6 +10,7 @@ use crate::verbs::{
     AsyncEvent, BufId, BufPools, Completion, CqId, PdId, PoolId, QpInit, QpNum, SrqId, SrqInit,
     VerbsError, WcOpcode, WcStatus, WrId,
 };
+use crate::wire::IdMap;
 
 /// A completion queue.
 #[derive(Debug)]
@@ -36,11 +37,11 @@ struct Srq {
 pub(super) struct Objects {
     pub(super) pools: BufPools,
     /// Users (pools, SRQs, QPs) of each PD, by PD number.
-    pds: HashMap<u32, usize>,
+    pds: IdMap<u32, usize>,
     next_pd: u32,
-    cqs: HashMap<CqId, Cq>,
+    cqs: IdMap<CqId, Cq>,
     next_cq: u32,
-    srqs: HashMap<SrqId, Srq>,
+    srqs: IdMap<SrqId, Srq>,
     next_srq: u32,
 }
 
@@ -48,11 +49,11 @@ impl Objects {
     pub(super) fn new() -> Self {
         Self {
             pools: BufPools::new(),
-            pds: HashMap::new(),
+            pds: IdMap::default(),
             next_pd: 1,
-            cqs: HashMap::new(),
+            cqs: IdMap::default(),
             next_cq: 1,
-            srqs: HashMap::new(),
+            srqs: IdMap::default(),
             next_srq: 1,
         }
     }
@@ -253,14 +254,14 @@ impl Objects {
 pub(super) struct QpTable {
     /// The QPs, boxed: a `Qp` is some 360 bytes, and a map holds up to about twice as many
     /// slots as entries, so inline values would double an idle QP's footprint.
-    qps: HashMap<QpNum, Box<Qp>>,
+    qps: IdMap<QpNum, Box<Qp>>,
     next_qpn: u32,
 }
 
 impl QpTable {
     pub(super) fn new() -> Self {
         Self {
-            qps: HashMap::new(),
+            qps: IdMap::default(),
             next_qpn: 0x11,
         }
     }

@@ -5,9 +5,24 @@
 
 use core::cmp::Ordering;
 use core::fmt;
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::bth::{PSN_MASK, QPN_MASK};
+
+/// A map keyed by identifiers this process allocates itself (QPNs, CQ/SRQ/PD ids, local
+/// communication ids), hashed with the unkeyed Fx hash: it costs a few instructions per lookup
+/// where SipHash costs about a hundred, and these tables are looked up several times per
+/// packet. A key that arrives from the wire may be looked up (a lookup's probe length is set
+/// by the keys inserted, which are ours), but keys a peer chooses, such as addresses or GIDs
+/// learned from ARP/ND, must never be inserted: those go in a [`PeerMap`].
+pub type IdMap<K, V> = HashMap<K, V, rustc_hash::FxBuildHasher>;
+
+/// A map whose keys a peer can choose (addresses and GIDs learned from ARP/ND), hashed with
+/// foldhash under a random seed per process and per map, so that a peer cannot precompute
+/// keys that collide; its lookups cost a few tens of instructions where SipHash costs a few
+/// hundred for a GID.
+pub type PeerMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// A 24-bit queue pair number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

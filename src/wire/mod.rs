@@ -71,7 +71,7 @@ pub use ext::{
     rnr_timer_code_at_least, rnr_timer_duration, Aeth, Deth, ImmDt, NakCode, Reth, Syndrome,
 };
 pub use icrc::{append_icrc, compute_icrc, read_icrc, verify_icrc, IpHeaderInfo, ICRC_LEN};
-pub use ids::{Gid, PathMtu, Psn, QpNum};
+pub use ids::{Gid, IdMap, PathMtu, PeerMap, Psn, QpNum};
 pub use roce::{RocePacket, RoceRepr};
 
 /// The UDP destination port of RoCEv2 (IANA "roce"). Receivers key on it; the source port is
