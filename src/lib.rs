@@ -29,6 +29,7 @@
 
 pub mod cm;
 pub mod daemon;
+pub mod driver;
 pub mod gsi;
 #[cfg(feature = "verbs")]
 pub mod hw;

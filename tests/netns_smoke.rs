@@ -213,9 +213,13 @@ fn transport_child() {
             let expected_src: IpAddr = other.parse().unwrap();
             let mut poll = mio::Poll::new().unwrap();
             let mut events = mio::Events::with_capacity(4);
-            let mut t = t;
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&t);
             poll.registry()
-                .register(&mut t, mio::Token(0), mio::Interest::READABLE)
+                .register(
+                    &mut mio::unix::SourceFd(&fd),
+                    mio::Token(0),
+                    mio::Interest::READABLE,
+                )
                 .unwrap();
             println!("READY");
             let deadline = Instant::now() + Duration::from_secs(10);

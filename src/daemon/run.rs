@@ -22,6 +22,7 @@ use super::status::{
     Counters as StatusCounters, InterfaceStatus, NeighbourState, NeighbourStatus, RxState,
     RxStatus, Status, TxState, TxStatus,
 };
+use crate::driver::ProviderSources;
 use crate::ipoib::{self, Endpoint, EndpointConfig, TUN_BUFFER_OFFSET};
 use crate::madudp::MadUdp;
 use crate::soft::provider::{SoftProvider, UdpOffload};
@@ -270,7 +271,7 @@ fn run<P: DaemonProvider>(
     })?;
     let mut signals = Signals::new([SIGINT, SIGTERM])?;
 
-    prov.register(poll.registry(), PROVIDER)?;
+    let mut prov_sources = ProviderSources::register(poll.registry(), &prov, PROVIDER)?;
     poll.registry()
         .register(&mut tun, TUN, Interest::READABLE)?;
     control.register(poll.registry(), CONTROL, CONTROL_CLIENTS)?;
@@ -333,7 +334,11 @@ fn run<P: DaemonProvider>(
                 SIGNALS => signalled = true,
                 TUN => tun_ready = true,
                 t if control.note_readiness(t) => {}
-                t => prov.note_readiness(t),
+                t => {
+                    if let Some(i) = prov_sources.index_of(t) {
+                        prov.note_readiness(i);
+                    }
+                }
             }
         }
         // Read, pass what arrived on to the TUN, then read the TUN (a local reply to what was
@@ -386,6 +391,7 @@ fn run<P: DaemonProvider>(
             }
         }
         prov.flush(now)?;
+        prov_sources.sync(poll.registry(), &prov)?;
         if let Some(deadline) = stop_deadline {
             if ep.is_stopped() || now >= deadline {
                 if !ep.is_stopped() {

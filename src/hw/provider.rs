@@ -4,13 +4,10 @@
 use std::io;
 use std::time::Instant;
 
-use mio::unix::SourceFd;
-use mio::{Interest, Registry, Token};
-
 use super::{cq, pd, qp, srq, wr, HwVerbs};
 use crate::verbs::{
-    AsyncEvent, BufId, BufPools, Completion, CqId, Gid, PdId, PoolId, PortAttr, Provider, QpAttr,
-    QpInit, QpNum, QpState, SendWr, SrqId, SrqInit, Verbs, VerbsError, WrId,
+    AsyncEvent, BufId, BufPools, Completion, CqId, Gid, IoSource, PdId, PoolId, PortAttr, Provider,
+    QpAttr, QpInit, QpNum, QpState, SendWr, SrqId, SrqInit, Verbs, VerbsError, WrId,
 };
 
 impl Verbs for HwVerbs {
@@ -120,16 +117,19 @@ impl Provider for HwVerbs {
         self
     }
 
-    fn register(&mut self, registry: &Registry, first_token: usize) -> io::Result<usize> {
-        // SAFETY: the channel and context are live while `self` is.
-        let (cfd, afd) = unsafe { ((*self.channel).fd, (*self.ctx).async_fd) };
-        registry.register(&mut SourceFd(&cfd), Token(first_token), Interest::READABLE)?;
-        registry.register(
-            &mut SourceFd(&afd),
-            Token(first_token + 1),
-            Interest::READABLE,
-        )?;
-        Ok(2)
+    /// The completion channel (0) and the async-event descriptor (1), both read only.
+    fn io_source(&self, index: usize) -> Option<IoSource> {
+        let fd = match index {
+            // SAFETY: the channel is live while `self` is.
+            0 => unsafe { (*self.channel).fd },
+            // SAFETY: the context is live while `self` is.
+            1 => unsafe { (*self.ctx).async_fd },
+            _ => return None,
+        };
+        Some(IoSource {
+            fd,
+            writable: false,
+        })
     }
 
     fn handle_io(&mut self, _now: Instant) -> io::Result<()> {

@@ -1,15 +1,16 @@
-//! [`SoftProvider`]: the software engine on a real UDP socket, driven by mio.
+//! [`SoftProvider`]: the software engine on a real UDP socket, driven by the driver's event
+//! loop.
 
 use std::io;
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use mio::{Interest, Registry, Token};
+use std::os::fd::AsRawFd;
 
 use super::transport::{TxBatch, UdpTransport};
 use super::{SoftConfig, SoftVerbs};
 use crate::sys::udp::RecvBatch;
-use crate::verbs::Provider;
+use crate::verbs::{IoSource, Provider};
 
 /// Datagrams read per [`Provider::handle_io`] call before other sources get a turn.
 const MAX_RECV_BATCH: usize = 512;
@@ -53,11 +54,6 @@ pub struct SoftProvider {
     pub send_errors: u64,
     /// Receive buffers that held two or more datagrams (GRO).
     pub rx_gro_buffers: u64,
-    /// Where the socket is registered, to ask for writability only while a send is blocked
-    /// (a UDP socket would otherwise wake the loop after every datagram it sends).
-    registration: Option<(Registry, Token)>,
-    /// WRITABLE interest is currently registered.
-    want_writable: bool,
     /// The last receive batch hit its bound: more datagrams may be waiting and, the socket
     /// being edge-triggered, no readiness event will say so.
     rx_more: Option<Instant>,
@@ -104,8 +100,6 @@ impl SoftProvider {
             rx_more: None,
             rx_ready: true,
             readiness_driven: false,
-            registration: None,
-            want_writable: false,
         })
     }
 
@@ -147,24 +141,6 @@ impl SoftProvider {
         }
     }
 
-    /// Registers for writability exactly while a datagram waits for room in the socket.
-    fn update_interest(&mut self) -> io::Result<()> {
-        let want = !self.tx.is_empty();
-        if want == self.want_writable {
-            return Ok(());
-        }
-        if let Some((registry, token)) = &self.registration {
-            let interest = if want {
-                Interest::READABLE | Interest::WRITABLE
-            } else {
-                Interest::READABLE
-            };
-            registry.reregister(&mut self.transport, *token, interest)?;
-        }
-        self.want_writable = want;
-        Ok(())
-    }
-
     /// Transmits until the engine has nothing more or the socket would block, up to
     /// [`IO_BATCH`] datagrams per `sendmmsg`.
     fn transmit(&mut self, now: Instant) {
@@ -193,15 +169,18 @@ impl Provider for SoftProvider {
         &mut self.verbs
     }
 
-    fn register(&mut self, registry: &Registry, first_token: usize) -> io::Result<usize> {
-        registry.register(&mut self.transport, Token(first_token), Interest::READABLE)?;
-        self.registration = Some((registry.try_clone()?, Token(first_token)));
-        self.want_writable = false;
-        Ok(1)
+    /// One descriptor, the UDP socket; writability is wanted exactly while a datagram waits
+    /// for room in it (a UDP socket would otherwise wake the loop after every datagram it
+    /// sends).
+    fn io_source(&self, index: usize) -> Option<IoSource> {
+        (index == 0).then(|| IoSource {
+            fd: self.transport.as_raw_fd(),
+            writable: !self.tx.is_empty(),
+        })
     }
 
-    fn note_readiness(&mut self, token: Token) {
-        if self.registration.as_ref().is_some_and(|(_, t)| *t == token) {
+    fn note_readiness(&mut self, index: usize) {
+        if index == 0 {
             self.rx_ready = true;
             self.readiness_driven = true;
         }
@@ -214,7 +193,7 @@ impl Provider for SoftProvider {
 
     fn flush(&mut self, now: Instant) -> io::Result<()> {
         self.transmit(now);
-        self.update_interest()
+        Ok(())
     }
 
     fn handle_input(&mut self, now: Instant) -> io::Result<usize> {

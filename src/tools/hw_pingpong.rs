@@ -13,6 +13,7 @@ use super::pingpong::{run_pingpong, PingpongIo, PingpongRun, Summary};
 use super::rc_pingpong::RcPingpongOptions;
 use super::rc_qp::{connect_rc_qp, open_rc_qp, RcQpSetup};
 use super::PingpongError;
+use crate::driver::ProviderSources;
 use crate::hw::{HwConfig, HwError, HwVerbs};
 use crate::verbs::setup::clock_seed;
 use crate::verbs::{BufId, CqId, Provider, QpNum};
@@ -78,7 +79,7 @@ fn setup(opts: &RcPingpongOptions, mut v: HwVerbs) -> Result<Ctx, PingpongError>
         ..
     } = open_rc_qp(&mut v, opts.size, (opts.rx_depth, 1), clock_seed())?;
     let poll = Poll::new()?;
-    v.register(poll.registry(), 0)?;
+    ProviderSources::register(poll.registry(), &v, 0)?;
     Ok(Ctx {
         v,
         poll,

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use mio::{Events, Poll};
 
 use super::PingpongError;
+use crate::driver::ProviderSources;
 use crate::soft::provider::{SoftProvider, UdpOffload};
 use crate::soft::{FaultConfig, SoftConfig, SoftVerbs};
 use crate::verbs::{PathMtu, Provider};
@@ -30,6 +31,7 @@ pub(crate) struct SoftLink {
 pub(crate) struct SoftLoop {
     /// The provider (its socket is registered with the poll).
     pub(crate) prov: SoftProvider,
+    sources: ProviderSources,
     poll: Poll,
     events: Events,
 }
@@ -46,16 +48,16 @@ impl SoftLoop {
         cfg.port_mtu = PathMtu::Mtu4096;
         cfg.verify_icrc_v4 = link.verify_icrc_v4;
         cfg.faults = link.faults;
-        let mut prov =
-            SoftProvider::bind(cfg, link.offload).map_err(|source| PingpongError::Bind {
-                local: link.local,
-                port: link.udp_port,
-                source,
-            })?;
+        let prov = SoftProvider::bind(cfg, link.offload).map_err(|source| PingpongError::Bind {
+            local: link.local,
+            port: link.udp_port,
+            source,
+        })?;
         let poll = Poll::new()?;
-        prov.register(poll.registry(), 0)?;
+        let sources = ProviderSources::register(poll.registry(), &prov, 0)?;
         Ok(Self {
             prov,
+            sources,
             poll,
             events: Events::with_capacity(64),
         })
@@ -77,6 +79,8 @@ impl SoftLoop {
             .flatten()
             .map(|t| t.saturating_duration_since(now))
             .fold(cap, Duration::min);
+        self.sources.sync(self.poll.registry(), &self.prov)?;
+        // No readiness is passed on: the provider then reads its socket on every turn.
         self.poll.poll(&mut self.events, Some(timeout))?;
         Ok(())
     }

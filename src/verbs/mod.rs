@@ -54,6 +54,7 @@ pub mod transition;
 pub mod types;
 
 use std::io;
+use std::os::fd::RawFd;
 use std::time::Instant;
 
 pub use completion::{AsyncEvent, Completion, WcOpcode, WcStatus};
@@ -297,11 +298,26 @@ pub trait Verbs {
     fn poll_async_event(&mut self) -> Option<AsyncEvent>;
 }
 
-/// The I/O side of a provider, driven by the mio event loop.
+/// A file descriptor a provider needs watched, and for what.
 ///
-/// The loop registers the provider's sources once, then on every turn calls
-/// [`Provider::handle_io`] (after readiness or a timeout) and sleeps until
-/// [`Provider::poll_timeout`].
+/// The provider names its descriptors; the driver owns the poller (mio in the daemon) and
+/// registers them, so that the seam knows no event loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IoSource {
+    /// The descriptor (a socket, a completion channel, an async-event fd).
+    pub fd: RawFd,
+    /// The provider wants to hear when it becomes writable (it holds output the descriptor
+    /// would not take); readability is always wanted.
+    pub writable: bool,
+}
+
+/// The I/O side of a provider, driven by the driver's event loop.
+///
+/// The driver registers the descriptors of [`Provider::io_source`] once, tells the provider
+/// which of them reported readiness ([`Provider::note_readiness`]), calls
+/// [`Provider::handle_io`] (after readiness or a timeout), brings its registrations in line
+/// with `io_source` again after each turn (a provider's wish for writability changes as its
+/// output queue fills and drains), and sleeps until [`Provider::poll_timeout`].
 pub trait Provider {
     /// The verbs this provider implements.
     type Verbs: Verbs;
@@ -309,20 +325,15 @@ pub trait Provider {
     /// The verbs.
     fn verbs(&mut self) -> &mut Self::Verbs;
 
-    /// Registers the provider's file descriptors (sockets, completion channels, async-event
-    /// fd) with `registry`, using tokens from `first_token` upwards; returns how many it used.
-    ///
-    /// # Errors
-    /// The registry's I/O error.
-    fn register(&mut self, registry: &mio::Registry, first_token: usize) -> io::Result<usize>;
+    /// The provider's `index`th descriptor, `None` past the last (indices are dense from 0
+    /// and the set is fixed for the provider's life).
+    fn io_source(&self, index: usize) -> Option<IoSource>;
 
-    /// Readiness was reported on `token`, one of the provider's: the driver calls this for
-    /// each such event before [`Provider::handle_io`]. A provider may skip reading sources
-    /// that reported nothing since they were last drained; the default ignores it (and
-    /// `handle_io` then reads every source each time).
-    fn note_readiness(&mut self, token: mio::Token) {
-        let _ = token;
-    }
+    /// Readiness was reported on descriptor `index`: the driver calls this for each such
+    /// event before [`Provider::handle_io`]. A provider may skip reading sources that reported
+    /// nothing since they were last drained; the default ignores it (and `handle_io` then
+    /// reads every source each time).
+    fn note_readiness(&mut self, _index: usize) {}
 
     /// Does all pending I/O and timer work: reads until the sources would block (those with
     /// something to read; see [`Provider::note_readiness`]), fires due timers, and transmits
@@ -351,8 +362,7 @@ pub trait Provider {
     ///
     /// # Errors
     /// As [`Provider::handle_io`].
-    fn flush(&mut self, now: Instant) -> io::Result<()> {
-        let _ = now;
+    fn flush(&mut self, _now: Instant) -> io::Result<()> {
         Ok(())
     }
 

@@ -21,16 +21,13 @@
 //!   send them.
 //!
 //! The transport never blocks and never retries: a full send buffer is `Ok(false)` and an empty
-//! receive queue is `Ok(None)`; the caller waits for readiness through [`mio`].
+//! receive queue is `Ok(None)`; the caller waits for readiness on its descriptor ([`AsRawFd`]).
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use mio::event::Source;
-use mio::unix::SourceFd;
-use mio::{Interest, Registry, Token};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use crate::sys::udp::RecvBatch;
@@ -265,27 +262,9 @@ impl UdpTransport {
     }
 }
 
-impl Source for UdpTransport {
-    fn register(
-        &mut self,
-        registry: &Registry,
-        token: Token,
-        interests: Interest,
-    ) -> io::Result<()> {
-        SourceFd(&self.sock.as_raw_fd()).register(registry, token, interests)
-    }
-
-    fn reregister(
-        &mut self,
-        registry: &Registry,
-        token: Token,
-        interests: Interest,
-    ) -> io::Result<()> {
-        SourceFd(&self.sock.as_raw_fd()).reregister(registry, token, interests)
-    }
-
-    fn deregister(&mut self, registry: &Registry) -> io::Result<()> {
-        SourceFd(&self.sock.as_raw_fd()).deregister(registry)
+impl AsRawFd for UdpTransport {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.sock.as_raw_fd()
     }
 }
 

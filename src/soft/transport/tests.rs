@@ -4,7 +4,8 @@ use super::*;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
-use mio::{Events, Poll};
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token};
 
 const V4: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 const V6: IpAddr = IpAddr::V6(Ipv6Addr::LOCALHOST);
@@ -535,10 +536,11 @@ fn a_gso_train_arrives_as_sent() {
 fn readable_through_mio() {
     let mut poll = Poll::new().unwrap();
     let mut events = Events::with_capacity(8);
-    let mut rx = UdpTransport::bind(SocketAddr::new(V4, 0)).unwrap();
+    let rx = UdpTransport::bind(SocketAddr::new(V4, 0)).unwrap();
     let tx = UdpTransport::bind(SocketAddr::new(V4, 0)).unwrap();
+    let fd = rx.as_raw_fd();
     poll.registry()
-        .register(&mut rx, Token(7), Interest::READABLE)
+        .register(&mut SourceFd(&fd), Token(7), Interest::READABLE)
         .unwrap();
     assert!(tx.send_to(b"wake", rx.local_addr()).unwrap());
     poll.poll(&mut events, Some(Duration::from_secs(2)))
@@ -549,5 +551,5 @@ fn readable_through_mio() {
     let mut buf = [0u8; 64];
     let meta = rx.recv(&mut buf).unwrap().expect("readable, so a datagram");
     assert_eq!(&buf[..meta.len], b"wake");
-    poll.registry().deregister(&mut rx).unwrap();
+    poll.registry().deregister(&mut SourceFd(&fd)).unwrap();
 }
