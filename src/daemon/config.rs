@@ -20,8 +20,9 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
+pub use crate::ipoib::{Mode, QpBudgetPolicy};
 use crate::soft::{FaultConfig, Quirks};
 use crate::verbs::PathMtu;
 
@@ -85,44 +86,6 @@ pub fn path_mtu_for_link_mtu(link_mtu: u32) -> PathMtu {
     }
 }
 
-/// IPoIB mode of the interface.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// Connected mode: one RC QP per peer, large MTU (RFC 4755).
-    #[default]
-    Connected,
-    /// Datagram mode: UD only, MTU bounded by the path MTU (RFC 4391).
-    Datagram,
-}
-
-impl Mode {
-    /// The name used in flags, config and status (`connected`, `datagram`).
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Connected => "connected",
-            Self::Datagram => "datagram",
-        }
-    }
-}
-
-impl fmt::Display for Mode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Mode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "connected" => Ok(Self::Connected),
-            "datagram" => Ok(Self::Datagram),
-            _ => Err(format!("must be \"connected\" or \"datagram\" (got {s:?})")),
-        }
-    }
-}
-
 /// How CM MADs travel (`--cm-transport`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CmTransport {
@@ -139,44 +102,6 @@ impl FromStr for CmTransport {
             "qp1" => Ok(Self::Qp1),
             "udp" => Ok(Self::Udp),
             _ => Err(format!("must be \"qp1\" or \"udp\" (got {s:?})")),
-        }
-    }
-}
-
-/// What to do with a new connection when `max_conn_qp` QPs are already live.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum QpBudgetPolicy {
-    /// Evict the least recently active RX connection to make room.
-    #[default]
-    Evict,
-    /// Reject the new connection (CM REJ), as Linux does for non-SRQ.
-    Reject,
-}
-
-impl QpBudgetPolicy {
-    /// The name used in config (`evict`, `reject`).
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Evict => "evict",
-            Self::Reject => "reject",
-        }
-    }
-}
-
-impl fmt::Display for QpBudgetPolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for QpBudgetPolicy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "evict" => Ok(Self::Evict),
-            "reject" => Ok(Self::Reject),
-            _ => Err(format!("must be \"evict\" or \"reject\" (got {s:?})")),
         }
     }
 }
@@ -1018,7 +943,7 @@ pub fn resolve_parsed(file: &ConfigFile, flags: &UpArgs) -> Result<Config, Confi
     .map_or(DEFAULT_QP_TIMEOUT, |v| v as u8);
 
     let mode = match pick_str(flags.mode.as_deref(), file.mode.as_deref()) {
-        Some((origin, s)) => s.parse::<Mode>().map_err(|m| origin.err("mode", m))?,
+        Some((origin, s)) => s.parse::<Mode>().map_err(|m| origin.err("mode", m.to_string()))?,
         None => Mode::default(),
     };
 
@@ -1097,7 +1022,7 @@ pub fn resolve_parsed(file: &ConfigFile, flags: &UpArgs) -> Result<Config, Confi
         match file.qp_budget_policy.as_deref() {
             Some(s) => s
                 .parse::<QpBudgetPolicy>()
-                .map_err(|m| Origin::File.err("qp_budget_policy", m))?,
+                .map_err(|m| Origin::File.err("qp_budget_policy", m.to_string()))?,
             None => QpBudgetPolicy::default(),
         }
     };

@@ -16,7 +16,7 @@ use mio::{Events, Interest, Poll, Token};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 
-use super::config::{CmTransport, Config, Mode as CfgMode, QpBudgetPolicy as CfgPolicy};
+use super::config::{CmTransport, Config};
 use super::control::ControlServer;
 use super::status::{
     Counters as StatusCounters, InterfaceStatus, NeighbourState, NeighbourStatus, RxState,
@@ -61,20 +61,14 @@ fn setup(what: &str) -> impl Fn(String) -> DaemonError + '_ {
 /// Maps the daemon configuration onto the endpoint's.
 fn endpoint_config(cfg: &Config, path_mtu: crate::verbs::PathMtu, seed: u64) -> EndpointConfig {
     let mut e = EndpointConfig::new(cfg.addr.iter().map(|c| (c.addr, c.prefix_len)).collect());
-    e.mode = match cfg.mode {
-        CfgMode::Connected => ipoib::Mode::Connected,
-        CfgMode::Datagram => ipoib::Mode::Datagram,
-    };
+    e.mode = cfg.mode;
     e.srq = cfg.srq;
     e.rx_timeout = cfg.rx_timeout;
     e.drain_timeout = cfg.drain_timeout;
     e.tx_stall_timeout = cfg.tx_stall_timeout;
     e.neigh_timeout = cfg.neigh_timeout;
     e.max_conn_qp = cfg.max_conn_qp as usize;
-    e.budget_policy = match cfg.qp_budget_policy {
-        CfgPolicy::Evict => ipoib::QpBudgetPolicy::Evict,
-        CfgPolicy::Reject => ipoib::QpBudgetPolicy::Reject,
-    };
+    e.budget_policy = cfg.qp_budget_policy;
     e.tx_queue_len = cfg.tx_queue_len as usize;
     e.static_neighbours = cfg.neigh.clone();
     e.qp_timeout = cfg.qp_timeout;
@@ -531,10 +525,7 @@ fn status<P: DaemonProvider>(
         interface: InterfaceStatus {
             name: name.to_string(),
             mtu: snap.mtu,
-            mode: match snap.mode {
-                ipoib::Mode::Connected => CfgMode::Connected,
-                ipoib::Mode::Datagram => CfgMode::Datagram,
-            },
+            mode: snap.mode,
             hwaddr: snap.hwaddr.to_string(),
         },
         neighbours: snap
