@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use ipoib_cm::daemon::{self, ConfigError, UpArgs};
-use ipoib_cm::soft::FaultConfig;
+use ipoib_cm::daemon::config::ProviderKind;
+use ipoib_cm::daemon::{self, FaultFlags, UpArgs};
 use ipoib_cm::tools::perf::{self, PerfArgs};
 use ipoib_cm::tools::rc_pingpong;
 use ipoib_cm::verbs::PathMtu;
@@ -23,7 +23,7 @@ struct Cli {
 enum Command {
     /// Create the interface and run the IPoIB-CM daemon in the foreground (until SIGINT or
     /// SIGTERM).
-    Up(Box<UpCmd>),
+    Up(Box<UpArgs>),
     /// Show a running daemon's interface, neighbours, connections and counters.
     Status(StatusArgs),
     /// Ping-pong over one RC QP on the software RoCEv2 provider, like rdma-core's
@@ -41,28 +41,6 @@ enum Command {
 }
 
 // --- provider selection (hardware provider, feature `verbs`) ---------------------------------
-
-/// Which provider a command runs on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-enum ProviderKind {
-    /// The embedded software RoCEv2 provider.
-    #[default]
-    Soft,
-    /// libibverbs hardware (or the kernel's rxe); needs a build with `--features verbs`.
-    Verbs,
-}
-
-#[derive(Debug, Args)]
-struct UpCmd {
-    #[command(flatten)]
-    args: UpArgs,
-    /// Provider: soft (default) or verbs (libibverbs; CM MADs over UDP, see --cm-transport).
-    #[arg(long, value_enum, default_value_t)]
-    provider: ProviderKind,
-    /// With --provider verbs: the IB device (default: the first one).
-    #[arg(long, value_name = "DEV")]
-    ib_dev: Option<String>,
-}
 
 #[derive(Debug, Args)]
 struct ConformanceArgs {
@@ -95,9 +73,9 @@ fn verbs_provider(cmd: &str, _local_ip: Option<IpAddr>) -> ExitCode {
 
 /// `up --provider verbs`.
 #[cfg(feature = "verbs")]
-fn up_verbs(cfg: &daemon::Config, u: &UpCmd) -> Result<(), daemon::run::DaemonError> {
+fn up_verbs(cfg: &daemon::Config) -> Result<(), daemon::run::DaemonError> {
     let hw = ipoib_cm::hw::HwConfig {
-        device: u.ib_dev.clone(),
+        device: cfg.ib_dev.clone(),
         local_ip: Some(cfg.bind),
         ..ipoib_cm::hw::HwConfig::default()
     };
@@ -106,25 +84,23 @@ fn up_verbs(cfg: &daemon::Config, u: &UpCmd) -> Result<(), daemon::run::DaemonEr
 
 /// Opens (and closes) the device `up --provider verbs` would use.
 #[cfg(feature = "verbs")]
-fn verbs_device_check(u: &UpCmd) -> Result<(), String> {
+fn verbs_device_check(ib_dev: Option<&str>) -> Result<(), daemon::run::DaemonError> {
     ipoib_cm::hw::HwVerbs::open(&ipoib_cm::hw::HwConfig {
-        device: u.ib_dev.clone(),
+        device: ib_dev.map(str::to_owned),
         ..ipoib_cm::hw::HwConfig::default()
     })
     .map(drop)
-    .map_err(|e| e.to_string())
+    .map_err(daemon::run::DaemonError::VerbsOpen)
 }
 
 #[cfg(not(feature = "verbs"))]
-fn verbs_device_check(_u: &UpCmd) -> Result<(), String> {
-    Err("no RDMA device: built without the `verbs` feature".into())
+fn verbs_device_check(_ib_dev: Option<&str>) -> Result<(), daemon::run::DaemonError> {
+    Err(daemon::run::DaemonError::VerbsNotBuilt)
 }
 
 #[cfg(not(feature = "verbs"))]
-fn up_verbs(_cfg: &daemon::Config, _u: &UpCmd) -> Result<(), daemon::run::DaemonError> {
-    Err(daemon::run::DaemonError::Setup(
-        "--provider verbs: no RDMA device: built without the `verbs` feature".into(),
-    ))
+fn up_verbs(_cfg: &daemon::Config) -> Result<(), daemon::run::DaemonError> {
+    Err(daemon::run::DaemonError::VerbsNotBuilt)
 }
 
 /// `rc-pingpong --provider verbs`: no device exits 2 with one line; a failed run exits 1.
@@ -260,41 +236,6 @@ fn ud_pingpong_main(a: &UdPingpongArgs) -> ExitCode {
 
 // --- end of provider selection ----------------------------------------------------------------
 
-/// Fault injection on the software provider (what this node sends).
-#[derive(Debug, Args)]
-struct FaultArgs {
-    /// Percentage of packets dropped.
-    #[arg(long, value_name = "PCT", default_value_t = 0.0)]
-    fault_loss: f64,
-    /// Percentage of packets duplicated.
-    #[arg(long, value_name = "PCT", default_value_t = 0.0)]
-    fault_dup: f64,
-    /// Percentage of packets reordered.
-    #[arg(long, value_name = "PCT", default_value_t = 0.0)]
-    fault_reorder: f64,
-    /// Percentage of packets with one bit flipped.
-    #[arg(long, value_name = "PCT", default_value_t = 0.0)]
-    fault_corrupt: f64,
-    /// Seed of the fault RNG.
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    fault_seed: u64,
-}
-
-impl FaultArgs {
-    fn config(&self) -> Result<FaultConfig, String> {
-        let cfg = FaultConfig {
-            loss_pct: self.fault_loss,
-            dup_pct: self.fault_dup,
-            reorder_pct: self.fault_reorder,
-            corrupt_pct: self.fault_corrupt,
-            seed: self.fault_seed,
-        };
-        cfg.validate()
-            .map_err(|field| format!("--{field}: must be a percentage between 0 and 100"))?;
-        Ok(cfg)
-    }
-}
-
 #[derive(Debug, Args)]
 struct StatusArgs {
     /// Interface name [default: ib0].
@@ -358,7 +299,7 @@ struct PingpongArgs {
     #[arg(long)]
     cm: bool,
     #[command(flatten)]
-    faults: FaultArgs,
+    faults: FaultFlags,
     /// Provider: soft (default) or verbs (libibverbs).
     #[arg(long, value_enum, default_value_t)]
     provider: ProviderKind,
@@ -375,11 +316,11 @@ fn parse_mtu(s: &str) -> Result<usize, String> {
 }
 
 fn rc_pingpong_main(a: &PingpongArgs) -> ExitCode {
-    let faults = match a.faults.config() {
+    let faults = match a.faults.to_config() {
         Ok(f) => f,
         Err(e) => {
             eprintln!("ipoib-cm rc-pingpong: {e}");
-            return ExitCode::from(2);
+            return ExitCode::from(e.exit_code());
         }
     };
     let opts = rc_pingpong::Options {
@@ -426,7 +367,7 @@ fn perf_main(a: &PerfArgs) -> ExitCode {
         Ok(o) => o,
         Err(e) => {
             eprintln!("ipoib-cm perf: {e}");
-            return ExitCode::from(ConfigError::EXIT_CODE);
+            return ExitCode::from(e.exit_code());
         }
     };
     match perf::run(&opts) {
@@ -451,36 +392,31 @@ fn perf_main(a: &PerfArgs) -> ExitCode {
     }
 }
 
-fn up_main(u: &UpCmd) -> ExitCode {
-    let a = &u.args;
+fn up_main(a: &UpArgs) -> ExitCode {
     // Without a usable device, say so before any configuration mistake.
-    if u.provider == ProviderKind::Verbs {
-        if let Err(e) = verbs_device_check(u) {
+    if a.provider.as_deref() == Some("verbs") {
+        if let Err(e) = verbs_device_check(a.ib_dev.as_deref()) {
             eprintln!("ipoib-cm up: {e}");
-            return ExitCode::from(2);
+            return ExitCode::from(e.exit_code());
         }
     }
     let cfg = match daemon::resolve(a.config.as_deref(), a) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("ipoib-cm up: {e}");
-            return ExitCode::from(ConfigError::EXIT_CODE);
+            return ExitCode::from(e.exit_code());
         }
     };
     init_logging(&cfg.log);
-    let r = match u.provider {
+    let r = match cfg.provider {
         ProviderKind::Soft => daemon::run::up(&cfg),
-        ProviderKind::Verbs => up_verbs(&cfg, u),
+        ProviderKind::Verbs => up_verbs(&cfg),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e @ daemon::run::DaemonError::Setup(_)) => {
-            eprintln!("ipoib-cm up: {e}");
-            ExitCode::from(2)
-        }
         Err(e) => {
             eprintln!("ipoib-cm up: {e}");
-            ExitCode::FAILURE
+            ExitCode::from(e.exit_code())
         }
     }
 }

@@ -22,7 +22,7 @@ use super::status::{
     Counters as StatusCounters, InterfaceStatus, NeighbourState, NeighbourStatus, RxState,
     RxStatus, Status, TxState, TxStatus,
 };
-use crate::ipoib::{self, Endpoint, EndpointConfig, TUN_BUFFER_OFFSET};
+use crate::ipoib::{self, Endpoint, TUN_BUFFER_OFFSET};
 use crate::madudp::MadUdp;
 use crate::soft::provider::{SoftProvider, UdpOffload};
 use crate::soft::{SoftConfig, SoftVerbs};
@@ -43,38 +43,87 @@ const IDLE_WAKE: Duration = Duration::from_secs(1);
 /// Packets read in one turn from which their acknowledgements leave before the TUN writes.
 const EARLY_ACK_BATCH: usize = 8;
 
-/// Why the daemon could not run.
+/// Why the daemon could not run. Its `Display` is the one line to print, naming the flag or
+/// step that failed; exit with [`DaemonError::exit_code`].
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
-    /// Setting something up failed (names what).
-    #[error("{0}")]
-    Setup(String),
+    /// No local interface has the `--bind` address.
+    #[error("--bind {0}: no local interface has this address")]
+    NoBindInterface(IpAddr),
+    /// The software provider's UDP socket could not be bound.
+    #[error("--bind {addr}:{port}: {source}")]
+    Bind {
+        /// The underlay address.
+        addr: IpAddr,
+        /// The RoCEv2 UDP port.
+        port: u16,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The libibverbs device could not be opened.
+    #[cfg(feature = "verbs")]
+    #[error("--provider verbs: {0}")]
+    VerbsOpen(#[source] crate::hw::HwError),
+    /// `--provider verbs` in a build without the `verbs` feature.
+    #[cfg(not(feature = "verbs"))]
+    #[error("--provider verbs: no RDMA device: built without the `verbs` feature")]
+    VerbsNotBuilt,
+    /// The CM MAD side channel's socket could not be bound.
+    #[error("--mad-port {addr}:{port}: {source}")]
+    MadPort {
+        /// The underlay address.
+        addr: IpAddr,
+        /// The side channel's UDP port.
+        port: u16,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The endpoint's QPs, CQs and buffers could not be set up on the provider.
+    #[error("provider set-up: {0}")]
+    Endpoint(#[source] crate::verbs::VerbsError),
+    /// The TUN device could not be created.
+    #[error("--ifname: {0}")]
+    Tun(#[source] io::Error),
+    /// The interface MTU could not be set.
+    #[error("interface MTU: {0}")]
+    InterfaceMtu(#[source] io::Error),
+    /// An interface address could not be added.
+    #[error("--addr {addr}: {source}")]
+    Addr {
+        /// The address.
+        addr: super::config::Cidr,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The interface could not be brought up.
+    #[error("interface up: {0}")]
+    InterfaceUp(#[source] io::Error),
+    /// The control socket could not be bound.
+    #[error("--control-socket {}: {source}", path.display())]
+    ControlSocket {
+        /// The socket path.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
     /// The event loop failed.
     #[error("event loop: {0}")]
     Io(#[from] io::Error),
 }
 
-fn setup(what: &str) -> impl Fn(String) -> DaemonError + '_ {
-    move |e| DaemonError::Setup(format!("{what}: {e}"))
-}
-
-/// Maps the daemon configuration onto the endpoint's.
-fn endpoint_config(cfg: &Config, path_mtu: crate::verbs::PathMtu, seed: u64) -> EndpointConfig {
-    let mut e = EndpointConfig::new(cfg.addr.iter().map(|c| (c.addr, c.prefix_len)).collect());
-    e.mode = cfg.mode;
-    e.srq = cfg.srq;
-    e.rx_timeout = cfg.rx_timeout;
-    e.drain_timeout = cfg.drain_timeout;
-    e.tx_stall_timeout = cfg.tx_stall_timeout;
-    e.neigh_timeout = cfg.neigh_timeout;
-    e.max_conn_qp = cfg.max_conn_qp as usize;
-    e.budget_policy = cfg.qp_budget_policy;
-    e.tx_queue_len = cfg.tx_queue_len as usize;
-    e.static_neighbours = cfg.neigh.clone();
-    e.qp_timeout = cfg.qp_timeout;
-    e.path_mtu = path_mtu;
-    e.seed = seed;
-    e
+impl DaemonError {
+    /// The process exit code: 2 for a set-up step that failed (the configuration does not fit
+    /// this host), 1 for a failure of the running loop.
+    pub const fn exit_code(&self) -> u8 {
+        match self {
+            Self::Io(_) => 1,
+            _ => 2,
+        }
+    }
 }
 
 /// Entropy for PSNs and CM ids: the clock and the pid (nothing here needs to be secret, only
@@ -157,10 +206,7 @@ impl DaemonProvider for crate::hw::HwVerbs {
 fn path_mtu(cfg: &Config) -> Result<crate::verbs::PathMtu, DaemonError> {
     let link_mtu = ifaddr::link_mtu_for(cfg.bind);
     if link_mtu.is_none() {
-        return Err(DaemonError::Setup(format!(
-            "--bind {}: no local interface has this address",
-            cfg.bind
-        )));
+        return Err(DaemonError::NoBindInterface(cfg.bind));
     }
     Ok(cfg.effective_path_mtu(link_mtu))
 }
@@ -184,8 +230,11 @@ pub fn up(cfg: &Config) -> Result<(), DaemonError> {
     } else {
         UdpOffload::Off
     };
-    let mut prov = SoftProvider::bind(soft, offload)
-        .map_err(|e| DaemonError::Setup(format!("--bind {}:{}: {e}", cfg.bind, cfg.udp_port)))?;
+    let mut prov = SoftProvider::bind(soft, offload).map_err(|source| DaemonError::Bind {
+        addr: cfg.bind,
+        port: cfg.udp_port,
+        source,
+    })?;
     prov.verbs().set_mcast_peers(cfg.peer.clone());
     run(
         cfg,
@@ -206,8 +255,7 @@ pub fn up_verbs(cfg: &Config, hw: &crate::hw::HwConfig) -> Result<(), DaemonErro
     let path_mtu = path_mtu(cfg)?;
     let mut hw = hw.clone();
     hw.local_ip = hw.local_ip.or(Some(cfg.bind));
-    let prov = crate::hw::HwVerbs::open(&hw)
-        .map_err(|e| DaemonError::Setup(format!("--provider verbs: {e}")))?;
+    let prov = crate::hw::HwVerbs::open(&hw).map_err(DaemonError::VerbsOpen)?;
     run(
         cfg,
         prov,
@@ -223,12 +271,17 @@ fn run<P: DaemonProvider>(
     path_mtu: crate::verbs::PathMtu,
     transport: CmTransport,
 ) -> Result<(), DaemonError> {
-    let mut mad_udp = match transport {
-        CmTransport::Qp1 => None,
-        CmTransport::Udp => Some(MadUdp::bind(cfg.bind, cfg.mad_port).map_err(|e| {
-            DaemonError::Setup(format!("--mad-port {}:{}: {e}", cfg.bind, cfg.mad_port))
-        })?),
-    };
+    let mut mad_udp =
+        match transport {
+            CmTransport::Qp1 => None,
+            CmTransport::Udp => Some(MadUdp::bind(cfg.bind, cfg.mad_port).map_err(|source| {
+                DaemonError::MadPort {
+                    addr: cfg.bind,
+                    port: cfg.mad_port,
+                    source,
+                }
+            })?),
+        };
     let mut poll = Poll::new()?;
     if let Some(u) = &mut mad_udp {
         poll.registry()
@@ -236,30 +289,27 @@ fn run<P: DaemonProvider>(
     }
 
     let start = Instant::now();
-    let ep_cfg = endpoint_config(cfg, path_mtu, seed());
+    let ep_cfg = cfg.endpoint_config(path_mtu, seed());
     let mtu = ep_cfg.interface_mtu();
     let mut ep = Endpoint::with_mad_transport(start, prov.verbs(), ep_cfg, mad_udp)
-        .map_err(|e| DaemonError::Setup(format!("provider set-up: {e}")))?;
+        .map_err(DaemonError::Endpoint)?;
 
-    let mut tun = Tun::create(&cfg.ifname).map_err(|e| setup("--ifname")(e.to_string()))?;
-    tun.set_mtu(mtu)
-        .map_err(|e| setup("interface MTU")(e.to_string()))?;
+    let mut tun = Tun::create(&cfg.ifname).map_err(DaemonError::Tun)?;
+    tun.set_mtu(mtu).map_err(DaemonError::InterfaceMtu)?;
     for c in &cfg.addr {
         let r = match c.addr {
             IpAddr::V4(a) => tun.add_ipv4(a, c.prefix_len),
             IpAddr::V6(a) => tun.add_ipv6(a, c.prefix_len),
         };
-        r.map_err(|e| DaemonError::Setup(format!("--addr {c}: {e}")))?;
+        r.map_err(|source| DaemonError::Addr { addr: *c, source })?;
     }
-    tun.set_up()
-        .map_err(|e| setup("interface up")(e.to_string()))?;
+    tun.set_up().map_err(DaemonError::InterfaceUp)?;
 
-    let mut control = ControlServer::bind(&cfg.control_socket).map_err(|e| {
-        DaemonError::Setup(format!(
-            "--control-socket {}: {e}",
-            cfg.control_socket.display()
-        ))
-    })?;
+    let mut control =
+        ControlServer::bind(&cfg.control_socket).map_err(|source| DaemonError::ControlSocket {
+            path: cfg.control_socket.clone(),
+            source,
+        })?;
     let mut signals = Signals::new([SIGINT, SIGTERM])?;
 
     prov.register(poll.registry(), PROVIDER)?;
