@@ -18,11 +18,8 @@ use signal_hook_mio::v1_0::Signals;
 
 use super::config::{CmTransport, Config};
 use super::control::ControlServer;
-use super::status::{
-    Counters as StatusCounters, InterfaceStatus, NeighbourState, NeighbourStatus, RxState,
-    RxStatus, Status, TxState, TxStatus,
-};
-use crate::ipoib::{self, Endpoint, TUN_BUFFER_OFFSET};
+use super::status::Status;
+use crate::ipoib::{Endpoint, TUN_BUFFER_OFFSET};
 use crate::madudp::MadUdp;
 use crate::soft::provider::{SoftProvider, UdpOffload};
 use crate::soft::{SoftConfig, SoftVerbs};
@@ -524,26 +521,11 @@ fn status<P: DaemonProvider>(
     tun_write_drops: u64,
 ) -> Status {
     let snap = ep.snapshot(now);
+    let mut status = Status::from_snapshot(name, &snap);
+    if let Some(live) = prov.qp_live() {
+        status.counters.qp_live = live;
+    }
     let c = snap.counters;
-    let counters = StatusCounters {
-        qp_live: prov
-            .qp_live()
-            .unwrap_or(c.qp_created.saturating_sub(c.qp_destroyed)),
-        qp_created: c.qp_created,
-        qp_destroyed: c.qp_destroyed,
-        rx_accepted: c.rx_accepted,
-        rx_stale_reaped: c.rx_stale_reaped,
-        rx_dreq_reaped: c.rx_dreq_reaped,
-        rx_evicted: c.rx_evicted,
-        drain_timeouts: c.drain_timeouts,
-        last_wqe_events: c.last_wqe_events,
-        tx_established: c.tx_established,
-        tx_failed: c.tx_failed,
-        tx_stalled: c.tx_stalled,
-        tx_queue_drops: c.tx_queue_drops,
-        icmp_too_big_sent: c.icmp_too_big_sent,
-        rx_bad_packets: c.rx_bad_packets,
-    };
     let cm = ep.cm_stats();
     let mad = ep.mad_stats();
     let mut provider = BTreeMap::new();
@@ -571,59 +553,6 @@ fn status<P: DaemonProvider>(
     ] {
         provider.insert(k.to_string(), v);
     }
-    Status {
-        interface: InterfaceStatus {
-            name: name.to_string(),
-            mtu: snap.mtu,
-            mode: snap.mode,
-            hwaddr: snap.hwaddr.to_string(),
-        },
-        neighbours: snap
-            .neighbours
-            .iter()
-            .map(|(ip, hw, st)| NeighbourStatus {
-                ip: *ip,
-                hwaddr: hw.map(|h| h.to_string()).unwrap_or_default(),
-                state: match st {
-                    ipoib::NeighState::Incomplete { .. } => NeighbourState::Incomplete,
-                    ipoib::NeighState::Reachable | ipoib::NeighState::Static => {
-                        NeighbourState::Reachable
-                    }
-                },
-            })
-            .collect(),
-        tx: snap
-            .tx
-            .iter()
-            .map(|t| TxStatus {
-                peer: t.peer.gid.to_string(),
-                qpn: t.qpn.get(),
-                state: match t.state {
-                    ipoib::TxState::Connecting => TxState::Connecting,
-                    ipoib::TxState::Established => TxState::Live,
-                    ipoib::TxState::Closing => TxState::Closing,
-                },
-                mtu: t.mtu,
-                queued: t.queued as u64,
-                in_flight: u64::from(t.in_flight),
-            })
-            .collect(),
-        rx: snap
-            .rx
-            .iter()
-            .map(|(peer, qpn, st, idle)| RxStatus {
-                peer: peer.to_string(),
-                qpn: qpn.get(),
-                state: match st {
-                    ipoib::RxState::Live => RxState::Live,
-                    ipoib::RxState::Error => RxState::Error,
-                    ipoib::RxState::Flush => RxState::Flush,
-                    ipoib::RxState::Drained => RxState::Drained,
-                },
-                idle_ms: u64::try_from(idle.as_millis()).unwrap_or(u64::MAX),
-            })
-            .collect(),
-        counters,
-        provider,
-    }
+    status.provider = provider;
+    status
 }

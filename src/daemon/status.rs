@@ -11,37 +11,7 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use super::config::Mode;
-
-/// Length of an IPoIB hardware address: 4 bytes of flags + QPN, 16 bytes of GID.
-pub const HWADDR_LEN: usize = 20;
-
-/// Formats a 20-byte IPoIB hardware address as colon-separated lowercase hex
-/// (`80:00:00:48:fe:80:...`), as `ip link` shows it.
-pub fn format_hwaddr(hw: &[u8; HWADDR_LEN]) -> String {
-    let mut s = String::with_capacity(HWADDR_LEN * 3);
-    for (i, b) in hw.iter().enumerate() {
-        if i > 0 {
-            s.push(':');
-        }
-        let _ = write!(s, "{b:02x}");
-    }
-    s
-}
-
-/// Parses what [`format_hwaddr`] writes (either case); `None` unless exactly 20 hex octets.
-pub fn parse_hwaddr(s: &str) -> Option<[u8; HWADDR_LEN]> {
-    let mut out = [0u8; HWADDR_LEN];
-    let mut n = 0;
-    for part in s.split(':') {
-        if n == HWADDR_LEN || part.len() != 2 || !part.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return None;
-        }
-        out[n] = u8::from_str_radix(part, 16).ok()?;
-        n += 1;
-    }
-    (n == HWADDR_LEN).then_some(out)
-}
+use crate::ipoib::{self, Mode};
 
 /// The whole snapshot.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -70,22 +40,20 @@ pub struct InterfaceStatus {
     pub mtu: u32,
     /// IPoIB mode.
     pub mode: Mode,
-    /// Our IPoIB hardware address ([`format_hwaddr`]).
+    /// Our IPoIB hardware address (as [`HwAddr`](crate::wire::ipoib::HwAddr) displays it).
     pub hwaddr: String,
 }
 
-/// State of a neighbour entry.
+/// State of a neighbour entry: the endpoint's [`ipoib::NeighState`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum NeighbourState {
     /// Resolution in progress; packets are queued.
     Incomplete,
-    /// Resolved and recently used.
+    /// Resolved (aged out after the neighbour timeout unused).
     Reachable,
-    /// Resolved but idle; reaped after the neighbour timeout.
-    Stale,
-    /// Resolution failed; packets are dropped.
-    Failed,
+    /// Configured statically (`--neigh`): never resolved, never aged.
+    Permanent,
 }
 
 impl NeighbourState {
@@ -94,8 +62,17 @@ impl NeighbourState {
         match self {
             Self::Incomplete => "incomplete",
             Self::Reachable => "reachable",
-            Self::Stale => "stale",
-            Self::Failed => "failed",
+            Self::Permanent => "permanent",
+        }
+    }
+}
+
+impl From<&ipoib::NeighState> for NeighbourState {
+    fn from(s: &ipoib::NeighState) -> Self {
+        match s {
+            ipoib::NeighState::Incomplete { .. } => Self::Incomplete,
+            ipoib::NeighState::Reachable => Self::Reachable,
+            ipoib::NeighState::Static => Self::Permanent,
         }
     }
 }
@@ -105,13 +82,13 @@ impl NeighbourState {
 pub struct NeighbourStatus {
     /// The neighbour's IP address.
     pub ip: IpAddr,
-    /// Its IPoIB hardware address ([`format_hwaddr`]).
+    /// Its IPoIB hardware address (as [`HwAddr`](crate::wire::ipoib::HwAddr) displays it).
     pub hwaddr: String,
     /// Entry state.
     pub state: NeighbourState,
 }
 
-/// State of a transmit connection.
+/// State of a transmit connection: the endpoint's [`ipoib::TxState`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TxState {
@@ -119,9 +96,7 @@ pub enum TxState {
     Connecting,
     /// Established; packets flow.
     Live,
-    /// The QP went to error; waiting for its flush before teardown.
-    Error,
-    /// Disconnecting (DREQ sent or received).
+    /// Being torn down (QP in error, outstanding sends flushing).
     Closing,
 }
 
@@ -131,8 +106,17 @@ impl TxState {
         match self {
             Self::Connecting => "connecting",
             Self::Live => "live",
-            Self::Error => "error",
             Self::Closing => "closing",
+        }
+    }
+}
+
+impl From<ipoib::TxState> for TxState {
+    fn from(s: ipoib::TxState) -> Self {
+        match s {
+            ipoib::TxState::Connecting => Self::Connecting,
+            ipoib::TxState::Established => Self::Live,
+            ipoib::TxState::Closing => Self::Closing,
         }
     }
 }
@@ -177,6 +161,17 @@ impl RxState {
             Self::Error => "error",
             Self::Flush => "flush",
             Self::Drained => "drained",
+        }
+    }
+}
+
+impl From<ipoib::RxState> for RxState {
+    fn from(s: ipoib::RxState) -> Self {
+        match s {
+            ipoib::RxState::Live => Self::Live,
+            ipoib::RxState::Error => Self::Error,
+            ipoib::RxState::Flush => Self::Flush,
+            ipoib::RxState::Drained => Self::Drained,
         }
     }
 }
@@ -250,6 +245,80 @@ impl Counters {
             ("icmp_too_big_sent", self.icmp_too_big_sent),
             ("rx_bad_packets", self.rx_bad_packets),
         ]
+    }
+}
+
+impl Status {
+    /// The status of interface `name` from the endpoint's snapshot: its tables and counters,
+    /// `qp_live` counted by the endpoint, and an empty [`Status::provider`] for the driver to
+    /// fill.
+    pub fn from_snapshot(name: &str, snap: &ipoib::Snapshot) -> Self {
+        let c = &snap.counters;
+        Self {
+            interface: InterfaceStatus {
+                name: name.to_owned(),
+                mtu: snap.mtu,
+                mode: snap.mode,
+                hwaddr: snap.hwaddr.to_string(),
+            },
+            neighbours: snap
+                .neighbours
+                .iter()
+                .map(|(ip, hw, st)| NeighbourStatus {
+                    ip: *ip,
+                    hwaddr: hw.map(|h| h.to_string()).unwrap_or_default(),
+                    state: st.into(),
+                })
+                .collect(),
+            tx: snap
+                .tx
+                .iter()
+                .map(|t| TxStatus {
+                    peer: t.peer.gid.to_string(),
+                    qpn: t.qpn.get(),
+                    state: t.state.into(),
+                    mtu: t.mtu,
+                    queued: t.queued as u64,
+                    in_flight: u64::from(t.in_flight),
+                })
+                .collect(),
+            rx: snap
+                .rx
+                .iter()
+                .map(|(peer, qpn, st, idle)| RxStatus {
+                    peer: peer.to_string(),
+                    qpn: qpn.get(),
+                    state: (*st).into(),
+                    idle_ms: u64::try_from(idle.as_millis()).unwrap_or(u64::MAX),
+                })
+                .collect(),
+            counters: Counters::from(c),
+            provider: BTreeMap::new(),
+        }
+    }
+}
+
+impl From<&ipoib::Counters> for Counters {
+    /// The endpoint's counters of the schema; `qp_live` is what the endpoint created and did
+    /// not destroy (a provider that counts its QPs overrides it).
+    fn from(c: &ipoib::Counters) -> Self {
+        Self {
+            qp_live: c.qp_created.saturating_sub(c.qp_destroyed),
+            qp_created: c.qp_created,
+            qp_destroyed: c.qp_destroyed,
+            rx_accepted: c.rx_accepted,
+            rx_stale_reaped: c.rx_stale_reaped,
+            rx_dreq_reaped: c.rx_dreq_reaped,
+            rx_evicted: c.rx_evicted,
+            drain_timeouts: c.drain_timeouts,
+            last_wqe_events: c.last_wqe_events,
+            tx_established: c.tx_established,
+            tx_failed: c.tx_failed,
+            tx_stalled: c.tx_stalled,
+            tx_queue_drops: c.tx_queue_drops,
+            icmp_too_big_sent: c.icmp_too_big_sent,
+            rx_bad_packets: c.rx_bad_packets,
+        }
     }
 }
 
@@ -381,10 +450,11 @@ pub fn render_text(status: &Status) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::ipoib::HwAddr;
 
     /// A status with one of everything.
     fn sample() -> Status {
-        let mut hw = [0u8; HWADDR_LEN];
+        let mut hw = [0u8; 20];
         hw[0] = 0x80;
         hw[3] = 0x48;
         hw[4] = 0xfe;
@@ -398,11 +468,11 @@ mod tests {
                 name: "ib0".into(),
                 mtu: 65520,
                 mode: Mode::Connected,
-                hwaddr: format_hwaddr(&hw),
+                hwaddr: HwAddr::from(hw).to_string(),
             },
             neighbours: vec![NeighbourStatus {
                 ip: "198.19.0.2".parse().unwrap(),
-                hwaddr: format_hwaddr(&peer_hw),
+                hwaddr: HwAddr::from(peer_hw).to_string(),
                 state: NeighbourState::Reachable,
             }],
             tx: vec![TxStatus {
@@ -514,7 +584,7 @@ mod tests {
             hw,
             "80:00:00:48:fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:01"
         );
-        assert!(parse_hwaddr(hw).is_some());
+        assert!(hw.parse::<HwAddr>().is_ok());
     }
 
     #[test]
@@ -528,21 +598,16 @@ mod tests {
             assert_eq!(serde_json::to_value(s).unwrap(), name);
             assert_eq!(s.as_str(), name);
         }
-        for s in [
-            TxState::Connecting,
-            TxState::Live,
-            TxState::Error,
-            TxState::Closing,
-        ] {
+        for s in [TxState::Connecting, TxState::Live, TxState::Closing] {
             assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
         }
-        for s in [
-            NeighbourState::Incomplete,
-            NeighbourState::Reachable,
-            NeighbourState::Stale,
-            NeighbourState::Failed,
+        for (s, name) in [
+            (NeighbourState::Incomplete, "incomplete"),
+            (NeighbourState::Reachable, "reachable"),
+            (NeighbourState::Permanent, "permanent"),
         ] {
-            assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
+            assert_eq!(serde_json::to_value(s).unwrap(), name);
+            assert_eq!(s.as_str(), name);
         }
     }
 
@@ -559,15 +624,16 @@ mod tests {
 
     #[test]
     fn hwaddr_parse_rejects_junk() {
-        let hw = [0xabu8; HWADDR_LEN];
-        let s = format_hwaddr(&hw);
-        assert_eq!(parse_hwaddr(&s), Some(hw));
-        assert_eq!(parse_hwaddr(&s.to_uppercase()), Some(hw));
-        assert_eq!(parse_hwaddr(""), None);
-        assert_eq!(parse_hwaddr(&s[3..]), None);
-        assert_eq!(parse_hwaddr(&format!("{s}:00")), None);
-        assert_eq!(parse_hwaddr(&s.replace("ab", "zz")), None);
-        assert_eq!(parse_hwaddr(&s.replacen("ab", "+b", 1)), None);
+        let hw = HwAddr::from([0xabu8; 20]);
+        let s = hw.to_string();
+        let parse = |t: &str| t.parse::<HwAddr>().ok();
+        assert_eq!(parse(&s), Some(hw));
+        assert_eq!(parse(&s.to_uppercase()), Some(hw));
+        assert_eq!(parse(""), None);
+        assert_eq!(parse(&s[3..]), None);
+        assert_eq!(parse(&format!("{s}:00")), None);
+        assert_eq!(parse(&s.replace("ab", "zz")), None);
+        assert_eq!(parse(&s.replacen("ab", "+b", 1)), None);
     }
 
     #[test]
@@ -610,6 +676,65 @@ provider:
   retransmits  7
 ";
         assert_eq!(text, want, "got:\n{text}");
+    }
+
+    #[test]
+    fn status_from_snapshot_has_the_endpoints_states() {
+        let hw = HwAddr::from([0x11u8; 20]);
+        let snap = ipoib::Snapshot {
+            hwaddr: hw,
+            mtu: 65520,
+            mode: Mode::Connected,
+            neighbours: vec![
+                (
+                    "198.19.0.2".parse().unwrap(),
+                    Some(hw),
+                    ipoib::NeighState::Static,
+                ),
+                (
+                    "198.19.0.3".parse().unwrap(),
+                    Some(hw),
+                    ipoib::NeighState::Reachable,
+                ),
+                (
+                    "198.19.0.4".parse().unwrap(),
+                    None,
+                    ipoib::NeighState::Incomplete { retries_left: 2 },
+                ),
+            ],
+            tx: vec![],
+            rx: vec![],
+            counters: ipoib::Counters {
+                qp_created: 5,
+                qp_destroyed: 2,
+                rx_rejected: 9,
+                ..ipoib::Counters::default()
+            },
+        };
+        let s = Status::from_snapshot("ib0", &snap);
+        assert_eq!(s.interface.hwaddr, hw.to_string());
+        let states: Vec<_> = s.neighbours.iter().map(|n| n.state.as_str()).collect();
+        assert_eq!(states, ["permanent", "reachable", "incomplete"]);
+        assert_eq!(s.neighbours[2].hwaddr, "");
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(v["neighbours"][0]["state"], "permanent");
+        assert_eq!(
+            (
+                s.counters.qp_live,
+                s.counters.qp_created,
+                s.counters.qp_destroyed
+            ),
+            (3, 5, 2)
+        );
+        assert!(s.provider.is_empty());
+        for st in [
+            ipoib::TxState::Connecting,
+            ipoib::TxState::Established,
+            ipoib::TxState::Closing,
+        ] {
+            let name = serde_json::to_value(TxState::from(st)).unwrap();
+            assert!(["connecting", "live", "closing"].contains(&name.as_str().unwrap()));
+        }
     }
 
     #[test]
