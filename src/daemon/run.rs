@@ -18,7 +18,7 @@ use signal_hook_mio::v1_0::Signals;
 
 use super::config::{CmTransport, Config};
 use super::control::ControlServer;
-use super::status::Status;
+use super::status::{add_counters, Status};
 use crate::ipoib::{Endpoint, TUN_BUFFER_OFFSET};
 use crate::madudp::MadUdp;
 use crate::soft::provider::{SoftProvider, UdpOffload};
@@ -148,32 +148,13 @@ impl DaemonProvider for SoftProvider {
     fn counters(&self, out: &mut BTreeMap<String, u64>) {
         let engine: &SoftVerbs = self.engine();
         let s = engine.stats();
+        add_counters(out, "", &s);
+        add_counters(out, "fault_", &s.faults);
         for (k, v) in [
-            ("rx_datagrams", s.rx_datagrams),
-            ("rx_malformed", s.rx_malformed),
-            ("rx_bad_icrc", s.rx_bad_icrc),
-            ("rx_bad_pkey", s.rx_bad_pkey),
-            ("rx_unknown_qpn", s.rx_unknown_qpn),
-            ("rx_bad_src", s.rx_bad_src),
-            ("rx_bad_qkey", s.rx_bad_qkey),
-            ("rx_bad_state", s.rx_bad_state),
-            ("tx_packets", s.tx_packets),
-            ("tx_retransmits", s.tx_retransmits),
-            ("retransmit_timeouts", s.retransmit_timeouts),
-            ("rx_rnr_naks", s.rx_rnr_naks),
-            ("tx_rnr_naks", s.tx_rnr_naks),
-            ("rx_seq_naks", s.rx_seq_naks),
-            ("tx_seq_naks", s.tx_seq_naks),
-            ("rx_out_of_sequence", s.rx_out_of_sequence),
             ("send_errors", self.send_errors),
             ("udp_gso", u64::from(self.gso_enabled())),
-            ("rx_gso_segments", s.rx_gso_segments),
             ("rx_gro_buffers", self.rx_gro_buffers),
             ("tx_gso_trains", self.tx_gso_trains()),
-            ("fault_dropped", s.faults.dropped),
-            ("fault_duplicated", s.faults.duplicated),
-            ("fault_reordered", s.faults.reordered),
-            ("fault_corrupted", s.faults.corrupted),
         ] {
             out.insert(k.to_string(), v);
         }
@@ -525,34 +506,11 @@ fn status<P: DaemonProvider>(
     if let Some(live) = prov.qp_live() {
         status.counters.qp_live = live;
     }
-    let c = snap.counters;
-    let cm = ep.cm_stats();
-    let mad = ep.mad_stats();
-    let mut provider = BTreeMap::new();
-    prov.counters(&mut provider);
-    for (k, v) in [
-        ("rx_packets", c.rx_packets),
-        ("tx_ip_packets", c.tx_packets),
-        ("tx_dropped", c.tx_dropped),
-        ("rx_rejected", c.rx_rejected),
-        ("neigh_conflicts", c.neigh_conflicts),
-        ("neigh_failed", c.neigh_failed),
-        ("tun_write_drops", tun_write_drops),
-        ("cm_mads_received", cm.mads_received),
-        ("cm_dropped_malformed", cm.dropped_malformed),
-        ("cm_dropped_unknown", cm.dropped_unknown),
-        ("cm_dropped_spoofed", cm.dropped_spoofed),
-        ("cm_dropped_unexpected", cm.dropped_unexpected),
-        ("cm_retransmits", cm.retransmits),
-        ("cm_rej_sent", cm.rej_sent),
-        ("cm_timeouts", cm.timeouts),
-        ("mad_sent", mad.sent),
-        ("mad_received", mad.received),
-        ("mad_send_dropped", mad.send_dropped),
-        ("mad_recv_malformed", mad.recv_malformed),
-    ] {
-        provider.insert(k.to_string(), v);
-    }
-    status.provider = provider;
+    prov.counters(&mut status.provider);
+    add_counters(&mut status.provider, "cm_", &ep.cm_stats());
+    add_counters(&mut status.provider, "mad_", &ep.mad_stats());
+    status
+        .provider
+        .insert("tun_write_drops".to_owned(), tun_write_drops);
     status
 }

@@ -250,10 +250,14 @@ impl Counters {
 
 impl Status {
     /// The status of interface `name` from the endpoint's snapshot: its tables and counters,
-    /// `qp_live` counted by the endpoint, and an empty [`Status::provider`] for the driver to
-    /// fill.
+    /// `qp_live` counted by the endpoint; [`Status::provider`] holds the endpoint's counters
+    /// that [`Counters`] has not, for the driver to add its own to.
     pub fn from_snapshot(name: &str, snap: &ipoib::Snapshot) -> Self {
         let c = &snap.counters;
+        let schema = Counters::default().fields().map(|(name, _)| name);
+        let mut provider = BTreeMap::new();
+        add_counters(&mut provider, "", c);
+        provider.retain(|k, _| !schema.contains(&k.as_str()));
         Self {
             interface: InterfaceStatus {
                 name: name.to_owned(),
@@ -293,7 +297,19 @@ impl Status {
                 })
                 .collect(),
             counters: Counters::from(c),
-            provider: BTreeMap::new(),
+            provider,
+        }
+    }
+}
+
+/// Adds the counters of `stats` to `out`, each named `prefix` and the name its serde derive
+/// gives it; fields that are not unsigned integers (nested structs) are left out.
+pub fn add_counters(out: &mut BTreeMap<String, u64>, prefix: &str, stats: &impl Serialize) {
+    if let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(stats) {
+        for (name, v) in fields {
+            if let Some(n) = v.as_u64() {
+                out.insert(format!("{prefix}{name}"), n);
+            }
         }
     }
 }
@@ -726,7 +742,18 @@ provider:
             ),
             (3, 5, 2)
         );
-        assert!(s.provider.is_empty());
+        // The endpoint's counters beyond the schema's are in the provider map.
+        assert_eq!(s.provider["rx_rejected"], 9);
+        for name in [
+            "rx_packets",
+            "tx_ip_packets",
+            "tx_dropped",
+            "neigh_conflicts",
+            "neigh_failed",
+        ] {
+            assert_eq!(s.provider[name], 0, "{name}");
+        }
+        assert_eq!(s.provider.len(), 6, "{:?}", s.provider);
         for st in [
             ipoib::TxState::Connecting,
             ipoib::TxState::Established,
@@ -735,6 +762,56 @@ provider:
             let name = serde_json::to_value(TxState::from(st)).unwrap();
             assert!(["connecting", "live", "closing"].contains(&name.as_str().unwrap()));
         }
+    }
+
+    /// The provider map keeps every name scripts read: the serde names of the CM's, QP1
+    /// transport's and software provider's counters, with their prefixes.
+    #[test]
+    fn serde_counter_names_are_the_provider_map_names() {
+        let mut m = BTreeMap::new();
+        add_counters(&mut m, "cm_", &crate::cm::CmStats::default());
+        add_counters(&mut m, "mad_", &crate::gsi::GsiStats::default());
+        let soft = crate::soft::SoftStats::default();
+        add_counters(&mut m, "", &soft);
+        add_counters(&mut m, "fault_", &soft.faults);
+        for name in [
+            "cm_mads_received",
+            "cm_dropped_malformed",
+            "cm_dropped_unknown",
+            "cm_dropped_spoofed",
+            "cm_dropped_unexpected",
+            "cm_retransmits",
+            "cm_rej_sent",
+            "cm_timeouts",
+            "mad_sent",
+            "mad_received",
+            "mad_send_dropped",
+            "mad_recv_malformed",
+            "rx_datagrams",
+            "rx_malformed",
+            "rx_bad_icrc",
+            "rx_bad_pkey",
+            "rx_unknown_qpn",
+            "rx_bad_src",
+            "rx_bad_qkey",
+            "rx_bad_state",
+            "tx_packets",
+            "tx_retransmits",
+            "retransmit_timeouts",
+            "rx_rnr_naks",
+            "tx_rnr_naks",
+            "rx_seq_naks",
+            "tx_seq_naks",
+            "rx_out_of_sequence",
+            "rx_gso_segments",
+            "fault_dropped",
+            "fault_duplicated",
+            "fault_reordered",
+            "fault_corrupted",
+        ] {
+            assert_eq!(m.get(name), Some(&0), "{name}");
+        }
+        assert!(!m.contains_key("faults"), "nested structs are left out");
     }
 
     #[test]

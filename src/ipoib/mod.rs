@@ -257,8 +257,8 @@ impl EndpointConfig {
     }
 }
 
-/// Counters, named as in `ipoib-cm status`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Counters, named as in `ipoib-cm status` (its `counters`, the rest in its `provider` map).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Counters {
     /// QPs created by the endpoint (UD, QP1 and RC).
     pub qp_created: u64,
@@ -295,6 +295,7 @@ pub struct Counters {
     /// IP packets delivered to the TUN device.
     pub rx_packets: u64,
     /// IP packets sent (RC and UD).
+    #[serde(rename = "tx_ip_packets")]
     pub tx_packets: u64,
     /// ARP/ND messages that tried to change an established mapping.
     pub neigh_conflicts: u64,
