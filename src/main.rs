@@ -64,11 +64,61 @@ struct ConformanceArgs {
     settle_ms: u64,
 }
 
+/// What a command's error ends the process with: 2 when the command could not start (a usage
+/// or configuration mistake, a set-up step or device that failed), 1 when its run failed.
+trait ExitStatus: std::fmt::Display {
+    /// The exit status.
+    fn exit_code(&self) -> u8;
+}
+
+impl ExitStatus for daemon::ConfigError {
+    fn exit_code(&self) -> u8 {
+        Self::exit_code(self)
+    }
+}
+
+impl ExitStatus for daemon::run::DaemonError {
+    fn exit_code(&self) -> u8 {
+        Self::exit_code(self)
+    }
+}
+
+impl ExitStatus for rc_pingpong::PingpongError {
+    fn exit_code(&self) -> u8 {
+        match self {
+            Self::Usage(_) => 2,
+            _ => 1,
+        }
+    }
+}
+
+#[cfg(feature = "verbs")]
+impl ExitStatus for ipoib_cm::hw::pingpong::HwPingpongError {
+    fn exit_code(&self) -> u8 {
+        match self {
+            Self::Open(_) => 2,
+            Self::Run(e) => e.exit_code(),
+        }
+    }
+}
+
+#[cfg(feature = "verbs")]
+impl ExitStatus for ipoib_cm::hw::HwError {
+    fn exit_code(&self) -> u8 {
+        2
+    }
+}
+
+/// Prints `ipoib-cm CMD: ERROR` (one line) and gives the error's exit status.
+fn fail(cmd: &str, e: &impl ExitStatus) -> ExitCode {
+    eprintln!("ipoib-cm {cmd}: {e}");
+    ExitCode::from(e.exit_code())
+}
+
 /// With `--provider verbs` in a build without the feature: one line, exit 2.
 #[cfg(not(feature = "verbs"))]
 fn verbs_provider(cmd: &str, _local_ip: Option<IpAddr>) -> ExitCode {
-    eprintln!("ipoib-cm {cmd}: no RDMA device: built without the `verbs` feature");
-    ExitCode::from(2)
+    fail(cmd, &daemon::run::DaemonError::VerbsNotBuilt)
 }
 
 /// `up --provider verbs`.
@@ -106,7 +156,7 @@ fn up_verbs(_cfg: &daemon::Config) -> Result<(), daemon::run::DaemonError> {
 /// `rc-pingpong --provider verbs`: no device exits 2 with one line; a failed run exits 1.
 #[cfg(feature = "verbs")]
 fn verbs_rc_pingpong(a: &PingpongArgs, opts: &rc_pingpong::Options) -> ExitCode {
-    use ipoib_cm::hw::pingpong::{self, HwPingpongError};
+    use ipoib_cm::hw::pingpong;
     use ipoib_cm::hw::HwConfig;
     let cfg = HwConfig {
         device: a.ib_dev.clone(),
@@ -119,17 +169,7 @@ fn verbs_rc_pingpong(a: &PingpongArgs, opts: &rc_pingpong::Options) -> ExitCode 
             s.print();
             ExitCode::SUCCESS
         }
-        Err(
-            e @ (HwPingpongError::Open(_)
-            | HwPingpongError::Run(rc_pingpong::PingpongError::Usage(_))),
-        ) => {
-            eprintln!("ipoib-cm rc-pingpong: {e}");
-            ExitCode::from(2)
-        }
-        Err(e) => {
-            eprintln!("ipoib-cm rc-pingpong: {e}");
-            ExitCode::FAILURE
-        }
+        Err(e) => fail("rc-pingpong", &e),
     }
 }
 
@@ -154,10 +194,7 @@ fn conformance_main(a: &ConformanceArgs) -> ExitCode {
         Duration::from_millis(a.settle_ms),
     );
     match pair {
-        Err(e) => {
-            eprintln!("ipoib-cm conformance: {e}");
-            ExitCode::from(2)
-        }
+        Err(e) => fail("conformance", &e),
         Ok(mut p) => {
             if p.run(a.check.as_deref()) == 0 {
                 ExitCode::SUCCESS
@@ -227,10 +264,7 @@ fn ud_pingpong_main(a: &UdPingpongArgs) -> ExitCode {
             s.print();
             ExitCode::SUCCESS
         }
-        Err(e) => {
-            eprintln!("ipoib-cm ud-pingpong: {e}");
-            ExitCode::FAILURE
-        }
+        Err(e) => fail("ud-pingpong", &e),
     }
 }
 
@@ -318,10 +352,7 @@ fn parse_mtu(s: &str) -> Result<usize, String> {
 fn rc_pingpong_main(a: &PingpongArgs) -> ExitCode {
     let faults = match a.faults.to_config() {
         Ok(f) => f,
-        Err(e) => {
-            eprintln!("ipoib-cm rc-pingpong: {e}");
-            return ExitCode::from(e.exit_code());
-        }
+        Err(e) => return fail("rc-pingpong", &e),
     };
     let opts = rc_pingpong::Options {
         peer: a.peer,
@@ -351,24 +382,14 @@ fn rc_pingpong_main(a: &PingpongArgs) -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Err(e @ rc_pingpong::PingpongError::Usage(_)) => {
-            eprintln!("ipoib-cm rc-pingpong: {e}");
-            ExitCode::from(2)
-        }
-        Err(e) => {
-            eprintln!("ipoib-cm rc-pingpong: {e}");
-            ExitCode::FAILURE
-        }
+        Err(e) => fail("rc-pingpong", &e),
     }
 }
 
 fn perf_main(a: &PerfArgs) -> ExitCode {
     let opts = match a.resolve() {
         Ok(o) => o,
-        Err(e) => {
-            eprintln!("ipoib-cm perf: {e}");
-            return ExitCode::from(e.exit_code());
-        }
+        Err(e) => return fail("perf", &e),
     };
     match perf::run(&opts) {
         Ok(report) => {
@@ -381,14 +402,7 @@ fn perf_main(a: &PerfArgs) -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Err(e @ rc_pingpong::PingpongError::Usage(_)) => {
-            eprintln!("ipoib-cm perf: {e}");
-            ExitCode::from(2)
-        }
-        Err(e) => {
-            eprintln!("ipoib-cm perf: {e}");
-            ExitCode::FAILURE
-        }
+        Err(e) => fail("perf", &e),
     }
 }
 
@@ -396,16 +410,12 @@ fn up_main(a: &UpArgs) -> ExitCode {
     // Without a usable device, say so before any configuration mistake.
     if a.provider.as_deref() == Some("verbs") {
         if let Err(e) = verbs_device_check(a.ib_dev.as_deref()) {
-            eprintln!("ipoib-cm up: {e}");
-            return ExitCode::from(e.exit_code());
+            return fail("up", &e);
         }
     }
     let cfg = match daemon::resolve(a.config.as_deref(), a) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("ipoib-cm up: {e}");
-            return ExitCode::from(e.exit_code());
-        }
+        Err(e) => return fail("up", &e),
     };
     init_logging(&cfg.log);
     let r = match cfg.provider {
@@ -414,10 +424,7 @@ fn up_main(a: &UpArgs) -> ExitCode {
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("ipoib-cm up: {e}");
-            ExitCode::from(e.exit_code())
-        }
+        Err(e) => fail("up", &e),
     }
 }
 
