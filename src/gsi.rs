@@ -17,7 +17,7 @@ use crate::wire::grh::{grh_source_gid, GRH_LEN};
 pub const MAD_LEN: usize = 256;
 
 /// Counters of the QP1 transport.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct GsiStats {
     /// MADs posted for sending.
     pub sent: u64,

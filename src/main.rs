@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use ipoib_cm::daemon::{self, ConfigError, UpArgs};
-use ipoib_cm::soft::FaultConfig;
+use ipoib_cm::daemon::config::ProviderKind;
+use ipoib_cm::daemon::{self, FaultFlags, UpArgs};
 use ipoib_cm::tools::perf::{self, PerfArgs};
 use ipoib_cm::tools::rc_pingpong::{self, RcPingpong, RcPingpongOptions};
 use ipoib_cm::tools::{PingpongError, RcLink};
@@ -24,7 +24,7 @@ struct Cli {
 enum Command {
     /// Create the interface and run the IPoIB-CM daemon in the foreground (until SIGINT or
     /// SIGTERM).
-    Up(Box<UpCmd>),
+    Up(Box<UpArgs>),
     /// Show a running daemon's interface, neighbours, connections and counters.
     Status(StatusArgs),
     /// Ping-pong over one RC QP on the software RoCEv2 provider, like rdma-core's
@@ -42,28 +42,6 @@ enum Command {
 }
 
 // --- provider selection (hardware provider, feature `verbs`) ---------------------------------
-
-/// Which provider a command runs on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-enum ProviderKind {
-    /// The embedded software RoCEv2 provider.
-    #[default]
-    Soft,
-    /// libibverbs hardware (or the kernel's rxe); needs a build with `--features verbs`.
-    Verbs,
-}
-
-#[derive(Debug, Args)]
-struct UpCmd {
-    #[command(flatten)]
-    args: UpArgs,
-    /// Provider: soft (default) or verbs (libibverbs; CM MADs over UDP, see --cm-transport).
-    #[arg(long, value_enum, default_value_t)]
-    provider: ProviderKind,
-    /// With --provider verbs: the IB device (default: the first one).
-    #[arg(long, value_name = "DEV")]
-    ib_dev: Option<String>,
-}
 
 #[derive(Debug, Args)]
 struct ConformanceArgs {
@@ -87,18 +65,62 @@ struct ConformanceArgs {
     settle_ms: u64,
 }
 
+/// What a command's error ends the process with: 2 when the command could not start (a usage
+/// or configuration mistake, a set-up step or device that failed), 1 when its run failed.
+trait ExitStatus: std::fmt::Display {
+    /// The exit status.
+    fn exit_code(&self) -> u8;
+}
+
+impl ExitStatus for daemon::ConfigError {
+    fn exit_code(&self) -> u8 {
+        Self::exit_code(self)
+    }
+}
+
+impl ExitStatus for daemon::run::DaemonError {
+    fn exit_code(&self) -> u8 {
+        Self::exit_code(self)
+    }
+}
+
+impl ExitStatus for PingpongError {
+    fn exit_code(&self) -> u8 {
+        Self::exit_code(self)
+    }
+}
+
+#[cfg(feature = "verbs")]
+impl ExitStatus for ipoib_cm::tools::hw_pingpong::HwPingpongError {
+    fn exit_code(&self) -> u8 {
+        Self::exit_code(self)
+    }
+}
+
+#[cfg(feature = "verbs")]
+impl ExitStatus for ipoib_cm::hw::HwError {
+    fn exit_code(&self) -> u8 {
+        2
+    }
+}
+
+/// Prints `ipoib-cm CMD: ERROR` (one line) and gives the error's exit status.
+fn fail(cmd: &str, e: &impl ExitStatus) -> ExitCode {
+    eprintln!("ipoib-cm {cmd}: {e}");
+    ExitCode::from(e.exit_code())
+}
+
 /// With `--provider verbs` in a build without the feature: one line, exit 2.
 #[cfg(not(feature = "verbs"))]
 fn verbs_provider(cmd: &str, _local_ip: Option<IpAddr>) -> ExitCode {
-    eprintln!("ipoib-cm {cmd}: no RDMA device: built without the `verbs` feature");
-    ExitCode::from(2)
+    fail(cmd, &daemon::run::DaemonError::VerbsNotBuilt)
 }
 
 /// `up --provider verbs`.
 #[cfg(feature = "verbs")]
-fn up_verbs(cfg: &daemon::Config, u: &UpCmd) -> Result<(), daemon::run::DaemonError> {
+fn up_verbs(cfg: &daemon::Config) -> Result<(), daemon::run::DaemonError> {
     let hw = ipoib_cm::hw::HwConfig {
-        device: u.ib_dev.clone(),
+        device: cfg.ib_dev.clone(),
         local_ip: Some(cfg.bind),
         ..ipoib_cm::hw::HwConfig::default()
     };
@@ -107,32 +129,30 @@ fn up_verbs(cfg: &daemon::Config, u: &UpCmd) -> Result<(), daemon::run::DaemonEr
 
 /// Opens (and closes) the device `up --provider verbs` would use.
 #[cfg(feature = "verbs")]
-fn verbs_device_check(u: &UpCmd) -> Result<(), String> {
+fn verbs_device_check(ib_dev: Option<&str>) -> Result<(), daemon::run::DaemonError> {
     ipoib_cm::hw::HwVerbs::open(&ipoib_cm::hw::HwConfig {
-        device: u.ib_dev.clone(),
+        device: ib_dev.map(str::to_owned),
         ..ipoib_cm::hw::HwConfig::default()
     })
     .map(drop)
-    .map_err(|e| e.to_string())
+    .map_err(daemon::run::DaemonError::VerbsOpen)
 }
 
 #[cfg(not(feature = "verbs"))]
-fn verbs_device_check(_u: &UpCmd) -> Result<(), String> {
-    Err("no RDMA device: built without the `verbs` feature".into())
+fn verbs_device_check(_ib_dev: Option<&str>) -> Result<(), daemon::run::DaemonError> {
+    Err(daemon::run::DaemonError::VerbsNotBuilt)
 }
 
 #[cfg(not(feature = "verbs"))]
-fn up_verbs(_cfg: &daemon::Config, _u: &UpCmd) -> Result<(), daemon::run::DaemonError> {
-    Err(daemon::run::DaemonError::Setup(
-        "--provider verbs: no RDMA device: built without the `verbs` feature".into(),
-    ))
+fn up_verbs(_cfg: &daemon::Config) -> Result<(), daemon::run::DaemonError> {
+    Err(daemon::run::DaemonError::VerbsNotBuilt)
 }
 
 /// `rc-pingpong --provider verbs`: no device exits 2 with one line; a failed run exits 1.
 #[cfg(feature = "verbs")]
 fn verbs_rc_pingpong(a: &PingpongArgs, opts: &RcPingpongOptions) -> ExitCode {
     use ipoib_cm::hw::HwConfig;
-    use ipoib_cm::tools::hw_pingpong::{self as pingpong, HwPingpongError};
+    use ipoib_cm::tools::hw_pingpong as pingpong;
     let cfg = HwConfig {
         device: a.ib_dev.clone(),
         gid_index: a.gid_idx.and_then(|g| u8::try_from(g).ok()),
@@ -144,14 +164,7 @@ fn verbs_rc_pingpong(a: &PingpongArgs, opts: &RcPingpongOptions) -> ExitCode {
             s.print();
             ExitCode::SUCCESS
         }
-        Err(e @ (HwPingpongError::Open(_) | HwPingpongError::Run(PingpongError::Usage(_)))) => {
-            eprintln!("ipoib-cm rc-pingpong: {e}");
-            ExitCode::from(2)
-        }
-        Err(e) => {
-            eprintln!("ipoib-cm rc-pingpong: {e}");
-            ExitCode::FAILURE
-        }
+        Err(e) => fail("rc-pingpong", &e),
     }
 }
 
@@ -176,10 +189,7 @@ fn conformance_main(a: &ConformanceArgs) -> ExitCode {
         Duration::from_millis(a.settle_ms),
     );
     match pair {
-        Err(e) => {
-            eprintln!("ipoib-cm conformance: {e}");
-            ExitCode::from(2)
-        }
+        Err(e) => fail("conformance", &e),
         Ok(mut p) => {
             if p.run(a.check.as_deref()) == 0 {
                 ExitCode::SUCCESS
@@ -250,49 +260,11 @@ fn ud_pingpong_main(a: &UdPingpongArgs) -> ExitCode {
             s.print();
             ExitCode::SUCCESS
         }
-        Err(e) => {
-            eprintln!("ipoib-cm ud-pingpong: {e}");
-            ExitCode::FAILURE
-        }
+        Err(e) => fail("ud-pingpong", &e),
     }
 }
 
 // --- end of provider selection ----------------------------------------------------------------
-
-/// Fault injection on the software provider (what this node sends).
-#[derive(Debug, Args)]
-struct FaultArgs {
-    /// Percentage of packets dropped.
-    #[arg(long, value_name = "PCT", default_value_t = 0.0)]
-    fault_loss: f64,
-    /// Percentage of packets duplicated.
-    #[arg(long, value_name = "PCT", default_value_t = 0.0)]
-    fault_dup: f64,
-    /// Percentage of packets reordered.
-    #[arg(long, value_name = "PCT", default_value_t = 0.0)]
-    fault_reorder: f64,
-    /// Percentage of packets with one bit flipped.
-    #[arg(long, value_name = "PCT", default_value_t = 0.0)]
-    fault_corrupt: f64,
-    /// Seed of the fault RNG.
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    fault_seed: u64,
-}
-
-impl FaultArgs {
-    fn config(&self) -> Result<FaultConfig, String> {
-        let cfg = FaultConfig {
-            loss_pct: self.fault_loss,
-            dup_pct: self.fault_dup,
-            reorder_pct: self.fault_reorder,
-            corrupt_pct: self.fault_corrupt,
-            seed: self.fault_seed,
-        };
-        cfg.validate()
-            .map_err(|field| format!("--{field}: must be a percentage between 0 and 100"))?;
-        Ok(cfg)
-    }
-}
 
 #[derive(Debug, Args)]
 struct StatusArgs {
@@ -357,7 +329,7 @@ struct PingpongArgs {
     #[arg(long)]
     cm: bool,
     #[command(flatten)]
-    faults: FaultArgs,
+    faults: FaultFlags,
     /// Provider: soft (default) or verbs (libibverbs).
     #[arg(long, value_enum, default_value_t)]
     provider: ProviderKind,
@@ -374,12 +346,9 @@ fn parse_mtu(s: &str) -> Result<usize, String> {
 }
 
 fn rc_pingpong_main(a: &PingpongArgs) -> ExitCode {
-    let faults = match a.faults.config() {
+    let faults = match a.faults.to_config() {
         Ok(f) => f,
-        Err(e) => {
-            eprintln!("ipoib-cm rc-pingpong: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return fail("rc-pingpong", &e),
     };
     let opts = RcPingpongOptions {
         peer: a.peer,
@@ -413,24 +382,14 @@ fn rc_pingpong_main(a: &PingpongArgs) -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Err(e @ PingpongError::Usage(_)) => {
-            eprintln!("ipoib-cm rc-pingpong: {e}");
-            ExitCode::from(2)
-        }
-        Err(e) => {
-            eprintln!("ipoib-cm rc-pingpong: {e}");
-            ExitCode::FAILURE
-        }
+        Err(e) => fail("rc-pingpong", &e),
     }
 }
 
 fn perf_main(a: &PerfArgs) -> ExitCode {
     let opts = match a.resolve() {
         Ok(o) => o,
-        Err(e) => {
-            eprintln!("ipoib-cm perf: {e}");
-            return ExitCode::from(ConfigError::EXIT_CODE);
-        }
+        Err(e) => return fail("perf", &e),
     };
     match perf::run(&opts) {
         Ok(report) => {
@@ -443,48 +402,29 @@ fn perf_main(a: &PerfArgs) -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Err(e @ PingpongError::Usage(_)) => {
-            eprintln!("ipoib-cm perf: {e}");
-            ExitCode::from(2)
-        }
-        Err(e) => {
-            eprintln!("ipoib-cm perf: {e}");
-            ExitCode::FAILURE
-        }
+        Err(e) => fail("perf", &e),
     }
 }
 
-fn up_main(u: &UpCmd) -> ExitCode {
-    let a = &u.args;
+fn up_main(a: &UpArgs) -> ExitCode {
     // Without a usable device, say so before any configuration mistake.
-    if u.provider == ProviderKind::Verbs {
-        if let Err(e) = verbs_device_check(u) {
-            eprintln!("ipoib-cm up: {e}");
-            return ExitCode::from(2);
+    if a.provider.as_deref() == Some("verbs") {
+        if let Err(e) = verbs_device_check(a.ib_dev.as_deref()) {
+            return fail("up", &e);
         }
     }
     let cfg = match daemon::resolve(a.config.as_deref(), a) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("ipoib-cm up: {e}");
-            return ExitCode::from(ConfigError::EXIT_CODE);
-        }
+        Err(e) => return fail("up", &e),
     };
     init_logging(&cfg.log);
-    let r = match u.provider {
+    let r = match cfg.provider {
         ProviderKind::Soft => daemon::run::up(&cfg),
-        ProviderKind::Verbs => up_verbs(&cfg, u),
+        ProviderKind::Verbs => up_verbs(&cfg),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e @ daemon::run::DaemonError::Setup(_)) => {
-            eprintln!("ipoib-cm up: {e}");
-            ExitCode::from(2)
-        }
-        Err(e) => {
-            eprintln!("ipoib-cm up: {e}");
-            ExitCode::FAILURE
-        }
+        Err(e) => fail("up", &e),
     }
 }
 

@@ -4,10 +4,11 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use clap::CommandFactory;
 use clap::Parser;
 use ipoib_cm::daemon::config::{
-    parse_duration, path_mtu_for_link_mtu, resolve, resolve_str, Cidr, ConfigError, Mode,
-    QpBudgetPolicy, UpArgs,
+    parse_duration, path_mtu_for_link_mtu, resolve, resolve_str, Cidr, ConfigError, ConfigFile,
+    Mode, ProviderKind, QpBudgetPolicy, UpArgs,
 };
 use ipoib_cm::verbs::PathMtu;
 
@@ -279,15 +280,50 @@ fn duration_syntax() {
     assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
     assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
     assert_eq!(parse_duration("60"), Ok(Duration::from_secs(60)));
-    for bad in ["", "s", "-5s", "5 s", "1.5s", "5d", "5S", " 5s"] {
+    assert_eq!(parse_duration("50us"), Ok(Duration::from_micros(50)));
+    assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+    assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+    assert_eq!(parse_duration("1m 30s"), Ok(Duration::from_secs(90)));
+    assert_eq!(parse_duration("2.5ms"), Ok(Duration::from_micros(2500)));
+    for bad in ["", "s", "-5s", "5S", "0.5", "5x", "soon", "1.5"] {
         assert!(parse_duration(bad).is_err(), "{bad:?}");
     }
-    assert!(parse_duration("99999999999999999999h")
-        .unwrap_err()
-        .contains("too large"));
-    assert!(parse_duration("9999999999999999h")
-        .unwrap_err()
-        .contains("too large"));
+    for huge in [
+        "99999999999999999999h",
+        "9999999999999999h",
+        "99999999999999999999",
+    ] {
+        assert!(
+            parse_duration(huge)
+                .unwrap_err()
+                .to_string()
+                .contains("too large"),
+            "{huge}"
+        );
+    }
+}
+
+#[test]
+fn fractional_and_compound_durations_from_flags_and_file() {
+    let b = ["--bind", "10.0.0.1"];
+    assert_eq!(
+        ok("", &[&b[..], &["--rx-timeout", "1.5s"]].concat()).rx_timeout,
+        Duration::from_millis(1500)
+    );
+    assert_eq!(
+        ok("", &[&b[..], &["--neigh-timeout", "1m30s"]].concat()).neigh_timeout,
+        Duration::from_secs(90)
+    );
+    let c = ok(
+        "bind = \"10.0.0.1\"\ndrain_timeout = \"1.5s\"\nrx_timeout = \"1m30s\"",
+        &[],
+    );
+    assert_eq!(c.drain_timeout, Duration::from_millis(1500));
+    assert_eq!(c.rx_timeout, Duration::from_secs(90));
+    assert_eq!(
+        flag_err(&[&b[..], &["--busy-poll", "10.5ms"]].concat()),
+        "--busy-poll: must be at most 10ms"
+    );
 }
 
 #[test]
@@ -303,7 +339,7 @@ fn duration_rules() {
     );
     assert_eq!(
         flag_err(&[&b[..], &["--rx-timeout", "soon"]].concat()),
-        "--rx-timeout: invalid duration \"soon\" (use e.g. 50us, 500ms, 5s, 2m, 1h or plain seconds)"
+        "--rx-timeout: invalid duration \"soon\" (use e.g. 50us, 500ms, 1.5s, 1m30s, 1h or plain seconds)"
     );
     assert_eq!(
         ok("", &[&b[..], &["--rx-timeout", "1s"]].concat()).rx_timeout,
@@ -336,7 +372,7 @@ fn duration_rules() {
     );
     assert_eq!(
         file_err("bind = \"10.0.0.1\"\nneigh_timeout = -3", &[]),
-        "config: neigh_timeout: invalid duration \"-3\" (use e.g. 50us, 500ms, 5s, 2m, 1h or plain seconds)"
+        "config: neigh_timeout: invalid duration \"-3\" (use e.g. 50us, 500ms, 1.5s, 1m30s, 1h or plain seconds)"
     );
 }
 
@@ -359,7 +395,7 @@ fn tx_stall_timeout_rules() {
     // It must outlast one local ACK timeout (2^12 * 4.096 us = 16.8 ms by default).
     assert_eq!(
         flag_err(&[&b[..], &["--tx-stall-timeout", "10ms"]].concat()),
-        "--tx-stall-timeout: must be longer than the local ACK timeout of qp_timeout 12 (16777us)"
+        "--tx-stall-timeout: must be longer than the local ACK timeout of qp_timeout 12 (16ms 777us)"
     );
     assert_eq!(
         file_err("bind = \"10.0.0.1\"\ntx_stall_timeout = \"0\"", &[]),
@@ -559,8 +595,8 @@ fn unknown_key_is_named() {
         "config file /x.toml: line 3: unknown field \"rx_timout\""
     );
     assert_eq!(
-        file_err("[provider]\nloss = 1\n", &[]),
-        "config file /x.toml: line 1: unknown field \"provider\""
+        file_err("[fabric]\nloss = 1\n", &[]),
+        "config file /x.toml: line 1: unknown field \"fabric\""
     );
 }
 
@@ -701,4 +737,156 @@ fn udp_offload_flag_and_key() {
     );
     let e = file_err("bind = \"192.0.2.1\"\nudp_offload = \"yes\"", &[]);
     assert!(e.contains("udp_offload"), "{e}");
+}
+
+#[test]
+fn defaults_are_the_endpoints() {
+    let c = ok("", &["--bind", "192.0.2.1"]);
+    let e = ipoib_cm::ipoib::EndpointConfig::new(Vec::new());
+    assert_eq!(c.qp_timeout, 12);
+    assert_eq!(
+        (c.mode, c.srq, c.qp_timeout, c.qp_budget_policy),
+        (e.mode, e.srq, e.qp_timeout, e.budget_policy)
+    );
+    assert_eq!(
+        (
+            c.rx_timeout,
+            c.drain_timeout,
+            c.tx_stall_timeout,
+            c.neigh_timeout
+        ),
+        (
+            e.rx_timeout,
+            e.drain_timeout,
+            e.tx_stall_timeout,
+            e.neigh_timeout
+        )
+    );
+    assert_eq!(
+        (c.max_conn_qp as usize, c.tx_queue_len as usize),
+        (e.max_conn_qp, e.tx_queue_len)
+    );
+    let mapped = c.endpoint_config(PathMtu::Mtu2048, 9);
+    assert_eq!(
+        mapped,
+        ipoib_cm::ipoib::EndpointConfig {
+            path_mtu: PathMtu::Mtu2048,
+            seed: 9,
+            ..e
+        }
+    );
+}
+
+/// The long flags of `ipoib-cm up`, `_` for `-`.
+fn up_flag_keys() -> Vec<String> {
+    Cli::command()
+        .get_arguments()
+        .filter_map(|a| a.get_long())
+        .map(|l| l.replace('-', "_"))
+        .collect()
+}
+
+#[test]
+fn every_up_flag_is_a_config_key() {
+    let keys = ConfigFile::keys();
+    let up_flags = up_flag_keys();
+    assert!(up_flags.len() > 30, "{up_flags:?}");
+    for f in up_flags.iter().filter(|f| *f != "config") {
+        assert!(keys.contains(&f.as_str()), "--{f} has no config key");
+        // And the file takes it (any error is about its value, not an unknown key).
+        if let Err(e) = resolve_str(
+            Path::new(P),
+            &format!("{f} = 0"),
+            &flags(&["--bind", "10.0.0.1"]),
+        ) {
+            assert!(!e.to_string().contains("unknown field"), "{f}: {e}");
+        }
+    }
+    // The aliases older files use, and nothing else.
+    let extra: Vec<_> = keys
+        .iter()
+        .filter(|k| !up_flags.iter().any(|f| f == *k))
+        .collect();
+    assert_eq!(
+        extra,
+        [
+            &"verify_icrc_v4",
+            &"udp_offload",
+            &"srq",
+            &"qp_budget_policy"
+        ]
+    );
+}
+
+#[test]
+fn readme_settings_table_names_every_key() {
+    let readme = include_str!("../README.md");
+    for k in ConfigFile::keys() {
+        assert!(
+            readme.contains(&format!("`{k}`")),
+            "README does not name the key `{k}`"
+        );
+    }
+}
+
+#[test]
+fn switch_flags_are_keys_and_aliases_agree() {
+    let c = ok(
+        "bind = \"10.0.0.1\"\nno_srq = true\nno_icrc_v4 = true\nno_udp_offload = true\nreject = true",
+        &[],
+    );
+    assert!(!c.srq && !c.verify_icrc_v4 && !c.udp_offload);
+    assert_eq!(c.qp_budget_policy, QpBudgetPolicy::Reject);
+    let c = ok("bind = \"10.0.0.1\"\nno_srq = false\nevict = true", &[]);
+    assert!(c.srq);
+    assert_eq!(c.qp_budget_policy, QpBudgetPolicy::Evict);
+    // An alias that says the same is fine; one that says otherwise is named.
+    assert!(!ok("bind = \"10.0.0.1\"\nno_srq = true\nsrq = false", &[]).srq);
+    assert_eq!(
+        file_err("bind = \"10.0.0.1\"\nno_srq = true\nsrq = true", &[]),
+        "config: no_srq: contradicts srq"
+    );
+    assert_eq!(
+        file_err(
+            "bind = \"10.0.0.1\"\nreject = true\nqp_budget_policy = \"evict\"",
+            &[]
+        ),
+        "config: reject: contradicts qp_budget_policy"
+    );
+    // The flag wins over the file's policy keys.
+    let c = ok("bind = \"10.0.0.1\"\nreject = true", &["--evict"]);
+    assert_eq!(c.qp_budget_policy, QpBudgetPolicy::Evict);
+}
+
+#[test]
+fn provider_and_ib_dev_are_flags_and_keys() {
+    let c = ok("", &["--bind", "10.0.0.1"]);
+    assert_eq!(
+        (c.provider, c.ib_dev.as_deref()),
+        (ProviderKind::Soft, None)
+    );
+    let c = ok(
+        "bind = \"10.0.0.1\"\nprovider = \"verbs\"\nib_dev = \"rxe0\"",
+        &[],
+    );
+    assert_eq!(
+        (c.provider, c.ib_dev.as_deref()),
+        (ProviderKind::Verbs, Some("rxe0"))
+    );
+    let c = ok(
+        "bind = \"10.0.0.1\"\nprovider = \"verbs\"",
+        &["--provider", "soft", "--ib-dev", "mlx5_0"],
+    );
+    assert_eq!(
+        (c.provider, c.ib_dev.as_deref()),
+        (ProviderKind::Soft, Some("mlx5_0"))
+    );
+    assert_eq!(
+        flag_err(&["--bind", "10.0.0.1", "--provider", "hw"]),
+        "--provider: must be \"soft\" or \"verbs\" (got \"hw\")"
+    );
+    assert_eq!(
+        file_err("bind = \"10.0.0.1\"\nib_dev = \"\"", &[]),
+        "config: ib_dev: must not be empty"
+    );
 }

@@ -9,9 +9,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ipoib_cm::daemon::control::{query, ControlError, ControlServer, CLIENT_TIMEOUT};
-use ipoib_cm::daemon::status::{
-    format_hwaddr, Counters, InterfaceStatus, RxState, RxStatus, Status,
-};
+use ipoib_cm::daemon::status::{Counters, InterfaceStatus, RxState, RxStatus, Status};
 use ipoib_cm::daemon::Mode;
 use mio::{Events, Poll, Token};
 
@@ -32,7 +30,7 @@ fn status() -> Status {
             name: "ib0".into(),
             mtu: 65520,
             mode: Mode::Connected,
-            hwaddr: format_hwaddr(&[0x11; 20]),
+            hwaddr: ipoib_cm::wire::ipoib::HwAddr::from([0x11; 20]).to_string(),
         },
         neighbours: vec![],
         tx: vec![],

@@ -4,7 +4,6 @@ use std::path::Path;
 
 use ipoib_cm::daemon::config::{parse_config_file, parse_duration, resolve_str, Cidr, UpArgs};
 use ipoib_cm::daemon::control::{parse_request, parse_response};
-use ipoib_cm::daemon::status::parse_hwaddr;
 use proptest::prelude::*;
 
 proptest! {
@@ -14,7 +13,7 @@ proptest! {
     fn text_parsers_never_panic(s in "\\PC{0,64}") {
         let _ = parse_duration(&s);
         let _ = s.parse::<Cidr>();
-        let _ = parse_hwaddr(&s);
+        let _ = s.parse::<ipoib_cm::wire::ipoib::HwAddr>();
         let _ = parse_response(&s);
         let _ = parse_request(s.as_bytes());
     }

@@ -311,7 +311,7 @@ pub enum CmUseError {
 }
 
 /// Counters of a [`Cm`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct CmStats {
     /// MADs queued for sending (retransmits included).
     pub mads_sent: u64,

@@ -3,7 +3,8 @@
 //!
 //! - [`config`]: TOML file plus flag overrides resolved into a validated [`Config`], with
 //!   one-line errors naming the field.
-//! - [`status`]: the [`Status`] snapshot (its JSON schema) and its text rendering.
+//! - [`status`]: the [`Status`] snapshot (its JSON schema), derived from the endpoint's
+//!   snapshot with the endpoint's states, and its text rendering.
 //! - [`control`]: the control socket, server side ([`ControlServer`]) for the event loop and
 //!   client side ([`query`]) for `ipoib-cm status`.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
@@ -15,7 +16,7 @@ pub mod status;
 
 pub use config::{
     default_control_socket, resolve, Cidr, CmTransport, Config, ConfigError, ConfigFile,
-    FaultFlags, Mode, QpBudgetPolicy, UpArgs,
+    FaultFlags, Mode, ProviderKind, QpBudgetPolicy, UpArgs,
 };
 pub use control::{query, ControlError, ControlServer};
 pub use status::{

@@ -16,14 +16,11 @@ use mio::{Events, Interest, Poll, Token};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 
-use super::config::{CmTransport, Config, Mode as CfgMode, QpBudgetPolicy as CfgPolicy};
+use super::config::{CmTransport, Config};
 use super::control::ControlServer;
-use super::status::{
-    Counters as StatusCounters, InterfaceStatus, NeighbourState, NeighbourStatus, RxState,
-    RxStatus, Status, TxState, TxStatus,
-};
+use super::status::{add_counters, Status};
 use crate::driver::ProviderSources;
-use crate::ipoib::{self, Endpoint, EndpointConfig, TUN_BUFFER_OFFSET};
+use crate::ipoib::{Endpoint, TUN_BUFFER_OFFSET};
 use crate::madudp::MadUdp;
 use crate::soft::provider::{SoftProvider, UdpOffload};
 use crate::soft::{SoftConfig, SoftVerbs};
@@ -46,44 +43,87 @@ const IDLE_WAKE: Duration = Duration::from_secs(1);
 /// Packets read in one turn from which their acknowledgements leave before the TUN writes.
 const EARLY_ACK_BATCH: usize = 8;
 
-/// Why the daemon could not run.
+/// Why the daemon could not run. Its `Display` is the one line to print, naming the flag or
+/// step that failed; exit with [`DaemonError::exit_code`].
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
-    /// Setting something up failed (names what).
-    #[error("{0}")]
-    Setup(String),
+    /// No local interface has the `--bind` address.
+    #[error("--bind {0}: no local interface has this address")]
+    NoBindInterface(IpAddr),
+    /// The software provider's UDP socket could not be bound.
+    #[error("--bind {addr}:{port}: {source}")]
+    Bind {
+        /// The underlay address.
+        addr: IpAddr,
+        /// The RoCEv2 UDP port.
+        port: u16,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The libibverbs device could not be opened.
+    #[cfg(feature = "verbs")]
+    #[error("--provider verbs: {0}")]
+    VerbsOpen(#[source] crate::hw::HwError),
+    /// `--provider verbs` in a build without the `verbs` feature.
+    #[cfg(not(feature = "verbs"))]
+    #[error("--provider verbs: no RDMA device: built without the `verbs` feature")]
+    VerbsNotBuilt,
+    /// The CM MAD side channel's socket could not be bound.
+    #[error("--mad-port {addr}:{port}: {source}")]
+    MadPort {
+        /// The underlay address.
+        addr: IpAddr,
+        /// The side channel's UDP port.
+        port: u16,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The endpoint's QPs, CQs and buffers could not be set up on the provider.
+    #[error("provider set-up: {0}")]
+    Endpoint(#[source] crate::verbs::VerbsError),
+    /// The TUN device could not be created.
+    #[error("--ifname: {0}")]
+    Tun(#[source] io::Error),
+    /// The interface MTU could not be set.
+    #[error("interface MTU: {0}")]
+    InterfaceMtu(#[source] io::Error),
+    /// An interface address could not be added.
+    #[error("--addr {addr}: {source}")]
+    Addr {
+        /// The address.
+        addr: super::config::Cidr,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The interface could not be brought up.
+    #[error("interface up: {0}")]
+    InterfaceUp(#[source] io::Error),
+    /// The control socket could not be bound.
+    #[error("--control-socket {}: {source}", path.display())]
+    ControlSocket {
+        /// The socket path.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
     /// The event loop failed.
     #[error("event loop: {0}")]
     Io(#[from] io::Error),
 }
 
-fn setup(what: &str) -> impl Fn(String) -> DaemonError + '_ {
-    move |e| DaemonError::Setup(format!("{what}: {e}"))
-}
-
-/// Maps the daemon configuration onto the endpoint's.
-fn endpoint_config(cfg: &Config, path_mtu: crate::verbs::PathMtu, seed: u64) -> EndpointConfig {
-    let mut e = EndpointConfig::new(cfg.addr.iter().map(|c| (c.addr, c.prefix_len)).collect());
-    e.mode = match cfg.mode {
-        CfgMode::Connected => ipoib::Mode::Connected,
-        CfgMode::Datagram => ipoib::Mode::Datagram,
-    };
-    e.srq = cfg.srq;
-    e.rx_timeout = cfg.rx_timeout;
-    e.drain_timeout = cfg.drain_timeout;
-    e.tx_stall_timeout = cfg.tx_stall_timeout;
-    e.neigh_timeout = cfg.neigh_timeout;
-    e.max_conn_qp = cfg.max_conn_qp as usize;
-    e.budget_policy = match cfg.qp_budget_policy {
-        CfgPolicy::Evict => ipoib::QpBudgetPolicy::Evict,
-        CfgPolicy::Reject => ipoib::QpBudgetPolicy::Reject,
-    };
-    e.tx_queue_len = cfg.tx_queue_len as usize;
-    e.static_neighbours = cfg.neigh.clone();
-    e.qp_timeout = cfg.qp_timeout;
-    e.path_mtu = path_mtu;
-    e.seed = seed;
-    e
+impl DaemonError {
+    /// The process exit code: 2 for a set-up step that failed (the configuration does not fit
+    /// this host), 1 for a failure of the running loop.
+    pub const fn exit_code(&self) -> u8 {
+        match self {
+            Self::Io(_) => 1,
+            _ => 2,
+        }
+    }
 }
 
 /// Entropy for PSNs and CM ids: the clock and the pid (nothing here needs to be secret, only
@@ -111,32 +151,13 @@ impl DaemonProvider for SoftProvider {
     fn counters(&self, out: &mut BTreeMap<String, u64>) {
         let engine: &SoftVerbs = self.engine();
         let s = engine.stats();
+        add_counters(out, "", &s);
+        add_counters(out, "fault_", &s.faults);
         for (k, v) in [
-            ("rx_datagrams", s.rx_datagrams),
-            ("rx_malformed", s.rx_malformed),
-            ("rx_bad_icrc", s.rx_bad_icrc),
-            ("rx_bad_pkey", s.rx_bad_pkey),
-            ("rx_unknown_qpn", s.rx_unknown_qpn),
-            ("rx_bad_src", s.rx_bad_src),
-            ("rx_bad_qkey", s.rx_bad_qkey),
-            ("rx_bad_state", s.rx_bad_state),
-            ("tx_packets", s.tx_packets),
-            ("tx_retransmits", s.tx_retransmits),
-            ("retransmit_timeouts", s.retransmit_timeouts),
-            ("rx_rnr_naks", s.rx_rnr_naks),
-            ("tx_rnr_naks", s.tx_rnr_naks),
-            ("rx_seq_naks", s.rx_seq_naks),
-            ("tx_seq_naks", s.tx_seq_naks),
-            ("rx_out_of_sequence", s.rx_out_of_sequence),
             ("send_errors", self.send_errors),
             ("udp_gso", u64::from(self.gso_enabled())),
-            ("rx_gso_segments", s.rx_gso_segments),
             ("rx_gro_buffers", self.rx_gro_buffers),
             ("tx_gso_trains", self.tx_gso_trains()),
-            ("fault_dropped", s.faults.dropped),
-            ("fault_duplicated", s.faults.duplicated),
-            ("fault_reordered", s.faults.reordered),
-            ("fault_corrupted", s.faults.corrupted),
         ] {
             out.insert(k.to_string(), v);
         }
@@ -166,10 +187,7 @@ impl DaemonProvider for crate::hw::HwVerbs {
 fn path_mtu(cfg: &Config) -> Result<crate::verbs::PathMtu, DaemonError> {
     let link_mtu = ifaddr::link_mtu_for(cfg.bind);
     if link_mtu.is_none() {
-        return Err(DaemonError::Setup(format!(
-            "--bind {}: no local interface has this address",
-            cfg.bind
-        )));
+        return Err(DaemonError::NoBindInterface(cfg.bind));
     }
     Ok(cfg.effective_path_mtu(link_mtu))
 }
@@ -193,8 +211,11 @@ pub fn up(cfg: &Config) -> Result<(), DaemonError> {
     } else {
         UdpOffload::Off
     };
-    let mut prov = SoftProvider::bind(soft, offload)
-        .map_err(|e| DaemonError::Setup(format!("--bind {}:{}: {e}", cfg.bind, cfg.udp_port)))?;
+    let mut prov = SoftProvider::bind(soft, offload).map_err(|source| DaemonError::Bind {
+        addr: cfg.bind,
+        port: cfg.udp_port,
+        source,
+    })?;
     prov.verbs().set_mcast_peers(cfg.peer.clone());
     run(
         cfg,
@@ -215,8 +236,7 @@ pub fn up_verbs(cfg: &Config, hw: &crate::hw::HwConfig) -> Result<(), DaemonErro
     let path_mtu = path_mtu(cfg)?;
     let mut hw = hw.clone();
     hw.local_ip = hw.local_ip.or(Some(cfg.bind));
-    let prov = crate::hw::HwVerbs::open(&hw)
-        .map_err(|e| DaemonError::Setup(format!("--provider verbs: {e}")))?;
+    let prov = crate::hw::HwVerbs::open(&hw).map_err(DaemonError::VerbsOpen)?;
     run(
         cfg,
         prov,
@@ -232,12 +252,17 @@ fn run<P: DaemonProvider>(
     path_mtu: crate::verbs::PathMtu,
     transport: CmTransport,
 ) -> Result<(), DaemonError> {
-    let mut mad_udp = match transport {
-        CmTransport::Qp1 => None,
-        CmTransport::Udp => Some(MadUdp::bind(cfg.bind, cfg.mad_port).map_err(|e| {
-            DaemonError::Setup(format!("--mad-port {}:{}: {e}", cfg.bind, cfg.mad_port))
-        })?),
-    };
+    let mut mad_udp =
+        match transport {
+            CmTransport::Qp1 => None,
+            CmTransport::Udp => Some(MadUdp::bind(cfg.bind, cfg.mad_port).map_err(|source| {
+                DaemonError::MadPort {
+                    addr: cfg.bind,
+                    port: cfg.mad_port,
+                    source,
+                }
+            })?),
+        };
     let mut poll = Poll::new()?;
     if let Some(u) = &mut mad_udp {
         poll.registry()
@@ -245,30 +270,27 @@ fn run<P: DaemonProvider>(
     }
 
     let start = Instant::now();
-    let ep_cfg = endpoint_config(cfg, path_mtu, seed());
+    let ep_cfg = cfg.endpoint_config(path_mtu, seed());
     let mtu = ep_cfg.interface_mtu();
     let mut ep = Endpoint::with_mad_transport(start, prov.verbs(), ep_cfg, mad_udp)
-        .map_err(|e| DaemonError::Setup(format!("provider set-up: {e}")))?;
+        .map_err(DaemonError::Endpoint)?;
 
-    let mut tun = Tun::create(&cfg.ifname).map_err(|e| setup("--ifname")(e.to_string()))?;
-    tun.set_mtu(mtu)
-        .map_err(|e| setup("interface MTU")(e.to_string()))?;
+    let mut tun = Tun::create(&cfg.ifname).map_err(DaemonError::Tun)?;
+    tun.set_mtu(mtu).map_err(DaemonError::InterfaceMtu)?;
     for c in &cfg.addr {
         let r = match c.addr {
             IpAddr::V4(a) => tun.add_ipv4(a, c.prefix_len),
             IpAddr::V6(a) => tun.add_ipv6(a, c.prefix_len),
         };
-        r.map_err(|e| DaemonError::Setup(format!("--addr {c}: {e}")))?;
+        r.map_err(|source| DaemonError::Addr { addr: *c, source })?;
     }
-    tun.set_up()
-        .map_err(|e| setup("interface up")(e.to_string()))?;
+    tun.set_up().map_err(DaemonError::InterfaceUp)?;
 
-    let mut control = ControlServer::bind(&cfg.control_socket).map_err(|e| {
-        DaemonError::Setup(format!(
-            "--control-socket {}: {e}",
-            cfg.control_socket.display()
-        ))
-    })?;
+    let mut control =
+        ControlServer::bind(&cfg.control_socket).map_err(|source| DaemonError::ControlSocket {
+            path: cfg.control_socket.clone(),
+            source,
+        })?;
     let mut signals = Signals::new([SIGINT, SIGTERM])?;
 
     let mut prov_sources = ProviderSources::register(poll.registry(), &prov, PROVIDER)?;
@@ -488,109 +510,15 @@ fn status<P: DaemonProvider>(
     tun_write_drops: u64,
 ) -> Status {
     let snap = ep.snapshot(now);
-    let c = snap.counters;
-    let counters = StatusCounters {
-        qp_live: prov
-            .qp_live()
-            .unwrap_or(c.qp_created.saturating_sub(c.qp_destroyed)),
-        qp_created: c.qp_created,
-        qp_destroyed: c.qp_destroyed,
-        rx_accepted: c.rx_accepted,
-        rx_stale_reaped: c.rx_stale_reaped,
-        rx_dreq_reaped: c.rx_dreq_reaped,
-        rx_evicted: c.rx_evicted,
-        drain_timeouts: c.drain_timeouts,
-        last_wqe_events: c.last_wqe_events,
-        tx_established: c.tx_established,
-        tx_failed: c.tx_failed,
-        tx_stalled: c.tx_stalled,
-        tx_queue_drops: c.tx_queue_drops,
-        icmp_too_big_sent: c.icmp_too_big_sent,
-        rx_bad_packets: c.rx_bad_packets,
-    };
-    let cm = ep.cm_stats();
-    let mad = ep.mad_stats();
-    let mut provider = BTreeMap::new();
-    prov.counters(&mut provider);
-    for (k, v) in [
-        ("rx_packets", c.rx_packets),
-        ("tx_ip_packets", c.tx_packets),
-        ("tx_dropped", c.tx_dropped),
-        ("rx_rejected", c.rx_rejected),
-        ("neigh_conflicts", c.neigh_conflicts),
-        ("neigh_failed", c.neigh_failed),
-        ("tun_write_drops", tun_write_drops),
-        ("cm_mads_received", cm.mads_received),
-        ("cm_dropped_malformed", cm.dropped_malformed),
-        ("cm_dropped_unknown", cm.dropped_unknown),
-        ("cm_dropped_spoofed", cm.dropped_spoofed),
-        ("cm_dropped_unexpected", cm.dropped_unexpected),
-        ("cm_retransmits", cm.retransmits),
-        ("cm_rej_sent", cm.rej_sent),
-        ("cm_timeouts", cm.timeouts),
-        ("mad_sent", mad.sent),
-        ("mad_received", mad.received),
-        ("mad_send_dropped", mad.send_dropped),
-        ("mad_recv_malformed", mad.recv_malformed),
-    ] {
-        provider.insert(k.to_string(), v);
+    let mut status = Status::from_snapshot(name, &snap);
+    if let Some(live) = prov.qp_live() {
+        status.counters.qp_live = live;
     }
-    Status {
-        interface: InterfaceStatus {
-            name: name.to_string(),
-            mtu: snap.mtu,
-            mode: match snap.mode {
-                ipoib::Mode::Connected => CfgMode::Connected,
-                ipoib::Mode::Datagram => CfgMode::Datagram,
-            },
-            hwaddr: snap.hwaddr.to_string(),
-        },
-        neighbours: snap
-            .neighbours
-            .iter()
-            .map(|(ip, hw, st)| NeighbourStatus {
-                ip: *ip,
-                hwaddr: hw.map(|h| h.to_string()).unwrap_or_default(),
-                state: match st {
-                    ipoib::NeighState::Incomplete { .. } => NeighbourState::Incomplete,
-                    ipoib::NeighState::Reachable | ipoib::NeighState::Static => {
-                        NeighbourState::Reachable
-                    }
-                },
-            })
-            .collect(),
-        tx: snap
-            .tx
-            .iter()
-            .map(|t| TxStatus {
-                peer: t.peer.gid.to_string(),
-                qpn: t.qpn.get(),
-                state: match t.state {
-                    ipoib::TxState::Connecting => TxState::Connecting,
-                    ipoib::TxState::Established => TxState::Live,
-                    ipoib::TxState::Closing => TxState::Closing,
-                },
-                mtu: t.mtu,
-                queued: t.queued as u64,
-                in_flight: u64::from(t.in_flight),
-            })
-            .collect(),
-        rx: snap
-            .rx
-            .iter()
-            .map(|(peer, qpn, st, idle)| RxStatus {
-                peer: peer.to_string(),
-                qpn: qpn.get(),
-                state: match st {
-                    ipoib::RxState::Live => RxState::Live,
-                    ipoib::RxState::Error => RxState::Error,
-                    ipoib::RxState::Flush => RxState::Flush,
-                    ipoib::RxState::Drained => RxState::Drained,
-                },
-                idle_ms: u64::try_from(idle.as_millis()).unwrap_or(u64::MAX),
-            })
-            .collect(),
-        counters,
-        provider,
-    }
+    prov.counters(&mut status.provider);
+    add_counters(&mut status.provider, "cm_", &ep.cm_stats());
+    add_counters(&mut status.provider, "mad_", &ep.mad_stats());
+    status
+        .provider
+        .insert("tun_write_drops".to_owned(), tun_write_drops);
+    status
 }

@@ -38,11 +38,14 @@ mod tx;
 mod ud;
 
 use std::collections::{HashMap, VecDeque};
+use std::fmt;
 use std::net::IpAddr;
+use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
 
 use crate::cm::{Cm, CmConfig, CmEvent, CommId};
 use crate::gsi::Gsi;
@@ -63,17 +66,21 @@ use tx::TxConn;
 pub use tx::TxState;
 
 /// Connected or datagram mode (Linux's `/sys/class/net/ib0/mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// Its name (`connected`, `datagram`) is the same in flags, the config file and the status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Mode {
-    /// Unicast IP to CM-capable peers over RC connections; MTU 65520.
+    /// Unicast IP to CM-capable peers over RC connections; MTU 65520 (RFC 4755).
+    #[default]
     Connected,
-    /// Everything over the UD QP; MTU = UD MTU.
+    /// Everything over the UD QP; MTU = UD MTU (RFC 4391).
     Datagram,
 }
 
 impl Mode {
     /// `connected` or `datagram`.
-    pub fn name(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Self::Connected => "connected",
             Self::Datagram => "datagram",
@@ -81,13 +88,81 @@ impl Mode {
     }
 }
 
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Mode {
+    type Err = ParseChoiceError;
+    fn from_str(s: &str) -> Result<Self, ParseChoiceError> {
+        match s {
+            "connected" => Ok(Self::Connected),
+            "datagram" => Ok(Self::Datagram),
+            _ => Err(ParseChoiceError::new("\"connected\" or \"datagram\"", s)),
+        }
+    }
+}
+
 /// What a REQ does when `max_conn_qp` RX connections are live.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// Its name (`evict`, `reject`) is the same in flags and the config file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum QpBudgetPolicy {
     /// Evict the least recently active RX connection, so the node stays reachable.
+    #[default]
     Evict,
     /// Reject the REQ with `NO_QP`, as Linux does in non-SRQ mode.
     Reject,
+}
+
+impl QpBudgetPolicy {
+    /// `evict` or `reject`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Evict => "evict",
+            Self::Reject => "reject",
+        }
+    }
+}
+
+impl fmt::Display for QpBudgetPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for QpBudgetPolicy {
+    type Err = ParseChoiceError;
+    fn from_str(s: &str) -> Result<Self, ParseChoiceError> {
+        match s {
+            "evict" => Ok(Self::Evict),
+            "reject" => Ok(Self::Reject),
+            _ => Err(ParseChoiceError::new("\"evict\" or \"reject\"", s)),
+        }
+    }
+}
+
+/// A name that is none of a setting's choices; displays as `must be "a" or "b" (got "c")`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("must be {choices} (got {got:?})")]
+pub struct ParseChoiceError {
+    /// The accepted names, quoted, as a phrase (`"evict" or "reject"`).
+    pub choices: &'static str,
+    /// What was given.
+    pub got: String,
+}
+
+impl ParseChoiceError {
+    /// `got` is none of `choices`.
+    pub fn new(choices: &'static str, got: &str) -> Self {
+        Self {
+            choices,
+            got: got.to_owned(),
+        }
+    }
 }
 
 /// Configuration of an [`Endpoint`].
@@ -131,7 +206,7 @@ pub struct EndpointConfig {
     pub tx_depth: u32,
     /// Receive and send buffers of the UD QP, each.
     pub ud_depth: u32,
-    /// Local ACK timeout exponent of RC QPs (4.096 µs · 2^n).
+    /// Local ACK timeout exponent of RC QPs (4.096 µs · 2^n; 12 ≈ 17 ms).
     pub qp_timeout: u8,
     /// Seed for PSNs and CM ids (the daemon passes entropy; tests a constant).
     pub seed: u64,
@@ -140,7 +215,8 @@ pub struct EndpointConfig {
 }
 
 impl EndpointConfig {
-    /// Defaults as Linux uses them where that makes sense, with a 60 s RX timeout.
+    /// Defaults as Linux uses them where that makes sense, with a 60 s RX timeout; the daemon's
+    /// defaults are these (`ipoib-cm up` without flags runs with them).
     pub fn new(addrs: Vec<(IpAddr, u8)>) -> Self {
         Self {
             mode: Mode::Connected,
@@ -161,7 +237,7 @@ impl EndpointConfig {
             nonsrq_ring: 16,
             tx_depth: 128,
             ud_depth: 64,
-            qp_timeout: 14,
+            qp_timeout: 12,
             seed: 0,
             cm_response_timeout: 17,
         }
@@ -181,8 +257,8 @@ impl EndpointConfig {
     }
 }
 
-/// Counters, named as in `ipoib-cm status`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Counters, named as in `ipoib-cm status` (its `counters`, the rest in its `provider` map).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Counters {
     /// QPs created by the endpoint (UD, QP1 and RC).
     pub qp_created: u64,
@@ -219,6 +295,7 @@ pub struct Counters {
     /// IP packets delivered to the TUN device.
     pub rx_packets: u64,
     /// IP packets sent (RC and UD).
+    #[serde(rename = "tx_ip_packets")]
     pub tx_packets: u64,
     /// ARP/ND messages that tried to change an established mapping.
     pub neigh_conflicts: u64,

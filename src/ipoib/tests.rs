@@ -495,8 +495,16 @@ fn an_overloaded_receiver_costs_rnr_naks_not_connections() {
 /// node reaches the other peers again, and the failed connection's QP is destroyed.
 #[test]
 fn a_vanished_peer_holds_the_send_buffers_only_for_the_stall_timeout() {
-    // Idle RX connections are not reaped meanwhile: node 2 keeps the one from node 0.
-    let mut n = Net::new(3, |_, _| {}, |_, c| c.rx_timeout = Duration::from_secs(60));
+    // Idle RX connections are not reaped meanwhile: node 2 keeps the one from node 0. With
+    // qp_timeout 14 the provider's retries outlast the stall timeout, which then acts first.
+    let mut n = Net::new(
+        3,
+        |_, _| {},
+        |_, c| {
+            c.rx_timeout = Duration::from_secs(60);
+            c.qp_timeout = 14;
+        },
+    );
     for to in [1, 2] {
         n.inject(0, &ping4(0, to, 100));
     }

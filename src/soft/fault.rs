@@ -70,7 +70,7 @@ pub struct Quirks {
 }
 
 /// Counters of injected faults.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 pub struct FaultStats {
     /// Datagrams dropped.
     pub dropped: u64,

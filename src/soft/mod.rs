@@ -114,7 +114,7 @@ impl SoftConfig {
 }
 
 /// Counters of everything the provider did and dropped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 pub struct SoftStats {
     /// Datagrams received.
     pub rx_datagrams: u64,

@@ -13,7 +13,7 @@ fn status() -> Status {
             name: "ib0".into(),
             mtu: 2044,
             mode: Mode::Datagram,
-            hwaddr: crate::daemon::status::format_hwaddr(&[0; 20]),
+            hwaddr: crate::wire::ipoib::HwAddr::from([0; 20]).to_string(),
         },
         neighbours: vec![],
         tx: vec![],

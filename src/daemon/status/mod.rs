@@ -11,37 +11,7 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use super::config::Mode;
-
-/// Length of an IPoIB hardware address: 4 bytes of flags + QPN, 16 bytes of GID.
-pub const HWADDR_LEN: usize = 20;
-
-/// Formats a 20-byte IPoIB hardware address as colon-separated lowercase hex
-/// (`80:00:00:48:fe:80:...`), as `ip link` shows it.
-pub fn format_hwaddr(hw: &[u8; HWADDR_LEN]) -> String {
-    let mut s = String::with_capacity(HWADDR_LEN * 3);
-    for (i, b) in hw.iter().enumerate() {
-        if i > 0 {
-            s.push(':');
-        }
-        let _ = write!(s, "{b:02x}");
-    }
-    s
-}
-
-/// Parses what [`format_hwaddr`] writes (either case); `None` unless exactly 20 hex octets.
-pub fn parse_hwaddr(s: &str) -> Option<[u8; HWADDR_LEN]> {
-    let mut out = [0u8; HWADDR_LEN];
-    let mut n = 0;
-    for part in s.split(':') {
-        if n == HWADDR_LEN || part.len() != 2 || !part.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return None;
-        }
-        out[n] = u8::from_str_radix(part, 16).ok()?;
-        n += 1;
-    }
-    (n == HWADDR_LEN).then_some(out)
-}
+use crate::ipoib::{self, Mode};
 
 /// The whole snapshot.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -70,22 +40,20 @@ pub struct InterfaceStatus {
     pub mtu: u32,
     /// IPoIB mode.
     pub mode: Mode,
-    /// Our IPoIB hardware address ([`format_hwaddr`]).
+    /// Our IPoIB hardware address (as [`HwAddr`](crate::wire::ipoib::HwAddr) displays it).
     pub hwaddr: String,
 }
 
-/// State of a neighbour entry.
+/// State of a neighbour entry: the endpoint's [`ipoib::NeighState`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum NeighbourState {
     /// Resolution in progress; packets are queued.
     Incomplete,
-    /// Resolved and recently used.
+    /// Resolved (aged out after the neighbour timeout unused).
     Reachable,
-    /// Resolved but idle; reaped after the neighbour timeout.
-    Stale,
-    /// Resolution failed; packets are dropped.
-    Failed,
+    /// Configured statically (`--neigh`): never resolved, never aged.
+    Permanent,
 }
 
 impl NeighbourState {
@@ -94,8 +62,17 @@ impl NeighbourState {
         match self {
             Self::Incomplete => "incomplete",
             Self::Reachable => "reachable",
-            Self::Stale => "stale",
-            Self::Failed => "failed",
+            Self::Permanent => "permanent",
+        }
+    }
+}
+
+impl From<&ipoib::NeighState> for NeighbourState {
+    fn from(s: &ipoib::NeighState) -> Self {
+        match s {
+            ipoib::NeighState::Incomplete { .. } => Self::Incomplete,
+            ipoib::NeighState::Reachable => Self::Reachable,
+            ipoib::NeighState::Static => Self::Permanent,
         }
     }
 }
@@ -105,13 +82,13 @@ impl NeighbourState {
 pub struct NeighbourStatus {
     /// The neighbour's IP address.
     pub ip: IpAddr,
-    /// Its IPoIB hardware address ([`format_hwaddr`]).
+    /// Its IPoIB hardware address (as [`HwAddr`](crate::wire::ipoib::HwAddr) displays it).
     pub hwaddr: String,
     /// Entry state.
     pub state: NeighbourState,
 }
 
-/// State of a transmit connection.
+/// State of a transmit connection: the endpoint's [`ipoib::TxState`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TxState {
@@ -119,9 +96,7 @@ pub enum TxState {
     Connecting,
     /// Established; packets flow.
     Live,
-    /// The QP went to error; waiting for its flush before teardown.
-    Error,
-    /// Disconnecting (DREQ sent or received).
+    /// Being torn down (QP in error, outstanding sends flushing).
     Closing,
 }
 
@@ -131,8 +106,17 @@ impl TxState {
         match self {
             Self::Connecting => "connecting",
             Self::Live => "live",
-            Self::Error => "error",
             Self::Closing => "closing",
+        }
+    }
+}
+
+impl From<ipoib::TxState> for TxState {
+    fn from(s: ipoib::TxState) -> Self {
+        match s {
+            ipoib::TxState::Connecting => Self::Connecting,
+            ipoib::TxState::Established => Self::Live,
+            ipoib::TxState::Closing => Self::Closing,
         }
     }
 }
@@ -177,6 +161,17 @@ impl RxState {
             Self::Error => "error",
             Self::Flush => "flush",
             Self::Drained => "drained",
+        }
+    }
+}
+
+impl From<ipoib::RxState> for RxState {
+    fn from(s: ipoib::RxState) -> Self {
+        match s {
+            ipoib::RxState::Live => Self::Live,
+            ipoib::RxState::Error => Self::Error,
+            ipoib::RxState::Flush => Self::Flush,
+            ipoib::RxState::Drained => Self::Drained,
         }
     }
 }
@@ -250,6 +245,96 @@ impl Counters {
             ("icmp_too_big_sent", self.icmp_too_big_sent),
             ("rx_bad_packets", self.rx_bad_packets),
         ]
+    }
+}
+
+impl Status {
+    /// The status of interface `name` from the endpoint's snapshot: its tables and counters,
+    /// `qp_live` counted by the endpoint; [`Status::provider`] holds the endpoint's counters
+    /// that [`Counters`] has not, for the driver to add its own to.
+    pub fn from_snapshot(name: &str, snap: &ipoib::Snapshot) -> Self {
+        let c = &snap.counters;
+        let schema = Counters::default().fields().map(|(name, _)| name);
+        let mut provider = BTreeMap::new();
+        add_counters(&mut provider, "", c);
+        provider.retain(|k, _| !schema.contains(&k.as_str()));
+        Self {
+            interface: InterfaceStatus {
+                name: name.to_owned(),
+                mtu: snap.mtu,
+                mode: snap.mode,
+                hwaddr: snap.hwaddr.to_string(),
+            },
+            neighbours: snap
+                .neighbours
+                .iter()
+                .map(|(ip, hw, st)| NeighbourStatus {
+                    ip: *ip,
+                    hwaddr: hw.map(|h| h.to_string()).unwrap_or_default(),
+                    state: st.into(),
+                })
+                .collect(),
+            tx: snap
+                .tx
+                .iter()
+                .map(|t| TxStatus {
+                    peer: t.peer.gid.to_string(),
+                    qpn: t.qpn.get(),
+                    state: t.state.into(),
+                    mtu: t.mtu,
+                    queued: t.queued as u64,
+                    in_flight: u64::from(t.in_flight),
+                })
+                .collect(),
+            rx: snap
+                .rx
+                .iter()
+                .map(|(peer, qpn, st, idle)| RxStatus {
+                    peer: peer.to_string(),
+                    qpn: qpn.get(),
+                    state: (*st).into(),
+                    idle_ms: u64::try_from(idle.as_millis()).unwrap_or(u64::MAX),
+                })
+                .collect(),
+            counters: Counters::from(c),
+            provider,
+        }
+    }
+}
+
+/// Adds the counters of `stats` to `out`, each named `prefix` and the name its serde derive
+/// gives it; fields that are not unsigned integers (nested structs) are left out.
+pub fn add_counters(out: &mut BTreeMap<String, u64>, prefix: &str, stats: &impl Serialize) {
+    if let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(stats) {
+        for (name, v) in fields {
+            if let Some(n) = v.as_u64() {
+                out.insert(format!("{prefix}{name}"), n);
+            }
+        }
+    }
+}
+
+impl From<&ipoib::Counters> for Counters {
+    /// The endpoint's counters of the schema; `qp_live` is what the endpoint created and did
+    /// not destroy (a provider that counts its QPs overrides it).
+    fn from(c: &ipoib::Counters) -> Self {
+        Self {
+            qp_live: c.qp_created.saturating_sub(c.qp_destroyed),
+            qp_created: c.qp_created,
+            qp_destroyed: c.qp_destroyed,
+            rx_accepted: c.rx_accepted,
+            rx_stale_reaped: c.rx_stale_reaped,
+            rx_dreq_reaped: c.rx_dreq_reaped,
+            rx_evicted: c.rx_evicted,
+            drain_timeouts: c.drain_timeouts,
+            last_wqe_events: c.last_wqe_events,
+            tx_established: c.tx_established,
+            tx_failed: c.tx_failed,
+            tx_stalled: c.tx_stalled,
+            tx_queue_drops: c.tx_queue_drops,
+            icmp_too_big_sent: c.icmp_too_big_sent,
+            rx_bad_packets: c.rx_bad_packets,
+        }
     }
 }
 
@@ -379,251 +464,4 @@ pub fn render_text(status: &Status) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A status with one of everything.
-    fn sample() -> Status {
-        let mut hw = [0u8; HWADDR_LEN];
-        hw[0] = 0x80;
-        hw[3] = 0x48;
-        hw[4] = 0xfe;
-        hw[5] = 0x80;
-        hw[19] = 0x01;
-        let mut peer_hw = hw;
-        peer_hw[3] = 0x4a;
-        peer_hw[19] = 0x02;
-        Status {
-            interface: InterfaceStatus {
-                name: "ib0".into(),
-                mtu: 65520,
-                mode: Mode::Connected,
-                hwaddr: format_hwaddr(&hw),
-            },
-            neighbours: vec![NeighbourStatus {
-                ip: "198.19.0.2".parse().unwrap(),
-                hwaddr: format_hwaddr(&peer_hw),
-                state: NeighbourState::Reachable,
-            }],
-            tx: vec![TxStatus {
-                peer: "198.19.0.2".into(),
-                qpn: 0x4a,
-                state: TxState::Live,
-                mtu: 65520,
-                queued: 0,
-                in_flight: 2,
-            }],
-            rx: vec![
-                RxStatus {
-                    peer: "fe80::2".into(),
-                    qpn: 0x4b,
-                    state: RxState::Live,
-                    idle_ms: 1200,
-                },
-                RxStatus {
-                    peer: "fe80::3".into(),
-                    qpn: 0x4c,
-                    state: RxState::Flush,
-                    idle_ms: 61000,
-                },
-            ],
-            counters: Counters {
-                qp_live: 3,
-                qp_created: 5,
-                qp_destroyed: 2,
-                rx_accepted: 3,
-                rx_stale_reaped: 1,
-                ..Counters::default()
-            },
-            provider: BTreeMap::from([("retransmits".to_owned(), 7)]),
-        }
-    }
-
-    fn keys(v: &serde_json::Value) -> Vec<&str> {
-        v.as_object().unwrap().keys().map(String::as_str).collect()
-    }
-
-    #[test]
-    fn json_keys_are_the_schema() {
-        let v = serde_json::to_value(sample()).unwrap();
-        let mut top = keys(&v);
-        top.sort_unstable();
-        assert_eq!(
-            top,
-            [
-                "counters",
-                "interface",
-                "neighbours",
-                "provider",
-                "rx",
-                "tx"
-            ]
-        );
-        let mut k = keys(&v["interface"]);
-        k.sort_unstable();
-        assert_eq!(k, ["hwaddr", "mode", "mtu", "name"]);
-        let mut k = keys(&v["neighbours"][0]);
-        k.sort_unstable();
-        assert_eq!(k, ["hwaddr", "ip", "state"]);
-        let mut k = keys(&v["tx"][0]);
-        k.sort_unstable();
-        assert_eq!(k, ["in_flight", "mtu", "peer", "qpn", "queued", "state"]);
-        let mut k = keys(&v["rx"][0]);
-        k.sort_unstable();
-        assert_eq!(k, ["idle_ms", "peer", "qpn", "state"]);
-        let mut k = keys(&v["counters"]);
-        k.sort_unstable();
-        let mut want = vec![
-            "qp_live",
-            "qp_created",
-            "qp_destroyed",
-            "rx_accepted",
-            "rx_stale_reaped",
-            "rx_dreq_reaped",
-            "rx_evicted",
-            "drain_timeouts",
-            "last_wqe_events",
-            "tx_established",
-            "tx_failed",
-            "tx_stalled",
-            "tx_queue_drops",
-            "icmp_too_big_sent",
-            "rx_bad_packets",
-        ];
-        let in_order: Vec<_> = sample().counters.fields().map(|(n, _)| n).to_vec();
-        assert_eq!(in_order, want);
-        want.sort_unstable();
-        assert_eq!(k, want);
-    }
-
-    #[test]
-    fn json_value_types() {
-        let v = serde_json::to_value(sample()).unwrap();
-        assert_eq!(v["interface"]["mode"], "connected");
-        assert_eq!(v["interface"]["mtu"], 65520);
-        assert_eq!(v["neighbours"][0]["ip"], "198.19.0.2");
-        assert_eq!(v["neighbours"][0]["state"], "reachable");
-        assert_eq!(v["tx"][0]["qpn"], 0x4a);
-        assert_eq!(v["tx"][0]["state"], "live");
-        assert_eq!(v["rx"][1]["state"], "flush");
-        assert_eq!(v["rx"][1]["idle_ms"], 61000);
-        assert_eq!(v["counters"]["qp_live"], 3);
-        assert_eq!(v["provider"]["retransmits"], 7);
-        let hw = v["interface"]["hwaddr"].as_str().unwrap();
-        assert_eq!(
-            hw,
-            "80:00:00:48:fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:01"
-        );
-        assert!(parse_hwaddr(hw).is_some());
-    }
-
-    #[test]
-    fn rx_states_are_the_four_names() {
-        for (s, name) in [
-            (RxState::Live, "live"),
-            (RxState::Error, "error"),
-            (RxState::Flush, "flush"),
-            (RxState::Drained, "drained"),
-        ] {
-            assert_eq!(serde_json::to_value(s).unwrap(), name);
-            assert_eq!(s.as_str(), name);
-        }
-        for s in [
-            TxState::Connecting,
-            TxState::Live,
-            TxState::Error,
-            TxState::Closing,
-        ] {
-            assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
-        }
-        for s in [
-            NeighbourState::Incomplete,
-            NeighbourState::Reachable,
-            NeighbourState::Stale,
-            NeighbourState::Failed,
-        ] {
-            assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
-        }
-    }
-
-    #[test]
-    fn json_round_trip_and_provider_defaults() {
-        let s = sample();
-        let back: Status = serde_json::from_str(&render_json(&s)).unwrap();
-        assert_eq!(back, s);
-        let mut v = serde_json::to_value(&s).unwrap();
-        v.as_object_mut().unwrap().remove("provider");
-        let back: Status = serde_json::from_value(v).unwrap();
-        assert!(back.provider.is_empty());
-    }
-
-    #[test]
-    fn hwaddr_parse_rejects_junk() {
-        let hw = [0xabu8; HWADDR_LEN];
-        let s = format_hwaddr(&hw);
-        assert_eq!(parse_hwaddr(&s), Some(hw));
-        assert_eq!(parse_hwaddr(&s.to_uppercase()), Some(hw));
-        assert_eq!(parse_hwaddr(""), None);
-        assert_eq!(parse_hwaddr(&s[3..]), None);
-        assert_eq!(parse_hwaddr(&format!("{s}:00")), None);
-        assert_eq!(parse_hwaddr(&s.replace("ab", "zz")), None);
-        assert_eq!(parse_hwaddr(&s.replacen("ab", "+b", 1)), None);
-    }
-
-    #[test]
-    fn text_rendering() {
-        let text = render_text(&sample());
-        let want = "\
-ib0: mtu 65520 mode connected hwaddr 80:00:00:48:fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:01
-
-neighbours (1):
-  IP          HWADDR                                                       STATE
-  198.19.0.2  80:00:00:4a:fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:02  reachable
-
-tx (1):
-  PEER        QPN       STATE  MTU    QUEUED  IN_FLIGHT
-  198.19.0.2  0x00004a  live   65520  0       2
-
-rx (2):
-  PEER     QPN       STATE  IDLE
-  fe80::2  0x00004b  live   1200ms
-  fe80::3  0x00004c  flush  61000ms
-
-counters:
-  qp_live            3
-  qp_created         5
-  qp_destroyed       2
-  rx_accepted        3
-  rx_stale_reaped    1
-  rx_dreq_reaped     0
-  rx_evicted         0
-  drain_timeouts     0
-  last_wqe_events    0
-  tx_established     0
-  tx_failed          0
-  tx_stalled         0
-  tx_queue_drops     0
-  icmp_too_big_sent  0
-  rx_bad_packets     0
-
-provider:
-  retransmits  7
-";
-        assert_eq!(text, want, "got:\n{text}");
-    }
-
-    #[test]
-    fn text_rendering_empty_tables() {
-        let mut s = sample();
-        s.neighbours.clear();
-        s.tx.clear();
-        s.rx.clear();
-        s.provider.clear();
-        let text = render_text(&s);
-        assert!(text.contains("\nneighbours (0): none\n"));
-        assert!(text.contains("\ntx (0): none\n"));
-        assert!(text.contains("\nrx (0): none\n"));
-        assert!(!text.contains("provider"));
-        assert!(text.ends_with("  rx_bad_packets     0\n"));
-    }
-}
+mod tests;
