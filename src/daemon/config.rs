@@ -123,25 +123,7 @@ impl FromStr for Mode {
     }
 }
 
-/// How CM MADs travel (`--cm-transport`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CmTransport {
-    /// UD sends to QP1 (the software provider owns QP1).
-    Qp1,
-    /// The UDP side channel of [`crate::madudp`] (kernel verbs, whose QP1 the kernel owns).
-    Udp,
-}
-
-impl FromStr for CmTransport {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "qp1" => Ok(Self::Qp1),
-            "udp" => Ok(Self::Udp),
-            _ => Err(format!("must be \"qp1\" or \"udp\" (got {s:?})")),
-        }
-    }
-}
+pub use crate::mad::CmTransport;
 
 /// What to do with a new connection when `max_conn_qp` QPs are already live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
@@ -340,7 +322,7 @@ pub struct Config {
     /// the software provider, UDP on libibverbs, whose QP1 the kernel owns).
     pub cm_transport: Option<CmTransport>,
     /// UDP port of the CM MAD side channel (`--mad-port`, default 4792); see
-    /// [`crate::madudp`].
+    /// [`crate::mad::MadUdp`].
     pub mad_port: u16,
     /// Verify the ICRC of IPv4 packets on the software provider (`--no-icrc-v4` turns it off;
     /// needed with the kernel's rxe, which sends random IPv4 IDs).
@@ -999,7 +981,7 @@ pub fn resolve_parsed(file: &ConfigFile, flags: &UpArgs) -> Result<Config, Confi
         1,
         i64::from(u16::MAX),
     )?
-    .map_or(crate::madudp::DEFAULT_MAD_PORT, |v| v as u16);
+    .map_or(crate::mad::DEFAULT_MAD_PORT, |v| v as u16);
 
     let verify_icrc_v4 = if flags.no_icrc_v4 {
         false

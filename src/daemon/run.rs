@@ -23,7 +23,7 @@ use super::status::{
     RxStatus, Status, TxState, TxStatus,
 };
 use crate::ipoib::{self, Endpoint, EndpointConfig, TUN_BUFFER_OFFSET};
-use crate::madudp::MadUdp;
+use crate::mad::{self, Gsi, Mad, MadStats, MadTransport, MadUdp};
 use crate::soft::provider::{SoftProvider, UdpOffload};
 use crate::soft::{SoftConfig, SoftVerbs};
 use crate::sys::{ifaddr, tun::Tun};
@@ -229,22 +229,27 @@ fn run<P: DaemonProvider>(
     path_mtu: crate::verbs::PathMtu,
     transport: CmTransport,
 ) -> Result<(), DaemonError> {
-    let mut mad_udp = match transport {
-        CmTransport::Qp1 => None,
-        CmTransport::Udp => Some(MadUdp::bind(cfg.bind, cfg.mad_port).map_err(|e| {
-            DaemonError::Setup(format!("--mad-port {}:{}: {e}", cfg.bind, cfg.mad_port))
-        })?),
-    };
     let mut poll = Poll::new()?;
-    if let Some(u) = &mut mad_udp {
-        poll.registry()
-            .register(u.socket_mut(), MAD, Interest::READABLE)?;
-    }
+    let mut mad: Box<dyn MadTransport<P::Verbs>> = match transport {
+        CmTransport::Qp1 => Box::new(
+            Gsi::open_for_cm(prov.verbs())
+                .map_err(|e| DaemonError::Setup(format!("provider set-up: {e}")))?,
+        ),
+        CmTransport::Udp => {
+            let mut u = MadUdp::bind(cfg.bind, cfg.mad_port).map_err(|e| {
+                DaemonError::Setup(format!("--mad-port {}:{}: {e}", cfg.bind, cfg.mad_port))
+            })?;
+            poll.registry()
+                .register(u.socket_mut(), MAD, Interest::READABLE)?;
+            Box::new(u)
+        }
+    };
+    let mut mads: Vec<Mad> = Vec::new();
 
     let start = Instant::now();
     let ep_cfg = endpoint_config(cfg, path_mtu, seed());
     let mtu = ep_cfg.interface_mtu();
-    let mut ep = Endpoint::with_mad_transport(start, prov.verbs(), ep_cfg, mad_udp)
+    let mut ep = Endpoint::new(start, prov.verbs(), ep_cfg, mad.provider_qp())
         .map_err(|e| DaemonError::Setup(format!("provider set-up: {e}")))?;
 
     let mut tun = Tun::create(&cfg.ifname).map_err(|e| setup("--ifname")(e.to_string()))?;
@@ -328,6 +333,9 @@ fn run<P: DaemonProvider>(
                 CONTROL => control_ready = true,
                 SIGNALS => signalled = true,
                 TUN => tun_ready = true,
+                // The MAD transport is read on every turn (QP1 has no readiness of its own),
+                // so the side channel's readiness only needs to wake the loop.
+                MAD => {}
                 t => prov.note_readiness(t),
             }
         }
@@ -341,7 +349,11 @@ fn run<P: DaemonProvider>(
             // leave after the reply, below).
             prov.flush(now)?;
         }
+        mad::receive(mad.as_mut(), prov.verbs(), &mut mads, |from, m| {
+            ep.handle_mad(now, from, m);
+        });
         ep.handle_verbs(now, prov.verbs());
+        mad::send_while_room(mad.as_mut(), prov.verbs(), || ep.poll_mad());
         if write_tun(&tun, &mut ep, prov.verbs(), &mut tun_write_drops) {
             tun_ready = true;
         }
@@ -367,12 +379,14 @@ fn run<P: DaemonProvider>(
             }
         }
         ep.handle_timeout(now, prov.verbs());
+        mad::send_while_room(mad.as_mut(), prov.verbs(), || ep.poll_mad());
         if write_tun(&tun, &mut ep, prov.verbs(), &mut tun_write_drops) {
             tun_ready = true;
         }
         if control_ready {
             let name = tun.name().to_string();
-            control.accept_and_serve(|| status(&name, &ep, &prov, now, tun_write_drops));
+            let mad_stats = mad.stats();
+            control.accept_and_serve(|| status(&name, &ep, mad_stats, &prov, now, tun_write_drops));
         }
         if signalled {
             for sig in signals.pending() {
@@ -380,6 +394,7 @@ fn run<P: DaemonProvider>(
             }
             if stop_deadline.is_none() {
                 ep.begin_shutdown(now, prov.verbs());
+                mad::send_while_room(mad.as_mut(), prov.verbs(), || ep.poll_mad());
                 stop_deadline = Some(now + cfg.drain_timeout);
             }
         }
@@ -390,7 +405,11 @@ fn run<P: DaemonProvider>(
                     ep.force_stop(prov.verbs());
                 }
                 // Let the last DREQs and DREPs out.
+                mad::receive(mad.as_mut(), prov.verbs(), &mut mads, |from, m| {
+                    ep.handle_mad(now, from, m);
+                });
                 ep.handle_verbs(now, prov.verbs());
+                mad::send_while_room(mad.as_mut(), prov.verbs(), || ep.poll_mad());
                 prov.handle_io(now)?;
                 tracing::info!(counters = ?ep.counters(), "stopped");
                 return Ok(());
@@ -475,6 +494,7 @@ fn write_tun<V: Verbs>(tun: &Tun, ep: &mut Endpoint, v: &mut V, drops: &mut u64)
 fn status<P: DaemonProvider>(
     name: &str,
     ep: &Endpoint,
+    mad: MadStats,
     prov: &P,
     now: Instant,
     tun_write_drops: u64,
@@ -501,7 +521,6 @@ fn status<P: DaemonProvider>(
         rx_bad_packets: c.rx_bad_packets,
     };
     let cm = ep.cm_stats();
-    let mad = ep.mad_stats();
     let mut provider = BTreeMap::new();
     prov.counters(&mut provider);
     for (k, v) in [

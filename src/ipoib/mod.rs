@@ -1,8 +1,9 @@
 //! The IPoIB-CM endpoint: the sans-IO core of the interface daemon.
 //!
 //! One [`Endpoint`] is one IPoIB interface on one [`Verbs`] provider. It owns the UD QP (ARP,
-//! ND, multicast and datagram-mode traffic), QP1 and the CM, the shared receive queue, the
-//! one-way RC connections in both directions, the neighbour table and one timer wheel.
+//! ND, multicast and datagram-mode traffic), the CM, the shared receive queue, the one-way RC
+//! connections in both directions, the neighbour table and one timer wheel. The CM's MADs
+//! travel over a transport the driver owns (see [`crate::mad`]).
 //!
 //! # Calling protocol
 //!
@@ -10,11 +11,14 @@
 //! the clock once and then, in any order:
 //!
 //! - [`Endpoint::handle_tun_packet`] for each IP packet read from the TUN device;
-//! - [`Endpoint::handle_verbs`] after the provider did I/O (completions, async events, MADs);
+//! - [`Endpoint::handle_mad`] for each CM MAD its transport received, then
+//!   [`Endpoint::handle_verbs`] after the provider did I/O (completions, async events);
 //! - [`Endpoint::handle_timeout`] when [`Endpoint::poll_timeout`] has passed (spurious calls
 //!   are harmless);
 //!
-//! and finally writes every packet from [`Endpoint::drain_tun`] (or [`Endpoint::poll_tun`]) to
+//! after each of `handle_verbs`, `handle_timeout` and [`Endpoint::begin_shutdown`] it sends
+//! the MADs of [`Endpoint::poll_mad`] while its transport has room; and finally it writes
+//! every packet from [`Endpoint::drain_tun`] (or [`Endpoint::poll_tun`]) to
 //! the TUN device, which also gives their receive buffers back. `now` must
 //! never go backwards. The endpoint never reads the clock and does no I/O of its own: it acts
 //! through the verbs it is handed, so the same code runs over the deterministic simulated
@@ -45,14 +49,12 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::cm::{Cm, CmConfig, CmEvent, CommId};
-use crate::gsi::Gsi;
-use crate::madudp::{MadTransport, MadUdp};
 use crate::timer::{TimerId, TimerWheel};
 use crate::verbs::{
     AsyncEvent, BufId, Completion, CqId, PathMtu, PdId, PoolId, QKey, QpNum, SrqId, SrqInit, Verbs,
     VerbsError,
 };
-use crate::wire::cm::{ipoib_service_id, IpoibCmData};
+use crate::wire::cm::{ipoib_service_id, IpoibCmData, MAD_LEN};
 use crate::wire::ipoib::{HwAddr, IpoibHeader, IPOIB_CM_BUF_SIZE};
 
 pub use neigh::NeighState;
@@ -335,7 +337,6 @@ pub struct Endpoint {
     cfg: EndpointConfig,
     pd: PdId,
     ud: UdQp,
-    mad: MadTransport,
     cm: Cm,
     hwaddr: HwAddr,
     srq: Option<SrqId>,
@@ -369,9 +370,7 @@ pub struct Endpoint {
     last_now: Instant,
     wcs: Vec<Completion>,
     fired: Vec<(TimerId, Timer)>,
-    /// Scratch for received MADs, trimmed to [`crate::cm::QUEUE_KEEP`] after each batch.
-    mads: Vec<(crate::verbs::Gid, [u8; crate::gsi::MAD_LEN])>,
-    /// Scratch for CM events, trimmed like `mads`.
+    /// Scratch for CM events, trimmed to [`crate::cm::QUEUE_KEEP`] after each batch.
     cm_events: Vec<CmEvent>,
 }
 
@@ -379,10 +378,6 @@ pub struct Endpoint {
 const RESOLVE_RETRIES: u8 = 3;
 /// Interval between resolution requests.
 const RESOLVE_INTERVAL: Duration = Duration::from_secs(1);
-/// Receives posted on QP1.
-const GSI_RECV_DEPTH: u32 = 1024;
-/// MADs in flight on QP1.
-const GSI_SEND_DEPTH: u32 = 256;
 /// Completions taken from a CQ per poll.
 const CQ_BATCH: usize = 64;
 /// A packet waiting for the TUN device.
@@ -410,41 +405,31 @@ pub const TUN_BUFFER_OFFSET: usize = IpoibHeader::LEN;
 const TUN_SPARE_MAX: usize = 32;
 
 impl Endpoint {
-    /// Sets up the interface on `v`: UD QP attached to the broadcast group, QP1 and the CM
-    /// listening on both IPoIB-CM service IDs, the SRQ (or the pool for per-QP rings), and the
-    /// send buffers.
+    /// Sets up the interface on `v`: UD QP attached to the broadcast group, the CM listening
+    /// on both IPoIB-CM service IDs, the SRQ (or the pool for per-QP rings), and the send
+    /// buffers.
+    ///
+    /// `cm_qp` is the QP the driver's CM MAD transport holds on `v`
+    /// ([`MadTransport::provider_qp`](crate::mad::MadTransport::provider_qp): QP1, or `None`
+    /// for a transport beside the provider); it counts in `qp_created` with the endpoint's
+    /// own QPs, so that `qp_created - qp_destroyed` is every QP of the interface.
     ///
     /// # Errors
     /// Any verbs error of the set-up.
-    pub fn new<V: Verbs>(now: Instant, v: &mut V, cfg: EndpointConfig) -> Result<Self, VerbsError> {
-        Self::with_mad_transport(now, v, cfg, None)
-    }
-
-    /// Like [`Endpoint::new`], but CM MADs travel over `udp` when given (kernel verbs, whose
-    /// QP1 the kernel owns; see [`crate::madudp`]) instead of over QP1.
-    ///
-    /// # Errors
-    /// Any verbs error of the set-up.
-    pub fn with_mad_transport<V: Verbs>(
+    pub fn new<V: Verbs>(
         now: Instant,
         v: &mut V,
         cfg: EndpointConfig,
-        udp: Option<MadUdp>,
+        cm_qp: Option<QpNum>,
     ) -> Result<Self, VerbsError> {
         let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
         let mut counters = Counters::default();
         let pd = v.alloc_pd()?;
         let ud = ud::open_ud(v, pd, &cfg)?;
         counters.qp_created += 1;
-        // Deep enough for a burst of REQs from many peers at once (a dropped MAD costs a CM
-        // retransmission timeout).
-        let mad = match udp {
-            Some(u) => MadTransport::Udp(u),
-            None => {
-                counters.qp_created += 1;
-                MadTransport::Gsi(Gsi::open(v, pd, GSI_RECV_DEPTH, GSI_SEND_DEPTH)?)
-            }
-        };
+        if cm_qp.is_some() {
+            counters.qp_created += 1;
+        }
         let port = v.port_attr();
         let flags = if cfg.mode == Mode::Connected {
             HwAddr::FLAG_CONNECTED
@@ -498,7 +483,6 @@ impl Endpoint {
         Ok(Self {
             pd,
             ud,
-            mad,
             cm,
             hwaddr,
             srq,
@@ -525,7 +509,6 @@ impl Endpoint {
             last_now: now,
             wcs: Vec::with_capacity(CQ_BATCH),
             fired: Vec::new(),
-            mads: Vec::new(),
             cm_events: Vec::new(),
             cfg,
         })
@@ -551,9 +534,18 @@ impl Endpoint {
         self.cm.stats()
     }
 
-    /// Counters of the CM MAD transport (QP1 or UDP).
-    pub fn mad_stats(&self) -> crate::gsi::GsiStats {
-        self.mad.stats()
+    /// Hands the CM a MAD that the driver's transport received from `from`. Call it before
+    /// [`handle_verbs`](Self::handle_verbs) on the same turn, which acts on what it brought.
+    pub fn handle_mad(&mut self, now: Instant, from: crate::verbs::Gid, mad: &[u8; MAD_LEN]) {
+        self.last_now = self.last_now.max(now);
+        self.cm.handle_mad(now, from, mad);
+    }
+
+    /// The next CM MAD to send, with its destination. A MAD the transport has no room for
+    /// stays here until the next turn ([`poll_timeout`](Self::poll_timeout) asks for one at
+    /// once): taking it only to drop it would cost the peer a CM retransmission timeout.
+    pub fn poll_mad(&mut self) -> Option<(crate::verbs::Gid, [u8; MAD_LEN])> {
+        self.cm.poll_transmit()
     }
 
     /// Live RX connections (any state).
@@ -617,8 +609,8 @@ impl Endpoint {
 
     /// When [`Endpoint::handle_timeout`] must next run.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        // MADs waiting for a free send buffer: come back at once (the buffers return with
-        // the send completions the next `handle_verbs` reaps).
+        // MADs waiting for room in the driver's transport: come back at once (QP1's send
+        // buffers return with the completions the transport reaps on the next turn).
         let pending = self.cm.has_transmit().then_some(self.last_now);
         [self.wheel.poll_timeout(), self.cm.poll_timeout(), pending]
             .into_iter()
@@ -648,18 +640,10 @@ impl Endpoint {
         self.pump_cm(now, v);
     }
 
-    /// Reaps completions and async events and exchanges CM MADs.
+    /// Reaps completions and async events and acts on the CM's events (of the MADs handed to
+    /// [`handle_mad`](Self::handle_mad) too).
     pub fn handle_verbs<V: Verbs>(&mut self, now: Instant, v: &mut V) {
         self.last_now = self.last_now.max(now);
-        let mut mads = std::mem::take(&mut self.mads);
-        mads.clear();
-        self.mad.poll(v, &mut mads);
-        for (from, mad) in &mads {
-            self.cm.handle_mad(now, *from, mad);
-        }
-        mads.clear();
-        mads.shrink_to(crate::cm::QUEUE_KEEP);
-        self.mads = mads;
         for _ in 0..1024 {
             let Some(ev) = v.poll_async_event() else {
                 break;
@@ -691,7 +675,7 @@ impl Endpoint {
         }
     }
 
-    /// Sends what the CM wants sent and acts on its events.
+    /// Acts on the CM's events; the MADs they make wait for [`poll_mad`](Self::poll_mad).
     fn pump_cm<V: Verbs>(&mut self, now: Instant, v: &mut V) {
         for _ in 0..16 {
             let mut events = std::mem::take(&mut self.cm_events);
@@ -705,17 +689,6 @@ impl Endpoint {
             }
             events.shrink_to(crate::cm::QUEUE_KEEP);
             self.cm_events = events;
-            // MADs beyond the free send buffers stay queued in the CM (and `poll_timeout`
-            // asks for an immediate turn), instead of being dropped and costing the peer a
-            // CM retransmission timeout.
-            while self.mad.can_send() {
-                let Some((to, mad)) = self.cm.poll_transmit() else {
-                    break;
-                };
-                if let Err(e) = self.mad.send(v, to, &mad) {
-                    tracing::debug!(error = %e, "sending a CM MAD failed");
-                }
-            }
             if !had_events {
                 break;
             }

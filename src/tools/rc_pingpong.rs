@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 
 use crate::cm::{AcceptParams, Cm, CmConfig, CmEvent, CommId, ConnectParams};
-use crate::gsi::Gsi;
+use crate::mad::Gsi;
 use crate::soft::provider::UdpOffload;
 use crate::soft::{FaultConfig, SoftVerbs};
 use crate::verbs::{
@@ -133,7 +133,7 @@ struct CmCtx {
     cm: Cm,
     gsi: Gsi,
     id: Option<CommId>,
-    mads: Vec<(Gid, [u8; crate::gsi::MAD_LEN])>,
+    mads: Vec<(Gid, [u8; crate::mad::MAD_LEN])>,
 }
 
 /// Everything the run needs once the provider exists.
