@@ -59,8 +59,8 @@ use crate::wire::ipoib::{HwAddr, IpoibHeader, IPOIB_CM_BUF_SIZE};
 
 pub use neigh::NeighState;
 use neigh::Neighbours;
-use rx::RxConn;
 pub use rx::RxState;
+use rx::RxTable;
 use tx::TxConn;
 pub use tx::TxState;
 
@@ -348,13 +348,8 @@ pub struct Endpoint {
     neigh: Neighbours,
     txs: HashMap<QpNum, TxConn>,
     tx_by_peer: HashMap<(crate::verbs::Gid, QpNum), QpNum>,
-    rxs: HashMap<QpNum, RxConn>,
+    rx: RxTable,
     owners: HashMap<CommId, Owner>,
-    /// RX QPs that reached Last WQE and wait for a drain WR.
-    flush_list: Vec<QpNum>,
-    /// RX QPs covered by the drain WR in flight, and the QP that carries it.
-    drain_list: Vec<QpNum>,
-    drain_carrier: Option<QpNum>,
     wheel: TimerWheel<Timer>,
     tun_out: VecDeque<TunPacket>,
     /// Emptied [`poll_tun`](Self::poll_tun) buffers given back by the driver
@@ -494,11 +489,8 @@ impl Endpoint {
             neigh,
             txs: HashMap::new(),
             tx_by_peer: HashMap::new(),
-            rxs: HashMap::new(),
+            rx: RxTable::default(),
             owners: HashMap::new(),
-            flush_list: Vec::new(),
-            drain_list: Vec::new(),
-            drain_carrier: None,
             wheel: TimerWheel::new(now, Duration::from_millis(1)),
             tun_out: VecDeque::new(),
             tun_spare: Vec::new(),
@@ -550,7 +542,7 @@ impl Endpoint {
 
     /// Live RX connections (any state).
     pub fn rx_count(&self) -> usize {
-        self.rxs.len()
+        self.rx.len()
     }
 
     /// Live TX connections (any state).
@@ -628,7 +620,7 @@ impl Endpoint {
         for (id, t) in fired.drain(..) {
             match t {
                 Timer::RxStale(qpn) => self.on_rx_stale_timer(now, v, qpn, id),
-                Timer::RxWatchdog(qpn) => self.on_rx_watchdog(now, v, qpn, id),
+                Timer::RxWatchdog(qpn) => self.on_rx_watchdog(v, qpn, id),
                 Timer::TxWatchdog(qpn) => self.on_tx_watchdog(now, v, qpn, id),
                 Timer::TxStall(qpn) => self.on_tx_stall_timer(now, v, qpn, id),
                 Timer::NeighResolve(ip) => self.on_resolve_timer(now, v, ip, id),
@@ -658,14 +650,14 @@ impl Endpoint {
 
     fn on_async_event<V: Verbs>(&mut self, now: Instant, v: &mut V, ev: AsyncEvent) {
         match ev {
-            AsyncEvent::QpLastWqeReached(qpn) => self.on_last_wqe(now, v, qpn),
+            AsyncEvent::QpLastWqeReached(qpn) => self.on_last_wqe(v, qpn),
             AsyncEvent::CommEst(qpn) => {
-                if let Some(id) = self.rxs.get(&qpn).map(|r| r.id) {
+                if let Some(id) = self.rx.get(&qpn).map(|r| r.id) {
                     self.cm.notify_comm_est(now, id);
                 }
             }
             AsyncEvent::QpFatal(qpn) | AsyncEvent::QpReqErr(qpn) | AsyncEvent::QpAccessErr(qpn) => {
-                if self.rxs.contains_key(&qpn) {
+                if self.rx.contains(&qpn) {
                     self.start_rx_teardown(now, v, qpn, rx::Why::Error);
                 } else if self.txs.contains_key(&qpn) {
                     self.fail_tx(now, v, qpn);
@@ -726,7 +718,7 @@ impl Endpoint {
             } => self.on_rep(now, v, id, remote_qpn, remote_psn, &private_data),
             CmEvent::Established { id } => {
                 if let Some(Owner::Rx(qpn)) = self.owners.get(&id).copied() {
-                    if let Some(r) = self.rxs.get_mut(&qpn) {
+                    if let Some(r) = self.rx.get_mut(&qpn) {
                         r.established = true;
                     }
                 }
@@ -781,8 +773,7 @@ impl Endpoint {
         for qpn in txs {
             self.close_tx(now, v, qpn, true);
         }
-        let rxs: Vec<QpNum> = self.rxs.keys().copied().collect();
-        for qpn in rxs {
+        for qpn in self.rx.qpns() {
             self.start_rx_teardown(now, v, qpn, rx::Why::Shutdown);
         }
         self.pump_cm(now, v);
@@ -790,13 +781,12 @@ impl Endpoint {
 
     /// True once every RC connection is destroyed after [`Endpoint::begin_shutdown`].
     pub fn is_stopped(&self) -> bool {
-        self.stopping && self.rxs.is_empty() && self.txs.is_empty()
+        self.stopping && self.rx.is_empty() && self.txs.is_empty()
     }
 
     /// Destroys whatever is left (the shutdown bound passed), counting drain timeouts.
     pub fn force_stop<V: Verbs>(&mut self, v: &mut V) {
-        let rxs: Vec<QpNum> = self.rxs.keys().copied().collect();
-        for qpn in rxs {
+        for qpn in self.rx.qpns() {
             self.counters.drain_timeouts += 1;
             self.destroy_rx(v, qpn);
         }
@@ -828,13 +818,13 @@ impl Endpoint {
             .collect();
         tx.sort_by_key(|t| t.qpn);
         let mut rx: Vec<_> = self
-            .rxs
+            .rx
             .iter()
             .map(|(q, r)| {
                 (
                     r.peer,
                     *q,
-                    r.state,
+                    r.state(),
                     now.saturating_duration_since(r.last_rx),
                 )
             })
