@@ -61,8 +61,8 @@ pub use neigh::NeighState;
 use neigh::Neighbours;
 pub use rx::RxState;
 use rx::RxTable;
-use tx::TxConn;
 pub use tx::TxState;
+use tx::TxTable;
 
 /// Connected or datagram mode (Linux's `/sys/class/net/ib0/mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -344,10 +344,8 @@ pub struct Endpoint {
     rx_pool: PoolId,
     tx_cq: CqId,
     tx_pool: PoolId,
-    tx_free: Vec<BufId>,
     neigh: Neighbours,
-    txs: HashMap<QpNum, TxConn>,
-    tx_by_peer: HashMap<(crate::verbs::Gid, QpNum), QpNum>,
+    tx: TxTable,
     rx: RxTable,
     owners: HashMap<CommId, Owner>,
     wheel: TimerWheel<Timer>,
@@ -485,10 +483,8 @@ impl Endpoint {
             rx_pool,
             tx_cq,
             tx_pool,
-            tx_free,
             neigh,
-            txs: HashMap::new(),
-            tx_by_peer: HashMap::new(),
+            tx: TxTable::new(tx_free),
             rx: RxTable::default(),
             owners: HashMap::new(),
             wheel: TimerWheel::new(now, Duration::from_millis(1)),
@@ -547,7 +543,7 @@ impl Endpoint {
 
     /// Live TX connections (any state).
     pub fn tx_count(&self) -> usize {
-        self.txs.len()
+        self.tx.len()
     }
 
     /// The next packet for the TUN device, as an owned buffer (a packet still in a receive
@@ -659,7 +655,7 @@ impl Endpoint {
             AsyncEvent::QpFatal(qpn) | AsyncEvent::QpReqErr(qpn) | AsyncEvent::QpAccessErr(qpn) => {
                 if self.rx.contains(&qpn) {
                     self.start_rx_teardown(now, v, qpn, rx::Why::Error);
-                } else if self.txs.contains_key(&qpn) {
+                } else if self.tx.contains(&qpn) {
                     self.fail_tx(now, v, qpn);
                 }
             }
@@ -769,8 +765,7 @@ impl Endpoint {
     /// [`Endpoint::is_stopped`] to see when all RC QPs are gone (bounded by `drain_timeout`).
     pub fn begin_shutdown<V: Verbs>(&mut self, now: Instant, v: &mut V) {
         self.stopping = true;
-        let txs: Vec<QpNum> = self.txs.keys().copied().collect();
-        for qpn in txs {
+        for qpn in self.tx.qpns() {
             self.close_tx(now, v, qpn, true);
         }
         for qpn in self.rx.qpns() {
@@ -781,7 +776,7 @@ impl Endpoint {
 
     /// True once every RC connection is destroyed after [`Endpoint::begin_shutdown`].
     pub fn is_stopped(&self) -> bool {
-        self.stopping && self.rx.is_empty() && self.txs.is_empty()
+        self.stopping && self.rx.is_empty() && self.tx.is_empty()
     }
 
     /// Destroys whatever is left (the shutdown bound passed), counting drain timeouts.
@@ -790,8 +785,7 @@ impl Endpoint {
             self.counters.drain_timeouts += 1;
             self.destroy_rx(v, qpn);
         }
-        let txs: Vec<QpNum> = self.txs.keys().copied().collect();
-        for qpn in txs {
+        for qpn in self.tx.qpns() {
             self.destroy_tx(v, qpn);
         }
     }
@@ -805,7 +799,7 @@ impl Endpoint {
             .collect();
         neighbours.sort_by_key(|(ip, ..)| *ip);
         let mut tx: Vec<_> = self
-            .txs
+            .tx
             .iter()
             .map(|(q, t)| TxSnapshot {
                 peer: t.peer,

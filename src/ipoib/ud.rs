@@ -106,12 +106,12 @@ impl Endpoint {
         if self.stopping {
             return None;
         }
-        self.tx_free.pop()
+        self.tx.take_buf()
     }
 
     /// Gives back a buffer from [`tun_buffer`](Self::tun_buffer) that received nothing.
     pub fn return_tun_buffer(&mut self, b: BufId) {
-        self.tx_free.push(b);
+        self.tx.put_buf(b);
     }
 
     /// Handles an IP packet of `len` bytes that the driver read into the buffer `b` from
@@ -124,7 +124,7 @@ impl Endpoint {
         let info = super::ip_packet_in(v, b, len).and_then(|p| classify(p).ok());
         if info.is_some_and(|info| info.total_len > len) {
             self.counters.tx_dropped += 1;
-            self.tx_free.push(b);
+            self.tx.put_buf(b);
             return;
         }
         let fast = info.and_then(|info| {
@@ -161,7 +161,7 @@ impl Endpoint {
         if let Some(bytes) = super::ip_packet_in(v, b, len) {
             packet.extend_from_slice(bytes);
         }
-        self.tx_free.push(b);
+        self.tx.put_buf(b);
         self.handle_tun_packet(now, v, &packet);
         self.tun_scratch = packet;
     }
@@ -522,7 +522,7 @@ impl Endpoint {
                     .iter()
                     .any(|(_, m)| m.hw.is_some_and(|h| super::neigh::same_endpoint(&h, &hw)));
                 if !still_used {
-                    if let Some(qpn) = self.tx_by_peer.get(&(hw.gid, hw.qpn)).copied() {
+                    if let Some(qpn) = self.tx.to_peer(hw) {
                         self.close_tx(now, v, qpn, true);
                     }
                 }

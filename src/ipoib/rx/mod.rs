@@ -76,14 +76,8 @@ impl Endpoint {
     ) {
         // A REQ naming another UD QPN than the one we send to: the peer restarted.
         if let Ok(d) = crate::wire::cm::IpoibCmData::decode(private) {
-            let stale: Vec<QpNum> = self
-                .tx_by_peer
-                .iter()
-                .filter(|((gid, udqpn), _)| *gid == peer && *udqpn != d.qpn)
-                .map(|(_, q)| *q)
-                .collect();
-            for q in stale {
-                if let Some(old) = self.txs.get(&q).map(|t| t.peer) {
+            for q in self.tx.to_other_instances(peer, d.qpn) {
+                if let Some(old) = self.tx.get(&q).map(|t| t.peer) {
                     self.neigh.forget_hw(&old);
                 }
                 self.close_tx(now, v, q, false);
