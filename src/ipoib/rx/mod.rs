@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 pub(super) use table::{Phase, RxConn, RxTable};
 
-use super::{wr, wr_kind, Endpoint, Owner, Timer, TunPacket, CQ_BATCH, WR_DRAIN, WR_RECV};
+use super::{wr, wr_kind, Endpoint, Owner, Timer, CQ_BATCH, WR_DRAIN, WR_RECV};
 use crate::cm::{AcceptParams, CommId};
 use crate::verbs::{
     AccessFlags, AddressVector, BufId, Gid, PathMtu, Psn, QpAttr, QpInit, QpNum, QpState, QpType,
@@ -278,9 +278,7 @@ impl Endpoint {
             }
         };
         match accepted {
-            Some(len) => self
-                .tun_out
-                .push_back(TunPacket::Received { qpn, buf: b, len }),
+            Some(len) => self.tun.push_received(qpn, b, len),
             None => self.repost_rx(v, qpn, b, live),
         }
     }
