@@ -4,7 +4,7 @@
 use std::net::{IpAddr, Ipv6Addr};
 use std::time::Instant;
 
-use super::neigh::{Learned, NeighState};
+use super::neigh::{Ageing, Learned, NeighState, Retry};
 use super::{Endpoint, Timer, RESOLVE_INTERVAL};
 use crate::timer::TimerId;
 use crate::verbs::Verbs;
@@ -102,9 +102,7 @@ impl Endpoint {
                     .is_some_and(|n| n.state == NeighState::Reachable)
                 {
                     let t = self.arm(now + self.cfg.neigh_timeout, Timer::NeighAge(ip));
-                    if let Some(n) = self.neigh.get_mut(&ip) {
-                        n.timer = Some(t);
-                    }
+                    self.neigh.set_timer(&ip, t);
                 }
                 for p in queued {
                     let ethertype = if ip.is_ipv4() {
@@ -147,9 +145,7 @@ impl Endpoint {
             }
         }
         let t = self.arm(now + RESOLVE_INTERVAL, Timer::NeighResolve(ip));
-        if let Some(n) = self.neigh.get_mut(&ip) {
-            n.timer = Some(t);
-        }
+        self.neigh.set_timer(&ip, t);
     }
 
     fn give_up(&mut self, ip: IpAddr) {
@@ -169,22 +165,10 @@ impl Endpoint {
         ip: IpAddr,
         id: TimerId,
     ) {
-        let Some(n) = self.neigh.get_mut(&ip) else {
-            return;
-        };
-        if n.timer != Some(id) {
-            return;
-        }
-        n.timer = None;
-        match n.state {
-            NeighState::Incomplete { retries_left } if retries_left > 1 => {
-                n.state = NeighState::Incomplete {
-                    retries_left: retries_left - 1,
-                };
-                self.resolve(now, v, ip);
-            }
-            NeighState::Incomplete { .. } => self.give_up(ip),
-            _ => {}
+        match self.neigh.resolve_timer_fired(&ip, id) {
+            Retry::Resend => self.resolve(now, v, ip),
+            Retry::GiveUp => self.give_up(ip),
+            Retry::Nothing => {}
         }
     }
 
@@ -195,34 +179,21 @@ impl Endpoint {
         ip: IpAddr,
         id: TimerId,
     ) {
-        let Some(n) = self.neigh.get_mut(&ip) else {
-            return;
-        };
-        if n.timer != Some(id) || n.state != NeighState::Reachable {
-            return;
-        }
-        n.timer = None;
-        let idle_until = n.last_used + self.cfg.neigh_timeout;
-        if idle_until > now {
-            let t = self.arm(idle_until, Timer::NeighAge(ip));
-            if let Some(n) = self.neigh.get_mut(&ip) {
-                n.timer = Some(t);
+        match self
+            .neigh
+            .age_timer_fired(&ip, id, now, self.cfg.neigh_timeout)
+        {
+            Ageing::Recheck(at) => {
+                let t = self.arm(at, Timer::NeighAge(ip));
+                self.neigh.set_timer(&ip, t);
             }
-            return;
-        }
-        // Aged out: drop the entry and, if no other neighbour uses it, its TX connection.
-        if let Some(n) = self.neigh.remove(&ip) {
-            if let Some(hw) = n.hw {
-                let still_used = self
-                    .neigh
-                    .iter()
-                    .any(|(_, m)| m.hw.is_some_and(|h| super::neigh::same_endpoint(&h, &hw)));
-                if !still_used {
-                    if let Some(qpn) = self.tx.to_peer(hw) {
-                        self.close_tx(now, v, qpn, true);
-                    }
+            // Aged out, and no other neighbour uses its TX connection: close it.
+            Ageing::Unused(hw) => {
+                if let Some(qpn) = self.tx.to_peer(hw) {
+                    self.close_tx(now, v, qpn, true);
                 }
             }
+            Ageing::Nothing => {}
         }
     }
 }
