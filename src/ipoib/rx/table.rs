@@ -286,3 +286,62 @@ impl RxTable {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn errored(t: &mut RxTable, q: u32, now: Instant) -> QpNum {
+        let qpn = QpNum::new(q);
+        t.insert(
+            qpn,
+            RxConn {
+                id: CommId(q),
+                peer: Gid::from(std::net::Ipv4Addr::new(198, 18, 0, 2)),
+                last_rx: now,
+                established: true,
+                ring_posted: 0,
+                phase: Phase::Error { watchdog: None },
+            },
+        );
+        qpn
+    }
+
+    #[test]
+    fn one_drain_wr_at_a_time_and_orphans_wait_after_the_waiters() {
+        let now = Instant::now();
+        let mut t = RxTable::default();
+        let [a, b, c] = [0x11, 0x12, 0x13].map(|q| errored(&mut t, q, now));
+        assert!(t.last_wqe_reached(a));
+        assert!(t.last_wqe_reached(b));
+        assert!(
+            !t.last_wqe_reached(b),
+            "a duplicate Last WQE changes nothing"
+        );
+        assert_eq!(
+            t.drain_carrier_candidate(),
+            Some(a),
+            "the earliest waiter carries it"
+        );
+        t.drain_posted(a);
+        assert!(t.last_wqe_reached(c));
+        assert_eq!(
+            t.drain_carrier_candidate(),
+            None,
+            "one drain WR in flight at most"
+        );
+        // The carrier goes away (its watchdog fired): what its WR covered waits again, after c.
+        assert!(t.remove(a).is_some());
+        assert_eq!(t.get(&b).map(RxConn::state), Some(RxState::Flush));
+        assert_eq!(
+            t.drain_completed(a),
+            Vec::new(),
+            "a late completion of a gone carrier"
+        );
+        assert_eq!(t.drain_carrier_candidate(), Some(c));
+        t.drain_posted(c);
+        assert_eq!(t.drain_completed(c), vec![c, b]);
+        assert_eq!(t.get(&b).map(RxConn::state), Some(RxState::Drained));
+        assert_eq!(t.drain_carrier_candidate(), None);
+    }
+}
