@@ -45,14 +45,14 @@ pub struct Endpoint {
     pub(super) wheel: TimerWheel<Timer>,
     pub(super) tun: TunQueue,
     pub(super) counters: Counters,
-    pub(super) rng: ChaCha8Rng,
+    rng: ChaCha8Rng,
     pub(super) stopping: bool,
     /// The latest `now` handed in (what `poll_timeout` answers when work is pending).
-    pub(super) last_now: Instant,
+    last_now: Instant,
     pub(super) wcs: Vec<Completion>,
-    pub(super) fired: Vec<(TimerId, Timer)>,
+    fired: Vec<(TimerId, Timer)>,
     /// Scratch for CM events, trimmed to [`crate::cm::QUEUE_KEEP`] after each batch.
-    pub(super) cm_events: Vec<CmEvent>,
+    cm_events: Vec<CmEvent>,
 }
 
 impl Endpoint {

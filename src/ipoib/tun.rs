@@ -43,7 +43,7 @@ pub(super) struct TunQueue {
     /// most [`TUN_SPARE_MAX`] kept).
     spare: Vec<Vec<u8>>,
     /// Where [`Endpoint::handle_tun_buffer`] copies a packet that takes the general path.
-    pub(super) scratch: Vec<u8>,
+    scratch: Vec<u8>,
 }
 
 impl TunQueue {
