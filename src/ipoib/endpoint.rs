@@ -29,27 +29,45 @@ use crate::wire::ipoib::{HwAddr, IPOIB_CM_BUF_SIZE};
 #[derive(Debug)]
 pub struct Endpoint {
     pub(super) cfg: EndpointConfig,
+    /// The protection domain of every QP, pool and SRQ of the endpoint.
     pub(super) pd: PdId,
+    /// The UD QP: ARP/ND, multicast, datagram mode.
     pub(super) ud: UdQp,
+    /// The CM state machine; its MADs travel over the driver's transport.
     pub(super) cm: Cm,
     pub(super) hwaddr: HwAddr,
+    /// The shared receive queue of every RX connection (SRQ mode).
     pub(super) srq: Option<SrqId>,
+    /// The completion queue of every RX connection.
     pub(super) rx_cq: CqId,
+    /// The receive buffers of the SRQ or of the per-connection rings.
     pub(super) rx_pool: PoolId,
+    /// The completion queue of every TX connection.
     pub(super) tx_cq: CqId,
+    /// The send buffers (their free list is the TX table's).
     pub(super) tx_pool: PoolId,
+    /// The neighbour cache: resolution and ageing state per IP address.
     pub(super) neigh: Neighbours,
+    /// The active connections and the send buffers they share.
     pub(super) tx: TxTable,
+    /// The passive connections and the reaper's drain WR.
     pub(super) rx: RxTable,
+    /// Which connection each CM id belongs to (kept until the CM forgets the id).
     pub(super) owners: HashMap<CommId, Owner>,
+    /// Every deadline of the endpoint (the CM keeps its own).
     pub(super) wheel: TimerWheel<Timer>,
+    /// Packets for the TUN device.
     pub(super) tun: TunQueue,
+    /// The counters every part adds to.
     pub(super) counters: Counters,
     rng: ChaCha8Rng,
+    /// `begin_shutdown` was called: no new connections.
     pub(super) stopping: bool,
     /// The latest `now` handed in (what `poll_timeout` answers when work is pending).
     last_now: Instant,
+    /// Scratch for completions, shared by the CQ polls.
     pub(super) wcs: Vec<Completion>,
+    /// Scratch for fired timers.
     fired: Vec<(TimerId, Timer)>,
     /// Scratch for CM events, trimmed to [`crate::cm::QUEUE_KEEP`] after each batch.
     cm_events: Vec<CmEvent>,
