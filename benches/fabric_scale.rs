@@ -43,6 +43,7 @@ use std::time::{Duration, Instant};
 
 use etherparse::PacketBuilder;
 use ipoib_cm::ipoib::{Endpoint, EndpointConfig};
+use ipoib_cm::mad::{self, Gsi, Mad, MadTransport};
 use ipoib_cm::sim::cluster::BASELINE_QPS;
 use ipoib_cm::soft::{SoftConfig, SoftVerbs};
 use ipoib_cm::verbs::{PathMtu, Verbs};
@@ -127,6 +128,9 @@ struct Sim {
     now: Instant,
     nodes: Vec<SoftVerbs>,
     eps: Vec<Option<Endpoint>>,
+    /// Each node's CM MAD transport (QP1).
+    mads: Vec<Gsi>,
+    mad_scratch: Vec<Mad>,
     alive: Vec<bool>,
     by_ip: HashMap<IpAddr, usize>,
     wire: VecDeque<(Instant, usize, SocketAddr, Vec<u8>)>,
@@ -140,6 +144,7 @@ impl Sim {
         let n = clients + 1;
         let mut nodes = Vec::with_capacity(n);
         let mut eps = Vec::with_capacity(n);
+        let mut mads = Vec::with_capacity(n);
         let mut by_ip = HashMap::with_capacity(n);
         let mut hub_hw = None;
         for i in 0..n {
@@ -163,12 +168,18 @@ impl Sim {
                 }
             }
             let mut v = SoftVerbs::new(sc);
-            let ep = if i == 0 {
-                as_hub(|| Endpoint::new(now, &mut v, c))
+            let open = |v: &mut SoftVerbs| {
+                let gsi = Gsi::open_for_cm(v)?;
+                let qp1 = MadTransport::<SoftVerbs>::provider_qp(&gsi);
+                Endpoint::new(now, v, c, qp1).map(|ep| (ep, gsi))
+            };
+            let (ep, gsi) = if i == 0 {
+                as_hub(|| open(&mut v))
             } else {
-                Endpoint::new(now, &mut v, c)
+                open(&mut v)
             }
             .expect("endpoint set-up");
+            mads.push(gsi);
             if i == 0 {
                 hub_hw = Some(ep.hwaddr());
             }
@@ -180,6 +191,8 @@ impl Sim {
             now,
             nodes,
             eps,
+            mads,
+            mad_scratch: Vec::new(),
             alive: vec![true; n],
             by_ip,
             wire: VecDeque::new(),
@@ -195,8 +208,14 @@ impl Sim {
         if let Some(ep) = self.eps[i].as_mut() {
             let v = &mut self.nodes[i];
             v.handle_timeout(now);
+            let gsi = &mut self.mads[i];
+            mad::receive(gsi, v, &mut self.mad_scratch, |from, m| {
+                ep.handle_mad(now, from, m);
+            });
             ep.handle_verbs(now, v);
+            mad::send_while_room(gsi, v, || ep.poll_mad());
             ep.handle_timeout(now, v);
+            mad::send_while_room(gsi, v, || ep.poll_mad());
             while let Some(p) = ep.poll_tun(v) {
                 self.tun_rx[i] += 1;
                 drop(p);

@@ -13,7 +13,8 @@
 //!   RoCEv2 over UDP. Its core is sans-IO; [`soft::transport`] is the thin UDP edge.
 //! - [`cm`]: the InfiniBand Communication Manager state machine (REQ/REP/RTU/DREQ/DREP/REJ,
 //!   retries, TimeWait), sans-IO like the rest.
-//! - [`gsi`]: CM MADs over QP1 on a provider that lets us own QP1 (the software one).
+//! - [`mad`]: the CM MAD transports the driver owns: QP1 on a provider that lets us own it
+//!   (the software one), or a UDP side channel beside kernel verbs.
 //! - `hw` (feature `verbs`): the libibverbs hardware provider; with [`sys`], the only other
 //!   module allowed `unsafe`.
 //! - [`sys`]: the only module allowed `unsafe`: OS calls no safe crate exposes (socket options,
@@ -30,11 +31,10 @@
 pub mod cm;
 pub mod daemon;
 pub mod driver;
-pub mod gsi;
 #[cfg(feature = "verbs")]
 pub mod hw;
 pub mod ipoib;
-pub mod madudp;
+pub mod mad;
 pub mod sim;
 pub mod soft;
 pub mod sys;

@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 use arbitrary::{Arbitrary, Unstructured};
 use etherparse::PacketBuilder;
 use ipoib_cm::ipoib::{Endpoint, EndpointConfig, Mode, QpBudgetPolicy, RxState, TxState};
+use ipoib_cm::mad::{self, Gsi, Mad, MadTransport};
 use ipoib_cm::sim::Fabric;
 use ipoib_cm::soft::{FaultConfig, Quirks, SoftVerbs};
 use ipoib_cm::verbs::{QpNum, Verbs};
@@ -52,7 +53,7 @@ use ipoib_cm::wire::{
 use libfuzzer_sys::fuzz_target;
 
 const MAX_OPS: usize = 64;
-/// The UD QP and QP1.
+/// The endpoint's UD QP and QP1 of the node's CM MAD transport.
 const BASELINE_QPS: usize = 2;
 /// The final quiet phase.
 const QUIET: Duration = Duration::from_secs(120);
@@ -171,6 +172,8 @@ struct RoceSpec {
 struct Node {
     setup: NodeSetup,
     ep: Option<Endpoint>,
+    /// The CM MAD transport (QP1) the node's driver owns; `None` while `ep` is.
+    mad: Option<Gsi>,
     /// `begin_shutdown` was called; `qp_created` at that moment.
     stopping: bool,
     created_at_stop: u64,
@@ -184,6 +187,7 @@ struct Net {
     nodes: Vec<Node>,
     start: Instant,
     tun_packets: u64,
+    mad_scratch: Vec<Mad>,
 }
 
 fn ping4(src: Ipv4Addr, dst: Ipv4Addr, len: usize) -> Vec<u8> {
@@ -241,6 +245,7 @@ impl Net {
                 .map(|ns| Node {
                     setup: ns.clone(),
                     ep: None,
+                    mad: None,
                     stopping: false,
                     created_at_stop: 0,
                     posted_at_boot: 0,
@@ -249,6 +254,7 @@ impl Net {
                 .collect(),
             start,
             tun_packets: 0,
+            mad_scratch: Vec::new(),
         };
         for i in 0..n {
             net.boot(i);
@@ -292,7 +298,9 @@ impl Net {
         let peers: Vec<IpAddr> = (0..self.nodes.len()).map(underlay).collect();
         self.f.nodes[i].set_mcast_peers(peers);
         let c = self.config(i);
-        let ep = Endpoint::new(now, &mut self.f.nodes[i], c).expect("Endpoint::new");
+        let gsi = Gsi::open_for_cm(&mut self.f.nodes[i]).expect("QP1");
+        let qp1 = MadTransport::<SoftVerbs>::provider_qp(&gsi);
+        let ep = Endpoint::new(now, &mut self.f.nodes[i], c, qp1).expect("Endpoint::new");
         assert_eq!(
             self.f.nodes[i].qp_count(),
             BASELINE_QPS,
@@ -302,6 +310,7 @@ impl Net {
         let n = &mut self.nodes[i];
         n.posted_at_boot = posted;
         n.ep = Some(ep);
+        n.mad = Some(gsi);
         n.stopping = false;
         n.incarnation += 1;
     }
@@ -310,14 +319,21 @@ impl Net {
         usize::from(n) % self.nodes.len()
     }
 
-    /// Lets every endpoint handle verbs and timers and consumes TUN output.
+    /// Lets every endpoint handle MADs, verbs and timers and consumes TUN output.
     fn service(&mut self) {
         let now = self.f.now();
         for i in 0..self.nodes.len() {
-            if let Some(ep) = self.nodes[i].ep.as_mut() {
-                ep.handle_verbs(now, &mut self.f.nodes[i]);
-                ep.handle_timeout(now, &mut self.f.nodes[i]);
-                while ep.poll_tun(&mut self.f.nodes[i]).is_some() {
+            let n = &mut self.nodes[i];
+            if let (Some(ep), Some(gsi)) = (n.ep.as_mut(), n.mad.as_mut()) {
+                let v = &mut self.f.nodes[i];
+                mad::receive(gsi, v, &mut self.mad_scratch, |from, m| {
+                    ep.handle_mad(now, from, m);
+                });
+                ep.handle_verbs(now, v);
+                mad::send_while_room(gsi, v, || ep.poll_mad());
+                ep.handle_timeout(now, v);
+                mad::send_while_room(gsi, v, || ep.poll_mad());
+                while ep.poll_tun(v).is_some() {
                     self.tun_packets += 1;
                 }
             }
@@ -444,6 +460,7 @@ impl Net {
     fn kill(&mut self, i: usize) {
         self.f.partitioned[i] = true;
         self.nodes[i].ep = None;
+        self.nodes[i].mad = None;
         self.nodes[i].stopping = false;
     }
 
@@ -461,6 +478,9 @@ impl Net {
                 n.created_at_stop = ep.counters().qp_created;
             }
             ep.begin_shutdown(now, &mut self.f.nodes[i]);
+            if let Some(gsi) = n.mad.as_mut() {
+                mad::send_while_room(gsi, &mut self.f.nodes[i], || ep.poll_mad());
+            }
             n.stopping = true;
         }
     }

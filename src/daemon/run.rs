@@ -21,7 +21,7 @@ use super::control::ControlServer;
 use super::status::{add_counters, Status};
 use crate::driver::ProviderSources;
 use crate::ipoib::{Endpoint, TUN_BUFFER_OFFSET};
-use crate::madudp::MadUdp;
+use crate::mad::{self, Gsi, Mad, MadStats, MadTransport, MadUdp};
 use crate::soft::provider::{SoftProvider, UdpOffload};
 use crate::soft::{SoftConfig, SoftVerbs};
 use crate::sys::{ifaddr, tun::Tun};
@@ -252,27 +252,29 @@ fn run<P: DaemonProvider>(
     path_mtu: crate::verbs::PathMtu,
     transport: CmTransport,
 ) -> Result<(), DaemonError> {
-    let mut mad_udp =
-        match transport {
-            CmTransport::Qp1 => None,
-            CmTransport::Udp => Some(MadUdp::bind(cfg.bind, cfg.mad_port).map_err(|source| {
-                DaemonError::MadPort {
+    let mut poll = Poll::new()?;
+    let mut mad: Box<dyn MadTransport<P::Verbs>> = match transport {
+        CmTransport::Qp1 => {
+            Box::new(Gsi::open_for_cm(prov.verbs()).map_err(DaemonError::Endpoint)?)
+        }
+        CmTransport::Udp => {
+            let mut u =
+                MadUdp::bind(cfg.bind, cfg.mad_port).map_err(|source| DaemonError::MadPort {
                     addr: cfg.bind,
                     port: cfg.mad_port,
                     source,
-                }
-            })?),
-        };
-    let mut poll = Poll::new()?;
-    if let Some(u) = &mut mad_udp {
-        poll.registry()
-            .register(u.socket_mut(), MAD, Interest::READABLE)?;
-    }
+                })?;
+            poll.registry()
+                .register(u.socket_mut(), MAD, Interest::READABLE)?;
+            Box::new(u)
+        }
+    };
+    let mut mads: Vec<Mad> = Vec::new();
 
     let start = Instant::now();
     let ep_cfg = cfg.endpoint_config(path_mtu, seed());
     let mtu = ep_cfg.interface_mtu();
-    let mut ep = Endpoint::with_mad_transport(start, prov.verbs(), ep_cfg, mad_udp)
+    let mut ep = Endpoint::new(start, prov.verbs(), ep_cfg, mad.provider_qp())
         .map_err(DaemonError::Endpoint)?;
 
     let mut tun = Tun::create(&cfg.ifname).map_err(DaemonError::Tun)?;
@@ -355,6 +357,9 @@ fn run<P: DaemonProvider>(
             match ev.token() {
                 SIGNALS => signalled = true,
                 TUN => tun_ready = true,
+                // The MAD transport is read on every turn (QP1 has no readiness of its own),
+                // so the side channel's readiness only needs to wake the loop.
+                MAD => {}
                 t if control.note_readiness(t) => {}
                 t => {
                     if let Some(i) = prov_sources.index_of(t) {
@@ -373,7 +378,11 @@ fn run<P: DaemonProvider>(
             // leave after the reply, below).
             prov.flush(now)?;
         }
+        mad::receive(mad.as_mut(), prov.verbs(), &mut mads, |from, m| {
+            ep.handle_mad(now, from, m);
+        });
         ep.handle_verbs(now, prov.verbs());
+        mad::send_while_room(mad.as_mut(), prov.verbs(), || ep.poll_mad());
         if write_tun(&tun, &mut ep, prov.verbs(), &mut tun_write_drops) {
             tun_ready = true;
         }
@@ -399,16 +408,21 @@ fn run<P: DaemonProvider>(
             }
         }
         ep.handle_timeout(now, prov.verbs());
+        mad::send_while_room(mad.as_mut(), prov.verbs(), || ep.poll_mad());
         if write_tun(&tun, &mut ep, prov.verbs(), &mut tun_write_drops) {
             tun_ready = true;
         }
-        control.handle(now, || status(tun.name(), &ep, &prov, now, tun_write_drops));
+        let mad_stats = mad.stats();
+        control.handle(now, || {
+            status(tun.name(), &ep, mad_stats, &prov, now, tun_write_drops)
+        });
         if signalled {
             for sig in signals.pending() {
                 tracing::info!(signal = sig, "shutting down");
             }
             if stop_deadline.is_none() {
                 ep.begin_shutdown(now, prov.verbs());
+                mad::send_while_room(mad.as_mut(), prov.verbs(), || ep.poll_mad());
                 stop_deadline = Some(now + cfg.drain_timeout);
             }
         }
@@ -420,7 +434,11 @@ fn run<P: DaemonProvider>(
                     ep.force_stop(prov.verbs());
                 }
                 // Let the last DREQs and DREPs out.
+                mad::receive(mad.as_mut(), prov.verbs(), &mut mads, |from, m| {
+                    ep.handle_mad(now, from, m);
+                });
                 ep.handle_verbs(now, prov.verbs());
+                mad::send_while_room(mad.as_mut(), prov.verbs(), || ep.poll_mad());
                 prov.handle_io(now)?;
                 tracing::info!(counters = ?ep.counters(), "stopped");
                 return Ok(());
@@ -505,6 +523,7 @@ fn write_tun<V: Verbs>(tun: &Tun, ep: &mut Endpoint, v: &mut V, drops: &mut u64)
 fn status<P: DaemonProvider>(
     name: &str,
     ep: &Endpoint,
+    mad: MadStats,
     prov: &P,
     now: Instant,
     tun_write_drops: u64,
@@ -516,7 +535,7 @@ fn status<P: DaemonProvider>(
     }
     prov.counters(&mut status.provider);
     add_counters(&mut status.provider, "cm_", &ep.cm_stats());
-    add_counters(&mut status.provider, "mad_", &ep.mad_stats());
+    add_counters(&mut status.provider, "mad_", &mad);
     status
         .provider
         .insert("tun_write_drops".to_owned(), tun_write_drops);

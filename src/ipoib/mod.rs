@@ -1,8 +1,9 @@
 //! The IPoIB-CM endpoint: the sans-IO core of the interface daemon.
 //!
 //! One [`Endpoint`] is one IPoIB interface on one [`Verbs`] provider. It owns the UD QP (ARP,
-//! ND, multicast and datagram-mode traffic), QP1 and the CM, the shared receive queue, the
-//! one-way RC connections in both directions, the neighbour table and one timer wheel.
+//! ND, multicast and datagram-mode traffic), the CM, the shared receive queue, the one-way RC
+//! connections in both directions, the neighbour table and one timer wheel. The CM's MADs
+//! travel over a transport the driver owns (see [`crate::mad`]).
 //!
 //! # Calling protocol
 //!
@@ -10,11 +11,14 @@
 //! the clock once and then, in any order:
 //!
 //! - [`Endpoint::handle_tun_packet`] for each IP packet read from the TUN device;
-//! - [`Endpoint::handle_verbs`] after the provider did I/O (completions, async events, MADs);
+//! - [`Endpoint::handle_mad`] for each CM MAD its transport received, then
+//!   [`Endpoint::handle_verbs`] after the provider did I/O (completions, async events);
 //! - [`Endpoint::handle_timeout`] when [`Endpoint::poll_timeout`] has passed (spurious calls
 //!   are harmless);
 //!
-//! and finally writes every packet from [`Endpoint::drain_tun`] (or [`Endpoint::poll_tun`]) to
+//! after each of `handle_verbs`, `handle_timeout` and [`Endpoint::begin_shutdown`] it sends
+//! the MADs of [`Endpoint::poll_mad`] while its transport has room; and finally it writes
+//! every packet from [`Endpoint::drain_tun`] (or [`Endpoint::poll_tun`]) to
 //! the TUN device, which also gives their receive buffers back. `now` must
 //! never go backwards. The endpoint never reads the clock and does no I/O of its own: it acts
 //! through the verbs it is handed, so the same code runs over the deterministic simulated
@@ -25,44 +29,44 @@
 //! Every passive (RX) connection carries an activity stamp, refreshed by each receive at the
 //! cost of one store, and one timer on the wheel. When the timer fires and the stamp is older
 //! than `rx_timeout`, the connection is stale. Stale, DREQ'd, rejected, evicted and shut-down
-//! connections all take the same path (the `rx` module): DREQ where the peer may be alive, QP to ERR;
-//! with an SRQ, wait for Last WQE Reached, then post one drain WR (at most one outstanding; it
+//! connections all take the same path (the RX reaper): DREQ where the peer may be alive, QP
+//! to ERR; with an SRQ, wait for Last WQE Reached, then post one drain WR (at most one outstanding; it
 //! covers every QP that reached Last WQE by then), and destroy on its flush completion;
 //! without an SRQ, count the flushed receives down to zero. A watchdog of `drain_timeout`
 //! destroys the QP anyway if a provider never delivers the event or the completion.
+//!
+//! # Parts
+//!
+//! The [`Endpoint`] (`endpoint.rs`) is a coordinator over parts that own their state: the RX
+//! table with each connection's reaper phase (`rx/`), the TX table with the send buffers its
+//! connections share (`tx/`), the neighbour cache (`neigh.rs`), the TUN queue and ingress
+//! (`tun.rs`), the UD QP (`ud.rs`), address resolution (`resolve.rs`) and ICMP errors
+//! (`icmp.rs`). The counters are one [`Counters`] that every part adds to.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+mod endpoint;
+mod icmp;
 mod neigh;
+mod resolve;
 mod rx;
+mod tun;
 mod tx;
 mod ud;
 
-use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::cm::{Cm, CmConfig, CmEvent, CommId};
-use crate::gsi::Gsi;
-use crate::madudp::{MadTransport, MadUdp};
-use crate::timer::{TimerId, TimerWheel};
-use crate::verbs::{
-    AsyncEvent, BufId, Completion, CqId, PathMtu, PdId, PoolId, QKey, QpNum, SrqId, SrqInit, Verbs,
-    VerbsError,
-};
-use crate::wire::cm::{ipoib_service_id, IpoibCmData};
+use crate::verbs::{BufId, PathMtu, QKey, QpNum, Verbs};
 use crate::wire::ipoib::{HwAddr, IpoibHeader, IPOIB_CM_BUF_SIZE};
 
+pub use endpoint::Endpoint;
 pub use neigh::NeighState;
-use neigh::Neighbours;
-use rx::RxConn;
 pub use rx::RxState;
-use tx::TxConn;
+pub use tun::TUN_BUFFER_OFFSET;
 pub use tx::TxState;
 
 /// Connected or datagram mode (Linux's `/sys/class/net/ib0/mode`).
@@ -398,597 +402,12 @@ fn fill_ipoib<V: Verbs>(v: &mut V, b: BufId, ethertype: u16, payload: &[u8]) -> 
     Some(len)
 }
 
-/// The UD QP and its resources.
-#[derive(Debug)]
-struct UdQp {
-    qp: QpNum,
-    cq: CqId,
-    free_send: Vec<BufId>,
-}
-
-/// The IPoIB-CM endpoint. See the [module documentation](self).
-#[derive(Debug)]
-pub struct Endpoint {
-    cfg: EndpointConfig,
-    pd: PdId,
-    ud: UdQp,
-    mad: MadTransport,
-    cm: Cm,
-    hwaddr: HwAddr,
-    srq: Option<SrqId>,
-    rx_cq: CqId,
-    rx_pool: PoolId,
-    tx_cq: CqId,
-    tx_pool: PoolId,
-    tx_free: Vec<BufId>,
-    neigh: Neighbours,
-    txs: HashMap<QpNum, TxConn>,
-    tx_by_peer: HashMap<(crate::verbs::Gid, QpNum), QpNum>,
-    rxs: HashMap<QpNum, RxConn>,
-    owners: HashMap<CommId, Owner>,
-    /// RX QPs that reached Last WQE and wait for a drain WR.
-    flush_list: Vec<QpNum>,
-    /// RX QPs covered by the drain WR in flight, and the QP that carries it.
-    drain_list: Vec<QpNum>,
-    drain_carrier: Option<QpNum>,
-    wheel: TimerWheel<Timer>,
-    tun_out: VecDeque<TunPacket>,
-    /// Emptied [`poll_tun`](Self::poll_tun) buffers given back by the driver
-    /// ([`recycle_tun`](Self::recycle_tun)), reused so that delivering a packet allocates
-    /// nothing (at most [`TUN_SPARE_MAX`] kept).
-    tun_spare: Vec<Vec<u8>>,
-    /// Where [`Endpoint::handle_tun_buffer`] copies a packet that takes the general path.
-    tun_scratch: Vec<u8>,
-    counters: Counters,
-    rng: ChaCha8Rng,
-    stopping: bool,
-    /// The latest `now` handed in (what `poll_timeout` answers when work is pending).
-    last_now: Instant,
-    wcs: Vec<Completion>,
-    fired: Vec<(TimerId, Timer)>,
-    /// Scratch for received MADs, trimmed to [`crate::cm::QUEUE_KEEP`] after each batch.
-    mads: Vec<(crate::verbs::Gid, [u8; crate::gsi::MAD_LEN])>,
-    /// Scratch for CM events, trimmed like `mads`.
-    cm_events: Vec<CmEvent>,
-}
-
 /// Resolution requests before a neighbour is given up.
 const RESOLVE_RETRIES: u8 = 3;
 /// Interval between resolution requests.
 const RESOLVE_INTERVAL: Duration = Duration::from_secs(1);
-/// Receives posted on QP1.
-const GSI_RECV_DEPTH: u32 = 1024;
-/// MADs in flight on QP1.
-const GSI_SEND_DEPTH: u32 = 256;
 /// Completions taken from a CQ per poll.
 const CQ_BATCH: usize = 64;
-/// A packet waiting for the TUN device.
-#[derive(Debug)]
-enum TunPacket {
-    /// Built or copied by the endpoint (ARP/ND-delivered, UD, ICMP errors).
-    Owned(Vec<u8>),
-    /// An IP packet of `len` bytes still in the receive buffer `buf` of RC connection `qpn`,
-    /// after the IPoIB header; the buffer goes back to the receive queue once written.
-    Received {
-        /// The RX connection it arrived on.
-        qpn: QpNum,
-        /// The receive buffer.
-        buf: BufId,
-        /// Bytes of the IP packet.
-        len: usize,
-    },
-}
-
-/// Where the driver reads a TUN packet into a buffer from [`Endpoint::tun_buffer`]: after
-/// room for the IPoIB header.
-pub const TUN_BUFFER_OFFSET: usize = IpoibHeader::LEN;
-
-/// Most spare TUN buffers kept for reuse (each up to an MTU, 64 KiB).
-const TUN_SPARE_MAX: usize = 32;
-
-impl Endpoint {
-    /// Sets up the interface on `v`: UD QP attached to the broadcast group, QP1 and the CM
-    /// listening on both IPoIB-CM service IDs, the SRQ (or the pool for per-QP rings), and the
-    /// send buffers.
-    ///
-    /// # Errors
-    /// Any verbs error of the set-up.
-    pub fn new<V: Verbs>(now: Instant, v: &mut V, cfg: EndpointConfig) -> Result<Self, VerbsError> {
-        Self::with_mad_transport(now, v, cfg, None)
-    }
-
-    /// Like [`Endpoint::new`], but CM MADs travel over `udp` when given (kernel verbs, whose
-    /// QP1 the kernel owns; see [`crate::madudp`]) instead of over QP1.
-    ///
-    /// # Errors
-    /// Any verbs error of the set-up.
-    pub fn with_mad_transport<V: Verbs>(
-        now: Instant,
-        v: &mut V,
-        cfg: EndpointConfig,
-        udp: Option<MadUdp>,
-    ) -> Result<Self, VerbsError> {
-        let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
-        let mut counters = Counters::default();
-        let pd = v.alloc_pd()?;
-        let ud = ud::open_ud(v, pd, &cfg)?;
-        counters.qp_created += 1;
-        // Deep enough for a burst of REQs from many peers at once (a dropped MAD costs a CM
-        // retransmission timeout).
-        let mad = match udp {
-            Some(u) => MadTransport::Udp(u),
-            None => {
-                counters.qp_created += 1;
-                MadTransport::Gsi(Gsi::open(v, pd, GSI_RECV_DEPTH, GSI_SEND_DEPTH)?)
-            }
-        };
-        let port = v.port_attr();
-        let flags = if cfg.mode == Mode::Connected {
-            HwAddr::FLAG_CONNECTED
-        } else {
-            0
-        };
-        let hwaddr = HwAddr::new(flags, ud.qp, port.gid);
-        let mut cm_cfg = CmConfig::new(port.gid, rng.gen::<u64>() | 1);
-        cm_cfg.comm_id_seed = rng.gen();
-        cm_cfg.cm_response_timeout = cfg.cm_response_timeout;
-        let mut cm = Cm::new(cm_cfg);
-        // Linux uses 0x1000…|QPN; RFC 4755 says 0x0100…|QPN. Accept both.
-        cm.listen(ipoib_service_id(ud.qp, true), u64::MAX);
-        cm.listen(ipoib_service_id(ud.qp, false), u64::MAX);
-        let buf_len = IPOIB_CM_BUF_SIZE as usize;
-        let rx_cq = v.create_cq(cfg.srq_depth + cfg.nonsrq_ring * cfg.max_conn_qp as u32 + 16)?;
-        let tx_cq = v.create_cq(cfg.tx_depth + 16)?;
-        let (srq, rx_pool) = if cfg.srq {
-            let pool = v.create_pool(pd, buf_len, cfg.srq_depth as usize)?;
-            let srq = v.create_srq(&SrqInit {
-                pd,
-                max_wr: cfg.srq_depth,
-                limit: 0,
-            })?;
-            for _ in 0..cfg.srq_depth {
-                let b = v
-                    .pools_mut()
-                    .alloc(pool)
-                    .ok_or(VerbsError::OutOfResources("SRQ buffers"))?;
-                v.post_srq_recv(srq, wr(WR_RECV), b)?;
-            }
-            (Some(srq), pool)
-        } else {
-            // One ring per connection, plus one for a connection being evicted.
-            let count = cfg.nonsrq_ring as usize * (cfg.max_conn_qp + 1);
-            (None, v.create_pool(pd, buf_len, count)?)
-        };
-        let tx_pool = v.create_pool(pd, buf_len, cfg.tx_depth as usize)?;
-        let mut tx_free = Vec::with_capacity(cfg.tx_depth as usize);
-        for _ in 0..cfg.tx_depth {
-            tx_free.push(
-                v.pools_mut()
-                    .alloc(tx_pool)
-                    .ok_or(VerbsError::OutOfResources("TX buffers"))?,
-            );
-        }
-        let mut neigh = Neighbours::default();
-        for (ip, hw) in &cfg.static_neighbours {
-            neigh.add_static(*ip, *hw, now);
-        }
-        Ok(Self {
-            pd,
-            ud,
-            mad,
-            cm,
-            hwaddr,
-            srq,
-            rx_cq,
-            rx_pool,
-            tx_cq,
-            tx_pool,
-            tx_free,
-            neigh,
-            txs: HashMap::new(),
-            tx_by_peer: HashMap::new(),
-            rxs: HashMap::new(),
-            owners: HashMap::new(),
-            flush_list: Vec::new(),
-            drain_list: Vec::new(),
-            drain_carrier: None,
-            wheel: TimerWheel::new(now, Duration::from_millis(1)),
-            tun_out: VecDeque::new(),
-            tun_spare: Vec::new(),
-            tun_scratch: Vec::new(),
-            counters,
-            rng,
-            stopping: false,
-            last_now: now,
-            wcs: Vec::with_capacity(CQ_BATCH),
-            fired: Vec::new(),
-            mads: Vec::new(),
-            cm_events: Vec::new(),
-            cfg,
-        })
-    }
-
-    /// Our 20-byte hardware address (flags, UD QPN, GID).
-    pub fn hwaddr(&self) -> HwAddr {
-        self.hwaddr
-    }
-
-    /// The configuration.
-    pub fn config(&self) -> &EndpointConfig {
-        &self.cfg
-    }
-
-    /// Counters.
-    pub fn counters(&self) -> Counters {
-        self.counters
-    }
-
-    /// The CM's counters.
-    pub fn cm_stats(&self) -> crate::cm::CmStats {
-        self.cm.stats()
-    }
-
-    /// Counters of the CM MAD transport (QP1 or UDP).
-    pub fn mad_stats(&self) -> crate::gsi::GsiStats {
-        self.mad.stats()
-    }
-
-    /// Live RX connections (any state).
-    pub fn rx_count(&self) -> usize {
-        self.rxs.len()
-    }
-
-    /// Live TX connections (any state).
-    pub fn tx_count(&self) -> usize {
-        self.txs.len()
-    }
-
-    /// The next packet for the TUN device, as an owned buffer (a packet still in a receive
-    /// buffer is copied out, and the receive buffer given back to `v`). See
-    /// [`drain_tun`](Self::drain_tun), which writes without the copy.
-    pub fn poll_tun<V: Verbs>(&mut self, v: &mut V) -> Option<Vec<u8>> {
-        match self.tun_out.pop_front()? {
-            TunPacket::Owned(p) => Some(p),
-            TunPacket::Received { qpn, buf, len } => {
-                let mut out = self.tun_spare.pop().unwrap_or_default();
-                out.clear();
-                if let Some(bytes) = ip_packet_in(v, buf, len) {
-                    out.extend_from_slice(bytes);
-                }
-                self.release_rx_buf(v, qpn, buf);
-                Some(out)
-            }
-        }
-    }
-
-    /// Hands every packet waiting for the TUN device to `write`, in order, straight from the
-    /// receive buffers it arrived in, then gives those buffers back to `v` (to the SRQ or the
-    /// connection's ring, or frees them if the connection went away meanwhile). Call it on
-    /// every turn after [`handle_verbs`](Self::handle_verbs) and
-    /// [`handle_timeout`](Self::handle_timeout): until then the buffers stay out of the
-    /// receive queue.
-    pub fn drain_tun<V: Verbs>(&mut self, v: &mut V, mut write: impl FnMut(&[u8])) {
-        while let Some(item) = self.tun_out.pop_front() {
-            match item {
-                TunPacket::Owned(p) => {
-                    write(&p);
-                    self.recycle_tun(p);
-                }
-                TunPacket::Received { qpn, buf, len } => {
-                    if let Some(bytes) = ip_packet_in(v, buf, len) {
-                        write(bytes);
-                    }
-                    self.release_rx_buf(v, qpn, buf);
-                }
-            }
-        }
-    }
-
-    /// Gives a buffer from [`poll_tun`](Self::poll_tun) back once written, for the next
-    /// packet to reuse (optional; dropping it is fine).
-    pub fn recycle_tun(&mut self, buf: Vec<u8>) {
-        if self.tun_spare.len() < TUN_SPARE_MAX {
-            self.tun_spare.push(buf);
-        }
-    }
-
-    /// When [`Endpoint::handle_timeout`] must next run.
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        // MADs waiting for a free send buffer: come back at once (the buffers return with
-        // the send completions the next `handle_verbs` reaps).
-        let pending = self.cm.has_transmit().then_some(self.last_now);
-        [self.wheel.poll_timeout(), self.cm.poll_timeout(), pending]
-            .into_iter()
-            .flatten()
-            .min()
-    }
-
-    /// Fires due timers: RX staleness, teardown watchdogs, neighbour retries and ageing, CM
-    /// retransmissions.
-    pub fn handle_timeout<V: Verbs>(&mut self, now: Instant, v: &mut V) {
-        self.last_now = self.last_now.max(now);
-        let mut fired = std::mem::take(&mut self.fired);
-        fired.clear();
-        self.wheel.expire(now, &mut fired);
-        for (id, t) in fired.drain(..) {
-            match t {
-                Timer::RxStale(qpn) => self.on_rx_stale_timer(now, v, qpn, id),
-                Timer::RxWatchdog(qpn) => self.on_rx_watchdog(now, v, qpn, id),
-                Timer::TxWatchdog(qpn) => self.on_tx_watchdog(now, v, qpn, id),
-                Timer::TxStall(qpn) => self.on_tx_stall_timer(now, v, qpn, id),
-                Timer::NeighResolve(ip) => self.on_resolve_timer(now, v, ip, id),
-                Timer::NeighAge(ip) => self.on_neigh_age_timer(now, v, ip, id),
-            }
-        }
-        self.fired = fired;
-        self.cm.handle_timeout(now);
-        self.pump_cm(now, v);
-    }
-
-    /// Reaps completions and async events and exchanges CM MADs.
-    pub fn handle_verbs<V: Verbs>(&mut self, now: Instant, v: &mut V) {
-        self.last_now = self.last_now.max(now);
-        let mut mads = std::mem::take(&mut self.mads);
-        mads.clear();
-        self.mad.poll(v, &mut mads);
-        for (from, mad) in &mads {
-            self.cm.handle_mad(now, *from, mad);
-        }
-        mads.clear();
-        mads.shrink_to(crate::cm::QUEUE_KEEP);
-        self.mads = mads;
-        for _ in 0..1024 {
-            let Some(ev) = v.poll_async_event() else {
-                break;
-            };
-            self.on_async_event(now, v, ev);
-        }
-        self.poll_ud(now, v);
-        self.poll_rx_cq(now, v);
-        self.poll_tx_cq(now, v);
-        self.pump_cm(now, v);
-    }
-
-    fn on_async_event<V: Verbs>(&mut self, now: Instant, v: &mut V, ev: AsyncEvent) {
-        match ev {
-            AsyncEvent::QpLastWqeReached(qpn) => self.on_last_wqe(now, v, qpn),
-            AsyncEvent::CommEst(qpn) => {
-                if let Some(id) = self.rxs.get(&qpn).map(|r| r.id) {
-                    self.cm.notify_comm_est(now, id);
-                }
-            }
-            AsyncEvent::QpFatal(qpn) | AsyncEvent::QpReqErr(qpn) | AsyncEvent::QpAccessErr(qpn) => {
-                if self.rxs.contains_key(&qpn) {
-                    self.start_rx_teardown(now, v, qpn, rx::Why::Error);
-                } else if self.txs.contains_key(&qpn) {
-                    self.fail_tx(now, v, qpn);
-                }
-            }
-            _ => {}
-        }
-    }
-
-    /// Sends what the CM wants sent and acts on its events.
-    fn pump_cm<V: Verbs>(&mut self, now: Instant, v: &mut V) {
-        for _ in 0..16 {
-            let mut events = std::mem::take(&mut self.cm_events);
-            events.clear();
-            while let Some(e) = self.cm.poll_event() {
-                events.push(e);
-            }
-            let had_events = !events.is_empty();
-            for e in events.drain(..) {
-                self.on_cm_event(now, v, e);
-            }
-            events.shrink_to(crate::cm::QUEUE_KEEP);
-            self.cm_events = events;
-            // MADs beyond the free send buffers stay queued in the CM (and `poll_timeout`
-            // asks for an immediate turn), instead of being dropped and costing the peer a
-            // CM retransmission timeout.
-            while self.mad.can_send() {
-                let Some((to, mad)) = self.cm.poll_transmit() else {
-                    break;
-                };
-                if let Err(e) = self.mad.send(v, to, &mad) {
-                    tracing::debug!(error = %e, "sending a CM MAD failed");
-                }
-            }
-            if !had_events {
-                break;
-            }
-        }
-    }
-
-    fn on_cm_event<V: Verbs>(&mut self, now: Instant, v: &mut V, e: CmEvent) {
-        match e {
-            CmEvent::ReqReceived {
-                id,
-                peer,
-                remote_qpn,
-                remote_psn,
-                path_mtu,
-                rnr_retry_count,
-                private_data,
-                ..
-            } => self.on_req(
-                now,
-                v,
-                id,
-                peer,
-                remote_qpn,
-                remote_psn,
-                path_mtu,
-                rnr_retry_count,
-                &private_data,
-            ),
-            CmEvent::RepReceived {
-                id,
-                remote_qpn,
-                remote_psn,
-                private_data,
-                ..
-            } => self.on_rep(now, v, id, remote_qpn, remote_psn, &private_data),
-            CmEvent::Established { id } => {
-                if let Some(Owner::Rx(qpn)) = self.owners.get(&id).copied() {
-                    if let Some(r) = self.rxs.get_mut(&qpn) {
-                        r.established = true;
-                    }
-                }
-            }
-            CmEvent::Rejected { id, .. } | CmEvent::TimedOut { id, .. } => {
-                match self.owners.get(&id).copied() {
-                    Some(Owner::Tx(qpn)) => self.fail_tx(now, v, qpn),
-                    Some(Owner::Rx(qpn)) => self.start_rx_teardown(now, v, qpn, rx::Why::Remote),
-                    None => {}
-                }
-            }
-            CmEvent::DisconnectReceived { id } | CmEvent::Disconnected { id } => {
-                match self.owners.get(&id).copied() {
-                    Some(Owner::Tx(qpn)) => self.fail_tx(now, v, qpn),
-                    Some(Owner::Rx(qpn)) => self.start_rx_teardown(now, v, qpn, rx::Why::Remote),
-                    None => {}
-                }
-            }
-            CmEvent::TimeWaitExit { id } => {
-                self.owners.remove(&id);
-            }
-        }
-    }
-
-    /// Private data of our REQs and REPs: our UD QPN and receive size.
-    fn cm_private_data(&self) -> Vec<u8> {
-        IpoibCmData {
-            qpn: self.ud.qp,
-            mtu: IPOIB_CM_BUF_SIZE,
-        }
-        .to_bytes()
-        .to_vec()
-    }
-
-    fn arm(&mut self, at: Instant, t: Timer) -> TimerId {
-        self.wheel.insert(at, t)
-    }
-
-    /// Destroys a QP and counts it.
-    fn destroy_qp<V: Verbs>(&mut self, v: &mut V, qpn: QpNum) {
-        match v.destroy_qp(qpn) {
-            Ok(()) => self.counters.qp_destroyed += 1,
-            Err(e) => tracing::warn!(qp = %qpn, error = %e, "destroy_qp failed"),
-        }
-    }
-
-    /// Begins an orderly stop: no new connections; DREQ and tear down everything. Call
-    /// [`Endpoint::is_stopped`] to see when all RC QPs are gone (bounded by `drain_timeout`).
-    pub fn begin_shutdown<V: Verbs>(&mut self, now: Instant, v: &mut V) {
-        self.stopping = true;
-        let txs: Vec<QpNum> = self.txs.keys().copied().collect();
-        for qpn in txs {
-            self.close_tx(now, v, qpn, true);
-        }
-        let rxs: Vec<QpNum> = self.rxs.keys().copied().collect();
-        for qpn in rxs {
-            self.start_rx_teardown(now, v, qpn, rx::Why::Shutdown);
-        }
-        self.pump_cm(now, v);
-    }
-
-    /// True once every RC connection is destroyed after [`Endpoint::begin_shutdown`].
-    pub fn is_stopped(&self) -> bool {
-        self.stopping && self.rxs.is_empty() && self.txs.is_empty()
-    }
-
-    /// Destroys whatever is left (the shutdown bound passed), counting drain timeouts.
-    pub fn force_stop<V: Verbs>(&mut self, v: &mut V) {
-        let rxs: Vec<QpNum> = self.rxs.keys().copied().collect();
-        for qpn in rxs {
-            self.counters.drain_timeouts += 1;
-            self.destroy_rx(v, qpn);
-        }
-        let txs: Vec<QpNum> = self.txs.keys().copied().collect();
-        for qpn in txs {
-            self.destroy_tx(v, qpn);
-        }
-    }
-
-    /// A snapshot for status output.
-    pub fn snapshot(&self, now: Instant) -> Snapshot {
-        let mut neighbours: Vec<_> = self
-            .neigh
-            .iter()
-            .map(|(ip, n)| (*ip, n.hw, n.state))
-            .collect();
-        neighbours.sort_by_key(|(ip, ..)| *ip);
-        let mut tx: Vec<_> = self
-            .txs
-            .iter()
-            .map(|(q, t)| TxSnapshot {
-                peer: t.peer,
-                qpn: *q,
-                state: t.state,
-                mtu: t.mtu,
-                queued: t.queue.len(),
-                in_flight: t.outstanding,
-            })
-            .collect();
-        tx.sort_by_key(|t| t.qpn);
-        let mut rx: Vec<_> = self
-            .rxs
-            .iter()
-            .map(|(q, r)| {
-                (
-                    r.peer,
-                    *q,
-                    r.state,
-                    now.saturating_duration_since(r.last_rx),
-                )
-            })
-            .collect();
-        rx.sort_by_key(|(_, q, ..)| *q);
-        Snapshot {
-            hwaddr: self.hwaddr,
-            mtu: self.cfg.interface_mtu(),
-            mode: self.cfg.mode,
-            neighbours,
-            tx,
-            rx,
-            counters: self.counters,
-        }
-    }
-
-    /// Our address of `dst`'s family in the same subnet as `dst`, or the first one of that
-    /// family (the source of ARP requests and Neighbor Solicitations).
-    fn our_addr_for(&self, dst: IpAddr) -> Option<IpAddr> {
-        // Both families as 128-bit numbers; IPv4 prefixes count from bit 96.
-        let bits = |ip: IpAddr| match ip {
-            IpAddr::V4(a) => (u128::from(u32::from(a)), 32),
-            IpAddr::V6(a) => (u128::from(a), 128),
-        };
-        let (d, width) = bits(dst);
-        let mut first = None;
-        for &(ip, prefix) in &self.cfg.addrs {
-            if ip.is_ipv4() != dst.is_ipv4() {
-                continue;
-            }
-            first.get_or_insert(ip);
-            let (a, _) = bits(ip);
-            let host_bits = width - u32::from(prefix).min(width);
-            let mask = u128::MAX.checked_shl(host_bits).unwrap_or(0);
-            if a & mask == d & mask {
-                return Some(ip);
-            }
-        }
-        first
-    }
-
-    /// True if `ip` is one of the interface's addresses.
-    fn is_ours(&self, ip: IpAddr) -> bool {
-        self.cfg.addrs.iter().any(|(a, _)| *a == ip)
-    }
-
-    fn random_psn(&mut self) -> crate::verbs::Psn {
-        crate::verbs::Psn::new(self.rng.gen())
-    }
-}
 
 #[cfg(test)]
 mod tests;

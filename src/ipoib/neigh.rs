@@ -15,7 +15,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::timer::TimerId;
 use crate::wire::ipoib::HwAddr;
@@ -75,6 +75,29 @@ pub(super) enum Learned {
     Conflict,
     /// Nothing to learn (not a neighbour we asked about, and not addressed to us).
     Ignored,
+}
+
+/// What a neighbour's resolution timer asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Retry {
+    /// Send the request again (one retry fewer left).
+    Resend,
+    /// No answer after the last retry: give the neighbour up.
+    GiveUp,
+    /// A timer that is no longer the entry's, or an entry no longer resolving.
+    Nothing,
+}
+
+/// What a neighbour's ageing timer did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ageing {
+    /// Used since: check again at this time (arm the timer and [`Neighbours::set_timer`]).
+    Recheck(Instant),
+    /// Removed; no other neighbour uses this hardware address, so neither does any packet.
+    Unused(HwAddr),
+    /// Removed (its hardware address, if any, is still some other neighbour's), or nothing
+    /// to do.
+    Nothing,
 }
 
 /// The neighbour table.
@@ -190,6 +213,65 @@ impl Neighbours {
         }
     }
 
+    /// Records `t` as `ip`'s resolution or ageing timer.
+    pub(super) fn set_timer(&mut self, ip: &IpAddr, t: TimerId) {
+        if let Some(n) = self.map.get_mut(ip) {
+            n.timer = Some(t);
+        }
+    }
+
+    /// `ip`'s resolution timer `id` fired: one retry fewer, or none left.
+    pub(super) fn resolve_timer_fired(&mut self, ip: &IpAddr, id: TimerId) -> Retry {
+        let Some(n) = self.map.get_mut(ip).filter(|n| n.timer == Some(id)) else {
+            return Retry::Nothing;
+        };
+        n.timer = None;
+        match n.state {
+            NeighState::Incomplete { retries_left } if retries_left > 1 => {
+                n.state = NeighState::Incomplete {
+                    retries_left: retries_left - 1,
+                };
+                Retry::Resend
+            }
+            NeighState::Incomplete { .. } => Retry::GiveUp,
+            _ => Retry::Nothing,
+        }
+    }
+
+    /// `ip`'s ageing timer `id` fired: an entry unused for `timeout` is removed.
+    pub(super) fn age_timer_fired(
+        &mut self,
+        ip: &IpAddr,
+        id: TimerId,
+        now: Instant,
+        timeout: Duration,
+    ) -> Ageing {
+        let Some(n) = self
+            .map
+            .get_mut(ip)
+            .filter(|n| n.timer == Some(id) && n.state == NeighState::Reachable)
+        else {
+            return Ageing::Nothing;
+        };
+        n.timer = None;
+        let idle_until = n.last_used + timeout;
+        if idle_until > now {
+            return Ageing::Recheck(idle_until);
+        }
+        let Some(hw) = self.map.remove(ip).and_then(|n| n.hw) else {
+            return Ageing::Nothing;
+        };
+        let still_used = self
+            .map
+            .values()
+            .any(|m| m.hw.is_some_and(|h| same_endpoint(&h, &hw)));
+        if still_used {
+            Ageing::Nothing
+        } else {
+            Ageing::Unused(hw)
+        }
+    }
+
     /// Removes an entry; returns it.
     pub(super) fn remove(&mut self, ip: &IpAddr) -> Option<Neigh> {
         self.map.remove(ip)
@@ -272,5 +354,41 @@ mod tests {
         n.add_static(ip, hw(7), t);
         assert_eq!(n.learn(ip, hw(5), t, true), Learned::Conflict);
         assert!(n.forget_hw(&hw(7)).is_empty(), "static entries stay");
+    }
+
+    #[test]
+    fn resolution_retries_run_out_and_a_used_entry_is_rechecked() {
+        let t = Instant::now();
+        let ip: IpAddr = "198.19.0.4".parse().unwrap();
+        let mut wheel = crate::timer::TimerWheel::new(t, Duration::from_millis(1));
+        let mut timer = || wheel.insert(t, ());
+        let mut n = Neighbours::default();
+        assert!(n.start(ip, t, 2));
+        let (first, second, stray) = (timer(), timer(), timer());
+        n.set_timer(&ip, first);
+        assert_eq!(n.resolve_timer_fired(&ip, stray), Retry::Nothing);
+        assert_eq!(n.resolve_timer_fired(&ip, first), Retry::Resend);
+        n.set_timer(&ip, second);
+        assert_eq!(n.resolve_timer_fired(&ip, second), Retry::GiveUp);
+
+        let timeout = Duration::from_secs(3);
+        assert_eq!(n.learn(ip, hw(5), t, true), Learned::Resolved(Vec::new()));
+        let age = timer();
+        n.set_timer(&ip, age);
+        n.get_mut(&ip).unwrap().last_used = t + Duration::from_secs(1);
+        assert_eq!(
+            n.age_timer_fired(&ip, age, t + timeout, timeout),
+            Ageing::Recheck(t + Duration::from_secs(4))
+        );
+        let again = timer();
+        n.set_timer(&ip, again);
+        let other: IpAddr = "198.19.0.5".parse().unwrap();
+        n.add_static(other, hw(5), t);
+        assert_eq!(
+            n.age_timer_fired(&ip, again, t + Duration::from_secs(4), timeout),
+            Ageing::Nothing,
+            "another neighbour still uses the address"
+        );
+        assert!(n.get(&ip).is_none());
     }
 }

@@ -48,7 +48,7 @@ impl Net {
 
     /// Send buffers of node `i` not in flight.
     fn free_send_buffers(&mut self, i: usize) -> usize {
-        self.ep(i).tx_free.len()
+        self.ep(i).tx.free_bufs()
     }
 }
 
@@ -558,7 +558,7 @@ fn a_vanished_peer_holds_the_send_buffers_only_for_the_stall_timeout() {
     // The failed connection's QP goes (the TX watchdog bounds its flush); the one to node 2
     // is all that is left.
     n.run(Duration::from_secs(10));
-    assert_eq!(n.ep(0).txs.len(), 1);
+    assert_eq!(n.ep(0).tx.len(), 1);
     assert_eq!(n.qp_live(0), BASELINE_QPS + 1);
 }
 

@@ -13,10 +13,11 @@ use etherparse::PacketBuilder;
 
 use super::Fabric;
 use crate::ipoib::{Endpoint, EndpointConfig};
+use crate::mad::{self, Gsi, Mad, MadTransport};
 use crate::soft::{SoftConfig, SoftVerbs};
 use crate::verbs::{Verbs, VerbsError};
 
-/// QPs an endpoint owns once set up: the UD QP and QP1.
+/// QPs a node holds once set up: the endpoint's UD QP and QP1 of its CM MAD transport.
 pub const BASELINE_QPS: usize = 2;
 
 /// Interface IPv4 address of node `i`.
@@ -68,6 +69,10 @@ pub struct Cluster {
     /// Nodes whose TUN device is not read while set: what the endpoint delivers stays queued,
     /// holding its receive buffers (a peer whose receive queue runs dry).
     pub tun_stalled: Vec<bool>,
+    /// Each node's CM MAD transport (QP1); `None` while the node is down.
+    mads: Vec<Option<Gsi>>,
+    /// Scratch for received MADs.
+    mad_scratch: Vec<Mad>,
     configs: Vec<EndpointConfig>,
     soft: Vec<SoftConfig>,
     restarts: u64,
@@ -104,6 +109,8 @@ impl Cluster {
             eps: (0..n).map(|_| None).collect(),
             tun: vec![Vec::new(); n],
             tun_stalled: vec![false; n],
+            mads: (0..n).map(|_| None).collect(),
+            mad_scratch: Vec::new(),
             configs,
             soft: softs,
             restarts: 0,
@@ -124,7 +131,10 @@ impl Cluster {
         self.f.nodes[i].set_mcast_peers(peers);
         let mut c = self.configs[i].clone();
         c.seed = c.seed.wrapping_add(self.restarts.wrapping_mul(0x9E37_79B9));
-        self.eps[i] = Some(Endpoint::new(now, &mut self.f.nodes[i], c)?);
+        let gsi = Gsi::open_for_cm(&mut self.f.nodes[i])?;
+        let qp1 = MadTransport::<SoftVerbs>::provider_qp(&gsi);
+        self.eps[i] = Some(Endpoint::new(now, &mut self.f.nodes[i], c, qp1)?);
+        self.mads[i] = Some(gsi);
         Ok(())
     }
 
@@ -143,13 +153,19 @@ impl Cluster {
         self.f.nodes[i].qp_count()
     }
 
-    /// Lets every endpoint handle verbs and timers and collects TUN output.
+    /// Lets every endpoint handle its MADs, verbs and timers and collects TUN output.
     pub fn service(&mut self) {
         let now = self.f.now();
         for i in 0..self.eps.len() {
-            if let Some(ep) = self.eps[i].as_mut() {
-                ep.handle_verbs(now, &mut self.f.nodes[i]);
-                ep.handle_timeout(now, &mut self.f.nodes[i]);
+            if let (Some(ep), Some(gsi)) = (self.eps[i].as_mut(), self.mads[i].as_mut()) {
+                let v = &mut self.f.nodes[i];
+                mad::receive(gsi, v, &mut self.mad_scratch, |from, m| {
+                    ep.handle_mad(now, from, m);
+                });
+                ep.handle_verbs(now, v);
+                mad::send_while_room(gsi, v, || ep.poll_mad());
+                ep.handle_timeout(now, v);
+                mad::send_while_room(gsi, v, || ep.poll_mad());
                 if self.tun_stalled.get(i).copied().unwrap_or(false) {
                     continue;
                 }
@@ -230,6 +246,7 @@ impl Cluster {
     pub fn kill(&mut self, i: usize) {
         self.f.partitioned[i] = true;
         self.eps[i] = None;
+        self.mads[i] = None;
     }
 
     /// Node `i` comes back with a fresh provider and endpoint (as after a restart).

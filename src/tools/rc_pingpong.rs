@@ -28,7 +28,7 @@ use super::rc_qp::{connect_rc_qp, open_rc_qp, RcQpSetup};
 use super::soft_loop::{linger, stats_line, SoftLink, SoftLoop};
 use super::{Options, PingpongError, RcLink};
 use crate::cm::{AcceptParams, Cm, CmConfig, CmEvent, CommId, ConnectParams};
-use crate::gsi::Gsi;
+use crate::mad::Gsi;
 use crate::soft::provider::UdpOffload;
 use crate::soft::SoftVerbs;
 use crate::verbs::setup::{clock_seed, RC_RETRY_CNT, RNR_RETRY_FOREVER};
@@ -59,7 +59,7 @@ struct CmCtx {
     cm: Cm,
     gsi: Gsi,
     id: Option<CommId>,
-    mads: Vec<(Gid, [u8; crate::gsi::MAD_LEN])>,
+    mads: Vec<(Gid, [u8; crate::mad::MAD_LEN])>,
 }
 
 /// Everything the run needs once the provider exists.

@@ -152,7 +152,7 @@ pub fn resolve_parsed(file: &ConfigFile, flags: &UpArgs) -> Result<Config, Confi
         1,
         i64::from(u16::MAX),
     )?
-    .map_or(crate::madudp::DEFAULT_MAD_PORT, |v| v as u16);
+    .map_or(crate::mad::DEFAULT_MAD_PORT, |v| v as u16);
 
     let verify_icrc_v4 = !pick_switch(
         "no_icrc_v4",

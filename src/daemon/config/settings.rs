@@ -65,25 +65,7 @@ pub fn path_mtu_for_link_mtu(link_mtu: u32) -> PathMtu {
     }
 }
 
-/// How CM MADs travel (`--cm-transport`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CmTransport {
-    /// UD sends to QP1 (the software provider owns QP1).
-    Qp1,
-    /// The UDP side channel of [`crate::madudp`] (kernel verbs, whose QP1 the kernel owns).
-    Udp,
-}
-
-impl FromStr for CmTransport {
-    type Err = ParseChoiceError;
-    fn from_str(s: &str) -> Result<Self, ParseChoiceError> {
-        match s {
-            "qp1" => Ok(Self::Qp1),
-            "udp" => Ok(Self::Udp),
-            _ => Err(ParseChoiceError::new("\"qp1\" or \"udp\"", s)),
-        }
-    }
-}
+pub use crate::mad::CmTransport;
 
 /// Which provider a command runs on (`--provider`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, clap::ValueEnum)]
@@ -167,7 +149,7 @@ pub struct Config {
     /// the software provider, UDP on libibverbs, whose QP1 the kernel owns).
     pub cm_transport: Option<CmTransport>,
     /// UDP port of the CM MAD side channel (`--mad-port`, default 4792); see
-    /// [`crate::madudp`].
+    /// [`crate::mad::MadUdp`].
     pub mad_port: u16,
     /// Verify the ICRC of IPv4 packets on the software provider (`--no-icrc-v4` turns it off;
     /// needed with the kernel's rxe, which sends random IPv4 IDs; default on).

@@ -305,7 +305,7 @@ fn status_from_snapshot_has_the_endpoints_states() {
 fn serde_counter_names_are_the_provider_map_names() {
     let mut m = BTreeMap::new();
     add_counters(&mut m, "cm_", &crate::cm::CmStats::default());
-    add_counters(&mut m, "mad_", &crate::gsi::GsiStats::default());
+    add_counters(&mut m, "mad_", &crate::mad::MadStats::default());
     let soft = crate::soft::SoftStats::default();
     add_counters(&mut m, "", &soft);
     add_counters(&mut m, "fault_", &soft.faults);

@@ -7,9 +7,13 @@
 //! packet gets an ICMP "too big" written back to the TUN device. A send error, a REJ, a CM
 //! timeout or a DREQ tears the connection down; the next packet builds a new one.
 
+mod table;
+
 use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::time::Instant;
+
+pub(super) use table::{TxConn, TxTable};
 
 use super::{wr, wr_kind, Endpoint, Owner, Timer, CQ_BATCH, WR_SEND};
 use crate::cm::{CommId, ConnectParams};
@@ -53,26 +57,6 @@ impl TxState {
     }
 }
 
-/// One active connection.
-#[derive(Debug)]
-pub(super) struct TxConn {
-    pub(super) id: CommId,
-    pub(super) peer: HwAddr,
-    pub(super) state: TxState,
-    /// The peer's receive size minus the IPoIB header: the largest IP packet.
-    pub(super) mtu: u32,
-    pub(super) our_psn: Psn,
-    /// Packets waiting for the connection (with their ethertype).
-    pub(super) queue: VecDeque<(u16, Vec<u8>)>,
-    /// Sends posted and not completed.
-    pub(super) outstanding: u32,
-    pub(super) watchdog: Option<TimerId>,
-    /// When a send last completed, or the first of the sends now in flight was posted.
-    pub(super) progress_at: Instant,
-    /// The stall check, armed while sends are in flight.
-    pub(super) stall: Option<TimerId>,
-}
-
 impl Endpoint {
     /// Sends an IP packet over the RC connection to `hw`, creating it if needed.
     pub(super) fn send_rc<V: Verbs>(
@@ -84,7 +68,7 @@ impl Endpoint {
         ethertype: u16,
         packet: &[u8],
     ) {
-        let qpn = match self.tx_by_peer.get(&(hw.gid, hw.qpn)).copied() {
+        let qpn = match self.tx.to_peer(hw) {
             Some(q) => q,
             // Shutting down: no new connections (packets queued on a neighbour whose address
             // arrives now are dropped).
@@ -101,7 +85,7 @@ impl Endpoint {
             },
         };
         let _ = dst;
-        let Some(tx) = self.txs.get_mut(&qpn) else {
+        let Some(tx) = self.tx.get_mut(&qpn) else {
             return;
         };
         match tx.state {
@@ -133,12 +117,12 @@ impl Endpoint {
         ethertype: u16,
         packet: &[u8],
     ) {
-        let Some(b) = self.tx_free.pop() else {
+        let Some(b) = self.tx.take_buf() else {
             self.counters.tx_dropped += 1;
             return;
         };
         let Some(len) = super::fill_ipoib(v, b, ethertype, packet) else {
-            self.tx_free.push(b);
+            self.tx.put_buf(b);
             self.counters.tx_dropped += 1;
             return;
         };
@@ -149,8 +133,8 @@ impl Endpoint {
     /// packet fits its MTU: the fast path of [`send_rc`](Self::send_rc) for a packet already
     /// in a send buffer (anything else takes the general path).
     pub(super) fn established_tx(&self, hw: HwAddr, packet_len: usize) -> Option<QpNum> {
-        let qpn = *self.tx_by_peer.get(&(hw.gid, hw.qpn))?;
-        let tx = self.txs.get(&qpn)?;
+        let qpn = self.tx.to_peer(hw)?;
+        let tx = self.tx.get(&qpn)?;
         (tx.state == TxState::Established && packet_len <= tx.mtu as usize).then_some(qpn)
     }
 
@@ -167,7 +151,7 @@ impl Endpoint {
         match v.post_send(qpn, &SendWr::send(wr(WR_SEND), b, len)) {
             Ok(()) => {
                 self.counters.tx_packets += 1;
-                let Some(tx) = self.txs.get_mut(&qpn) else {
+                let Some(tx) = self.tx.get_mut(&qpn) else {
                     return;
                 };
                 tx.outstanding += 1;
@@ -178,14 +162,14 @@ impl Endpoint {
                 if tx.stall.is_none() {
                     let at = tx.progress_at + self.cfg.tx_stall_timeout;
                     let t = self.arm(at, Timer::TxStall(qpn));
-                    if let Some(tx) = self.txs.get_mut(&qpn) {
+                    if let Some(tx) = self.tx.get_mut(&qpn) {
                         tx.stall = Some(t);
                     }
                 }
             }
             Err(e) => {
                 tracing::debug!(qp = %qpn, error = %e, "RC post_send failed");
-                self.tx_free.push(b);
+                self.tx.put_buf(b);
                 self.counters.tx_dropped += 1;
             }
         }
@@ -239,8 +223,7 @@ impl Endpoint {
             }
         };
         self.owners.insert(id, Owner::Tx(qpn));
-        self.tx_by_peer.insert((hw.gid, hw.qpn), qpn);
-        self.txs.insert(
+        self.tx.insert(
             qpn,
             TxConn {
                 id,
@@ -271,7 +254,7 @@ impl Endpoint {
         let Some(Owner::Tx(qpn)) = self.owners.get(&id).copied() else {
             return;
         };
-        let Some(tx) = self.txs.get(&qpn) else { return };
+        let Some(tx) = self.tx.get(&qpn) else { return };
         let peer = tx.peer;
         let our_psn = tx.our_psn;
         // The peer's receive size includes the 4-byte IPoIB header; ≤ 4 leaves no room.
@@ -310,7 +293,7 @@ impl Endpoint {
             return;
         }
         self.counters.tx_established += 1;
-        let queued = match self.txs.get_mut(&qpn) {
+        let queued = match self.tx.get_mut(&qpn) {
             Some(tx) => {
                 tx.state = TxState::Established;
                 tx.mtu = mtu;
@@ -341,10 +324,10 @@ impl Endpoint {
                     continue;
                 }
                 if let Some(b) = wc.buf {
-                    self.tx_free.push(b);
+                    self.tx.put_buf(b);
                 }
                 let qpn = wc.qp;
-                if let Some(tx) = self.txs.get_mut(&qpn) {
+                if let Some(tx) = self.tx.get_mut(&qpn) {
                     tx.outstanding = tx.outstanding.saturating_sub(1);
                     if wc.status == WcStatus::Success {
                         tx.progress_at = now;
@@ -359,7 +342,7 @@ impl Endpoint {
                     }
                 }
                 if self
-                    .txs
+                    .tx
                     .get(&qpn)
                     .is_some_and(|t| t.state == TxState::Closing && t.outstanding == 0)
                 {
@@ -376,7 +359,7 @@ impl Endpoint {
     /// The node behind `old` restarted (it now uses another UD QPN): our connection to the old
     /// instance can only fail, so close it now rather than after the retries run out.
     pub(super) fn peer_restarted<V: Verbs>(&mut self, now: Instant, v: &mut V, old: HwAddr) {
-        if let Some(qpn) = self.tx_by_peer.get(&(old.gid, old.qpn)).copied() {
+        if let Some(qpn) = self.tx.to_peer(old) {
             tracing::debug!(peer = %old.gid, "peer restarted; closing the old TX connection");
             self.close_tx(now, v, qpn, false);
         }
@@ -385,7 +368,7 @@ impl Endpoint {
     /// A TX connection failed (REJ, CM timeout, DREQ, send error): count it, forget the
     /// neighbours that used it, and close.
     pub(super) fn fail_tx<V: Verbs>(&mut self, now: Instant, v: &mut V, qpn: QpNum) {
-        let Some(tx) = self.txs.get(&qpn) else { return };
+        let Some(tx) = self.tx.get(&qpn) else { return };
         if tx.state == TxState::Closing {
             return;
         }
@@ -400,7 +383,7 @@ impl Endpoint {
     /// Closes a TX connection: DREQ if asked (and established), QP to ERR, destroy once the
     /// outstanding sends have flushed or the watchdog fires.
     pub(super) fn close_tx<V: Verbs>(&mut self, now: Instant, v: &mut V, qpn: QpNum, dreq: bool) {
-        let Some(tx) = self.txs.get_mut(&qpn) else {
+        let Some(tx) = self.tx.get_mut(&qpn) else {
             return;
         };
         if tx.state == TxState::Closing {
@@ -414,7 +397,7 @@ impl Endpoint {
         if let Some(t) = stall {
             self.wheel.cancel(t);
         }
-        self.tx_by_peer.retain(|_, q| *q != qpn);
+        self.tx.unmap_peer(qpn);
         // DREQ (or REJ while connecting) unless the peer already ended it; the CM ignores a
         // disconnect of an id that is gone or already disconnecting.
         let _ = dreq;
@@ -425,7 +408,7 @@ impl Endpoint {
             return;
         }
         let t = self.arm(now + self.cfg.drain_timeout, Timer::TxWatchdog(qpn));
-        if let Some(tx) = self.txs.get_mut(&qpn) {
+        if let Some(tx) = self.tx.get_mut(&qpn) {
             tx.watchdog = Some(t);
         }
     }
@@ -437,7 +420,7 @@ impl Endpoint {
         qpn: QpNum,
         id: TimerId,
     ) {
-        if self.txs.get(&qpn).is_some_and(|t| t.watchdog == Some(id)) {
+        if self.tx.get(&qpn).is_some_and(|t| t.watchdog == Some(id)) {
             self.counters.drain_timeouts += 1;
             self.destroy_tx(v, qpn);
         }
@@ -454,7 +437,7 @@ impl Endpoint {
         id: TimerId,
     ) {
         let timeout = self.cfg.tx_stall_timeout;
-        let Some(tx) = self.txs.get_mut(&qpn).filter(|t| t.stall == Some(id)) else {
+        let Some(tx) = self.tx.get_mut(&qpn).filter(|t| t.stall == Some(id)) else {
             return;
         };
         tx.stall = None;
@@ -464,7 +447,7 @@ impl Endpoint {
         let due = tx.progress_at + timeout;
         if now < due {
             let t = self.arm(due, Timer::TxStall(qpn));
-            if let Some(tx) = self.txs.get_mut(&qpn) {
+            if let Some(tx) = self.tx.get_mut(&qpn) {
                 tx.stall = Some(t);
             }
             return;
@@ -476,7 +459,7 @@ impl Endpoint {
 
     /// Destroys a TX QP. Its CM id stays with the CM until TimeWait ends.
     pub(super) fn destroy_tx<V: Verbs>(&mut self, v: &mut V, qpn: QpNum) {
-        let Some(tx) = self.txs.remove(&qpn) else {
+        let Some(tx) = self.tx.remove(qpn) else {
             return;
         };
         for t in [tx.watchdog, tx.stall].into_iter().flatten() {
@@ -485,13 +468,12 @@ impl Endpoint {
         if self.cm.state(tx.id).is_none() {
             self.owners.remove(&tx.id);
         }
-        self.tx_by_peer.retain(|_, q| *q != qpn);
         // Sends still posted are freed by destroy_qp; their buffers go back to the pool's free
         // list, so take replacements for our own free list.
         self.destroy_qp(v, qpn);
         for _ in 0..tx.outstanding {
             if let Some(b) = v.pools_mut().alloc(self.tx_pool) {
-                self.tx_free.push(b);
+                self.tx.put_buf(b);
             }
         }
     }

@@ -1,30 +1,19 @@
-//! Passive (RX) connections and the reaper that always recycles them.
-//!
-//! Lifecycle (IBTA §10.3.1, as `ipoib_cm.c` implements it, plus watchdogs):
-//!
-//! ```text
-//!            REQ accepted
-//!                 │
-//!               Live ──(stale | DREQ | REJ | evicted | shutdown | QP error)──► Error
-//!                                                                             │ QP in ERR,
-//!              SRQ: Last WQE Reached ─────────────► Flush                     │ watchdog armed
-//!              (one drain WR covers the flush list)  │ drain WR flushed        │
-//!                                                   ▼                         │
-//!              non-SRQ: receives flushed to zero ─► Drained ──► QP destroyed ◄─┘ watchdog
-//! ```
-//!
-//! Every step is idempotent: a duplicated Last WQE event, a late flush completion or a CM
-//! event for a connection that is already going away changes nothing. Whatever the provider
-//! does or fails to do, the watchdog destroys the QP `drain_timeout` after it entered ERR.
+//! Passive (RX) connections: accepted within the QP budget, receiving into the SRQ (or their
+//! own rings), handing what arrives to the TUN queue, and always recycled by the
+//! [`reaper`](self::reaper).
+
+mod reaper;
+mod table;
 
 use std::time::{Duration, Instant};
 
-use super::{wr, wr_kind, Endpoint, Owner, Timer, TunPacket, CQ_BATCH, WR_DRAIN, WR_RECV};
+pub(super) use table::{Phase, RxConn, RxTable};
+
+use super::{wr, wr_kind, Endpoint, Owner, Timer, CQ_BATCH, WR_DRAIN, WR_RECV};
 use crate::cm::{AcceptParams, CommId};
-use crate::timer::TimerId;
 use crate::verbs::{
     AccessFlags, AddressVector, BufId, Gid, PathMtu, Psn, QpAttr, QpInit, QpNum, QpState, QpType,
-    SendWr, Verbs, WcOpcode, WcStatus,
+    Verbs, WcOpcode, WcStatus,
 };
 use crate::wire::cm::RejReason;
 use crate::wire::ipoib::{IpoibHeader, ETHERTYPE_IPV4, ETHERTYPE_IPV6};
@@ -69,21 +58,6 @@ pub(super) enum Why {
     Error,
 }
 
-/// One passive connection.
-#[derive(Debug)]
-pub(super) struct RxConn {
-    pub(super) id: CommId,
-    pub(super) peer: Gid,
-    pub(super) state: RxState,
-    /// Time of the last receive (the activity stamp).
-    pub(super) last_rx: Instant,
-    pub(super) established: bool,
-    pub(super) stale_timer: Option<TimerId>,
-    pub(super) watchdog: Option<TimerId>,
-    /// Receives posted on the QP's own ring (non-SRQ mode).
-    pub(super) ring_posted: u32,
-}
-
 impl Endpoint {
     /// A REQ for our service: admit it within the QP budget, build the receive QP up to RTS,
     /// and accept.
@@ -102,14 +76,8 @@ impl Endpoint {
     ) {
         // A REQ naming another UD QPN than the one we send to: the peer restarted.
         if let Ok(d) = crate::wire::cm::IpoibCmData::decode(private) {
-            let stale: Vec<QpNum> = self
-                .tx_by_peer
-                .iter()
-                .filter(|((gid, udqpn), _)| *gid == peer && *udqpn != d.qpn)
-                .map(|(_, q)| *q)
-                .collect();
-            for q in stale {
-                if let Some(old) = self.txs.get(&q).map(|t| t.peer) {
+            for q in self.tx.to_other_instances(peer, d.qpn) {
+                if let Some(old) = self.tx.get(&q).map(|t| t.peer) {
                     self.neigh.forget_hw(&old);
                 }
                 self.close_tx(now, v, q, false);
@@ -119,12 +87,7 @@ impl Endpoint {
             let _ = self.cm.reject(now, id, RejReason::NoQp);
             return;
         }
-        let live = self
-            .rxs
-            .values()
-            .filter(|r| r.state == RxState::Live)
-            .count();
-        if live >= self.cfg.max_conn_qp {
+        if self.rx.live_count() >= self.cfg.max_conn_qp {
             match self.cfg.budget_policy {
                 super::QpBudgetPolicy::Reject => {
                     self.counters.rx_rejected += 1;
@@ -132,27 +95,13 @@ impl Endpoint {
                     return;
                 }
                 super::QpBudgetPolicy::Evict => {
-                    let victim = self
-                        .rxs
-                        .iter()
-                        .filter(|(_, r)| r.state == RxState::Live)
-                        .min_by_key(|(_, r)| r.last_rx)
-                        .map(|(q, _)| *q);
-                    if let Some(q) = victim {
+                    if let Some(q) = self.rx.least_recently_active() {
                         self.start_rx_teardown(now, v, q, Why::Evicted);
                     }
                 }
             }
         }
-        match self.build_rx_qp(
-            now,
-            v,
-            peer,
-            remote_qpn,
-            remote_psn,
-            path_mtu,
-            rnr_retry_count,
-        ) {
+        match self.build_rx_qp(v, peer, remote_qpn, remote_psn, path_mtu, rnr_retry_count) {
             Some((qpn, our_psn, ring_posted)) => {
                 let params = AcceptParams {
                     local_qpn: qpn,
@@ -168,17 +117,17 @@ impl Endpoint {
                 self.counters.rx_accepted += 1;
                 let stale = self.arm(now + self.cfg.rx_timeout, Timer::RxStale(qpn));
                 self.owners.insert(id, Owner::Rx(qpn));
-                self.rxs.insert(
+                self.rx.insert(
                     qpn,
                     RxConn {
                         id,
                         peer,
-                        state: RxState::Live,
                         last_rx: now,
                         established: false,
-                        stale_timer: Some(stale),
-                        watchdog: None,
                         ring_posted,
+                        phase: Phase::Live {
+                            stale_timer: Some(stale),
+                        },
                     },
                 );
             }
@@ -194,7 +143,6 @@ impl Endpoint {
     #[allow(clippy::too_many_arguments)]
     fn build_rx_qp<V: Verbs>(
         &mut self,
-        _now: Instant,
         v: &mut V,
         peer: Gid,
         remote_qpn: QpNum,
@@ -283,7 +231,7 @@ impl Endpoint {
             for wc in &wcs {
                 if wc.opcode == WcOpcode::Send {
                     if wr_kind(wc.wr_id) == WR_DRAIN {
-                        self.on_drain_complete(now, v, wc.qp);
+                        self.on_drain_complete(v, wc.qp);
                     }
                     if let Some(b) = wc.buf {
                         let _ = v.pools_mut().free(b);
@@ -305,14 +253,12 @@ impl Endpoint {
     }
 
     fn on_rc_recv<V: Verbs>(&mut self, now: Instant, v: &mut V, qpn: QpNum, b: BufId, len: usize) {
-        let live = match self.rxs.get_mut(&qpn) {
-            Some(r) => {
-                if r.state == RxState::Live {
-                    r.last_rx = now;
-                }
-                r.state == RxState::Live
+        let live = match self.rx.get_mut(&qpn) {
+            Some(r) if r.is_live() => {
+                r.last_rx = now;
+                true
             }
-            None => false,
+            _ => false,
         };
         // The IP packet stays in the receive buffer until the driver writes it to the TUN
         // device (`drain_tun`), which then gives the buffer back.
@@ -332,9 +278,7 @@ impl Endpoint {
             }
         };
         match accepted {
-            Some(len) => self
-                .tun_out
-                .push_back(TunPacket::Received { qpn, buf: b, len }),
+            Some(len) => self.tun.push_received(qpn, b, len),
             None => self.repost_rx(v, qpn, b, live),
         }
     }
@@ -342,7 +286,7 @@ impl Endpoint {
     /// Gives back a receive buffer whose packet went to the TUN device: as
     /// [`repost_rx`](Self::repost_rx), with the connection's state as it is now.
     pub(super) fn release_rx_buf<V: Verbs>(&mut self, v: &mut V, qpn: QpNum, b: BufId) {
-        let live = self.rxs.get(&qpn).is_some_and(|r| r.state == RxState::Live);
+        let live = self.rx.get(&qpn).is_some_and(RxConn::is_live);
         self.repost_rx(v, qpn, b, live);
     }
 
@@ -373,176 +317,9 @@ impl Endpoint {
         self.ring_down(v, qpn);
     }
 
-    /// One receive of a non-SRQ ring is gone; an errored QP whose ring is empty is drained.
-    fn ring_down<V: Verbs>(&mut self, v: &mut V, qpn: QpNum) {
-        let Some(r) = self.rxs.get_mut(&qpn) else {
-            return;
-        };
-        r.ring_posted = r.ring_posted.saturating_sub(1);
-        if r.ring_posted == 0 && r.state == RxState::Error {
-            r.state = RxState::Drained;
-            self.destroy_rx(v, qpn);
-        }
-    }
-
-    /// Starts tearing an RX connection down. Idempotent.
-    pub(super) fn start_rx_teardown<V: Verbs>(
-        &mut self,
-        now: Instant,
-        v: &mut V,
-        qpn: QpNum,
-        why: Why,
-    ) {
-        let Some(r) = self.rxs.get_mut(&qpn) else {
-            return;
-        };
-        if r.state != RxState::Live {
-            return;
-        }
-        r.state = RxState::Error;
-        let id = r.id;
-        let ring_empty = r.ring_posted == 0;
-        if let Some(t) = r.stale_timer.take() {
-            self.wheel.cancel(t);
-        }
-        match why {
-            Why::Stale => self.counters.rx_stale_reaped += 1,
-            Why::Remote => self.counters.rx_dreq_reaped += 1,
-            Why::Evicted => self.counters.rx_evicted += 1,
-            Why::Shutdown | Why::Error => {}
-        }
-        if why != Why::Remote {
-            // The peer may still be alive: tell it (DREQ, or REJ while still connecting).
-            let _ = self.cm.disconnect(now, id);
-        }
-        if let Err(e) = v.modify_qp(qpn, &QpAttr::to_state(QpState::Err)) {
-            tracing::warn!(qp = %qpn, error = %e, "moving an RX QP to ERR failed");
-        }
-        let t = self.arm(now + self.cfg.drain_timeout, Timer::RxWatchdog(qpn));
-        if let Some(r) = self.rxs.get_mut(&qpn) {
-            r.watchdog = Some(t);
-        }
-        if self.srq.is_none() && ring_empty {
-            self.destroy_rx(v, qpn);
-        }
-    }
-
-    pub(super) fn on_last_wqe<V: Verbs>(&mut self, now: Instant, v: &mut V, qpn: QpNum) {
-        self.counters.last_wqe_events += 1;
-        let Some(r) = self.rxs.get_mut(&qpn) else {
-            return;
-        };
-        if r.state != RxState::Error {
-            // Duplicate or early: nothing to do (a Live QP is not in ERR yet).
-            return;
-        }
-        r.state = RxState::Flush;
-        self.flush_list.push(qpn);
-        self.start_drain(now, v);
-    }
-
-    /// Posts the drain WR if none is outstanding: one WR on the first QP of the flush list
-    /// covers the whole list (`ipoib_cm_start_rx_drain`).
-    fn start_drain<V: Verbs>(&mut self, _now: Instant, v: &mut V) {
-        if self.drain_carrier.is_some() || self.flush_list.is_empty() {
-            return;
-        }
-        let Some(&carrier) = self.flush_list.first() else {
-            return;
-        };
-        match v.post_send(carrier, &SendWr::empty(wr(WR_DRAIN))) {
-            Ok(()) => {
-                self.drain_carrier = Some(carrier);
-                self.drain_list = std::mem::take(&mut self.flush_list);
-            }
-            Err(e) => {
-                // The watchdogs of the flush list will destroy them.
-                tracing::warn!(qp = %carrier, error = %e, "posting the drain WR failed");
-            }
-        }
-    }
-
-    fn on_drain_complete<V: Verbs>(&mut self, now: Instant, v: &mut V, carrier: QpNum) {
-        if self.drain_carrier != Some(carrier) {
-            return;
-        }
-        self.drain_carrier = None;
-        for qpn in std::mem::take(&mut self.drain_list) {
-            if let Some(r) = self.rxs.get_mut(&qpn) {
-                r.state = RxState::Drained;
-            }
-            self.destroy_rx(v, qpn);
-        }
-        self.start_drain(now, v);
-    }
-
-    pub(super) fn on_rx_stale_timer<V: Verbs>(
-        &mut self,
-        now: Instant,
-        v: &mut V,
-        qpn: QpNum,
-        id: TimerId,
-    ) {
-        let Some(r) = self.rxs.get_mut(&qpn) else {
-            return;
-        };
-        if r.stale_timer != Some(id) || r.state != RxState::Live {
-            return;
-        }
-        let stale_at = r.last_rx + self.cfg.rx_timeout;
-        if stale_at > now {
-            r.stale_timer = None;
-            let t = self.arm(stale_at, Timer::RxStale(qpn));
-            if let Some(r) = self.rxs.get_mut(&qpn) {
-                r.stale_timer = Some(t);
-            }
-            return;
-        }
-        tracing::info!(qp = %qpn, "RX connection stale, reaping");
-        self.start_rx_teardown(now, v, qpn, Why::Stale);
-    }
-
-    pub(super) fn on_rx_watchdog<V: Verbs>(
-        &mut self,
-        now: Instant,
-        v: &mut V,
-        qpn: QpNum,
-        id: TimerId,
-    ) {
-        if !self.rxs.get(&qpn).is_some_and(|r| r.watchdog == Some(id)) {
-            return;
-        }
-        tracing::info!(qp = %qpn, "RX teardown timed out; destroying anyway");
-        self.counters.drain_timeouts += 1;
-        self.destroy_rx(v, qpn);
-        self.start_drain(now, v);
-    }
-
-    /// Destroys an RX QP and forgets it. If it carried the outstanding drain WR, the QPs that
-    /// WR covered go back to the flush list for the next one.
-    pub(super) fn destroy_rx<V: Verbs>(&mut self, v: &mut V, qpn: QpNum) {
-        let Some(r) = self.rxs.remove(&qpn) else {
-            return;
-        };
-        for t in [r.stale_timer, r.watchdog].into_iter().flatten() {
-            self.wheel.cancel(t);
-        }
-        self.flush_list.retain(|q| *q != qpn);
-        self.drain_list.retain(|q| *q != qpn);
-        if self.drain_carrier == Some(qpn) {
-            self.drain_carrier = None;
-            let orphans = std::mem::take(&mut self.drain_list);
-            self.flush_list.extend(orphans);
-        }
-        if self.cm.state(r.id).is_none() {
-            self.owners.remove(&r.id);
-        }
-        self.destroy_qp(v, qpn);
-    }
-
     /// How long the RX connection on `qpn` has been idle.
     pub fn rx_idle(&self, now: Instant, qpn: QpNum) -> Option<Duration> {
-        self.rxs
+        self.rx
             .get(&qpn)
             .map(|r| now.saturating_duration_since(r.last_rx))
     }

@@ -4,8 +4,7 @@
 //! Each MAD travels as one UD SEND_ONLY to QP 1 of the peer with Q_Key `0x80010000`, so on the
 //! wire it is real RoCEv2 CM traffic that tshark decodes and rxe's CM would accept. The sender
 //! is identified by the source GID in the receive's GRH area.
-#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
-
+use super::{MadStats, MAD_LEN};
 use crate::verbs::setup::open_ud_qp;
 use crate::verbs::{
     AddressVector, BufId, Completion, CqId, Gid, PdId, PoolId, QKey, QpNum, QpType, SendWr, UdDest,
@@ -13,23 +12,11 @@ use crate::verbs::{
 };
 use crate::wire::grh::{grh_source_gid, GRH_LEN};
 
-/// Size of a MAD.
-pub const MAD_LEN: usize = 256;
-
-/// Counters of the QP1 transport.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct GsiStats {
-    /// MADs posted for sending.
-    pub sent: u64,
-    /// MADs received.
-    pub received: u64,
-    /// Sends refused because every send buffer was in flight.
-    pub send_dropped: u64,
-    /// Receives that were not a whole MAD or had no usable GRH.
-    pub recv_malformed: u64,
-    /// Completions with an error status.
-    pub errors: u64,
-}
+/// Receives posted on QP1 by [`Gsi::open_for_cm`]: deep enough for a burst of REQs from many
+/// peers at once (a dropped MAD costs a CM retransmission timeout).
+pub const GSI_RECV_DEPTH: u32 = 1024;
+/// MADs in flight on QP1 opened by [`Gsi::open_for_cm`].
+pub const GSI_SEND_DEPTH: u32 = 256;
 
 /// QP1 with its own CQ and buffer pool.
 #[derive(Debug)]
@@ -37,7 +24,7 @@ pub struct Gsi {
     qp: QpNum,
     cq: CqId,
     free_send: Vec<BufId>,
-    stats: GsiStats,
+    stats: MadStats,
     wcs: Vec<Completion>,
 }
 
@@ -45,6 +32,16 @@ const RECV_WRID: WrId = WrId(1);
 const SEND_WRID: WrId = WrId(2);
 
 impl Gsi {
+    /// Opens QP1 for the CM of an endpoint on `v`, on a protection domain of its own, with
+    /// [`GSI_RECV_DEPTH`] receives and [`GSI_SEND_DEPTH`] sends.
+    ///
+    /// # Errors
+    /// Any verbs error of the set-up.
+    pub fn open_for_cm<V: Verbs>(v: &mut V) -> Result<Self, VerbsError> {
+        let pd = v.alloc_pd()?;
+        Self::open(v, pd, GSI_RECV_DEPTH, GSI_SEND_DEPTH)
+    }
+
     /// Creates QP1, brings it to RTS, and posts `recv_depth` receives; `send_depth` MADs may be
     /// in flight at once.
     ///
@@ -75,7 +72,7 @@ impl Gsi {
             qp,
             cq,
             free_send,
-            stats: GsiStats::default(),
+            stats: MadStats::default(),
             wcs: Vec::with_capacity(64),
         })
     }
@@ -85,8 +82,13 @@ impl Gsi {
         !self.free_send.is_empty()
     }
 
+    /// The QP number (QP 1).
+    pub fn qp(&self) -> QpNum {
+        self.qp
+    }
+
     /// Counters.
-    pub fn stats(&self) -> GsiStats {
+    pub fn stats(&self) -> MadStats {
         self.stats
     }
 

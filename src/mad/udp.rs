@@ -5,20 +5,20 @@
 //! plain UDP datagram holding the same 256 bytes, sent from the underlay address to the
 //! peer's GID taken as an IP address (IPv4-mapped GIDs become IPv4), at port
 //! [`DEFAULT_MAD_PORT`] (configurable). The sender is identified by the datagram's source
-//! address, the way [`crate::gsi::Gsi`] identifies it by the GRH's source GID. Datagrams that
+//! address, the way [`super::Gsi`] identifies it by the GRH's source GID. Datagrams that
 //! are not exactly one MAD are counted and dropped.
 //!
 //! Both ends must use the same transport: a software-provider daemon talking to a
 //! kernel-verbs daemon runs with `--cm-transport udp`.
 //!
-//! The socket is non-blocking; the daemon registers it with mio ([`MadUdp::socket_mut`]) and
-//! [`MadTransport::poll`] reads until it would block.
+//! The socket is non-blocking; the driver registers it with mio ([`MadUdp::socket_mut`]) and
+//! [`MadUdp::poll`] reads until it would block.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 
-use crate::gsi::{Gsi, GsiStats, MAD_LEN};
-use crate::verbs::{Gid, Verbs, VerbsError};
+use super::{MadStats, MAD_LEN};
+use crate::verbs::Gid;
 
 /// Default UDP port of the MAD side channel (the RoCEv2 port plus one).
 pub const DEFAULT_MAD_PORT: u16 = 4792;
@@ -28,7 +28,7 @@ pub const DEFAULT_MAD_PORT: u16 = 4792;
 pub struct MadUdp {
     sock: mio::net::UdpSocket,
     port: u16,
-    stats: GsiStats,
+    stats: MadStats,
 }
 
 impl MadUdp {
@@ -41,7 +41,7 @@ impl MadUdp {
         Ok(Self {
             sock,
             port,
-            stats: GsiStats::default(),
+            stats: MadStats::default(),
         })
     }
 
@@ -51,7 +51,7 @@ impl MadUdp {
     }
 
     /// Counters (same meaning as the QP1 transport's).
-    pub fn stats(&self) -> GsiStats {
+    pub fn stats(&self) -> MadStats {
         self.stats
     }
 
@@ -97,68 +97,6 @@ impl MadUdp {
                     self.stats.errors += 1;
                 }
             }
-        }
-    }
-}
-
-/// Why a MAD could not be sent.
-#[derive(Debug, thiserror::Error)]
-pub enum MadSendError {
-    /// The QP1 post failed.
-    #[error("{0}")]
-    Verbs(VerbsError),
-    /// The UDP send failed.
-    #[error("{0}")]
-    Io(io::Error),
-}
-
-/// How CM MADs travel: QP1 on the provider, or the UDP side channel.
-#[derive(Debug)]
-pub enum MadTransport {
-    /// QP1 (the General Services Interface): the software provider.
-    Gsi(Gsi),
-    /// UDP datagrams beside the provider: kernel verbs, whose QP1 the kernel owns.
-    Udp(MadUdp),
-}
-
-impl MadTransport {
-    /// True when a MAD can be sent now without being dropped for lack of a send buffer.
-    pub fn can_send(&self) -> bool {
-        match self {
-            Self::Gsi(g) => g.can_send(),
-            Self::Udp(_) => true,
-        }
-    }
-
-    /// Sends one MAD to `to`.
-    ///
-    /// # Errors
-    /// The transport's error.
-    pub fn send<V: Verbs>(
-        &mut self,
-        v: &mut V,
-        to: Gid,
-        mad: &[u8; MAD_LEN],
-    ) -> Result<(), MadSendError> {
-        match self {
-            Self::Gsi(g) => g.send(v, to, mad).map_err(MadSendError::Verbs),
-            Self::Udp(u) => u.send(to, mad).map_err(MadSendError::Io),
-        }
-    }
-
-    /// Appends received MADs with their sender to `out`.
-    pub fn poll<V: Verbs>(&mut self, v: &mut V, out: &mut Vec<(Gid, [u8; MAD_LEN])>) {
-        match self {
-            Self::Gsi(g) => g.poll(v, out),
-            Self::Udp(u) => u.poll(out),
-        }
-    }
-
-    /// Counters.
-    pub fn stats(&self) -> GsiStats {
-        match self {
-            Self::Gsi(g) => g.stats(),
-            Self::Udp(u) => u.stats(),
         }
     }
 }

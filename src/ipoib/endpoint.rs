@@ -1,0 +1,496 @@
+//! The coordinator: the [`Endpoint`] composes the parts that own their state (the RX and TX
+//! tables, the neighbour cache, the TUN queue, the UD QP, the CM and the timer wheel) and
+//! dispatches the driver's calls, the CM's events and the timers to them.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::neigh::Neighbours;
+use super::rx::{self, RxTable};
+use super::tun::TunQueue;
+use super::tx::TxTable;
+use super::ud::{self, UdQp};
+use super::{
+    wr, Counters, EndpointConfig, Mode, Owner, Snapshot, Timer, TxSnapshot, CQ_BATCH, WR_RECV,
+};
+use crate::cm::{Cm, CmConfig, CmEvent, CommId};
+use crate::timer::{TimerId, TimerWheel};
+use crate::verbs::{
+    AsyncEvent, Completion, CqId, PdId, PoolId, QpNum, SrqId, SrqInit, Verbs, VerbsError,
+};
+use crate::wire::cm::{ipoib_service_id, IpoibCmData, MAD_LEN};
+use crate::wire::ipoib::{HwAddr, IPOIB_CM_BUF_SIZE};
+
+/// The IPoIB-CM endpoint. See the [module documentation](super).
+#[derive(Debug)]
+pub struct Endpoint {
+    pub(super) cfg: EndpointConfig,
+    /// The protection domain of every QP, pool and SRQ of the endpoint.
+    pub(super) pd: PdId,
+    /// The UD QP: ARP/ND, multicast, datagram mode.
+    pub(super) ud: UdQp,
+    /// The CM state machine; its MADs travel over the driver's transport.
+    pub(super) cm: Cm,
+    pub(super) hwaddr: HwAddr,
+    /// The shared receive queue of every RX connection (SRQ mode).
+    pub(super) srq: Option<SrqId>,
+    /// The completion queue of every RX connection.
+    pub(super) rx_cq: CqId,
+    /// The receive buffers of the SRQ or of the per-connection rings.
+    pub(super) rx_pool: PoolId,
+    /// The completion queue of every TX connection.
+    pub(super) tx_cq: CqId,
+    /// The send buffers (their free list is the TX table's).
+    pub(super) tx_pool: PoolId,
+    /// The neighbour cache: resolution and ageing state per IP address.
+    pub(super) neigh: Neighbours,
+    /// The active connections and the send buffers they share.
+    pub(super) tx: TxTable,
+    /// The passive connections and the reaper's drain WR.
+    pub(super) rx: RxTable,
+    /// Which connection each CM id belongs to (kept until the CM forgets the id).
+    pub(super) owners: HashMap<CommId, Owner>,
+    /// Every deadline of the endpoint (the CM keeps its own).
+    pub(super) wheel: TimerWheel<Timer>,
+    /// Packets for the TUN device.
+    pub(super) tun: TunQueue,
+    /// The counters every part adds to.
+    pub(super) counters: Counters,
+    rng: ChaCha8Rng,
+    /// `begin_shutdown` was called: no new connections.
+    pub(super) stopping: bool,
+    /// The latest `now` handed in (what `poll_timeout` answers when work is pending).
+    last_now: Instant,
+    /// Scratch for completions, shared by the CQ polls.
+    pub(super) wcs: Vec<Completion>,
+    /// Scratch for fired timers.
+    fired: Vec<(TimerId, Timer)>,
+    /// Scratch for CM events, trimmed to [`crate::cm::QUEUE_KEEP`] after each batch.
+    cm_events: Vec<CmEvent>,
+}
+
+impl Endpoint {
+    /// Sets up the interface on `v`: UD QP attached to the broadcast group, the CM listening
+    /// on both IPoIB-CM service IDs, the SRQ (or the pool for per-QP rings), and the send
+    /// buffers.
+    ///
+    /// `cm_qp` is the QP the driver's CM MAD transport holds on `v`
+    /// ([`MadTransport::provider_qp`](crate::mad::MadTransport::provider_qp): QP1, or `None`
+    /// for a transport beside the provider); it counts in `qp_created` with the endpoint's
+    /// own QPs, so that `qp_created - qp_destroyed` is every QP of the interface.
+    ///
+    /// # Errors
+    /// Any verbs error of the set-up.
+    pub fn new<V: Verbs>(
+        now: Instant,
+        v: &mut V,
+        cfg: EndpointConfig,
+        cm_qp: Option<QpNum>,
+    ) -> Result<Self, VerbsError> {
+        let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
+        let mut counters = Counters::default();
+        let pd = v.alloc_pd()?;
+        let ud = ud::open_ud(v, pd, &cfg)?;
+        counters.qp_created += 1;
+        if cm_qp.is_some() {
+            counters.qp_created += 1;
+        }
+        let port = v.port_attr();
+        let flags = if cfg.mode == Mode::Connected {
+            HwAddr::FLAG_CONNECTED
+        } else {
+            0
+        };
+        let hwaddr = HwAddr::new(flags, ud.qp, port.gid);
+        let mut cm_cfg = CmConfig::new(port.gid, rng.gen::<u64>() | 1);
+        cm_cfg.comm_id_seed = rng.gen();
+        cm_cfg.cm_response_timeout = cfg.cm_response_timeout;
+        let mut cm = Cm::new(cm_cfg);
+        // Linux uses 0x1000…|QPN; RFC 4755 says 0x0100…|QPN. Accept both.
+        cm.listen(ipoib_service_id(ud.qp, true), u64::MAX);
+        cm.listen(ipoib_service_id(ud.qp, false), u64::MAX);
+        let buf_len = IPOIB_CM_BUF_SIZE as usize;
+        let rx_cq = v.create_cq(cfg.srq_depth + cfg.nonsrq_ring * cfg.max_conn_qp as u32 + 16)?;
+        let tx_cq = v.create_cq(cfg.tx_depth + 16)?;
+        let (srq, rx_pool) = if cfg.srq {
+            let pool = v.create_pool(pd, buf_len, cfg.srq_depth as usize)?;
+            let srq = v.create_srq(&SrqInit {
+                pd,
+                max_wr: cfg.srq_depth,
+                limit: 0,
+            })?;
+            for _ in 0..cfg.srq_depth {
+                let b = v
+                    .pools_mut()
+                    .alloc(pool)
+                    .ok_or(VerbsError::OutOfResources("SRQ buffers"))?;
+                v.post_srq_recv(srq, wr(WR_RECV), b)?;
+            }
+            (Some(srq), pool)
+        } else {
+            // One ring per connection, plus one for a connection being evicted.
+            let count = cfg.nonsrq_ring as usize * (cfg.max_conn_qp + 1);
+            (None, v.create_pool(pd, buf_len, count)?)
+        };
+        let tx_pool = v.create_pool(pd, buf_len, cfg.tx_depth as usize)?;
+        let mut tx_free = Vec::with_capacity(cfg.tx_depth as usize);
+        for _ in 0..cfg.tx_depth {
+            tx_free.push(
+                v.pools_mut()
+                    .alloc(tx_pool)
+                    .ok_or(VerbsError::OutOfResources("TX buffers"))?,
+            );
+        }
+        let mut neigh = Neighbours::default();
+        for (ip, hw) in &cfg.static_neighbours {
+            neigh.add_static(*ip, *hw, now);
+        }
+        Ok(Self {
+            pd,
+            ud,
+            cm,
+            hwaddr,
+            srq,
+            rx_cq,
+            rx_pool,
+            tx_cq,
+            tx_pool,
+            neigh,
+            tx: TxTable::new(tx_free),
+            rx: RxTable::default(),
+            owners: HashMap::new(),
+            wheel: TimerWheel::new(now, Duration::from_millis(1)),
+            tun: TunQueue::default(),
+            counters,
+            rng,
+            stopping: false,
+            last_now: now,
+            wcs: Vec::with_capacity(CQ_BATCH),
+            fired: Vec::new(),
+            cm_events: Vec::new(),
+            cfg,
+        })
+    }
+
+    /// Our 20-byte hardware address (flags, UD QPN, GID).
+    pub fn hwaddr(&self) -> HwAddr {
+        self.hwaddr
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EndpointConfig {
+        &self.cfg
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// The CM's counters.
+    pub fn cm_stats(&self) -> crate::cm::CmStats {
+        self.cm.stats()
+    }
+
+    /// Hands the CM a MAD that the driver's transport received from `from`. Call it before
+    /// [`handle_verbs`](Self::handle_verbs) on the same turn, which acts on what it brought.
+    pub fn handle_mad(&mut self, now: Instant, from: crate::verbs::Gid, mad: &[u8; MAD_LEN]) {
+        self.last_now = self.last_now.max(now);
+        self.cm.handle_mad(now, from, mad);
+    }
+
+    /// The next CM MAD to send, with its destination. A MAD the transport has no room for
+    /// stays here until the next turn ([`poll_timeout`](Self::poll_timeout) asks for one at
+    /// once): taking it only to drop it would cost the peer a CM retransmission timeout.
+    pub fn poll_mad(&mut self) -> Option<(crate::verbs::Gid, [u8; MAD_LEN])> {
+        self.cm.poll_transmit()
+    }
+
+    /// Live RX connections (any state).
+    pub fn rx_count(&self) -> usize {
+        self.rx.len()
+    }
+
+    /// Live TX connections (any state).
+    pub fn tx_count(&self) -> usize {
+        self.tx.len()
+    }
+
+    /// When [`Endpoint::handle_timeout`] must next run.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        // MADs waiting for room in the driver's transport: come back at once (QP1's send
+        // buffers return with the completions the transport reaps on the next turn).
+        let pending = self.cm.has_transmit().then_some(self.last_now);
+        [self.wheel.poll_timeout(), self.cm.poll_timeout(), pending]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Fires due timers: RX staleness, teardown watchdogs, neighbour retries and ageing, CM
+    /// retransmissions.
+    pub fn handle_timeout<V: Verbs>(&mut self, now: Instant, v: &mut V) {
+        self.last_now = self.last_now.max(now);
+        let mut fired = std::mem::take(&mut self.fired);
+        fired.clear();
+        self.wheel.expire(now, &mut fired);
+        for (id, t) in fired.drain(..) {
+            match t {
+                Timer::RxStale(qpn) => self.on_rx_stale_timer(now, v, qpn, id),
+                Timer::RxWatchdog(qpn) => self.on_rx_watchdog(v, qpn, id),
+                Timer::TxWatchdog(qpn) => self.on_tx_watchdog(now, v, qpn, id),
+                Timer::TxStall(qpn) => self.on_tx_stall_timer(now, v, qpn, id),
+                Timer::NeighResolve(ip) => self.on_resolve_timer(now, v, ip, id),
+                Timer::NeighAge(ip) => self.on_neigh_age_timer(now, v, ip, id),
+            }
+        }
+        self.fired = fired;
+        self.cm.handle_timeout(now);
+        self.pump_cm(now, v);
+    }
+
+    /// Reaps completions and async events and acts on the CM's events (of the MADs handed to
+    /// [`handle_mad`](Self::handle_mad) too).
+    pub fn handle_verbs<V: Verbs>(&mut self, now: Instant, v: &mut V) {
+        self.last_now = self.last_now.max(now);
+        for _ in 0..1024 {
+            let Some(ev) = v.poll_async_event() else {
+                break;
+            };
+            self.on_async_event(now, v, ev);
+        }
+        self.poll_ud(now, v);
+        self.poll_rx_cq(now, v);
+        self.poll_tx_cq(now, v);
+        self.pump_cm(now, v);
+    }
+
+    fn on_async_event<V: Verbs>(&mut self, now: Instant, v: &mut V, ev: AsyncEvent) {
+        match ev {
+            AsyncEvent::QpLastWqeReached(qpn) => self.on_last_wqe(v, qpn),
+            AsyncEvent::CommEst(qpn) => {
+                if let Some(id) = self.rx.get(&qpn).map(|r| r.id) {
+                    self.cm.notify_comm_est(now, id);
+                }
+            }
+            AsyncEvent::QpFatal(qpn) | AsyncEvent::QpReqErr(qpn) | AsyncEvent::QpAccessErr(qpn) => {
+                if self.rx.contains(&qpn) {
+                    self.start_rx_teardown(now, v, qpn, rx::Why::Error);
+                } else if self.tx.contains(&qpn) {
+                    self.fail_tx(now, v, qpn);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Acts on the CM's events; the MADs they make wait for [`poll_mad`](Self::poll_mad).
+    fn pump_cm<V: Verbs>(&mut self, now: Instant, v: &mut V) {
+        for _ in 0..16 {
+            let mut events = std::mem::take(&mut self.cm_events);
+            events.clear();
+            while let Some(e) = self.cm.poll_event() {
+                events.push(e);
+            }
+            let had_events = !events.is_empty();
+            for e in events.drain(..) {
+                self.on_cm_event(now, v, e);
+            }
+            events.shrink_to(crate::cm::QUEUE_KEEP);
+            self.cm_events = events;
+            if !had_events {
+                break;
+            }
+        }
+    }
+
+    fn on_cm_event<V: Verbs>(&mut self, now: Instant, v: &mut V, e: CmEvent) {
+        match e {
+            CmEvent::ReqReceived {
+                id,
+                peer,
+                remote_qpn,
+                remote_psn,
+                path_mtu,
+                rnr_retry_count,
+                private_data,
+                ..
+            } => self.on_req(
+                now,
+                v,
+                id,
+                peer,
+                remote_qpn,
+                remote_psn,
+                path_mtu,
+                rnr_retry_count,
+                &private_data,
+            ),
+            CmEvent::RepReceived {
+                id,
+                remote_qpn,
+                remote_psn,
+                private_data,
+                ..
+            } => self.on_rep(now, v, id, remote_qpn, remote_psn, &private_data),
+            CmEvent::Established { id } => {
+                if let Some(Owner::Rx(qpn)) = self.owners.get(&id).copied() {
+                    if let Some(r) = self.rx.get_mut(&qpn) {
+                        r.established = true;
+                    }
+                }
+            }
+            CmEvent::Rejected { id, .. } | CmEvent::TimedOut { id, .. } => {
+                match self.owners.get(&id).copied() {
+                    Some(Owner::Tx(qpn)) => self.fail_tx(now, v, qpn),
+                    Some(Owner::Rx(qpn)) => self.start_rx_teardown(now, v, qpn, rx::Why::Remote),
+                    None => {}
+                }
+            }
+            CmEvent::DisconnectReceived { id } | CmEvent::Disconnected { id } => {
+                match self.owners.get(&id).copied() {
+                    Some(Owner::Tx(qpn)) => self.fail_tx(now, v, qpn),
+                    Some(Owner::Rx(qpn)) => self.start_rx_teardown(now, v, qpn, rx::Why::Remote),
+                    None => {}
+                }
+            }
+            CmEvent::TimeWaitExit { id } => {
+                self.owners.remove(&id);
+            }
+        }
+    }
+
+    /// Private data of our REQs and REPs: our UD QPN and receive size.
+    pub(super) fn cm_private_data(&self) -> Vec<u8> {
+        IpoibCmData {
+            qpn: self.ud.qp,
+            mtu: IPOIB_CM_BUF_SIZE,
+        }
+        .to_bytes()
+        .to_vec()
+    }
+
+    pub(super) fn arm(&mut self, at: Instant, t: Timer) -> TimerId {
+        self.wheel.insert(at, t)
+    }
+
+    /// Destroys a QP and counts it.
+    pub(super) fn destroy_qp<V: Verbs>(&mut self, v: &mut V, qpn: QpNum) {
+        match v.destroy_qp(qpn) {
+            Ok(()) => self.counters.qp_destroyed += 1,
+            Err(e) => tracing::warn!(qp = %qpn, error = %e, "destroy_qp failed"),
+        }
+    }
+
+    /// Begins an orderly stop: no new connections; DREQ and tear down everything. Call
+    /// [`Endpoint::is_stopped`] to see when all RC QPs are gone (bounded by `drain_timeout`).
+    pub fn begin_shutdown<V: Verbs>(&mut self, now: Instant, v: &mut V) {
+        self.stopping = true;
+        for qpn in self.tx.qpns() {
+            self.close_tx(now, v, qpn, true);
+        }
+        for qpn in self.rx.qpns() {
+            self.start_rx_teardown(now, v, qpn, rx::Why::Shutdown);
+        }
+        self.pump_cm(now, v);
+    }
+
+    /// True once every RC connection is destroyed after [`Endpoint::begin_shutdown`].
+    pub fn is_stopped(&self) -> bool {
+        self.stopping && self.rx.is_empty() && self.tx.is_empty()
+    }
+
+    /// Destroys whatever is left (the shutdown bound passed), counting drain timeouts.
+    pub fn force_stop<V: Verbs>(&mut self, v: &mut V) {
+        for qpn in self.rx.qpns() {
+            self.counters.drain_timeouts += 1;
+            self.destroy_rx(v, qpn);
+        }
+        for qpn in self.tx.qpns() {
+            self.destroy_tx(v, qpn);
+        }
+    }
+
+    /// A snapshot for status output.
+    pub fn snapshot(&self, now: Instant) -> Snapshot {
+        let mut neighbours: Vec<_> = self
+            .neigh
+            .iter()
+            .map(|(ip, n)| (*ip, n.hw, n.state))
+            .collect();
+        neighbours.sort_by_key(|(ip, ..)| *ip);
+        let mut tx: Vec<_> = self
+            .tx
+            .iter()
+            .map(|(q, t)| TxSnapshot {
+                peer: t.peer,
+                qpn: *q,
+                state: t.state,
+                mtu: t.mtu,
+                queued: t.queue.len(),
+                in_flight: t.outstanding,
+            })
+            .collect();
+        tx.sort_by_key(|t| t.qpn);
+        let mut rx: Vec<_> = self
+            .rx
+            .iter()
+            .map(|(q, r)| {
+                (
+                    r.peer,
+                    *q,
+                    r.state(),
+                    now.saturating_duration_since(r.last_rx),
+                )
+            })
+            .collect();
+        rx.sort_by_key(|(_, q, ..)| *q);
+        Snapshot {
+            hwaddr: self.hwaddr,
+            mtu: self.cfg.interface_mtu(),
+            mode: self.cfg.mode,
+            neighbours,
+            tx,
+            rx,
+            counters: self.counters,
+        }
+    }
+
+    /// Our address of `dst`'s family in the same subnet as `dst`, or the first one of that
+    /// family (the source of ARP requests and Neighbor Solicitations).
+    pub(super) fn our_addr_for(&self, dst: IpAddr) -> Option<IpAddr> {
+        // Both families as 128-bit numbers; IPv4 prefixes count from bit 96.
+        let bits = |ip: IpAddr| match ip {
+            IpAddr::V4(a) => (u128::from(u32::from(a)), 32),
+            IpAddr::V6(a) => (u128::from(a), 128),
+        };
+        let (d, width) = bits(dst);
+        let mut first = None;
+        for &(ip, prefix) in &self.cfg.addrs {
+            if ip.is_ipv4() != dst.is_ipv4() {
+                continue;
+            }
+            first.get_or_insert(ip);
+            let (a, _) = bits(ip);
+            let host_bits = width - u32::from(prefix).min(width);
+            let mask = u128::MAX.checked_shl(host_bits).unwrap_or(0);
+            if a & mask == d & mask {
+                return Some(ip);
+            }
+        }
+        first
+    }
+
+    /// True if `ip` is one of the interface's addresses.
+    pub(super) fn is_ours(&self, ip: IpAddr) -> bool {
+        self.cfg.addrs.iter().any(|(a, _)| *a == ip)
+    }
+
+    pub(super) fn random_psn(&mut self) -> crate::verbs::Psn {
+        crate::verbs::Psn::new(self.rng.gen())
+    }
+}

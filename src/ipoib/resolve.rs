@@ -1,0 +1,209 @@
+//! Address resolution on the UD QP: ARP (IPv4) and IPv6 Neighbor Discovery, answered and
+//! learned into the neighbour cache, with the resolution retries and the ageing of entries.
+
+use std::net::{IpAddr, Ipv6Addr};
+use std::time::Instant;
+
+use super::neigh::{Ageing, Learned, NeighState, Retry};
+use super::{Endpoint, Timer, RESOLVE_INTERVAL};
+use crate::timer::TimerId;
+use crate::verbs::Verbs;
+use crate::wire::ipoib::{
+    broadcast_mgid, mgid_for_ipv6, ArpOp, HwAddr, IpoibArp, NdType, NeighborAdvertisement,
+    NeighborSolicitation, ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6,
+};
+
+impl Endpoint {
+    pub(super) fn on_arp<V: Verbs>(
+        &mut self,
+        now: Instant,
+        v: &mut V,
+        src_gid: crate::verbs::Gid,
+        p: &[u8],
+    ) {
+        let Ok(arp) = IpoibArp::parse(p) else {
+            self.counters.rx_bad_packets += 1;
+            return;
+        };
+        // The sender's hardware address must be the one it sent from.
+        if arp.sender_hw.gid != src_gid {
+            self.counters.rx_bad_packets += 1;
+            return;
+        }
+        let for_us = self.is_ours(IpAddr::V4(arp.target_ip));
+        let sender = IpAddr::V4(arp.sender_ip);
+        if !arp.sender_ip.is_unspecified() && !self.is_ours(sender) {
+            self.learn(now, v, sender, arp.sender_hw, for_us);
+        }
+        if arp.op == ArpOp::Request && for_us {
+            let reply = arp.reply_to(self.hwaddr);
+            let mut bytes = [0u8; IpoibArp::LEN];
+            reply.emit(&mut bytes);
+            self.send_ud(v, arp.sender_hw, ETHERTYPE_ARP, &bytes);
+        }
+    }
+
+    pub(super) fn on_nd<V: Verbs>(
+        &mut self,
+        now: Instant,
+        v: &mut V,
+        src_gid: crate::verbs::Gid,
+        kind: NdType,
+        packet: &[u8],
+    ) {
+        match kind {
+            NdType::NeighborSolicitation => {
+                let Ok(ns) = NeighborSolicitation::parse(packet) else {
+                    self.counters.rx_bad_packets += 1;
+                    return;
+                };
+                let for_us = self.is_ours(IpAddr::V6(ns.target));
+                if let Some(hw) = ns.source_hw {
+                    if hw.gid == src_gid && !ns.src.is_unspecified() {
+                        self.learn(now, v, IpAddr::V6(ns.src), hw, for_us);
+                    }
+                }
+                if for_us {
+                    let na = NeighborAdvertisement::answer(&ns, self.hwaddr).to_packet();
+                    let to = ns
+                        .source_hw
+                        .unwrap_or(HwAddr::multicast(mgid_for_ipv6(na_dst(&ns), self.cfg.pkey)));
+                    self.send_ud(v, to, ETHERTYPE_IPV6, &na);
+                }
+            }
+            NdType::NeighborAdvertisement => {
+                let Ok(na) = NeighborAdvertisement::parse(packet) else {
+                    self.counters.rx_bad_packets += 1;
+                    return;
+                };
+                if let Some(hw) = na.target_hw {
+                    if hw.gid == src_gid {
+                        self.learn(now, v, IpAddr::V6(na.target), hw, na.solicited);
+                    }
+                }
+            }
+            // Router discovery and redirects have no meaning on this point-to-point fabric.
+            _ => {}
+        }
+    }
+
+    /// Learns a mapping and sends what waited for it.
+    fn learn<V: Verbs>(&mut self, now: Instant, v: &mut V, ip: IpAddr, hw: HwAddr, for_us: bool) {
+        match self.neigh.learn(ip, hw, now, for_us) {
+            Learned::Resolved(queued) => {
+                if let Some(n) = self.neigh.get_mut(&ip) {
+                    if let Some(t) = n.timer.take() {
+                        self.wheel.cancel(t);
+                    }
+                }
+                if self
+                    .neigh
+                    .get(&ip)
+                    .is_some_and(|n| n.state == NeighState::Reachable)
+                {
+                    let t = self.arm(now + self.cfg.neigh_timeout, Timer::NeighAge(ip));
+                    self.neigh.set_timer(&ip, t);
+                }
+                for p in queued {
+                    let ethertype = if ip.is_ipv4() {
+                        ETHERTYPE_IPV4
+                    } else {
+                        ETHERTYPE_IPV6
+                    };
+                    self.send_ip(now, v, ip, hw, ethertype, &p);
+                }
+            }
+            Learned::Replaced { old } => self.peer_restarted(now, v, old),
+            Learned::Conflict => self.counters.neigh_conflicts += 1,
+            Learned::Ignored => {}
+        }
+    }
+
+    /// Sends an ARP request or a Neighbor Solicitation for `ip` and arms the retry timer.
+    pub(super) fn resolve<V: Verbs>(&mut self, now: Instant, v: &mut V, ip: IpAddr) {
+        match ip {
+            IpAddr::V4(t) => {
+                let Some(IpAddr::V4(src)) = self.our_addr_for(ip) else {
+                    self.give_up(ip);
+                    return;
+                };
+                let req = IpoibArp::request(self.hwaddr, src, t);
+                let mut bytes = [0u8; IpoibArp::LEN];
+                req.emit(&mut bytes);
+                let bcast = HwAddr::multicast(broadcast_mgid(self.cfg.pkey));
+                self.send_ud(v, bcast, ETHERTYPE_ARP, &bytes);
+            }
+            IpAddr::V6(t) => {
+                let Some(IpAddr::V6(src)) = self.our_addr_for(ip) else {
+                    self.give_up(ip);
+                    return;
+                };
+                let ns = NeighborSolicitation::new(src, self.hwaddr, t);
+                let to = HwAddr::multicast(mgid_for_ipv6(ns.dst, self.cfg.pkey));
+                let packet = ns.to_packet();
+                self.send_ud(v, to, ETHERTYPE_IPV6, &packet);
+            }
+        }
+        let t = self.arm(now + RESOLVE_INTERVAL, Timer::NeighResolve(ip));
+        self.neigh.set_timer(&ip, t);
+    }
+
+    fn give_up(&mut self, ip: IpAddr) {
+        if let Some(n) = self.neigh.remove(&ip) {
+            self.counters.neigh_failed += 1;
+            self.counters.tx_dropped += n.queue.len() as u64;
+            if let Some(t) = n.timer {
+                self.wheel.cancel(t);
+            }
+        }
+    }
+
+    pub(super) fn on_resolve_timer<V: Verbs>(
+        &mut self,
+        now: Instant,
+        v: &mut V,
+        ip: IpAddr,
+        id: TimerId,
+    ) {
+        match self.neigh.resolve_timer_fired(&ip, id) {
+            Retry::Resend => self.resolve(now, v, ip),
+            Retry::GiveUp => self.give_up(ip),
+            Retry::Nothing => {}
+        }
+    }
+
+    pub(super) fn on_neigh_age_timer<V: Verbs>(
+        &mut self,
+        now: Instant,
+        v: &mut V,
+        ip: IpAddr,
+        id: TimerId,
+    ) {
+        match self
+            .neigh
+            .age_timer_fired(&ip, id, now, self.cfg.neigh_timeout)
+        {
+            Ageing::Recheck(at) => {
+                let t = self.arm(at, Timer::NeighAge(ip));
+                self.neigh.set_timer(&ip, t);
+            }
+            // Aged out, and no other neighbour uses its TX connection: close it.
+            Ageing::Unused(hw) => {
+                if let Some(qpn) = self.tx.to_peer(hw) {
+                    self.close_tx(now, v, qpn, true);
+                }
+            }
+            Ageing::Nothing => {}
+        }
+    }
+}
+
+/// Where a Neighbor Advertisement answering `ns` goes when the solicitation carried no source
+/// link-layer address: all-nodes.
+fn na_dst(ns: &NeighborSolicitation) -> Ipv6Addr {
+    if ns.src.is_unspecified() {
+        Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1)
+    } else {
+        ns.src
+    }
+}

@@ -1,0 +1,132 @@
+//! The TX table: every active connection, the index by peer, and the send buffers they share.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
+
+use super::TxState;
+use crate::cm::CommId;
+use crate::timer::TimerId;
+use crate::verbs::{BufId, Gid, Psn, QpNum};
+use crate::wire::ipoib::HwAddr;
+
+/// One active connection.
+#[derive(Debug)]
+pub(in crate::ipoib) struct TxConn {
+    pub(in crate::ipoib) id: CommId,
+    pub(in crate::ipoib) peer: HwAddr,
+    pub(in crate::ipoib) state: TxState,
+    /// The peer's receive size minus the IPoIB header: the largest IP packet.
+    pub(in crate::ipoib) mtu: u32,
+    pub(in crate::ipoib) our_psn: Psn,
+    /// Packets waiting for the connection (with their ethertype).
+    pub(in crate::ipoib) queue: VecDeque<(u16, Vec<u8>)>,
+    /// Sends posted and not completed: send buffers this connection holds.
+    pub(in crate::ipoib) outstanding: u32,
+    /// The teardown bound, armed while closing with sends in flight.
+    pub(in crate::ipoib) watchdog: Option<TimerId>,
+    /// When a send last completed, or the first of the sends now in flight was posted.
+    pub(in crate::ipoib) progress_at: Instant,
+    /// The stall check, armed while sends are in flight.
+    pub(in crate::ipoib) stall: Option<TimerId>,
+}
+
+/// The active connections by QP number, the open ones by peer, and the free send buffers.
+///
+/// Invariant: `by_peer` maps a peer's `(GID, UD QPN)` only to a connection in `conns` that is
+/// not closing; every send buffer is either in `free`, in flight on a connection (counted in
+/// its `outstanding`), or lent to the driver for a TUN read.
+#[derive(Debug)]
+pub(in crate::ipoib) struct TxTable {
+    conns: HashMap<QpNum, TxConn>,
+    by_peer: HashMap<(Gid, QpNum), QpNum>,
+    free: Vec<BufId>,
+}
+
+impl TxTable {
+    /// An empty table with the send buffers `free`.
+    pub(in crate::ipoib) fn new(free: Vec<BufId>) -> Self {
+        Self {
+            conns: HashMap::new(),
+            by_peer: HashMap::new(),
+            free,
+        }
+    }
+
+    pub(in crate::ipoib) fn get(&self, qpn: &QpNum) -> Option<&TxConn> {
+        self.conns.get(qpn)
+    }
+
+    pub(in crate::ipoib) fn get_mut(&mut self, qpn: &QpNum) -> Option<&mut TxConn> {
+        self.conns.get_mut(qpn)
+    }
+
+    pub(in crate::ipoib) fn contains(&self, qpn: &QpNum) -> bool {
+        self.conns.contains_key(qpn)
+    }
+
+    pub(in crate::ipoib) fn len(&self) -> usize {
+        self.conns.len()
+    }
+
+    pub(in crate::ipoib) fn is_empty(&self) -> bool {
+        self.conns.is_empty()
+    }
+
+    pub(in crate::ipoib) fn iter(&self) -> impl Iterator<Item = (&QpNum, &TxConn)> {
+        self.conns.iter()
+    }
+
+    /// The QP numbers of every connection, in no particular order.
+    pub(in crate::ipoib) fn qpns(&self) -> Vec<QpNum> {
+        self.conns.keys().copied().collect()
+    }
+
+    /// The open connection to `hw`, if any.
+    pub(in crate::ipoib) fn to_peer(&self, hw: HwAddr) -> Option<QpNum> {
+        self.by_peer.get(&(hw.gid, hw.qpn)).copied()
+    }
+
+    /// Open connections to the node `gid` at another UD QPN than `ud_qpn`: to an earlier
+    /// instance of a node that restarted.
+    pub(in crate::ipoib) fn to_other_instances(&self, gid: Gid, ud_qpn: QpNum) -> Vec<QpNum> {
+        self.by_peer
+            .iter()
+            .filter(|((g, q), _)| *g == gid && *q != ud_qpn)
+            .map(|(_, q)| *q)
+            .collect()
+    }
+
+    /// Adds a new connection to `conn.peer`.
+    pub(in crate::ipoib) fn insert(&mut self, qpn: QpNum, conn: TxConn) {
+        self.by_peer.insert((conn.peer.gid, conn.peer.qpn), qpn);
+        self.conns.insert(qpn, conn);
+    }
+
+    /// `qpn` no longer carries new packets to its peer (it is closing).
+    pub(in crate::ipoib) fn unmap_peer(&mut self, qpn: QpNum) {
+        self.by_peer.retain(|_, q| *q != qpn);
+    }
+
+    /// Forgets `qpn`.
+    pub(in crate::ipoib) fn remove(&mut self, qpn: QpNum) -> Option<TxConn> {
+        let tx = self.conns.remove(&qpn)?;
+        self.unmap_peer(qpn);
+        Some(tx)
+    }
+
+    /// Takes a free send buffer.
+    pub(in crate::ipoib) fn take_buf(&mut self) -> Option<BufId> {
+        self.free.pop()
+    }
+
+    /// Gives a send buffer back.
+    pub(in crate::ipoib) fn put_buf(&mut self, b: BufId) {
+        self.free.push(b);
+    }
+
+    /// Free send buffers.
+    #[cfg(test)]
+    pub(in crate::ipoib) fn free_bufs(&self) -> usize {
+        self.free.len()
+    }
+}

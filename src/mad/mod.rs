@@ -1,0 +1,241 @@
+//! CM MAD transports: how the 256-byte CM MADs of the [`crate::cm`] state machine reach the
+//! peer's CM and come back.
+//!
+//! The endpoint owns no transport: it takes received MADs in
+//! ([`Endpoint::handle_mad`](crate::ipoib::Endpoint::handle_mad)) and hands MADs to send out
+//! ([`Endpoint::poll_mad`](crate::ipoib::Endpoint::poll_mad)). The driver opens the transport
+//! that [`CmTransport`] names, registers whatever file descriptor it has with its event loop,
+//! and moves MADs both ways on every turn through the [`MadTransport`] trait:
+//!
+//! - [`Gsi`] (`qp1`): UD sends to QP 1 over the provider's verbs, where the provider lets the
+//!   caller own QP1 (the software provider does);
+//! - [`MadUdp`] (`udp`): one UDP datagram per MAD beside the provider, for kernel verbs, whose
+//!   QP1 the kernel owns.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
+mod qp1;
+mod udp;
+
+use std::io;
+use std::str::FromStr;
+
+use crate::ipoib::ParseChoiceError;
+use crate::verbs::{Gid, QpNum, Verbs, VerbsError};
+
+pub use crate::wire::cm::MAD_LEN;
+pub use qp1::{Gsi, GSI_RECV_DEPTH, GSI_SEND_DEPTH};
+pub use udp::{MadUdp, DEFAULT_MAD_PORT};
+
+/// How CM MADs travel (`--cm-transport`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CmTransport {
+    /// UD sends to QP1 ([`Gsi`]; the software provider owns QP1).
+    Qp1,
+    /// The UDP side channel ([`MadUdp`]; kernel verbs, whose QP1 the kernel owns).
+    Udp,
+}
+
+impl FromStr for CmTransport {
+    type Err = ParseChoiceError;
+    fn from_str(s: &str) -> Result<Self, ParseChoiceError> {
+        match s {
+            "qp1" => Ok(Self::Qp1),
+            "udp" => Ok(Self::Udp),
+            _ => Err(ParseChoiceError::new("\"qp1\" or \"udp\"", s)),
+        }
+    }
+}
+
+/// Counters of a MAD transport (the same meaning for every one).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct MadStats {
+    /// MADs posted for sending.
+    pub sent: u64,
+    /// MADs received.
+    pub received: u64,
+    /// Sends refused because every send buffer was in flight (or the socket would block).
+    pub send_dropped: u64,
+    /// Receives that were not a whole MAD or had no usable sender address.
+    pub recv_malformed: u64,
+    /// Completions with an error status, or socket errors.
+    pub errors: u64,
+}
+
+/// Why a MAD could not be sent.
+#[derive(Debug, thiserror::Error)]
+pub enum MadSendError {
+    /// The QP1 post failed.
+    #[error("{0}")]
+    Verbs(#[source] VerbsError),
+    /// The UDP send failed.
+    #[error("{0}")]
+    Io(#[source] io::Error),
+}
+
+/// A received MAD with its sender, or a MAD to send with its destination.
+pub type Mad = (Gid, [u8; MAD_LEN]);
+
+/// One way of carrying CM MADs, driven by the driver over the provider `V`.
+///
+/// Object safe, so a driver that picks the transport at run time may hold a
+/// `Box<dyn MadTransport<V>>`.
+pub trait MadTransport<V: Verbs> {
+    /// True when a MAD can be sent now without being dropped for lack of a send buffer.
+    fn can_send(&self) -> bool;
+
+    /// Sends one MAD to `to`. A MAD that finds no send buffer (or a socket that would block)
+    /// is dropped and counted: the CM retransmits.
+    ///
+    /// # Errors
+    /// The transport's error.
+    fn send(&mut self, v: &mut V, to: Gid, mad: &[u8; MAD_LEN]) -> Result<(), MadSendError>;
+
+    /// Appends every MAD received since the last call to `out`, with its sender.
+    fn poll(&mut self, v: &mut V, out: &mut Vec<Mad>);
+
+    /// Counters.
+    fn stats(&self) -> MadStats;
+
+    /// The QP this transport holds on the provider (QP1), if it holds one: the endpoint
+    /// counts it with its own QPs.
+    fn provider_qp(&self) -> Option<QpNum>;
+}
+
+impl<V: Verbs> MadTransport<V> for Gsi {
+    fn can_send(&self) -> bool {
+        Self::can_send(self)
+    }
+
+    fn send(&mut self, v: &mut V, to: Gid, mad: &[u8; MAD_LEN]) -> Result<(), MadSendError> {
+        Self::send(self, v, to, mad).map_err(MadSendError::Verbs)
+    }
+
+    fn poll(&mut self, v: &mut V, out: &mut Vec<Mad>) {
+        Self::poll(self, v, out);
+    }
+
+    fn stats(&self) -> MadStats {
+        Self::stats(self)
+    }
+
+    fn provider_qp(&self) -> Option<QpNum> {
+        Some(self.qp())
+    }
+}
+
+impl<V: Verbs> MadTransport<V> for MadUdp {
+    fn can_send(&self) -> bool {
+        true
+    }
+
+    fn send(&mut self, _: &mut V, to: Gid, mad: &[u8; MAD_LEN]) -> Result<(), MadSendError> {
+        Self::send(self, to, mad).map_err(MadSendError::Io)
+    }
+
+    fn poll(&mut self, _: &mut V, out: &mut Vec<Mad>) {
+        Self::poll(self, out);
+    }
+
+    fn stats(&self) -> MadStats {
+        Self::stats(self)
+    }
+
+    fn provider_qp(&self) -> Option<QpNum> {
+        None
+    }
+}
+
+/// Sends what `next` yields (the endpoint's [`poll_mad`](crate::ipoib::Endpoint::poll_mad))
+/// while the transport has room; what does not fit stays with the caller for the next turn
+/// (the endpoint then asks for an immediate turn), instead of being dropped and costing the
+/// peer a CM retransmission timeout.
+pub fn send_while_room<V: Verbs, T: MadTransport<V> + ?Sized>(
+    t: &mut T,
+    v: &mut V,
+    mut next: impl FnMut() -> Option<Mad>,
+) {
+    while t.can_send() {
+        let Some((to, mad)) = next() else {
+            break;
+        };
+        if let Err(e) = t.send(v, to, &mad) {
+            tracing::debug!(error = %e, "sending a CM MAD failed");
+        }
+    }
+}
+
+/// Reads what the transport received and hands each MAD to `deliver` (the endpoint's
+/// [`handle_mad`](crate::ipoib::Endpoint::handle_mad)); `scratch` is reused across turns.
+pub fn receive<V: Verbs, T: MadTransport<V> + ?Sized>(
+    t: &mut T,
+    v: &mut V,
+    scratch: &mut Vec<Mad>,
+    mut deliver: impl FnMut(Gid, &[u8; MAD_LEN]),
+) {
+    scratch.clear();
+    t.poll(v, scratch);
+    for (from, mad) in scratch.iter() {
+        deliver(*from, mad);
+    }
+    scratch.clear();
+    scratch.shrink_to(crate::cm::QUEUE_KEEP);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::soft::{SoftConfig, SoftVerbs};
+    use std::net::{IpAddr, Ipv4Addr};
+
+    /// A transport with room for `room` MADs that records what it sends.
+    struct Recorder {
+        room: usize,
+        sent: Vec<Mad>,
+    }
+
+    impl<V: Verbs> MadTransport<V> for Recorder {
+        fn can_send(&self) -> bool {
+            self.sent.len() < self.room
+        }
+        fn send(&mut self, _: &mut V, to: Gid, mad: &[u8; MAD_LEN]) -> Result<(), MadSendError> {
+            self.sent.push((to, *mad));
+            Ok(())
+        }
+        fn poll(&mut self, _: &mut V, out: &mut Vec<Mad>) {
+            out.append(&mut self.sent);
+        }
+        fn stats(&self) -> MadStats {
+            MadStats::default()
+        }
+        fn provider_qp(&self) -> Option<QpNum> {
+            None
+        }
+    }
+
+    #[test]
+    fn what_the_transport_has_no_room_for_stays_with_the_caller() {
+        let mut v = SoftVerbs::new(SoftConfig::new(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        let mut queue: std::collections::VecDeque<Mad> = (0..5u8)
+            .map(|i| (Gid::from_ip(IpAddr::V4(Ipv4Addr::LOCALHOST)), [i; MAD_LEN]))
+            .collect();
+        let mut t = Recorder {
+            room: 2,
+            sent: Vec::new(),
+        };
+        let dyn_t: &mut dyn MadTransport<SoftVerbs> = &mut t;
+        send_while_room(dyn_t, &mut v, || queue.pop_front());
+        assert_eq!(queue.len(), 3);
+        let mut scratch = Vec::new();
+        let mut got = Vec::new();
+        receive(&mut t, &mut v, &mut scratch, |_, m| got.push(m[0]));
+        assert_eq!(got, [0, 1]);
+        assert!(scratch.is_empty());
+    }
+
+    #[test]
+    fn the_transport_choice_parses_from_its_names() {
+        assert_eq!("qp1".parse::<CmTransport>(), Ok(CmTransport::Qp1));
+        assert_eq!("udp".parse::<CmTransport>(), Ok(CmTransport::Udp));
+        assert!("umad".parse::<CmTransport>().is_err());
+    }
+}
