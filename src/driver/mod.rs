@@ -1,91 +1,36 @@
 //! The driver: the edge where the sans-IO cores meet the operating system's event loop.
 //!
-//! Providers name the descriptors they need watched ([`Provider::io_source`]); this module
-//! owns their registration with mio, so that neither the `verbs` seam nor a provider knows
-//! the event loop.
+//! A [`Node`] owns one IPoIB interface: the provider and its descriptors
+//! ([`ProviderSources`]), the [`Endpoint`](crate::ipoib::Endpoint), the CM MAD transport that
+//! [`CmTransport`](crate::mad::CmTransport) names, and the TUN device. It never reads the
+//! clock and never sleeps: its caller owns the mio [`Poll`](mio::Poll), reads the clock once
+//! per turn and passes that `now` to every call of the turn.
+//!
+//! # Calling protocol
+//!
+//! 1. [`Node::new`] sets the interface up and registers the node's descriptors with the
+//!    caller's registry on the tokens `first_token..`[`Node::tokens_end`]; the caller's own
+//!    tokens lie outside that range.
+//! 2. Each turn of the loop:
+//!    - poll with a timeout of zero while [`Node::has_pending_input`], else until
+//!      [`Node::poll_timeout`] (the earliest of the caller's own deadlines with it);
+//!    - read the clock once: `now`;
+//!    - for every event, [`Node::note_readiness`] with its token (`false`: not the node's);
+//!    - [`Node::turn`]`(now)`: provider input, CM MADs, completions, TUN writes and reads,
+//!      the endpoint's timers;
+//!    - the caller's own work that reads the node's state ([`Node::endpoint`],
+//!      [`Node::provider`], [`Node::mad_stats`]) and may call [`Node::begin_shutdown`];
+//!    - [`Node::flush`]`(now, registry)`: what the turn queued leaves, together;
+//!    - if [`Node::should_finish`]`(now)`, [`Node::finish`]`(now)` and leave the loop.
+//! 3. [`Node::begin_shutdown`] (on a signal, say) DREQs every connection; the loop goes on
+//!    turning until every connection is gone or the endpoint's `drain_timeout` has passed.
+//!
+//! [`ProviderSources`] alone is the registration part, for loops that drive a provider
+//! without a node (the tools).
 
-use std::io;
+mod node;
+mod sources;
+mod tun;
 
-use mio::unix::SourceFd;
-use mio::{Interest, Registry, Token};
-
-use crate::verbs::{IoSource, Provider};
-
-/// A provider's descriptors as registered with a mio registry, on consecutive tokens.
-#[derive(Debug)]
-pub struct ProviderSources {
-    first_token: usize,
-    /// What each descriptor is registered for now, by index.
-    registered: Vec<IoSource>,
-}
-
-impl ProviderSources {
-    /// Registers every descriptor of `prov` on tokens `first_token`, `first_token + 1`, ...
-    ///
-    /// # Errors
-    /// The registry's error.
-    pub fn register<P: Provider>(
-        registry: &Registry,
-        prov: &P,
-        first_token: usize,
-    ) -> io::Result<Self> {
-        let mut registered = Vec::new();
-        while let Some(src) = prov.io_source(registered.len()) {
-            let token = Token(first_token + registered.len());
-            registry.register(&mut SourceFd(&src.fd), token, interest(src))?;
-            registered.push(src);
-        }
-        Ok(Self {
-            first_token,
-            registered,
-        })
-    }
-
-    /// How many tokens the provider took (from the first).
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.registered.len()
-    }
-
-    /// True when the provider has no descriptor.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.registered.is_empty()
-    }
-
-    /// The descriptor index of `token`, when it is one of the provider's.
-    #[must_use]
-    pub fn index_of(&self, token: Token) -> Option<usize> {
-        token
-            .0
-            .checked_sub(self.first_token)
-            .filter(|&i| i < self.registered.len())
-    }
-
-    /// Re-registers each descriptor whose wanted interest changed since it was registered
-    /// (a few comparisons when nothing did: call it once a turn, after the provider's I/O).
-    ///
-    /// # Errors
-    /// The registry's error.
-    pub fn sync<P: Provider>(&mut self, registry: &Registry, prov: &P) -> io::Result<()> {
-        for (i, was) in self.registered.iter_mut().enumerate() {
-            let Some(now) = prov.io_source(i) else {
-                continue;
-            };
-            if now != *was {
-                let token = Token(self.first_token + i);
-                registry.reregister(&mut SourceFd(&now.fd), token, interest(now))?;
-                *was = now;
-            }
-        }
-        Ok(())
-    }
-}
-
-fn interest(src: IoSource) -> Interest {
-    if src.writable {
-        Interest::READABLE | Interest::WRITABLE
-    } else {
-        Interest::READABLE
-    }
-}
+pub use node::{Node, NodeConfig, NodeError, EARLY_ACK_BATCH, TUN_BATCH};
+pub use sources::ProviderSources;

@@ -1,0 +1,447 @@
+//! [`Node`]: one IPoIB interface (its TUN device, endpoint, provider and CM MAD transport)
+//! driven a turn at a time.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::Instant;
+
+use mio::unix::SourceFd;
+use mio::{Interest, Registry, Token};
+
+use super::tun::{read_tun, write_tun, TunRead};
+use super::ProviderSources;
+use crate::ipoib::{Endpoint, EndpointConfig};
+use crate::mad::{self, CmTransport, Gsi, Mad, MadStats, MadTransport, MadUdp};
+use crate::sys::tun::Tun;
+use crate::verbs::{Provider, VerbsError};
+
+/// Packets read from the TUN device per turn.
+pub const TUN_BATCH: usize = 256;
+
+/// Packets read from the provider in one turn from which their acknowledgements leave before
+/// the TUN writes.
+pub const EARLY_ACK_BATCH: usize = 8;
+
+/// Bytes of the buffer that TUN packets are read into while shutting down with no send buffer
+/// free: the largest packet the TUN device hands out.
+const DRAIN_READ_BYTES: usize = 65_536;
+
+/// What a [`Node`] is set up with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeConfig {
+    /// Name of the TUN interface to create (a pattern such as `ib%d` lets the kernel pick).
+    pub ifname: String,
+    /// The endpoint's settings. Its `addrs` are also put on the interface, and its
+    /// `drain_timeout` bounds the whole shutdown ([`Node::begin_shutdown`]).
+    pub endpoint: EndpointConfig,
+    /// How CM MADs travel.
+    pub cm_transport: CmTransport,
+    /// Where the UDP side channel binds, with [`CmTransport::Udp`].
+    pub mad_udp: SocketAddr,
+}
+
+/// Why a [`Node`] could not be set up. Its `Display` names the step.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// The CM MAD side channel's socket could not be bound.
+    #[error("MAD side channel {addr}: {source}")]
+    MadBind {
+        /// The address it was to bind.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// QP1 or the endpoint's QPs, CQs and buffers could not be set up on the provider.
+    #[error("provider set-up: {0}")]
+    Provider(#[source] VerbsError),
+    /// The TUN device could not be created.
+    #[error("TUN device: {0}")]
+    Tun(#[source] io::Error),
+    /// The interface MTU could not be set.
+    #[error("interface MTU: {0}")]
+    InterfaceMtu(#[source] io::Error),
+    /// An interface address could not be added.
+    #[error("interface address {addr}/{prefix_len}: {source}")]
+    Addr {
+        /// The address.
+        addr: IpAddr,
+        /// Its prefix length.
+        prefix_len: u8,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The interface could not be brought up.
+    #[error("interface up: {0}")]
+    InterfaceUp(#[source] io::Error),
+    /// A descriptor could not be registered with the event loop.
+    #[error("event loop registration: {0}")]
+    Register(#[source] io::Error),
+}
+
+/// The node's descriptors that are not the provider's.
+#[derive(Debug, Clone, Copy)]
+struct Tokens {
+    tun: Token,
+    /// The UDP side channel's, when the transport is one.
+    mad: Option<Token>,
+    /// One past the last of the node's tokens.
+    end: Token,
+}
+
+/// One IPoIB interface: a TUN device and an [`Endpoint`] over a provider `P`, with the CM MAD
+/// transport the configuration names. See the [module documentation](super) for the calling
+/// protocol.
+pub struct Node<P: Provider> {
+    prov: P,
+    sources: ProviderSources,
+    ep: Endpoint,
+    mad: Box<dyn MadTransport<P::Verbs>>,
+    /// Reused between turns by [`mad::receive`].
+    mads: Vec<Mad>,
+    tun: Tun,
+    tokens: Tokens,
+    /// The TUN device reported readability that has not been read to exhaustion since (or a
+    /// TUN write may have produced a local reply): read it this turn.
+    tun_ready: bool,
+    /// The last turn stopped reading the TUN at [`TUN_BATCH`]: the next turn comes at once.
+    tun_more: bool,
+    /// Packets the TUN device refused.
+    tun_write_drops: u64,
+    /// Where a TUN packet is read while shutting down with no send buffer free.
+    drain_buf: Vec<u8>,
+    /// Set by [`Node::begin_shutdown`]: when the drain gives up.
+    stop_deadline: Option<Instant>,
+}
+
+impl<P: Provider> std::fmt::Debug for Node<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("ifname", &self.tun.name())
+            .field("hwaddr", &self.ep.hwaddr())
+            .field("tokens", &self.tokens)
+            .field("stop_deadline", &self.stop_deadline)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<P: Provider> Node<P> {
+    /// Sets the interface up: opens the CM MAD transport, builds the endpoint on `prov`,
+    /// creates the TUN device with the endpoint's interface MTU and addresses and brings it
+    /// up, then registers the provider's descriptors, the TUN device and the side channel (if
+    /// any) with `registry` on consecutive tokens from `first_token` (up to
+    /// [`Node::tokens_end`]).
+    ///
+    /// # Errors
+    /// The step that failed.
+    pub fn new(
+        now: Instant,
+        mut prov: P,
+        cfg: NodeConfig,
+        registry: &Registry,
+        first_token: usize,
+    ) -> Result<Self, NodeError> {
+        let mut mad_fd: Option<RawFd> = None;
+        let mad: Box<dyn MadTransport<P::Verbs>> = match cfg.cm_transport {
+            CmTransport::Qp1 => {
+                Box::new(Gsi::open_for_cm(prov.verbs()).map_err(NodeError::Provider)?)
+            }
+            CmTransport::Udp => {
+                let mut udp =
+                    MadUdp::bind(cfg.mad_udp.ip(), cfg.mad_udp.port()).map_err(|source| {
+                        NodeError::MadBind {
+                            addr: cfg.mad_udp,
+                            source,
+                        }
+                    })?;
+                mad_fd = Some(udp.socket_mut().as_raw_fd());
+                Box::new(udp)
+            }
+        };
+        let mtu = cfg.endpoint.interface_mtu();
+        let addrs = cfg.endpoint.addrs.clone();
+        let ep = Endpoint::new(now, prov.verbs(), cfg.endpoint, mad.provider_qp())
+            .map_err(NodeError::Provider)?;
+
+        let mut tun = Tun::create(&cfg.ifname).map_err(NodeError::Tun)?;
+        tun.set_mtu(mtu).map_err(NodeError::InterfaceMtu)?;
+        for (addr, prefix_len) in addrs {
+            let r = match addr {
+                IpAddr::V4(a) => tun.add_ipv4(a, prefix_len),
+                IpAddr::V6(a) => tun.add_ipv6(a, prefix_len),
+            };
+            r.map_err(|source| NodeError::Addr {
+                addr,
+                prefix_len,
+                source,
+            })?;
+        }
+        tun.set_up().map_err(NodeError::InterfaceUp)?;
+
+        let sources =
+            ProviderSources::register(registry, &prov, first_token).map_err(NodeError::Register)?;
+        let tun_token = Token(first_token + sources.len());
+        registry
+            .register(&mut tun, tun_token, Interest::READABLE)
+            .map_err(NodeError::Register)?;
+        let mut end = Token(tun_token.0 + 1);
+        let mad_token = match mad_fd {
+            Some(fd) => {
+                let token = end;
+                registry
+                    .register(&mut SourceFd(&fd), token, Interest::READABLE)
+                    .map_err(NodeError::Register)?;
+                end = Token(token.0 + 1);
+                Some(token)
+            }
+            None => None,
+        };
+        Ok(Self {
+            prov,
+            sources,
+            ep,
+            mad,
+            mads: Vec::new(),
+            tun,
+            tokens: Tokens {
+                tun: tun_token,
+                mad: mad_token,
+                end,
+            },
+            tun_ready: true,
+            tun_more: false,
+            tun_write_drops: 0,
+            drain_buf: vec![0; DRAIN_READ_BYTES],
+            stop_deadline: None,
+        })
+    }
+
+    /// One past the last token the node registered: the tokens `first_token..tokens_end()`
+    /// are the node's.
+    #[must_use]
+    pub fn tokens_end(&self) -> Token {
+        self.tokens.end
+    }
+
+    /// Readiness was reported on `token`: returns whether the token is one of the node's (the
+    /// caller handles the others). Call it for every event before [`Node::turn`].
+    pub fn note_readiness(&mut self, token: Token) -> bool {
+        if let Some(i) = self.sources.index_of(token) {
+            self.prov.note_readiness(i);
+            return true;
+        }
+        if token == self.tokens.tun {
+            self.tun_ready = true;
+            return true;
+        }
+        // The MAD transport is read on every turn (QP1 has no readiness of its own), so the
+        // side channel's readiness only needs to wake the loop.
+        self.tokens.mad == Some(token)
+    }
+
+    /// When the next turn is due even without readiness: the earliest deadline of the
+    /// provider, the endpoint and the shutdown bound.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        [
+            self.prov.poll_timeout(),
+            self.ep.poll_timeout(),
+            self.stop_deadline,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// True when the last turn left packets in the TUN device's queue (it read its bound of
+    /// them): the next turn should follow at once, without sleeping.
+    #[must_use]
+    pub fn has_pending_input(&self) -> bool {
+        self.tun_more
+    }
+
+    /// The receive half of a turn: everything that arrived is read and handled, and the
+    /// endpoint's timers run; what that queued on the provider leaves at [`Node::flush`].
+    ///
+    /// # Errors
+    /// A fatal I/O error of the provider or the TUN device.
+    pub fn turn(&mut self, now: Instant) -> io::Result<()> {
+        // Read, pass what arrived on to the TUN, then read the TUN (a local reply to what was
+        // just written may already be there), and transmit once at the end: the ACKs of what
+        // was read leave with the replies, after the data was delivered.
+        let read = self.prov.handle_input(now)?;
+        if read >= EARLY_ACK_BATCH {
+            // A large batch takes a while to pass on to the TUN: acknowledge it first, so
+            // that the peer's send queue drains meanwhile (a single request still has its ACK
+            // leave after the reply, below).
+            self.prov.flush(now)?;
+        }
+        self.receive_mads(now);
+        self.ep.handle_verbs(now, self.prov.verbs());
+        self.send_mads();
+        self.write_tun();
+        if self.tun_ready || self.tun_more {
+            self.read_tun(now)?;
+        }
+        self.ep.handle_timeout(now, self.prov.verbs());
+        self.send_mads();
+        self.write_tun();
+        Ok(())
+    }
+
+    /// The end of a turn: transmits what the turn (and a [`Node::begin_shutdown`] after it)
+    /// queued on the provider, and re-registers the provider's descriptors whose wanted
+    /// interest changed.
+    ///
+    /// # Errors
+    /// A fatal I/O error of the provider, or the registry's.
+    pub fn flush(&mut self, now: Instant, registry: &Registry) -> io::Result<()> {
+        self.prov.flush(now)?;
+        self.sources.sync(registry, &self.prov)
+    }
+
+    /// Starts an orderly shutdown: no new connections, a DREQ for every one, and from now on
+    /// TUN packets are read even without a free send buffer (to be dropped or queued). The
+    /// drain is bounded by the endpoint's `drain_timeout` from `now`. Calling it again does
+    /// nothing.
+    pub fn begin_shutdown(&mut self, now: Instant) {
+        if self.stop_deadline.is_some() {
+            return;
+        }
+        self.ep.begin_shutdown(now, self.prov.verbs());
+        self.send_mads();
+        self.stop_deadline = Some(now + self.ep.config().drain_timeout);
+    }
+
+    /// True after [`Node::begin_shutdown`].
+    #[must_use]
+    pub fn is_shutting_down(&self) -> bool {
+        self.stop_deadline.is_some()
+    }
+
+    /// True once every connection is gone after [`Node::begin_shutdown`].
+    #[must_use]
+    pub fn is_stopped(&self) -> bool {
+        self.ep.is_stopped()
+    }
+
+    /// True when a shutdown is over at `now`: every connection is gone, or the drain bound
+    /// has passed. Then call [`Node::finish`].
+    #[must_use]
+    pub fn should_finish(&self, now: Instant) -> bool {
+        self.stop_deadline
+            .is_some_and(|deadline| self.ep.is_stopped() || now >= deadline)
+    }
+
+    /// Ends the node: destroys whatever connection is left, lets the last DREQs and DREPs out,
+    /// and removes the interface (by closing the TUN device).
+    ///
+    /// # Errors
+    /// A fatal I/O error of the provider.
+    pub fn finish(mut self, now: Instant) -> io::Result<()> {
+        if !self.ep.is_stopped() {
+            self.ep.force_stop(self.prov.verbs());
+        }
+        self.receive_mads(now);
+        self.ep.handle_verbs(now, self.prov.verbs());
+        self.send_mads();
+        self.prov.handle_io(now)?;
+        tracing::info!(counters = ?self.ep.counters(), "stopped");
+        Ok(())
+    }
+
+    /// The interface name the kernel gave.
+    #[must_use]
+    pub fn ifname(&self) -> &str {
+        self.tun.name()
+    }
+
+    /// The endpoint (its snapshot, counters and configuration).
+    #[must_use]
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.ep
+    }
+
+    /// The provider (its counters).
+    #[must_use]
+    pub fn provider(&self) -> &P {
+        &self.prov
+    }
+
+    /// The CM MAD transport's counters.
+    #[must_use]
+    pub fn mad_stats(&self) -> MadStats {
+        self.mad.stats()
+    }
+
+    /// Packets the TUN device refused (its queue was full, or the write failed).
+    #[must_use]
+    pub fn tun_write_drops(&self) -> u64 {
+        self.tun_write_drops
+    }
+
+    /// Hands every MAD the transport received to the endpoint.
+    fn receive_mads(&mut self, now: Instant) {
+        let ep = &mut self.ep;
+        mad::receive(
+            self.mad.as_mut(),
+            self.prov.verbs(),
+            &mut self.mads,
+            |from, m| {
+                ep.handle_mad(now, from, m);
+            },
+        );
+    }
+
+    /// Sends the endpoint's MADs while the transport has room.
+    fn send_mads(&mut self) {
+        let ep = &mut self.ep;
+        mad::send_while_room(self.mad.as_mut(), self.prov.verbs(), || ep.poll_mad());
+    }
+
+    /// Writes what the endpoint delivered to the TUN device; a write may bring a local reply,
+    /// so the TUN device is read again after any.
+    fn write_tun(&mut self) {
+        if write_tun(
+            &self.tun,
+            &mut self.ep,
+            self.prov.verbs(),
+            &mut self.tun_write_drops,
+        ) {
+            self.tun_ready = true;
+        }
+    }
+
+    /// Reads up to [`TUN_BATCH`] packets from the TUN device into the endpoint.
+    fn read_tun(&mut self, now: Instant) -> io::Result<()> {
+        self.tun_more = false;
+        let draining = self.stop_deadline.is_some();
+        for i in 0..TUN_BATCH {
+            match read_tun(
+                &self.tun,
+                &mut self.ep,
+                self.prov.verbs(),
+                now,
+                &mut self.drain_buf,
+                draining,
+            )? {
+                TunRead::Packet => {}
+                TunRead::Empty => {
+                    // Edge-triggered: the next packet brings an event.
+                    self.tun_ready = false;
+                    break;
+                }
+                // Every send buffer is in flight: leave the packets in the TUN queue
+                // (tun_ready stays set) until completions free some; reading them only to
+                // drop them cost a read each while the sender outran the fabric.
+                TunRead::NoSendBuffer => break,
+            }
+            if i + 1 == TUN_BATCH {
+                self.tun_more = true;
+            }
+        }
+        Ok(())
+    }
+}
