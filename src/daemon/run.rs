@@ -364,3 +364,46 @@ fn status<P: DaemonProvider>(node: &Node<P>, now: Instant) -> Status {
         .insert("tun_write_drops".to_owned(), node.tun_write_drops());
     status
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    fn boom() -> io::Error {
+        io::Error::other("boom")
+    }
+
+    #[test]
+    fn a_node_set_up_error_names_the_flag_that_configures_the_step() {
+        let bind = IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1));
+        let cases = [
+            (
+                NodeError::MadBind {
+                    addr: SocketAddr::new(bind, 4792),
+                    source: boom(),
+                },
+                "--mad-port 198.18.0.1:4792: boom",
+                2,
+            ),
+            (NodeError::Tun(boom()), "--ifname: boom", 2),
+            (NodeError::InterfaceMtu(boom()), "interface MTU: boom", 2),
+            (
+                NodeError::Addr {
+                    addr: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
+                    prefix_len: 24,
+                    source: boom(),
+                },
+                "--addr 10.0.0.1/24: boom",
+                2,
+            ),
+            (NodeError::InterfaceUp(boom()), "interface up: boom", 2),
+            (NodeError::Register(boom()), "event loop: boom", 1),
+        ];
+        for (node, line, code) in cases {
+            let e = DaemonError::from(node);
+            assert_eq!(e.to_string(), line);
+            assert_eq!(e.exit_code(), code, "{line}");
+        }
+    }
+}
