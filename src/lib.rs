@@ -15,6 +15,9 @@
 //!   retries, TimeWait), sans-IO like the rest.
 //! - [`mad`]: the CM MAD transports the driver owns: QP1 on a provider that lets us own it
 //!   (the software one), or a UDP side channel beside kernel verbs.
+//! - [`driver`]: the event-loop edge. A [`driver::Node`] drives one interface (provider,
+//!   endpoint, CM MAD transport, TUN device) a turn at a time in its caller's mio loop; the
+//!   daemon's loop is made of its turns.
 //! - `hw` (feature `verbs`): the libibverbs hardware provider; with [`sys`], the only other
 //!   module allowed `unsafe`.
 //! - [`sys`]: the only module allowed `unsafe`: OS calls no safe crate exposes (socket options,
