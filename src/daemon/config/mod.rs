@@ -20,7 +20,7 @@
 mod cli;
 mod error;
 mod file;
-mod settings;
+mod resolved;
 mod value;
 
 use std::net::IpAddr;
@@ -32,7 +32,7 @@ pub(crate) use self::error::os_message;
 pub use self::error::ConfigError;
 use self::error::Origin;
 pub use self::file::{parse_config_file, ConfigFile, FileDuration};
-pub use self::settings::*;
+pub use self::resolved::*;
 use self::value::{
     add_quirk, check_ifname, check_log, pick, pick_list, pick_str, pick_switch, Choice,
 };
