@@ -7,18 +7,18 @@ use std::time::Duration;
 use clap::CommandFactory;
 use clap::Parser;
 use ipoib_cm::daemon::config::{
-    parse_duration, path_mtu_for_link_mtu, resolve, resolve_str, Cidr, ConfigError, ConfigFile,
-    Mode, ProviderKind, QpBudgetPolicy, UpArgs,
+    parse_duration, path_mtu_for_link_mtu, resolve, resolve_str, Cidr, ConfigError, Mode,
+    ProviderKind, QpBudgetPolicy, Settings,
 };
 use ipoib_cm::verbs::PathMtu;
 
 #[derive(Debug, Parser)]
 struct Cli {
     #[command(flatten)]
-    up: UpArgs,
+    up: Settings,
 }
 
-fn flags(args: &[&str]) -> UpArgs {
+fn flags(args: &[&str]) -> Settings {
     Cli::try_parse_from(std::iter::once("up").chain(args.iter().copied()))
         .unwrap()
         .up
@@ -788,7 +788,7 @@ fn up_flag_keys() -> Vec<String> {
 
 #[test]
 fn every_up_flag_is_a_config_key() {
-    let keys = ConfigFile::keys();
+    let keys = Settings::keys();
     let up_flags = up_flag_keys();
     assert!(up_flags.len() > 30, "{up_flags:?}");
     for f in up_flags.iter().filter(|f| *f != "config") {
@@ -821,7 +821,7 @@ fn every_up_flag_is_a_config_key() {
 #[test]
 fn readme_settings_table_names_every_key() {
     let readme = include_str!("../README.md");
-    for k in ConfigFile::keys() {
+    for k in Settings::keys() {
         assert!(
             readme.contains(&format!("`{k}`")),
             "README does not name the key `{k}`"
