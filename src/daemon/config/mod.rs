@@ -1,18 +1,23 @@
-//! Configuration of `ipoib-cm up`: a TOML file ([`ConfigFile`]), command-line flags that
-//! override it ([`UpArgs`]), and the validated [`Config`] they resolve to.
+//! Configuration of `ipoib-cm up`: one definition of its settings ([`Settings`]) that is both
+//! the command-line flags and the keys of the TOML file, and the validated [`Config`] they
+//! resolve to.
 //!
 //! Every flag but `--config` is also a config key, the same name with `_` for `-`
 //! (`--rx-timeout` is `rx_timeout`, `--no-srq` is `no_srq = true`, `--quirk` is
-//! `quirk = [...]`); [`ConfigFile`] names the older aliases it also reads. A flag given on the
-//! command line wins over the file; a repeatable flag given at least once replaces the file's
-//! whole list. Each setting's default and meaning is the doc of its [`Config`] field; the
-//! endpoint's settings default as [`EndpointConfig::new`](crate::ipoib::EndpointConfig::new)
-//! does.
+//! `quirk = [...]`); [`Settings`] names the older aliases the file also reads. A flag given on
+//! the command line wins over the file; a repeatable flag given at least once replaces the
+//! file's whole list ([`Settings::over`]). A value is parsed by its type's one [`Setting`]
+//! parse whether it came from a flag or the file. Each setting's default and meaning is the
+//! doc of its [`Config`] field; the endpoint's settings default as
+//! [`EndpointConfig::new`](crate::ipoib::EndpointConfig::new) does.
+//!
+//! Adding a setting is a field of [`Settings`] (its doc is the `--help` line), its field in
+//! [`Config`] with the line of [`resolve`] that validates it, its README row and its test.
 //!
 //! Errors are one line naming the field as the user wrote it: `--rx-timeout: ...` for a flag,
 //! `config: rx_timeout: ...` for a file key, `config file PATH: line N: ...` for a file that
-//! does not parse. The caller prints the [`ConfigError`] and exits with
-//! [`ConfigError::exit_code`].
+//! does not parse (TOML syntax, an unknown key, a value of the wrong TOML type). The caller
+//! prints the [`ConfigError`] and exits with [`ConfigError::exit_code`].
 //!
 //! Parsing ([`parse_config_file`], [`parse_duration`]) and [`resolve_str`] are pure; only
 //! [`resolve`] reads the file.
