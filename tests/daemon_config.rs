@@ -819,6 +819,18 @@ fn every_up_flag_is_a_config_key() {
 }
 
 #[test]
+fn readme_settings_table_names_every_flag() {
+    let readme = include_str!("../README.md");
+    for f in up_flag_keys() {
+        let flag = format!("--{}", f.replace('_', "-"));
+        assert!(
+            readme.contains(&flag),
+            "README does not name the flag {flag}"
+        );
+    }
+}
+
+#[test]
 fn readme_settings_table_names_every_key() {
     let readme = include_str!("../README.md");
     for k in Settings::keys() {

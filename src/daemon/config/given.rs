@@ -271,3 +271,42 @@ impl Quirk {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flag_text_and_file_value_parse_alike() {
+        let flag: Given<Duration> = Given::from("90".to_owned());
+        let file: Given<Duration> = Given::File(FileDuration::Seconds(90));
+        assert_eq!((flag.origin(), file.origin()), (Origin::Flag, Origin::File));
+        assert_eq!(flag.parse(), Ok(Duration::from_secs(90)));
+        assert_eq!(flag.parse(), file.parse());
+        let text: Given<Mode> = Given::File("datagram".to_owned());
+        assert_eq!(text.parse(), Ok(Mode::Datagram));
+    }
+
+    #[test]
+    fn path_mtu_names_the_value_as_given() {
+        assert_eq!(PathMtu::from_file(&2048), Ok(PathMtu::Mtu2048));
+        assert_eq!(
+            PathMtu::from_file(&-1).unwrap_err().to_string(),
+            "must be 256, 512, 1024, 2048 or 4096 (got -1)"
+        );
+        assert_eq!(
+            PathMtu::from_text("big").unwrap_err().to_string(),
+            "must be 256, 512, 1024, 2048 or 4096 (got \"big\")"
+        );
+    }
+
+    #[test]
+    fn quirks_and_neighbours() {
+        let mut q = crate::soft::Quirks::default();
+        "no-last-wqe".parse::<Quirk>().unwrap().set(&mut q);
+        assert!(q.no_last_wqe && !q.drain_never && !q.dup_last_wqe);
+        assert!("slow".parse::<Quirk>().is_err());
+        assert!(<(IpAddr, HwAddr)>::from_text("10.0.0.1").is_err());
+        assert!(bool::from_text("yes").is_err());
+    }
+}
