@@ -62,7 +62,7 @@ impl<T: Setting> Given<T> {
     /// Parses it with [`Setting::from_text`] or [`Setting::from_file`].
     ///
     /// # Errors
-    /// The setting's error, for [`Origin::err`] to name the flag or key.
+    /// The setting's error; [`resolve`](super::resolve) names the flag or key with it.
     pub fn parse(&self) -> Result<T, T::Err> {
         match self {
             Self::Flag(s) => T::from_text(s),
