@@ -22,8 +22,8 @@
 //! Parsing ([`parse_config_file`], [`parse_duration`]) and [`resolve_str`] are pure; only
 //! [`resolve`] reads the file.
 
-mod cli;
 mod error;
+mod faults;
 mod file;
 mod given;
 mod resolved;
@@ -33,11 +33,11 @@ mod value;
 use std::path::Path;
 use std::time::Duration;
 
-use self::cli::fault_config;
-pub use self::cli::FaultFlags;
 pub(crate) use self::error::os_message;
 pub use self::error::ConfigError;
 use self::error::Origin;
+use self::faults::fault_config;
+pub use self::faults::FaultFlags;
 pub use self::file::{parse_config_file, FileDuration};
 pub use self::given::{parse_path_mtu, Given, InvalidPathMtu, InvalidValue, Quirk, Setting};
 pub use self::resolved::*;
