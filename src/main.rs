@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use ipoib_cm::daemon::config::ProviderKind;
-use ipoib_cm::daemon::{self, FaultFlags, UpArgs};
+use ipoib_cm::daemon::config::{parse_path_mtu, Given, ProviderKind};
+use ipoib_cm::daemon::{self, FaultFlags, Settings};
 use ipoib_cm::tools::perf::{self, PerfArgs};
 use ipoib_cm::tools::rc_pingpong::{self, RcPingpong, RcPingpongOptions};
 use ipoib_cm::tools::{PingpongError, RcLink};
@@ -24,7 +24,7 @@ struct Cli {
 enum Command {
     /// Create the interface and run the IPoIB-CM daemon in the foreground (until SIGINT or
     /// SIGTERM).
-    Up(Box<UpArgs>),
+    Up(Box<Settings>),
     /// Show a running daemon's interface, neighbours, connections and counters.
     Status(StatusArgs),
     /// Ping-pong over one RC QP on the software RoCEv2 provider, like rdma-core's
@@ -299,8 +299,8 @@ struct PingpongArgs {
     #[arg(short = 'n', long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
     iters: u32,
     /// Path MTU (256, 512, 1024, 2048 or 4096).
-    #[arg(short = 'm', long, default_value_t = 1024, value_parser = parse_mtu)]
-    mtu: usize,
+    #[arg(short = 'm', long, default_value = "1024", value_parser = parse_path_mtu)]
+    mtu: PathMtu,
     /// Number of receives to post at a time.
     #[arg(short = 'r', long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=16384))]
     rx_depth: u32,
@@ -338,13 +338,6 @@ struct PingpongArgs {
     ib_dev: Option<String>,
 }
 
-fn parse_mtu(s: &str) -> Result<usize, String> {
-    let n: usize = s.parse().map_err(|_| format!("not a number: {s}"))?;
-    PathMtu::from_bytes(n)
-        .map(|_| n)
-        .ok_or_else(|| "must be 256, 512, 1024, 2048 or 4096".to_string())
-}
-
 fn rc_pingpong_main(a: &PingpongArgs) -> ExitCode {
     let faults = match a.faults.to_config() {
         Ok(f) => f,
@@ -362,7 +355,7 @@ fn rc_pingpong_main(a: &PingpongArgs) -> ExitCode {
         deadline: Duration::from_secs(a.deadline.max(1)),
         tool: RcPingpong {
             link: RcLink {
-                mtu: PathMtu::from_bytes(a.mtu).unwrap_or(PathMtu::Mtu1024),
+                mtu: a.mtu,
                 qp_timeout: a.qp_timeout,
                 faults,
             },
@@ -406,10 +399,14 @@ fn perf_main(a: &PerfArgs) -> ExitCode {
     }
 }
 
-fn up_main(a: &UpArgs) -> ExitCode {
+fn up_main(a: &Settings) -> ExitCode {
     // Without a usable device, say so before any configuration mistake.
-    if a.provider.as_deref() == Some("verbs") {
-        if let Err(e) = verbs_device_check(a.ib_dev.as_deref()) {
+    if matches!(
+        a.provider.as_ref().map(Given::parse),
+        Some(Ok(ProviderKind::Verbs))
+    ) {
+        let ib_dev = a.ib_dev.as_ref().and_then(|d| d.parse().ok());
+        if let Err(e) = verbs_device_check(ib_dev.as_deref()) {
             return fail("up", &e);
         }
     }

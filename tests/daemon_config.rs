@@ -7,18 +7,18 @@ use std::time::Duration;
 use clap::CommandFactory;
 use clap::Parser;
 use ipoib_cm::daemon::config::{
-    parse_duration, path_mtu_for_link_mtu, resolve, resolve_str, Cidr, ConfigError, ConfigFile,
-    Mode, ProviderKind, QpBudgetPolicy, UpArgs,
+    parse_config_file, parse_duration, parse_path_mtu, path_mtu_for_link_mtu, resolve, resolve_str,
+    Cidr, ConfigError, Mode, ProviderKind, QpBudgetPolicy, Settings,
 };
 use ipoib_cm::verbs::PathMtu;
 
 #[derive(Debug, Parser)]
 struct Cli {
     #[command(flatten)]
-    up: UpArgs,
+    up: Settings,
 }
 
-fn flags(args: &[&str]) -> UpArgs {
+fn flags(args: &[&str]) -> Settings {
     Cli::try_parse_from(std::iter::once("up").chain(args.iter().copied()))
         .unwrap()
         .up
@@ -788,7 +788,7 @@ fn up_flag_keys() -> Vec<String> {
 
 #[test]
 fn every_up_flag_is_a_config_key() {
-    let keys = ConfigFile::keys();
+    let keys = Settings::keys();
     let up_flags = up_flag_keys();
     assert!(up_flags.len() > 30, "{up_flags:?}");
     for f in up_flags.iter().filter(|f| *f != "config") {
@@ -819,9 +819,21 @@ fn every_up_flag_is_a_config_key() {
 }
 
 #[test]
+fn readme_settings_table_names_every_flag() {
+    let readme = include_str!("../README.md");
+    for f in up_flag_keys() {
+        let flag = format!("--{}", f.replace('_', "-"));
+        assert!(
+            readme.contains(&flag),
+            "README does not name the flag {flag}"
+        );
+    }
+}
+
+#[test]
 fn readme_settings_table_names_every_key() {
     let readme = include_str!("../README.md");
-    for k in ConfigFile::keys() {
+    for k in Settings::keys() {
         assert!(
             readme.contains(&format!("`{k}`")),
             "README does not name the key `{k}`"
@@ -888,5 +900,83 @@ fn provider_and_ib_dev_are_flags_and_keys() {
     assert_eq!(
         file_err("bind = \"10.0.0.1\"\nib_dev = \"\"", &[]),
         "config: ib_dev: must not be empty"
+    );
+}
+
+#[test]
+fn every_flag_has_its_help_from_the_settings_doc() {
+    for a in Cli::command().get_arguments() {
+        let help = a.get_help().map(ToString::to_string).unwrap_or_default();
+        assert!(
+            !help.trim().is_empty(),
+            "--{} has no doc",
+            a.get_long().unwrap_or_default()
+        );
+    }
+}
+
+#[test]
+fn flags_lay_over_the_file_field_by_field() {
+    let file = parse_config_file(
+        Path::new(P),
+        "mode = \"datagram\"\naddr = [\"198.19.0.1/24\", \"fd00::1/64\"]\nquirk = [\"drain-never\"]",
+    )
+    .unwrap();
+    let merged = flags(&["--addr", "198.19.1.1/16", "--max-conn-qp", "7"]).over(file.clone());
+    assert_eq!(
+        merged.mode, file.mode,
+        "a flag not given leaves the file's key"
+    );
+    assert_eq!(merged.quirk, file.quirk);
+    assert_eq!(
+        merged.addr.len(),
+        1,
+        "a repeatable flag replaces the file's list"
+    );
+    assert!(merged.max_conn_qp.is_some());
+    assert_eq!(flags(&[]).over(file.clone()), file);
+}
+
+#[test]
+fn switch_flags_take_no_value() {
+    for f in [
+        "--no-srq",
+        "--no-icrc-v4",
+        "--no-udp-offload",
+        "--evict",
+        "--reject",
+    ] {
+        assert!(
+            Cli::try_parse_from(["up", &format!("{f}=false")]).is_err(),
+            "{f}"
+        );
+        assert!(Cli::try_parse_from(["up", f]).is_ok(), "{f}");
+    }
+}
+
+#[test]
+fn file_aliases_must_agree_even_under_a_flag() {
+    assert_eq!(
+        file_err(
+            "bind = \"10.0.0.1\"\nno_icrc_v4 = true\nverify_icrc_v4 = true",
+            &["--no-icrc-v4"]
+        ),
+        "config: no_icrc_v4: contradicts verify_icrc_v4"
+    );
+    assert_eq!(
+        file_err(
+            "bind = \"10.0.0.1\"\nno_udp_offload = false\nudp_offload = false",
+            &[]
+        ),
+        "config: no_udp_offload: contradicts udp_offload"
+    );
+}
+
+#[test]
+fn path_mtu_parse_is_shared_with_the_tools() {
+    assert_eq!(parse_path_mtu("4096"), Ok(PathMtu::Mtu4096));
+    assert_eq!(
+        parse_path_mtu("1500").unwrap_err().to_string(),
+        "must be 256, 512, 1024, 2048 or 4096 (got \"1500\")"
     );
 }

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use ipoib_cm::daemon::config::{parse_config_file, parse_duration, resolve_str, Cidr, UpArgs};
+use ipoib_cm::daemon::config::{parse_config_file, parse_duration, resolve_str, Cidr, Settings};
 use ipoib_cm::daemon::control::{parse_request, parse_response};
 use proptest::prelude::*;
 
@@ -41,7 +41,7 @@ proptest! {
         let text = format!("bind = \"10.0.0.1\"\n{key} = {value}\n");
         let path = Path::new("/f.toml");
         let _ = parse_config_file(path, &text);
-        if let Err(e) = resolve_str(path, &text, &UpArgs::default()) {
+        if let Err(e) = resolve_str(path, &text, &Settings::default()) {
             prop_assert!(!e.to_string().contains('\n'), "{}", e);
         }
     }

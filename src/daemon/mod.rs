@@ -15,8 +15,8 @@ pub mod run;
 pub mod status;
 
 pub use config::{
-    default_control_socket, resolve, Cidr, CmTransport, Config, ConfigError, ConfigFile,
-    FaultFlags, Mode, ProviderKind, QpBudgetPolicy, UpArgs,
+    default_control_socket, resolve, Cidr, CmTransport, Config, ConfigError, FaultFlags, Mode,
+    ProviderKind, QpBudgetPolicy, Settings,
 };
 pub use control::{query, ControlError, ControlServer};
 pub use status::{

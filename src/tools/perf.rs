@@ -30,7 +30,7 @@ use super::exchange::{exchange_over_tcp, Dest, TcpExchange};
 use super::rc_qp::{connect_rc_qp, open_rc_qp, RcQpSetup};
 use super::soft_loop::{linger, stats_line, SoftLink, SoftLoop};
 use super::{Options, PingpongError, RcLink, RECV_WRID, ROCE_V2_UDP_PORT, SEND_WRID};
-use crate::daemon::config::{pick_duration, pick_int, ConfigError, ConfigFile, FaultFlags};
+use crate::daemon::config::{pick_duration, pick_int, ConfigError, FaultFlags};
 use crate::soft::provider::UdpOffload;
 use crate::verbs::setup::{clock_seed, DEFAULT_LOCAL_ACK_TIMEOUT};
 use crate::verbs::{
@@ -245,7 +245,7 @@ impl PerfArgs {
                         31,
                         i64::from(DEFAULT_LOCAL_ACK_TIMEOUT),
                     )? as u8,
-                    faults: self.faults.resolve(&ConfigFile::default())?,
+                    faults: self.faults.to_config()?,
                 },
                 tx_depth,
                 offload: if self.no_udp_offload {

@@ -71,15 +71,6 @@ pub(crate) enum Origin {
 }
 
 impl Origin {
-    /// Where a value that was given came from: the flag if it was set, else the file.
-    pub(crate) fn of<T>(flag: Option<T>) -> Self {
-        if flag.is_some() {
-            Self::Flag
-        } else {
-            Self::File
-        }
-    }
-
     /// `--rx-timeout` or `config: rx_timeout` for the config key `rx_timeout`.
     pub(crate) fn name(self, key: &str) -> String {
         match self {

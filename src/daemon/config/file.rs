@@ -1,96 +1,11 @@
-//! The TOML file of `ipoib-cm up` ([`ConfigFile`]): parsed, not yet validated.
+//! The TOML file of `ipoib-cm up`: parsed into [`Settings`], not yet validated.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::Deserialize;
 
 use super::error::ConfigError;
-
-/// The TOML configuration file: every key optional, unknown keys rejected.
-///
-/// The keys are the flags of [`UpArgs`](super::UpArgs) (without `--config`), the same name with
-/// `_` for `-`, plus `srq`, `verify_icrc_v4`, `udp_offload` (the opposite of `no_srq`,
-/// `no_icrc_v4`, `no_udp_offload`) and `qp_budget_policy = "evict"|"reject"` (`evict = true` /
-/// `reject = true`), kept for the files that use them. [`ConfigFile::keys`] lists them.
-/// Values are validated by [`resolve`](super::resolve), which names the key in its errors.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ConfigFile {
-    /// See [`Config::ifname`](super::Config::ifname).
-    pub ifname: Option<String>,
-    /// See [`Config::addr`](super::Config::addr).
-    pub addr: Option<Vec<String>>,
-    /// See [`Config::bind`](super::Config::bind).
-    pub bind: Option<String>,
-    /// See [`Config::peer`](super::Config::peer).
-    pub peer: Option<Vec<String>>,
-    /// See [`Config::neigh`](super::Config::neigh).
-    pub neigh: Option<Vec<String>>,
-    /// See [`Config::udp_port`](super::Config::udp_port).
-    pub udp_port: Option<i64>,
-    /// See [`Config::cm_transport`](super::Config::cm_transport).
-    pub cm_transport: Option<String>,
-    /// See [`Config::mad_port`](super::Config::mad_port).
-    pub mad_port: Option<i64>,
-    /// `true`: see [`Config::verify_icrc_v4`](super::Config::verify_icrc_v4).
-    pub no_icrc_v4: Option<bool>,
-    /// Alias of `no_icrc_v4` with the opposite sense: see [`Config::verify_icrc_v4`](super::Config::verify_icrc_v4).
-    pub verify_icrc_v4: Option<bool>,
-    /// `true`: see [`Config::udp_offload`](super::Config::udp_offload).
-    pub no_udp_offload: Option<bool>,
-    /// Alias of `no_udp_offload` with the opposite sense: see [`Config::udp_offload`](super::Config::udp_offload).
-    pub udp_offload: Option<bool>,
-    /// See [`Config::qp_timeout`](super::Config::qp_timeout).
-    pub qp_timeout: Option<i64>,
-    /// See [`Config::mode`](super::Config::mode).
-    pub mode: Option<String>,
-    /// `true`: see [`Config::srq`](super::Config::srq).
-    pub no_srq: Option<bool>,
-    /// Alias of `no_srq` with the opposite sense: see [`Config::srq`](super::Config::srq).
-    pub srq: Option<bool>,
-    /// See [`Config::rx_timeout`](super::Config::rx_timeout).
-    pub rx_timeout: Option<FileDuration>,
-    /// See [`Config::drain_timeout`](super::Config::drain_timeout).
-    pub drain_timeout: Option<FileDuration>,
-    /// See [`Config::tx_stall_timeout`](super::Config::tx_stall_timeout).
-    pub tx_stall_timeout: Option<FileDuration>,
-    /// See [`Config::busy_poll`](super::Config::busy_poll).
-    pub busy_poll: Option<FileDuration>,
-    /// See [`Config::neigh_timeout`](super::Config::neigh_timeout).
-    pub neigh_timeout: Option<FileDuration>,
-    /// See [`Config::max_conn_qp`](super::Config::max_conn_qp).
-    pub max_conn_qp: Option<i64>,
-    /// `true`: `qp_budget_policy = "evict"`.
-    pub evict: Option<bool>,
-    /// `true`: `qp_budget_policy = "reject"`.
-    pub reject: Option<bool>,
-    /// See [`Config::qp_budget_policy`](super::Config::qp_budget_policy).
-    pub qp_budget_policy: Option<String>,
-    /// See [`Config::tx_queue_len`](super::Config::tx_queue_len).
-    pub tx_queue_len: Option<i64>,
-    /// See [`Config::path_mtu`](super::Config::path_mtu).
-    pub path_mtu: Option<i64>,
-    /// See [`FaultConfig::loss_pct`](crate::soft::FaultConfig::loss_pct).
-    pub fault_loss: Option<f64>,
-    /// See [`FaultConfig::reorder_pct`](crate::soft::FaultConfig::reorder_pct).
-    pub fault_reorder: Option<f64>,
-    /// See [`FaultConfig::dup_pct`](crate::soft::FaultConfig::dup_pct).
-    pub fault_dup: Option<f64>,
-    /// See [`FaultConfig::corrupt_pct`](crate::soft::FaultConfig::corrupt_pct).
-    pub fault_corrupt: Option<f64>,
-    /// See [`FaultConfig::seed`](crate::soft::FaultConfig::seed).
-    pub fault_seed: Option<i64>,
-    /// See [`Config::quirks`](super::Config::quirks).
-    pub quirk: Option<Vec<String>>,
-    /// See [`Config::control_socket`](super::Config::control_socket).
-    pub control_socket: Option<PathBuf>,
-    /// See [`Config::log`](super::Config::log).
-    pub log: Option<String>,
-    /// See [`Config::provider`](super::Config::provider).
-    pub provider: Option<String>,
-    /// See [`Config::ib_dev`](super::Config::ib_dev).
-    pub ib_dev: Option<String>,
-}
+use super::settings::Settings;
 
 /// A duration in the config file: a string (`"1.5s"`) or an integer number of seconds.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -112,7 +27,7 @@ impl FileDuration {
     }
 }
 
-impl ConfigFile {
+impl Settings {
     /// Every key a config file may have, in declaration order.
     pub fn keys() -> &'static [&'static str] {
         let mut names = FieldNames(&[]);
@@ -153,7 +68,7 @@ impl<'de> serde::Deserializer<'de> for &mut FieldNames {
 ///
 /// # Errors
 /// [`ConfigError::Parse`] naming the line: TOML syntax, unknown key, wrong type.
-pub fn parse_config_file(path: &Path, text: &str) -> Result<ConfigFile, ConfigError> {
+pub fn parse_config_file(path: &Path, text: &str) -> Result<Settings, ConfigError> {
     toml::from_str(text).map_err(|e| {
         let line = e.span().map(|s| line_of(text, s.start));
         let mut message = e

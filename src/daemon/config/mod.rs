@@ -1,46 +1,54 @@
-//! Configuration of `ipoib-cm up`: a TOML file ([`ConfigFile`]), command-line flags that
-//! override it ([`UpArgs`]), and the validated [`Config`] they resolve to.
+//! Configuration of `ipoib-cm up`: one definition of its settings ([`Settings`]) that is both
+//! the command-line flags and the keys of the TOML file, and the validated [`Config`] they
+//! resolve to.
 //!
 //! Every flag but `--config` is also a config key, the same name with `_` for `-`
 //! (`--rx-timeout` is `rx_timeout`, `--no-srq` is `no_srq = true`, `--quirk` is
-//! `quirk = [...]`); [`ConfigFile`] names the older aliases it also reads. A flag given on the
-//! command line wins over the file; a repeatable flag given at least once replaces the file's
-//! whole list. Each setting's default and meaning is the doc of its [`Config`] field; the
-//! endpoint's settings default as [`EndpointConfig::new`](crate::ipoib::EndpointConfig::new)
-//! does.
+//! `quirk = [...]`); [`Settings`] names the older aliases the file also reads. A flag given on
+//! the command line wins over the file; a repeatable flag given at least once replaces the
+//! file's whole list ([`Settings::over`]). A value is parsed by its type's one [`Setting`]
+//! parse whether it came from a flag or the file. Each setting's default and meaning is the
+//! doc of its [`Config`] field; the endpoint's settings default as
+//! [`EndpointConfig::new`](crate::ipoib::EndpointConfig::new) does.
+//!
+//! Adding a setting is a field of [`Settings`] (its doc is the `--help` line), its field in
+//! [`Config`] with the line of [`resolve`] that validates it, its README row and its test.
 //!
 //! Errors are one line naming the field as the user wrote it: `--rx-timeout: ...` for a flag,
 //! `config: rx_timeout: ...` for a file key, `config file PATH: line N: ...` for a file that
-//! does not parse. The caller prints the [`ConfigError`] and exits with
-//! [`ConfigError::exit_code`].
+//! does not parse (TOML syntax, an unknown key, a value of the wrong TOML type). The caller
+//! prints the [`ConfigError`] and exits with [`ConfigError::exit_code`].
 //!
 //! Parsing ([`parse_config_file`], [`parse_duration`]) and [`resolve_str`] are pure; only
 //! [`resolve`] reads the file.
 
-mod cli;
 mod error;
+mod faults;
 mod file;
+mod given;
+mod resolved;
 mod settings;
 mod value;
 
-use std::net::IpAddr;
 use std::path::Path;
 use std::time::Duration;
 
-pub use self::cli::{FaultFlags, UpArgs};
 pub(crate) use self::error::os_message;
 pub use self::error::ConfigError;
 use self::error::Origin;
-pub use self::file::{parse_config_file, ConfigFile, FileDuration};
-pub use self::settings::*;
+use self::faults::fault_config;
+pub use self::faults::FaultFlags;
+pub use self::file::{parse_config_file, FileDuration};
+pub use self::given::{parse_path_mtu, Given, InvalidPathMtu, InvalidValue, Quirk, Setting};
+pub use self::resolved::*;
+pub use self::settings::Settings;
 use self::value::{
-    add_quirk, check_ifname, check_log, pick, pick_list, pick_str, pick_switch, Choice,
+    check_alias, check_ifname, check_log, duration_at_least, int_in, origin_of, parse, parse_list,
+    switch,
 };
 pub use self::value::{format_duration, parse_duration, pick_duration, pick_int, DurationError};
 pub use crate::ipoib::{Mode, ParseChoiceError, QpBudgetPolicy};
 use crate::soft::Quirks;
-use crate::verbs::PathMtu;
-use crate::wire::ipoib::HwAddr;
 
 /// Reads `file` (if any), applies `flags` over it, validates and returns the [`Config`].
 ///
@@ -48,7 +56,7 @@ use crate::wire::ipoib::HwAddr;
 ///
 /// # Errors
 /// A one-line [`ConfigError`] naming the field; exit with [`ConfigError::EXIT_CODE`].
-pub fn resolve(file: Option<&Path>, flags: &UpArgs) -> Result<Config, ConfigError> {
+pub fn resolve(file: Option<&Path>, flags: &Settings) -> Result<Config, ConfigError> {
     let parsed = match file {
         Some(path) => {
             let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
@@ -57,7 +65,7 @@ pub fn resolve(file: Option<&Path>, flags: &UpArgs) -> Result<Config, ConfigErro
             })?;
             parse_config_file(path, &text)?
         }
-        None => ConfigFile::default(),
+        None => Settings::default(),
     };
     resolve_parsed(&parsed, flags)
 }
@@ -66,7 +74,7 @@ pub fn resolve(file: Option<&Path>, flags: &UpArgs) -> Result<Config, ConfigErro
 ///
 /// # Errors
 /// As [`resolve`].
-pub fn resolve_str(path: &Path, text: &str, flags: &UpArgs) -> Result<Config, ConfigError> {
+pub fn resolve_str(path: &Path, text: &str, flags: &Settings) -> Result<Config, ConfigError> {
     resolve_parsed(&parse_config_file(path, text)?, flags)
 }
 
@@ -74,147 +82,114 @@ pub fn resolve_str(path: &Path, text: &str, flags: &UpArgs) -> Result<Config, Co
 ///
 /// # Errors
 /// As [`resolve`].
-pub fn resolve_parsed(file: &ConfigFile, flags: &UpArgs) -> Result<Config, ConfigError> {
+pub fn resolve_parsed(file: &Settings, flags: &Settings) -> Result<Config, ConfigError> {
+    // The file's keys and their opposite-sense aliases agree, whatever the flags say.
+    check_alias(
+        "no_icrc_v4",
+        file.no_icrc_v4.as_ref(),
+        "verify_icrc_v4",
+        file.verify_icrc_v4.as_ref(),
+    )?;
+    check_alias(
+        "no_udp_offload",
+        file.no_udp_offload.as_ref(),
+        "udp_offload",
+        file.udp_offload.as_ref(),
+    )?;
+    check_alias("no_srq", file.no_srq.as_ref(), "srq", file.srq.as_ref())?;
+    let s = flags.clone().over(file.clone());
+    validate(&s)
+}
+
+/// Validates merged settings into the [`Config`], with the defaults of the settings not given.
+fn validate(s: &Settings) -> Result<Config, ConfigError> {
     let d = endpoint_defaults();
-    let ifname = match pick_str(flags.ifname.as_deref(), file.ifname.as_deref()) {
-        Some((origin, s)) => {
-            check_ifname(origin, s)?;
-            s.to_owned()
+    let ifname = match parse("ifname", s.ifname.as_ref())? {
+        Some(name) => {
+            check_ifname(origin_of(s.ifname.as_ref()), &name)?;
+            name
         }
         None => DEFAULT_IFNAME.to_owned(),
     };
 
-    let (origin, list) = pick_list(&flags.addr, file.addr.as_deref());
-    let addr = list
-        .iter()
-        .map(|s| s.parse::<Cidr>().map_err(|e| origin.err("addr", e)))
-        .collect::<Result<Vec<_>, _>>()?;
+    let addr = parse_list("addr", &s.addr)?;
 
-    let bind = match pick_str(flags.bind.as_deref(), file.bind.as_deref()) {
-        Some((origin, s)) => s
-            .parse::<IpAddr>()
-            .map_err(|_| origin.err("bind", format!("invalid IP address {s:?}")))?,
-        None => return Err(ConfigError::invalid(
+    let Some(bind) = parse("bind", s.bind.as_ref())? else {
+        return Err(ConfigError::invalid(
             "--bind",
             "required (the underlay address of the software provider; or bind in the config file)",
-        )),
+        ));
     };
 
-    let (origin, list) = pick_list(&flags.peer, file.peer.as_deref());
-    let mut peer = Vec::with_capacity(list.len());
-    for s in list {
-        let ip = s
-            .parse::<IpAddr>()
-            .map_err(|_| origin.err("peer", format!("invalid IP address {s:?}")))?;
+    let peer = parse_list("peer", &s.peer)?;
+    for (ip, given) in peer.iter().zip(&s.peer) {
         if ip.is_ipv4() != bind.is_ipv4() {
-            return Err(origin.err(
+            return Err(given.origin().err(
                 "peer",
                 format!("{ip} is not the same address family as bind address {bind}"),
             ));
         }
-        if ip == bind {
-            return Err(origin.err("peer", format!("{ip} is the bind address itself")));
+        if *ip == bind {
+            return Err(given
+                .origin()
+                .err("peer", format!("{ip} is the bind address itself")));
         }
-        peer.push(ip);
     }
 
-    let (origin, list) = pick_list(&flags.neigh, file.neigh.as_deref());
-    let mut neigh = Vec::with_capacity(list.len());
-    for s in list {
-        let bad = || origin.err("neigh", format!("expected IP=HWADDR, got {s:?}"));
-        let (ip, hw) = s.split_once('=').ok_or_else(bad)?;
-        let ip = ip.trim().parse::<IpAddr>().map_err(|_| bad())?;
-        let hw = hw.trim().parse::<HwAddr>().map_err(|_| bad())?;
-        neigh.push((ip, hw));
-    }
+    let neigh = parse_list("neigh", &s.neigh)?;
 
-    let udp_port = pick_int(
-        "udp_port",
-        flags.udp_port.as_deref(),
-        file.udp_port,
-        1,
-        i64::from(u16::MAX),
-    )?
-    .map_or(DEFAULT_UDP_PORT, |v| v as u16);
-
-    let cm_transport = match pick_str(flags.cm_transport.as_deref(), file.cm_transport.as_deref()) {
-        Some((origin, s)) => Some(
-            s.parse::<CmTransport>()
-                .map_err(|e| origin.err("cm_transport", e))?,
-        ),
-        None => None,
+    let port = |key, given| -> Result<Option<u16>, ConfigError> {
+        Ok(int_in(key, given, 1, i64::from(u16::MAX))?.map(|v| v as u16))
     };
+    let udp_port = port("udp_port", s.udp_port.as_ref())?.unwrap_or(DEFAULT_UDP_PORT);
+    let cm_transport = parse("cm_transport", s.cm_transport.as_ref())?;
+    let mad_port = port("mad_port", s.mad_port.as_ref())?.unwrap_or(crate::mad::DEFAULT_MAD_PORT);
 
-    let mad_port = pick_int(
-        "mad_port",
-        flags.mad_port.as_deref(),
-        file.mad_port,
-        1,
-        i64::from(u16::MAX),
-    )?
-    .map_or(crate::mad::DEFAULT_MAD_PORT, |v| v as u16);
-
-    let verify_icrc_v4 = !pick_switch(
+    let verify_icrc_v4 = !switch(
         "no_icrc_v4",
-        flags.no_icrc_v4,
-        file.no_icrc_v4,
+        s.no_icrc_v4.as_ref(),
         "verify_icrc_v4",
-        file.verify_icrc_v4,
+        s.verify_icrc_v4.as_ref(),
     )?;
-    let udp_offload = !pick_switch(
+    let udp_offload = !switch(
         "no_udp_offload",
-        flags.no_udp_offload,
-        file.no_udp_offload,
+        s.no_udp_offload.as_ref(),
         "udp_offload",
-        file.udp_offload,
+        s.udp_offload.as_ref(),
     )?;
 
-    let qp_timeout = pick_int(
+    let qp_timeout = int_in(
         "qp_timeout",
-        flags.qp_timeout.as_deref(),
-        file.qp_timeout,
+        s.qp_timeout.as_ref(),
         i64::from(*QP_TIMEOUT_RANGE.start()),
         i64::from(*QP_TIMEOUT_RANGE.end()),
     )?
     .map_or(d.qp_timeout, |v| v as u8);
 
-    let mode = match pick_str(flags.mode.as_deref(), file.mode.as_deref()) {
-        Some((origin, s)) => s.parse::<Mode>().map_err(|e| origin.err("mode", e))?,
-        None => d.mode,
-    };
+    let mode = parse("mode", s.mode.as_ref())?.unwrap_or(d.mode);
+    let srq = !switch("no_srq", s.no_srq.as_ref(), "srq", s.srq.as_ref())?;
 
-    let srq = !pick_switch("no_srq", flags.no_srq, file.no_srq, "srq", file.srq)?;
-
-    let rx_timeout = pick_duration(
+    let rx_timeout = duration_at_least(
         "rx_timeout",
-        flags.rx_timeout.as_deref(),
-        file.rx_timeout.as_ref().map(FileDuration::text).as_deref(),
+        s.rx_timeout.as_ref(),
         MIN_RX_TIMEOUT,
         d.rx_timeout,
     )?;
-    let drain_timeout = pick_duration(
+    let drain_timeout = duration_at_least(
         "drain_timeout",
-        flags.drain_timeout.as_deref(),
-        file.drain_timeout
-            .as_ref()
-            .map(FileDuration::text)
-            .as_deref(),
+        s.drain_timeout.as_ref(),
         Duration::from_millis(1),
         d.drain_timeout,
     )?;
     let ack_timeout = crate::wire::cm::ibta_timeout(qp_timeout);
-    let tx_stall_timeout = pick_duration(
+    let tx_stall_timeout = duration_at_least(
         "tx_stall_timeout",
-        flags.tx_stall_timeout.as_deref(),
-        file.tx_stall_timeout
-            .as_ref()
-            .map(FileDuration::text)
-            .as_deref(),
+        s.tx_stall_timeout.as_ref(),
         Duration::from_millis(1),
         d.tx_stall_timeout.max(ack_timeout * TX_STALL_ACK_TIMEOUTS),
     )?;
     if tx_stall_timeout <= ack_timeout {
-        return Err(Origin::of(flags.tx_stall_timeout.as_ref()).err(
+        return Err(origin_of(s.tx_stall_timeout.as_ref()).err(
             "tx_stall_timeout",
             format!(
                 "must be longer than the local ACK timeout of qp_timeout {qp_timeout} ({})",
@@ -222,94 +197,61 @@ pub fn resolve_parsed(file: &ConfigFile, flags: &UpArgs) -> Result<Config, Confi
             ),
         ));
     }
-    let busy_poll = pick_duration(
+    let busy_poll = duration_at_least(
         "busy_poll",
-        flags.busy_poll.as_deref(),
-        file.busy_poll.as_ref().map(FileDuration::text).as_deref(),
+        s.busy_poll.as_ref(),
         Duration::ZERO,
         Duration::ZERO,
     )?;
     if busy_poll > MAX_BUSY_POLL {
-        return Err(Origin::of(flags.busy_poll.as_ref()).err(
+        return Err(origin_of(s.busy_poll.as_ref()).err(
             "busy_poll",
             format!("must be at most {}", format_duration(MAX_BUSY_POLL)),
         ));
     }
-    let neigh_timeout = pick_duration(
+    let neigh_timeout = duration_at_least(
         "neigh_timeout",
-        flags.neigh_timeout.as_deref(),
-        file.neigh_timeout
-            .as_ref()
-            .map(FileDuration::text)
-            .as_deref(),
+        s.neigh_timeout.as_ref(),
         MIN_NEIGH_TIMEOUT,
         d.neigh_timeout,
     )?;
 
-    let max_conn_qp = pick_int(
+    let max_conn_qp = int_in(
         "max_conn_qp",
-        flags.max_conn_qp.as_deref(),
-        file.max_conn_qp,
+        s.max_conn_qp.as_ref(),
         1,
         i64::from(MAX_MAX_CONN_QP),
     )?
     .map_or(d.max_conn_qp as u32, |v| v as u32);
 
-    let qp_budget_policy = qp_budget_policy(flags, file)?.unwrap_or(d.budget_policy);
+    let qp_budget_policy = qp_budget_policy(s)?.unwrap_or(d.budget_policy);
 
-    let tx_queue_len = pick_int(
+    let tx_queue_len = int_in(
         "tx_queue_len",
-        flags.tx_queue_len.as_deref(),
-        file.tx_queue_len,
+        s.tx_queue_len.as_ref(),
         1,
         i64::from(MAX_TX_QUEUE_LEN),
     )?
     .map_or(d.tx_queue_len as u32, |v| v as u32);
 
-    let path_mtu = match pick(flags.path_mtu.as_deref(), file.path_mtu) {
-        None => None,
-        Some((origin, c)) => {
-            let v = match c {
-                Choice::Flag(s) => s.parse::<i64>().ok(),
-                Choice::File(v) => Some(v),
-            };
-            let mtu = match v {
-                Some(256) => PathMtu::Mtu256,
-                Some(512) => PathMtu::Mtu512,
-                Some(1024) => PathMtu::Mtu1024,
-                Some(2048) => PathMtu::Mtu2048,
-                Some(4096) => PathMtu::Mtu4096,
-                _ => {
-                    let got = match c {
-                        Choice::Flag(s) => format!("{s:?}"),
-                        Choice::File(v) => v.to_string(),
-                    };
-                    return Err(origin.err(
-                        "path_mtu",
-                        format!("must be 256, 512, 1024, 2048 or 4096 (got {got})"),
-                    ));
-                }
-            };
-            Some(mtu)
-        }
-    };
+    let path_mtu = parse("path_mtu", s.path_mtu.as_ref())?;
 
-    let fault = flags.faults.resolve(file)?;
+    let fault = fault_config(
+        s.fault_loss.as_ref(),
+        s.fault_reorder.as_ref(),
+        s.fault_dup.as_ref(),
+        s.fault_corrupt.as_ref(),
+        s.fault_seed.as_ref(),
+    )?;
 
-    let (origin, list) = pick_list(&flags.quirk, file.quirk.as_deref());
     let mut quirks = Quirks::default();
-    for q in list {
-        add_quirk(&mut quirks, origin, q)?;
+    for q in parse_list("quirk", &s.quirk)? {
+        q.set(&mut quirks);
     }
 
-    let control_socket = match pick(
-        flags.control_socket.as_deref(),
-        file.control_socket.as_deref(),
-    ) {
-        Some((origin, c)) => {
-            let p = match c {
-                Choice::Flag(p) | Choice::File(p) => p,
-            };
+    let control_socket = match parse("control_socket", s.control_socket.as_ref())? {
+        Some(p) => {
+            let origin = origin_of(s.control_socket.as_ref());
             if p.as_os_str().is_empty() {
                 return Err(origin.err("control_socket", "must not be empty"));
             }
@@ -320,29 +262,25 @@ pub fn resolve_parsed(file: &ConfigFile, flags: &UpArgs) -> Result<Config, Confi
                     format!("path is longer than 107 bytes ({})", p.display()),
                 ));
             }
-            p.to_owned()
+            p
         }
         None => default_control_socket(&ifname),
     };
 
-    let log = match pick_str(flags.log.as_deref(), file.log.as_deref()) {
-        Some((origin, s)) => {
-            check_log(origin, s)?;
-            s.to_owned()
+    let log = match parse("log", s.log.as_ref())? {
+        Some(filter) => {
+            check_log(origin_of(s.log.as_ref()), &filter)?;
+            filter
         }
         None => DEFAULT_LOG.to_owned(),
     };
 
-    let provider = match pick_str(flags.provider.as_deref(), file.provider.as_deref()) {
-        Some((origin, s)) => s
-            .parse::<ProviderKind>()
-            .map_err(|e| origin.err("provider", e))?,
-        None => ProviderKind::default(),
-    };
-    let ib_dev = match pick_str(flags.ib_dev.as_deref(), file.ib_dev.as_deref()) {
-        Some((origin, "")) => return Err(origin.err("ib_dev", "must not be empty")),
-        Some((_, s)) => Some(s.to_owned()),
-        None => None,
+    let provider = parse("provider", s.provider.as_ref())?.unwrap_or_default();
+    let ib_dev = match parse("ib_dev", s.ib_dev.as_ref())? {
+        Some(dev) if dev.is_empty() => {
+            return Err(origin_of(s.ib_dev.as_ref()).err("ib_dev", "must not be empty"))
+        }
+        dev => dev,
     };
 
     Ok(Config {
@@ -377,29 +315,25 @@ pub fn resolve_parsed(file: &ConfigFile, flags: &UpArgs) -> Result<Config, Confi
     })
 }
 
-/// The QP budget policy: `--reject`/`--evict`, else the file's `reject`/`evict`/
-/// `qp_budget_policy`; `None` when none is given.
-fn qp_budget_policy(
-    flags: &UpArgs,
-    file: &ConfigFile,
-) -> Result<Option<QpBudgetPolicy>, ConfigError> {
-    if flags.reject {
-        return Ok(Some(QpBudgetPolicy::Reject));
-    }
-    if flags.evict {
-        return Ok(Some(QpBudgetPolicy::Evict));
+/// The QP budget policy: the flag `--reject`/`--evict`, else the file's `reject`/`evict`/
+/// `qp_budget_policy`, which must agree; `None` when none is given.
+fn qp_budget_policy(s: &Settings) -> Result<Option<QpBudgetPolicy>, ConfigError> {
+    for (given, policy) in [
+        (&s.reject, QpBudgetPolicy::Reject),
+        (&s.evict, QpBudgetPolicy::Evict),
+    ] {
+        if matches!(given, Some(Given::Flag(_))) {
+            return Ok(Some(policy));
+        }
     }
     let mut given = Vec::new();
-    if file.evict == Some(true) {
+    if parse("evict", s.evict.as_ref())? == Some(true) {
         given.push(("evict", QpBudgetPolicy::Evict));
     }
-    if file.reject == Some(true) {
+    if parse("reject", s.reject.as_ref())? == Some(true) {
         given.push(("reject", QpBudgetPolicy::Reject));
     }
-    if let Some(s) = file.qp_budget_policy.as_deref() {
-        let p = s
-            .parse::<QpBudgetPolicy>()
-            .map_err(|e| Origin::File.err("qp_budget_policy", e))?;
+    if let Some(p) = parse("qp_budget_policy", s.qp_budget_policy.as_ref())? {
         given.push(("qp_budget_policy", p));
     }
     match given.as_slice() {

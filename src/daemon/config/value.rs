@@ -1,12 +1,11 @@
-//! Reading one value as the user gave it, flag text or file value, with errors naming it.
-//!
-//! Each `pick_*` takes the flag's text (if the flag was given) and the file's value (if the
-//! key was set), prefers the flag, validates, and names whichever it used in its error.
+//! Reading one setting as the user gave it ([`Given`]: flag text or file value) with its
+//! bounds, and errors naming the flag or key it came from.
 
 use std::time::Duration;
 
 use super::error::{ConfigError, Origin};
-use crate::soft::Quirks;
+use super::file::FileDuration;
+use super::given::{Given, Setting};
 
 /// Linux `IFNAMSIZ` less the terminating NUL.
 const IFNAME_MAX_BYTES: usize = 15;
@@ -50,40 +49,130 @@ pub fn format_duration(d: Duration) -> String {
     humantime::format_duration(whole_us).to_string()
 }
 
-/// The flag's value if given, else the file's, with where it came from.
-pub(crate) fn pick<F, T>(flag: Option<F>, file: Option<T>) -> Option<(Origin, Choice<F, T>)> {
-    match (flag, file) {
-        (Some(f), _) => Some((Origin::Flag, Choice::Flag(f))),
-        (None, Some(t)) => Some((Origin::File, Choice::File(t))),
-        (None, None) => None,
-    }
+/// Parses a given value, naming its flag or key in the error.
+pub(crate) fn parse<T: Setting>(
+    key: &str,
+    given: Option<&Given<T>>,
+) -> Result<Option<T>, ConfigError> {
+    given
+        .map(|g| g.parse().map_err(|e| g.origin().err(key, e)))
+        .transpose()
 }
 
-/// A value from a flag or from the file.
-#[derive(Clone, Copy)]
-pub(crate) enum Choice<F, T> {
-    /// The flag's text.
-    Flag(F),
-    /// The file's value.
-    File(T),
+/// Parses every value of a repeatable setting, naming its flag or key in the error.
+pub(crate) fn parse_list<T: Setting>(key: &str, given: &[Given<T>]) -> Result<Vec<T>, ConfigError> {
+    given
+        .iter()
+        .map(|g| g.parse().map_err(|e| g.origin().err(key, e)))
+        .collect()
 }
 
-/// Picks a text value (flag string or file string).
-pub(crate) fn pick_str<'a>(
-    flag: Option<&'a str>,
-    file: Option<&'a str>,
-) -> Option<(Origin, &'a str)> {
-    pick(flag, file).map(|(o, c)| match c {
-        Choice::Flag(s) | Choice::File(s) => (o, s),
-    })
+/// Where a setting came from: its flag or its key (also when it was not given at all, as a
+/// default can only be wrong through the file's other keys).
+pub(crate) fn origin_of<T: Setting>(given: Option<&Given<T>>) -> Origin {
+    given.map_or(Origin::File, Given::origin)
 }
 
-/// Picks an integer in `lo..=hi`: the text of flag `--KEY` or the file's integer for `key`
-/// (pass `None` for a key that has no file). `None` when neither was given.
+/// An integer setting in `lo..=hi`; `None` when not given.
 ///
 /// # Errors
-/// `--KEY: invalid number "x"` or `--KEY: must be between LO and HI (got N)`, or the same
-/// naming `config: KEY`.
+/// `KEY: invalid number "x"` or `KEY: must be between LO and HI (got N)`, naming the flag
+/// or key.
+pub(crate) fn int_in(
+    key: &str,
+    given: Option<&Given<i64>>,
+    lo: i64,
+    hi: i64,
+) -> Result<Option<i64>, ConfigError> {
+    let Some(v) = parse(key, given)? else {
+        return Ok(None);
+    };
+    if !(lo..=hi).contains(&v) {
+        return Err(origin_of(given).err(key, format!("must be between {lo} and {hi} (got {v})")));
+    }
+    Ok(Some(v))
+}
+
+/// A duration setting of at least `min`; `default` when not given.
+///
+/// # Errors
+/// The [`DurationError`] or `must be at least MIN (got "x")`, naming the flag or key.
+pub(crate) fn duration_at_least(
+    key: &str,
+    given: Option<&Given<Duration>>,
+    min: Duration,
+    default: Duration,
+) -> Result<Duration, ConfigError> {
+    let Some(d) = parse(key, given)? else {
+        return Ok(default);
+    };
+    if d < min {
+        let what = if min == Duration::from_millis(1) {
+            "must be positive".to_owned()
+        } else {
+            format!("must be at least {}", format_duration(min))
+        };
+        let text = match given {
+            Some(Given::Flag(s)) => s.clone(),
+            Some(Given::File(v)) => v.text(),
+            None => String::new(),
+        };
+        return Err(origin_of(given).err(key, format!("{what} (got {text:?})")));
+    }
+    Ok(d)
+}
+
+/// A percentage setting in 0..=100; 0 when not given.
+pub(crate) fn percentage(key: &str, given: Option<&Given<f64>>) -> Result<f64, ConfigError> {
+    let Some(v) = parse(key, given)? else {
+        return Ok(0.0);
+    };
+    if !(0.0..=100.0).contains(&v) {
+        return Err(origin_of(given).err(
+            key,
+            format!("must be a percentage between 0 and 100 (got {v})"),
+        ));
+    }
+    Ok(v)
+}
+
+/// A switch `key` with the file-only alias `alias` of the opposite sense (`no_srq = true` is
+/// `srq = false`): whether it is on.
+pub(crate) fn switch(
+    key: &str,
+    given: Option<&Given<bool>>,
+    alias: &str,
+    alias_given: Option<&Given<bool>>,
+) -> Result<bool, ConfigError> {
+    let on = parse(key, given)?;
+    let from_alias = parse(alias, alias_given)?.map(|v| !v);
+    Ok(on.or(from_alias).unwrap_or(false))
+}
+
+/// The file's `key` and its opposite-sense `alias` must agree.
+///
+/// # Errors
+/// `config: KEY: contradicts ALIAS`.
+pub(crate) fn check_alias(
+    key: &str,
+    given: Option<&Given<bool>>,
+    alias: &str,
+    alias_given: Option<&Given<bool>>,
+) -> Result<(), ConfigError> {
+    if let (Some(a), Some(b)) = (parse(key, given)?, parse(alias, alias_given)?) {
+        if a == b {
+            return Err(Origin::File.err(key, format!("contradicts {alias}")));
+        }
+    }
+    Ok(())
+}
+
+/// An integer flag of a tool in `lo..=hi`: the text of `--KEY` or, for a key that has a file,
+/// the file's integer. `None` when neither was given.
+///
+/// # Errors
+/// As the daemon's integer settings: `--KEY: invalid number "x"` or `--KEY: must be between LO
+/// and HI (got N)`, or the same naming `config: KEY`.
 pub fn pick_int(
     key: &str,
     flag: Option<&str>,
@@ -91,24 +180,11 @@ pub fn pick_int(
     lo: i64,
     hi: i64,
 ) -> Result<Option<i64>, ConfigError> {
-    let Some((origin, c)) = pick(flag, file) else {
-        return Ok(None);
-    };
-    let v = match c {
-        Choice::Flag(s) => s
-            .parse::<i64>()
-            .map_err(|_| origin.err(key, format!("invalid number {s:?}")))?,
-        Choice::File(v) => v,
-    };
-    if !(lo..=hi).contains(&v) {
-        return Err(origin.err(key, format!("must be between {lo} and {hi} (got {v})")));
-    }
-    Ok(Some(v))
+    int_in(key, given(flag, file).as_ref(), lo, hi)
 }
 
-/// Picks a duration of at least `min` ([`parse_duration`]): the text of flag `--KEY` or the
-/// file's text for `key` (pass `None` for a key that has no file); `default` when neither
-/// was given.
+/// A duration flag of a tool of at least `min` ([`parse_duration`]): the text of `--KEY` or,
+/// for a key that has a file, the file's text; `default` when neither was given.
 ///
 /// # Errors
 /// The [`DurationError`] or `must be at least MIN (got "x")`, naming `--KEY` or
@@ -120,92 +196,16 @@ pub fn pick_duration(
     min: Duration,
     default: Duration,
 ) -> Result<Duration, ConfigError> {
-    let Some((origin, s)) = pick_str(flag, file) else {
-        return Ok(default);
-    };
-    let d = parse_duration(s).map_err(|e| origin.err(key, e))?;
-    if d < min {
-        let what = if min == Duration::from_millis(1) {
-            "must be positive".to_owned()
-        } else {
-            format!("must be at least {}", format_duration(min))
-        };
-        return Err(origin.err(key, format!("{what} (got {s:?})")));
-    }
-    Ok(d)
+    let file = file.map(|s| FileDuration::Text(s.to_owned()));
+    duration_at_least(key, given(flag, file).as_ref(), min, default)
 }
 
-/// Picks a percentage in 0..=100 (0 when not given): a flag string or a file number.
-pub(crate) fn pick_pct(
-    key: &str,
-    flag: Option<&str>,
-    file: Option<f64>,
-) -> Result<f64, ConfigError> {
-    let Some((origin, c)) = pick(flag, file) else {
-        return Ok(0.0);
-    };
-    let v = match c {
-        Choice::Flag(s) => s
-            .parse::<f64>()
-            .map_err(|_| origin.err(key, format!("invalid percentage {s:?}")))?,
-        Choice::File(v) => v,
-    };
-    if !(0.0..=100.0).contains(&v) {
-        return Err(origin.err(
-            key,
-            format!("must be a percentage between 0 and 100 (got {v})"),
-        ));
+/// The flag's text if given, else the file's value.
+fn given<T: Setting>(flag: Option<&str>, file: Option<T::File>) -> Option<Given<T>> {
+    match flag {
+        Some(s) => Some(Given::Flag(s.to_owned())),
+        None => file.map(Given::File),
     }
-    Ok(v)
-}
-
-/// Picks a repeatable value: the flags if any were given, else the file's list.
-pub(crate) fn pick_list<'a>(
-    flag: &'a [String],
-    file: Option<&'a [String]>,
-) -> (Origin, &'a [String]) {
-    if flag.is_empty() {
-        (Origin::File, file.unwrap_or(&[]))
-    } else {
-        (Origin::Flag, flag)
-    }
-}
-
-/// Picks a switch that has a flag `--KEY` (on when given) and, in the file, the key `key`
-/// and the opposite-sense alias `alias` (`no_srq = true` is `srq = false`). Whether it is on.
-///
-/// # Errors
-/// `config: KEY: contradicts ALIAS` when the file sets both and they disagree.
-pub(crate) fn pick_switch(
-    key: &str,
-    flag: bool,
-    file: Option<bool>,
-    alias: &str,
-    file_alias: Option<bool>,
-) -> Result<bool, ConfigError> {
-    let from_alias = file_alias.map(|v| !v);
-    if let (Some(a), Some(b)) = (file, from_alias) {
-        if a != b {
-            return Err(Origin::File.err(key, format!("contradicts {alias}")));
-        }
-    }
-    Ok(flag || file.or(from_alias).unwrap_or(false))
-}
-
-/// Adds one provider quirk name (`drain-never`, `no-last-wqe`, `dup-last-wqe`) to `q`.
-pub(crate) fn add_quirk(q: &mut Quirks, origin: Origin, name: &str) -> Result<(), ConfigError> {
-    match name {
-        "drain-never" => q.drain_never = true,
-        "no-last-wqe" => q.no_last_wqe = true,
-        "dup-last-wqe" => q.dup_last_wqe = true,
-        _ => {
-            return Err(origin.err(
-                "quirk",
-                format!("unknown quirk {name:?} (known: drain-never, no-last-wqe, dup-last-wqe)"),
-            ))
-        }
-    }
-    Ok(())
 }
 
 /// Checks a log filter: a level (`off`, `error`, `warn`, `info`, `debug`, `trace`) or a
