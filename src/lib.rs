@@ -28,6 +28,7 @@
 //! Every state machine takes `now: Instant` from its caller; only the binary's event loop reads
 //! the clock.
 
+mod choice;
 pub mod cm;
 pub mod daemon;
 pub mod driver;

@@ -19,7 +19,7 @@ mod udp;
 use std::io;
 use std::str::FromStr;
 
-use crate::ipoib::ParseChoiceError;
+use crate::choice::ParseChoiceError;
 use crate::verbs::{Gid, QpNum, Verbs, VerbsError};
 
 pub use crate::wire::cm::MAD_LEN;
