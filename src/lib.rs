@@ -28,6 +28,10 @@
 //! Every state machine takes `now: Instant` from its caller; only the binary's event loop reads
 //! the clock.
 
+// Library code never unwraps: an error is returned or a case is handled. Tests may
+// (`clippy.toml`).
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+
 mod choice;
 pub mod cm;
 pub mod daemon;

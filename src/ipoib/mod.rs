@@ -42,7 +42,6 @@
 //! connections share (`tx/`), the neighbour cache (`neigh.rs`), the TUN queue and ingress
 //! (`tun.rs`), the UD QP (`ud.rs`), address resolution (`resolve.rs`) and ICMP errors
 //! (`icmp.rs`). The counters are one [`Counters`] that every part adds to.
-#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod endpoint;
 mod icmp;
