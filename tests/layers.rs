@@ -114,7 +114,10 @@ fn strip(src: &str) -> String {
         } else if c == b'\'' {
             // A char literal ('x', '\n', '\u{..}'); otherwise a lifetime, kept.
             let end = if b.get(i + 1) == Some(&b'\\') {
-                b[i + 2..].iter().position(|&x| x == b'\'').map(|p| i + 2 + p)
+                b[i + 2..]
+                    .iter()
+                    .position(|&x| x == b'\'')
+                    .map(|p| i + 2 + p)
             } else if b.get(i + 2) == Some(&b'\'') {
                 Some(i + 2)
             } else {
@@ -226,7 +229,8 @@ fn crate_refs(code: &str) -> BTreeSet<String> {
                     }
                     ',' if depth == 1 => expect = true,
                     c if expect && depth == 1 && is_ident(c) => {
-                        let name: String = group[k..].chars().take_while(|&c| is_ident(c)).collect();
+                        let name: String =
+                            group[k..].chars().take_while(|&c| is_ident(c)).collect();
                         for _ in 1..name.len() {
                             chars.next();
                         }
@@ -283,7 +287,11 @@ fn module_files() -> Vec<ModuleFile> {
         let flat = dir.join(format!("{name}.rs"));
         let nested = dir.join(&name).join("mod.rs");
         let path = if flat.exists() { flat } else { nested };
-        assert!(path.exists(), "module {name} in {} has no file", dir.display());
+        assert!(
+            path.exists(),
+            "module {name} in {} has no file",
+            dir.display()
+        );
         let code = strip(&read(&path));
         for (child, child_test) in mod_decls(&code) {
             todo.push((child, dir.join(&name), top.clone(), test_only || child_test));
@@ -333,7 +341,10 @@ fn measure() -> (Edges, Edges) {
 }
 
 fn declared(module: &str) -> Option<&'static [&'static str]> {
-    LAYERS.iter().find(|(m, _)| *m == module).map(|(_, deps)| *deps)
+    LAYERS
+        .iter()
+        .find(|(m, _)| *m == module)
+        .map(|(_, deps)| *deps)
 }
 
 #[test]
@@ -341,7 +352,10 @@ fn the_declared_layers_point_down() {
     for (rank, (module, deps)) in LAYERS.iter().enumerate() {
         for dep in *deps {
             let below = LAYERS[..rank].iter().any(|(m, _)| m == dep);
-            assert!(below, "layer {module} declares {dep}, which is not below it");
+            assert!(
+                below,
+                "layer {module} declares {dep}, which is not below it"
+            );
         }
     }
 }
@@ -354,10 +368,16 @@ fn every_top_level_module_has_a_layer() {
         .map(|(name, _)| name)
         .collect();
     for top in &tops {
-        assert!(declared(top).is_some(), "module {top} has no entry in LAYERS");
+        assert!(
+            declared(top).is_some(),
+            "module {top} has no entry in LAYERS"
+        );
     }
     for (module, _) in LAYERS {
-        assert!(tops.contains(*module), "LAYERS names {module}, which lib.rs does not declare");
+        assert!(
+            tops.contains(*module),
+            "LAYERS names {module}, which lib.rs does not declare"
+        );
     }
 }
 
@@ -373,7 +393,11 @@ fn every_source_file_is_a_module() {
             if path.is_dir() {
                 stack.push(path);
             } else if path.extension().is_some_and(|e| e == "rs") {
-                assert!(reached.contains(&path), "{} is no module of the crate", path.display());
+                assert!(
+                    reached.contains(&path),
+                    "{} is no module of the crate",
+                    path.display()
+                );
             }
         }
     }
@@ -389,7 +413,11 @@ fn library_imports_follow_the_layers() {
             upward.push(format!("{from} -> {to} ({files:?})"));
         }
     }
-    assert!(upward.is_empty(), "imports outside the layers:\n{}", upward.join("\n"));
+    assert!(
+        upward.is_empty(),
+        "imports outside the layers:\n{}",
+        upward.join("\n")
+    );
 }
 
 #[test]
@@ -403,7 +431,11 @@ fn unit_tests_import_their_layer_and_the_test_fabric() {
             outside.push(format!("{from} -> {to} ({files:?})"));
         }
     }
-    assert!(outside.is_empty(), "unit-test imports outside the layers:\n{}", outside.join("\n"));
+    assert!(
+        outside.is_empty(),
+        "unit-test imports outside the layers:\n{}",
+        outside.join("\n")
+    );
 }
 
 #[test]
@@ -424,7 +456,11 @@ fn the_library_graph_is_acyclic() {
         order.push(next);
         deps.remove(next);
     }
-    assert!(deps.is_empty(), "import cycle among {:?}", deps.keys().collect::<Vec<_>>());
+    assert!(
+        deps.is_empty(),
+        "import cycle among {:?}",
+        deps.keys().collect::<Vec<_>>()
+    );
     let graph: Vec<String> = order
         .iter()
         .map(|m| {
