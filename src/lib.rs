@@ -26,6 +26,8 @@
 //!   with packet info, `sendmmsg`, the TUN device, peer credentials, `getifaddrs`).
 //! - `timer` (hidden): a hierarchical timer wheel (O(1) insert/cancel) for the deadlines of
 //!   the CM and the endpoint.
+//! - `choice` (private): [`ParseChoiceError`], the error of every setting that names one of
+//!   fixed choices. Depends on nothing.
 //! - [`verbs`]: the provider seam: the [`Verbs`] trait modelled on libibverbs, with its contract
 //!   (flush on ERR, Last WQE Reached for SRQ-attached QPs, completion order) written in its
 //!   docs, the IBTA QP state machine, registered buffer pools, and the [`Provider`] side that
