@@ -1,5 +1,7 @@
 //! The `ipoib-cm` command.
 
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+
 use std::net::IpAddr;
 use std::process::ExitCode;
 use std::time::Duration;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::netns::{output_within, wait_within, Lines};
 use etherparse::{Icmpv4Type, Icmpv6Type, NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
-use ipoib_cm::sys::tun::Tun;
+use ipoib_cm::Tun;
 
 const ROLE: &str = "IPOIB_CM_TUN_ROLE";
 const V4: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 1);

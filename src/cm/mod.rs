@@ -39,15 +39,7 @@
 //! changes state. The number of live ids is bounded by [`MAX_LIVE_IDS`] and the transmit
 //! queue by [`MAX_TX_QUEUE`].
 
-#![cfg_attr(
-    not(test),
-    deny(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::indexing_slicing,
-        clippy::panic_in_result_fn
-    )
-)]
+#![deny(clippy::indexing_slicing, clippy::panic_in_result_fn)]
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};

@@ -45,6 +45,7 @@
 //! [`QpType::Gsi`]: crate::verbs::QpType::Gsi
 #![allow(unsafe_code)]
 
+#[doc(hidden)]
 pub mod conformance;
 mod cq;
 mod device;

@@ -42,7 +42,6 @@
 //! connections share (`tx/`), the neighbour cache (`neigh.rs`), the TUN queue and ingress
 //! (`tun.rs`), the UD QP (`ud.rs`), address resolution (`resolve.rs`) and ICMP errors
 //! (`icmp.rs`). The counters are one [`Counters`] that every part adds to.
-#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod endpoint;
 mod icmp;
@@ -63,6 +62,7 @@ use serde::{Deserialize, Serialize};
 use crate::verbs::{BufId, PathMtu, QKey, QpNum, Verbs};
 use crate::wire::ipoib::{HwAddr, IpoibHeader, IPOIB_CM_BUF_SIZE};
 
+pub use crate::choice::ParseChoiceError;
 pub use endpoint::Endpoint;
 pub use neigh::NeighState;
 pub use rx::RxState;
@@ -145,26 +145,6 @@ impl FromStr for QpBudgetPolicy {
             "evict" => Ok(Self::Evict),
             "reject" => Ok(Self::Reject),
             _ => Err(ParseChoiceError::new("\"evict\" or \"reject\"", s)),
-        }
-    }
-}
-
-/// A name that is none of a setting's choices; displays as `must be "a" or "b" (got "c")`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("must be {choices} (got {got:?})")]
-pub struct ParseChoiceError {
-    /// The accepted names, quoted, as a phrase (`"evict" or "reject"`).
-    pub choices: &'static str,
-    /// What was given.
-    pub got: String,
-}
-
-impl ParseChoiceError {
-    /// `got` is none of `choices`.
-    pub fn new(choices: &'static str, got: &str) -> Self {
-        Self {
-            choices,
-            got: got.to_owned(),
         }
     }
 }

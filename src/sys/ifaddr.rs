@@ -5,7 +5,7 @@ use std::ffi::CStr;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// The name of the interface that has `ip` configured, if any.
-pub fn interface_of(ip: IpAddr) -> Option<String> {
+pub(crate) fn interface_of(ip: IpAddr) -> Option<String> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs writes a pointer to a list it allocates into `head`; we check the
     // return value and free the list with freeifaddrs below, exactly once.
@@ -53,7 +53,7 @@ pub fn interface_of(ip: IpAddr) -> Option<String> {
 }
 
 /// The MTU of the interface that has `ip` configured.
-pub fn link_mtu_for(ip: IpAddr) -> Option<u32> {
+pub(crate) fn link_mtu_for(ip: IpAddr) -> Option<u32> {
     let name = interface_of(ip)?;
     if name.contains('/') || name.starts_with('.') {
         return None;

@@ -1,8 +1,8 @@
-//! OS glue: the only module with unsafe: OS calls no safe crate exposes.
+//! OS glue: OS calls no safe crate exposes. With `hw`, the only module allowed `unsafe`.
 //!
 //! Everything here is a thin, documented wrapper around one system call. Every `unsafe` block
 //! carries a `// SAFETY:` comment; the rest of the crate stays `unsafe`-free (the crate denies
-//! `unsafe_code` and only this module opts back in).
+//! `unsafe_code`; this module and `hw` opt back in).
 //!
 //! - [`sockopt`]: socket options socket2 does not expose (DF / path-MTU discovery, packet info,
 //!   zero-checksum IPv6 UDP receive, forced buffer sizes).
@@ -13,10 +13,9 @@
 //! - [`tun`]: the TUN device and the interface ioctls that configure it.
 //! - [`ifaddr`]: which interface carries an address, and its MTU.
 #![allow(unsafe_code)]
-#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
-pub mod ifaddr;
-pub mod peercred;
-pub mod sockopt;
-pub mod tun;
-pub mod udp;
+pub(crate) mod ifaddr;
+pub(crate) mod peercred;
+pub(crate) mod sockopt;
+pub(crate) mod tun;
+pub(crate) mod udp;

@@ -8,7 +8,7 @@ use libc::socklen_t;
 
 /// What the kernel recorded about a Unix socket peer when it connected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PeerCred {
+pub(crate) struct PeerCred {
     /// Process id of the peer at `connect(2)` time.
     pub pid: i32,
     /// Effective user id of the peer.
@@ -21,7 +21,7 @@ pub struct PeerCred {
 ///
 /// # Errors
 /// The `getsockopt(2)` error (`ENOTSOCK`, `ENOPROTOOPT` on a non-Unix socket, ...).
-pub fn peer_cred(sock: &impl AsFd) -> io::Result<PeerCred> {
+pub(crate) fn peer_cred(sock: &impl AsFd) -> io::Result<PeerCred> {
     let fd = sock.as_fd().as_raw_fd();
     let mut cred = libc::ucred {
         pid: 0,
@@ -57,7 +57,7 @@ pub fn peer_cred(sock: &impl AsFd) -> io::Result<PeerCred> {
 }
 
 /// This process's effective user id (`geteuid(2)`).
-pub fn effective_uid() -> u32 {
+pub(crate) fn effective_uid() -> u32 {
     // SAFETY: `geteuid` takes no arguments, touches no memory of ours and cannot fail.
     unsafe { libc::geteuid() }
 }

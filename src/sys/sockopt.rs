@@ -29,7 +29,8 @@ fn setsockopt_int(sock: &impl AsFd, level: c_int, name: c_int, value: c_int) -> 
     }
 }
 
-/// Reads an `int`-valued socket option.
+/// Reads an `int`-valued socket option (the tests read back what the setters wrote).
+#[cfg(test)]
 fn getsockopt_int(sock: &impl AsFd, level: c_int, name: c_int) -> io::Result<c_int> {
     let fd = sock.as_fd().as_raw_fd();
     let mut value: c_int = 0;
@@ -51,7 +52,7 @@ fn getsockopt_int(sock: &impl AsFd, level: c_int, name: c_int) -> io::Result<c_i
 /// On IPv4 every datagram then carries DF, and the kernel never fragments locally: a datagram
 /// larger than the path MTU fails with `EMSGSIZE`. With DF set, an *unconnected* socket sends
 /// IPv4 ID 0, which makes the RoCEv2 ICRC predictable (see `shared/reference/rocev2.md` §6.2).
-pub fn set_pmtudisc_do(sock: &impl AsFd, ipv6: bool) -> io::Result<()> {
+pub(crate) fn set_pmtudisc_do(sock: &impl AsFd, ipv6: bool) -> io::Result<()> {
     if ipv6 {
         setsockopt_int(
             sock,
@@ -71,7 +72,8 @@ pub fn set_pmtudisc_do(sock: &impl AsFd, ipv6: bool) -> io::Result<()> {
 
 /// Reads back the path-MTU discovery mode (`IP_MTU_DISCOVER` / `IPV6_MTU_DISCOVER`); `2`
 /// (`*_PMTUDISC_DO`) after [`set_pmtudisc_do`].
-pub fn pmtudisc(sock: &impl AsFd, ipv6: bool) -> io::Result<c_int> {
+#[cfg(test)]
+pub(crate) fn pmtudisc(sock: &impl AsFd, ipv6: bool) -> io::Result<c_int> {
     if ipv6 {
         getsockopt_int(sock, libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER)
     } else {
@@ -81,7 +83,7 @@ pub fn pmtudisc(sock: &impl AsFd, ipv6: bool) -> io::Result<c_int> {
 
 /// Asks for a packet-info control message on every received datagram: `IP_PKTINFO` (IPv4) or
 /// `IPV6_RECVPKTINFO` (IPv6). [`super::udp::recv_pktinfo`] decodes it.
-pub fn set_pktinfo(sock: &impl AsFd, ipv6: bool) -> io::Result<()> {
+pub(crate) fn set_pktinfo(sock: &impl AsFd, ipv6: bool) -> io::Result<()> {
     if ipv6 {
         setsockopt_int(sock, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 1)
     } else {
@@ -94,7 +96,7 @@ pub fn set_pktinfo(sock: &impl AsFd, ipv6: bool) -> io::Result<()> {
 /// (see [`super::udp::Received::segment_len`]). Without it, a GSO train that reaches the socket
 /// unsegmented (over veth, say) is cut apart before queueing. `ENOPROTOOPT` on kernels before
 /// 5.0.
-pub fn set_udp_gro(sock: &impl AsFd, on: bool) -> io::Result<()> {
+pub(crate) fn set_udp_gro(sock: &impl AsFd, on: bool) -> io::Result<()> {
     setsockopt_int(sock, libc::SOL_UDP, libc::UDP_GRO, c_int::from(on))
 }
 
@@ -102,7 +104,7 @@ pub fn set_udp_gro(sock: &impl AsFd, on: bool) -> io::Result<()> {
 ///
 /// Linux drops such datagrams by default (RFC 8200 forbids them outside tunnels), but rdma_rxe
 /// may send RoCEv2 over IPv6 with a zero UDP checksum.
-pub fn set_udp_no_check6_rx(sock: &impl AsFd) -> io::Result<()> {
+pub(crate) fn set_udp_no_check6_rx(sock: &impl AsFd) -> io::Result<()> {
     setsockopt_int(sock, libc::SOL_UDP, libc::UDP_NO_CHECK6_RX, 1)
 }
 
@@ -113,7 +115,11 @@ pub fn set_udp_no_check6_rx(sock: &impl AsFd) -> io::Result<()> {
 ///
 /// As with the plain options, the kernel doubles the value for bookkeeping overhead, so
 /// `SO_RCVBUF` reads back as twice the request. Sizes above `i32::MAX` are `InvalidInput`.
-pub fn set_buffer_force(sock: &impl AsFd, rcv_bytes: usize, snd_bytes: usize) -> io::Result<()> {
+pub(crate) fn set_buffer_force(
+    sock: &impl AsFd,
+    rcv_bytes: usize,
+    snd_bytes: usize,
+) -> io::Result<()> {
     for (bytes, force, plain) in [
         (rcv_bytes, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
         (snd_bytes, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),

@@ -11,7 +11,7 @@ use std::os::fd::{AsFd, AsRawFd};
 
 use socket2::SockAddr;
 
-/// What [`recv_pktinfo`] learned about one datagram.
+/// What `recv_pktinfo` or `recv_batch` learned about one datagram.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Received {
     /// Bytes written to the buffer (at most its length).
@@ -21,9 +21,9 @@ pub struct Received {
     /// The sender's address.
     pub src: SocketAddr,
     /// The datagram's destination IP from `IP_PKTINFO` / `IPV6_PKTINFO`, when the socket asked
-    /// for it (see [`super::sockopt::set_pktinfo`]).
+    /// for it (`IP_PKTINFO` / `IPV6_RECVPKTINFO` set).
     pub dst_ip: Option<IpAddr>,
-    /// With UDP GRO on ([`super::sockopt::set_udp_gro`]), the kernel may hand over several
+    /// With UDP GRO on (`UDP_GRO` set), the kernel may hand over several
     /// datagrams of one flow as one: then this is their length (`UDP_GRO` control message) and
     /// the buffer holds them back to back, the last one possibly shorter.
     pub segment_len: Option<u16>,
@@ -44,7 +44,7 @@ type ControlBuf = [u64; 16];
 /// control message.
 ///
 /// Errors are the OS's: `WouldBlock` on an empty non-blocking socket.
-pub fn recv_pktinfo(sock: &impl AsFd, buf: &mut [u8]) -> io::Result<Received> {
+pub(crate) fn recv_pktinfo(sock: &impl AsFd, buf: &mut [u8]) -> io::Result<Received> {
     let fd = sock.as_fd().as_raw_fd();
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
@@ -159,9 +159,9 @@ unsafe fn decode_control(msg: &libc::msghdr) -> Control {
 
 /// Most datagrams one [`recv_batch`] or [`send_batch`] call moves (the `iovec`/`mmsghdr` arrays
 /// live on the stack, sized by this).
-pub const BATCH_MAX: usize = 64;
+pub(crate) const BATCH_MAX: usize = 64;
 
-/// Receive buffers for [`recv_batch`]: `slots` datagram buffers of `slot_len` bytes each, their
+/// Receive buffers for `recv_batch`: `slots` datagram buffers of `slot_len` bytes each, their
 /// source-address and control buffers, and what the last call learned about each.
 pub struct RecvBatch {
     data: Vec<u8>,
@@ -182,7 +182,7 @@ impl std::fmt::Debug for RecvBatch {
 }
 
 impl RecvBatch {
-    /// `slots` buffers (clamped to 1..=[`BATCH_MAX`]) of `slot_len` bytes each. The buffers are
+    /// `slots` buffers (clamped to 1..=`BATCH_MAX`) of `slot_len` bytes each. The buffers are
     /// zero-filled by the allocator, so pages a datagram never reaches stay uncommitted.
     pub fn new(slots: usize, slot_len: usize) -> Self {
         let slots = slots.clamp(1, BATCH_MAX);
@@ -197,22 +197,22 @@ impl RecvBatch {
         }
     }
 
-    /// How many datagrams the last [`recv_batch`] received (truncated ones included).
+    /// How many datagrams the last `recv_batch` received (truncated ones included).
     pub fn len(&self) -> usize {
         self.meta.len()
     }
 
-    /// How many datagrams one [`recv_batch`] can receive.
+    /// How many datagrams one `recv_batch` can receive.
     pub fn capacity(&self) -> usize {
         self.names.len()
     }
 
-    /// True when the last [`recv_batch`] received nothing.
+    /// True when the last `recv_batch` received nothing.
     pub fn is_empty(&self) -> bool {
         self.meta.is_empty()
     }
 
-    /// The `i`th datagram of the last [`recv_batch`]: what was learned about it and its bytes
+    /// The `i`th datagram of the last `recv_batch`: what was learned about it and its bytes
     /// (`len` of them; cut to the slot length when `truncated`).
     pub fn get(&self, i: usize) -> Option<(Received, &[u8])> {
         let meta = *self.meta.get(i)?;
@@ -253,7 +253,7 @@ fn storage_to_socket_addr(storage: &libc::sockaddr_storage, len: usize) -> Optio
 ///
 /// Errors are the OS's: `WouldBlock` when nothing is queued on a non-blocking socket (the batch
 /// is then empty). A datagram from a non-IP source address is an `InvalidData` error.
-pub fn recv_batch(sock: &impl AsFd, batch: &mut RecvBatch) -> io::Result<usize> {
+pub(crate) fn recv_batch(sock: &impl AsFd, batch: &mut RecvBatch) -> io::Result<usize> {
     let fd = sock.as_fd().as_raw_fd();
     batch.meta.clear();
     let slots = batch.names.len();
@@ -320,7 +320,7 @@ pub fn recv_batch(sock: &impl AsFd, batch: &mut RecvBatch) -> io::Result<usize> 
 
 /// One datagram for [`send_batch`].
 #[derive(Debug, Clone)]
-pub struct Outgoing {
+pub(crate) struct Outgoing {
     /// Where it goes.
     pub dst: SockAddr,
     /// The UDP payload: one datagram, or with `segment_len` a GSO train of them.
@@ -341,7 +341,7 @@ type SendControlBuf = [u64; 4];
 /// not reported (`sendmmsg` reports an error only when nothing was sent): call again with the
 /// tail, which starts with that datagram, to get it. Errors are the OS's: `WouldBlock` when the
 /// first datagram does not fit in the send buffer.
-pub fn send_batch(sock: &impl AsFd, msgs: &[Outgoing]) -> io::Result<usize> {
+pub(crate) fn send_batch(sock: &impl AsFd, msgs: &[Outgoing]) -> io::Result<usize> {
     let fd = sock.as_fd().as_raw_fd();
     let count = msgs.len().min(BATCH_MAX);
     if count == 0 {

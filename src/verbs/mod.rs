@@ -46,6 +46,7 @@
 //! tested against real-world provider bugs.
 
 pub mod completion;
+#[doc(hidden)]
 pub mod conformance;
 pub mod error;
 pub mod pool;

@@ -44,15 +44,7 @@
 //! `drivers/infiniband/sw/rxe/` (`rxe_hdr.h`, `rxe_opcode.c`, `rxe_icrc.c`) and scapy's
 //! `contrib/roce.py`.
 
-#![cfg_attr(
-    not(test),
-    deny(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::indexing_slicing,
-        clippy::panic_in_result_fn
-    )
-)]
+#![deny(clippy::indexing_slicing, clippy::panic_in_result_fn)]
 
 pub mod bth;
 pub mod cm;

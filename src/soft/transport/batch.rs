@@ -50,7 +50,7 @@ struct Train {
 }
 
 impl TxBatch {
-    /// Room for `slots` datagrams (clamped to 1..=[`udp::BATCH_MAX`]), each buffer
+    /// Room for `slots` datagrams (clamped to 1..=`BATCH_MAX`, the most one `sendmmsg` call moves), each buffer
     /// preallocated with `capacity` bytes; one datagram per slot (no GSO).
     pub fn new(slots: usize, capacity: usize) -> Self {
         let dst = SocketAddr::from(([0, 0, 0, 0], 0));

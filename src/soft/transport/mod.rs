@@ -30,11 +30,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use crate::sys::udp::RecvBatch;
 use crate::sys::{sockopt, udp};
 
 mod batch;
 
+pub use crate::sys::udp::{Received, RecvBatch};
 pub use batch::TxBatch;
 
 /// Receive and send buffer size requested at bind time. The kernel doubles it; without
@@ -112,7 +112,7 @@ impl UdpTransport {
         self.local
     }
 
-    /// Asks the kernel for UDP GRO ([`sockopt::set_udp_gro`]): received buffers may then hold
+    /// Asks the kernel for UDP GRO (`UDP_GRO`): received buffers may then hold
     /// several datagrams ([`RecvMeta::segment_len`]); give them room for 65,535 bytes.
     ///
     /// # Errors
