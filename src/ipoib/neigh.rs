@@ -13,12 +13,13 @@
 //! redirect traffic that already flows. The entry is re-learned only after it ages out or its
 //! connection fails.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use crate::timer::TimerId;
 use crate::wire::ipoib::HwAddr;
+use crate::wire::PeerMap;
 
 /// Resolution state of a neighbour.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,7 +104,7 @@ pub(super) enum Ageing {
 /// The neighbour table.
 #[derive(Debug, Default)]
 pub(super) struct Neighbours {
-    map: HashMap<IpAddr, Neigh>,
+    map: PeerMap<IpAddr, Neigh>,
 }
 
 impl Neighbours {

@@ -1,6 +1,6 @@
 //! The TX table: every active connection, the index by peer, and the send buffers they share.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use super::TxState;
@@ -8,6 +8,7 @@ use crate::cm::CommId;
 use crate::timer::TimerId;
 use crate::verbs::{BufId, Gid, Psn, QpNum};
 use crate::wire::ipoib::HwAddr;
+use crate::wire::{IdMap, PeerMap};
 
 /// One active connection.
 #[derive(Debug)]
@@ -37,8 +38,8 @@ pub(in crate::ipoib) struct TxConn {
 /// its `outstanding`), or lent to the driver for a TUN read.
 #[derive(Debug)]
 pub(in crate::ipoib) struct TxTable {
-    conns: HashMap<QpNum, TxConn>,
-    by_peer: HashMap<(Gid, QpNum), QpNum>,
+    conns: IdMap<QpNum, TxConn>,
+    by_peer: PeerMap<(Gid, QpNum), QpNum>,
     free: Vec<BufId>,
 }
 
@@ -46,8 +47,8 @@ impl TxTable {
     /// An empty table with the send buffers `free`.
     pub(in crate::ipoib) fn new(free: Vec<BufId>) -> Self {
         Self {
-            conns: HashMap::new(),
-            by_peer: HashMap::new(),
+            conns: IdMap::default(),
+            by_peer: PeerMap::default(),
             free,
         }
     }
