@@ -391,7 +391,7 @@ impl Endpoint {
     pub fn begin_shutdown<V: Verbs>(&mut self, now: Instant, v: &mut V) {
         self.stopping = true;
         for qpn in self.tx.qpns() {
-            self.close_tx(now, v, qpn, true);
+            self.close_tx(now, v, qpn);
         }
         for qpn in self.rx.qpns() {
             self.start_rx_teardown(now, v, qpn, rx::Why::Shutdown);

@@ -144,7 +144,7 @@ impl Endpoint {
                 IpAddr::V6(d) => mgid_for_ipv6(d, self.cfg.pkey),
                 IpAddr::V4(_) => broadcast_mgid(self.cfg.pkey),
             };
-            self.send_ud_ip(now, v, HwAddr::multicast(mgid), ethertype, packet);
+            self.send_ud_ip(v, HwAddr::multicast(mgid), ethertype, packet);
             return;
         }
         let dst = info.dst;
@@ -172,7 +172,7 @@ impl Endpoint {
                 return;
             }
         };
-        self.send_ip(now, v, dst, hw, ethertype, packet);
+        self.send_ip(now, v, hw, ethertype, packet);
     }
 
     /// A send buffer for the driver to read the next TUN packet into, at
@@ -251,15 +251,14 @@ impl Endpoint {
         &mut self,
         now: Instant,
         v: &mut V,
-        dst: IpAddr,
         hw: HwAddr,
         ethertype: u16,
         packet: &[u8],
     ) {
         if self.cfg.mode == Mode::Connected && hw.connected_mode() {
-            self.send_rc(now, v, dst, hw, ethertype, packet);
+            self.send_rc(now, v, hw, ethertype, packet);
         } else {
-            self.send_ud_ip(now, v, hw, ethertype, packet);
+            self.send_ud_ip(v, hw, ethertype, packet);
         }
     }
 

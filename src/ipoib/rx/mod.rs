@@ -78,7 +78,7 @@ impl Endpoint {
                 if let Some(old) = self.tx.get(&q).map(|t| t.peer) {
                     self.neigh.forget_hw(&old);
                 }
-                self.close_tx(now, v, q, false);
+                self.close_tx(now, v, q);
             }
         }
         if self.stopping {

@@ -10,7 +10,6 @@
 mod table;
 
 use std::collections::VecDeque;
-use std::net::IpAddr;
 use std::time::Instant;
 
 pub(super) use table::{TxConn, TxTable};
@@ -63,7 +62,6 @@ impl Endpoint {
         &mut self,
         now: Instant,
         v: &mut V,
-        dst: IpAddr,
         hw: HwAddr,
         ethertype: u16,
         packet: &[u8],
@@ -84,7 +82,6 @@ impl Endpoint {
                 }
             },
         };
-        let _ = dst;
         let Some(tx) = self.tx.get_mut(&qpn) else {
             return;
         };
@@ -348,7 +345,7 @@ impl Endpoint {
     pub(super) fn peer_restarted<V: Verbs>(&mut self, now: Instant, v: &mut V, old: HwAddr) {
         if let Some(qpn) = self.tx.to_peer(old) {
             tracing::debug!(peer = %old.gid, "peer restarted; closing the old TX connection");
-            self.close_tx(now, v, qpn, false);
+            self.close_tx(now, v, qpn);
         }
     }
 
@@ -364,12 +361,12 @@ impl Endpoint {
         self.counters.tx_dropped += dropped;
         let peer = tx.peer;
         self.neigh.forget_hw(&peer);
-        self.close_tx(now, v, qpn, false);
+        self.close_tx(now, v, qpn);
     }
 
-    /// Closes a TX connection: DREQ if asked (and established), QP to ERR, destroy once the
-    /// outstanding sends have flushed or the watchdog fires.
-    pub(super) fn close_tx<V: Verbs>(&mut self, now: Instant, v: &mut V, qpn: QpNum, dreq: bool) {
+    /// Closes a TX connection: DREQ (or REJ while connecting) unless the peer already ended
+    /// it, QP to ERR, destroy once the outstanding sends have flushed or the watchdog fires.
+    pub(super) fn close_tx<V: Verbs>(&mut self, now: Instant, v: &mut V, qpn: QpNum) {
         let Some(tx) = self.tx.get_mut(&qpn) else {
             return;
         };
@@ -385,9 +382,7 @@ impl Endpoint {
             self.wheel.cancel(t);
         }
         self.tx.unmap_peer(qpn);
-        // DREQ (or REJ while connecting) unless the peer already ended it; the CM ignores a
-        // disconnect of an id that is gone or already disconnecting.
-        let _ = dreq;
+        // The CM ignores a disconnect of an id that is gone or already disconnecting.
         let _ = self.cm.disconnect(now, id);
         let _ = v.modify_qp(qpn, &QpAttr::to_state(QpState::Err));
         if outstanding == 0 {
