@@ -61,6 +61,16 @@ pub(super) struct Neigh {
     pub(super) timer: Option<TimerId>,
 }
 
+impl Neigh {
+    /// Its hardware address when it is resolved (not still being resolved).
+    pub(super) fn resolved(&self) -> Option<HwAddr> {
+        match self.state {
+            NeighState::Incomplete { .. } => None,
+            _ => self.hw,
+        }
+    }
+}
+
 /// What learning a mapping did.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Learned {
@@ -111,15 +121,6 @@ impl Neighbours {
     /// The entry for `ip`.
     pub(super) fn get(&self, ip: &IpAddr) -> Option<&Neigh> {
         self.map.get(ip)
-    }
-
-    /// The hardware address of `ip` when it is resolved (not still being resolved).
-    pub(super) fn resolved(&self, ip: &IpAddr) -> Option<HwAddr> {
-        let n = self.map.get(ip)?;
-        match n.state {
-            NeighState::Incomplete { .. } => None,
-            _ => n.hw,
-        }
     }
 
     /// The entry for `ip`, writable.

@@ -126,15 +126,6 @@ impl Endpoint {
         self.post_rc_buf(now, v, qpn, b, len);
     }
 
-    /// The established RC connection a packet to `hw` may go on right now, if any, and the
-    /// packet fits its MTU: the fast path of [`send_rc`](Self::send_rc) for a packet already
-    /// in a send buffer (anything else takes the general path).
-    pub(super) fn established_tx(&self, hw: HwAddr, packet_len: usize) -> Option<QpNum> {
-        let qpn = self.tx.to_peer(hw)?;
-        let tx = self.tx.get(&qpn)?;
-        (tx.state == TxState::Established && packet_len <= tx.mtu as usize).then_some(qpn)
-    }
-
     /// Posts the held send buffer `b` (an IPoIB message of `len` bytes) on `qpn`; on failure
     /// the buffer is free again and the packet counted as dropped.
     pub(super) fn post_rc_buf<V: Verbs>(

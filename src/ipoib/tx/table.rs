@@ -87,6 +87,15 @@ impl TxTable {
         self.by_peer.get(&(hw.gid, hw.qpn)).copied()
     }
 
+    /// The established connection a packet of `packet_len` bytes to `hw` may go on right
+    /// now, if any and the packet fits its MTU: the fast path of `Endpoint::send_rc` for a
+    /// packet already in a send buffer (anything else takes the general path).
+    pub(in crate::ipoib) fn established_to(&self, hw: HwAddr, packet_len: usize) -> Option<QpNum> {
+        let qpn = self.to_peer(hw)?;
+        let tx = self.conns.get(&qpn)?;
+        (tx.state == TxState::Established && packet_len <= tx.mtu as usize).then_some(qpn)
+    }
+
     /// Open connections to the node `gid` at another UD QPN than `ud_qpn`: to an earlier
     /// instance of a node that restarted.
     pub(in crate::ipoib) fn to_other_instances(&self, gid: Gid, ud_qpn: QpNum) -> Vec<QpNum> {
