@@ -50,29 +50,43 @@ pub fn request_complete(buf: &[u8]) -> bool {
     buf.contains(&b'\n') || buf.len() >= MAX_REQUEST_BYTES
 }
 
+/// Why [`parse_request`] refused a request. `Display` is the one-line message of the
+/// `{"error":...}` answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// No newline within [`MAX_REQUEST_BYTES`] bytes.
+    #[error("request longer than {} bytes", MAX_REQUEST_BYTES)]
+    TooLong,
+    /// The line is not UTF-8.
+    #[error("request is not UTF-8")]
+    NotUtf8,
+    /// The line holds nothing but white space.
+    #[error("empty request")]
+    Empty,
+    /// A line that is no request this server knows (the line, without its newline).
+    #[error("unknown request {0:?} (expected \"status\" or \"status json\")")]
+    Unknown(String),
+}
+
 /// Parses a request line (what the client sent up to EOF or its newline). Pure.
 ///
 /// # Errors
-/// A one-line message for the `{"error":...}` answer.
-pub fn parse_request(buf: &[u8]) -> Result<Request, String> {
+/// A [`RequestError`], whose `Display` is the `{"error":...}` answer's message.
+pub fn parse_request(buf: &[u8]) -> Result<Request, RequestError> {
     let line = match buf.iter().position(|&b| b == b'\n') {
         Some(i) if i < MAX_REQUEST_BYTES => &buf[..i],
-        Some(_) => return Err(format!("request longer than {MAX_REQUEST_BYTES} bytes")),
-        None if buf.len() >= MAX_REQUEST_BYTES => {
-            return Err(format!("request longer than {MAX_REQUEST_BYTES} bytes"))
-        }
+        Some(_) => return Err(RequestError::TooLong),
+        None if buf.len() >= MAX_REQUEST_BYTES => return Err(RequestError::TooLong),
         None => buf,
     };
     let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let text = std::str::from_utf8(line).map_err(|_| "request is not UTF-8".to_owned())?;
+    let text = std::str::from_utf8(line).map_err(|_| RequestError::NotUtf8)?;
     let words: Vec<&str> = text.split_ascii_whitespace().collect();
     match words.as_slice() {
-        [] => Err("empty request".to_owned()),
+        [] => Err(RequestError::Empty),
         ["status"] => Ok(Request::Status { json: false }),
         ["status", "json"] => Ok(Request::Status { json: true }),
-        _ => Err(format!(
-            "unknown request {text:?} (expected \"status\" or \"status json\")"
-        )),
+        _ => Err(RequestError::Unknown(text.to_owned())),
     }
 }
 

@@ -155,15 +155,7 @@ impl DaemonProvider for crate::hw::HwVerbs {
     }
 
     fn counters(&self, out: &mut BTreeMap<String, u64>) {
-        let s = self.stats();
-        for (k, v) in [
-            ("hw_completions", s.completions),
-            ("hw_completion_errors", s.completion_errors),
-            ("hw_async_events", s.async_events),
-            ("hw_async_unhandled", s.async_unhandled),
-        ] {
-            out.insert(k.to_string(), v);
-        }
+        add_counters(out, "hw_", &self.stats());
     }
 }
 

@@ -105,8 +105,9 @@ pub struct HwVerbs {
     stats: HwStats,
 }
 
-/// What the libibverbs provider counted, for the daemon's status.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What the libibverbs provider counted, for the daemon's status (serialized field by field,
+/// each name behind the status's `hw_` prefix).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct HwStats {
     /// Work completions handed out.
     pub completions: u64,
@@ -133,5 +134,25 @@ mod tests {
             Err(e) => panic!("unexpected error {e}"),
             Ok(_) => panic!("opened a device on a machine without RDMA"),
         }
+    }
+
+    /// The status names the counters `hw_` + field name: the field names are the schema.
+    #[test]
+    fn stats_serialize_under_their_status_names() {
+        let s = HwStats {
+            completions: 1,
+            completion_errors: 2,
+            async_events: 3,
+            async_unhandled: 4,
+        };
+        assert_eq!(
+            serde_json::to_value(s).unwrap(),
+            serde_json::json!({
+                "completions": 1,
+                "completion_errors": 2,
+                "async_events": 3,
+                "async_unhandled": 4,
+            })
+        );
     }
 }

@@ -2,7 +2,6 @@
 //! tables, the neighbour cache, the TUN queue, the UD QP, the CM and the timer wheel) and
 //! dispatches the driver's calls, the CM's events and the timers to them.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -24,6 +23,7 @@ use crate::verbs::{
 };
 use crate::wire::cm::{ipoib_service_id, IpoibCmData, MAD_LEN};
 use crate::wire::ipoib::{HwAddr, IPOIB_CM_BUF_SIZE};
+use crate::wire::IdMap;
 
 /// The IPoIB-CM endpoint. See the [module documentation](super).
 #[derive(Debug)]
@@ -53,7 +53,7 @@ pub struct Endpoint {
     /// The passive connections and the reaper's drain WR.
     pub(super) rx: RxTable,
     /// Which connection each CM id belongs to (kept until the CM forgets the id).
-    pub(super) owners: HashMap<CommId, Owner>,
+    pub(super) owners: IdMap<CommId, Owner>,
     /// Every deadline of the endpoint (the CM keeps its own).
     pub(super) wheel: TimerWheel<Timer>,
     /// Packets for the TUN device.
@@ -162,7 +162,7 @@ impl Endpoint {
             neigh,
             tx: TxTable::new(tx_free),
             rx: RxTable::default(),
-            owners: HashMap::new(),
+            owners: IdMap::default(),
             wheel: TimerWheel::new(now, Duration::from_millis(1)),
             tun: TunQueue::default(),
             counters,
@@ -391,7 +391,7 @@ impl Endpoint {
     pub fn begin_shutdown<V: Verbs>(&mut self, now: Instant, v: &mut V) {
         self.stopping = true;
         for qpn in self.tx.qpns() {
-            self.close_tx(now, v, qpn, true);
+            self.close_tx(now, v, qpn);
         }
         for qpn in self.rx.qpns() {
             self.start_rx_teardown(now, v, qpn, rx::Why::Shutdown);

@@ -13,12 +13,13 @@
 //! redirect traffic that already flows. The entry is re-learned only after it ages out or its
 //! connection fails.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use crate::timer::TimerId;
 use crate::wire::ipoib::HwAddr;
+use crate::wire::PeerMap;
 
 /// Resolution state of a neighbour.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +59,16 @@ pub(super) struct Neigh {
     pub(super) last_used: Instant,
     /// Resolution retry or ageing timer.
     pub(super) timer: Option<TimerId>,
+}
+
+impl Neigh {
+    /// Its hardware address when it is resolved (not still being resolved).
+    pub(super) fn resolved(&self) -> Option<HwAddr> {
+        match self.state {
+            NeighState::Incomplete { .. } => None,
+            _ => self.hw,
+        }
+    }
 }
 
 /// What learning a mapping did.
@@ -103,22 +114,13 @@ pub(super) enum Ageing {
 /// The neighbour table.
 #[derive(Debug, Default)]
 pub(super) struct Neighbours {
-    map: HashMap<IpAddr, Neigh>,
+    map: PeerMap<IpAddr, Neigh>,
 }
 
 impl Neighbours {
     /// The entry for `ip`.
     pub(super) fn get(&self, ip: &IpAddr) -> Option<&Neigh> {
         self.map.get(ip)
-    }
-
-    /// The hardware address of `ip` when it is resolved (not still being resolved).
-    pub(super) fn resolved(&self, ip: &IpAddr) -> Option<HwAddr> {
-        let n = self.map.get(ip)?;
-        match n.state {
-            NeighState::Incomplete { .. } => None,
-            _ => n.hw,
-        }
     }
 
     /// The entry for `ip`, writable.

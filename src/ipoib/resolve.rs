@@ -110,7 +110,7 @@ impl Endpoint {
                     } else {
                         ETHERTYPE_IPV6
                     };
-                    self.send_ip(now, v, ip, hw, ethertype, &p);
+                    self.send_ip(now, v, hw, ethertype, &p);
                 }
             }
             Learned::Replaced { old } => self.peer_restarted(now, v, old),
@@ -190,7 +190,7 @@ impl Endpoint {
             // Aged out, and no other neighbour uses its TX connection: close it.
             Ageing::Unused(hw) => {
                 if let Some(qpn) = self.tx.to_peer(hw) {
-                    self.close_tx(now, v, qpn, true);
+                    self.close_tx(now, v, qpn);
                 }
             }
             Ageing::Nothing => {}

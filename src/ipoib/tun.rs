@@ -144,7 +144,7 @@ impl Endpoint {
                 IpAddr::V6(d) => mgid_for_ipv6(d, self.cfg.pkey),
                 IpAddr::V4(_) => broadcast_mgid(self.cfg.pkey),
             };
-            self.send_ud_ip(now, v, HwAddr::multicast(mgid), ethertype, packet);
+            self.send_ud_ip(v, HwAddr::multicast(mgid), ethertype, packet);
             return;
         }
         let dst = info.dst;
@@ -172,7 +172,7 @@ impl Endpoint {
                 return;
             }
         };
-        self.send_ip(now, v, dst, hw, ethertype, packet);
+        self.send_ip(now, v, hw, ethertype, packet);
     }
 
     /// A send buffer for the driver to read the next TUN packet into, at
@@ -206,21 +206,19 @@ impl Endpoint {
             self.tx.put_buf(b);
             return;
         }
+        // One lookup of the neighbour: it is marked used only when the packet takes this path
+        // (the general path marks it itself).
         let fast = info.and_then(|info| {
             if info.is_multicast_or_broadcast() || self.cfg.mode != Mode::Connected {
                 return None;
             }
-            let hw = self.neigh.resolved(&info.dst)?;
-            if !hw.connected_mode() {
-                return None;
-            }
-            let qpn = self.established_tx(hw, len)?;
-            Some((info.dst, info.version.ethertype(), qpn))
+            let n = self.neigh.get_mut(&info.dst)?;
+            let hw = n.resolved().filter(|hw| hw.connected_mode())?;
+            let qpn = self.tx.established_to(hw, len)?;
+            n.last_used = now;
+            Some((info.version.ethertype(), qpn))
         });
-        if let Some((dst, ethertype, qpn)) = fast {
-            if let Some(n) = self.neigh.get_mut(&dst) {
-                n.last_used = now;
-            }
+        if let Some((ethertype, qpn)) = fast {
             let header = IpoibHeader::new(ethertype).to_bytes();
             let written = v
                 .pools_mut()
@@ -251,15 +249,14 @@ impl Endpoint {
         &mut self,
         now: Instant,
         v: &mut V,
-        dst: IpAddr,
         hw: HwAddr,
         ethertype: u16,
         packet: &[u8],
     ) {
         if self.cfg.mode == Mode::Connected && hw.connected_mode() {
-            self.send_rc(now, v, dst, hw, ethertype, packet);
+            self.send_rc(now, v, hw, ethertype, packet);
         } else {
-            self.send_ud_ip(now, v, hw, ethertype, packet);
+            self.send_ud_ip(v, hw, ethertype, packet);
         }
     }
 

@@ -52,7 +52,6 @@ impl Endpoint {
     /// Sends an IP packet over UD, or an ICMP "too big" back if it exceeds the UD MTU.
     pub(super) fn send_ud_ip<V: Verbs>(
         &mut self,
-        now: Instant,
         v: &mut V,
         hw: HwAddr,
         ethertype: u16,
@@ -70,7 +69,6 @@ impl Endpoint {
         if self.send_ud(v, hw, ethertype, packet) {
             self.counters.tx_packets += 1;
         }
-        let _ = now;
     }
 
     /// Posts one UD send of `payload` behind an IPoIB header; false if it could not be posted.

@@ -427,7 +427,7 @@ impl Client {
                     Ok(Request::Status { .. }) => answer
                         .get_or_insert_with(|| Arc::from(format_response(&status()).into_bytes()))
                         .clone(),
-                    Err(msg) => Arc::from(format_error(&msg).into_bytes()),
+                    Err(e) => Arc::from(format_error(&e.to_string()).into_bytes()),
                 },
                 None if now < self.deadline => return Ok(Step::Keep),
                 None => {

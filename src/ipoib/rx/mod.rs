@@ -11,10 +11,8 @@ pub(super) use table::{Phase, RxConn, RxTable};
 
 use super::{wr, wr_kind, Endpoint, Owner, Timer, CQ_BATCH, WR_DRAIN, WR_RECV};
 use crate::cm::{AcceptParams, CommId};
-use crate::verbs::{
-    AccessFlags, AddressVector, BufId, Gid, PathMtu, Psn, QpAttr, QpInit, QpNum, QpState, QpType,
-    Verbs, WcOpcode, WcStatus,
-};
+use crate::verbs::setup::{connect_rc, init_rc_qp, RcConnection, RNR_RETRY_FOREVER};
+use crate::verbs::{BufId, Gid, PathMtu, Psn, QpInit, QpNum, QpType, Verbs, WcOpcode, WcStatus};
 use crate::wire::cm::RejReason;
 use crate::wire::ipoib::{IpoibHeader, ETHERTYPE_IPV4, ETHERTYPE_IPV6};
 
@@ -80,7 +78,7 @@ impl Endpoint {
                 if let Some(old) = self.tx.get(&q).map(|t| t.peer) {
                     self.neigh.forget_hw(&old);
                 }
-                self.close_tx(now, v, q, false);
+                self.close_tx(now, v, q);
             }
         }
         if self.stopping {
@@ -167,16 +165,7 @@ impl Endpoint {
         let our_psn = self.random_psn();
         let mut ring_posted = 0;
         let ok = (|| {
-            v.modify_qp(
-                qpn,
-                &QpAttr {
-                    pkey_index: Some(0),
-                    port: Some(1),
-                    access: Some(AccessFlags::default()),
-                    ..QpAttr::to_state(QpState::Init)
-                },
-            )
-            .ok()?;
+            init_rc_qp(v, qpn).ok()?;
             if self.srq.is_none() {
                 for _ in 0..self.cfg.nonsrq_ring {
                     let b = v.pools_mut().alloc(self.rx_pool)?;
@@ -187,31 +176,17 @@ impl Endpoint {
                     ring_posted += 1;
                 }
             }
-            v.modify_qp(
-                qpn,
-                &QpAttr {
-                    av: Some(AddressVector::to_gid(peer)),
-                    path_mtu: Some(path_mtu.min(self.cfg.path_mtu)),
-                    dest_qpn: Some(remote_qpn),
-                    rq_psn: Some(our_psn),
-                    max_dest_rd_atomic: Some(0),
-                    min_rnr_timer: Some(12),
-                    ..QpAttr::to_state(QpState::Rtr)
-                },
-            )
-            .ok()?;
-            v.modify_qp(
-                qpn,
-                &QpAttr {
-                    timeout: Some(self.cfg.qp_timeout),
-                    retry_cnt: Some(7),
-                    rnr_retry: Some(rnr_retry_count.min(7)),
-                    sq_psn: Some(remote_psn),
-                    max_rd_atomic: Some(0),
-                    ..QpAttr::to_state(QpState::Rts)
-                },
-            )
-            .ok()?;
+            let conn = RcConnection {
+                timeout: self.cfg.qp_timeout,
+                rnr_retry: rnr_retry_count.min(RNR_RETRY_FOREVER),
+                ..RcConnection::new(
+                    (peer, remote_qpn),
+                    path_mtu.min(self.cfg.path_mtu),
+                    our_psn,
+                    remote_psn,
+                )
+            };
+            connect_rc(v, qpn, &conn).ok()?;
             Some(())
         })();
         if ok.is_none() {

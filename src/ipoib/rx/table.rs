@@ -1,13 +1,13 @@
 //! The RX table: every passive connection, each with the reaper state that belongs to it, and
 //! the one drain WR the table allows in flight.
 
-use std::collections::HashMap;
 use std::time::Instant;
 
 use super::RxState;
 use crate::cm::CommId;
 use crate::timer::TimerId;
 use crate::verbs::{Gid, QpNum};
+use crate::wire::IdMap;
 
 /// One passive connection.
 #[derive(Debug)]
@@ -94,7 +94,7 @@ pub(in crate::ipoib) enum Drain {
 /// connection is [`Drain::Covered`], and the carrier is one of them.
 #[derive(Debug, Default)]
 pub(in crate::ipoib) struct RxTable {
-    conns: HashMap<QpNum, RxConn>,
+    conns: IdMap<QpNum, RxConn>,
     /// The QP carrying the drain WR in flight.
     drain_carrier: Option<QpNum>,
     /// Sequence number of the next connection to wait for a drain WR.

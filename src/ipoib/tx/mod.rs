@@ -10,7 +10,6 @@
 mod table;
 
 use std::collections::VecDeque;
-use std::net::IpAddr;
 use std::time::Instant;
 
 pub(super) use table::{TxConn, TxTable};
@@ -18,22 +17,22 @@ pub(super) use table::{TxConn, TxTable};
 use super::{wr, wr_kind, Endpoint, Owner, Timer, CQ_BATCH, WR_SEND};
 use crate::cm::{CommId, ConnectParams};
 use crate::timer::TimerId;
+use crate::verbs::setup::{connect_rc, init_rc_qp, RcConnection, RC_RETRY_CNT, RNR_RETRY_FOREVER};
 use crate::verbs::{
-    AccessFlags, AddressVector, BufId, Psn, QpAttr, QpInit, QpNum, QpState, QpType, SendWr, Verbs,
-    WcOpcode, WcStatus,
+    BufId, Psn, QpAttr, QpInit, QpNum, QpState, QpType, SendWr, Verbs, WcOpcode, WcStatus,
 };
 use crate::wire::cm::{ipoib_service_id, IpoibCmData, RejReason};
 use crate::wire::ipoib::{HwAddr, IpoibHeader};
 
-/// RNR retries of a TX connection: 7, for ever. An RNR NAK says the peer is alive and its
-/// receive queue momentarily empty (an overloaded receiver: with 6 retries, three nodes
-/// flooding one failed 2 to 19 connections each per 5 s and reconnected, flushing what was in
-/// flight; with 7, none). A peer whose receive queue stays dry completes nothing, and the
-/// stall watchdog (`tx_stall_timeout`) fails that connection and gives its send buffers back,
-/// so it cannot lock the node out. Linux uses 0, as the IPoIB-CM draft warns against retries,
-/// and keeps its receive queue filled from interrupt context; a daemon on a busy CPU can be
-/// off it for longer than a few RNR timer periods.
-const TX_RNR_RETRY: u8 = 7;
+/// RNR retries of a TX connection: for ever. An RNR NAK says the peer is alive and its
+/// receive queue momentarily empty (an overloaded receiver), so a counted budget would fail
+/// and rebuild connections to a peer that is only busy, flushing what was in flight. A peer
+/// whose receive queue stays dry completes nothing, and the stall watchdog
+/// (`tx_stall_timeout`) fails that connection and gives its send buffers back, so it cannot
+/// lock the node out. Linux uses 0, as the IPoIB-CM draft warns against retries, and keeps
+/// its receive queue filled from interrupt context; a daemon on a busy CPU can be off it for
+/// longer than a few RNR timer periods.
+const TX_RNR_RETRY: u8 = RNR_RETRY_FOREVER;
 
 /// State of an active connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,7 +62,6 @@ impl Endpoint {
         &mut self,
         now: Instant,
         v: &mut V,
-        dst: IpAddr,
         hw: HwAddr,
         ethertype: u16,
         packet: &[u8],
@@ -84,7 +82,6 @@ impl Endpoint {
                 }
             },
         };
-        let _ = dst;
         let Some(tx) = self.tx.get_mut(&qpn) else {
             return;
         };
@@ -127,15 +124,6 @@ impl Endpoint {
             return;
         };
         self.post_rc_buf(now, v, qpn, b, len);
-    }
-
-    /// The established RC connection a packet to `hw` may go on right now, if any, and the
-    /// packet fits its MTU: the fast path of [`send_rc`](Self::send_rc) for a packet already
-    /// in a send buffer (anything else takes the general path).
-    pub(super) fn established_tx(&self, hw: HwAddr, packet_len: usize) -> Option<QpNum> {
-        let qpn = self.tx.to_peer(hw)?;
-        let tx = self.tx.get(&qpn)?;
-        (tx.state == TxState::Established && packet_len <= tx.mtu as usize).then_some(qpn)
     }
 
     /// Posts the held send buffer `b` (an IPoIB message of `len` bytes) on `qpn`; on failure
@@ -191,13 +179,7 @@ impl Endpoint {
             .map_err(|e| tracing::warn!(error = %e, "creating a TX QP failed"))
             .ok()?;
         self.counters.qp_created += 1;
-        let init = QpAttr {
-            pkey_index: Some(0),
-            port: Some(1),
-            access: Some(AccessFlags::default()),
-            ..QpAttr::to_state(QpState::Init)
-        };
-        if v.modify_qp(qpn, &init).is_err() {
+        if init_rc_qp(v, qpn).is_err() {
             self.destroy_qp(v, qpn);
             return None;
         }
@@ -208,7 +190,7 @@ impl Endpoint {
             local_qpn: qpn,
             starting_psn: our_psn,
             path_mtu: self.cfg.path_mtu,
-            retry_count: 7,
+            retry_count: RC_RETRY_CNT,
             rnr_retry_count: TX_RNR_RETRY,
             srq: false,
             local_ack_timeout: self.cfg.qp_timeout,
@@ -266,24 +248,17 @@ impl Endpoint {
                 return;
             }
         };
-        let rtr = QpAttr {
-            av: Some(AddressVector::to_gid(peer.gid)),
-            path_mtu: Some(self.cfg.path_mtu),
-            dest_qpn: Some(remote_qpn),
-            rq_psn: Some(our_psn),
-            max_dest_rd_atomic: Some(0),
-            min_rnr_timer: Some(12),
-            ..QpAttr::to_state(QpState::Rtr)
+        let conn = RcConnection {
+            timeout: self.cfg.qp_timeout,
+            rnr_retry: TX_RNR_RETRY,
+            ..RcConnection::new(
+                (peer.gid, remote_qpn),
+                self.cfg.path_mtu,
+                our_psn,
+                remote_psn,
+            )
         };
-        let rts = QpAttr {
-            timeout: Some(self.cfg.qp_timeout),
-            retry_cnt: Some(7),
-            rnr_retry: Some(TX_RNR_RETRY),
-            sq_psn: Some(remote_psn),
-            max_rd_atomic: Some(0),
-            ..QpAttr::to_state(QpState::Rts)
-        };
-        if v.modify_qp(qpn, &rtr).is_err() || v.modify_qp(qpn, &rts).is_err() {
+        if connect_rc(v, qpn, &conn).is_err() {
             let _ = self.cm.reject(now, id, RejReason::ConsumerDefined);
             self.fail_tx(now, v, qpn);
             return;
@@ -361,7 +336,7 @@ impl Endpoint {
     pub(super) fn peer_restarted<V: Verbs>(&mut self, now: Instant, v: &mut V, old: HwAddr) {
         if let Some(qpn) = self.tx.to_peer(old) {
             tracing::debug!(peer = %old.gid, "peer restarted; closing the old TX connection");
-            self.close_tx(now, v, qpn, false);
+            self.close_tx(now, v, qpn);
         }
     }
 
@@ -377,12 +352,12 @@ impl Endpoint {
         self.counters.tx_dropped += dropped;
         let peer = tx.peer;
         self.neigh.forget_hw(&peer);
-        self.close_tx(now, v, qpn, false);
+        self.close_tx(now, v, qpn);
     }
 
-    /// Closes a TX connection: DREQ if asked (and established), QP to ERR, destroy once the
-    /// outstanding sends have flushed or the watchdog fires.
-    pub(super) fn close_tx<V: Verbs>(&mut self, now: Instant, v: &mut V, qpn: QpNum, dreq: bool) {
+    /// Closes a TX connection: DREQ (or REJ while connecting) unless the peer already ended
+    /// it, QP to ERR, destroy once the outstanding sends have flushed or the watchdog fires.
+    pub(super) fn close_tx<V: Verbs>(&mut self, now: Instant, v: &mut V, qpn: QpNum) {
         let Some(tx) = self.tx.get_mut(&qpn) else {
             return;
         };
@@ -398,9 +373,7 @@ impl Endpoint {
             self.wheel.cancel(t);
         }
         self.tx.unmap_peer(qpn);
-        // DREQ (or REJ while connecting) unless the peer already ended it; the CM ignores a
-        // disconnect of an id that is gone or already disconnecting.
-        let _ = dreq;
+        // The CM ignores a disconnect of an id that is gone or already disconnecting.
         let _ = self.cm.disconnect(now, id);
         let _ = v.modify_qp(qpn, &QpAttr::to_state(QpState::Err));
         if outstanding == 0 {

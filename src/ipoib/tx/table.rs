@@ -1,6 +1,6 @@
 //! The TX table: every active connection, the index by peer, and the send buffers they share.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use super::TxState;
@@ -8,6 +8,7 @@ use crate::cm::CommId;
 use crate::timer::TimerId;
 use crate::verbs::{BufId, Gid, Psn, QpNum};
 use crate::wire::ipoib::HwAddr;
+use crate::wire::{IdMap, PeerMap};
 
 /// One active connection.
 #[derive(Debug)]
@@ -37,8 +38,8 @@ pub(in crate::ipoib) struct TxConn {
 /// its `outstanding`), or lent to the driver for a TUN read.
 #[derive(Debug)]
 pub(in crate::ipoib) struct TxTable {
-    conns: HashMap<QpNum, TxConn>,
-    by_peer: HashMap<(Gid, QpNum), QpNum>,
+    conns: IdMap<QpNum, TxConn>,
+    by_peer: PeerMap<(Gid, QpNum), QpNum>,
     free: Vec<BufId>,
 }
 
@@ -46,8 +47,8 @@ impl TxTable {
     /// An empty table with the send buffers `free`.
     pub(in crate::ipoib) fn new(free: Vec<BufId>) -> Self {
         Self {
-            conns: HashMap::new(),
-            by_peer: HashMap::new(),
+            conns: IdMap::default(),
+            by_peer: PeerMap::default(),
             free,
         }
     }
@@ -84,6 +85,15 @@ impl TxTable {
     /// The open connection to `hw`, if any.
     pub(in crate::ipoib) fn to_peer(&self, hw: HwAddr) -> Option<QpNum> {
         self.by_peer.get(&(hw.gid, hw.qpn)).copied()
+    }
+
+    /// The established connection a packet of `packet_len` bytes to `hw` may go on right
+    /// now, if any and the packet fits its MTU: the fast path of `Endpoint::send_rc` for a
+    /// packet already in a send buffer (anything else takes the general path).
+    pub(in crate::ipoib) fn established_to(&self, hw: HwAddr, packet_len: usize) -> Option<QpNum> {
+        let qpn = self.to_peer(hw)?;
+        let tx = self.conns.get(&qpn)?;
+        (tx.state == TxState::Established && packet_len <= tx.mtu as usize).then_some(qpn)
     }
 
     /// Open connections to the node `gid` at another UD QPN than `ud_qpn`: to an earlier
