@@ -11,6 +11,7 @@ use crate::driver::ProviderSources;
 use crate::soft::provider::{SoftProvider, UdpOffload};
 use crate::soft::{FaultConfig, SoftConfig, SoftVerbs};
 use crate::verbs::{PathMtu, Provider};
+use crate::wire::cm::LocalAckTimeout;
 
 /// Where and how a tool's software provider runs.
 #[derive(Debug, Clone, Copy)]
@@ -98,7 +99,7 @@ pub(crate) fn linger<C>(
     qp_timeout: u8,
     mut turn: impl FnMut(&mut C, Instant, Duration) -> Result<(), PingpongError>,
 ) -> Result<(), PingpongError> {
-    let interval = Duration::from_nanos(4096u64 << qp_timeout.min(31));
+    let interval = LocalAckTimeout::saturating(qp_timeout).duration();
     let linger = (interval * 8 + Duration::from_millis(20)).min(Duration::from_secs(2));
     let end = Instant::now() + linger;
     for _ in 0..100_000 {
