@@ -43,8 +43,8 @@ use std::time::{Duration, Instant};
 
 use etherparse::PacketBuilder;
 use ipoib_cm::ipoib::{Endpoint, EndpointConfig};
-use ipoib_cm::mad::{self, Gsi, Mad, MadTransport};
-use ipoib_cm::sim::cluster::BASELINE_QPS;
+use ipoib_cm::mad::{Gsi, Mad, MadTransport};
+use ipoib_cm::sim::{self, cluster::BASELINE_QPS};
 use ipoib_cm::soft::{SoftConfig, SoftVerbs};
 use ipoib_cm::verbs::{PathMtu, Verbs};
 
@@ -209,13 +209,7 @@ impl Sim {
             let v = &mut self.nodes[i];
             v.handle_timeout(now);
             let gsi = &mut self.mads[i];
-            mad::receive(gsi, v, &mut self.mad_scratch, |from, m| {
-                ep.handle_mad(now, from, m);
-            });
-            ep.handle_verbs(now, v);
-            mad::send_while_room(gsi, v, || ep.poll_mad());
-            ep.handle_timeout(now, v);
-            mad::send_while_room(gsi, v, || ep.poll_mad());
+            sim::endpoint_turn(ep, gsi, v, &mut self.mad_scratch, now);
             while let Some(p) = ep.poll_tun(v) {
                 self.tun_rx[i] += 1;
                 drop(p);

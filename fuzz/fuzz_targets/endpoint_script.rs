@@ -42,7 +42,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use etherparse::PacketBuilder;
 use ipoib_cm::ipoib::{Endpoint, EndpointConfig, Mode, QpBudgetPolicy, RxState, TxState};
 use ipoib_cm::mad::{self, Gsi, Mad, MadTransport};
-use ipoib_cm::sim::Fabric;
+use ipoib_cm::sim::{self, Fabric};
 use ipoib_cm::soft::{FaultConfig, Quirks, SoftVerbs};
 use ipoib_cm::verbs::{QpNum, Verbs};
 use ipoib_cm::wire::cm::{CmMad, CmMessage, Dreq, Rej, RejReason, Rtu, TargetMsg, MAD_LEN};
@@ -326,13 +326,7 @@ impl Net {
             let n = &mut self.nodes[i];
             if let (Some(ep), Some(gsi)) = (n.ep.as_mut(), n.mad.as_mut()) {
                 let v = &mut self.f.nodes[i];
-                mad::receive(gsi, v, &mut self.mad_scratch, |from, m| {
-                    ep.handle_mad(now, from, m);
-                });
-                ep.handle_verbs(now, v);
-                mad::send_while_room(gsi, v, || ep.poll_mad());
-                ep.handle_timeout(now, v);
-                mad::send_while_room(gsi, v, || ep.poll_mad());
+                sim::endpoint_turn(ep, gsi, v, &mut self.mad_scratch, now);
                 while ep.poll_tun(v).is_some() {
                     self.tun_packets += 1;
                 }

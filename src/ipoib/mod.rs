@@ -46,6 +46,7 @@
 mod endpoint;
 mod icmp;
 mod neigh;
+mod qp_conns;
 mod resolve;
 mod rx;
 mod tun;

@@ -13,7 +13,7 @@ use etherparse::PacketBuilder;
 
 use super::Fabric;
 use crate::ipoib::{Endpoint, EndpointConfig};
-use crate::mad::{self, Gsi, Mad, MadTransport};
+use crate::mad::{Gsi, Mad, MadTransport};
 use crate::soft::{SoftConfig, SoftVerbs};
 use crate::verbs::{Verbs, VerbsError};
 
@@ -159,13 +159,7 @@ impl Cluster {
         for i in 0..self.eps.len() {
             if let (Some(ep), Some(gsi)) = (self.eps[i].as_mut(), self.mads[i].as_mut()) {
                 let v = &mut self.f.nodes[i];
-                mad::receive(gsi, v, &mut self.mad_scratch, |from, m| {
-                    ep.handle_mad(now, from, m);
-                });
-                ep.handle_verbs(now, v);
-                mad::send_while_room(gsi, v, || ep.poll_mad());
-                ep.handle_timeout(now, v);
-                mad::send_while_room(gsi, v, || ep.poll_mad());
+                super::endpoint_turn(ep, gsi, v, &mut self.mad_scratch, now);
                 if self.tun_stalled.get(i).copied().unwrap_or(false) {
                     continue;
                 }

@@ -12,8 +12,11 @@ use std::collections::BinaryHeap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use crate::ipoib::Endpoint;
+use crate::mad::{self, Gsi, Mad};
 use crate::soft::{SoftConfig, SoftVerbs};
 use crate::verbs::conformance::ConformancePair;
+use crate::verbs::Verbs;
 
 /// Steps one [`ConformancePair::settle`] of a fabric takes at most.
 pub const SETTLE_STEPS: usize = 50_000;
@@ -216,3 +219,21 @@ impl ConformancePair<SoftVerbs> for Fabric {
 }
 
 pub mod cluster;
+
+/// One endpoint's turn at `now` with its CM MADs on QP1 (`gsi`): the MADs received are
+/// handed in, then the verbs completions and the timers are handled, each followed by
+/// sending the MADs they queued while `gsi` has room. The TUN output is left for the caller
+/// ([`Endpoint::poll_tun`]). `scratch` is reused between turns by [`mad::receive`].
+pub fn endpoint_turn<V: Verbs>(
+    ep: &mut Endpoint,
+    gsi: &mut Gsi,
+    v: &mut V,
+    scratch: &mut Vec<Mad>,
+    now: Instant,
+) {
+    mad::receive(gsi, v, scratch, |from, m| ep.handle_mad(now, from, m));
+    ep.handle_verbs(now, v);
+    mad::send_while_room(gsi, v, || ep.poll_mad());
+    ep.handle_timeout(now, v);
+    mad::send_while_room(gsi, v, || ep.poll_mad());
+}

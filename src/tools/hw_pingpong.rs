@@ -116,16 +116,6 @@ pub fn run(opts: &RcPingpongOptions, cfg: &HwConfig) -> Result<Summary, HwPingpo
             connect_rc_qp(&mut ctx.v, ctx.qp, rem, &opts.tool.link, psns)
         },
     )?;
-    let run = PingpongRun {
-        qp: ctx.qp,
-        ud: None,
-        cq: ctx.cq,
-        send_buf: ctx.send_buf,
-        size: opts.size,
-        iters: opts.iters,
-        is_client: opts.is_client(),
-        validate: false,
-        deadline: opts.deadline,
-    };
+    let run = PingpongRun::new(opts, ctx.qp, ctx.cq, ctx.send_buf);
     Ok(run_pingpong(&mut ctx, &run)?)
 }

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{PingpongError, RECV_WRID, SEND_WRID};
+use super::{Options, PingpongError, RECV_WRID, SEND_WRID};
 use crate::verbs::{BufId, Completion, CqId, QpNum, SendWr, UdDest, Verbs, WcOpcode, WcStatus};
 
 /// What the loop needs of a provider and its event loop.
@@ -52,6 +52,24 @@ pub struct PingpongRun {
     pub validate: bool,
     /// Give up after this long.
     pub deadline: Duration,
+}
+
+impl PingpongRun {
+    /// The run `opts` ask for on an RC `qp` with its `cq` and `send_buf`, payloads not
+    /// checked (set [`PingpongRun::ud`] for a UD QP, [`PingpongRun::validate`] to check).
+    pub fn new<T>(opts: &Options<T>, qp: QpNum, cq: CqId, send_buf: BufId) -> Self {
+        Self {
+            qp,
+            ud: None,
+            cq,
+            send_buf,
+            size: opts.size,
+            iters: opts.iters,
+            is_client: opts.is_client(),
+            validate: false,
+            deadline: opts.deadline,
+        }
+    }
 }
 
 /// Figures of a finished run.

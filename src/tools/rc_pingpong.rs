@@ -231,15 +231,8 @@ pub fn run(opts: &RcPingpongOptions) -> Result<Outcome, PingpongError> {
         connect_with_tcp(opts)?
     };
     let run = PingpongRun {
-        qp: ctx.qp,
-        ud: None,
-        cq: ctx.cq,
-        send_buf: ctx.send_buf,
-        size: opts.size,
-        iters: opts.iters,
-        is_client: opts.is_client(),
         validate: opts.tool.validate,
-        deadline: opts.deadline,
+        ..PingpongRun::new(opts, ctx.qp, ctx.cq, ctx.send_buf)
     };
     let summary = run_pingpong(&mut ctx, &run)?;
     linger_pingpong(&mut ctx, opts)?;

@@ -154,7 +154,6 @@ pub fn run(opts: &Options) -> Result<Summary, PingpongError> {
     }
     let (mut ctx, rem) = exchange(opts)?;
     let run = PingpongRun {
-        qp: ctx.qp,
         ud: Some(UdDest {
             av: AddressVector {
                 hop_limit: 1,
@@ -163,13 +162,7 @@ pub fn run(opts: &Options) -> Result<Summary, PingpongError> {
             remote_qpn: rem.qpn,
             remote_qkey: UD_PINGPONG_QKEY,
         }),
-        cq: ctx.cq,
-        send_buf: ctx.send_buf,
-        size: opts.size,
-        iters: opts.iters,
-        is_client: opts.is_client(),
-        validate: false,
-        deadline: opts.deadline,
+        ..PingpongRun::new(opts, ctx.qp, ctx.cq, ctx.send_buf)
     };
     run_pingpong(&mut ctx, &run)
 }

@@ -12,6 +12,7 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use crate::ipoib::{self, Mode};
+pub use crate::ipoib::{RxState, TxState};
 
 /// The whole snapshot.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -88,39 +89,6 @@ pub struct NeighbourStatus {
     pub state: NeighbourState,
 }
 
-/// State of a transmit connection: the endpoint's [`ipoib::TxState`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TxState {
-    /// CM REQ sent, waiting for REP/RTU; packets are queued.
-    Connecting,
-    /// Established; packets flow.
-    Live,
-    /// Being torn down (QP in error, outstanding sends flushing).
-    Closing,
-}
-
-impl TxState {
-    /// The name in JSON and text output.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Connecting => "connecting",
-            Self::Live => "live",
-            Self::Closing => "closing",
-        }
-    }
-}
-
-impl From<ipoib::TxState> for TxState {
-    fn from(s: ipoib::TxState) -> Self {
-        match s {
-            ipoib::TxState::Connecting => Self::Connecting,
-            ipoib::TxState::Established => Self::Live,
-            ipoib::TxState::Closing => Self::Closing,
-        }
-    }
-}
-
 /// One transmit connection.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TxStatus {
@@ -137,43 +105,6 @@ pub struct TxStatus {
     /// Sends posted and not yet completed: the send buffers (shared by all TX connections)
     /// this connection holds.
     pub in_flight: u64,
-}
-
-/// State of a receive connection, as Linux `ipoib_cm` tracks its RX QPs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RxState {
-    /// Receiving.
-    Live,
-    /// Moved to error (idle timeout, DREQ or eviction); flush pending.
-    Error,
-    /// On the flush list, waiting for Last WQE Reached / the drain WR.
-    Flush,
-    /// Drained; about to be destroyed.
-    Drained,
-}
-
-impl RxState {
-    /// The name in JSON and text output.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Live => "live",
-            Self::Error => "error",
-            Self::Flush => "flush",
-            Self::Drained => "drained",
-        }
-    }
-}
-
-impl From<ipoib::RxState> for RxState {
-    fn from(s: ipoib::RxState) -> Self {
-        match s {
-            ipoib::RxState::Live => Self::Live,
-            ipoib::RxState::Error => Self::Error,
-            ipoib::RxState::Flush => Self::Flush,
-            ipoib::RxState::Drained => Self::Drained,
-        }
-    }
 }
 
 /// One receive connection.
@@ -280,7 +211,7 @@ impl Status {
                 .map(|t| TxStatus {
                     peer: t.peer.gid.to_string(),
                     qpn: t.qpn.get(),
-                    state: t.state.into(),
+                    state: t.state,
                     mtu: t.mtu,
                     queued: t.queued as u64,
                     in_flight: u64::from(t.in_flight),
@@ -292,7 +223,7 @@ impl Status {
                 .map(|(peer, qpn, st, idle)| RxStatus {
                     peer: peer.to_string(),
                     qpn: qpn.get(),
-                    state: (*st).into(),
+                    state: *st,
                     idle_ms: u64::try_from(idle.as_millis()).unwrap_or(u64::MAX),
                 })
                 .collect(),

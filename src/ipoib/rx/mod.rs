@@ -16,8 +16,10 @@ use crate::verbs::{BufId, Gid, PathMtu, Psn, QpInit, QpNum, QpType, Verbs, WcOpc
 use crate::wire::cm::RejReason;
 use crate::wire::ipoib::{IpoibHeader, ETHERTYPE_IPV4, ETHERTYPE_IPV6};
 
-/// State of a passive connection (the kernel's `ipoib_cm_state` plus the end of the road).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// State of a passive connection (the kernel's `ipoib_cm_state` plus the end of the road);
+/// `ipoib-cm status` shows it by [`RxState::as_str`], in JSON as the same lowercase name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum RxState {
     /// Receiving; the stale timer runs.
     Live,
@@ -31,7 +33,8 @@ pub enum RxState {
 
 impl RxState {
     /// The status name: `live`, `error`, `flush` or `drained`.
-    pub fn name(self) -> &'static str {
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
         match self {
             Self::Live => "live",
             Self::Error => "error",

@@ -5,9 +5,9 @@ use std::time::Instant;
 
 use super::RxState;
 use crate::cm::CommId;
+use crate::ipoib::qp_conns::QpConns;
 use crate::timer::TimerId;
 use crate::verbs::{Gid, QpNum};
-use crate::wire::IdMap;
 
 /// One passive connection.
 #[derive(Debug)]
@@ -94,7 +94,7 @@ pub(in crate::ipoib) enum Drain {
 /// connection is [`Drain::Covered`], and the carrier is one of them.
 #[derive(Debug, Default)]
 pub(in crate::ipoib) struct RxTable {
-    conns: IdMap<QpNum, RxConn>,
+    conns: QpConns<RxConn>,
     /// The QP carrying the drain WR in flight.
     drain_carrier: Option<QpNum>,
     /// Sequence number of the next connection to wait for a drain WR.
@@ -102,33 +102,9 @@ pub(in crate::ipoib) struct RxTable {
 }
 
 impl RxTable {
-    pub(in crate::ipoib) fn get(&self, qpn: &QpNum) -> Option<&RxConn> {
-        self.conns.get(qpn)
-    }
-
+    /// The connection on `qpn`, to change (reading goes through [`QpConns`]).
     pub(in crate::ipoib) fn get_mut(&mut self, qpn: &QpNum) -> Option<&mut RxConn> {
         self.conns.get_mut(qpn)
-    }
-
-    pub(in crate::ipoib) fn contains(&self, qpn: &QpNum) -> bool {
-        self.conns.contains_key(qpn)
-    }
-
-    pub(in crate::ipoib) fn len(&self) -> usize {
-        self.conns.len()
-    }
-
-    pub(in crate::ipoib) fn is_empty(&self) -> bool {
-        self.conns.is_empty()
-    }
-
-    pub(in crate::ipoib) fn iter(&self) -> impl Iterator<Item = (&QpNum, &RxConn)> {
-        self.conns.iter()
-    }
-
-    /// The QP numbers of every connection, in no particular order.
-    pub(in crate::ipoib) fn qpns(&self) -> Vec<QpNum> {
-        self.conns.keys().copied().collect()
     }
 
     pub(in crate::ipoib) fn insert(&mut self, qpn: QpNum, conn: RxConn) {
@@ -284,6 +260,14 @@ impl RxTable {
                 );
             }
         }
+    }
+}
+
+impl std::ops::Deref for RxTable {
+    type Target = QpConns<RxConn>;
+
+    fn deref(&self) -> &QpConns<RxConn> {
+        &self.conns
     }
 }
 

@@ -34,23 +34,27 @@ use crate::wire::ipoib::{HwAddr, IpoibHeader};
 /// longer than a few RNR timer periods.
 const TX_RNR_RETRY: u8 = RNR_RETRY_FOREVER;
 
-/// State of an active connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// State of an active connection; `ipoib-cm status` shows it by [`TxState::as_str`], in
+/// JSON as the same name (`connecting`, `live`, `closing`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum TxState {
     /// REQ sent, waiting for the REP.
     Connecting,
-    /// Usable.
+    /// Usable: packets flow (shown as `live`).
+    #[serde(rename = "live")]
     Established,
     /// Being torn down (QP in ERR, waiting for outstanding sends to flush).
     Closing,
 }
 
 impl TxState {
-    /// Lowercase name for status output.
-    pub fn name(self) -> &'static str {
+    /// The status name: `connecting`, `live` or `closing`.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
         match self {
             Self::Connecting => "connecting",
-            Self::Established => "established",
+            Self::Established => "live",
             Self::Closing => "closing",
         }
     }

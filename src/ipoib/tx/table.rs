@@ -5,10 +5,11 @@ use std::time::Instant;
 
 use super::TxState;
 use crate::cm::CommId;
+use crate::ipoib::qp_conns::QpConns;
 use crate::timer::TimerId;
 use crate::verbs::{BufId, Gid, Psn, QpNum};
 use crate::wire::ipoib::HwAddr;
-use crate::wire::{IdMap, PeerMap};
+use crate::wire::PeerMap;
 
 /// One active connection.
 #[derive(Debug)]
@@ -38,7 +39,7 @@ pub(in crate::ipoib) struct TxConn {
 /// its `outstanding`), or lent to the driver for a TUN read.
 #[derive(Debug)]
 pub(in crate::ipoib) struct TxTable {
-    conns: IdMap<QpNum, TxConn>,
+    conns: QpConns<TxConn>,
     by_peer: PeerMap<(Gid, QpNum), QpNum>,
     free: Vec<BufId>,
 }
@@ -47,39 +48,15 @@ impl TxTable {
     /// An empty table with the send buffers `free`.
     pub(in crate::ipoib) fn new(free: Vec<BufId>) -> Self {
         Self {
-            conns: IdMap::default(),
+            conns: QpConns::default(),
             by_peer: PeerMap::default(),
             free,
         }
     }
 
-    pub(in crate::ipoib) fn get(&self, qpn: &QpNum) -> Option<&TxConn> {
-        self.conns.get(qpn)
-    }
-
+    /// The connection on `qpn`, to change (reading goes through [`QpConns`]).
     pub(in crate::ipoib) fn get_mut(&mut self, qpn: &QpNum) -> Option<&mut TxConn> {
         self.conns.get_mut(qpn)
-    }
-
-    pub(in crate::ipoib) fn contains(&self, qpn: &QpNum) -> bool {
-        self.conns.contains_key(qpn)
-    }
-
-    pub(in crate::ipoib) fn len(&self) -> usize {
-        self.conns.len()
-    }
-
-    pub(in crate::ipoib) fn is_empty(&self) -> bool {
-        self.conns.is_empty()
-    }
-
-    pub(in crate::ipoib) fn iter(&self) -> impl Iterator<Item = (&QpNum, &TxConn)> {
-        self.conns.iter()
-    }
-
-    /// The QP numbers of every connection, in no particular order.
-    pub(in crate::ipoib) fn qpns(&self) -> Vec<QpNum> {
-        self.conns.keys().copied().collect()
     }
 
     /// The open connection to `hw`, if any.
@@ -138,5 +115,13 @@ impl TxTable {
     #[cfg(test)]
     pub(in crate::ipoib) fn free_bufs(&self) -> usize {
         self.free.len()
+    }
+}
+
+impl std::ops::Deref for TxTable {
+    type Target = QpConns<TxConn>;
+
+    fn deref(&self) -> &QpConns<TxConn> {
+        &self.conns
     }
 }
