@@ -34,7 +34,7 @@ const IDLE_WAKE: Duration = Duration::from_secs(1);
 
 /// The tunnel address of node `k`.
 fn tunnel_addr(k: u8) -> Ipv4Addr {
-    Ipv4Addr::new(10, 77, 0, k)
+    Ipv4Addr::new(198, 19, 77, k)
 }
 
 fn spawn_node(lab: &Lab, k: usize, transport: &str) -> (Child, Lines) {
