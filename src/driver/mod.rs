@@ -34,3 +34,4 @@ mod tun;
 
 pub use node::{Node, NodeConfig, NodeError, EARLY_ACK_BATCH, TUN_BATCH};
 pub use sources::ProviderSources;
+pub use tun::TunStats;

@@ -9,9 +9,9 @@ use std::time::Instant;
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 
-use super::tun::{read_tun, write_tun, TunRead};
+use super::tun::{read_tun, write_tun, TunRead, TunStats};
 use super::ProviderSources;
-use crate::ipoib::{Endpoint, EndpointConfig};
+use crate::ipoib::{Endpoint, EndpointConfig, EVENT_QUEUE_CAP};
 use crate::mad::{self, CmTransport, Gsi, Mad, MadStats, MadTransport, MadUdp};
 use crate::sys::tun::Tun;
 use crate::verbs::{Provider, VerbsError};
@@ -108,8 +108,8 @@ pub struct Node<P: Provider> {
     tun_ready: bool,
     /// The last turn stopped reading the TUN at [`TUN_BATCH`]: the next turn comes at once.
     tun_more: bool,
-    /// Packets the TUN device refused.
-    tun_write_drops: u64,
+    /// Packets written to the TUN device, and those it refused.
+    tun_stats: TunStats,
     /// Where a TUN packet is read while shutting down with no send buffer free.
     drain_buf: Vec<u8>,
     /// Set by [`Node::begin_shutdown`]: when the drain gives up.
@@ -212,7 +212,7 @@ impl<P: Provider> Node<P> {
             },
             tun_ready: true,
             tun_more: false,
-            tun_write_drops: 0,
+            tun_stats: TunStats::default(),
             drain_buf: vec![0; DRAIN_READ_BYTES],
             stop_deadline: None,
         })
@@ -288,7 +288,19 @@ impl<P: Provider> Node<P> {
         self.ep.handle_timeout(now, self.prov.verbs());
         self.send_mads();
         self.write_tun();
+        self.log_events();
         Ok(())
+    }
+
+    /// Logs the endpoint's connection events, one info line each, at most
+    /// [`EVENT_QUEUE_CAP`] per call (the queue holds no more).
+    fn log_events(&mut self) {
+        for _ in 0..EVENT_QUEUE_CAP {
+            let Some(e) = self.ep.poll_event() else {
+                break;
+            };
+            tracing::info!(target: "ipoib_cm::event", "{e}");
+        }
     }
 
     /// The end of a turn: transmits what the turn (and a [`Node::begin_shutdown`] after it)
@@ -312,6 +324,7 @@ impl<P: Provider> Node<P> {
         }
         self.ep.begin_shutdown(now, self.prov.verbs());
         self.send_mads();
+        self.log_events();
         self.stop_deadline = Some(now + self.ep.config().drain_timeout);
     }
 
@@ -335,12 +348,21 @@ impl<P: Provider> Node<P> {
             .is_some_and(|deadline| self.ep.is_stopped() || now >= deadline)
     }
 
-    /// Ends the node: destroys whatever connection is left, lets the last DREQs and DREPs out,
-    /// and removes the interface (by closing the TUN device).
+    /// Ends the node: [`Node::wind_up`], then removes the interface (by closing the TUN
+    /// device).
     ///
     /// # Errors
     /// A fatal I/O error of the provider.
     pub fn finish(mut self, now: Instant) -> io::Result<()> {
+        self.wind_up(now)
+    }
+
+    /// Destroys whatever connection is left and lets the last DREQs and DREPs out; the
+    /// interface stays until the node is dropped (its counters can still be read).
+    ///
+    /// # Errors
+    /// A fatal I/O error of the provider.
+    pub fn wind_up(&mut self, now: Instant) -> io::Result<()> {
         if !self.ep.is_stopped() {
             self.ep.force_stop(self.prov.verbs());
         }
@@ -348,7 +370,7 @@ impl<P: Provider> Node<P> {
         self.ep.handle_verbs(now, self.prov.verbs());
         self.send_mads();
         self.prov.handle_io(now)?;
-        tracing::info!(counters = ?self.ep.counters(), "stopped");
+        self.log_events();
         Ok(())
     }
 
@@ -379,7 +401,13 @@ impl<P: Provider> Node<P> {
     /// Packets the TUN device refused (its queue was full, or the write failed).
     #[must_use]
     pub fn tun_write_drops(&self) -> u64 {
-        self.tun_write_drops
+        self.tun_stats.write_drops
+    }
+
+    /// Packets written to the TUN device, their bytes, and those it refused.
+    #[must_use]
+    pub fn tun_stats(&self) -> TunStats {
+        self.tun_stats
     }
 
     /// Hands every MAD the transport received to the endpoint.
@@ -408,7 +436,7 @@ impl<P: Provider> Node<P> {
             &self.tun,
             &mut self.ep,
             self.prov.verbs(),
-            &mut self.tun_write_drops,
+            &mut self.tun_stats,
         ) {
             self.tun_ready = true;
         }

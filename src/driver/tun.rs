@@ -64,20 +64,35 @@ pub(super) fn read_tun<V: Verbs>(
     }
 }
 
+/// What the TUN device took from the node: the host's receive side.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TunStats {
+    /// IP packets written to the TUN device.
+    pub written: u64,
+    /// Their bytes.
+    pub written_bytes: u64,
+    /// Packets the TUN device refused (its queue was full, or the write failed).
+    pub write_drops: u64,
+}
+
 /// Writes the packets the endpoint delivered to the TUN device (straight from their receive
-/// buffers), counting in `drops` those the device refused; returns whether it wrote any.
+/// buffers), counting them in `stats`; returns whether it wrote any.
 pub(super) fn write_tun<V: Verbs>(
     tun: &Tun,
     ep: &mut Endpoint,
     v: &mut V,
-    drops: &mut u64,
+    stats: &mut TunStats,
 ) -> bool {
     let mut wrote = false;
     ep.drain_tun(v, |p| match tun.send(p) {
-        Ok(true) => wrote = true,
-        Ok(false) => *drops += 1,
+        Ok(true) => {
+            wrote = true;
+            stats.written += 1;
+            stats.written_bytes += p.len() as u64;
+        }
+        Ok(false) => stats.write_drops += 1,
         Err(e) => {
-            *drops += 1;
+            stats.write_drops += 1;
             tracing::debug!(error = %e, "TUN write failed");
         }
     });

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use super::event::{EventQueue, TxFailure};
 use super::neigh::Neighbours;
 use super::rx::{self, RxTable};
 use super::tun::TunQueue;
@@ -71,6 +72,8 @@ pub struct Endpoint {
     fired: Vec<(TimerId, Timer)>,
     /// Scratch for CM events, trimmed to [`crate::cm::QUEUE_KEEP`] after each batch.
     cm_events: Vec<CmEvent>,
+    /// Connection events for the driver ([`Endpoint::poll_event`]).
+    pub(super) events: EventQueue,
 }
 
 impl Endpoint {
@@ -172,6 +175,7 @@ impl Endpoint {
             wcs: Vec::with_capacity(CQ_BATCH),
             fired: Vec::new(),
             cm_events: Vec::new(),
+            events: EventQueue::default(),
             cfg,
         })
     }
@@ -281,7 +285,7 @@ impl Endpoint {
                 if self.rx.contains(&qpn) {
                     self.start_rx_teardown(now, v, qpn, rx::Why::Error);
                 } else if self.tx.contains(&qpn) {
-                    self.fail_tx(now, v, qpn);
+                    self.fail_tx(now, v, qpn, TxFailure::SendError);
                 }
             }
             _ => {}
@@ -345,15 +349,19 @@ impl Endpoint {
                 }
             }
             CmEvent::Rejected { id, .. } | CmEvent::TimedOut { id, .. } => {
+                let why = match e {
+                    CmEvent::Rejected { .. } => TxFailure::Rejected,
+                    _ => TxFailure::TimedOut,
+                };
                 match self.owners.get(&id).copied() {
-                    Some(Owner::Tx(qpn)) => self.fail_tx(now, v, qpn),
+                    Some(Owner::Tx(qpn)) => self.fail_tx(now, v, qpn, why),
                     Some(Owner::Rx(qpn)) => self.start_rx_teardown(now, v, qpn, rx::Why::Remote),
                     None => {}
                 }
             }
             CmEvent::DisconnectReceived { id } | CmEvent::Disconnected { id } => {
                 match self.owners.get(&id).copied() {
-                    Some(Owner::Tx(qpn)) => self.fail_tx(now, v, qpn),
+                    Some(Owner::Tx(qpn)) => self.fail_tx(now, v, qpn, TxFailure::Disconnected),
                     Some(Owner::Rx(qpn)) => self.start_rx_teardown(now, v, qpn, rx::Why::Remote),
                     None => {}
                 }

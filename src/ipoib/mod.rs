@@ -44,6 +44,7 @@
 //! (`icmp.rs`). The counters are one [`Counters`] that every part adds to.
 
 mod endpoint;
+mod event;
 mod icmp;
 mod neigh;
 mod qp_conns;
@@ -65,6 +66,7 @@ use crate::wire::ipoib::{HwAddr, IpoibHeader, IPOIB_CM_BUF_SIZE};
 
 pub use crate::choice::ParseChoiceError;
 pub use endpoint::Endpoint;
+pub use event::{Event, EventPeer, RxReapReason, RxRejectReason, TxFailure, EVENT_QUEUE_CAP};
 pub use neigh::NeighState;
 pub use rx::RxState;
 pub use tun::TUN_BUFFER_OFFSET;
@@ -279,9 +281,19 @@ pub struct Counters {
     pub rx_bad_packets: u64,
     /// IP packets delivered to the TUN device.
     pub rx_packets: u64,
+    /// Bytes of the IP packets counted in `rx_packets`.
+    #[serde(rename = "rx_ip_bytes")]
+    pub rx_bytes: u64,
+    /// IP packets that arrived on an RX connection being torn down (dropped).
+    pub rx_closing_drops: u64,
     /// IP packets sent (RC and UD).
     #[serde(rename = "tx_ip_packets")]
     pub tx_packets: u64,
+    /// Bytes of the IP packets counted in `tx_packets`.
+    #[serde(rename = "tx_ip_bytes")]
+    pub tx_bytes: u64,
+    /// Connection events dropped because the driver did not take them in time.
+    pub events_dropped: u64,
     /// ARP/ND messages that tried to change an established mapping.
     pub neigh_conflicts: u64,
     /// Neighbour resolutions that got no answer.

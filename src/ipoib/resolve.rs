@@ -4,6 +4,7 @@
 use std::net::{IpAddr, Ipv6Addr};
 use std::time::Instant;
 
+use super::event::Event;
 use super::neigh::{Ageing, Learned, NeighState, Retry};
 use super::{Endpoint, Timer, RESOLVE_INTERVAL};
 use crate::timer::TimerId;
@@ -89,8 +90,14 @@ impl Endpoint {
 
     /// Learns a mapping and sends what waited for it.
     fn learn<V: Verbs>(&mut self, now: Instant, v: &mut V, ip: IpAddr, hw: HwAddr, for_us: bool) {
+        let was_resolved = self.neigh.get(&ip).is_some_and(|n| n.resolved().is_some());
         match self.neigh.learn(ip, hw, now, for_us) {
             Learned::Resolved(queued) => {
+                if !was_resolved {
+                    self.push_event(Event::NeighResolved {
+                        peer: self.neigh_peer(ip, hw),
+                    });
+                }
                 if let Some(n) = self.neigh.get_mut(&ip) {
                     if let Some(t) = n.timer.take() {
                         self.wheel.cancel(t);
@@ -113,7 +120,14 @@ impl Endpoint {
                     self.send_ip(now, v, hw, ethertype, &p);
                 }
             }
-            Learned::Replaced { old } => self.peer_restarted(now, v, old),
+            Learned::Replaced { old } => {
+                let peer = self.neigh_peer(ip, hw);
+                self.push_event(Event::PeerRestarted {
+                    peer,
+                    old_qpn: old.qpn,
+                });
+                self.peer_restarted(now, v, old);
+            }
             Learned::Conflict => self.counters.neigh_conflicts += 1,
             Learned::Ignored => {}
         }
@@ -152,6 +166,10 @@ impl Endpoint {
         if let Some(n) = self.neigh.remove(&ip) {
             self.counters.neigh_failed += 1;
             self.counters.tx_dropped += n.queue.len() as u64;
+            self.push_event(Event::NeighFailed {
+                ip,
+                dropped: n.queue.len() as u64,
+            });
             if let Some(t) = n.timer {
                 self.wheel.cancel(t);
             }

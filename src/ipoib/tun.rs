@@ -277,6 +277,7 @@ impl Endpoint {
                     && (info.is_multicast_or_broadcast() || self.is_ours(info.dst)) =>
             {
                 self.counters.rx_packets += 1;
+                self.counters.rx_bytes += info.total_len as u64;
                 Some(info.total_len)
             }
             _ => {

@@ -68,6 +68,7 @@ impl Endpoint {
         }
         if self.send_ud(v, hw, ethertype, packet) {
             self.counters.tx_packets += 1;
+            self.counters.tx_bytes += packet.len() as u64;
         }
     }
 

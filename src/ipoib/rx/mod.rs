@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 pub(super) use table::{Phase, RxConn, RxTable};
 
+use super::event::{Event, RxReapReason, RxRejectReason};
 use super::{wr, wr_kind, Endpoint, Owner, Timer, CQ_BATCH, WR_DRAIN, WR_RECV};
 use crate::cm::{AcceptParams, CommId};
 use crate::verbs::setup::{connect_rc, init_rc_qp, RcConnection, RNR_RETRY_FOREVER};
@@ -59,6 +60,18 @@ pub(super) enum Why {
     Error,
 }
 
+impl From<Why> for RxReapReason {
+    fn from(w: Why) -> Self {
+        match w {
+            Why::Stale => Self::Stale,
+            Why::Remote => Self::Remote,
+            Why::Evicted => Self::Evicted,
+            Why::Shutdown => Self::Shutdown,
+            Why::Error => Self::Error,
+        }
+    }
+}
+
 impl Endpoint {
     /// A REQ for our service: admit it within the QP budget, build the receive QP up to RTS,
     /// and accept.
@@ -85,6 +98,10 @@ impl Endpoint {
             }
         }
         if self.stopping {
+            self.push_event(Event::RxRejected {
+                peer: self.event_peer(peer, remote_qpn),
+                reason: RxRejectReason::ShuttingDown,
+            });
             let _ = self.cm.reject(now, id, RejReason::NoQp);
             return;
         }
@@ -92,6 +109,10 @@ impl Endpoint {
             match self.cfg.budget_policy {
                 super::QpBudgetPolicy::Reject => {
                     self.counters.rx_rejected += 1;
+                    self.push_event(Event::RxRejected {
+                        peer: self.event_peer(peer, remote_qpn),
+                        reason: RxRejectReason::QpBudget,
+                    });
                     let _ = self.cm.reject(now, id, RejReason::NoQp);
                     return;
                 }
@@ -116,6 +137,9 @@ impl Endpoint {
                     return;
                 }
                 self.counters.rx_accepted += 1;
+                self.push_event(Event::RxAccepted {
+                    peer: self.event_peer(peer, qpn),
+                });
                 let stale = self.arm(now + self.cfg.rx_timeout, Timer::RxStale(qpn));
                 self.owners.insert(id, Owner::Rx(qpn));
                 self.rx.insert(
@@ -134,6 +158,10 @@ impl Endpoint {
             }
             None => {
                 self.counters.rx_rejected += 1;
+                self.push_event(Event::RxRejected {
+                    peer: self.event_peer(peer, remote_qpn),
+                    reason: RxRejectReason::NoResources,
+                });
                 let _ = self.cm.reject(now, id, RejReason::NoResources);
             }
         }
@@ -249,7 +277,10 @@ impl Endpoint {
         });
         let accepted = match payload {
             Some(p) if live => self.accept_for_tun(p),
-            Some(_) => None,
+            Some(_) => {
+                self.counters.rx_closing_drops += 1;
+                None
+            }
             None => {
                 self.counters.rx_bad_packets += 1;
                 None

@@ -21,6 +21,7 @@ use std::time::Instant;
 
 use super::table::Phase;
 use super::Why;
+use crate::ipoib::event::Event;
 use crate::ipoib::{wr, Endpoint, Timer, WR_DRAIN};
 use crate::timer::TimerId;
 use crate::verbs::{QpAttr, QpNum, QpState, SendWr, Verbs};
@@ -54,6 +55,7 @@ impl Endpoint {
         };
         r.phase = Phase::Error { watchdog: None };
         let id = r.id;
+        let peer = r.peer;
         let ring_empty = r.ring_posted == 0;
         if let Some(t) = stale_timer {
             self.wheel.cancel(t);
@@ -64,6 +66,10 @@ impl Endpoint {
             Why::Evicted => self.counters.rx_evicted += 1,
             Why::Shutdown | Why::Error => {}
         }
+        self.push_event(Event::RxReaped {
+            peer: self.event_peer(peer, qpn),
+            reason: why.into(),
+        });
         if why != Why::Remote {
             // The peer may still be alive: tell it (DREQ, or REJ while still connecting).
             let _ = self.cm.disconnect(now, id);
@@ -142,7 +148,6 @@ impl Endpoint {
             }
             return;
         }
-        tracing::info!(qp = %qpn, "RX connection stale, reaping");
         self.start_rx_teardown(now, v, qpn, Why::Stale);
     }
 

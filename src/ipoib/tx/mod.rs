@@ -14,6 +14,7 @@ use std::time::Instant;
 
 pub(super) use table::{TxConn, TxTable};
 
+use super::event::{Event, TxFailure};
 use super::{wr, wr_kind, Endpoint, Owner, Timer, CQ_BATCH, WR_SEND};
 use crate::cm::{CommId, ConnectParams};
 use crate::timer::TimerId;
@@ -143,6 +144,7 @@ impl Endpoint {
         match v.post_send(qpn, &SendWr::send(wr(WR_SEND), b, len)) {
             Ok(()) => {
                 self.counters.tx_packets += 1;
+                self.counters.tx_bytes += len.saturating_sub(IpoibHeader::LEN) as u64;
                 let Some(tx) = self.tx.get_mut(&qpn) else {
                     return;
                 };
@@ -248,7 +250,7 @@ impl Endpoint {
             Ok(d) if d.mtu > IpoibHeader::LEN as u32 => d.mtu - IpoibHeader::LEN as u32,
             _ => {
                 let _ = self.cm.reject(now, id, RejReason::ConsumerDefined);
-                self.fail_tx(now, v, qpn);
+                self.fail_tx(now, v, qpn, TxFailure::BadReply);
                 return;
             }
         };
@@ -264,14 +266,18 @@ impl Endpoint {
         };
         if connect_rc(v, qpn, &conn).is_err() {
             let _ = self.cm.reject(now, id, RejReason::ConsumerDefined);
-            self.fail_tx(now, v, qpn);
+            self.fail_tx(now, v, qpn, TxFailure::BadReply);
             return;
         }
         if self.cm.rtu(now, id).is_err() {
-            self.fail_tx(now, v, qpn);
+            self.fail_tx(now, v, qpn, TxFailure::BadReply);
             return;
         }
         self.counters.tx_established += 1;
+        self.push_event(Event::TxEstablished {
+            peer: self.event_peer(peer.gid, qpn),
+            mtu,
+        });
         let queued = match self.tx.get_mut(&qpn) {
             Some(tx) => {
                 tx.state = TxState::Established;
@@ -317,7 +323,7 @@ impl Endpoint {
                     WcStatus::WrFlushErr => {}
                     status => {
                         tracing::debug!(qp = %qpn, status = status.as_str(), "TX send failed");
-                        self.fail_tx(now, v, qpn);
+                        self.fail_tx(now, v, qpn, TxFailure::SendError);
                     }
                 }
                 if self
@@ -346,7 +352,13 @@ impl Endpoint {
 
     /// A TX connection failed (REJ, CM timeout, DREQ, send error): count it, forget the
     /// neighbours that used it, and close.
-    pub(super) fn fail_tx<V: Verbs>(&mut self, now: Instant, v: &mut V, qpn: QpNum) {
+    pub(super) fn fail_tx<V: Verbs>(
+        &mut self,
+        now: Instant,
+        v: &mut V,
+        qpn: QpNum,
+        why: TxFailure,
+    ) {
         let Some(tx) = self.tx.get(&qpn) else { return };
         if tx.state == TxState::Closing {
             return;
@@ -355,6 +367,10 @@ impl Endpoint {
         let dropped = tx.queue.len() as u64;
         self.counters.tx_dropped += dropped;
         let peer = tx.peer;
+        self.push_event(Event::TxFailed {
+            peer: self.event_peer(peer.gid, qpn),
+            reason: why,
+        });
         self.neigh.forget_hw(&peer);
         self.close_tx(now, v, qpn);
     }
@@ -431,7 +447,7 @@ impl Endpoint {
         }
         tracing::debug!(qp = %qpn, "TX connection stalled; failing it");
         self.counters.tx_stalled += 1;
-        self.fail_tx(now, v, qpn);
+        self.fail_tx(now, v, qpn, TxFailure::Stalled);
     }
 
     /// Destroys a TX QP. Its CM id stays with the CM until TimeWait ends.
