@@ -106,9 +106,16 @@ impl ExitStatus for ipoib_cm::hw::HwError {
     }
 }
 
-/// Prints `ipoib-cm CMD: ERROR` (one line) and gives the error's exit status.
+/// Prints `error: ipoib-cm CMD: ERROR` (one line) and gives the error's exit status.
 fn fail(cmd: &str, e: &impl ExitStatus) -> ExitCode {
-    eprintln!("ipoib-cm {cmd}: {e}");
+    eprintln!("error: ipoib-cm {cmd}: {e}");
+    ExitCode::from(e.exit_code())
+}
+
+/// [`fail`] for a daemon whose log is set up: the line goes through the log (its format,
+/// its timestamp), at the error level.
+fn fail_logged(cmd: &str, e: &impl ExitStatus) -> ExitCode {
+    tracing::error!("ipoib-cm {cmd}: {e}");
     ExitCode::from(e.exit_code())
 }
 
@@ -273,8 +280,11 @@ struct StatusArgs {
     /// Interface name [default: ib0].
     ifname: Option<String>,
     /// Print the JSON document instead of tables.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "prometheus")]
     json: bool,
+    /// Print the Prometheus text exposition (for node_exporter's textfile collector).
+    #[arg(long)]
+    prometheus: bool,
     /// Control socket of the daemon [default: /run/ipoib-cm/IFNAME.sock].
     #[arg(long, value_name = "PATH")]
     control_socket: Option<std::path::PathBuf>,
@@ -416,14 +426,14 @@ fn up_main(a: &Settings) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail("up", &e),
     };
-    init_logging(&cfg.log);
+    daemon::logging::init(&cfg.log, cfg.log_format);
     let r = match cfg.provider {
         ProviderKind::Soft => daemon::run::up(&cfg),
         ProviderKind::Verbs => up_verbs(&cfg),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => fail("up", &e),
+        Err(e) => fail_logged("up", &e),
     }
 }
 
@@ -438,25 +448,23 @@ fn status_main(a: &StatusArgs) -> ExitCode {
             println!("{}", daemon::render_json(&s));
             ExitCode::SUCCESS
         }
+        Ok(s) if a.prometheus => {
+            print!("{}", daemon::render_prometheus(&s));
+            ExitCode::SUCCESS
+        }
         Ok(s) => {
             print!("{}", daemon::render_text(&s));
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("ipoib-cm status: {e}");
+            eprintln!("error: ipoib-cm status: {e}");
             ExitCode::FAILURE
         }
     }
 }
 
 fn init_logging(default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    daemon::logging::init(default, daemon::logging::LogFormat::Text);
 }
 
 fn main() -> ExitCode {

@@ -26,6 +26,7 @@ fn fresh_dir() -> PathBuf {
 
 fn status() -> Status {
     Status {
+        summary: Default::default(),
         interface: InterfaceStatus {
             name: "ib0".into(),
             mtu: 65520,

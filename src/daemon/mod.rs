@@ -10,6 +10,8 @@
 
 pub mod config;
 pub mod control;
+mod floods;
+pub mod logging;
 pub mod run;
 pub mod status;
 
@@ -19,6 +21,6 @@ pub use config::{
 };
 pub use control::{query, ControlError, ControlServer};
 pub use status::{
-    render_json, render_text, Counters, InterfaceStatus, NeighbourState, NeighbourStatus, RxState,
-    RxStatus, Status, TxState, TxStatus,
+    render_json, render_prometheus, render_text, Counters, InterfaceStatus, NeighbourState,
+    NeighbourStatus, RxState, RxStatus, Status, TxState, TxStatus,
 };

@@ -18,7 +18,8 @@ use signal_hook_mio::v1_0::Signals;
 
 use super::config::{Cidr, CmTransport, Config};
 use super::control::{ControlServer, MAX_CLIENTS};
-use super::status::{add_counters, Status};
+use super::floods::{FloodWarnings, FLOOD_WARN_INTERVAL};
+use super::status::{add_counters, Status, Summary};
 use crate::driver::{Node, NodeConfig, NodeError};
 use crate::soft::provider::{SoftProvider, UdpOffload};
 use crate::soft::{SoftConfig, SoftVerbs};
@@ -245,14 +246,10 @@ fn run<P: DaemonProvider>(
     control.register(poll.registry(), CONTROL, CONTROL_CLIENTS)?;
     poll.registry()
         .register(&mut signals, SIGNALS, Interest::READABLE)?;
-    tracing::info!(
-        ifname = node.ifname(),
-        hwaddr = %node.endpoint().hwaddr(),
-        mtu = node.endpoint().config().interface_mtu(),
-        path_mtu = path_mtu.bytes(),
-        "interface up"
-    );
+    let started = Instant::now();
+    log_start(cfg, &node, path_mtu, cm_transport);
 
+    let mut floods = FloodWarnings::default();
     let mut events = Events::with_capacity(256);
     let mut last_event = Instant::now();
     loop {
@@ -298,7 +295,10 @@ fn run<P: DaemonProvider>(
             }
         }
         node.turn(now)?;
-        control.handle(now, || status(&node, now));
+        control.handle(now, || status(&node, now, started));
+        if floods.due(now) {
+            warn_floods(&mut floods, &status(&node, now, started), now);
+        }
         if signalled {
             for sig in signals.pending() {
                 tracing::info!(signal = sig, "shutting down");
@@ -307,7 +307,10 @@ fn run<P: DaemonProvider>(
         }
         node.flush(now, poll.registry())?;
         if node.should_finish(now) {
-            node.finish(now)?;
+            node.wind_up(now)?;
+            log_stop(&status(&node, now, started));
+            // Dropping the node closes the TUN device, which removes the interface.
+            drop(node);
             return Ok(());
         }
     }
@@ -339,8 +342,89 @@ impl From<NodeError> for DaemonError {
     }
 }
 
+/// The start-up line: what this daemon is and where it listens.
+fn log_start<P: DaemonProvider>(
+    cfg: &Config,
+    node: &Node<P>,
+    path_mtu: crate::verbs::PathMtu,
+    cm_transport: CmTransport,
+) {
+    let peers = if cfg.peer.is_empty() {
+        "none".to_owned()
+    } else {
+        cfg.peer
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let addrs = cfg
+        .addr
+        .iter()
+        .map(|c| format!("{}/{}", c.addr, c.prefix_len))
+        .collect::<Vec<_>>()
+        .join(",");
+    let ep = node.endpoint().config();
+    tracing::info!(
+        version = %env!("CARGO_PKG_VERSION"),
+        ifname = %node.ifname(),
+        addr = %addrs,
+        bind = %SocketAddr::new(cfg.bind, cfg.udp_port),
+        peers = %peers,
+        mode = %ep.mode,
+        srq = ep.srq,
+        cm_transport = %match cm_transport {
+            CmTransport::Qp1 => "qp1",
+            CmTransport::Udp => "udp",
+        },
+        provider = %match cfg.provider {
+            super::ProviderKind::Soft => "soft",
+            super::ProviderKind::Verbs => "verbs",
+        },
+        control_socket = %cfg.control_socket.display(),
+        hwaddr = %node.endpoint().hwaddr(),
+        mtu = ep.interface_mtu(),
+        path_mtu = path_mtu.bytes(),
+        "started"
+    );
+}
+
+/// The shutdown line: the totals and the connection counters, `key=value`.
+fn log_stop(s: &Status) {
+    let mut line = format!("uptime_s={}", s.summary.uptime_s);
+    for (k, v) in s
+        .summary
+        .totals
+        .fields()
+        .into_iter()
+        .chain(s.counters.fields())
+    {
+        line.push_str(&format!(" {k}={v}"));
+    }
+    tracing::info!("stopped {line}");
+}
+
+/// Warns of the drop counters of bad input that grew, each at most once per
+/// [`FLOOD_WARN_INTERVAL`](super::floods::FLOOD_WARN_INTERVAL).
+fn warn_floods(floods: &mut FloodWarnings, s: &Status, now: Instant) {
+    let bad_input = s
+        .summary
+        .drops
+        .rx
+        .iter()
+        // The TUN device refusing packets is the host's doing, not bad input.
+        .filter(|(k, _)| k.as_str() != "tun_write_drops")
+        .map(|(k, v)| (k.as_str(), *v));
+    for (kind, count) in floods.observe(now, bad_input) {
+        tracing::warn!(
+            "bad input dropped kind={kind} count={count} (one line per kind per {}s at most)",
+            FLOOD_WARN_INTERVAL.as_secs()
+        );
+    }
+}
+
 /// The status snapshot served on the control socket.
-fn status<P: DaemonProvider>(node: &Node<P>, now: Instant) -> Status {
+fn status<P: DaemonProvider>(node: &Node<P>, now: Instant, started: Instant) -> Status {
     let ep = node.endpoint();
     let snap = ep.snapshot(now);
     let mut status = Status::from_snapshot(node.ifname(), &snap);
@@ -351,9 +435,16 @@ fn status<P: DaemonProvider>(node: &Node<P>, now: Instant) -> Status {
     prov.counters(&mut status.provider);
     add_counters(&mut status.provider, "cm_", &ep.cm_stats());
     add_counters(&mut status.provider, "mad_", &node.mad_stats());
-    status
-        .provider
-        .insert("tun_write_drops".to_owned(), node.tun_write_drops());
+    let tun = node.tun_stats();
+    for (k, v) in [
+        ("tun_write_drops", tun.write_drops),
+        ("tun_written", tun.written),
+        ("tun_written_bytes", tun.written_bytes),
+    ] {
+        status.provider.insert(k.to_owned(), v);
+    }
+    let uptime_s = now.saturating_duration_since(started).as_secs();
+    status.summary = Summary::new(uptime_s, &status.counters, &status.provider);
     status
 }
 

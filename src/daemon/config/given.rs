@@ -18,6 +18,7 @@ use super::error::Origin;
 use super::file::FileDuration;
 use super::resolved::{Cidr, ProviderKind};
 use super::value::{parse_duration, DurationError};
+use crate::daemon::logging::LogFormat;
 use crate::ipoib::{Mode, QpBudgetPolicy};
 use crate::mad::CmTransport;
 use crate::verbs::PathMtu;
@@ -112,7 +113,8 @@ text_setting!(
     QpBudgetPolicy,
     CmTransport,
     ProviderKind,
-    Quirk
+    Quirk,
+    LogFormat
 );
 
 impl Setting for PathBuf {

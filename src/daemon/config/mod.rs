@@ -275,6 +275,7 @@ fn validate(s: &Settings) -> Result<Config, ConfigError> {
         None => DEFAULT_LOG.to_owned(),
     };
 
+    let log_format = parse("log_format", s.log_format.as_ref())?.unwrap_or_default();
     let provider = parse("provider", s.provider.as_ref())?.unwrap_or_default();
     let ib_dev = match parse("ib_dev", s.ib_dev.as_ref())? {
         Some(dev) if dev.is_empty() => {
@@ -310,6 +311,7 @@ fn validate(s: &Settings) -> Result<Config, ConfigError> {
         quirks,
         control_socket,
         log,
+        log_format,
         provider,
         ib_dev,
     })

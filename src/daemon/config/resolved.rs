@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
+use crate::daemon::logging::LogFormat;
 use crate::ipoib::{EndpointConfig, Mode, ParseChoiceError, QpBudgetPolicy};
 use crate::soft::{FaultConfig, Quirks};
 use crate::verbs::PathMtu;
@@ -200,6 +201,8 @@ pub struct Config {
     pub control_socket: PathBuf,
     /// Log filter (`--log`, default `info`).
     pub log: String,
+    /// Log line format (`--log-format`, default text).
+    pub log_format: LogFormat,
     /// The provider (`--provider soft|verbs`, default soft).
     pub provider: ProviderKind,
     /// With the verbs provider: the IB device (`--ib-dev`; `None`: the first one).

@@ -10,6 +10,7 @@ use serde::Deserialize;
 
 use super::given::{Given, Quirk};
 use super::resolved::{Cidr, ProviderKind};
+use crate::daemon::logging::LogFormat;
 use crate::ipoib::{Mode, QpBudgetPolicy};
 use crate::mad::CmTransport;
 use crate::verbs::PathMtu;
@@ -192,6 +193,10 @@ settings! {
         /// Log filter: off, error, warn, info, debug, trace or target=level,... [default: info].
         #[arg(long, value_name = "LEVEL")]
         pub log: Option<Given<String>>,
+        /// Log line format: text or json [default: text]. Lines carry no timestamp of their
+        /// own when stderr is the systemd journal.
+        #[arg(long, value_name = "FORMAT")]
+        pub log_format: Option<Given<LogFormat>>,
         /// Provider: soft or verbs (libibverbs; CM MADs over UDP, see --cm-transport)
         /// [default: soft].
         #[arg(long, value_name = "PROVIDER")]

@@ -9,6 +9,7 @@ use std::os::unix::net::UnixStream;
 
 fn status() -> Status {
     Status {
+        summary: Default::default(),
         interface: InterfaceStatus {
             name: "ib0".into(),
             mtu: 2044,

@@ -13,10 +13,20 @@ use serde::{Deserialize, Serialize};
 
 use crate::ipoib::{self, Mode};
 pub use crate::ipoib::{RxState, TxState};
+pub use prometheus::render_prometheus;
+pub use totals::{
+    DropReasons, Summary, Totals, RX_DROPPED, RX_ERRORS, SCHEMA, TX_DROPPED, TX_ERRORS,
+};
+
+mod prometheus;
+mod totals;
 
 /// The whole snapshot.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Status {
+    /// Schema, version, uptime and the interface totals (top-level keys of the document).
+    #[serde(flatten)]
+    pub summary: Summary,
     /// The interface.
     pub interface: InterfaceStatus,
     /// Known neighbours (IP to IPoIB hardware address).
@@ -190,6 +200,7 @@ impl Status {
         add_counters(&mut provider, "", c);
         provider.retain(|k, _| !schema.contains(&k.as_str()));
         Self {
+            summary: Summary::default(),
             interface: InterfaceStatus {
                 name: name.to_owned(),
                 mtu: snap.mtu,
@@ -301,8 +312,9 @@ fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
     }
 }
 
-/// The human-readable status (`ipoib-cm status` without `--json`): the interface line, then the
-/// neighbour, TX and RX tables, then the counters (and provider counters, if any).
+/// The human-readable status (`ipoib-cm status` without `--json`): the interface line and its
+/// totals, then the neighbour, TX and RX tables, then the counters (and provider counters, if
+/// any).
 pub fn render_text(status: &Status) -> String {
     let mut out = String::new();
     let i = &status.interface;
@@ -310,6 +322,19 @@ pub fn render_text(status: &Status) -> String {
         out,
         "{}: mtu {} mode {} hwaddr {}",
         i.name, i.mtu, i.mode, i.hwaddr
+    );
+    let m = &status.summary;
+    let t = &m.totals;
+    let _ = writeln!(out, "  version {} uptime {}s", m.version, m.uptime_s);
+    let _ = writeln!(
+        out,
+        "  RX: packets {} bytes {} dropped {} errors {}",
+        t.rx_packets, t.rx_bytes, t.rx_dropped, t.rx_errors
+    );
+    let _ = writeln!(
+        out,
+        "  TX: packets {} bytes {} dropped {} errors {}",
+        t.tx_packets, t.tx_bytes, t.tx_dropped, t.tx_errors
     );
 
     let _ = write!(out, "\nneighbours ({})", status.neighbours.len());

@@ -14,7 +14,20 @@ fn sample() -> Status {
     let mut peer_hw = hw;
     peer_hw[3] = 0x4a;
     peer_hw[19] = 0x02;
+    let counters = Counters {
+        qp_live: 3,
+        qp_created: 5,
+        qp_destroyed: 2,
+        rx_accepted: 3,
+        rx_stale_reaped: 1,
+        ..Counters::default()
+    };
+    let provider = BTreeMap::from([("retransmits".to_owned(), 7)]);
     Status {
+        summary: Summary {
+            uptime_s: 12,
+            ..Summary::new(12, &counters, &provider)
+        },
         interface: InterfaceStatus {
             name: "ib0".into(),
             mtu: 65520,
@@ -48,15 +61,8 @@ fn sample() -> Status {
                 idle_ms: 61000,
             },
         ],
-        counters: Counters {
-            qp_live: 3,
-            qp_created: 5,
-            qp_destroyed: 2,
-            rx_accepted: 3,
-            rx_stale_reaped: 1,
-            ..Counters::default()
-        },
-        provider: BTreeMap::from([("retransmits".to_owned(), 7)]),
+        counters,
+        provider,
     }
 }
 
@@ -73,13 +79,28 @@ fn json_keys_are_the_schema() {
         top,
         [
             "counters",
+            "drops",
             "interface",
             "neighbours",
             "provider",
             "rx",
-            "tx"
+            "rx_bytes",
+            "rx_dropped",
+            "rx_errors",
+            "rx_packets",
+            "schema",
+            "tx",
+            "tx_bytes",
+            "tx_dropped",
+            "tx_errors",
+            "tx_packets",
+            "uptime_s",
+            "version",
         ]
     );
+    let mut k = keys(&v["drops"]);
+    k.sort_unstable();
+    assert_eq!(k, ["rx", "tx"]);
     let mut k = keys(&v["interface"]);
     k.sort_unstable();
     assert_eq!(k, ["hwaddr", "mode", "mtu", "name"]);
@@ -192,6 +213,9 @@ fn text_rendering() {
     let text = render_text(&sample());
     let want = "\
 ib0: mtu 65520 mode connected hwaddr 80:00:00:48:fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:01
+  version VERSION uptime 12s
+  RX: packets 0 bytes 0 dropped 0 errors 0
+  TX: packets 0 bytes 0 dropped 0 errors 0
 
 neighbours (1):
   IP          HWADDR                                                       STATE
@@ -226,6 +250,7 @@ counters:
 provider:
   retransmits  7
 ";
+    let want = want.replace("VERSION", env!("CARGO_PKG_VERSION"));
     assert_eq!(text, want, "got:\n{text}");
 }
 
@@ -285,10 +310,14 @@ fn status_from_snapshot_has_the_endpoints_states() {
         "tx_dropped",
         "neigh_conflicts",
         "neigh_failed",
+        "rx_ip_bytes",
+        "tx_ip_bytes",
+        "rx_closing_drops",
+        "events_dropped",
     ] {
         assert_eq!(s.provider[name], 0, "{name}");
     }
-    assert_eq!(s.provider.len(), 6, "{:?}", s.provider);
+    assert_eq!(s.provider.len(), 10, "{:?}", s.provider);
     for st in [TxState::Connecting, TxState::Established, TxState::Closing] {
         let name = serde_json::to_value(st).unwrap();
         assert!(["connecting", "live", "closing"].contains(&name.as_str().unwrap()));

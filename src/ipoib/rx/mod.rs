@@ -137,9 +137,8 @@ impl Endpoint {
                     return;
                 }
                 self.counters.rx_accepted += 1;
-                self.push_event(Event::RxAccepted {
-                    peer: self.event_peer(peer, qpn),
-                });
+                let ev_peer = self.event_peer(peer, qpn);
+                self.push_event(Event::RxAccepted { peer: ev_peer });
                 let stale = self.arm(now + self.cfg.rx_timeout, Timer::RxStale(qpn));
                 self.owners.insert(id, Owner::Rx(qpn));
                 self.rx.insert(
@@ -147,6 +146,7 @@ impl Endpoint {
                     RxConn {
                         id,
                         peer,
+                        peer_ip: ev_peer.ip,
                         last_rx: now,
                         established: false,
                         ring_posted,

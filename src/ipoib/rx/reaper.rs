@@ -55,7 +55,7 @@ impl Endpoint {
         };
         r.phase = Phase::Error { watchdog: None };
         let id = r.id;
-        let peer = r.peer;
+        let (peer, peer_ip) = (r.peer, r.peer_ip);
         let ring_empty = r.ring_posted == 0;
         if let Some(t) = stale_timer {
             self.wheel.cancel(t);
@@ -66,8 +66,10 @@ impl Endpoint {
             Why::Evicted => self.counters.rx_evicted += 1,
             Why::Shutdown | Why::Error => {}
         }
+        let mut ev_peer = self.event_peer(peer, qpn);
+        ev_peer.ip = ev_peer.ip.or(peer_ip);
         self.push_event(Event::RxReaped {
-            peer: self.event_peer(peer, qpn),
+            peer: ev_peer,
             reason: why.into(),
         });
         if why != Why::Remote {

@@ -14,6 +14,9 @@ use crate::verbs::{Gid, QpNum};
 pub(in crate::ipoib) struct RxConn {
     pub(in crate::ipoib) id: CommId,
     pub(in crate::ipoib) peer: Gid,
+    /// The peer's IP address as the neighbour table named it when the REQ was accepted (for
+    /// the events; the entry may be gone by the time the connection is).
+    pub(in crate::ipoib) peer_ip: Option<std::net::IpAddr>,
     /// Time of the last receive (the activity stamp).
     pub(in crate::ipoib) last_rx: Instant,
     pub(in crate::ipoib) established: bool,
@@ -282,6 +285,7 @@ mod tests {
             RxConn {
                 id: CommId(q),
                 peer: Gid::from(std::net::Ipv4Addr::new(198, 18, 0, 2)),
+                peer_ip: None,
                 last_rx: now,
                 established: true,
                 ring_posted: 0,

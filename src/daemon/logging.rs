@@ -1,0 +1,231 @@
+//! The daemon's log: one line per event on stderr, with its level, as text or JSON
+//! (`--log-format`), and without a timestamp of its own when stderr is the systemd journal
+//! (which stamps every line itself).
+
+use std::fmt;
+use std::str::FromStr;
+
+use tracing::field::{Field, Visit};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::EnvFilter;
+
+use crate::choice::ParseChoiceError;
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum LogFormat {
+    /// `TIMESTAMP LEVEL target: message key=value ...`.
+    #[default]
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `target`, `message` and the fields.
+    Json,
+}
+
+impl LogFormat {
+    /// `text` or `json`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Text => "text",
+            Self::Json => "json",
+        }
+    }
+}
+
+impl fmt::Display for LogFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for LogFormat {
+    type Err = ParseChoiceError;
+    fn from_str(s: &str) -> Result<Self, ParseChoiceError> {
+        match s {
+            "text" => Ok(Self::Text),
+            "json" => Ok(Self::Json),
+            _ => Err(ParseChoiceError::new("\"text\" or \"json\"", s)),
+        }
+    }
+}
+
+/// Whether `journal_stream`, the value of `JOURNAL_STREAM` (`DEV:INODE`, decimal, as systemd
+/// sets it for a service whose stderr is the journal), names the file `(dev, ino)`.
+pub fn journal_stream_names(journal_stream: &str, dev: u64, ino: u64) -> bool {
+    let Some((d, i)) = journal_stream.trim().split_once(':') else {
+        return false;
+    };
+    matches!((d.parse::<u64>(), i.parse::<u64>()), (Ok(d), Ok(i)) if d == dev && i == ino)
+}
+
+/// Whether this process's stderr is the systemd journal: `JOURNAL_STREAM` is set and names
+/// the file descriptor 2 is (a child whose stderr was redirected keeps the variable but not
+/// the stream).
+pub fn stderr_is_journal() -> bool {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::MetadataExt;
+    let Ok(var) = std::env::var("JOURNAL_STREAM") else {
+        return false;
+    };
+    let Ok(fd) = std::io::stderr().as_fd().try_clone_to_owned() else {
+        return false;
+    };
+    match std::fs::File::from(fd).metadata() {
+        Ok(m) => journal_stream_names(&var, m.dev(), m.ino()),
+        Err(_) => false,
+    }
+}
+
+/// Installs the process's logger: `filter` (an `EnvFilter` directive; `RUST_LOG` overrides
+/// it), in `format`, timestamps unless stderr is the journal. Call it once.
+pub fn init(filter: &str, format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(filter));
+    let journal = stderr_is_journal();
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match (format, journal) {
+        (LogFormat::Json, _) => builder
+            .event_format(JsonLines {
+                timestamps: !journal,
+            })
+            .try_init(),
+        (LogFormat::Text, true) => builder.with_ansi(false).without_time().try_init(),
+        (LogFormat::Text, false) => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+    };
+}
+
+/// The JSON line format: an object with `timestamp` (RFC 3339, UTC, unless left to the
+/// journal), `level`, `target`, and the event's fields (`message` among them).
+#[derive(Debug, Clone, Copy)]
+struct JsonLines {
+    timestamps: bool,
+}
+
+impl<S, N> FormatEvent<S, N> for JsonLines
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        _ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let meta = event.metadata();
+        let mut obj = serde_json::Map::new();
+        if self.timestamps {
+            obj.insert(
+                "timestamp".into(),
+                humantime::format_rfc3339_micros(std::time::SystemTime::now())
+                    .to_string()
+                    .into(),
+            );
+        }
+        obj.insert(
+            "level".into(),
+            meta.level().as_str().to_ascii_lowercase().into(),
+        );
+        obj.insert("target".into(), meta.target().into());
+        event.record(&mut JsonFields(&mut obj));
+        writeln!(writer, "{}", serde_json::Value::Object(obj))
+    }
+}
+
+/// Records an event's fields into a JSON object.
+struct JsonFields<'a>(&'a mut serde_json::Map<String, serde_json::Value>);
+
+impl Visit for JsonFields<'_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.0
+            .insert(field.name().into(), format!("{value:?}").into());
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.0.insert(field.name().into(), value.into());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    #[test]
+    fn journal_stream_must_name_the_file() {
+        assert!(journal_stream_names("8:12345", 8, 12345));
+        assert!(journal_stream_names(" 8:12345\n", 8, 12345));
+        assert!(!journal_stream_names("8:12345", 8, 12346));
+        assert!(!journal_stream_names("9:12345", 8, 12345));
+        assert!(!journal_stream_names("", 8, 12345));
+        assert!(!journal_stream_names("8", 8, 12345));
+        assert!(!journal_stream_names("8:x", 8, 12345));
+        assert!(!journal_stream_names("-8:12345", 8, 12345));
+    }
+
+    #[test]
+    fn stderr_of_a_test_is_not_the_journal_whatever_the_variable() {
+        // The test harness's stderr is a pipe or a terminal, never a file named "1:1".
+        std::env::set_var("JOURNAL_STREAM", "1:1");
+        assert!(!stderr_is_journal());
+        std::env::remove_var("JOURNAL_STREAM");
+        assert!(!stderr_is_journal());
+    }
+
+    #[test]
+    fn log_format_names() {
+        assert_eq!("json".parse::<LogFormat>(), Ok(LogFormat::Json));
+        assert_eq!("text".parse::<LogFormat>(), Ok(LogFormat::Text));
+        assert!("yaml".parse::<LogFormat>().is_err());
+        assert_eq!(LogFormat::Json.to_string(), "json");
+    }
+
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            if let Ok(mut v) = self.0.lock() {
+                v.extend_from_slice(b);
+            }
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_json_line_is_one_object_with_level_message_and_fields() {
+        let buf = Buf::default();
+        let out = buf.clone();
+        let sub = tracing_subscriber::fmt()
+            .with_writer(move || out.clone())
+            .event_format(JsonLines { timestamps: false })
+            .finish();
+        tracing::subscriber::with_default(sub, || {
+            tracing::warn!(kind = "rx_bad_icrc", count = 3u64, "bad input dropped");
+        });
+        let text = String::from_utf8(buf.0.lock().map(|v| v.clone()).unwrap_or_default())
+            .unwrap_or_default();
+        assert_eq!(text.lines().count(), 1, "{text}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        assert_eq!(v["level"], "warn", "{text}");
+        assert_eq!(v["message"], "bad input dropped", "{text}");
+        assert_eq!(v["kind"], "rx_bad_icrc", "{text}");
+        assert_eq!(v["count"], 3, "{text}");
+        assert!(v.get("timestamp").is_none(), "{text}");
+    }
+}
