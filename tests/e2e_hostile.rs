@@ -98,6 +98,7 @@ fn hostile_datagrams_are_dropped_and_counted() {
         .map(|e| e["hwaddr"].clone())
         .expect("neighbour 198.19.0.2");
     let rx_packets_before = before["provider"]["rx_packets"].as_u64().unwrap_or(0);
+    let rx_dropped_before = before["rx_dropped"].as_u64().expect("top-level rx_dropped");
 
     // The rogue: this test binary again, inside node 3's namespace.
     let exe = std::env::current_exe().expect("test binary");
@@ -113,9 +114,23 @@ fn hostile_datagrams_are_dropped_and_counted() {
         out.status.success() && text.contains("ROGUE DONE"),
         "rogue: {text}"
     );
+    let sent: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("sent "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .expect("sent N hostile datagrams");
     std::thread::sleep(Duration::from_millis(500));
 
     let after = status(&state, 1);
+    // Every hostile datagram is dropped, and counted once in the total.
+    let rx_dropped = after["rx_dropped"].as_u64().expect("top-level rx_dropped");
+    println!(
+        "hostile: {sent} sent, rx_dropped +{} ({})",
+        rx_dropped - rx_dropped_before,
+        after["drops"]["rx"]
+    );
+    assert_eq!(rx_dropped - rx_dropped_before, sent, "{}", after["drops"]);
     let p = &after["provider"];
     let n = |k: &str| p[k].as_u64().unwrap_or(0);
     println!(
