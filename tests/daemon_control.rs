@@ -152,11 +152,23 @@ fn json_key_names_on_the_wire() {
         keys(&v),
         [
             "counters",
+            "drops",
             "interface",
             "neighbours",
             "provider",
             "rx",
-            "tx"
+            "rx_bytes",
+            "rx_dropped",
+            "rx_errors",
+            "rx_packets",
+            "schema",
+            "tx",
+            "tx_bytes",
+            "tx_dropped",
+            "tx_errors",
+            "tx_packets",
+            "uptime_s",
+            "version",
         ]
     );
     assert_eq!(keys(&v["interface"]), ["hwaddr", "mode", "mtu", "name"]);

@@ -12,7 +12,7 @@ use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::EnvFilter;
 
-use crate::choice::ParseChoiceError;
+use crate::ipoib::ParseChoiceError;
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
