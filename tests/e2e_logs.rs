@@ -255,3 +255,50 @@ fn json_lines_when_asked() {
         "{log}"
     );
 }
+
+/// A fatal error is one line at the error level; with stderr the journal (`JOURNAL_STREAM`
+/// naming it), without a timestamp of its own. (The daemon fails at its `--bind` check, before
+/// it creates anything or sends a packet.)
+#[test]
+fn a_fatal_error_is_one_error_line_and_the_journal_gets_no_timestamp() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = std::env::temp_dir().join(format!("ipoib-cm-e2elf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let run = |journal: bool| {
+        let path = dir.join(format!("stderr-{journal}"));
+        let file = std::fs::File::create(&path).expect("stderr file");
+        let meta = file.metadata().expect("metadata");
+        let mut c = std::process::Command::new(common::lab::BIN);
+        c.args(["up", "--bind", "198.18.255.254", "--ifname", "e2elf0"])
+            .arg("--control-socket")
+            .arg(dir.join("ctl.sock"))
+            .stderr(file)
+            .env_remove("RUST_LOG");
+        if journal {
+            c.env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()));
+        } else {
+            c.env_remove("JOURNAL_STREAM");
+        }
+        let status = c.status().expect("run");
+        (
+            status.code(),
+            std::fs::read_to_string(&path).unwrap_or_default(),
+        )
+    };
+    let (code, plain) = run(false);
+    assert_eq!(code, Some(2), "{plain}");
+    assert_eq!(plain.lines().count(), 1, "{plain}");
+    assert!(
+        plain.contains(" ERROR ") && plain.contains("--bind 198.18.255.254"),
+        "{plain}"
+    );
+    assert!(plain.starts_with("20"), "a timestamp first: {plain}");
+    let (code, journal) = run(true);
+    assert_eq!(code, Some(2), "{journal}");
+    assert_eq!(journal.lines().count(), 1, "{journal}");
+    assert!(
+        journal.starts_with("ERROR "),
+        "no timestamp under the journal: {journal}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
