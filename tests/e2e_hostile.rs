@@ -131,6 +131,15 @@ fn hostile_datagrams_are_dropped_and_counted() {
         after["drops"]["rx"]
     );
     assert_eq!(rx_dropped - rx_dropped_before, sent, "{}", after["drops"]);
+    // The flood is in the log, rate-limited: 128 CM MADs in well under the warning interval
+    // make one line for their kind, with the count (two if an earlier one opened the window).
+    let log = std::fs::read_to_string(state.join("node1.log")).unwrap_or_default();
+    let warned: Vec<_> = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("bad input dropped kind=cm_dropped_unknown"))
+        .collect();
+    assert!((1..=2).contains(&warned.len()), "{log}");
+    println!("hostile: {}", warned.join("\n"));
     let p = &after["provider"];
     let n = |k: &str| p[k].as_u64().unwrap_or(0);
     println!(
