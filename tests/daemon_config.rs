@@ -62,7 +62,7 @@ fn defaults() {
     assert!(c.fault.is_clean());
     assert_eq!(c.fault.seed, 1);
     assert_eq!(c.quirks, Default::default());
-    assert_eq!(c.control_socket, Path::new("/run/ipoib-cm/ib0.sock"));
+    assert_eq!(c.control_socket, Path::new("@ipoib-cm/ib0"));
     assert_eq!(c.log, "info");
     assert_eq!(c.effective_path_mtu(None), PathMtu::Mtu1024);
     assert_eq!(c.effective_path_mtu(Some(9000)), PathMtu::Mtu4096);
@@ -188,7 +188,7 @@ log = "debug"
     assert!(c.quirks.no_last_wqe && !c.quirks.drain_never);
     assert_eq!(c.log, "warn");
     assert!(!c.srq);
-    assert_eq!(c.control_socket, Path::new("/run/ipoib-cm/ib7.sock"));
+    assert_eq!(c.control_socket, Path::new("@ipoib-cm/ib7"));
 
     // Unset flags leave the file's values.
     let c = ok(text, &["--reject"]);
