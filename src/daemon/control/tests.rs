@@ -365,7 +365,10 @@ fn command_requests_parse_and_print_back() {
         ("reload", Request::Reload),
     ];
     for (line, req) in cases {
-        assert_eq!(parse_request(format!("{line}\n").as_bytes()), Ok(req.clone()));
+        assert_eq!(
+            parse_request(format!("{line}\n").as_bytes()),
+            Ok(req.clone())
+        );
         assert_eq!(req.line(), line);
         assert!(req.line().len() < MAX_REQUEST_BYTES);
     }
