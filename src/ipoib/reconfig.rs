@@ -123,3 +123,75 @@ impl Endpoint {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::cluster::{node_v4, ping4, Cluster};
+
+    #[test]
+    fn a_static_neighbour_added_live_connects_and_its_removal_closes_the_connection() {
+        let mut n = Cluster::new(2, Instant::now(), |_, _| {}, |_, _| {}).unwrap();
+        let hw1 = n.ep(1).unwrap().hwaddr();
+        let ip1 = IpAddr::V4(node_v4(1));
+        let now = n.now();
+        let (ep, v) = (n.eps[0].as_mut().unwrap(), &mut n.f.nodes[0]);
+        ep.add_static_neighbour(now, v, ip1, hw1);
+        assert_eq!(ep.config().static_neighbours, [(ip1, hw1)]);
+        n.inject(0, &ping4(0, 1, 100));
+        n.run(Duration::from_millis(100));
+        assert_eq!(n.tun[1].len(), 1);
+        let ep = n.ep(0).unwrap();
+        assert_eq!(ep.counters().tx_established, 1);
+        let neighbours = n.ep(0).unwrap().snapshot(now).neighbours;
+        assert_eq!(neighbours, [(ip1, Some(hw1), NeighState::Static)]);
+
+        let now = n.now();
+        let (ep, v) = (n.eps[0].as_mut().unwrap(), &mut n.f.nodes[0]);
+        assert!(!ep.remove_static_neighbour(now, v, IpAddr::V4(node_v4(9))));
+        assert!(ep.remove_static_neighbour(now, v, ip1));
+        assert!(ep.config().static_neighbours.is_empty());
+        n.run(Duration::from_millis(100));
+        assert_eq!(n.ep(0).unwrap().tx_count(), 0, "the connection closed");
+        assert_eq!(n.ep(1).unwrap().rx_count(), 0, "the peer saw the DREQ");
+    }
+
+    #[test]
+    fn the_budget_cannot_grow_past_what_the_endpoint_was_sized_for() {
+        let mut n = Cluster::new(1, Instant::now(), |_, _| {}, |_, _| {}).unwrap();
+        let ep = n.ep(0).unwrap();
+        let sized = ep.config().max_conn_qp;
+        assert!(!ep.set_qp_budget(sized + 1, sized, QpBudgetPolicy::Reject));
+        assert!(!ep.set_qp_budget(0, sized, QpBudgetPolicy::Reject));
+        assert_eq!(ep.config().budget_policy, QpBudgetPolicy::Evict);
+        assert!(ep.set_qp_budget(sized / 2, sized, QpBudgetPolicy::Reject));
+        assert_eq!(
+            (ep.config().max_conn_qp, ep.config().budget_policy),
+            (sized / 2, QpBudgetPolicy::Reject)
+        );
+        ep.set_tx_queue_len(0);
+        assert_eq!(ep.config().tx_queue_len, 1);
+        let t = LiveTimeouts {
+            rx_timeout: Duration::from_secs(7),
+            drain_timeout: Duration::from_secs(2),
+            tx_stall_timeout: Duration::from_secs(3),
+            neigh_timeout: Duration::from_secs(9),
+        };
+        ep.set_timeouts(t);
+        let c = ep.config();
+        assert_eq!(
+            (
+                c.rx_timeout,
+                c.drain_timeout,
+                c.tx_stall_timeout,
+                c.neigh_timeout
+            ),
+            (
+                t.rx_timeout,
+                t.drain_timeout,
+                t.tx_stall_timeout,
+                t.neigh_timeout
+            )
+        );
+    }
+}

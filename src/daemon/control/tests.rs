@@ -428,3 +428,65 @@ fn an_abstract_control_socket_leaves_no_file_and_refuses_a_second_daemon() {
     assert!(!path.exists());
     ControlServer::bind(&path).unwrap();
 }
+
+/// Serves `b` until `client` finishes (at most 5 s), answering commands with `answer`.
+fn serve_until<T>(
+    b: &mut Bound,
+    client: &std::thread::JoinHandle<T>,
+    mut answer: impl FnMut(&Request) -> Reply,
+) {
+    let t0 = Instant::now();
+    while !client.is_finished() && t0.elapsed() < Duration::from_secs(5) {
+        b.server.serve(Instant::now(), &mut answer);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn commands_are_answered_by_the_loop_and_refused_to_other_users() {
+    let mut b = Bound::new("commands");
+    let path = b.server.path().to_owned();
+    let client = std::thread::spawn({
+        let path = path.clone();
+        move || command(&path, &Request::Reload, Duration::from_secs(5))
+    });
+    let mut asked = Vec::new();
+    serve_until(&mut b, &client, |req| {
+        asked.push(req.clone());
+        Reply::Ok("reloaded".into())
+    });
+    assert_eq!(client.join().unwrap(), Ok("reloaded".into()));
+    assert_eq!(asked, [Request::Reload]);
+
+    let client = std::thread::spawn({
+        let path = path.clone();
+        move || {
+            command(
+                &path,
+                &Request::Down { ifname: None },
+                Duration::from_secs(5),
+            )
+        }
+    });
+    serve_until(&mut b, &client, |_| Reply::Error("not now".into()));
+    let e = client.join().unwrap().unwrap_err();
+    assert_eq!(e.to_string(), "the daemon for ib9 answered: not now");
+    assert_eq!(e.exit_code(), 2);
+
+    b.server.set_policy(|_, _| false);
+    let client = std::thread::spawn(move || {
+        command(
+            &path,
+            &Request::Down { ifname: None },
+            Duration::from_secs(5),
+        )
+    });
+    serve_until(&mut b, &client, |req| {
+        unreachable!("{req:?} done for a refused peer")
+    });
+    let e = client.join().unwrap().unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "the daemon for ib9 answered: permission denied"
+    );
+}
