@@ -292,8 +292,8 @@ struct StatusArgs {
     /// Print the JSON document instead of tables.
     #[arg(long)]
     json: bool,
-    /// Control socket of the daemon: a path, or @NAME for an abstract socket [default:
-    /// @ipoib-cm/IFNAME].
+    /// Control socket of the daemon: a path, or @NAME for an abstract socket (default:
+    /// @ipoib-cm/IFNAME).
     #[arg(long, value_name = "PATH")]
     control_socket: Option<std::path::PathBuf>,
 }

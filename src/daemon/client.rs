@@ -24,8 +24,8 @@ pub struct Target {
     /// Interface name [default: the only daemon of this network namespace].
     #[arg(long, value_name = "NAME")]
     pub ifname: Option<String>,
-    /// Control socket of the daemon: a path, or @NAME for an abstract socket [default:
-    /// @ipoib-cm/IFNAME].
+    /// Control socket of the daemon: a path, or @NAME for an abstract socket (default:
+    /// @ipoib-cm/IFNAME).
     #[arg(long, value_name = "PATH")]
     pub control_socket: Option<PathBuf>,
 }
@@ -35,7 +35,7 @@ pub struct Target {
 pub struct DownArgs {
     /// Interface name [default: the only daemon of this network namespace].
     pub ifname: Option<String>,
-    /// Control socket of the daemon [default: @ipoib-cm/IFNAME].
+    /// Control socket of the daemon (default: @ipoib-cm/IFNAME).
     #[arg(long, value_name = "PATH")]
     pub control_socket: Option<PathBuf>,
 }

@@ -27,7 +27,7 @@ pub struct LiveTimeouts {
 }
 
 impl Endpoint {
-    /// Sets the timeouts; see the [module documentation](self).
+    /// Sets the timeouts: they apply to the timers armed from now on.
     pub fn set_timeouts(&mut self, t: LiveTimeouts) {
         self.cfg.rx_timeout = t.rx_timeout;
         self.cfg.drain_timeout = t.drain_timeout;

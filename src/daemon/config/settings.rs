@@ -186,7 +186,7 @@ settings! {
         #[arg(long, value_name = "QUIRK")]
         #[serde(default)]
         pub quirk: Vec<Given<Quirk>>,
-        /// Control socket: a path, or @NAME for an abstract socket [default: @ipoib-cm/IFNAME].
+        /// Control socket: a path, or @NAME for an abstract socket (default: @ipoib-cm/IFNAME).
         #[arg(long, value_name = "PATH")]
         pub control_socket: Option<Given<PathBuf>>,
         /// Log filter: off, error, warn, info, debug, trace or target=level,... [default: info].
