@@ -2,8 +2,11 @@
 //! runs (a reload on SIGHUP or `reload`, the control socket's commands), shutdown requests,
 //! and the systemd notifications (`READY=1`, `RELOADING=1`, `STOPPING=1`, `WATCHDOG=1`).
 //!
-//! Everything here runs inside a turn of the event loop with the turn's `now`; nothing
-//! blocks but the read of the (small, bounded) configuration file on a reload.
+//! Everything here runs inside a turn of the event loop with the turn's `now`. A reload is the
+//! one exception to "no blocking call, one clock read per turn": it reads the configuration
+//! file (at most [`MAX_CONFIG_BYTES`]) and `CLOCK_MONOTONIC` for `RELOADING=1`'s
+//! `MONOTONIC_USEC`, which systemd's `Type=notify-reload` requires. Notifications go out on a
+//! non-blocking datagram socket and are dropped when the manager has no room.
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -159,12 +162,6 @@ impl Service {
             changed,
             fixed,
         } = plan;
-        if !fixed.is_empty() {
-            tracing::warn!(
-                "{why}: cannot change without a restart, kept as they were: {}",
-                fixed.join(", ")
-            );
-        }
         let (removed, added) = neighbour_changes(&self.running.neigh, &next.neigh);
         let timeouts = LiveTimeouts {
             rx_timeout: next.rx_timeout,
@@ -198,14 +195,19 @@ impl Service {
         } else {
             format!("changed {}", changed.join(", "))
         };
-        let kept = if fixed.is_empty() {
-            String::new()
+        if fixed.is_empty() {
+            let msg = format!("{why}: configuration reloaded: {what}");
+            tracing::info!("{msg}");
+            msg
         } else {
-            format!("; kept (restart to change): {}", fixed.join(", "))
-        };
-        let msg = format!("{why}: configuration reloaded: {what}{kept}");
-        tracing::info!("{msg}");
-        msg
+            let msg = format!(
+                "{why}: configuration reloaded: {what}; cannot change without a restart, kept \
+                 as they were: {}",
+                fixed.join(", ")
+            );
+            tracing::warn!("{msg}");
+            msg
+        }
     }
 
     /// Answers a control command (`status` is the caller's).
