@@ -181,8 +181,8 @@ impl Service {
                 ep.add_static_neighbour(now, v, ip, hw);
             }
         });
-        if next.peer != self.running.peer {
-            node.provider_mut().set_peers(&next.peer);
+        if next.peer != self.running.peer && !node.provider_mut().set_peers(&next.peer) {
+            tracing::warn!("{why}: this provider has no peer list; peer ignored");
         }
         if next.log != self.running.log {
             if let Err(e) = reload::set_log_filter(&next.log) {
