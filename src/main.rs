@@ -27,8 +27,19 @@ enum Command {
     /// Create the interface and run the IPoIB-CM daemon in the foreground (until SIGINT or
     /// SIGTERM).
     Up(Box<Settings>),
-    /// Show a running daemon's interface, neighbours, connections and counters.
+    /// Show a running daemon's interface, neighbours, connections and counters (every daemon
+    /// of this network namespace when no interface is named).
     Status(StatusArgs),
+    /// Shut a running daemon down (DREQ every connection, remove the interface).
+    Down(daemon::client::DownArgs),
+    /// Show, add or remove a running daemon's static neighbours.
+    #[command(subcommand)]
+    Neigh(daemon::client::NeighCommand),
+    /// Add or remove a running daemon's underlay peers.
+    #[command(subcommand)]
+    Peer(daemon::client::PeerCommand),
+    /// Make a running daemon read its configuration file again (as SIGHUP does).
+    Reload(daemon::client::Target),
     /// Ping-pong over one RC QP on the software RoCEv2 provider, like rdma-core's
     /// ibv_rc_pingpong (and compatible with its TCP QP-info exchange).
     RcPingpong(PingpongArgs),
@@ -81,6 +92,12 @@ impl ExitStatus for daemon::ConfigError {
 }
 
 impl ExitStatus for daemon::run::DaemonError {
+    fn exit_code(&self) -> u8 {
+        Self::exit_code(self)
+    }
+}
+
+impl ExitStatus for daemon::ControlError {
     fn exit_code(&self) -> u8 {
         Self::exit_code(self)
     }
@@ -277,7 +294,7 @@ fn ud_pingpong_main(a: &UdPingpongArgs) -> ExitCode {
 
 #[derive(Debug, Args)]
 struct StatusArgs {
-    /// Interface name [default: ib0].
+    /// Interface name [default: every daemon of this network namespace].
     ifname: Option<String>,
     /// Print the JSON document instead of tables.
     #[arg(long, conflicts_with = "prometheus")]
@@ -285,7 +302,8 @@ struct StatusArgs {
     /// Print the Prometheus text exposition (for node_exporter's textfile collector).
     #[arg(long)]
     prometheus: bool,
-    /// Control socket of the daemon [default: /run/ipoib-cm/IFNAME.sock].
+    /// Control socket of the daemon: a path, or @NAME for an abstract socket (default:
+    /// @ipoib-cm/IFNAME).
     #[arg(long, value_name = "PATH")]
     control_socket: Option<std::path::PathBuf>,
 }
@@ -438,28 +456,49 @@ fn up_main(a: &Settings) -> ExitCode {
 }
 
 fn status_main(a: &StatusArgs) -> ExitCode {
-    let ifname = a.ifname.as_deref().unwrap_or("ib0");
-    let path = a
-        .control_socket
-        .clone()
-        .unwrap_or_else(|| daemon::default_control_socket(ifname));
-    match daemon::query(&path, Duration::from_secs(5)) {
-        Ok(s) if a.json => {
-            println!("{}", daemon::render_json(&s));
+    use daemon::client;
+    let targets = match client::targets(a.ifname.as_deref(), a.control_socket.as_deref()) {
+        Ok(t) => t,
+        Err(e) => return fail("status", &e),
+    };
+    let mut shown = Vec::new();
+    for (path, ifname) in &targets {
+        match client::status_of(path, ifname.as_deref()) {
+            Ok(s) => shown.push(s),
+            Err(e) => return fail("status", &e),
+        }
+    }
+    if a.prometheus {
+        print!("{}", daemon::render_prometheus_all(&shown));
+    } else if a.json {
+        match shown.as_slice() {
+            [one] => println!("{}", daemon::render_json(one)),
+            all => println!(
+                "{}",
+                serde_json::Value::from(
+                    all.iter()
+                        .map(|s| serde_json::to_value(s).unwrap_or_default())
+                        .collect::<Vec<_>>(),
+                )
+            ),
+        }
+    } else {
+        let texts: Vec<String> = shown.iter().map(daemon::render_text).collect();
+        print!("{}", texts.join("\n"));
+    }
+    ExitCode::SUCCESS
+}
+
+/// Prints a control command's answer, or fails with its one line.
+fn control_main(cmd: &str, r: Result<String, daemon::ControlError>) -> ExitCode {
+    match r {
+        Ok(text) => {
+            if !text.is_empty() {
+                println!("{text}");
+            }
             ExitCode::SUCCESS
         }
-        Ok(s) if a.prometheus => {
-            print!("{}", daemon::render_prometheus(&s));
-            ExitCode::SUCCESS
-        }
-        Ok(s) => {
-            print!("{}", daemon::render_text(&s));
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("error: ipoib-cm status: {e}");
-            ExitCode::FAILURE
-        }
+        Err(e) => fail(cmd, &e),
     }
 }
 
@@ -477,6 +516,10 @@ fn main() -> ExitCode {
             ud_pingpong_main(a)
         }
         Command::Status(a) => status_main(a),
+        Command::Down(a) => control_main("down", daemon::client::down(a)),
+        Command::Neigh(c) => control_main("neigh", daemon::client::neigh(c)),
+        Command::Peer(c) => control_main("peer", daemon::client::peer(c)),
+        Command::Reload(t) => control_main("reload", daemon::client::reload(t)),
         Command::RcPingpong(a) => {
             init_logging("warn");
             rc_pingpong_main(a)

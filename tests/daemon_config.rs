@@ -62,7 +62,7 @@ fn defaults() {
     assert!(c.fault.is_clean());
     assert_eq!(c.fault.seed, 1);
     assert_eq!(c.quirks, Default::default());
-    assert_eq!(c.control_socket, Path::new("/run/ipoib-cm/ib0.sock"));
+    assert_eq!(c.control_socket, Path::new("@ipoib-cm/ib0"));
     assert_eq!(c.log, "info");
     assert_eq!(c.effective_path_mtu(None), PathMtu::Mtu1024);
     assert_eq!(c.effective_path_mtu(Some(9000)), PathMtu::Mtu4096);
@@ -188,7 +188,7 @@ log = "debug"
     assert!(c.quirks.no_last_wqe && !c.quirks.drain_never);
     assert_eq!(c.log, "warn");
     assert!(!c.srq);
-    assert_eq!(c.control_socket, Path::new("/run/ipoib-cm/ib7.sock"));
+    assert_eq!(c.control_socket, Path::new("@ipoib-cm/ib7"));
 
     // Unset flags leave the file's values.
     let c = ok(text, &["--reject"]);
@@ -979,4 +979,27 @@ fn path_mtu_parse_is_shared_with_the_tools() {
         parse_path_mtu("1500").unwrap_err().to_string(),
         "must be 256, 512, 1024, 2048 or 4096 (got \"1500\")"
     );
+}
+
+#[test]
+fn peer_and_static_neighbour_lists_are_bounded() {
+    let peers: Vec<String> = (0..=1024)
+        .map(|i| format!("\"198.18.{}.{}\"", 1 + i / 250, 1 + i % 250))
+        .collect();
+    let text = format!("bind = \"198.18.0.1\"\npeer = [{}]\n", peers.join(", "));
+    assert_eq!(file_err(&text, &[]), "config: peer: more than 1024 peers");
+    let ok_text = format!(
+        "bind = \"198.18.0.1\"\npeer = [{}]\n",
+        peers[..1024].join(", ")
+    );
+    assert_eq!(ok(&ok_text, &[]).peer.len(), 1024);
+
+    let hw = "80:00:00:48:fe:80:00:00:00:00:00:00:00:00:00:00:c6:12:00:02";
+    let mut args = vec!["--bind".to_owned(), "198.18.0.1".to_owned()];
+    for i in 0..=4096u32 {
+        args.push("--neigh".to_owned());
+        args.push(format!("198.19.{}.{}={hw}", i / 256, i % 256));
+    }
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_eq!(flag_err(&refs), "--neigh: more than 4096 static neighbours");
 }

@@ -188,7 +188,7 @@ fn malformed_requests_get_an_error() {
         (
             b"hello\n",
             false,
-            "{\"error\":\"unknown request \\\"hello\\\" (expected \\\"status\\\" or \\\"status json\\\")\"}\n",
+            "{\"error\":\"unknown request \\\"hello\\\" (expected status, status json, down, neigh add|del, peer add|del or reload)\"}\n",
         ),
         (b"\n", false, "{\"error\":\"empty request\"}\n"),
         (b"", true, "{\"error\":\"empty request\"}\n"),

@@ -81,20 +81,29 @@ pub fn stderr_is_journal() -> bool {
 /// Installs the process's logger: `filter` (an `EnvFilter` directive; `RUST_LOG` overrides
 /// it), in `format`, timestamps unless stderr is the journal. Call it once.
 pub fn init(filter: &str, format: LogFormat) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(filter));
+    // The filter can change while the daemon runs (a reload's `log`).
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
+    super::reload::set_log_filter_hook(Box::new(move |text| {
+        let filter = EnvFilter::try_new(text).map_err(|e| e.to_string())?;
+        handle.reload(filter).map_err(|e| e.to_string())
+    }));
     let journal = stderr_is_journal();
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let lines = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let registry = tracing_subscriber::registry().with(filter);
     let _ = match (format, journal) {
-        (LogFormat::Json, _) => builder
-            .event_format(JsonLines {
+        (LogFormat::Json, _) => registry
+            .with(lines.event_format(JsonLines {
                 timestamps: !journal,
-            })
+            }))
             .try_init(),
-        (LogFormat::Text, true) => builder.with_ansi(false).without_time().try_init(),
-        (LogFormat::Text, false) => builder
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        (LogFormat::Text, true) => registry
+            .with(lines.with_ansi(false).without_time())
+            .try_init(),
+        (LogFormat::Text, false) => registry
+            .with(lines.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())))
             .try_init(),
     };
 }

@@ -8,19 +8,22 @@
 //! - [`control`]: the control socket, server side ([`ControlServer`]) for the event loop and
 //!   client side ([`query`]) for `ipoib-cm status`.
 
+pub mod client;
 pub mod config;
 pub mod control;
 mod floods;
 pub mod logging;
+pub mod reload;
 pub mod run;
+pub mod service;
 pub mod status;
 
 pub use config::{
     default_control_socket, resolve, Cidr, CmTransport, Config, ConfigError, FaultFlags, Mode,
     ProviderKind, QpBudgetPolicy, Settings,
 };
-pub use control::{query, ControlError, ControlServer};
+pub use control::{command, namespace_daemons, query, ControlError, ControlServer, Request};
 pub use status::{
-    render_json, render_prometheus, render_text, Counters, InterfaceStatus, NeighbourState,
-    NeighbourStatus, RxState, RxStatus, Status, TxState, TxStatus,
+    render_json, render_prometheus, render_prometheus_all, render_text, Counters, InterfaceStatus,
+    NeighbourState, NeighbourStatus, RxState, RxStatus, Status, TxState, TxStatus,
 };

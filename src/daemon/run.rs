@@ -3,9 +3,11 @@
 //!
 //! One clock read per turn; every source is drained until it would block (each bounded per
 //! turn so none starves the others); the loop sleeps until the earliest deadline of the node
-//! (provider, endpoint, shutdown bound) and the control socket's clients. SIGINT/SIGTERM start
+//! (provider, endpoint, shutdown bound), the control socket's clients and the systemd
+//! watchdog. SIGINT/SIGTERM, `ipoib-cm down` and the interface deleted under the daemon start
 //! an orderly shutdown: stop accepting, DREQ everything, drain with the `drain_timeout` bound,
-//! destroy what is left, remove the interface (by closing the TUN device) and return.
+//! destroy what is left, remove the interface (by closing the TUN device) and return (exit
+//! 0). SIGHUP reloads the configuration file ([`Service::reload`]).
 
 use std::collections::BTreeMap;
 use std::io;
@@ -13,12 +15,13 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use mio::{Events, Interest, Poll, Token};
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 
 use super::config::{Cidr, CmTransport, Config};
-use super::control::{ControlServer, MAX_CLIENTS};
+use super::control::{ControlServer, Reply, Request, MAX_CLIENTS};
 use super::floods::{FloodWarnings, FLOOD_WARN_INTERVAL};
+use super::service::Service;
 use super::status::{add_counters, Status, Summary};
 use crate::driver::{Node, NodeConfig, NodeError};
 use crate::soft::provider::{SoftProvider, UdpOffload};
@@ -126,6 +129,9 @@ pub trait DaemonProvider: Provider {
     fn qp_live(&self) -> Option<u64>;
     /// Adds the provider's own counters to the status map.
     fn counters(&self, out: &mut BTreeMap<String, u64>);
+    /// Sets the underlay peers the broadcast group is fanned out to; false where the
+    /// provider has no such list (hardware multicast needs none).
+    fn set_peers(&mut self, peers: &[IpAddr]) -> bool;
 }
 
 impl DaemonProvider for SoftProvider {
@@ -147,6 +153,11 @@ impl DaemonProvider for SoftProvider {
             out.insert(k.to_string(), v);
         }
     }
+
+    fn set_peers(&mut self, peers: &[IpAddr]) -> bool {
+        self.verbs().set_mcast_peers(peers.to_vec());
+        true
+    }
 }
 
 #[cfg(feature = "verbs")]
@@ -157,6 +168,10 @@ impl DaemonProvider for crate::hw::HwVerbs {
 
     fn counters(&self, out: &mut BTreeMap<String, u64>) {
         add_counters(out, "hw_", &self.stats());
+    }
+
+    fn set_peers(&mut self, _peers: &[IpAddr]) -> bool {
+        false
     }
 }
 
@@ -242,25 +257,31 @@ fn run<P: DaemonProvider>(
             path: cfg.control_socket.clone(),
             source,
         })?;
-    let mut signals = Signals::new([SIGINT, SIGTERM])?;
+    let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP])?;
     control.register(poll.registry(), CONTROL, CONTROL_CLIENTS)?;
     poll.registry()
         .register(&mut signals, SIGNALS, Interest::READABLE)?;
     let started = Instant::now();
     log_start(cfg, &node, path_mtu, cm_transport);
+    let mut service = Service::new(cfg);
+    service.ready(started);
 
     let mut floods = FloodWarnings::default();
     let mut events = Events::with_capacity(256);
     let mut last_event = Instant::now();
     loop {
         let now = Instant::now();
-        let next = [node.poll_timeout(), control.poll_timeout()]
-            .into_iter()
-            .flatten()
-            .min();
+        let next = [
+            node.poll_timeout(),
+            control.poll_timeout(),
+            service.poll_timeout(),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         // Busy polling: for `busy_poll` after the last event, look for events without
         // sleeping, so a packet arriving then costs no wakeup.
-        let spinning = now < last_event + cfg.busy_poll;
+        let spinning = now < last_event + service.config().busy_poll;
         let pending = node.has_pending_input();
         let timeout = if pending || spinning {
             Duration::ZERO
@@ -295,16 +316,29 @@ fn run<P: DaemonProvider>(
             }
         }
         node.turn(now)?;
-        control.handle(now, || status(&node, now, started));
+        control.serve(now, |req| match req {
+            Request::Status { .. } => Reply::Status(Box::new(status(&node, now, started))),
+            _ => service.command(&mut node, now, req),
+        });
         if floods.due(now) {
             warn_floods(&mut floods, &status(&node, now, started), now);
         }
         if signalled {
             for sig in signals.pending() {
-                tracing::info!(signal = sig, "shutting down");
+                if sig == SIGHUP {
+                    // Its outcome is logged.
+                    let _ = service.reload(&mut node, now, "SIGHUP");
+                } else {
+                    tracing::info!(signal = sig, "shutting down");
+                    service.stop(&mut node, now);
+                }
             }
-            node.begin_shutdown(now);
         }
+        if node.interface_removed() && !node.is_shutting_down() {
+            tracing::warn!("interface {} was removed; shutting down", node.ifname());
+            service.stop(&mut node, now);
+        }
+        service.turn(now);
         node.flush(now, poll.registry())?;
         if node.should_finish(now) {
             node.wind_up(now)?;

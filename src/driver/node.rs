@@ -23,6 +23,12 @@ pub const TUN_BATCH: usize = 256;
 /// the TUN writes.
 pub const EARLY_ACK_BATCH: usize = 8;
 
+/// Whether a TUN read error says the interface was deleted: the device then reads
+/// `EBADFD` ("File descriptor in bad state").
+fn is_interface_gone(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EBADFD)
+}
+
 /// Bytes of the buffer that TUN packets are read into while shutting down with no send buffer
 /// free: the largest packet the TUN device hands out.
 const DRAIN_READ_BYTES: usize = 65_536;
@@ -114,6 +120,9 @@ pub struct Node<P: Provider> {
     drain_buf: Vec<u8>,
     /// Set by [`Node::begin_shutdown`]: when the drain gives up.
     stop_deadline: Option<Instant>,
+    /// The TUN device said its interface is gone (deleted under the daemon): it is read no
+    /// more.
+    interface_removed: bool,
 }
 
 impl<P: Provider> std::fmt::Debug for Node<P> {
@@ -215,6 +224,7 @@ impl<P: Provider> Node<P> {
             tun_stats: TunStats::default(),
             drain_buf: vec![0; DRAIN_READ_BYTES],
             stop_deadline: None,
+            interface_removed: false,
         })
     }
 
@@ -282,7 +292,7 @@ impl<P: Provider> Node<P> {
         self.ep.handle_verbs(now, self.prov.verbs());
         self.send_mads();
         self.write_tun();
-        if self.tun_ready || self.tun_more {
+        if (self.tun_ready || self.tun_more) && !self.interface_removed {
             self.read_tun(now)?;
         }
         self.ep.handle_timeout(now, self.prov.verbs());
@@ -374,6 +384,37 @@ impl<P: Provider> Node<P> {
         Ok(())
     }
 
+    /// True once the TUN device reported its interface deleted (`ip link del`): the daemon
+    /// should shut down, as nothing reaches it any more.
+    #[must_use]
+    pub fn interface_removed(&self) -> bool {
+        self.interface_removed
+    }
+
+    /// The endpoint, to change its live settings (see [`crate::ipoib::LiveTimeouts`]).
+    pub fn endpoint_mut(&mut self) -> &mut Endpoint {
+        &mut self.ep
+    }
+
+    /// The provider, to change its live settings.
+    pub fn provider_mut(&mut self) -> &mut P {
+        &mut self.prov
+    }
+
+    /// Runs `change` on the endpoint and the provider's verbs (a live setting such as
+    /// [`Endpoint::add_static_neighbour`]), then lets the CM act on it; what that sends
+    /// leaves at [`Node::flush`].
+    pub fn reconfigure<R>(
+        &mut self,
+        now: Instant,
+        change: impl FnOnce(&mut Endpoint, &mut P::Verbs) -> R,
+    ) -> R {
+        let r = change(&mut self.ep, self.prov.verbs());
+        self.ep.handle_timeout(now, self.prov.verbs());
+        self.send_mads();
+        r
+    }
+
     /// The interface name the kernel gave.
     #[must_use]
     pub fn ifname(&self) -> &str {
@@ -447,14 +488,23 @@ impl<P: Provider> Node<P> {
         self.tun_more = false;
         let draining = self.stop_deadline.is_some();
         for i in 0..TUN_BATCH {
-            match read_tun(
+            let read = read_tun(
                 &self.tun,
                 &mut self.ep,
                 self.prov.verbs(),
                 now,
                 &mut self.drain_buf,
                 draining,
-            )? {
+            );
+            let read = match read {
+                Err(e) if is_interface_gone(&e) => {
+                    self.interface_removed = true;
+                    self.tun_ready = false;
+                    return Ok(());
+                }
+                r => r?,
+            };
+            match read {
                 TunRead::Packet => {}
                 TunRead::Empty => {
                     // Edge-triggered: the next packet brings an event.

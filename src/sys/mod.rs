@@ -12,9 +12,11 @@
 //! - [`peercred`]: `SO_PEERCRED` of a Unix socket peer, and the process's effective uid.
 //! - [`tun`]: the TUN device and the interface ioctls that configure it.
 //! - [`ifaddr`]: which interface carries an address, and its MTU.
+//! - [`notify`]: the systemd notification protocol (`$NOTIFY_SOCKET`, `$WATCHDOG_USEC`).
 #![allow(unsafe_code)]
 
 pub(crate) mod ifaddr;
+pub(crate) mod notify;
 pub(crate) mod peercred;
 pub(crate) mod sockopt;
 pub(crate) mod tun;

@@ -67,7 +67,12 @@ pub fn resolve(file: Option<&Path>, flags: &Settings) -> Result<Config, ConfigEr
         }
         None => Settings::default(),
     };
-    resolve_parsed(&parsed, flags)
+    let mut cfg = resolve_parsed(&parsed, flags)?;
+    cfg.source = file.map(|file| ConfigSource {
+        file: file.to_owned(),
+        flags: flags.clone(),
+    });
+    Ok(cfg)
 }
 
 /// [`resolve`] on config text instead of a file. Pure.
@@ -136,7 +141,18 @@ fn validate(s: &Settings) -> Result<Config, ConfigError> {
         }
     }
 
+    if let Some(over) = s.peer.get(MAX_PEERS) {
+        return Err(over
+            .origin()
+            .err("peer", format!("more than {MAX_PEERS} peers")));
+    }
     let neigh = parse_list("neigh", &s.neigh)?;
+    if let Some(over) = s.neigh.get(MAX_STATIC_NEIGHBOURS) {
+        return Err(over.origin().err(
+            "neigh",
+            format!("more than {MAX_STATIC_NEIGHBOURS} static neighbours"),
+        ));
+    }
 
     let port = |key, given| -> Result<Option<u16>, ConfigError> {
         Ok(int_in(key, given, 1, i64::from(u16::MAX))?.map(|v| v as u16))
@@ -314,6 +330,7 @@ fn validate(s: &Settings) -> Result<Config, ConfigError> {
         log_format,
         provider,
         ib_dev,
+        source: None,
     })
 }
 

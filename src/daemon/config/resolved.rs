@@ -5,7 +5,7 @@
 
 use std::fmt;
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -46,13 +46,21 @@ pub(crate) fn endpoint_defaults() -> EndpointConfig {
     EndpointConfig::new(Vec::new())
 }
 
-/// Directory of the control sockets.
-pub const CONTROL_SOCKET_DIR: &str = "/run/ipoib-cm";
+/// How the default control sockets are named: an abstract Unix socket (a `--control-socket`
+/// that starts with `@` names one) `@ipoib-cm/<ifname>`. Abstract sockets belong to the
+/// network namespace, so daemons in two namespaces never collide, and none leaves a file
+/// behind.
+pub const CONTROL_SOCKET_PREFIX: &str = "@ipoib-cm/";
 
-/// The default control socket of an interface: `/run/ipoib-cm/<ifname>.sock`.
+/// The default control socket of an interface: `@ipoib-cm/<ifname>`.
 pub fn default_control_socket(ifname: &str) -> PathBuf {
-    Path::new(CONTROL_SOCKET_DIR).join(format!("{ifname}.sock"))
+    PathBuf::from(format!("{CONTROL_SOCKET_PREFIX}{ifname}"))
 }
+
+/// Most static neighbours (`neigh`, in the file, the flags and added at run time).
+pub const MAX_STATIC_NEIGHBOURS: usize = 4096;
+/// Most peers (`peer`, in the file, the flags and added at run time).
+pub const MAX_PEERS: usize = 1024;
 
 /// The largest IB path MTU whose RoCEv2 packets fit an underlay link of `link_mtu` bytes (as
 /// Linux rxe derives it), at most 4096 and at least 256.
@@ -197,7 +205,8 @@ pub struct Config {
     pub fault: FaultConfig,
     /// Deliberate provider contract violations (`--quirk`).
     pub quirks: Quirks,
-    /// Control socket path (`--control-socket`, default `/run/ipoib-cm/<ifname>.sock`).
+    /// Control socket (`--control-socket`: a path, or `@name` for an abstract socket; default
+    /// `@ipoib-cm/<ifname>`).
     pub control_socket: PathBuf,
     /// Log filter (`--log`, default `info`).
     pub log: String,
@@ -207,6 +216,19 @@ pub struct Config {
     pub provider: ProviderKind,
     /// With the verbs provider: the IB device (`--ib-dev`; `None`: the first one).
     pub ib_dev: Option<String>,
+    /// Where this configuration came from when a file was read (`--config`): what a reload
+    /// (SIGHUP) reads again. `None` without a file.
+    pub source: Option<ConfigSource>,
+}
+
+/// The configuration file and the command line a [`Config`] was resolved from: a reload
+/// resolves the file again with the same flags (which still win over it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigSource {
+    /// The file (`--config`).
+    pub file: PathBuf,
+    /// The command line's settings.
+    pub flags: super::Settings,
 }
 
 impl Config {

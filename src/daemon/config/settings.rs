@@ -187,7 +187,7 @@ settings! {
         #[arg(long, value_name = "QUIRK")]
         #[serde(default)]
         pub quirk: Vec<Given<Quirk>>,
-        /// Control socket [default: /run/ipoib-cm/IFNAME.sock].
+        /// Control socket: a path, or @NAME for an abstract socket (default: @ipoib-cm/IFNAME).
         #[arg(long, value_name = "PATH")]
         pub control_socket: Option<Given<PathBuf>>,
         /// Log filter: off, error, warn, info, debug, trace or target=level,... [default: info].

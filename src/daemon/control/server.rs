@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 use mio::net::{UnixListener, UnixStream};
 use mio::{Interest, Registry, Token};
 
-use super::{format_error, format_response, parse_request, request_complete, Request};
+use super::{
+    format_error, format_ok, format_response, parse_request, request_complete, socket_addr, Request,
+};
 use super::{DIR_MODE, MAX_REQUEST_BYTES, SOCKET_MODE};
 use crate::daemon::config::os_message;
 use crate::daemon::status::Status;
@@ -95,8 +97,8 @@ enum Step {
 pub struct ControlServer {
     listener: UnixListener,
     path: PathBuf,
-    /// `(st_dev, st_ino)` of the socket file we created.
-    id: (u64, u64),
+    /// `(st_dev, st_ino)` of the socket file we created; `None` for an abstract socket.
+    id: Option<(u64, u64)>,
     own_euid: u32,
     allow: fn(u32, u32) -> bool,
     /// The registry, the listener's token and the first client token.
@@ -132,6 +134,24 @@ impl ControlServer {
     /// One-line `control socket PATH: ...` errors: `AddrInUse` when another daemon listens
     /// there, `AlreadyExists` when the path is not a socket, or the OS error.
     pub fn bind(path: &Path) -> io::Result<Self> {
+        if path.as_os_str().as_encoded_bytes().starts_with(b"@") {
+            let addr = socket_addr(path).map_err(|e| with_path(path, &e))?;
+            let listener = UnixListener::bind_addr(&addr).map_err(|e| {
+                if e.kind() == io::ErrorKind::AddrInUse {
+                    io::Error::new(
+                        e.kind(),
+                        format!(
+                            "control socket {}: another daemon of this network namespace is \
+                             listening on it",
+                            path.display()
+                        ),
+                    )
+                } else {
+                    with_path(path, &e)
+                }
+            })?;
+            return Ok(Self::with_listener(listener, path, None));
+        }
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             if !dir.exists() {
                 std::fs::DirBuilder::new()
@@ -161,7 +181,12 @@ impl ControlServer {
                 return Err(with_path(path, &e));
             }
         };
-        Ok(Self {
+        Ok(Self::with_listener(listener, path, Some(id)))
+    }
+
+    /// The server over a bound listener.
+    fn with_listener(listener: UnixListener, path: &Path, id: Option<(u64, u64)>) -> Self {
+        Self {
             listener,
             path: path.to_owned(),
             id,
@@ -172,7 +197,7 @@ impl ControlServer {
             clients: (0..MAX_CLIENTS).map(|_| None).collect(),
             now: None,
             counters: ControlCounters::default(),
-        })
+        }
     }
 
     /// Removes a socket file at `path` that nobody listens on.
@@ -286,12 +311,22 @@ impl ControlServer {
     /// nor the daemon's user, or an error for a malformed, oversized or missing request.
     /// Never panics, never blocks; per-client failures are logged and the client dropped.
     pub fn handle(&mut self, now: Instant, mut status: impl FnMut() -> Status) {
+        self.serve(now, |req| match req {
+            Request::Status { .. } => Reply::Status(Box::new(status())),
+            _ => Reply::Error("this server answers status only".to_owned()),
+        });
+    }
+
+    /// [`ControlServer::handle`] for every request: `answer` gives each permitted request's
+    /// [`Reply`] (a status request at most once per turn, its answer shared by the turn's
+    /// status requests).
+    pub fn serve(&mut self, now: Instant, mut answer: impl FnMut(&Request) -> Reply) {
         self.now = Some(now);
         if self.listener_ready || self.registration.is_none() {
             self.accept(now);
         }
         let poll_all = self.registration.is_none();
-        let mut answer: Option<Arc<[u8]>> = None;
+        let mut status: Option<Arc<[u8]>> = None;
         for slot in 0..MAX_CLIENTS {
             let Some(c) = self.clients.get_mut(slot).and_then(Option::as_mut) else {
                 continue;
@@ -300,7 +335,7 @@ impl ControlServer {
                 continue;
             }
             c.ready = false;
-            let step = match c.step(now, &mut answer, &mut status, &mut self.counters) {
+            let step = match c.step(now, &mut status, &mut answer, &mut self.counters) {
                 Ok(step) => step,
                 Err(e) => {
                     tracing::debug!(error = %e, "control client dropped");
@@ -414,8 +449,8 @@ impl Client {
     fn step(
         &mut self,
         now: Instant,
-        answer: &mut Option<Arc<[u8]>>,
-        status: &mut impl FnMut() -> Status,
+        status: &mut Option<Arc<[u8]>>,
+        answer: &mut impl FnMut(&Request) -> Reply,
         counters: &mut ControlCounters,
     ) -> io::Result<Step> {
         if let Phase::Request { buf } = &mut self.phase {
@@ -424,9 +459,11 @@ impl Client {
                     Arc::from(format_error("permission denied").as_bytes())
                 }
                 Some(()) => match parse_request(buf) {
-                    Ok(Request::Status { .. }) => answer
-                        .get_or_insert_with(|| Arc::from(format_response(&status()).into_bytes()))
-                        .clone(),
+                    Ok(req @ Request::Status { .. }) => match status {
+                        Some(shared) => shared.clone(),
+                        None => status.insert(reply_bytes(answer(&req))).clone(),
+                    },
+                    Ok(req) => reply_bytes(answer(&req)),
                     Err(e) => Arc::from(format_error(&e.to_string()).into_bytes()),
                 },
                 None if now < self.deadline => return Ok(Step::Keep),
@@ -476,6 +513,27 @@ impl Client {
     }
 }
 
+/// The answer to one request.
+#[derive(Debug)]
+pub enum Reply {
+    /// The status document.
+    Status(Box<Status>),
+    /// A command done: one line saying what it did.
+    Ok(String),
+    /// A command refused: one line saying why.
+    Error(String),
+}
+
+/// The bytes of a reply on the wire.
+fn reply_bytes(reply: Reply) -> Arc<[u8]> {
+    let text = match reply {
+        Reply::Status(s) => format_response(&s),
+        Reply::Ok(m) => format_ok(&m),
+        Reply::Error(m) => format_error(&m),
+    };
+    Arc::from(text.into_bytes())
+}
+
 /// Reads what is waiting of a request into `buf` (never past [`MAX_REQUEST_BYTES`]):
 /// `Some(())` once it is whole (a newline, the size bound or EOF), `None` if more is to come.
 fn read_request(stream: &mut UnixStream, buf: &mut Vec<u8>) -> io::Result<Option<()>> {
@@ -509,8 +567,11 @@ fn discard_input(stream: &mut UnixStream) {
 
 impl Drop for ControlServer {
     fn drop(&mut self) {
+        let Some(id) = self.id else {
+            return;
+        };
         if let Ok(meta) = std::fs::symlink_metadata(&self.path) {
-            if (meta.dev(), meta.ino()) == self.id {
+            if (meta.dev(), meta.ino()) == id {
                 let _ = std::fs::remove_file(&self.path);
             }
         }

@@ -14,7 +14,7 @@ fn status() -> Status {
             name: "ib0".into(),
             mtu: 2044,
             mode: Mode::Datagram,
-            hwaddr: crate::wire::ipoib::HwAddr::from([0; 20]).to_string(),
+            hwaddr: HwAddr::from([0; 20]).to_string(),
         },
         neighbours: vec![],
         tx: vec![],
@@ -53,11 +53,11 @@ fn requests() {
     );
     assert_eq!(
         parse_request(b"reboot\n").map_err(|e| e.to_string()),
-        Err("unknown request \"reboot\" (expected \"status\" or \"status json\")".into())
+        Err("unknown request \"reboot\" (expected status, status json, down, neigh add|del, peer add|del or reload)".into())
     );
     assert_eq!(
         parse_request(b"status xml\n").unwrap_err().to_string(),
-        "unknown request \"status xml\" (expected \"status\" or \"status json\")"
+        "unknown request \"status xml\" (expected status, status json, down, neigh add|del, peer add|del or reload)"
     );
     assert_eq!(
         parse_request(b"\xff\xfe\n").map_err(|e| e.to_string()),
@@ -325,4 +325,169 @@ fn a_large_answer_is_written_across_turns_and_a_client_that_stops_reading_is_dro
     b.server.handle(t0 + CLIENT_TIMEOUT, status);
     assert_eq!(b.server.clients(), 0);
     assert_eq!(b.server.counters().timed_out, 1);
+}
+
+#[test]
+fn command_requests_parse_and_print_back() {
+    let hw = "80:00:00:48:fe:80:00:00:00:00:00:00:00:00:00:00:c6:12:00:02";
+    let cases = [
+        ("down", Request::Down { ifname: None }),
+        (
+            "down ib3",
+            Request::Down {
+                ifname: Some("ib3".into()),
+            },
+        ),
+        (
+            &*format!("neigh add 198.19.0.9 {hw}"),
+            Request::NeighAdd {
+                ip: "198.19.0.9".parse().unwrap(),
+                hw: hw.parse().unwrap(),
+            },
+        ),
+        (
+            "neigh del 2001:db8::9",
+            Request::NeighDel {
+                ip: "2001:db8::9".parse().unwrap(),
+            },
+        ),
+        (
+            "peer add 198.18.0.7",
+            Request::PeerAdd {
+                addr: "198.18.0.7".parse().unwrap(),
+            },
+        ),
+        (
+            "peer del 198.18.0.7",
+            Request::PeerDel {
+                addr: "198.18.0.7".parse().unwrap(),
+            },
+        ),
+        ("reload", Request::Reload),
+    ];
+    for (line, req) in cases {
+        assert_eq!(
+            parse_request(format!("{line}\n").as_bytes()),
+            Ok(req.clone())
+        );
+        assert_eq!(req.line(), line);
+        assert!(req.line().len() < MAX_REQUEST_BYTES);
+    }
+    assert_eq!(
+        parse_request(b"neigh add 198.19.0.9 nothw\n")
+            .unwrap_err()
+            .to_string(),
+        "neigh add: invalid hardware address \"nothw\""
+    );
+    assert_eq!(
+        parse_request(b"peer add host\n").unwrap_err().to_string(),
+        "peer add: invalid IP address \"host\""
+    );
+}
+
+#[test]
+fn ok_answers_parse_and_errors_stay_errors() {
+    assert_eq!(parse_ok(&format_ok("peer added")), Ok("peer added".into()));
+    assert_eq!(
+        parse_ok(&format_error("no peer")),
+        Err(ResponseError::Daemon("no peer".into()))
+    );
+    assert!(matches!(
+        parse_ok("{\"ok\":1}"),
+        Err(ResponseError::Malformed(_))
+    ));
+}
+
+#[test]
+fn listening_abstract_sockets_are_found_in_proc_net_unix() {
+    let text = "\
+Num       RefCount Protocol Flags    Type St Inode Path
+0000000000000000: 00000002 00000000 00010000 0001 01 1001 @ipoib-cm/ib0
+0000000000000000: 00000003 00000000 00000000 0001 03 1002 @ipoib-cm/ib0
+0000000000000000: 00000002 00000000 00010000 0001 01 1003 @ipoib-cm/ib1
+0000000000000000: 00000002 00000000 00010000 0001 01 1004 @other/ib2
+0000000000000000: 00000002 00000000 00010000 0001 01 1005 /run/ipoib-cm/ib3.sock
+0000000000000000: 00000002 00000000 00000000 0002 01 1006
+";
+    assert_eq!(
+        listening_sockets(text, "@ipoib-cm/"),
+        [
+            PathBuf::from("@ipoib-cm/ib0"),
+            PathBuf::from("@ipoib-cm/ib1")
+        ]
+    );
+}
+
+#[test]
+fn an_abstract_control_socket_leaves_no_file_and_refuses_a_second_daemon() {
+    let path = PathBuf::from(format!("@ipoib-cm-test/{}/ib0", std::process::id()));
+    let server = ControlServer::bind(&path).unwrap();
+    let e = ControlServer::bind(&path).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::AddrInUse);
+    assert!(e.to_string().contains("another daemon"), "{e}");
+    drop(server);
+    assert!(!path.exists());
+    ControlServer::bind(&path).unwrap();
+}
+
+/// Serves `b` until `client` finishes (at most 5 s), answering commands with `answer`.
+fn serve_until<T>(
+    b: &mut Bound,
+    client: &std::thread::JoinHandle<T>,
+    mut answer: impl FnMut(&Request) -> Reply,
+) {
+    let t0 = Instant::now();
+    while !client.is_finished() && t0.elapsed() < Duration::from_secs(5) {
+        b.server.serve(Instant::now(), &mut answer);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn commands_are_answered_by_the_loop_and_refused_to_other_users() {
+    let mut b = Bound::new("commands");
+    let path = b.server.path().to_owned();
+    let client = std::thread::spawn({
+        let path = path.clone();
+        move || command(&path, &Request::Reload, Duration::from_secs(5))
+    });
+    let mut asked = Vec::new();
+    serve_until(&mut b, &client, |req| {
+        asked.push(req.clone());
+        Reply::Ok("reloaded".into())
+    });
+    assert_eq!(client.join().unwrap(), Ok("reloaded".into()));
+    assert_eq!(asked, [Request::Reload]);
+
+    let client = std::thread::spawn({
+        let path = path.clone();
+        move || {
+            command(
+                &path,
+                &Request::Down { ifname: None },
+                Duration::from_secs(5),
+            )
+        }
+    });
+    serve_until(&mut b, &client, |_| Reply::Error("not now".into()));
+    let e = client.join().unwrap().unwrap_err();
+    assert_eq!(e.to_string(), "the daemon for ib9 answered: not now");
+    assert_eq!(e.exit_code(), 2);
+
+    b.server.set_policy(|_, _| false);
+    let client = std::thread::spawn(move || {
+        command(
+            &path,
+            &Request::Down { ifname: None },
+            Duration::from_secs(5),
+        )
+    });
+    serve_until(&mut b, &client, |req| {
+        unreachable!("{req:?} done for a refused peer")
+    });
+    let e = client.join().unwrap().unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "the daemon for ib9 answered: permission denied"
+    );
 }

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ipoib::{self, Mode};
 pub use crate::ipoib::{RxState, TxState};
-pub use prometheus::render_prometheus;
+pub use prometheus::{render_prometheus, render_prometheus_all};
 pub use totals::{
     DropReasons, Summary, Totals, RX_DROPPED, RX_ERRORS, SCHEMA, TX_DROPPED, TX_ERRORS,
 };

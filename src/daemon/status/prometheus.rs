@@ -58,6 +58,34 @@ fn total_help(name: &str) -> &'static str {
 
 /// The exposition of `status`: text, one family after another, ending in a newline.
 pub fn render_prometheus(status: &Status) -> String {
+    render_prometheus_all(std::slice::from_ref(status))
+}
+
+/// The exposition of several daemons' statuses (`ipoib-cm status --prometheus` with no
+/// interface named): each family once, with one sample per daemon, told apart by `ifname`.
+pub fn render_prometheus_all(statuses: &[Status]) -> String {
+    let mut merged: Vec<Family<'_>> = Vec::new();
+    for status in statuses {
+        for f in families(status) {
+            match merged.iter_mut().find(|m| m.name == f.name) {
+                Some(m) => m.samples.extend(f.samples),
+                None => merged.push(f),
+            }
+        }
+    }
+    let mut out = String::new();
+    for f in merged {
+        let _ = writeln!(out, "# HELP {} {}", f.name, f.help);
+        let _ = writeln!(out, "# TYPE {} {}", f.name, f.kind);
+        for (labels, v) in f.samples {
+            let _ = writeln!(out, "{}{{{labels}}} {v}", f.name);
+        }
+    }
+    out
+}
+
+/// The metric families of one daemon's status, every sample labelled with its `ifname`.
+fn families(status: &Status) -> Vec<Family<'_>> {
     let ifname = format!("ifname=\"{}\"", label_value(&status.interface.name));
     let m = &status.summary;
     let mut families = vec![
@@ -163,17 +191,16 @@ pub fn render_prometheus(status: &Status) -> String {
             samples: vec![(String::new(), *v)],
         });
     }
-
-    let mut out = String::new();
-    for f in families {
-        let _ = writeln!(out, "# HELP {} {}", f.name, f.help);
-        let _ = writeln!(out, "# TYPE {} {}", f.name, f.kind);
-        for (labels, v) in f.samples {
-            let sep = if labels.is_empty() { "" } else { "," };
-            let _ = writeln!(out, "{}{{{ifname}{sep}{labels}}} {v}", f.name);
+    for f in &mut families {
+        for (labels, _) in &mut f.samples {
+            *labels = if labels.is_empty() {
+                ifname.clone()
+            } else {
+                format!("{ifname},{labels}")
+            };
         }
     }
-    out
+    families
 }
 
 #[cfg(test)]
