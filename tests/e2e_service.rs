@@ -36,7 +36,7 @@ struct Daemon {
 }
 
 impl Daemon {
-    /// Starts `ipoib-cm up ARGS` in node `k` with `env` and waits for "interface up".
+    /// Starts `ipoib-cm up ARGS` in node `k` with `env` and waits for its start-up line.
     fn start(lab: &Lab, k: usize, args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut cmd = lab.exec(k, &[BIN, "up"]);
         cmd.args(args)
@@ -48,7 +48,7 @@ impl Daemon {
         let log = Lines::new(child.stderr.take().expect("stderr"));
         let mut d = Self { child, log };
         assert!(
-            d.log.wait_for("interface up", START),
+            d.log.wait_for(" started version=", START),
             "node {k} did not come up: {}",
             d.text()
         );
@@ -306,7 +306,7 @@ fn runtime_control_neigh_peer_and_down() {
     let err = String::from_utf8_lossy(&again.stderr);
     assert_eq!(
         err.trim(),
-        "ipoib-cm neigh: the daemon for ib0 answered: neigh del 198.19.0.2: no static neighbour 198.19.0.2"
+        "error: ipoib-cm neigh: the daemon for ib0 answered: neigh del 198.19.0.2: no static neighbour 198.19.0.2"
     );
     // The connection to the removed neighbour closes.
     let closed = (0..50).any(|_| {
@@ -443,7 +443,7 @@ fn default_sockets_are_per_namespace_and_status_finds_every_daemon() {
     assert_eq!(wrong.status.code(), Some(2), "{wrong:?}");
     assert_eq!(
         String::from_utf8_lossy(&wrong.stderr).trim(),
-        "ipoib-cm status: @ipoib-cm/ib0 serves ib0, not ib1"
+        "error: ipoib-cm status: @ipoib-cm/ib0 serves ib0, not ib1"
     );
 }
 
