@@ -12,8 +12,10 @@
 //! - [`peercred`]: `SO_PEERCRED` of a Unix socket peer, and the process's effective uid.
 //! - [`tun`]: the TUN device and the interface ioctls that configure it.
 //! - [`ifaddr`]: which interface carries an address, and its MTU.
+//! - [`caps`]: whether the process holds `CAP_NET_ADMIN`.
 #![allow(unsafe_code)]
 
+pub(crate) mod caps;
 pub(crate) mod ifaddr;
 pub(crate) mod peercred;
 pub(crate) mod sockopt;
