@@ -131,7 +131,7 @@ impl ExitStatus for daemon::run::DaemonError {
     }
 }
 
-impl ExitStatus for daemon::privilege::NotPrivileged {
+impl ExitStatus for daemon::preflight::PreflightError {
     fn exit_code(&self) -> u8 {
         Self::EXIT_CODE
     }
@@ -488,7 +488,7 @@ fn up_main(a: &Settings) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail("up", &e),
     };
-    if let Err(e) = daemon::privilege::check_net_admin(&cfg.ifname) {
+    if let Err(e) = daemon::preflight::check(&cfg.ifname) {
         return fail("up", &e);
     }
     init_logging(&cfg.log);

@@ -1,4 +1,5 @@
-//! What an operator meets first, end to end: `up` without the privilege it needs says so,
+//! What an operator meets first, end to end: `up` without the privilege it needs, or on a host
+//! without a TUN device, says so,
 //! `rc-pingpong --deadline` (a duration) bounds the server's wait for a client, and
 //! `scripts/lab.sh` logs a killed daemon's exit status.
 //!
@@ -71,6 +72,34 @@ fn up_without_cap_net_admin_says_root_or_cap_net_admin_is_needed() {
         "{stderr}"
     );
     assert!(!stderr.contains("--ifname"), "{stderr}");
+}
+
+#[test]
+fn up_without_a_tun_device_says_so() {
+    let lab = crate::lab_or_skip!("ipopst", 2, 1500);
+    let sock = std::env::temp_dir().join(format!("ipops-t-{}.sock", std::process::id()));
+    // A private mount namespace whose /dev/net is empty.
+    let script = format!(
+        "mount -t tmpfs none /dev/net && exec {BIN} up --bind 198.18.0.1 --ifname ipops1 \
+         --control-socket {}",
+        sock.display()
+    );
+    let out = output_within(
+        lab.exec(1, &["unshare", "--mount", "sh", "-c", &script]),
+        Duration::from_secs(20),
+    );
+    let _ = std::fs::remove_file(&sock);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if stderr.contains("mount:") || stderr.contains("unshare:") {
+        println!("skipped: cannot hide /dev/net here: {stderr}");
+        return;
+    }
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        "ipoib-cm up: no TUN device: /dev/net/tun does not exist (load the module: modprobe \
+         tun; in a container, pass the device in)"
+    );
 }
 
 /// `rc-pingpong` server on node 1 with `--deadline`, no client: its exit and how long it took.

@@ -5,13 +5,14 @@
 //!   one-line errors naming the field.
 //! - [`status`]: the [`Status`] snapshot (its JSON schema), derived from the endpoint's
 //!   snapshot with the endpoint's states, and its text rendering.
-//! - [`privilege`]: the `CAP_NET_ADMIN` check `up` makes before it sets anything up.
+//! - [`preflight`]: what `up` checks before it sets anything up (`CAP_NET_ADMIN`, the TUN
+//!   device).
 //! - [`control`]: the control socket, server side ([`ControlServer`]) for the event loop and
 //!   client side ([`query`]) for `ipoib-cm status`.
 
 pub mod config;
 pub mod control;
-pub mod privilege;
+pub mod preflight;
 pub mod run;
 pub mod status;
 
