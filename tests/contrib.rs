@@ -282,3 +282,68 @@ fn up_help_keeps_test_only_flags_under_their_own_heading() {
         assert!(help.contains(f), "{f} missing:\n{help}");
     }
 }
+
+/// The `[package.metadata.deb]` assets of Cargo.toml: (source, destination).
+fn deb_assets() -> Vec<(String, String)> {
+    let manifest: toml::Table = read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+        .parse()
+        .unwrap();
+    let assets = manifest["package"]["metadata"]["deb"]["assets"]
+        .as_array()
+        .expect("[package.metadata.deb] assets");
+    assets
+        .iter()
+        .map(|a| {
+            let a = a.as_array().unwrap();
+            (
+                a[0].as_str().unwrap().to_owned(),
+                a[1].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn deb_package_ships_what_exists_or_is_generated() {
+    const GENERATED: &str = "target/release/assets/";
+    let script = read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/deb.sh"));
+    let dir = TempDir::new("deb");
+    let assets = deb_assets();
+    for what in ["man", "completions"] {
+        assert!(
+            script.contains(&format!("ipoib-cm generate {what} {GENERATED}{what}")),
+            "scripts/deb.sh does not generate {what} into {GENERATED}{what}"
+        );
+        generate(what, &dir.0.join(what));
+    }
+    for (source, dest) in &assets {
+        if source == "target/release/ipoib-cm" {
+            assert_eq!(dest, "usr/bin/");
+            continue;
+        }
+        let (path, pattern) = match source.strip_prefix(GENERATED) {
+            Some(rest) => (dir.0.join(rest), rest.to_owned()),
+            None => (
+                Path::new(env!("CARGO_MANIFEST_DIR")).join(source),
+                source.clone(),
+            ),
+        };
+        let found = match path.file_name().and_then(|n| n.to_str()) {
+            Some(name) if name.starts_with('*') => std::fs::read_dir(path.parent().unwrap())
+                .unwrap()
+                .filter_map(Result::ok)
+                .any(|e| e.file_name().to_string_lossy().ends_with(&name[1..])),
+            _ => path.exists(),
+        };
+        assert!(found, "deb asset {pattern} neither exists nor is generated");
+    }
+    for needed in [
+        "contrib/systemd/ipoib-cm@.service",
+        "contrib/ipoib-cm.example.toml",
+    ] {
+        assert!(
+            assets.iter().any(|(s, _)| s == needed),
+            "the package lacks {needed}"
+        );
+    }
+}
