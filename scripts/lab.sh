@@ -62,15 +62,18 @@ start_node() {
         mapfile -t args < "$STATE/args"
     fi
     rm -f "$STATE/node$k.pid"
-    # The daemon's pid goes to the pid file; its exit status to the log when it ends.
+    # The daemon's pid goes to the pid file; its exit status to the log when it ends (128 + N
+    # for signal N: 137 is SIGKILL). `|| status=$?` keeps set -e from ending the subshell at a
+    # non-zero wait.
     (
         ip netns exec "$(ns "$k")" "$(bin)" up \
             --ifname ib0 --addr "198.19.0.$k/24" --addr "2001:db8:19::$k/64" \
             --bind "198.18.0.$k" "${peers[@]}" --control-socket "$(sock "$k")" \
             "${args[@]}" "${extra[@]}" >> "$STATE/node$k.log" 2>&1 < /dev/null &
         echo $! > "$STATE/node$k.pid"
-        wait $!
-        echo "ipoib-cm exited with status $?" >> "$STATE/node$k.log"
+        status=0
+        wait $! || status=$?
+        echo "ipoib-cm exited with status $status" >> "$STATE/node$k.log"
     ) > /dev/null 2>&1 &
     local i
     for ((i = 0; i < 100; i++)); do

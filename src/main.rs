@@ -6,8 +6,8 @@ use std::net::IpAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
-use ipoib_cm::daemon::config::{parse_path_mtu, Given, ProviderKind};
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
+use ipoib_cm::daemon::config::{parse_path_mtu, pick_duration, Given, ProviderKind};
 use ipoib_cm::daemon::{self, FaultFlags, Settings};
 use ipoib_cm::tools::perf::{self, PerfArgs};
 use ipoib_cm::tools::rc_pingpong::{self, RcPingpong, RcPingpongOptions};
@@ -52,6 +52,51 @@ enum Command {
     /// Run the provider conformance suite over two libibverbs devices (feature `verbs`).
     #[command(hide = true)]
     Conformance(ConformanceArgs),
+    /// Write the man pages or shell completions of these commands into a directory (for
+    /// packaging).
+    #[command(hide = true)]
+    Generate(GenerateArgs),
+}
+
+// --- generate: man pages and shell completions ------------------------------------------------
+
+#[derive(Debug, Args)]
+struct GenerateArgs {
+    /// man: one page per command (section 1); completions: bash, zsh and fish.
+    what: Generated,
+    /// Directory to write into (created if missing).
+    dir: std::path::PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Generated {
+    Man,
+    Completions,
+}
+
+/// `ipoib-cm generate man|completions DIR`; a failed write exits 1.
+fn generate_main(a: &GenerateArgs) -> ExitCode {
+    let write = || -> std::io::Result<()> {
+        std::fs::create_dir_all(&a.dir)?;
+        let mut cmd = Cli::command();
+        match a.what {
+            Generated::Man => clap_mangen::generate_to(cmd, &a.dir),
+            Generated::Completions => {
+                use clap_complete::Shell;
+                for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
+                    clap_complete::generate_to(shell, &mut cmd, "ipoib-cm", &a.dir)?;
+                }
+                Ok(())
+            }
+        }
+    };
+    match write() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ipoib-cm generate: {}: {e}", a.dir.display());
+            ExitCode::FAILURE
+        }
+    }
 }
 
 // --- provider selection (hardware provider, feature `verbs`) ---------------------------------
@@ -100,6 +145,12 @@ impl ExitStatus for daemon::run::DaemonError {
 impl ExitStatus for daemon::ControlError {
     fn exit_code(&self) -> u8 {
         Self::exit_code(self)
+    }
+}
+
+impl ExitStatus for daemon::preflight::PreflightError {
+    fn exit_code(&self) -> u8 {
+        Self::EXIT_CODE
     }
 }
 
@@ -261,14 +312,30 @@ struct UdPingpongArgs {
     /// Don't verify the ICRC of IPv4 packets (needed with the kernel's rxe).
     #[arg(long)]
     no_icrc_v4: bool,
-    /// Give up after this many seconds.
-    #[arg(long, value_name = "SECS", default_value_t = 120)]
-    deadline: u64,
+    /// Give up after this long, the wait for a client included (e.g. 30, 30s, 500ms)
+    /// [default: 120s].
+    #[arg(long, value_name = "DURATION")]
+    deadline: Option<String>,
+}
+
+/// A pingpong's `--deadline`: a duration (`30s`, `500ms`) or plain seconds, at least 1 ms.
+fn pingpong_deadline(flag: Option<&str>) -> Result<Duration, daemon::ConfigError> {
+    pick_duration(
+        "deadline",
+        flag,
+        None,
+        Duration::from_millis(1),
+        Duration::from_secs(120),
+    )
 }
 
 fn ud_pingpong_main(a: &UdPingpongArgs) -> ExitCode {
     use ipoib_cm::tools::ud_pingpong;
     let _ = a.gid_idx;
+    let deadline = match pingpong_deadline(a.deadline.as_deref()) {
+        Ok(d) => d,
+        Err(e) => return fail("ud-pingpong", &e),
+    };
     let opts = ipoib_cm::tools::Options {
         peer: a.peer,
         bind: a.bind,
@@ -278,7 +345,7 @@ fn ud_pingpong_main(a: &UdPingpongArgs) -> ExitCode {
         iters: a.iters,
         rx_depth: a.rx_depth,
         verify_icrc_v4: !a.no_icrc_v4,
-        deadline: Duration::from_secs(a.deadline.max(1)),
+        deadline,
         tool: (),
     };
     match ud_pingpong::run(&opts) {
@@ -348,9 +415,10 @@ struct PingpongArgs {
     /// as the kernel's rxe).
     #[arg(long)]
     no_icrc_v4: bool,
-    /// Give up after this many seconds.
-    #[arg(long, value_name = "SECS", default_value_t = 120)]
-    deadline: u64,
+    /// Give up after this long, the wait for a client included (e.g. 30, 30s, 500ms)
+    /// [default: 120s].
+    #[arg(long, value_name = "DURATION")]
+    deadline: Option<String>,
     /// Print the provider's counters at the end.
     #[arg(long)]
     stats: bool,
@@ -373,6 +441,10 @@ fn rc_pingpong_main(a: &PingpongArgs) -> ExitCode {
         Ok(f) => f,
         Err(e) => return fail("rc-pingpong", &e),
     };
+    let deadline = match pingpong_deadline(a.deadline.as_deref()) {
+        Ok(d) => d,
+        Err(e) => return fail("rc-pingpong", &e),
+    };
     let opts = RcPingpongOptions {
         peer: a.peer,
         bind: a.bind,
@@ -382,7 +454,7 @@ fn rc_pingpong_main(a: &PingpongArgs) -> ExitCode {
         iters: a.iters,
         rx_depth: a.rx_depth,
         verify_icrc_v4: !a.no_icrc_v4,
-        deadline: Duration::from_secs(a.deadline.max(1)),
+        deadline,
         tool: RcPingpong {
             link: RcLink {
                 mtu: a.mtu,
@@ -444,6 +516,9 @@ fn up_main(a: &Settings) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail("up", &e),
     };
+    if let Err(e) = daemon::preflight::check(&cfg.ifname) {
+        return fail("up", &e);
+    }
     daemon::logging::init(&cfg.log, cfg.log_format);
     let r = match cfg.provider {
         ProviderKind::Soft => daemon::run::up(&cfg),
@@ -511,6 +586,7 @@ fn main() -> ExitCode {
     match &cli.command {
         Command::Up(a) => up_main(a),
         Command::Conformance(a) => conformance_main(a),
+        Command::Generate(a) => generate_main(a),
         Command::UdPingpong(a) => {
             init_logging("warn");
             ud_pingpong_main(a)

@@ -224,7 +224,6 @@ fn bind_is_required() {
 fn cidr_rules() {
     for bad in [
         "198.19.0.1/40",
-        "198.19.0.1",
         "198.19.0.1/",
         "198.19.0.1/+1",
         "198.19.0.1/a",
@@ -658,6 +657,18 @@ fn link_mtu_to_path_mtu() {
 #[test]
 fn exit_code_is_two() {
     assert_eq!(ConfigError::EXIT_CODE, 2);
+}
+
+#[test]
+fn an_address_without_a_prefix_is_a_host_address_as_ip_assumes() {
+    let c = ok(
+        "addr = [\"2001:db8:19::1\"]",
+        &["--bind", "198.18.0.1", "--addr", "198.19.1.1"],
+    );
+    assert_eq!(c.addr, ["198.19.1.1/32".parse::<Cidr>().unwrap()]);
+    let c = ok("bind = \"198.18.0.1\"\naddr = [\"2001:db8:19::1\"]", &[]);
+    assert_eq!(c.addr, ["2001:db8:19::1/128".parse::<Cidr>().unwrap()]);
+    assert_eq!(c.addr[0].to_string(), "2001:db8:19::1/128");
 }
 
 #[test]

@@ -5,6 +5,8 @@
 //!   one-line errors naming the field.
 //! - [`status`]: the [`Status`] snapshot (its JSON schema), derived from the endpoint's
 //!   snapshot with the endpoint's states, and its text rendering.
+//! - [`preflight`]: what `up` checks before it sets anything up (`CAP_NET_ADMIN`, the TUN
+//!   device).
 //! - [`control`]: the control socket, server side ([`ControlServer`]) for the event loop and
 //!   client side ([`query`]) for `ipoib-cm status`.
 
@@ -13,6 +15,7 @@ pub mod config;
 pub mod control;
 mod floods;
 pub mod logging;
+pub mod preflight;
 pub mod reload;
 pub mod run;
 pub mod service;

@@ -13,8 +13,10 @@
 //! - [`tun`]: the TUN device and the interface ioctls that configure it.
 //! - [`ifaddr`]: which interface carries an address, and its MTU.
 //! - [`notify`]: the systemd notification protocol (`$NOTIFY_SOCKET`, `$WATCHDOG_USEC`).
+//! - [`caps`]: whether the process holds `CAP_NET_ADMIN`.
 #![allow(unsafe_code)]
 
+pub(crate) mod caps;
 pub(crate) mod ifaddr;
 pub(crate) mod notify;
 pub(crate) mod peercred;

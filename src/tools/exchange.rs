@@ -110,19 +110,20 @@ pub(crate) struct TcpExchange {
 }
 
 impl TcpExchange {
-    /// As rdma-core's examples: the server waits for its client forever.
+    /// rdma-core's exchange, with the tool's deadline (`deadline` from now) bounding the
+    /// connect, each read and the server's wait for its client.
     pub(crate) fn rdma_core(
         peer: Option<IpAddr>,
         bind: Option<IpAddr>,
         tcp_port: u16,
-        io_timeout: Duration,
+        deadline: Duration,
     ) -> Self {
         Self {
             peer,
             bind,
             tcp_port,
-            io_timeout,
-            accept_deadline: None,
+            io_timeout: deadline,
+            accept_deadline: Some(Instant::now() + deadline),
         }
     }
 }

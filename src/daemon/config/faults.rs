@@ -6,24 +6,29 @@ use super::given::Given;
 use super::value::{int_in, percentage};
 use crate::soft::FaultConfig;
 
+/// The `--help` heading of the flags only tests use (fault injection, provider quirks), kept
+/// apart from the options a deployment sets.
+pub const TEST_HELP_HEADING: &str =
+    "Testing (fault injection and provider quirks; not for production)";
+
 /// The fault-injection flags of the software provider for the tools, named and read as the
 /// `fault_*` settings of `ipoib-cm up`; `#[command(flatten)]` it.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct FaultFlags {
     /// Percentage of sent packets the software provider drops.
-    #[arg(long, value_name = "PCT", allow_negative_numbers = true)]
+    #[arg(long, value_name = "PCT", allow_negative_numbers = true, help_heading = TEST_HELP_HEADING)]
     pub fault_loss: Option<Given<f64>>,
     /// Percentage of sent packets the software provider reorders.
-    #[arg(long, value_name = "PCT", allow_negative_numbers = true)]
+    #[arg(long, value_name = "PCT", allow_negative_numbers = true, help_heading = TEST_HELP_HEADING)]
     pub fault_reorder: Option<Given<f64>>,
     /// Percentage of sent packets the software provider duplicates.
-    #[arg(long, value_name = "PCT", allow_negative_numbers = true)]
+    #[arg(long, value_name = "PCT", allow_negative_numbers = true, help_heading = TEST_HELP_HEADING)]
     pub fault_dup: Option<Given<f64>>,
     /// Percentage of sent packets the software provider corrupts.
-    #[arg(long, value_name = "PCT", allow_negative_numbers = true)]
+    #[arg(long, value_name = "PCT", allow_negative_numbers = true, help_heading = TEST_HELP_HEADING)]
     pub fault_corrupt: Option<Given<f64>>,
     /// Seed of the fault RNG [default: 1].
-    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, help_heading = TEST_HELP_HEADING)]
     pub fault_seed: Option<Given<i64>>,
 }
 

@@ -37,7 +37,7 @@ pub(crate) use self::error::os_message;
 pub use self::error::ConfigError;
 use self::error::Origin;
 use self::faults::fault_config;
-pub use self::faults::FaultFlags;
+pub use self::faults::{FaultFlags, TEST_HELP_HEADING};
 pub use self::file::{parse_config_file, FileDuration};
 pub use self::given::{parse_path_mtu, Given, InvalidPathMtu, InvalidValue, Quirk, Setting};
 pub use self::resolved::*;

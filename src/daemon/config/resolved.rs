@@ -114,17 +114,21 @@ impl fmt::Display for Cidr {
     }
 }
 
-/// Text that is not `ADDR/PREFIX`; displays as `invalid CIDR "<input>"`.
+/// Text that is neither `ADDR/PREFIX` nor `ADDR`; displays as `invalid CIDR "<input>"`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid CIDR {0:?}")]
 pub struct InvalidCidr(pub String);
 
 impl FromStr for Cidr {
     type Err = InvalidCidr;
-    /// Parses `ADDR/PREFIX`.
+    /// Parses `ADDR/PREFIX`, or `ADDR` alone as a host address (/32, /128), as `ip` does.
     fn from_str(s: &str) -> Result<Self, InvalidCidr> {
         let bad = || InvalidCidr(s.to_owned());
-        let (a, p) = s.split_once('/').ok_or_else(bad)?;
+        let Some((a, p)) = s.split_once('/') else {
+            let addr: IpAddr = s.parse().map_err(|_| bad())?;
+            let prefix_len = if addr.is_ipv4() { 32 } else { 128 };
+            return Ok(Self { addr, prefix_len });
+        };
         let addr: IpAddr = a.parse().map_err(|_| bad())?;
         if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) || p.len() > 3 {
             return Err(bad());

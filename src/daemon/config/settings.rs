@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::faults::TEST_HELP_HEADING;
 use super::given::{Given, Quirk};
 use super::resolved::{Cidr, ProviderKind};
 use crate::daemon::logging::LogFormat;
@@ -83,7 +84,8 @@ settings! {
         /// Interface name [default: ib0].
         #[arg(long, value_name = "NAME")]
         pub ifname: Option<Given<String>>,
-        /// Address of the interface, IPv4 or IPv6 CIDR (repeatable).
+        /// Address of the interface, IPv4 or IPv6 CIDR; without a prefix a host address (/32,
+        /// /128) as `ip` takes it (repeatable).
         #[arg(long, value_name = "CIDR")]
         #[serde(default)]
         pub addr: Vec<Given<Cidr>>,
@@ -169,22 +171,22 @@ settings! {
         #[arg(long, value_name = "BYTES", allow_negative_numbers = true)]
         pub path_mtu: Option<Given<PathMtu>>,
         /// Percentage of sent packets the software provider drops.
-        #[arg(long, value_name = "PCT", allow_negative_numbers = true)]
+        #[arg(long, value_name = "PCT", allow_negative_numbers = true, help_heading = TEST_HELP_HEADING)]
         pub fault_loss: Option<Given<f64>>,
         /// Percentage of sent packets the software provider reorders.
-        #[arg(long, value_name = "PCT", allow_negative_numbers = true)]
+        #[arg(long, value_name = "PCT", allow_negative_numbers = true, help_heading = TEST_HELP_HEADING)]
         pub fault_reorder: Option<Given<f64>>,
         /// Percentage of sent packets the software provider duplicates.
-        #[arg(long, value_name = "PCT", allow_negative_numbers = true)]
+        #[arg(long, value_name = "PCT", allow_negative_numbers = true, help_heading = TEST_HELP_HEADING)]
         pub fault_dup: Option<Given<f64>>,
         /// Percentage of sent packets the software provider corrupts.
-        #[arg(long, value_name = "PCT", allow_negative_numbers = true)]
+        #[arg(long, value_name = "PCT", allow_negative_numbers = true, help_heading = TEST_HELP_HEADING)]
         pub fault_corrupt: Option<Given<f64>>,
         /// Seed of the fault RNG [default: 1].
-        #[arg(long, value_name = "N", allow_negative_numbers = true)]
+        #[arg(long, value_name = "N", allow_negative_numbers = true, help_heading = TEST_HELP_HEADING)]
         pub fault_seed: Option<Given<i64>>,
         /// Provider quirk: drain-never, no-last-wqe or dup-last-wqe (repeatable).
-        #[arg(long, value_name = "QUIRK")]
+        #[arg(long, value_name = "QUIRK", help_heading = TEST_HELP_HEADING)]
         #[serde(default)]
         pub quirk: Vec<Given<Quirk>>,
         /// Control socket: a path, or @NAME for an abstract socket (default: @ipoib-cm/IFNAME).
