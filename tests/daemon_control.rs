@@ -33,6 +33,7 @@ fn status() -> Status {
             hwaddr: ipoib_cm::wire::ipoib::HwAddr::from([0x11; 20]).to_string(),
         },
         neighbours: vec![],
+        neighbour_table: Default::default(),
         tx: vec![],
         rx: vec![RxStatus {
             peer: "198.19.0.2".into(),

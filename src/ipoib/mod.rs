@@ -65,7 +65,7 @@ use crate::wire::ipoib::{HwAddr, IpoibHeader, IPOIB_CM_BUF_SIZE};
 
 pub use crate::choice::ParseChoiceError;
 pub use endpoint::Endpoint;
-pub use neigh::NeighState;
+pub use neigh::{NeighCounts, NeighState};
 pub use rx::RxState;
 pub use tun::TUN_BUFFER_OFFSET;
 pub use tx::TxState;
@@ -173,6 +173,12 @@ pub struct EndpointConfig {
     pub tx_queue_len: usize,
     /// Unused neighbours (and their TX connections) are removed after this long.
     pub neigh_timeout: Duration,
+    /// Most learned (non-static) neighbour entries, resolving ones included; one more evicts
+    /// the least recently used entry without a connection (Linux's `gc_thresh3`).
+    pub neigh_max: usize,
+    /// Most resolved learned neighbour entries with the hardware address of one GID; one more
+    /// evicts that GID's least recently used entry without a connection.
+    pub neigh_max_per_source: usize,
     /// Interface addresses with prefix lengths.
     pub addrs: Vec<(IpAddr, u8)>,
     /// Static neighbours.
@@ -213,6 +219,8 @@ impl EndpointConfig {
             budget_policy: QpBudgetPolicy::Evict,
             tx_queue_len: 3,
             neigh_timeout: Duration::from_secs(300),
+            neigh_max: 1024,
+            neigh_max_per_source: 16,
             addrs,
             static_neighbours: Vec::new(),
             path_mtu: PathMtu::Mtu1024,
@@ -286,6 +294,17 @@ pub struct Counters {
     pub neigh_conflicts: u64,
     /// Neighbour resolutions that got no answer.
     pub neigh_failed: u64,
+    /// ARP/ND senders not learned: outside the interface's prefixes (and not link-local
+    /// IPv6).
+    pub neigh_out_of_prefix: u64,
+    /// New neighbour entries that found `neigh_max` entries (one was evicted, or the new one
+    /// refused).
+    pub neigh_table_full: u64,
+    /// New resolved entries whose GID had `neigh_max_per_source` of them already (one of
+    /// those was evicted, or the new one refused).
+    pub neigh_source_full: u64,
+    /// Neighbour entries evicted to make room for a new one.
+    pub neigh_evicted: u64,
 }
 
 /// One TX connection in a [`Snapshot`].
@@ -314,8 +333,12 @@ pub struct Snapshot {
     pub mtu: u32,
     /// Mode.
     pub mode: Mode,
-    /// `(ip, hwaddr, state)` per neighbour.
+    /// `(ip, hwaddr, state)` of the first [`SNAPSHOT_NEIGHBOURS`] neighbours by address.
     pub neighbours: Vec<(IpAddr, Option<HwAddr>, NeighState)>,
+    /// Every neighbour entry by state (`neighbours` may hold fewer).
+    pub neigh_counts: NeighCounts,
+    /// The cap on learned neighbour entries (`neigh_max`).
+    pub neigh_max: usize,
     /// Per TX connection.
     pub tx: Vec<TxSnapshot>,
     /// `(peer, qpn, state, idle)` per RX connection.
@@ -323,6 +346,9 @@ pub struct Snapshot {
     /// Counters.
     pub counters: Counters,
 }
+
+/// Most neighbours a [`Snapshot`] lists, so that a status stays small with a full table.
+pub const SNAPSHOT_NEIGHBOURS: usize = 256;
 
 /// What a timer on the wheel is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

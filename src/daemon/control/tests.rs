@@ -16,6 +16,7 @@ fn status() -> Status {
             hwaddr: crate::wire::ipoib::HwAddr::from([0; 20]).to_string(),
         },
         neighbours: vec![],
+        neighbour_table: Default::default(),
         tx: vec![],
         rx: vec![],
         counters: Counters::default(),
