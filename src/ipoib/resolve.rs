@@ -162,7 +162,7 @@ impl Endpoint {
         if let Some(t) = n.timer {
             self.wheel.cancel(t);
         }
-        self.counters.tx_dropped += n.queue.len() as u64;
+        self.counters.tx_dropped += n.queued() as u64;
     }
 
     /// Whether an ARP/ND sender at `ip` may get an entry: inside one of the interface's
@@ -211,7 +211,7 @@ impl Endpoint {
     fn give_up(&mut self, ip: IpAddr) {
         if let Some(n) = self.neigh.remove(&ip) {
             self.counters.neigh_failed += 1;
-            self.counters.tx_dropped += n.queue.len() as u64;
+            self.counters.tx_dropped += n.queued() as u64;
             if let Some(t) = n.timer {
                 self.wheel.cancel(t);
             }

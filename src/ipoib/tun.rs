@@ -5,7 +5,6 @@ use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::time::Instant;
 
-use super::neigh::NeighState;
 use super::{ip_packet_in, Endpoint, Mode};
 use crate::verbs::{BufId, QpNum, Verbs};
 use crate::wire::ipoib::{broadcast_mgid, classify, mgid_for_ipv6, HwAddr, IpoibHeader};
@@ -148,25 +147,22 @@ impl Endpoint {
             return;
         }
         let dst = info.dst;
-        let hw = match self.neigh.use_entry(&dst, now) {
-            Some(n) => match (n.state(), n.hw()) {
-                (NeighState::Incomplete { .. }, _) | (_, None) => {
-                    if n.queue.len() < self.cfg.tx_queue_len {
-                        n.queue.push_back(packet.to_vec());
-                    } else {
-                        self.counters.tx_queue_drops += 1;
-                    }
-                    return;
+        let hw = match self.neigh.use_entry(&dst, now).map(|n| n.resolved()) {
+            Some(Some(hw)) => hw,
+            // Still resolving.
+            Some(None) => {
+                if !self.neigh.enqueue(&dst, packet, self.cfg.tx_queue_len) {
+                    self.counters.tx_queue_drops += 1;
                 }
-                (_, Some(hw)) => hw,
-            },
+                return;
+            }
             None => {
                 if !self.start_resolving(now, dst) {
                     self.counters.tx_dropped += 1;
                     return;
                 }
-                if let Some(n) = self.neigh.get_mut(&dst) {
-                    n.queue.push_back(packet.to_vec());
+                if !self.neigh.enqueue(&dst, packet, self.cfg.tx_queue_len) {
+                    self.counters.tx_queue_drops += 1;
                 }
                 self.resolve(now, v, dst);
                 return;

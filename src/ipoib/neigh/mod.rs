@@ -52,6 +52,11 @@ use crate::wire::PeerMap;
 /// moves to the most recently used end) before it refuses the new entry.
 pub(super) const EVICT_SCAN: usize = 16;
 
+/// Most packets waiting for resolution on all entries together (each entry holds at most
+/// `tx_queue_len`): with the table full of resolving entries, the copies held stay within
+/// this many packets rather than `neigh_max` times `tx_queue_len`.
+pub(super) const QUEUED_MAX: usize = 256;
+
 /// Resolution state of a neighbour.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NeighState {
@@ -85,8 +90,8 @@ pub(super) struct Neigh {
     hw: Option<HwAddr>,
     /// Resolution state.
     state: NeighState,
-    /// Packets waiting for resolution.
-    pub(super) queue: VecDeque<Vec<u8>>,
+    /// Packets waiting for resolution (through [`Neighbours::enqueue`], which counts them).
+    queue: VecDeque<Vec<u8>>,
     /// Last time a packet was sent to it.
     pub(super) last_used: Instant,
     /// Resolution retry or ageing timer.
@@ -112,6 +117,11 @@ impl Neigh {
     /// Its resolution state.
     pub(super) fn state(&self) -> NeighState {
         self.state
+    }
+
+    /// Packets waiting for its resolution.
+    pub(super) fn queued(&self) -> usize {
+        self.queue.len()
     }
 
     /// Its hardware address when it is resolved (not still being resolved).
@@ -218,6 +228,8 @@ pub(super) struct Neighbours {
     by_gid: PeerMap<Gid, Vec<IpAddr>>,
     statics: PeerMap<(Gid, QpNum), usize>,
     learned: usize,
+    /// Packets in the queues of all entries.
+    queued: usize,
     max: usize,
     per_source: usize,
 }
@@ -231,6 +243,7 @@ impl Neighbours {
             by_gid: PeerMap::default(),
             statics: PeerMap::default(),
             learned: 0,
+            queued: 0,
             max: max.max(1),
             per_source: per_source.max(1),
         }
@@ -286,6 +299,20 @@ impl Neighbours {
         let id = self.find(ip)?;
         self.touch(id, now);
         self.slots.get_mut(id)
+    }
+
+    /// Queues `packet` on `ip`'s entry until it resolves, if the entry holds fewer than
+    /// `per_entry` and all entries together fewer than [`QUEUED_MAX`]; false if not queued.
+    pub(super) fn enqueue(&mut self, ip: &IpAddr, packet: &[u8], per_entry: usize) -> bool {
+        if self.queued >= QUEUED_MAX {
+            return false;
+        }
+        let Some(n) = self.get_mut(ip).filter(|n| n.queue.len() < per_entry) else {
+            return false;
+        };
+        n.queue.push_back(packet.to_vec());
+        self.queued += 1;
+        true
     }
 
     /// Adds a static entry (replacing any entry for `ip`).
@@ -372,7 +399,8 @@ impl Neighbours {
                 n.hw = Some(hw);
                 n.state = NeighState::Reachable;
                 n.last_used = now;
-                let queued = n.queue.drain(..).collect();
+                let queued: Vec<_> = n.queue.drain(..).collect();
+                self.queued = self.queued.saturating_sub(queued.len());
                 self.slots.touch(id);
                 self.charge(hw.gid, ip);
                 Learned::Resolved { queued, evicted }
@@ -460,6 +488,7 @@ impl Neighbours {
     pub(super) fn remove(&mut self, ip: &IpAddr) -> Option<Neigh> {
         let id = self.index.remove(ip)?;
         let (_, n) = self.slots.remove(id)?;
+        self.queued = self.queued.saturating_sub(n.queue.len());
         match n.state {
             NeighState::Static => {
                 if let Some(h) = n.hw {
@@ -650,6 +679,9 @@ impl Neighbours {
             }
         }
         assert_eq!(learned, self.learned);
+        let queued: usize = self.iter().map(|(_, n)| n.queue.len()).sum();
+        assert_eq!(queued, self.queued);
+        assert!(self.queued <= QUEUED_MAX);
         let listed: usize = self.by_gid.values().map(Vec::len).sum();
         assert_eq!(listed, charged);
         for ips in self.by_gid.values() {

@@ -42,7 +42,7 @@ fn resolve_then_conflict_is_ignored() {
     let ip = ip(2);
     let mut n = table();
     assert!(matches!(n.start(ip, t, 3, idle, c), Started::New(None)));
-    n.get_mut(&ip).unwrap().queue.push_back(vec![1]);
+    assert!(n.enqueue(&ip, &[1], 3));
     assert_eq!(
         resolved(n.learn(ip, hw(5), t, true, idle, c)),
         vec![vec![1]]
@@ -293,6 +293,28 @@ fn forgetting_a_peer_looks_only_at_its_source() {
     n.check();
 }
 
+#[test]
+fn queued_packets_are_bounded_per_entry_and_in_all() {
+    let t = Instant::now();
+    let c = &mut Counters::default();
+    let mut n = table();
+    let mut queued = 0;
+    for k in 0..200u16 {
+        assert!(matches!(n.start(ip(k), t, 3, idle, c), Started::New(None)));
+        for _ in 0..5 {
+            queued += usize::from(n.enqueue(&ip(k), &[0; 64], 3));
+        }
+    }
+    assert_eq!(queued, QUEUED_MAX);
+    assert_eq!(n.get(&ip(0)).unwrap().queued(), 3);
+    // Resolving one gives its packets back and makes room for as many.
+    assert_eq!(resolved(n.learn(ip(0), hw(5), t, true, idle, c)).len(), 3);
+    assert!(n.enqueue(&ip(199), &[1], 4));
+    n.remove(&ip(1));
+    assert!(n.enqueue(&ip(198), &[1], 4));
+    n.check();
+}
+
 /// One step of the property test.
 #[derive(Debug, Clone)]
 enum Op {
@@ -308,6 +330,7 @@ enum Op {
     Resolve(u16),
     GiveUp(u16),
     Forget(u8, u32),
+    Enqueue(u16),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -324,6 +347,7 @@ fn op() -> impl Strategy<Value = Op> {
         (0..64u16).prop_map(Op::Resolve),
         (0..64u16).prop_map(Op::GiveUp),
         (0..6u8, 0..3u32).prop_map(|(node, qpn)| Op::Forget(node, qpn)),
+        (0..64u16).prop_map(Op::Enqueue),
     ]
 }
 
@@ -385,6 +409,12 @@ proptest! {
                 Op::GiveUp(k) => {
                     if n.get(&ip(k)).is_some_and(|e| e.state() != NeighState::Static) {
                         n.remove(&ip(k));
+                    }
+                }
+                Op::Enqueue(k) => {
+                    let was = n.get(&ip(k)).map_or(0, Neigh::queued);
+                    if n.enqueue(&ip(k), &[7], 2) {
+                        prop_assert_eq!(n.get(&ip(k)).map(Neigh::queued), Some(was + 1));
                     }
                 }
                 Op::Forget(node, qpn) => {
