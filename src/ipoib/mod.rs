@@ -42,6 +42,16 @@
 //! connections share (`tx/`), the neighbour cache (`neigh.rs`), the TUN queue and ingress
 //! (`tun.rs`), the UD QP (`ud.rs`), address resolution (`resolve.rs`) and ICMP errors
 //! (`icmp.rs`). The counters are one [`Counters`] that every part adds to.
+//!
+//! # Bounds
+//!
+//! Every table keyed by what arrives is bounded and hitting the bound is counted
+//! (`docs/bounds.md` has the whole list): neighbour entries by `neigh_max` and
+//! `neigh_max_per_source`, learned from ARP/ND only for on-link senders; packets waiting for
+//! resolution by `tx_queue_len` each and 256 in all; TX connections by the neighbour table
+//! (they are opened only by our own packets to a resolved neighbour), their queues by
+//! `tx_queue_len`; RX connections by `max_conn_qp`; a [`Snapshot`] lists at most
+//! [`SNAPSHOT_NEIGHBOURS`] neighbours.
 
 mod endpoint;
 mod icmp;
