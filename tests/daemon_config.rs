@@ -313,6 +313,12 @@ fn fractional_and_compound_durations_from_flags_and_file() {
         ok("", &[&b[..], &["--neigh-timeout", "1m30s"]].concat()).neigh_timeout,
         Duration::from_secs(90)
     );
+    assert_eq!(
+        ok("", &[&b[..], &["--neigh-max", "64"]].concat()).neigh_max,
+        64
+    );
+    let c = ok("bind = \"10.0.0.1\"\nneigh_max = 4096", &[]);
+    assert_eq!(c.endpoint_config(PathMtu::Mtu1024, 0).neigh_max, 4096);
     let c = ok(
         "bind = \"10.0.0.1\"\ndrain_timeout = \"1.5s\"\nrx_timeout = \"1m30s\"",
         &[],
@@ -445,6 +451,11 @@ fn integer_rules() {
             "--max-conn-qp",
             "-5",
             "--max-conn-qp: must be between 1 and 65536 (got -5)",
+        ),
+        (
+            "--neigh-max",
+            "0",
+            "--neigh-max: must be between 1 and 1048576 (got 0)",
         ),
         (
             "--fault-seed",
@@ -774,8 +785,12 @@ fn defaults_are_the_endpoints() {
         )
     );
     assert_eq!(
-        (c.max_conn_qp as usize, c.tx_queue_len as usize),
-        (e.max_conn_qp, e.tx_queue_len)
+        (
+            c.max_conn_qp as usize,
+            c.tx_queue_len as usize,
+            c.neigh_max as usize
+        ),
+        (e.max_conn_qp, e.tx_queue_len, e.neigh_max)
     );
     let mapped = c.endpoint_config(PathMtu::Mtu2048, 9);
     assert_eq!(

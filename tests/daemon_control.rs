@@ -34,6 +34,7 @@ fn status() -> Status {
             hwaddr: ipoib_cm::wire::ipoib::HwAddr::from([0x11; 20]).to_string(),
         },
         neighbours: vec![],
+        neighbour_table: Default::default(),
         tx: vec![],
         rx: vec![RxStatus {
             peer: "198.19.0.2".into(),
@@ -154,6 +155,7 @@ fn json_key_names_on_the_wire() {
             "counters",
             "drops",
             "interface",
+            "neighbour_table",
             "neighbours",
             "provider",
             "rx",

@@ -148,7 +148,7 @@ impl Endpoint {
                     .ok_or(VerbsError::OutOfResources("TX buffers"))?,
             );
         }
-        let mut neigh = Neighbours::default();
+        let mut neigh = Neighbours::new(cfg.neigh_max, cfg.neigh_max_per_source);
         for (ip, hw) in &cfg.static_neighbours {
             neigh.add_static(*ip, *hw, now);
         }
@@ -428,9 +428,10 @@ impl Endpoint {
         let mut neighbours: Vec<_> = self
             .neigh
             .iter()
-            .map(|(ip, n)| (*ip, n.hw, n.state))
+            .map(|(ip, n)| (*ip, n.hw(), n.state()))
             .collect();
-        neighbours.sort_by_key(|(ip, ..)| *ip);
+        neighbours.sort_unstable_by_key(|(ip, ..)| *ip);
+        neighbours.truncate(super::SNAPSHOT_NEIGHBOURS);
         let mut tx: Vec<_> = self
             .tx
             .iter()
@@ -462,6 +463,8 @@ impl Endpoint {
             mtu: self.cfg.interface_mtu(),
             mode: self.cfg.mode,
             neighbours,
+            neigh_counts: self.neigh.counts(),
+            neigh_max: self.cfg.neigh_max,
             tx,
             rx,
             counters: self.counters,
@@ -471,22 +474,13 @@ impl Endpoint {
     /// Our address of `dst`'s family in the same subnet as `dst`, or the first one of that
     /// family (the source of ARP requests and Neighbor Solicitations).
     pub(super) fn our_addr_for(&self, dst: IpAddr) -> Option<IpAddr> {
-        // Both families as 128-bit numbers; IPv4 prefixes count from bit 96.
-        let bits = |ip: IpAddr| match ip {
-            IpAddr::V4(a) => (u128::from(u32::from(a)), 32),
-            IpAddr::V6(a) => (u128::from(a), 128),
-        };
-        let (d, width) = bits(dst);
         let mut first = None;
         for &(ip, prefix) in &self.cfg.addrs {
             if ip.is_ipv4() != dst.is_ipv4() {
                 continue;
             }
             first.get_or_insert(ip);
-            let (a, _) = bits(ip);
-            let host_bits = width - u32::from(prefix).min(width);
-            let mask = u128::MAX.checked_shl(host_bits).unwrap_or(0);
-            if a & mask == d & mask {
+            if super::resolve::same_prefix(ip, dst, prefix) {
                 return Some(ip);
             }
         }

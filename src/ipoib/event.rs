@@ -277,13 +277,16 @@ impl Endpoint {
         }
     }
 
-    /// The peer at `gid` with QP number `qpn`, its IP address from the neighbour table.
+    /// The peer at `gid` with QP number `qpn`, its IP address from the neighbour table (a
+    /// learned entry through the per-GID index, else the static entries).
     pub(super) fn event_peer(&self, gid: Gid, qpn: QpNum) -> EventPeer {
-        let ip = self
-            .neigh
-            .iter()
-            .find(|(_, n)| n.hw.is_some_and(|h| h.gid == gid))
-            .map(|(ip, _)| *ip);
+        let ip = self.neigh.learned_ip_at(&gid).or_else(|| {
+            self.cfg
+                .static_neighbours
+                .iter()
+                .find(|(_, hw)| hw.gid == gid)
+                .map(|(ip, _)| *ip)
+        });
         EventPeer { ip, gid, qpn }
     }
 

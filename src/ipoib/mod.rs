@@ -42,6 +42,16 @@
 //! connections share (`tx/`), the neighbour cache (`neigh.rs`), the TUN queue and ingress
 //! (`tun.rs`), the UD QP (`ud.rs`), address resolution (`resolve.rs`) and ICMP errors
 //! (`icmp.rs`). The counters are one [`Counters`] that every part adds to.
+//!
+//! # Bounds
+//!
+//! Every table keyed by what arrives is bounded and hitting the bound is counted
+//! (`docs/bounds.md` has the whole list): neighbour entries by `neigh_max` and
+//! `neigh_max_per_source`, learned from ARP/ND only for on-link senders; packets waiting for
+//! resolution by `tx_queue_len` each and 256 in all; TX connections by the neighbour table
+//! (they are opened only by our own packets to a resolved neighbour), their queues by
+//! `tx_queue_len`; RX connections by `max_conn_qp`; a [`Snapshot`] lists at most
+//! [`SNAPSHOT_NEIGHBOURS`] neighbours.
 
 mod endpoint;
 mod event;
@@ -68,7 +78,7 @@ use crate::wire::ipoib::{HwAddr, IpoibHeader, IPOIB_CM_BUF_SIZE};
 pub use crate::choice::ParseChoiceError;
 pub use endpoint::Endpoint;
 pub use event::{Event, EventPeer, RxReapReason, RxRejectReason, TxFailure, EVENT_QUEUE_CAP};
-pub use neigh::NeighState;
+pub use neigh::{NeighCounts, NeighState};
 pub use reconfig::LiveTimeouts;
 pub use rx::RxState;
 pub use tun::TUN_BUFFER_OFFSET;
@@ -177,6 +187,12 @@ pub struct EndpointConfig {
     pub tx_queue_len: usize,
     /// Unused neighbours (and their TX connections) are removed after this long.
     pub neigh_timeout: Duration,
+    /// Most learned (non-static) neighbour entries, resolving ones included; one more evicts
+    /// the least recently used entry without a connection (Linux's `gc_thresh3`).
+    pub neigh_max: usize,
+    /// Most resolved learned neighbour entries with the hardware address of one GID; one more
+    /// evicts that GID's least recently used entry without a connection.
+    pub neigh_max_per_source: usize,
     /// Interface addresses with prefix lengths.
     pub addrs: Vec<(IpAddr, u8)>,
     /// Static neighbours.
@@ -217,6 +233,8 @@ impl EndpointConfig {
             budget_policy: QpBudgetPolicy::Evict,
             tx_queue_len: 3,
             neigh_timeout: Duration::from_secs(300),
+            neigh_max: 1024,
+            neigh_max_per_source: 16,
             addrs,
             static_neighbours: Vec::new(),
             path_mtu: PathMtu::Mtu1024,
@@ -300,6 +318,17 @@ pub struct Counters {
     pub neigh_conflicts: u64,
     /// Neighbour resolutions that got no answer.
     pub neigh_failed: u64,
+    /// ARP/ND senders not learned: outside the interface's prefixes (and not link-local
+    /// IPv6).
+    pub neigh_out_of_prefix: u64,
+    /// New neighbour entries that found `neigh_max` entries (one was evicted, or the new one
+    /// refused).
+    pub neigh_table_full: u64,
+    /// New resolved entries whose GID had `neigh_max_per_source` of them already (one of
+    /// those was evicted, or the new one refused).
+    pub neigh_source_full: u64,
+    /// Neighbour entries evicted to make room for a new one.
+    pub neigh_evicted: u64,
 }
 
 /// One TX connection in a [`Snapshot`].
@@ -328,8 +357,12 @@ pub struct Snapshot {
     pub mtu: u32,
     /// Mode.
     pub mode: Mode,
-    /// `(ip, hwaddr, state)` per neighbour.
+    /// `(ip, hwaddr, state)` of the first [`SNAPSHOT_NEIGHBOURS`] neighbours by address.
     pub neighbours: Vec<(IpAddr, Option<HwAddr>, NeighState)>,
+    /// Every neighbour entry by state (`neighbours` may hold fewer).
+    pub neigh_counts: NeighCounts,
+    /// The cap on learned neighbour entries (`neigh_max`).
+    pub neigh_max: usize,
     /// Per TX connection.
     pub tx: Vec<TxSnapshot>,
     /// `(peer, qpn, state, idle)` per RX connection.
@@ -337,6 +370,9 @@ pub struct Snapshot {
     /// Counters.
     pub counters: Counters,
 }
+
+/// Most neighbours a [`Snapshot`] lists, so that a status stays small with a full table.
+pub const SNAPSHOT_NEIGHBOURS: usize = 256;
 
 /// What a timer on the wheel is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

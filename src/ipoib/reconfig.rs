@@ -82,10 +82,11 @@ impl Endpoint {
         } else {
             ETHERTYPE_IPV6
         };
-        for p in old.queue {
+        let was = old.hw().filter(|h| !same_endpoint(h, &hw));
+        for p in old.into_queue() {
             self.send_ip(now, v, hw, ethertype, &p);
         }
-        if let Some(was) = old.hw.filter(|h| !same_endpoint(h, &hw)) {
+        if let Some(was) = was {
             self.close_unused_tx(now, v, was);
         }
     }
@@ -98,12 +99,12 @@ impl Endpoint {
         v: &mut V,
         ip: IpAddr,
     ) -> bool {
-        if self.neigh.get(&ip).map(|n| n.state) != Some(NeighState::Static) {
+        if self.neigh.get(&ip).map(|n| n.state()) != Some(NeighState::Static) {
             return false;
         }
         let old = self.neigh.remove(&ip);
         self.cfg.static_neighbours.retain(|(i, _)| *i != ip);
-        if let Some(hw) = old.and_then(|n| n.hw) {
+        if let Some(hw) = old.and_then(|n| n.hw()) {
             self.close_unused_tx(now, v, hw);
         }
         true
@@ -114,7 +115,7 @@ impl Endpoint {
         let used = self
             .neigh
             .iter()
-            .any(|(_, n)| n.hw.is_some_and(|h| same_endpoint(&h, &hw)));
+            .any(|(_, n)| n.hw().is_some_and(|h| same_endpoint(&h, &hw)));
         if used {
             return;
         }

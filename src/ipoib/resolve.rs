@@ -1,12 +1,18 @@
 //! Address resolution on the UD QP: ARP (IPv4) and IPv6 Neighbor Discovery, answered and
 //! learned into the neighbour cache, with the resolution retries and the ageing of entries.
+//!
+//! A message creates an entry only for a sender inside one of the interface's prefixes or
+//! with a link-local IPv6 address ([`Endpoint::on_link`]); the others are counted in
+//! `neigh_out_of_prefix`. An answer to our own resolution (an `Incomplete` entry, created by
+//! a packet the host routed to the interface) is learned wherever the address is. The caps of
+//! the table are the neighbour module's.
 
 use std::net::{IpAddr, Ipv6Addr};
 use std::time::Instant;
 
 use super::event::Event;
-use super::neigh::{Ageing, Learned, NeighState, Retry};
-use super::{Endpoint, Timer, RESOLVE_INTERVAL};
+use super::neigh::{Ageing, Evicted, Learned, NeighState, Retry, Started};
+use super::{Endpoint, Timer, RESOLVE_INTERVAL, RESOLVE_RETRIES};
 use crate::timer::TimerId;
 use crate::verbs::Verbs;
 use crate::wire::ipoib::{
@@ -90,9 +96,21 @@ impl Endpoint {
 
     /// Learns a mapping and sends what waited for it.
     fn learn<V: Verbs>(&mut self, now: Instant, v: &mut V, ip: IpAddr, hw: HwAddr, for_us: bool) {
+        if for_us && !self.neigh.contains(&ip) && !self.on_link(ip) {
+            self.counters.neigh_out_of_prefix += 1;
+            return;
+        }
         let was_resolved = self.neigh.get(&ip).is_some_and(|n| n.resolved().is_some());
-        match self.neigh.learn(ip, hw, now, for_us) {
-            Learned::Resolved(queued) => {
+        let tx = &self.tx;
+        let in_use = |h: HwAddr| tx.to_peer(h).is_some();
+        match self
+            .neigh
+            .learn(ip, hw, now, for_us, in_use, &mut self.counters)
+        {
+            Learned::Resolved { queued, evicted } => {
+                if let Some(e) = evicted {
+                    self.drop_evicted(e);
+                }
                 if !was_resolved {
                     self.push_event(Event::NeighResolved {
                         peer: self.neigh_peer(ip, hw),
@@ -106,7 +124,7 @@ impl Endpoint {
                 if self
                     .neigh
                     .get(&ip)
-                    .is_some_and(|n| n.state == NeighState::Reachable)
+                    .is_some_and(|n| n.state() == NeighState::Reachable)
                 {
                     let t = self.arm(now + self.cfg.neigh_timeout, Timer::NeighAge(ip));
                     self.neigh.set_timer(&ip, t);
@@ -129,8 +147,50 @@ impl Endpoint {
                 self.peer_restarted(now, v, old);
             }
             Learned::Conflict => self.counters.neigh_conflicts += 1,
-            Learned::Ignored => {}
+            Learned::Ignored | Learned::Refused => {}
         }
+    }
+
+    /// Creates the `Incomplete` entry of a packet for `ip` (the caller queues the packet and
+    /// resolves); false when the table is full of entries in use.
+    pub(super) fn start_resolving(&mut self, now: Instant, ip: IpAddr) -> bool {
+        let tx = &self.tx;
+        let in_use = |h: HwAddr| tx.to_peer(h).is_some();
+        match self
+            .neigh
+            .start(ip, now, RESOLVE_RETRIES, in_use, &mut self.counters)
+        {
+            Started::New(evicted) => {
+                if let Some(e) = evicted {
+                    self.drop_evicted(e);
+                }
+                true
+            }
+            Started::Exists => true,
+            Started::Refused => false,
+        }
+    }
+
+    /// An entry evicted to make room: its timer goes, its queued packets are dropped.
+    fn drop_evicted(&mut self, Evicted(n): Evicted) {
+        if let Some(t) = n.timer {
+            self.wheel.cancel(t);
+        }
+        self.counters.tx_dropped += n.queued() as u64;
+    }
+
+    /// Whether an ARP/ND sender at `ip` may get an entry: inside one of the interface's
+    /// prefixes, or link-local IPv6 (`fe80::/10`).
+    pub(super) fn on_link(&self, ip: IpAddr) -> bool {
+        if let IpAddr::V6(a) = ip {
+            if a.segments()[0] & 0xffc0 == 0xfe80 {
+                return true;
+            }
+        }
+        self.cfg
+            .addrs
+            .iter()
+            .any(|&(ours, prefix)| same_prefix(ours, ip, prefix))
     }
 
     /// Sends an ARP request or a Neighbor Solicitation for `ip` and arms the retry timer.
@@ -165,10 +225,10 @@ impl Endpoint {
     fn give_up(&mut self, ip: IpAddr) {
         if let Some(n) = self.neigh.remove(&ip) {
             self.counters.neigh_failed += 1;
-            self.counters.tx_dropped += n.queue.len() as u64;
+            self.counters.tx_dropped += n.queued() as u64;
             self.push_event(Event::NeighFailed {
                 ip,
-                dropped: n.queue.len() as u64,
+                dropped: n.queued() as u64,
             });
             if let Some(t) = n.timer {
                 self.wheel.cancel(t);
@@ -190,6 +250,8 @@ impl Endpoint {
         }
     }
 
+    /// An entry's ageing timer: O(1) in the size of the table (the neighbour module looks only
+    /// at the entry's source), and closing its TX connection is one lookup.
     pub(super) fn on_neigh_age_timer<V: Verbs>(
         &mut self,
         now: Instant,
@@ -214,6 +276,18 @@ impl Endpoint {
             Ageing::Nothing => {}
         }
     }
+}
+
+/// `a` and `b` are of one family and agree in their first `prefix` bits.
+pub(super) fn same_prefix(a: IpAddr, b: IpAddr, prefix: u8) -> bool {
+    let (a, b, width) = match (a, b) {
+        (IpAddr::V4(a), IpAddr::V4(b)) => (u128::from(u32::from(a)), u128::from(u32::from(b)), 32),
+        (IpAddr::V6(a), IpAddr::V6(b)) => (u128::from(a), u128::from(b), 128),
+        _ => return false,
+    };
+    let host_bits = width - u32::from(prefix).min(width);
+    let mask = u128::MAX.checked_shl(host_bits).unwrap_or(0);
+    a & mask == b & mask
 }
 
 /// Where a Neighbor Advertisement answering `ns` goes when the solicitation carried no source

@@ -579,3 +579,121 @@ fn a_busy_connection_that_makes_progress_never_stalls() {
     );
     assert_eq!(n.tun[1].len(), 500);
 }
+
+/// Node 0 takes the ARP request `sender_ip is at (gid, qpn), who has node 0?` straight off the
+/// wire, as its UD QP would hand it over.
+fn forged_arp(n: &mut Net, sender_ip: std::net::Ipv4Addr, gid: crate::verbs::Gid, qpn: u32) {
+    use crate::wire::ipoib::{ArpOp, IpoibArp};
+    let arp = IpoibArp {
+        op: ArpOp::Request,
+        sender_hw: HwAddr::new(0x80, QpNum::new(qpn), gid),
+        sender_ip,
+        target_hw: HwAddr::new(
+            0,
+            QpNum::new(0),
+            crate::verbs::Gid::from(std::net::Ipv4Addr::UNSPECIFIED),
+        ),
+        target_ip: crate::sim::cluster::node_v4(0),
+    };
+    let now = n.now();
+    let Cluster { eps, f, .. } = &mut n.0;
+    if let Some(ep) = eps[0].as_mut() {
+        ep.on_arp(now, &mut f.nodes[0], gid, &arp.to_bytes());
+    }
+    // Its ARP reply's send buffer comes back.
+    n.run(Duration::from_micros(100));
+}
+
+#[test]
+fn arp_senders_outside_the_prefixes_are_not_learned_and_the_caps_hold() {
+    let mut n = Net::new(
+        2,
+        |_, _| {},
+        |_, c| {
+            c.neigh_max = 8;
+            c.neigh_max_per_source = 3;
+        },
+    );
+    let peer = n.ep(1).hwaddr().gid;
+    for i in 0..50u8 {
+        forged_arp(
+            &mut n,
+            std::net::Ipv4Addr::new(10, 0, 0, i),
+            peer,
+            0x100 + u32::from(i),
+        );
+    }
+    let c = n.ep(0).counters();
+    assert_eq!(c.neigh_out_of_prefix, 50);
+    assert_eq!(
+        {
+            let now = n.now();
+            n.ep(0).snapshot(now)
+        }
+        .neigh_counts,
+        NeighCounts::default()
+    );
+    // In the prefix: one source gets three entries, many sources at most neigh_max.
+    for i in 0..10u8 {
+        forged_arp(
+            &mut n,
+            std::net::Ipv4Addr::new(198, 19, 0, 100 + i),
+            peer,
+            0x200 + u32::from(i),
+        );
+    }
+    let snap = {
+        let now = n.now();
+        n.ep(0).snapshot(now)
+    };
+    assert_eq!(snap.neigh_counts.reachable, 3);
+    assert_eq!(n.ep(0).counters().neigh_source_full, 7);
+    for i in 0..40u8 {
+        let gid = crate::verbs::Gid::from(std::net::Ipv4Addr::new(198, 18, 1, i));
+        forged_arp(
+            &mut n,
+            std::net::Ipv4Addr::new(198, 19, 0, 150 + i),
+            gid,
+            0x300,
+        );
+    }
+    let snap = {
+        let now = n.now();
+        n.ep(0).snapshot(now)
+    };
+    assert_eq!(snap.neigh_counts.reachable, 8);
+    let c = n.ep(0).counters();
+    assert!(
+        c.neigh_table_full >= 32 && c.neigh_evicted >= 32 + 7,
+        "{c:?}"
+    );
+    // A real exchange still resolves and flows.
+    let p = ping4(0, 1, 100);
+    n.inject(0, &p);
+    n.run(Duration::from_millis(100));
+    assert_eq!(n.tun[1], vec![p]);
+}
+
+#[test]
+fn the_snapshot_lists_a_bounded_number_of_neighbours_and_counts_them_all() {
+    let statics: Vec<_> = (0..300u16)
+        .map(|i| {
+            let [a, b] = i.to_be_bytes();
+            let ip = IpAddr::V4(std::net::Ipv4Addr::new(198, 19, 10 + a, b));
+            let hw = HwAddr::new(
+                0x80,
+                QpNum::new(0x40),
+                crate::verbs::Gid::from(std::net::Ipv4Addr::new(198, 18, 9, 9)),
+            );
+            (ip, hw)
+        })
+        .collect();
+    let mut n = Net::new(1, |_, _| {}, |_, c| c.static_neighbours = statics.clone());
+    let snap = {
+        let now = n.now();
+        n.ep(0).snapshot(now)
+    };
+    assert_eq!(snap.neighbours.len(), SNAPSHOT_NEIGHBOURS);
+    assert_eq!(snap.neigh_counts.permanent, 300);
+    assert!(snap.neighbours.windows(2).all(|w| w[0].0 < w[1].0));
+}

@@ -5,8 +5,7 @@ use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::time::Instant;
 
-use super::neigh::NeighState;
-use super::{ip_packet_in, Endpoint, Mode, RESOLVE_RETRIES};
+use super::{ip_packet_in, Endpoint, Mode};
 use crate::verbs::{BufId, QpNum, Verbs};
 use crate::wire::ipoib::{broadcast_mgid, classify, mgid_for_ipv6, HwAddr, IpoibHeader};
 
@@ -148,25 +147,22 @@ impl Endpoint {
             return;
         }
         let dst = info.dst;
-        let hw = match self.neigh.get_mut(&dst) {
-            Some(n) => {
-                n.last_used = now;
-                match (n.state, n.hw) {
-                    (NeighState::Incomplete { .. }, _) | (_, None) => {
-                        if n.queue.len() < self.cfg.tx_queue_len {
-                            n.queue.push_back(packet.to_vec());
-                        } else {
-                            self.counters.tx_queue_drops += 1;
-                        }
-                        return;
-                    }
-                    (_, Some(hw)) => hw,
+        let hw = match self.neigh.use_entry(&dst, now).map(|n| n.resolved()) {
+            Some(Some(hw)) => hw,
+            // Still resolving.
+            Some(None) => {
+                if !self.neigh.enqueue(&dst, packet, self.cfg.tx_queue_len) {
+                    self.counters.tx_queue_drops += 1;
                 }
+                return;
             }
             None => {
-                self.neigh.start(dst, now, RESOLVE_RETRIES);
-                if let Some(n) = self.neigh.get_mut(&dst) {
-                    n.queue.push_back(packet.to_vec());
+                if !self.start_resolving(now, dst) {
+                    self.counters.tx_dropped += 1;
+                    return;
+                }
+                if !self.neigh.enqueue(&dst, packet, self.cfg.tx_queue_len) {
+                    self.counters.tx_queue_drops += 1;
                 }
                 self.resolve(now, v, dst);
                 return;
@@ -212,10 +208,14 @@ impl Endpoint {
             if info.is_multicast_or_broadcast() || self.cfg.mode != Mode::Connected {
                 return None;
             }
-            let n = self.neigh.get_mut(&info.dst)?;
-            let hw = n.resolved().filter(|hw| hw.connected_mode())?;
+            let id = self.neigh.find(&info.dst)?;
+            let hw = self
+                .neigh
+                .entry(id)?
+                .resolved()
+                .filter(|hw| hw.connected_mode())?;
             let qpn = self.tx.established_to(hw, len)?;
-            n.last_used = now;
+            self.neigh.touch(id, now);
             Some((info.version.ethertype(), qpn))
         });
         if let Some((ethertype, qpn)) = fast {

@@ -231,6 +231,13 @@ fn validate(s: &Settings) -> Result<Config, ConfigError> {
         MIN_NEIGH_TIMEOUT,
         d.neigh_timeout,
     )?;
+    let neigh_max = int_in(
+        "neigh_max",
+        s.neigh_max.as_ref(),
+        1,
+        i64::from(MAX_NEIGH_MAX),
+    )?
+    .map_or(d.neigh_max as u32, |v| v as u32);
 
     let max_conn_qp = int_in(
         "max_conn_qp",
@@ -319,6 +326,7 @@ fn validate(s: &Settings) -> Result<Config, ConfigError> {
         tx_stall_timeout,
         busy_poll,
         neigh_timeout,
+        neigh_max,
         max_conn_qp,
         qp_budget_policy,
         tx_queue_len,

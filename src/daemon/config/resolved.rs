@@ -30,6 +30,8 @@ pub const TX_STALL_ACK_TIMEOUTS: u32 = 4;
 pub const MAX_BUSY_POLL: Duration = Duration::from_millis(10);
 /// Smallest accepted neighbour timeout.
 pub const MIN_NEIGH_TIMEOUT: Duration = Duration::from_secs(1);
+/// Largest accepted neighbour table.
+pub const MAX_NEIGH_MAX: u32 = 1 << 20;
 /// Largest accepted QP budget.
 pub const MAX_MAX_CONN_QP: u32 = 65536;
 /// Largest accepted per-neighbour queue.
@@ -195,6 +197,8 @@ pub struct Config {
     pub busy_poll: Duration,
     /// Neighbour entry lifetime (`--neigh-timeout`, default 300s).
     pub neigh_timeout: Duration,
+    /// Most learned neighbour entries (`--neigh-max`, default 1024, at most 2^20).
+    pub neigh_max: u32,
     /// Connected-mode QP budget (`--max-conn-qp`, default 128), SRQ or not.
     pub max_conn_qp: u32,
     /// What to do when the budget is exhausted (`--evict`/`--reject`, default evict).
@@ -254,6 +258,7 @@ impl Config {
             drain_timeout: self.drain_timeout,
             tx_stall_timeout: self.tx_stall_timeout,
             neigh_timeout: self.neigh_timeout,
+            neigh_max: self.neigh_max as usize,
             max_conn_qp: self.max_conn_qp as usize,
             budget_policy: self.qp_budget_policy,
             tx_queue_len: self.tx_queue_len as usize,

@@ -152,6 +152,10 @@ settings! {
         /// Forget neighbours after this long [default: 300s].
         #[arg(long, value_name = "DURATION", allow_negative_numbers = true)]
         pub neigh_timeout: Option<Given<Duration>>,
+        /// Most learned neighbour entries; one more evicts the least recently used entry
+        /// without a connection [default: 1024].
+        #[arg(long, value_name = "N", allow_negative_numbers = true)]
+        pub neigh_max: Option<Given<i64>>,
         /// Connected-mode QP budget [default: 128].
         #[arg(long, value_name = "N", allow_negative_numbers = true)]
         pub max_conn_qp: Option<Given<i64>>,

@@ -17,6 +17,7 @@ fn status() -> Status {
             hwaddr: HwAddr::from([0; 20]).to_string(),
         },
         neighbours: vec![],
+        neighbour_table: Default::default(),
         tx: vec![],
         rx: vec![],
         counters: Counters::default(),

@@ -29,8 +29,12 @@ pub struct Status {
     pub summary: Summary,
     /// The interface.
     pub interface: InterfaceStatus,
-    /// Known neighbours (IP to IPoIB hardware address).
+    /// Known neighbours (IP to IPoIB hardware address), at most
+    /// [`SNAPSHOT_NEIGHBOURS`](ipoib::SNAPSHOT_NEIGHBOURS) of them, by address.
     pub neighbours: Vec<NeighbourStatus>,
+    /// The whole neighbour table by state, and whether `neighbours` lists all of it.
+    #[serde(default)]
+    pub neighbour_table: NeighbourTable,
     /// Transmit (active side) connections.
     pub tx: Vec<TxStatus>,
     /// Receive (passive side) connections.
@@ -97,6 +101,24 @@ pub struct NeighbourStatus {
     pub hwaddr: String,
     /// Entry state.
     pub state: NeighbourState,
+}
+
+/// The neighbour table's summary: entries per state, however many `neighbours` lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NeighbourTable {
+    /// Every entry.
+    pub total: u64,
+    /// Entries being resolved.
+    pub incomplete: u64,
+    /// Resolved entries.
+    pub reachable: u64,
+    /// Static entries.
+    pub permanent: u64,
+    /// The cap on learned (incomplete and reachable) entries, `neigh_max`.
+    pub max: u64,
+    /// True when `neighbours` lists fewer than `total`.
+    pub truncated: bool,
 }
 
 /// One transmit connection.
@@ -199,6 +221,16 @@ impl Status {
         let mut provider = BTreeMap::new();
         add_counters(&mut provider, "", c);
         provider.retain(|k, _| !schema.contains(&k.as_str()));
+        let counts = &snap.neigh_counts;
+        let total = counts.incomplete + counts.reachable + counts.permanent;
+        let neighbour_table = NeighbourTable {
+            total: total as u64,
+            incomplete: counts.incomplete as u64,
+            reachable: counts.reachable as u64,
+            permanent: counts.permanent as u64,
+            max: snap.neigh_max as u64,
+            truncated: snap.neighbours.len() < total,
+        };
         Self {
             summary: Summary::default(),
             interface: InterfaceStatus {
@@ -216,6 +248,7 @@ impl Status {
                     state: st.into(),
                 })
                 .collect(),
+            neighbour_table,
             tx: snap
                 .tx
                 .iter()
@@ -337,7 +370,11 @@ pub fn render_text(status: &Status) -> String {
         t.tx_packets, t.tx_bytes, t.tx_dropped, t.tx_errors
     );
 
-    let _ = write!(out, "\nneighbours ({})", status.neighbours.len());
+    let _ = write!(out, "\nneighbours ({}", status.neighbours.len());
+    if status.neighbour_table.truncated {
+        let _ = write!(out, " of {}", status.neighbour_table.total);
+    }
+    out.push(')');
     if status.neighbours.is_empty() {
         out.push_str(": none\n");
     } else {

@@ -118,9 +118,22 @@ fn families(status: &Status) -> Vec<Family<'_>> {
         },
         Family {
             name: "ipoib_cm_neighbours".into(),
-            help: "Neighbour entries.",
+            help: "Neighbour entries, by state.",
             kind: "gauge",
-            samples: vec![(String::new(), status.neighbours.len() as u64)],
+            samples: [
+                ("incomplete", status.neighbour_table.incomplete),
+                ("reachable", status.neighbour_table.reachable),
+                ("permanent", status.neighbour_table.permanent),
+            ]
+            .into_iter()
+            .map(|(state, n)| (format!("state=\"{state}\""), n))
+            .collect(),
+        },
+        Family {
+            name: "ipoib_cm_neighbours_max".into(),
+            help: "The cap on learned neighbour entries (neigh_max).",
+            kind: "gauge",
+            samples: vec![(String::new(), status.neighbour_table.max)],
         },
         Family {
             name: "ipoib_cm_tx_connections".into(),
@@ -282,6 +295,7 @@ mod tests {
         .collect();
         Status {
             summary: Summary::new(42, &counters, &provider),
+            neighbour_table: Default::default(),
             interface: InterfaceStatus {
                 name: "ib0".into(),
                 mtu: 65520,

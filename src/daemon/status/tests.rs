@@ -39,6 +39,12 @@ fn sample() -> Status {
             hwaddr: HwAddr::from(peer_hw).to_string(),
             state: NeighbourState::Reachable,
         }],
+        neighbour_table: NeighbourTable {
+            total: 1,
+            reachable: 1,
+            max: 1024,
+            ..NeighbourTable::default()
+        },
         tx: vec![TxStatus {
             peer: "198.19.0.2".into(),
             qpn: 0x4a,
@@ -81,6 +87,7 @@ fn json_keys_are_the_schema() {
             "counters",
             "drops",
             "interface",
+            "neighbour_table",
             "neighbours",
             "provider",
             "rx",
@@ -107,6 +114,19 @@ fn json_keys_are_the_schema() {
     let mut k = keys(&v["neighbours"][0]);
     k.sort_unstable();
     assert_eq!(k, ["hwaddr", "ip", "state"]);
+    let mut k = keys(&v["neighbour_table"]);
+    k.sort_unstable();
+    assert_eq!(
+        k,
+        [
+            "incomplete",
+            "max",
+            "permanent",
+            "reachable",
+            "total",
+            "truncated"
+        ]
+    );
     let mut k = keys(&v["tx"][0]);
     k.sort_unstable();
     assert_eq!(k, ["in_flight", "mtu", "peer", "qpn", "queued", "state"]);
@@ -278,6 +298,12 @@ fn status_from_snapshot_has_the_endpoints_states() {
                 ipoib::NeighState::Incomplete { retries_left: 2 },
             ),
         ],
+        neigh_counts: ipoib::NeighCounts {
+            incomplete: 1,
+            reachable: 1,
+            permanent: 1,
+        },
+        neigh_max: 1024,
         tx: vec![],
         rx: vec![],
         counters: ipoib::Counters {
@@ -314,10 +340,25 @@ fn status_from_snapshot_has_the_endpoints_states() {
         "tx_ip_bytes",
         "rx_closing_drops",
         "events_dropped",
+        "neigh_out_of_prefix",
+        "neigh_table_full",
+        "neigh_source_full",
+        "neigh_evicted",
     ] {
         assert_eq!(s.provider[name], 0, "{name}");
     }
-    assert_eq!(s.provider.len(), 10, "{:?}", s.provider);
+    assert_eq!(s.provider.len(), 14, "{:?}", s.provider);
+    assert_eq!(
+        s.neighbour_table,
+        NeighbourTable {
+            total: 3,
+            incomplete: 1,
+            reachable: 1,
+            permanent: 1,
+            max: 1024,
+            truncated: false,
+        }
+    );
     for st in [TxState::Connecting, TxState::Established, TxState::Closing] {
         let name = serde_json::to_value(st).unwrap();
         assert!(["connecting", "live", "closing"].contains(&name.as_str().unwrap()));
@@ -388,4 +429,16 @@ fn text_rendering_empty_tables() {
     assert!(text.contains("\nrx (0): none\n"));
     assert!(!text.contains("provider"));
     assert!(text.ends_with("  rx_bad_packets     0\n"));
+}
+
+#[test]
+fn a_truncated_neighbour_list_says_how_many_there_are() {
+    let mut s = sample();
+    s.neighbour_table.total = 1024;
+    s.neighbour_table.truncated = true;
+    let text = render_text(&s);
+    assert!(text.contains("\nneighbours (1 of 1024):\n"), "{text}");
+    let v = serde_json::to_value(&s).unwrap();
+    assert_eq!(v["neighbour_table"]["truncated"], true);
+    assert_eq!(v["neighbour_table"]["total"], 1024);
 }

@@ -6,6 +6,10 @@
 //! is flushed in order. The peer's advertised receive size is the connection MTU: a bigger
 //! packet gets an ICMP "too big" written back to the TUN device. A send error, a REJ, a CM
 //! timeout or a DREQ tears the connection down; the next packet builds a new one.
+//!
+//! Connections are opened only by our own packets to a resolved neighbour, so there are at
+//! most as many open ones as endpoints in the (bounded) neighbour table, plus closing ones,
+//! each for at most `drain_timeout`; closing one unmaps it from the peer index by one lookup.
 
 mod table;
 

@@ -89,16 +89,21 @@ impl TxTable {
         self.conns.insert(qpn, conn);
     }
 
-    /// `qpn` no longer carries new packets to its peer (it is closing).
+    /// `qpn` no longer carries new packets to its peer (it is closing). One lookup: the
+    /// index maps a peer only to a connection to that peer.
     pub(in crate::ipoib) fn unmap_peer(&mut self, qpn: QpNum) {
-        self.by_peer.retain(|_, q| *q != qpn);
+        let Some(peer) = self.conns.get(&qpn).map(|t| (t.peer.gid, t.peer.qpn)) else {
+            return;
+        };
+        if self.by_peer.get(&peer) == Some(&qpn) {
+            self.by_peer.remove(&peer);
+        }
     }
 
     /// Forgets `qpn`.
     pub(in crate::ipoib) fn remove(&mut self, qpn: QpNum) -> Option<TxConn> {
-        let tx = self.conns.remove(&qpn)?;
         self.unmap_peer(qpn);
-        Some(tx)
+        self.conns.remove(&qpn)
     }
 
     /// Takes a free send buffer.
