@@ -9,6 +9,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::neigh::Neighbours;
+use super::restart;
 use super::rx::{self, RxTable};
 use super::tun::TunQueue;
 use super::tx::TxTable;
@@ -149,7 +150,7 @@ impl Endpoint {
         for (ip, hw) in &cfg.static_neighbours {
             neigh.add_static(*ip, *hw, now);
         }
-        Ok(Self {
+        let mut ep = Self {
             pd,
             ud,
             cm,
@@ -173,7 +174,9 @@ impl Endpoint {
             fired: Vec::new(),
             cm_events: Vec::new(),
             cfg,
-        })
+        };
+        ep.announce(v);
+        Ok(ep)
     }
 
     /// Our 20-byte hardware address (flags, UD QPN, GID).
@@ -313,6 +316,7 @@ impl Endpoint {
             CmEvent::ReqReceived {
                 id,
                 peer,
+                remote_ca_guid,
                 remote_qpn,
                 remote_psn,
                 path_mtu,
@@ -324,6 +328,7 @@ impl Endpoint {
                 v,
                 id,
                 peer,
+                remote_ca_guid,
                 remote_qpn,
                 remote_psn,
                 path_mtu,
@@ -332,15 +337,35 @@ impl Endpoint {
             ),
             CmEvent::RepReceived {
                 id,
+                remote_ca_guid,
                 remote_qpn,
                 remote_psn,
                 private_data,
                 ..
-            } => self.on_rep(now, v, id, remote_qpn, remote_psn, &private_data),
+            } => self.on_rep(
+                now,
+                v,
+                id,
+                remote_ca_guid,
+                remote_qpn,
+                remote_psn,
+                &private_data,
+            ),
             CmEvent::Established { id } => {
                 if let Some(Owner::Rx(qpn)) = self.owners.get(&id).copied() {
-                    if let Some(r) = self.rx.get_mut(&qpn) {
-                        r.established = true;
+                    let Some(r) = self.rx.get_mut(&qpn) else {
+                        return;
+                    };
+                    r.established = true;
+                    if std::mem::take(&mut r.announces_restart) {
+                        if let Some(ud_qpn) = r.remote_ud_qpn {
+                            let (peer, ca_guid) = (r.peer, r.remote_ca_guid);
+                            let inc = restart::Incarnation {
+                                ud_qpn,
+                                ca_guid: Some(ca_guid),
+                            };
+                            self.retire_old_incarnations(now, v, peer, inc, Some(qpn));
+                        }
                     }
                 }
             }

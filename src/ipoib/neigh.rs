@@ -11,7 +11,9 @@
 //! A learned mapping is never silently replaced by a different hardware address: a conflicting
 //! ARP/ND message for a `Reachable` entry is counted and ignored, so a forged reply cannot
 //! redirect traffic that already flows. The entry is re-learned only after it ages out or its
-//! connection fails.
+//! connection fails. The one exception is a restart of the same node (same GID, new UD QPN),
+//! and only from the UDP source port the mapping was learned from, where the provider reports
+//! ports: a message from the peer's address but another port is not from the peer's UD QP.
 
 use std::collections::VecDeque;
 use std::net::IpAddr;
@@ -59,6 +61,9 @@ pub(super) struct Neigh {
     pub(super) last_used: Instant,
     /// Resolution retry or ageing timer.
     pub(super) timer: Option<TimerId>,
+    /// The UDP source port of the message the mapping was learned from (where the provider
+    /// reports it): a restart may replace the mapping only from this port.
+    pub(super) src_port: Option<u16>,
 }
 
 impl Neigh {
@@ -84,6 +89,9 @@ pub(super) enum Learned {
     },
     /// The mapping conflicts with an established one and was ignored.
     Conflict,
+    /// A restart of the same node, but not from the UDP source port the mapping was learned
+    /// from: ignored.
+    ForeignPort,
     /// Nothing to learn (not a neighbour we asked about, and not addressed to us).
     Ignored,
 }
@@ -138,6 +146,7 @@ impl Neighbours {
                 queue: VecDeque::new(),
                 last_used: now,
                 timer: None,
+                src_port: None,
             },
         );
     }
@@ -157,17 +166,20 @@ impl Neighbours {
                 queue: VecDeque::new(),
                 last_used: now,
                 timer: None,
+                src_port: None,
             },
         );
         true
     }
 
-    /// Learns `ip` → `hw`. `solicited_or_for_us` says the message answered our request or was
-    /// addressed to us (only then is a new entry created).
+    /// Learns `ip` → `hw` from a message that came from UDP source port `src_port` (`None`
+    /// where the provider does not say). `solicited_or_for_us` says the message answered our
+    /// request or was addressed to us (only then is a new entry created).
     pub(super) fn learn(
         &mut self,
         ip: IpAddr,
         hw: HwAddr,
+        src_port: Option<u16>,
         now: Instant,
         solicited_or_for_us: bool,
     ) -> Learned {
@@ -177,6 +189,7 @@ impl Neighbours {
                     n.hw = Some(hw);
                     n.state = NeighState::Reachable;
                     n.last_used = now;
+                    n.src_port = src_port;
                     Learned::Resolved(n.queue.drain(..).collect())
                 }
                 NeighState::Reachable | NeighState::Static => {
@@ -185,13 +198,23 @@ impl Neighbours {
                             if n.state == NeighState::Reachable {
                                 // The peer may have switched CM support on or off.
                                 n.hw = Some(hw);
+                                n.src_port = n.src_port.or(src_port);
                             }
                             Learned::Resolved(Vec::new())
+                        }
+                        // Same node, new UD QPN, but not from the peer's port.
+                        Some(h)
+                            if h.gid == hw.gid
+                                && n.state == NeighState::Reachable
+                                && matches!((n.src_port, src_port), (Some(a), Some(b)) if a != b) =>
+                        {
+                            Learned::ForeignPort
                         }
                         // Same node, new UD QPN: the peer restarted.
                         Some(h) if h.gid == hw.gid && n.state == NeighState::Reachable => {
                             n.hw = Some(hw);
                             n.last_used = now;
+                            n.src_port = src_port;
                             Learned::Replaced { old: h }
                         }
                         _ => Learned::Conflict,
@@ -207,6 +230,7 @@ impl Neighbours {
                         queue: VecDeque::new(),
                         last_used: now,
                         timer: None,
+                        src_port,
                     },
                 );
                 Learned::Resolved(Vec::new())
@@ -328,11 +352,11 @@ mod tests {
         assert!(n.start(ip, t, 3));
         n.get_mut(&ip).unwrap().queue.push_back(vec![1]);
         assert_eq!(
-            n.learn(ip, hw(5), t, true),
+            n.learn(ip, hw(5), None, t, true),
             Learned::Resolved(vec![vec![1]])
         );
         assert_eq!(
-            n.learn(ip, hw(6), t, true),
+            n.learn(ip, hw(6), None, t, true),
             Learned::Replaced { old: hw(5) }
         );
         assert_eq!(n.get(&ip).unwrap().hw, Some(hw(6)));
@@ -341,10 +365,38 @@ mod tests {
             QpNum::new(6),
             Gid::from(std::net::Ipv4Addr::new(198, 18, 0, 9)),
         );
-        assert_eq!(n.learn(ip, other_node, t, true), Learned::Conflict);
+        assert_eq!(n.learn(ip, other_node, None, t, true), Learned::Conflict);
         assert_eq!(n.get(&ip).unwrap().hw, Some(hw(6)));
         assert_eq!(n.forget_hw(&hw(6)), vec![ip]);
         assert!(n.get(&ip).is_none());
+    }
+
+    /// A restart (same GID, new UD QPN) replaces the mapping only from the UDP source port
+    /// it was learned from, where ports are known.
+    #[test]
+    fn a_restart_replaces_only_from_the_learned_port() {
+        let t = Instant::now();
+        let ip: IpAddr = "198.19.0.2".parse().unwrap();
+        let mut n = Neighbours::default();
+        assert!(n.start(ip, t, 3));
+        assert_eq!(
+            n.learn(ip, hw(5), Some(4791), t, true),
+            Learned::Resolved(Vec::new())
+        );
+        assert_eq!(
+            n.learn(ip, hw(6), Some(50_000), t, true),
+            Learned::ForeignPort
+        );
+        assert_eq!(n.get(&ip).unwrap().hw, Some(hw(5)));
+        assert_eq!(
+            n.learn(ip, hw(6), Some(4791), t, true),
+            Learned::Replaced { old: hw(5) }
+        );
+        // A provider that reports no port: the address alone decides, as before.
+        assert_eq!(
+            n.learn(ip, hw(7), None, t, true),
+            Learned::Replaced { old: hw(6) }
+        );
     }
 
     #[test]
@@ -352,9 +404,9 @@ mod tests {
         let t = Instant::now();
         let ip: IpAddr = "198.19.0.3".parse().unwrap();
         let mut n = Neighbours::default();
-        assert_eq!(n.learn(ip, hw(5), t, false), Learned::Ignored);
+        assert_eq!(n.learn(ip, hw(5), None, t, false), Learned::Ignored);
         n.add_static(ip, hw(7), t);
-        assert_eq!(n.learn(ip, hw(5), t, true), Learned::Conflict);
+        assert_eq!(n.learn(ip, hw(5), None, t, true), Learned::Conflict);
         assert!(n.forget_hw(&hw(7)).is_empty(), "static entries stay");
     }
 
@@ -374,7 +426,10 @@ mod tests {
         assert_eq!(n.resolve_timer_fired(&ip, second), Retry::GiveUp);
 
         let timeout = Duration::from_secs(3);
-        assert_eq!(n.learn(ip, hw(5), t, true), Learned::Resolved(Vec::new()));
+        assert_eq!(
+            n.learn(ip, hw(5), None, t, true),
+            Learned::Resolved(Vec::new())
+        );
         let age = timer();
         n.set_timer(&ip, age);
         n.get_mut(&ip).unwrap().last_used = t + Duration::from_secs(1);

@@ -5,6 +5,8 @@ use std::net::{IpAddr, Ipv6Addr};
 use std::time::Instant;
 
 use super::neigh::{Ageing, Learned, NeighState, Retry};
+use super::restart::Incarnation;
+use super::ud::UdSource;
 use super::{Endpoint, Timer, RESOLVE_INTERVAL};
 use crate::timer::TimerId;
 use crate::verbs::Verbs;
@@ -14,26 +16,20 @@ use crate::wire::ipoib::{
 };
 
 impl Endpoint {
-    pub(super) fn on_arp<V: Verbs>(
-        &mut self,
-        now: Instant,
-        v: &mut V,
-        src_gid: crate::verbs::Gid,
-        p: &[u8],
-    ) {
+    pub(super) fn on_arp<V: Verbs>(&mut self, now: Instant, v: &mut V, src: UdSource, p: &[u8]) {
         let Ok(arp) = IpoibArp::parse(p) else {
             self.counters.rx_bad_packets += 1;
             return;
         };
         // The sender's hardware address must be the one it sent from.
-        if arp.sender_hw.gid != src_gid {
+        if arp.sender_hw.gid != src.gid {
             self.counters.rx_bad_packets += 1;
             return;
         }
         let for_us = self.is_ours(IpAddr::V4(arp.target_ip));
         let sender = IpAddr::V4(arp.sender_ip);
         if !arp.sender_ip.is_unspecified() && !self.is_ours(sender) {
-            self.learn(now, v, sender, arp.sender_hw, for_us);
+            self.learn(now, v, sender, arp.sender_hw, src.port, for_us);
         }
         if arp.op == ArpOp::Request && for_us {
             let reply = arp.reply_to(self.hwaddr);
@@ -47,7 +43,7 @@ impl Endpoint {
         &mut self,
         now: Instant,
         v: &mut V,
-        src_gid: crate::verbs::Gid,
+        src: UdSource,
         kind: NdType,
         packet: &[u8],
     ) {
@@ -59,8 +55,8 @@ impl Endpoint {
                 };
                 let for_us = self.is_ours(IpAddr::V6(ns.target));
                 if let Some(hw) = ns.source_hw {
-                    if hw.gid == src_gid && !ns.src.is_unspecified() {
-                        self.learn(now, v, IpAddr::V6(ns.src), hw, for_us);
+                    if hw.gid == src.gid && !ns.src.is_unspecified() {
+                        self.learn(now, v, IpAddr::V6(ns.src), hw, src.port, for_us);
                     }
                 }
                 if for_us {
@@ -77,8 +73,8 @@ impl Endpoint {
                     return;
                 };
                 if let Some(hw) = na.target_hw {
-                    if hw.gid == src_gid {
-                        self.learn(now, v, IpAddr::V6(na.target), hw, na.solicited);
+                    if hw.gid == src.gid {
+                        self.learn(now, v, IpAddr::V6(na.target), hw, src.port, na.solicited);
                     }
                 }
             }
@@ -87,9 +83,18 @@ impl Endpoint {
         }
     }
 
-    /// Learns a mapping and sends what waited for it.
-    fn learn<V: Verbs>(&mut self, now: Instant, v: &mut V, ip: IpAddr, hw: HwAddr, for_us: bool) {
-        match self.neigh.learn(ip, hw, now, for_us) {
+    /// Learns a mapping and sends what waited for it; a restart of the node (a new UD QPN
+    /// from its own address and port) closes its old incarnation's connections.
+    fn learn<V: Verbs>(
+        &mut self,
+        now: Instant,
+        v: &mut V,
+        ip: IpAddr,
+        hw: HwAddr,
+        src_port: Option<u16>,
+        for_us: bool,
+    ) {
+        match self.neigh.learn(ip, hw, src_port, now, for_us) {
             Learned::Resolved(queued) => {
                 if let Some(n) = self.neigh.get_mut(&ip) {
                     if let Some(t) = n.timer.take() {
@@ -113,8 +118,15 @@ impl Endpoint {
                     self.send_ip(now, v, hw, ethertype, &p);
                 }
             }
-            Learned::Replaced { old } => self.peer_restarted(now, v, old),
+            Learned::Replaced { old } => {
+                let inc = Incarnation {
+                    ud_qpn: hw.qpn,
+                    ca_guid: None,
+                };
+                self.retire_old_incarnations(now, v, old.gid, inc, None);
+            }
             Learned::Conflict => self.counters.neigh_conflicts += 1,
+            Learned::ForeignPort => self.counters.neigh_foreign_port += 1,
             Learned::Ignored => {}
         }
     }

@@ -285,10 +285,12 @@ fn status_from_snapshot_has_the_endpoints_states() {
         "tx_dropped",
         "neigh_conflicts",
         "neigh_failed",
+        "neigh_foreign_port",
+        "peer_restarts",
     ] {
         assert_eq!(s.provider[name], 0, "{name}");
     }
-    assert_eq!(s.provider.len(), 6, "{:?}", s.provider);
+    assert_eq!(s.provider.len(), 8, "{:?}", s.provider);
     for st in [TxState::Connecting, TxState::Established, TxState::Closing] {
         let name = serde_json::to_value(st).unwrap();
         assert!(["connecting", "live", "closing"].contains(&name.as_str().unwrap()));

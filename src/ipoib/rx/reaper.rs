@@ -62,7 +62,7 @@ impl Endpoint {
             Why::Stale => self.counters.rx_stale_reaped += 1,
             Why::Remote => self.counters.rx_dreq_reaped += 1,
             Why::Evicted => self.counters.rx_evicted += 1,
-            Why::Shutdown | Why::Error => {}
+            Why::Shutdown | Why::Error | Why::Restarted => {}
         }
         if why != Why::Remote {
             // The peer may still be alive: tell it (DREQ, or REJ while still connecting).

@@ -14,6 +14,13 @@ use crate::verbs::{Gid, QpNum};
 pub(in crate::ipoib) struct RxConn {
     pub(in crate::ipoib) id: CommId,
     pub(in crate::ipoib) peer: Gid,
+    /// The peer's CA GUID, from its REQ.
+    pub(in crate::ipoib) remote_ca_guid: u64,
+    /// The peer's UD QPN, from its REQ's IPoIB-CM private data.
+    pub(in crate::ipoib) remote_ud_qpn: Option<QpNum>,
+    /// The REQ came from another incarnation of the node than connections we held for it:
+    /// once this connection is established, those are closed (see `restart.rs`).
+    pub(in crate::ipoib) announces_restart: bool,
     /// Time of the last receive (the activity stamp).
     pub(in crate::ipoib) last_rx: Instant,
     pub(in crate::ipoib) established: bool,
@@ -282,6 +289,9 @@ mod tests {
             RxConn {
                 id: CommId(q),
                 peer: Gid::from(std::net::Ipv4Addr::new(198, 18, 0, 2)),
+                remote_ca_guid: 1,
+                remote_ud_qpn: None,
+                announces_restart: false,
                 last_rx: now,
                 established: true,
                 ring_posted: 0,

@@ -217,6 +217,7 @@ impl Endpoint {
                 state: TxState::Connecting,
                 mtu: 0,
                 our_psn,
+                remote_ca_guid: None,
                 queue: VecDeque::new(),
                 outstanding: 0,
                 watchdog: None,
@@ -233,6 +234,7 @@ impl Endpoint {
         now: Instant,
         v: &mut V,
         id: CommId,
+        remote_ca_guid: u64,
         remote_qpn: QpNum,
         remote_psn: Psn,
         private: &[u8],
@@ -276,6 +278,7 @@ impl Endpoint {
             Some(tx) => {
                 tx.state = TxState::Established;
                 tx.mtu = mtu;
+                tx.remote_ca_guid = Some(remote_ca_guid);
                 std::mem::take(&mut tx.queue)
             }
             None => return,
@@ -332,15 +335,6 @@ impl Endpoint {
             if n < CQ_BATCH {
                 break;
             }
-        }
-    }
-
-    /// The node behind `old` restarted (it now uses another UD QPN): our connection to the old
-    /// instance can only fail, so close it now rather than after the retries run out.
-    pub(super) fn peer_restarted<V: Verbs>(&mut self, now: Instant, v: &mut V, old: HwAddr) {
-        if let Some(qpn) = self.tx.to_peer(old) {
-            tracing::debug!(peer = %old.gid, "peer restarted; closing the old TX connection");
-            self.close_tx(now, v, qpn);
         }
     }
 
