@@ -348,3 +348,18 @@ fn qpns_follow_the_seed_and_skip_the_special_ones() {
     sorted.dedup();
     assert_eq!(sorted.len(), a.len());
 }
+
+/// `scripts/rxe/guest-daemon/run.sh` names the host daemon's hardware address with this UD
+/// QPN: the first QPN of seed 0, which `scripts/rxe/host-daemon.sh` gives its daemon
+/// (`--qpn-seed 0`; with the CM over UDP the UD QP is the first QP it creates).
+#[test]
+fn the_first_qpn_of_seed_0_is_the_one_the_rxe_scripts_name() {
+    use super::objects::QpnSequence;
+    let first = std::iter::repeat_with({
+        let mut s = QpnSequence::new(0);
+        move || s.next()
+    })
+    .find(|&q| q > 1 && q != super::MULTICAST_QPN.get())
+    .unwrap();
+    assert_eq!(first, 0x98_5220, "{first:#08x}");
+}

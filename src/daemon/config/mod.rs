@@ -275,6 +275,8 @@ fn validate(s: &Settings) -> Result<Config, ConfigError> {
         None => DEFAULT_LOG.to_owned(),
     };
 
+    let qpn_seed = int_in("qpn_seed", s.qpn_seed.as_ref(), 0, i64::MAX)?.map(|v| v as u64);
+
     let provider = parse("provider", s.provider.as_ref())?.unwrap_or_default();
     let ib_dev = match parse("ib_dev", s.ib_dev.as_ref())? {
         Some(dev) if dev.is_empty() => {
@@ -308,6 +310,7 @@ fn validate(s: &Settings) -> Result<Config, ConfigError> {
         path_mtu,
         fault,
         quirks,
+        qpn_seed,
         control_socket,
         log,
         provider,

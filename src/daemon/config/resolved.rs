@@ -196,6 +196,9 @@ pub struct Config {
     pub fault: FaultConfig,
     /// Deliberate provider contract violations (`--quirk`).
     pub quirks: Quirks,
+    /// The software provider's QPN order (`--qpn-seed`); `None`: drawn at each start, so
+    /// that a restarted daemon never reuses its predecessor's QPNs.
+    pub qpn_seed: Option<u64>,
     /// Control socket path (`--control-socket`, default `/run/ipoib-cm/<ifname>.sock`).
     pub control_socket: PathBuf,
     /// Log filter (`--log`, default `info`).
