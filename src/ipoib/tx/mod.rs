@@ -229,6 +229,7 @@ impl Endpoint {
     }
 
     /// The REP arrived: RTR, RTS, RTU, flush the queue.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn on_rep<V: Verbs>(
         &mut self,
         now: Instant,
