@@ -9,7 +9,6 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::neigh::Neighbours;
-use super::restart;
 use super::rx::{self, RxTable};
 use super::tun::TunQueue;
 use super::tx::TxTable;
@@ -353,20 +352,7 @@ impl Endpoint {
             ),
             CmEvent::Established { id } => {
                 if let Some(Owner::Rx(qpn)) = self.owners.get(&id).copied() {
-                    let Some(r) = self.rx.get_mut(&qpn) else {
-                        return;
-                    };
-                    r.established = true;
-                    if std::mem::take(&mut r.announces_restart) {
-                        if let Some(ud_qpn) = r.remote_ud_qpn {
-                            let (peer, ca_guid) = (r.peer, r.remote_ca_guid);
-                            let inc = restart::Incarnation {
-                                ud_qpn,
-                                ca_guid: Some(ca_guid),
-                            };
-                            self.retire_old_incarnations(now, v, peer, inc, Some(qpn));
-                        }
-                    }
+                    self.on_rx_established(now, v, qpn);
                 }
             }
             CmEvent::Rejected { id, .. } | CmEvent::TimedOut { id, .. } => {

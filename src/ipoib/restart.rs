@@ -125,6 +125,27 @@ impl Endpoint {
         !tx.is_empty() || !rx.is_empty()
     }
 
+    /// The RX connection `qpn` is established; if its REQ announced a restart, the node's
+    /// other incarnations' connections go now.
+    pub(super) fn on_rx_established<V: Verbs>(&mut self, now: Instant, v: &mut V, qpn: QpNum) {
+        let Some(r) = self.rx.get_mut(&qpn) else {
+            return;
+        };
+        r.established = true;
+        if !std::mem::take(&mut r.announces_restart) {
+            return;
+        }
+        let Some(ud_qpn) = r.remote_ud_qpn else {
+            return;
+        };
+        let inc = Incarnation {
+            ud_qpn,
+            ca_guid: Some(r.remote_ca_guid),
+        };
+        let peer = r.peer;
+        self.retire_old_incarnations(now, v, peer, inc, Some(qpn));
+    }
+
     /// The node at `gid` restarted and is now `inc`: closes every TX connection to and tears
     /// down every RX connection from its other incarnations (the RX connection `except`,
     /// the new one, stays). Counts one `peer_restarts` when anything was closed.
