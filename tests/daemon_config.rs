@@ -41,6 +41,22 @@ fn ok(text: &str, args: &[&str]) -> ipoib_cm::daemon::Config {
     resolve_str(Path::new(P), text, &flags(args)).unwrap()
 }
 
+/// The soft provider's QPN order is drawn per start unless `--qpn-seed` / `qpn_seed` fixes it.
+#[test]
+fn qpn_seed_is_drawn_unless_given() {
+    assert_eq!(ok("", &["--bind", "192.0.2.1"]).qpn_seed, None);
+    assert_eq!(
+        ok("", &["--bind", "192.0.2.1", "--qpn-seed", "0"]).qpn_seed,
+        Some(0)
+    );
+    assert_eq!(
+        ok("bind = \"192.0.2.1\"\nqpn_seed = 77\n", &[]).qpn_seed,
+        Some(77)
+    );
+    let e = flag_err(&["--bind", "192.0.2.1", "--qpn-seed", "-1"]);
+    assert!(e.contains("qpn_seed") || e.contains("qpn-seed"), "{e}");
+}
+
 #[test]
 fn defaults() {
     let c = ok("", &["--bind", "192.0.2.1"]);

@@ -1239,6 +1239,91 @@ fn spoofed_and_invalid_datagrams_are_counted_and_dropped() {
     assert_eq!(fab.nodes[2].stats().rx_datagrams, 0);
 }
 
+/// Once an RC QP has accepted a packet from its peer, packets from the peer's address but
+/// another UDP source port are not its peer's QP: dropped and counted, requests and ACKs
+/// alike, and the connection carries on.
+#[test]
+fn rc_packets_from_another_source_port_are_dropped_once_pinned() {
+    let mut fab = Fabric::with_nodes(2, origin(), |_, _| {});
+    let p = RcParams::default();
+    let (a, b) = fab.providers();
+    let ea = cf::open_endpoint(a, 4096, 16, 64).unwrap();
+    let eb = cf::open_endpoint(b, 4096, 16, 64).unwrap();
+    let (qa, qb) = cf::connect_rc(a, &ea, b, &eb, &p).unwrap();
+    cf::post_recvs(b, RecvTarget::Qp(qb), eb.pool, 0, 4).unwrap();
+    let payload = [0x5A; 64];
+    // One message each way of the handshake pins both ends' ports.
+    cf::post_send_data(a, qa, ea.pool, 0, &payload).unwrap();
+    fab.settle();
+    assert_eq!(poll(&mut fab.nodes[1], eb.recv_cq).len(), 1);
+    assert_eq!(poll(&mut fab.nodes[0], ea.send_cq).len(), 1);
+    let (a_ip, b_ip) = (ip4(1), ip4(2));
+    let now = fab.now();
+    let off_port = 50_000;
+    let from_port = |repr: &RoceRepr, payload: &[u8], src: IpAddr, dst: IpAddr| {
+        let (IpAddr::V4(s), IpAddr::V4(d)) = (src, dst) else {
+            unreachable!()
+        };
+        let ip = IpHeaderInfo::V4 {
+            src: s,
+            dst: d,
+            identification: 0,
+            dont_fragment: true,
+        };
+        let mut out = Vec::new();
+        repr.emit(payload, &ip, off_port, 4791, &mut out);
+        out
+    };
+    // The next request b expects, right in every way but the port.
+    let mut bth = Bth::new(Opcode::RC_SEND_ONLY, qb.get(), p.psn_a.get() + 1);
+    bth.ack_req = true;
+    let b = &mut fab.nodes[1];
+    let before = b.stats();
+    b.handle_datagram(
+        now,
+        SocketAddr::new(a_ip, off_port),
+        b_ip,
+        &from_port(&RoceRepr::new(bth), &payload, a_ip, b_ip),
+    );
+    let s = b.stats();
+    assert_eq!(s.rx_bad_src_port - before.rx_bad_src_port, 1, "{s:?}");
+    assert_eq!(
+        s.tx_acks + s.tx_seq_naks,
+        before.tx_acks + before.tx_seq_naks
+    );
+    assert!(poll(b, eb.recv_cq).is_empty(), "nothing delivered");
+    // An ACK for a's next message, from b's address but another port, retires nothing.
+    let a = &mut fab.nodes[0];
+    cf::post_send_data(a, qa, ea.pool, 1, &payload).unwrap();
+    let ack = RoceRepr {
+        aeth: Some(ipoib_cm::wire::Aeth {
+            syndrome: ipoib_cm::wire::Syndrome::Ack { credits: 0x1F },
+            msn: 2,
+        }),
+        ..RoceRepr::new(Bth::new(
+            Opcode::RC_ACKNOWLEDGE,
+            qa.get(),
+            p.psn_a.get() + 1,
+        ))
+    };
+    let a_before = a.stats();
+    a.handle_datagram(
+        now,
+        SocketAddr::new(b_ip, off_port),
+        a_ip,
+        &from_port(&ack, &[], b_ip, a_ip),
+    );
+    assert_eq!(a.stats().rx_bad_src_port, a_before.rx_bad_src_port + 1);
+    assert!(poll(a, ea.send_cq).is_empty());
+    // The real second message goes through.
+    fab.settle();
+    assert_eq!(poll(&mut fab.nodes[1], eb.recv_cq).len(), 1);
+    assert_eq!(
+        poll(&mut fab.nodes[0], ea.send_cq),
+        [(1, WcStatus::Success)]
+    );
+}
+
 #[test]
 fn ud_wrong_qkey_and_foreign_sources() {
     let mut fab = Fabric::with_nodes(2, origin(), |_, _| {});

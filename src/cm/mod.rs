@@ -217,6 +217,9 @@ pub enum CmEvent {
         id: CommId,
         /// The GID the REQ came from.
         peer: Gid,
+        /// The sender's CA GUID (the REQ's Local CA GUID): which incarnation of the node at
+        /// `peer` this is, where a node draws its CA GUID per start.
+        remote_ca_guid: u64,
         /// The REQ's service ID.
         service_id: u64,
         /// The peer's QP.
@@ -237,6 +240,8 @@ pub enum CmEvent {
     RepReceived {
         /// Our active id.
         id: CommId,
+        /// The peer's CA GUID (the REP's Local CA GUID).
+        remote_ca_guid: u64,
         /// The peer's QP.
         remote_qpn: QpNum,
         /// The PSN the peer expects to receive: our `sq_psn`.

@@ -129,6 +129,7 @@ impl Cm {
         self.events.push_back(CmEvent::ReqReceived {
             id,
             peer: from,
+            remote_ca_guid: r.local_ca_guid,
             service_id: r.service_id,
             remote_qpn: r.local_qpn,
             remote_psn: r.starting_psn,
@@ -231,6 +232,7 @@ impl Cm {
                 self.set_deadline(id, None);
                 self.events.push_back(CmEvent::RepReceived {
                     id,
+                    remote_ca_guid: r.local_ca_guid,
                     remote_qpn: r.local_qpn,
                     remote_psn: r.starting_psn,
                     rnr_retry_count: r.rnr_retry_count,

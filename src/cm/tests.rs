@@ -262,6 +262,7 @@ fn rep_moves_active_to_rep_rcvd_and_rtu_to_established() {
         events(&mut ca),
         vec![CmEvent::RepReceived {
             id: ida,
+            remote_ca_guid: GUID_B,
             remote_qpn: QpNum::new(QPN_B),
             remote_psn: Psn::new(PSN_B),
             rnr_retry_count: 5,
@@ -295,6 +296,7 @@ fn req_creates_req_rcvd_and_accept_sends_rep() {
     let [CmEvent::ReqReceived {
         id: idb,
         peer,
+        remote_ca_guid,
         service_id,
         remote_qpn,
         remote_psn,
@@ -308,6 +310,7 @@ fn req_creates_req_rcvd_and_accept_sends_rep() {
     };
     let idb = *idb;
     assert_eq!(*peer, a());
+    assert_eq!(*remote_ca_guid, GUID_A);
     assert_eq!(*service_id, SID);
     assert_eq!(*remote_qpn, QpNum::new(QPN_A));
     assert_eq!(*remote_psn, Psn::new(PSN_A));

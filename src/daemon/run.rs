@@ -198,6 +198,7 @@ pub fn up(cfg: &Config) -> Result<(), DaemonError> {
     soft.verify_icrc_v4 = cfg.verify_icrc_v4;
     soft.faults = cfg.fault;
     soft.quirks = cfg.quirks;
+    soft.qpn_seed = cfg.qpn_seed.unwrap_or_else(clock_seed);
     let offload = if cfg.udp_offload {
         UdpOffload::On
     } else {

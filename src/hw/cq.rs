@@ -133,6 +133,7 @@ impl HwVerbs {
             buf: w.buf,
             imm,
             src_qp: (ok && recv && ud).then(|| QpNum::new(wc.src_qp)),
+            src_port: None,
             grh,
         })
     }

@@ -152,7 +152,7 @@ impl Endpoint {
         for (ip, hw) in &cfg.static_neighbours {
             neigh.add_static(*ip, *hw, now);
         }
-        Ok(Self {
+        let mut ep = Self {
             pd,
             ud,
             cm,
@@ -177,7 +177,9 @@ impl Endpoint {
             cm_events: Vec::new(),
             events: EventQueue::default(),
             cfg,
-        })
+        };
+        ep.announce(v);
+        Ok(ep)
     }
 
     /// Our 20-byte hardware address (flags, UD QPN, GID).
@@ -317,6 +319,7 @@ impl Endpoint {
             CmEvent::ReqReceived {
                 id,
                 peer,
+                remote_ca_guid,
                 remote_qpn,
                 remote_psn,
                 path_mtu,
@@ -328,6 +331,7 @@ impl Endpoint {
                 v,
                 id,
                 peer,
+                remote_ca_guid,
                 remote_qpn,
                 remote_psn,
                 path_mtu,
@@ -336,16 +340,23 @@ impl Endpoint {
             ),
             CmEvent::RepReceived {
                 id,
+                remote_ca_guid,
                 remote_qpn,
                 remote_psn,
                 private_data,
                 ..
-            } => self.on_rep(now, v, id, remote_qpn, remote_psn, &private_data),
+            } => self.on_rep(
+                now,
+                v,
+                id,
+                remote_ca_guid,
+                remote_qpn,
+                remote_psn,
+                &private_data,
+            ),
             CmEvent::Established { id } => {
                 if let Some(Owner::Rx(qpn)) = self.owners.get(&id).copied() {
-                    if let Some(r) = self.rx.get_mut(&qpn) {
-                        r.established = true;
-                    }
+                    self.on_rx_established(now, v, qpn);
                 }
             }
             CmEvent::Rejected { id, .. } | CmEvent::TimedOut { id, .. } => {

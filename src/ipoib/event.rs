@@ -73,6 +73,8 @@ pub enum RxReapReason {
     Shutdown,
     /// The QP hit an error.
     Error,
+    /// The peer restarted: this connection was its previous incarnation's.
+    Restarted,
 }
 
 impl RxReapReason {
@@ -83,6 +85,7 @@ impl RxReapReason {
             Self::Remote => "peer-disconnected",
             Self::Evicted => "evicted",
             Self::Shutdown => "shutdown",
+            Self::Restarted => "peer-restarted",
             Self::Error => "qp-error",
         }
     }
@@ -162,8 +165,8 @@ pub enum Event {
     PeerRestarted {
         /// The peer, as it is now.
         peer: EventPeer,
-        /// Its UD QPN before.
-        old_qpn: QpNum,
+        /// Its UD QPN before, where one of its old connections knew it.
+        old_qpn: Option<QpNum>,
     },
 }
 
@@ -230,7 +233,10 @@ impl fmt::Display for Event {
         match self {
             Self::TxEstablished { mtu, .. } => write!(f, " mtu={mtu}")?,
             Self::NeighFailed { ip, dropped } => write!(f, " peer={ip} dropped={dropped}")?,
-            Self::PeerRestarted { old_qpn, .. } => write!(f, " old_qpn={old_qpn}")?,
+            Self::PeerRestarted {
+                old_qpn: Some(old_qpn),
+                ..
+            } => write!(f, " old_qpn={old_qpn}")?,
             _ => {}
         }
         if let Some(r) = self.reason() {

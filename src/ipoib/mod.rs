@@ -41,7 +41,8 @@
 //! table with each connection's reaper phase (`rx/`), the TX table with the send buffers its
 //! connections share (`tx/`), the neighbour cache (`neigh.rs`), the TUN queue and ingress
 //! (`tun.rs`), the UD QP (`ud.rs`), address resolution (`resolve.rs`) and ICMP errors
-//! (`icmp.rs`). The counters are one [`Counters`] that every part adds to.
+//! (`icmp.rs`); restarts of a peer close its old incarnation's connections (`restart.rs`).
+//! The counters are one [`Counters`] that every part adds to.
 //!
 //! # Bounds
 //!
@@ -60,6 +61,7 @@ mod neigh;
 mod qp_conns;
 mod reconfig;
 mod resolve;
+mod restart;
 mod rx;
 mod tun;
 mod tx;
@@ -316,6 +318,13 @@ pub struct Counters {
     pub events_dropped: u64,
     /// ARP/ND messages that tried to change an established mapping.
     pub neigh_conflicts: u64,
+    /// ARP/ND messages announcing a restart of a neighbour (its GID with a new UD QPN) but
+    /// not from the UDP source port its mapping was learned from: ignored.
+    pub neigh_foreign_port: u64,
+    /// Restarts of a peer seen (a new incarnation from its own address: an established
+    /// connection from a REQ with a new CA GUID or UD QPN, or an ARP/ND with a new UD QPN),
+    /// each closing the old incarnation's TX and RX connections at once.
+    pub peer_restarts: u64,
     /// Neighbour resolutions that got no answer.
     pub neigh_failed: u64,
     /// ARP/ND senders not learned: outside the interface's prefixes (and not link-local

@@ -12,6 +12,8 @@ use std::time::Instant;
 
 use super::event::Event;
 use super::neigh::{Ageing, Evicted, Learned, NeighState, Retry, Started};
+use super::restart::Incarnation;
+use super::ud::UdSource;
 use super::{Endpoint, Timer, RESOLVE_INTERVAL, RESOLVE_RETRIES};
 use crate::timer::TimerId;
 use crate::verbs::Verbs;
@@ -21,26 +23,20 @@ use crate::wire::ipoib::{
 };
 
 impl Endpoint {
-    pub(super) fn on_arp<V: Verbs>(
-        &mut self,
-        now: Instant,
-        v: &mut V,
-        src_gid: crate::verbs::Gid,
-        p: &[u8],
-    ) {
+    pub(super) fn on_arp<V: Verbs>(&mut self, now: Instant, v: &mut V, src: UdSource, p: &[u8]) {
         let Ok(arp) = IpoibArp::parse(p) else {
             self.counters.rx_bad_packets += 1;
             return;
         };
         // The sender's hardware address must be the one it sent from.
-        if arp.sender_hw.gid != src_gid {
+        if arp.sender_hw.gid != src.gid {
             self.counters.rx_bad_packets += 1;
             return;
         }
         let for_us = self.is_ours(IpAddr::V4(arp.target_ip));
         let sender = IpAddr::V4(arp.sender_ip);
         if !arp.sender_ip.is_unspecified() && !self.is_ours(sender) {
-            self.learn(now, v, sender, arp.sender_hw, for_us);
+            self.learn(now, v, sender, arp.sender_hw, src.port, for_us);
         }
         if arp.op == ArpOp::Request && for_us {
             let reply = arp.reply_to(self.hwaddr);
@@ -54,7 +50,7 @@ impl Endpoint {
         &mut self,
         now: Instant,
         v: &mut V,
-        src_gid: crate::verbs::Gid,
+        src: UdSource,
         kind: NdType,
         packet: &[u8],
     ) {
@@ -66,8 +62,8 @@ impl Endpoint {
                 };
                 let for_us = self.is_ours(IpAddr::V6(ns.target));
                 if let Some(hw) = ns.source_hw {
-                    if hw.gid == src_gid && !ns.src.is_unspecified() {
-                        self.learn(now, v, IpAddr::V6(ns.src), hw, for_us);
+                    if hw.gid == src.gid && !ns.src.is_unspecified() {
+                        self.learn(now, v, IpAddr::V6(ns.src), hw, src.port, for_us);
                     }
                 }
                 if for_us {
@@ -84,8 +80,8 @@ impl Endpoint {
                     return;
                 };
                 if let Some(hw) = na.target_hw {
-                    if hw.gid == src_gid {
-                        self.learn(now, v, IpAddr::V6(na.target), hw, na.solicited);
+                    if hw.gid == src.gid {
+                        self.learn(now, v, IpAddr::V6(na.target), hw, src.port, na.solicited);
                     }
                 }
             }
@@ -94,8 +90,17 @@ impl Endpoint {
         }
     }
 
-    /// Learns a mapping and sends what waited for it.
-    fn learn<V: Verbs>(&mut self, now: Instant, v: &mut V, ip: IpAddr, hw: HwAddr, for_us: bool) {
+    /// Learns a mapping and sends what waited for it; a restart of the node (a new UD QPN
+    /// from its own address and port) closes its old incarnation's connections.
+    fn learn<V: Verbs>(
+        &mut self,
+        now: Instant,
+        v: &mut V,
+        ip: IpAddr,
+        hw: HwAddr,
+        src_port: Option<u16>,
+        for_us: bool,
+    ) {
         if for_us && !self.neigh.contains(&ip) && !self.on_link(ip) {
             self.counters.neigh_out_of_prefix += 1;
             return;
@@ -105,7 +110,7 @@ impl Endpoint {
         let in_use = |h: HwAddr| tx.to_peer(h).is_some();
         match self
             .neigh
-            .learn(ip, hw, now, for_us, in_use, &mut self.counters)
+            .learn(ip, hw, src_port, now, for_us, in_use, &mut self.counters)
         {
             Learned::Resolved { queued, evicted } => {
                 if let Some(e) = evicted {
@@ -139,14 +144,14 @@ impl Endpoint {
                 }
             }
             Learned::Replaced { old } => {
-                let peer = self.neigh_peer(ip, hw);
-                self.push_event(Event::PeerRestarted {
-                    peer,
-                    old_qpn: old.qpn,
-                });
-                self.peer_restarted(now, v, old);
+                let inc = Incarnation {
+                    ud_qpn: hw.qpn,
+                    ca_guid: None,
+                };
+                self.retire_old_incarnations(now, v, old.gid, inc, None);
             }
             Learned::Conflict => self.counters.neigh_conflicts += 1,
+            Learned::ForeignPort => self.counters.neigh_foreign_port += 1,
             Learned::Ignored | Learned::Refused => {}
         }
     }

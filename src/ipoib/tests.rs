@@ -339,6 +339,77 @@ fn restarted_peer_reconnects() {
     assert!(!n.tun[1].is_empty(), "{:?}", n.ep(0).counters());
 }
 
+/// Two nodes connected both ways; node 1 restarts. Its announcement (gratuitous ARP from its
+/// own address and port, new UD QPN) makes node 0 close the old incarnation's TX and RX
+/// connections at once: the next packet goes out on a new connection, nothing waits for
+/// retries to run out.
+#[test]
+fn a_restarted_peer_is_seen_at_once() {
+    let mut n = Net::new(2, |_, _| {}, |_, _| {});
+    n.inject(0, &ping4(0, 1, 64));
+    n.inject(1, &ping4(1, 0, 64));
+    n.run(Duration::from_millis(100));
+    assert_eq!((n.tun[0].len(), n.tun[1].len()), (1, 1));
+    assert_eq!((n.ep(0).tx_count(), n.ep(0).rx_count()), (1, 1));
+    n.kill(1);
+    n.restart(1).unwrap();
+    n.run(Duration::from_millis(5));
+    let c = n.ep(0).counters();
+    assert_eq!(c.peer_restarts, 1, "{c:?}");
+    n.tun[1].clear();
+    n.inject(0, &ping4(0, 1, 64));
+    n.run(Duration::from_millis(20));
+    assert_eq!(n.tun[1].len(), 1, "{:?}", n.ep(0).counters());
+    let c = n.ep(0).counters();
+    assert_eq!((c.tx_failed, c.tx_established), (0, 2), "{c:?}");
+    // Only the new TX connection is left (the old one's teardown bound may still run).
+    assert_eq!(
+        n.ep(0)
+            .tx
+            .iter()
+            .filter(|(_, t)| t.state == TxState::Established)
+            .count(),
+        1
+    );
+    assert_eq!(
+        n.ep(0).rx.live_count(),
+        0,
+        "the old incarnation's RX connection is gone"
+    );
+}
+
+/// As above, but node 0 refuses the announcement (it comes from another UDP port than the
+/// mapping was learned from). The restarted node's REQ, with a new CA GUID, closes the old
+/// incarnation's connections once its own connection is established.
+#[test]
+fn a_req_from_a_new_incarnation_closes_the_old_one_once_established() {
+    let mut n = Net::new(2, |_, _| {}, |_, _| {});
+    n.inject(0, &ping4(0, 1, 64));
+    n.inject(1, &ping4(1, 0, 64));
+    n.run(Duration::from_millis(100));
+    let node1 = IpAddr::from(crate::sim::cluster::node_v4(1));
+    n.ep(0).neigh.get_mut(&node1).unwrap().src_port = Some(1);
+    n.kill(1);
+    n.restart(1).unwrap();
+    n.run(Duration::from_millis(5));
+    let c = n.ep(0).counters();
+    assert_eq!((c.peer_restarts, c.neigh_foreign_port), (0, 1), "{c:?}");
+    n.tun[0].clear();
+    n.inject(1, &ping4(1, 0, 64));
+    n.run(Duration::from_millis(20));
+    assert_eq!(n.tun[0].len(), 1);
+    let c = n.ep(0).counters();
+    assert_eq!(c.peer_restarts, 1, "{c:?}");
+    assert_eq!(n.ep(0).rx.live_count(), 1, "only the new RX connection");
+    assert!(
+        n.ep(0)
+            .tx
+            .iter()
+            .all(|(_, t)| t.state != TxState::Established),
+        "the old TX connection is closed"
+    );
+}
+
 #[test]
 fn all_pairs_steady_state_delivers_everything() {
     let mut n = Net::new(4, |_, _| {}, |_, c| c.max_conn_qp = 8);
@@ -598,7 +669,12 @@ fn forged_arp(n: &mut Net, sender_ip: std::net::Ipv4Addr, gid: crate::verbs::Gid
     let now = n.now();
     let Cluster { eps, f, .. } = &mut n.0;
     if let Some(ep) = eps[0].as_mut() {
-        ep.on_arp(now, &mut f.nodes[0], gid, &arp.to_bytes());
+        ep.on_arp(
+            now,
+            &mut f.nodes[0],
+            ud::UdSource { gid, port: None },
+            &arp.to_bytes(),
+        );
     }
     // Its ARP reply's send buffer comes back.
     n.run(Duration::from_micros(100));

@@ -14,6 +14,14 @@ use crate::wire::ipoib::{
     broadcast_mgid, HwAddr, IpoibHeader, NdMessage, ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6,
 };
 
+/// Where a UD message came from, as far as the provider can tell: the source GID of its GRH
+/// (the underlay address) and the UDP source port (where the provider reports it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct UdSource {
+    pub(super) gid: crate::verbs::Gid,
+    pub(super) port: Option<u16>,
+}
+
 /// The UD QP and its resources.
 #[derive(Debug)]
 pub(super) struct UdQp {
@@ -119,7 +127,7 @@ impl Endpoint {
                     WcOpcode::Send => self.ud.free_send.push(b),
                     WcOpcode::Recv => {
                         if wc.status == WcStatus::Success && wr_kind(wc.wr_id) == WR_RECV {
-                            self.on_ud_recv(now, v, b, wc.byte_len as usize);
+                            self.on_ud_recv(now, v, b, wc.byte_len as usize, wc.src_port);
                         }
                         if v.post_recv(self.ud.qp, wr(WR_RECV), b).is_err() {
                             let _ = v.pools_mut().free(b);
@@ -134,7 +142,14 @@ impl Endpoint {
         }
     }
 
-    fn on_ud_recv<V: Verbs>(&mut self, now: Instant, v: &mut V, b: BufId, len: usize) {
+    fn on_ud_recv<V: Verbs>(
+        &mut self,
+        now: Instant,
+        v: &mut V,
+        b: BufId,
+        len: usize,
+        src_port: Option<u16>,
+    ) {
         let Ok(buf) = v.pools().get(b) else { return };
         let Some(frame) = buf.get(..len) else { return };
         let (Some(src_gid), Some(data)) = (grh_source_gid(frame), frame.get(GRH_LEN..)) else {
@@ -146,11 +161,15 @@ impl Endpoint {
             return;
         };
         let payload = data.get(IpoibHeader::LEN..).unwrap_or(&[]).to_vec();
+        let src = UdSource {
+            gid: src_gid,
+            port: src_port,
+        };
         match hdr.ethertype {
-            ETHERTYPE_ARP => self.on_arp(now, v, src_gid, &payload),
+            ETHERTYPE_ARP => self.on_arp(now, v, src, &payload),
             ETHERTYPE_IPV4 | ETHERTYPE_IPV6 => {
                 if let Ok(nd) = NdMessage::parse(&payload) {
-                    self.on_nd(now, v, src_gid, nd.kind, &payload);
+                    self.on_nd(now, v, src, nd.kind, &payload);
                     return;
                 }
                 self.deliver(&payload);

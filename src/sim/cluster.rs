@@ -250,7 +250,10 @@ impl Cluster {
     pub fn restart(&mut self, i: usize) -> Result<(), VerbsError> {
         self.restarts += 1;
         self.f.partitioned[i] = false;
-        self.f.nodes[i] = SoftVerbs::new(self.soft[i]);
+        // A new process: its QPNs follow another order, as a restarted daemon's do.
+        let mut soft = self.soft[i];
+        soft.qpn_seed = soft.qpn_seed.wrapping_add(self.restarts);
+        self.f.nodes[i] = SoftVerbs::new(soft);
         self.start_node(i)
     }
 

@@ -15,8 +15,10 @@
 //! timeouts follow each other without progress), `rnr_retry` 7 = infinite.
 //!
 //! Everything received is validated before it can touch a QP: unknown QPN, bad ICRC, wrong
-//! P_Key or TVer, wrong Q_Key, a source address that is not the QP's peer, a packet the QP's
-//! state does not accept, or anything malformed is dropped and counted in [`SoftStats`].
+//! P_Key or TVer, wrong Q_Key, a source address (for RC also a source port) that is not the
+//! QP's peer, a packet the QP's state does not accept, or anything malformed is dropped and
+//! counted in [`SoftStats`]. QPNs follow a permutation of the 24-bit space keyed by
+//! [`SoftConfig::qpn_seed`], so a restarted process does not reuse its predecessor's QPNs.
 //!
 //! # Layout
 //!
@@ -94,6 +96,11 @@ pub struct SoftConfig {
     pub faults: FaultConfig,
     /// Deliberate contract violations for tests.
     pub quirks: Quirks,
+    /// Picks the order QPNs are handed out in (a permutation of the 24-bit space). Fixed by
+    /// [`SoftConfig::new`], so that simulations repeat; a daemon draws one per process
+    /// (from [`clock_seed`](crate::verbs::setup::clock_seed)), so that a restarted process
+    /// never receives packets meant for its previous incarnation's QPs.
+    pub qpn_seed: u64,
 }
 
 impl SoftConfig {
@@ -108,6 +115,7 @@ impl SoftConfig {
             max_qps: 1 << 16,
             faults: FaultConfig::default(),
             quirks: Quirks::default(),
+            qpn_seed: 0,
         }
     }
 }
@@ -129,6 +137,9 @@ pub struct SoftStats {
     pub rx_unknown_qpn: u64,
     /// Dropped: source address is not the QP's peer.
     pub rx_bad_src: u64,
+    /// Dropped: an RC packet from the peer's address but not from the UDP source port its
+    /// QP sends from (pinned by the first packet the QP accepted).
+    pub rx_bad_src_port: u64,
     /// Dropped: Q_Key mismatch on a UD QP.
     pub rx_bad_qkey: u64,
     /// Dropped: the QP's state or type does not accept the packet.
@@ -203,7 +214,7 @@ impl SoftVerbs {
     /// A provider with the given configuration. No QP exists yet (not even QP1).
     pub fn new(cfg: SoftConfig) -> Self {
         Self {
-            qps: QpTable::new(),
+            qps: QpTable::new(cfg.qpn_seed),
             faults: FaultInjector::new(cfg.faults),
             dev: Device {
                 cfg,

@@ -249,20 +249,21 @@ impl Objects {
     }
 }
 
-/// The QPs by number, and the next number to hand out.
+/// The QPs by number, and where the QPN sequence stands.
 #[derive(Debug)]
 pub(super) struct QpTable {
     /// The QPs, boxed: a `Qp` is some 360 bytes, and a map holds up to about twice as many
     /// slots as entries, so inline values would double an idle QP's footprint.
     qps: IdMap<QpNum, Box<Qp>>,
-    next_qpn: u32,
+    qpns: QpnSequence,
 }
 
 impl QpTable {
-    pub(super) fn new() -> Self {
+    /// An empty table whose QPNs follow the permutation `seed` picks.
+    pub(super) fn new(seed: u64) -> Self {
         Self {
             qps: IdMap::default(),
-            next_qpn: 0x11,
+            qpns: QpnSequence::new(seed),
         }
     }
 
@@ -297,17 +298,71 @@ impl QpTable {
             .any(|q| q.send_cq == cq || q.recv_cq == cq)
     }
 
-    /// A QPN no QP has, above 1 (0 and 1 are the special QPs).
+    /// A QPN no QP has, neither 0 nor 1 (the special QPs) nor the multicast QPN: the next
+    /// value of the sequence that is free. Fewer than `max_qps` QPNs are taken, so this
+    /// takes one try in all but a vanishing fraction of calls; it is bounded by the 2^24
+    /// values there are.
     pub(super) fn alloc_qpn(&mut self) -> Option<QpNum> {
         for _ in 0..(1u32 << 24) {
-            let n = QpNum::new(self.next_qpn);
-            self.next_qpn = (self.next_qpn + 1) & 0x00FF_FFFF;
-            if n.get() > 1 && !self.qps.contains_key(&n) {
+            let n = QpNum::new(self.qpns.next());
+            if n.get() > 1 && n != super::MULTICAST_QPN && !self.qps.contains_key(&n) {
                 return Some(n);
             }
         }
         None
     }
+}
+
+/// The order QPNs are handed out in: a keyed permutation of the 24-bit QPN space (a
+/// four-round Feistel network on 12-bit halves) applied to a counter. Every value comes once
+/// in each 2^24 steps, so numbers are never reused before the whole space has been, and
+/// without the seed the next QPN cannot be told from the last ones (not a cryptographic
+/// guarantee: the aim is that a new process never gets an old connection's QPNs and an
+/// off-path sender cannot count them, as it could from the sequential 0x11, 0x12, ...).
+#[derive(Debug, Clone)]
+pub(super) struct QpnSequence {
+    keys: [u64; 4],
+    counter: u32,
+}
+
+impl QpnSequence {
+    const HALF_BITS: u32 = 12;
+    const HALF_MASK: u32 = (1 << Self::HALF_BITS) - 1;
+
+    pub(super) fn new(seed: u64) -> Self {
+        let mut k = seed;
+        let keys = std::array::from_fn(|_| {
+            k = splitmix64(k);
+            k
+        });
+        // The start of the counter is keyed too, so two seeds do not share a first value.
+        let counter = (splitmix64(k) as u32) & 0x00FF_FFFF;
+        Self { keys, counter }
+    }
+
+    /// The next 24-bit value.
+    pub(super) fn next(&mut self) -> u32 {
+        let x = self.counter;
+        self.counter = (self.counter + 1) & 0x00FF_FFFF;
+        self.permute(x)
+    }
+
+    fn permute(&self, x: u32) -> u32 {
+        let (mut l, mut r) = (x >> Self::HALF_BITS, x & Self::HALF_MASK);
+        for k in self.keys {
+            let f = (splitmix64(u64::from(r) ^ k) as u32) & Self::HALF_MASK;
+            (l, r) = (r, l ^ f);
+        }
+        (l << Self::HALF_BITS) | r
+    }
+}
+
+/// The SplitMix64 step (a bijective 64-bit mixer).
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// What a receive completion reports besides its WQE and status.
@@ -316,6 +371,7 @@ pub(super) struct RecvInfo {
     pub(super) byte_len: u32,
     pub(super) imm: Option<u32>,
     pub(super) src_qp: Option<QpNum>,
+    pub(super) src_port: Option<u16>,
     pub(super) grh: bool,
 }
 
@@ -346,6 +402,7 @@ impl Device {
                     buf: w.wr.buf,
                     imm: None,
                     src_qp: None,
+                    src_port: None,
                     grh: false,
                 },
             );
@@ -373,6 +430,7 @@ impl Device {
                 buf: Some(wqe.buf),
                 imm: extra.imm,
                 src_qp: extra.src_qp,
+                src_port: extra.src_port,
                 grh: extra.grh,
             },
         );

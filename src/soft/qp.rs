@@ -64,6 +64,13 @@ pub(super) struct Qp {
     pub(super) sqd_notify: bool,
     /// Queued on the provider's ready list.
     pub(super) ready_queued: bool,
+    /// RC: the UDP source port of the peer's QP, pinned by the first packet from the peer's
+    /// address that moved this QP's sequence state (an ACK retiring a send, or a request in
+    /// sequence). RoCEv2 makes the port an entropy field, but every sender keeps it fixed per
+    /// QP (rxe derives it from the QP number, hardware from the QP's flow label, this
+    /// provider sends everything from its one socket), so a packet from another port is not
+    /// from the peer's QP. A new address vector or a reset unpins it.
+    pub(super) peer_port: Option<u16>,
 }
 
 impl Qp {
@@ -100,6 +107,7 @@ impl Qp {
             last_wqe_raised: false,
             sqd_notify: false,
             ready_queued: false,
+            peer_port: None,
         }
     }
 
@@ -111,6 +119,7 @@ impl Qp {
         self.rq.clear();
         self.last_wqe_raised = false;
         self.sqd_notify = false;
+        self.peer_port = None;
     }
 
     /// Applies the attributes `attr` sets (not the state: the caller moves the QP). A new
@@ -122,6 +131,7 @@ impl Qp {
         }
         if let Some(v) = attr.av {
             a.av = Some(v);
+            self.peer_port = None;
         }
         if let Some(v) = attr.path_mtu {
             a.path_mtu = v;

@@ -173,7 +173,13 @@ impl Device {
         self.enter_error(qp);
     }
 
-    pub(super) fn on_ud(&mut self, qp: &mut Qp, src: IpAddr, dst: IpAddr, pkt: &RocePacket<'_>) {
+    pub(super) fn on_ud(
+        &mut self,
+        qp: &mut Qp,
+        src: SocketAddr,
+        dst: IpAddr,
+        pkt: &RocePacket<'_>,
+    ) {
         if !matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
             || !matches!(
                 pkt.bth.opcode,
@@ -207,7 +213,7 @@ impl Device {
             self.objects.return_recv(qp, wqe);
             return;
         };
-        GrhRepr::rocev2_ud(src, dst, pkt.payload.len()).emit(buf);
+        GrhRepr::rocev2_ud(src.ip(), dst, pkt.payload.len()).emit(buf);
         if let Some(d) = buf.get_mut(GRH_LEN..total) {
             d.copy_from_slice(pkt.payload);
         }
@@ -215,6 +221,7 @@ impl Device {
             byte_len: u32::try_from(total).unwrap_or(u32::MAX),
             imm: pkt.imm.map(|i| i.0),
             src_qp: Some(QpNum::new(deth.src_qp)),
+            src_port: Some(src.port()),
             grh: true,
         };
         self.complete_recv(qp, wqe, WcStatus::Success, info);

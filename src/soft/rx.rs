@@ -1,5 +1,5 @@
 //! The receive path: a datagram is checked (ICRC, header, P_Key, destination QP, source
-//! address) and handed to the completer, the responder or the UD receive of its QP.
+//! address, and for RC the source port once pinned) and handed to the completer, the responder or the UD receive of its QP.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
@@ -65,7 +65,7 @@ impl SoftVerbs {
             }
             for m in members {
                 if let Some(qp) = self.qps.get_mut(m) {
-                    self.dev.on_ud(qp, src.ip(), dst, &pkt);
+                    self.dev.on_ud(qp, src, dst, &pkt);
                 }
             }
             return;
@@ -82,6 +82,11 @@ impl SoftVerbs {
                     dev.stats.rx_bad_src += 1;
                     return;
                 }
+                if qp.peer_port.is_some_and(|p| p != src.port()) {
+                    dev.stats.rx_bad_src_port += 1;
+                    return;
+                }
+                let sequence = (qp.resp.psn, qp.req.comp_psn);
                 if pkt.bth.opcode == Opcode::RC_ACKNOWLEDGE {
                     dev.on_ack(qp, now, &pkt);
                     dev.check_sq_drained(qp);
@@ -91,8 +96,11 @@ impl SoftVerbs {
                     // RDMA, atomics and UC/UD opcodes are not accepted by these QPs.
                     dev.stats.rx_bad_state += 1;
                 }
+                if qp.peer_port.is_none() && (qp.resp.psn, qp.req.comp_psn) != sequence {
+                    qp.peer_port = Some(src.port());
+                }
             }
-            QpType::Ud | QpType::Gsi => dev.on_ud(qp, src.ip(), dst, &pkt),
+            QpType::Ud | QpType::Gsi => dev.on_ud(qp, src, dst, &pkt),
         }
         if qp.has_work() {
             dev.sched.mark_ready(qp);

@@ -285,3 +285,81 @@ fn a_stream_does_not_hold_back_acks() {
     }
     assert_eq!(ack_at, Some(super::sched::REQUESTS_PER_RESPONSE as usize));
 }
+
+/// The QPN sequence is a permutation of the 24-bit space: every value once per 2^24 steps,
+/// the same for the same seed, another order for another seed.
+#[test]
+fn qpn_sequence_is_a_keyed_permutation() {
+    use super::objects::QpnSequence;
+    let mut seen = vec![0u64; (1 << 24) / 64];
+    let mut s = QpnSequence::new(7);
+    for _ in 0..(1u32 << 24) {
+        let v = s.next();
+        assert!(v < 1 << 24);
+        let (w, bit) = ((v / 64) as usize, v % 64);
+        assert_eq!(seen[w] >> bit & 1, 0, "{v:#x} came twice");
+        seen[w] |= 1 << bit;
+    }
+    let first = |seed| {
+        let mut s = QpnSequence::new(seed);
+        (0..4).map(|_| s.next()).collect::<Vec<_>>()
+    };
+    assert_eq!(first(7), first(7));
+    assert_ne!(first(7), first(8));
+}
+
+/// A provider hands out QPNs in its seed's order, never 0, 1 or the multicast QPN and never
+/// one in use; two seeds (two processes) share none of their first QPNs, and consecutive QPNs
+/// are not consecutive numbers.
+#[test]
+fn qpns_follow_the_seed_and_skip_the_special_ones() {
+    use super::{SoftConfig, SoftVerbs, MULTICAST_QPN};
+    use crate::verbs::{QpInit, QpType};
+    use std::net::{IpAddr, Ipv4Addr};
+
+    let qpns = |seed: u64, n: usize| {
+        let mut cfg = SoftConfig::new(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)));
+        cfg.qpn_seed = seed;
+        let mut v = SoftVerbs::new(cfg);
+        let pd = v.alloc_pd().unwrap();
+        let cq = v.create_cq(4).unwrap();
+        let init = QpInit {
+            pd,
+            qp_type: QpType::Rc,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            max_send_wr: 1,
+            max_recv_wr: 1,
+            sq_sig_all: false,
+        };
+        (0..n)
+            .map(|_| v.create_qp(&init).unwrap())
+            .collect::<Vec<QpNum>>()
+    };
+    let a = qpns(1, 64);
+    let b = qpns(2, 64);
+    assert_eq!(a, qpns(1, 64), "a fixed seed repeats");
+    assert!(a.iter().all(|q| q.get() > 1 && *q != MULTICAST_QPN));
+    assert!(a.iter().all(|q| !b.contains(q)), "{a:?} {b:?}");
+    assert!(a.windows(2).all(|w| w[1].get() != w[0].get() + 1));
+    let mut sorted = a.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), a.len());
+}
+
+/// `scripts/rxe/guest-daemon/run.sh` names the host daemon's hardware address with this UD
+/// QPN: the first QPN of seed 0, which `scripts/rxe/host-daemon.sh` gives its daemon
+/// (`--qpn-seed 0`; with the CM over UDP the UD QP is the first QP it creates).
+#[test]
+fn the_first_qpn_of_seed_0_is_the_one_the_rxe_scripts_name() {
+    use super::objects::QpnSequence;
+    let first = std::iter::repeat_with({
+        let mut s = QpnSequence::new(0);
+        move || s.next()
+    })
+    .find(|&q| q > 1 && q != super::MULTICAST_QPN.get())
+    .unwrap();
+    assert_eq!(first, 0x98_5220, "{first:#08x}");
+}

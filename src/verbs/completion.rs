@@ -85,6 +85,10 @@ pub struct Completion {
     pub imm: Option<u32>,
     /// UD receives: the sender's QPN (`src_qp`).
     pub src_qp: Option<QpNum>,
+    /// UD receives: the UDP source port of the RoCEv2 datagram, where the provider sees it
+    /// (the software provider; `None` from libibverbs, whose work completion does not carry
+    /// it). RoCEv2 makes it an entropy field, which a sender keeps fixed per QP.
+    pub src_port: Option<u16>,
     /// UD receives: the buffer starts with a 40-byte GRH area (`IBV_WC_GRH`).
     pub grh: bool,
 }

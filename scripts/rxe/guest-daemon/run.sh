@@ -6,14 +6,15 @@
 #
 # Neighbours are static both ways (the IPoIB broadcast group does not cross between rxe's
 # multicast and the soft provider's unicast fan-out): the host's hardware address is known in
-# advance (the soft provider numbers QPs from 0x11 and the UD QP is the endpoint's first), and
+# advance (host-daemon.sh starts it with --qpn-seed 0, whose first QPN, 0x985220, is the UD
+# QP's: pinned by the test the_first_qpn_of_seed_0_is_the_one_the_rxe_scripts_name), and
 # ours goes to the host as a `GUEST_HWADDR` line on the console, which host-daemon.sh reads.
 . /lib/rxelab.sh
 B=/extra/ipoib-cm
 SOCK=/tmp/ib0.sock
 A4=10.77.0.2 H4=10.77.0.1 A6=fd77::2 H6=fd77::1
 hostgid=$(ipv4_gid "$PEER_IP" | tr -d ':' | sed 's/../&:/g; s/:$//')
-HOSTHW="80:00:00:11:$hostgid"
+HOSTHW="80:98:52:20:$hostgid"
 modprobe tun 2>/dev/null
 [ -c /dev/net/tun ] || { mkdir -p /dev/net; mknod /dev/net/tun c 10 200; }
 el() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN {printf "%.1f", b - a}'; }

@@ -299,6 +299,8 @@ fn validate(s: &Settings) -> Result<Config, ConfigError> {
     };
 
     let log_format = parse("log_format", s.log_format.as_ref())?.unwrap_or_default();
+    let qpn_seed = int_in("qpn_seed", s.qpn_seed.as_ref(), 0, i64::MAX)?.map(|v| v as u64);
+
     let provider = parse("provider", s.provider.as_ref())?.unwrap_or_default();
     let ib_dev = match parse("ib_dev", s.ib_dev.as_ref())? {
         Some(dev) if dev.is_empty() => {
@@ -333,6 +335,7 @@ fn validate(s: &Settings) -> Result<Config, ConfigError> {
         path_mtu,
         fault,
         quirks,
+        qpn_seed,
         control_socket,
         log,
         log_format,

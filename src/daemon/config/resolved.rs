@@ -213,6 +213,9 @@ pub struct Config {
     pub fault: FaultConfig,
     /// Deliberate provider contract violations (`--quirk`).
     pub quirks: Quirks,
+    /// The software provider's QPN order (`--qpn-seed`); `None`: drawn at each start, so
+    /// that a restarted daemon never reuses its predecessor's QPNs.
+    pub qpn_seed: Option<u64>,
     /// Control socket (`--control-socket`: a path, or `@name` for an abstract socket; default
     /// `@ipoib-cm/<ifname>`).
     pub control_socket: PathBuf,

@@ -189,6 +189,10 @@ settings! {
         /// Seed of the fault RNG [default: 1].
         #[arg(long, value_name = "N", allow_negative_numbers = true, help_heading = TEST_HELP_HEADING)]
         pub fault_seed: Option<Given<i64>>,
+        /// Seed of the software provider's QPN order, which fixes its hardware address (for
+        /// peers that name it in a static --neigh) [default: drawn at each start].
+        #[arg(long, value_name = "N", allow_negative_numbers = true)]
+        pub qpn_seed: Option<Given<i64>>,
         /// Provider quirk: drain-never, no-last-wqe or dup-last-wqe (repeatable).
         #[arg(long, value_name = "QUIRK", help_heading = TEST_HELP_HEADING)]
         #[serde(default)]

@@ -344,10 +344,12 @@ fn status_from_snapshot_has_the_endpoints_states() {
         "neigh_table_full",
         "neigh_source_full",
         "neigh_evicted",
+        "neigh_foreign_port",
+        "peer_restarts",
     ] {
         assert_eq!(s.provider[name], 0, "{name}");
     }
-    assert_eq!(s.provider.len(), 14, "{:?}", s.provider);
+    assert_eq!(s.provider.len(), 16, "{:?}", s.provider);
     assert_eq!(
         s.neighbour_table,
         NeighbourTable {

@@ -11,7 +11,9 @@
 //! A learned mapping is never silently replaced by a different hardware address: a conflicting
 //! ARP/ND message for a `Reachable` entry is counted and ignored, so a forged reply cannot
 //! redirect traffic that already flows. The entry is re-learned only after it ages out or its
-//! connection fails.
+//! connection fails. The one exception is a restart of the same node (same GID, new UD QPN),
+//! and only from the UDP source port the mapping was learned from, where the provider reports
+//! ports: a message from the peer's address but another port is not from the peer's UD QP.
 //!
 //! # Bounds
 //!
@@ -96,6 +98,9 @@ pub(super) struct Neigh {
     pub(super) last_used: Instant,
     /// Resolution retry or ageing timer.
     pub(super) timer: Option<TimerId>,
+    /// The UDP source port of the message the mapping was learned from (where the provider
+    /// reports it): a restart may replace the mapping only from this port.
+    pub(super) src_port: Option<u16>,
 }
 
 impl Neigh {
@@ -106,6 +111,7 @@ impl Neigh {
             queue: VecDeque::new(),
             last_used: now,
             timer: None,
+            src_port: None,
         }
     }
 
@@ -169,6 +175,9 @@ pub(super) enum Learned {
     },
     /// The mapping conflicts with an established one and was ignored.
     Conflict,
+    /// A restart of the same node, but not from the UDP source port the mapping was learned
+    /// from: ignored.
+    ForeignPort,
     /// Nothing to learn (not a neighbour we asked about, and not addressed to us).
     Ignored,
     /// A cap was reached and no entry could be evicted: not learned.
@@ -357,13 +366,16 @@ impl Neighbours {
         Started::New(evicted)
     }
 
-    /// Learns `ip` → `hw`. `solicited_or_for_us` says the message answered our request or was
-    /// addressed to us (only then is a new entry created); `in_use` and the counting as for
-    /// [`start`](Self::start).
+    /// Learns `ip` → `hw` from a message that came from UDP source port `src_port` (`None`
+    /// where the provider does not say). `solicited_or_for_us` says the message answered our
+    /// request or was addressed to us (only then is a new entry created); `in_use` and the
+    /// counting as for [`start`](Self::start).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn learn(
         &mut self,
         ip: IpAddr,
         hw: HwAddr,
+        src_port: Option<u16>,
         now: Instant,
         solicited_or_for_us: bool,
         in_use: impl Fn(HwAddr) -> bool,
@@ -376,7 +388,9 @@ impl Neighbours {
             let Some(evicted) = self.room(Some(hw.gid), &in_use, c) else {
                 return Learned::Refused;
             };
-            self.insert_learned(ip, Neigh::new(Some(hw), NeighState::Reachable, now));
+            let mut n = Neigh::new(Some(hw), NeighState::Reachable, now);
+            n.src_port = src_port;
+            self.insert_learned(ip, n);
             self.charge(hw.gid, ip);
             return Learned::Resolved {
                 queued: Vec::new(),
@@ -404,6 +418,7 @@ impl Neighbours {
                 n.hw = Some(hw);
                 n.state = NeighState::Reachable;
                 n.last_used = now;
+                n.src_port = src_port;
                 let queued: Vec<_> = n.queue.drain(..).collect();
                 self.queued = self.queued.saturating_sub(queued.len());
                 self.slots.touch(id);
@@ -415,6 +430,7 @@ impl Neighbours {
                     // The peer may have switched CM support on or off.
                     if let Some(n) = self.slots.get_mut(id) {
                         n.hw = Some(hw);
+                        n.src_port = n.src_port.or(src_port);
                     }
                 }
                 Learned::Resolved {
@@ -422,11 +438,19 @@ impl Neighbours {
                     evicted: None,
                 }
             }
+            // Same node, new UD QPN, but not from the peer's port.
+            (NeighState::Reachable, Some(h))
+                if h.gid == hw.gid
+                    && matches!((n.src_port, src_port), (Some(a), Some(b)) if a != b) =>
+            {
+                Learned::ForeignPort
+            }
             // Same node, new UD QPN: the peer restarted (its GID, so its charge, is the same).
             (NeighState::Reachable, Some(h)) if h.gid == hw.gid => {
                 if let Some(n) = self.slots.get_mut(id) {
                     n.hw = Some(hw);
                     n.last_used = now;
+                    n.src_port = src_port;
                 }
                 self.slots.touch(id);
                 Learned::Replaced { old: h }

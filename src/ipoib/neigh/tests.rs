@@ -44,17 +44,17 @@ fn resolve_then_conflict_is_ignored() {
     assert!(matches!(n.start(ip, t, 3, idle, c), Started::New(None)));
     assert!(n.enqueue(&ip, &[1], 3));
     assert_eq!(
-        resolved(n.learn(ip, hw(5), t, true, idle, c)),
+        resolved(n.learn(ip, hw(5), None, t, true, idle, c)),
         vec![vec![1]]
     );
     assert!(matches!(
-        n.learn(ip, hw(6), t, true, idle, c),
+        n.learn(ip, hw(6), None, t, true, idle, c),
         Learned::Replaced { old } if old == hw(5)
     ));
     assert_eq!(n.get(&ip).unwrap().hw(), Some(hw(6)));
     let other_node = hw_at(9, 6);
     assert!(matches!(
-        n.learn(ip, other_node, t, true, idle, c),
+        n.learn(ip, other_node, None, t, true, idle, c),
         Learned::Conflict
     ));
     assert_eq!(n.get(&ip).unwrap().hw(), Some(hw(6)));
@@ -70,12 +70,12 @@ fn unsolicited_unknown_is_ignored_and_static_never_replaced() {
     let ip = ip(3);
     let mut n = table();
     assert!(matches!(
-        n.learn(ip, hw(5), t, false, idle, c),
+        n.learn(ip, hw(5), None, t, false, idle, c),
         Learned::Ignored
     ));
     n.add_static(ip, hw(7), t);
     assert!(matches!(
-        n.learn(ip, hw(5), t, true, idle, c),
+        n.learn(ip, hw(5), None, t, true, idle, c),
         Learned::Conflict
     ));
     assert!(n.forget_hw(&hw(7)).is_empty(), "static entries stay");
@@ -99,7 +99,7 @@ fn resolution_retries_run_out_and_a_used_entry_is_rechecked() {
     assert_eq!(n.resolve_timer_fired(&ip, second), Retry::GiveUp);
 
     let timeout = Duration::from_secs(3);
-    assert!(resolved(n.learn(ip, hw(5), t, true, idle, c)).is_empty());
+    assert!(resolved(n.learn(ip, hw(5), None, t, true, idle, c)).is_empty());
     let age = timer();
     n.set_timer(&ip, age);
     n.get_mut(&ip).unwrap().last_used = t + Duration::from_secs(1);
@@ -128,7 +128,7 @@ fn ageing_out_reports_the_endpoint_unused_only_after_its_last_entry() {
     let mut n = table();
     let timeout = Duration::from_secs(1);
     for k in [10, 11] {
-        resolved(n.learn(ip(k), hw(5), t, true, idle, c));
+        resolved(n.learn(ip(k), hw(5), None, t, true, idle, c));
         n.set_timer(&ip(k), wheel.insert(t, ()));
     }
     let later = t + timeout;
@@ -153,14 +153,14 @@ fn a_full_table_evicts_the_least_recently_used_entry() {
     let mut n = Neighbours::new(4, 16);
     for k in 0..4u16 {
         let at = t + Duration::from_secs(u64::from(k));
-        resolved(n.learn(ip(k), hw_at(k as u8 + 10, 5), at, true, idle, c));
+        resolved(n.learn(ip(k), hw_at(k as u8 + 10, 5), None, at, true, idle, c));
     }
     // Entry 0 is used again: entry 1 is now the least recently used.
     n.use_entry(&ip(0), t + Duration::from_secs(9));
     let Learned::Resolved {
         evicted: Some(Evicted(gone)),
         ..
-    } = n.learn(ip(7), hw_at(20, 5), t, true, idle, c)
+    } = n.learn(ip(7), hw_at(20, 5), None, t, true, idle, c)
     else {
         panic!("no eviction");
     };
@@ -177,7 +177,7 @@ fn entries_in_use_are_not_evicted_and_a_table_of_them_refuses() {
     let c = &mut Counters::default();
     let mut n = Neighbours::new(3, 16);
     for k in 0..3u16 {
-        resolved(n.learn(ip(k), hw_at(k as u8 + 10, 5), t, true, idle, c));
+        resolved(n.learn(ip(k), hw_at(k as u8 + 10, 5), None, t, true, idle, c));
     }
     // The oldest has a connection: the next one goes.
     let conn = hw_at(10, 5);
@@ -185,7 +185,7 @@ fn entries_in_use_are_not_evicted_and_a_table_of_them_refuses() {
     let Learned::Resolved {
         evicted: Some(Evicted(gone)),
         ..
-    } = n.learn(ip(5), hw_at(30, 5), t, true, busy, c)
+    } = n.learn(ip(5), hw_at(30, 5), None, t, true, busy, c)
     else {
         panic!("no eviction");
     };
@@ -193,7 +193,7 @@ fn entries_in_use_are_not_evicted_and_a_table_of_them_refuses() {
     // Everything in use: a new entry is refused, from the wire or from the TUN device.
     let all = |_: HwAddr| true;
     assert!(matches!(
-        n.learn(ip(6), hw_at(31, 5), t, true, all, c),
+        n.learn(ip(6), hw_at(31, 5), None, t, true, all, c),
         Learned::Refused
     ));
     assert!(matches!(n.start(ip(7), t, 3, all, c), Started::Refused));
@@ -227,13 +227,13 @@ fn one_source_is_capped_and_evicts_its_own_oldest_entry() {
     let mut n = Neighbours::new(1024, 4);
     for k in 0..4u16 {
         let at = t + Duration::from_secs(u64::from(k));
-        resolved(n.learn(ip(k), hw(100 + u32::from(k)), at, true, idle, c));
+        resolved(n.learn(ip(k), hw(100 + u32::from(k)), None, at, true, idle, c));
     }
-    resolved(n.learn(ip(50), hw_at(7, 5), t, true, idle, c));
+    resolved(n.learn(ip(50), hw_at(7, 5), None, t, true, idle, c));
     let Learned::Resolved {
         evicted: Some(Evicted(gone)),
         ..
-    } = n.learn(ip(9), hw(200), t, true, idle, c)
+    } = n.learn(ip(9), hw(200), None, t, true, idle, c)
     else {
         panic!("no eviction");
     };
@@ -245,12 +245,12 @@ fn one_source_is_capped_and_evicts_its_own_oldest_entry() {
     assert!(n.get(&ip(50)).is_some());
     // Our own resolution answered by a full source evicts the same way.
     assert!(matches!(n.start(ip(60), t, 3, idle, c), Started::New(None)));
-    resolved(n.learn(ip(60), hw(300), t, true, idle, c));
+    resolved(n.learn(ip(60), hw(300), None, t, true, idle, c));
     assert_eq!(n.counts().reachable, 5);
     // A source whose entries are all in use gets no more.
     let all = |_: HwAddr| true;
     assert!(matches!(
-        n.learn(ip(10), hw(201), t, true, all, c),
+        n.learn(ip(10), hw(201), None, t, true, all, c),
         Learned::Refused
     ));
     assert_eq!(c.neigh_source_full, 3);
@@ -267,7 +267,7 @@ fn static_entries_are_neither_counted_nor_evicted() {
         n.add_static(ip(1000 + k), hw(9), t);
     }
     for k in 0..50u16 {
-        let _ = n.learn(ip(k), hw_at(k as u8, 1), t, true, idle, c);
+        let _ = n.learn(ip(k), hw_at(k as u8, 1), None, t, true, idle, c);
     }
     assert_eq!(n.learned(), 2);
     assert_eq!(n.counts().permanent, 5);
@@ -282,10 +282,10 @@ fn forgetting_a_peer_looks_only_at_its_source() {
     let t = Instant::now();
     let c = &mut Counters::default();
     let mut n = table();
-    resolved(n.learn(ip(1), hw(5), t, true, idle, c));
-    resolved(n.learn(ip(2), hw(5), t, true, idle, c));
-    resolved(n.learn(ip(3), hw(6), t, true, idle, c));
-    resolved(n.learn(ip(4), hw_at(3, 5), t, true, idle, c));
+    resolved(n.learn(ip(1), hw(5), None, t, true, idle, c));
+    resolved(n.learn(ip(2), hw(5), None, t, true, idle, c));
+    resolved(n.learn(ip(3), hw(6), None, t, true, idle, c));
+    resolved(n.learn(ip(4), hw_at(3, 5), None, t, true, idle, c));
     let mut gone = n.forget_hw(&hw(5));
     gone.sort();
     assert_eq!(gone, vec![ip(1), ip(2)]);
@@ -308,7 +308,10 @@ fn queued_packets_are_bounded_per_entry_and_in_all() {
     assert_eq!(queued, QUEUED_MAX);
     assert_eq!(n.get(&ip(0)).unwrap().queued(), 3);
     // Resolving one gives its packets back and makes room for as many.
-    assert_eq!(resolved(n.learn(ip(0), hw(5), t, true, idle, c)).len(), 3);
+    assert_eq!(
+        resolved(n.learn(ip(0), hw(5), None, t, true, idle, c)).len(),
+        3
+    );
     assert!(n.enqueue(&ip(199), &[1], 4));
     n.remove(&ip(1));
     assert!(n.enqueue(&ip(198), &[1], 4));
@@ -378,7 +381,7 @@ proptest! {
                 }
                 Op::Learn { ip: k, node, qpn, for_us } => {
                     let had = n.learned();
-                    let learned = n.learn(ip(k), hw_at(node, qpn), now, for_us, in_use, c);
+                    let learned = n.learn(ip(k), hw_at(node, qpn), None, now, for_us, in_use, c);
                     if let Learned::Resolved { evicted: Some(_), .. } = learned {
                         prop_assert!(n.learned() <= had + 1);
                     }

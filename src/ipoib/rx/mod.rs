@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 pub(super) use table::{Phase, RxConn, RxTable};
 
 use super::event::{Event, RxReapReason, RxRejectReason};
+use super::restart::Incarnation;
 use super::{wr, wr_kind, Endpoint, Owner, Timer, CQ_BATCH, WR_DRAIN, WR_RECV};
 use crate::cm::{AcceptParams, CommId};
 use crate::verbs::setup::{connect_rc, init_rc_qp, RcConnection, RNR_RETRY_FOREVER};
@@ -58,6 +59,8 @@ pub(super) enum Why {
     Shutdown,
     /// The QP hit an error.
     Error,
+    /// The peer restarted; this connection was its previous incarnation's.
+    Restarted,
 }
 
 impl From<Why> for RxReapReason {
@@ -68,6 +71,7 @@ impl From<Why> for RxReapReason {
             Why::Evicted => Self::Evicted,
             Why::Shutdown => Self::Shutdown,
             Why::Error => Self::Error,
+            Why::Restarted => Self::Restarted,
         }
     }
 }
@@ -82,21 +86,25 @@ impl Endpoint {
         v: &mut V,
         id: CommId,
         peer: Gid,
+        remote_ca_guid: u64,
         remote_qpn: QpNum,
         remote_psn: Psn,
         path_mtu: PathMtu,
         rnr_retry_count: u8,
         private: &[u8],
     ) {
-        // A REQ naming another UD QPN than the one we send to: the peer restarted.
-        if let Ok(d) = crate::wire::cm::IpoibCmData::decode(private) {
-            for q in self.tx.to_other_instances(peer, d.qpn) {
-                if let Some(old) = self.tx.get(&q).map(|t| t.peer) {
-                    self.neigh.forget_hw(&old);
-                }
-                self.close_tx(now, v, q);
-            }
-        }
+        let remote_ud_qpn = crate::wire::cm::IpoibCmData::decode(private)
+            .ok()
+            .map(|d| d.qpn);
+        // A REQ from another incarnation of a node we hold connections for: the peer
+        // restarted, which its connection's establishment confirms (`restart.rs`).
+        let announces_restart = remote_ud_qpn.is_some_and(|ud_qpn| {
+            let inc = Incarnation {
+                ud_qpn,
+                ca_guid: Some(remote_ca_guid),
+            };
+            self.holds_other_incarnation(peer, inc)
+        });
         if self.stopping {
             self.push_event(Event::RxRejected {
                 peer: self.event_peer(peer, remote_qpn),
@@ -147,6 +155,9 @@ impl Endpoint {
                         id,
                         peer,
                         peer_ip: ev_peer.ip,
+                        remote_ca_guid,
+                        remote_ud_qpn,
+                        announces_restart,
                         last_rx: now,
                         established: false,
                         ring_posted,

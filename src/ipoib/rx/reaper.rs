@@ -64,7 +64,7 @@ impl Endpoint {
             Why::Stale => self.counters.rx_stale_reaped += 1,
             Why::Remote => self.counters.rx_dreq_reaped += 1,
             Why::Evicted => self.counters.rx_evicted += 1,
-            Why::Shutdown | Why::Error => {}
+            Why::Shutdown | Why::Error | Why::Restarted => {}
         }
         let mut ev_peer = self.event_peer(peer, qpn);
         ev_peer.ip = ev_peer.ip.or(peer_ip);

@@ -17,6 +17,13 @@ pub(in crate::ipoib) struct RxConn {
     /// The peer's IP address as the neighbour table named it when the REQ was accepted (for
     /// the events; the entry may be gone by the time the connection is).
     pub(in crate::ipoib) peer_ip: Option<std::net::IpAddr>,
+    /// The peer's CA GUID, from its REQ.
+    pub(in crate::ipoib) remote_ca_guid: u64,
+    /// The peer's UD QPN, from its REQ's IPoIB-CM private data.
+    pub(in crate::ipoib) remote_ud_qpn: Option<QpNum>,
+    /// The REQ came from another incarnation of the node than connections we held for it:
+    /// once this connection is established, those are closed (see `restart.rs`).
+    pub(in crate::ipoib) announces_restart: bool,
     /// Time of the last receive (the activity stamp).
     pub(in crate::ipoib) last_rx: Instant,
     pub(in crate::ipoib) established: bool,
@@ -286,6 +293,9 @@ mod tests {
                 id: CommId(q),
                 peer: Gid::from(std::net::Ipv4Addr::new(198, 18, 0, 2)),
                 peer_ip: None,
+                remote_ca_guid: 1,
+                remote_ud_qpn: None,
+                announces_restart: false,
                 last_rx: now,
                 established: true,
                 ring_posted: 0,

@@ -223,6 +223,7 @@ impl Endpoint {
                 state: TxState::Connecting,
                 mtu: 0,
                 our_psn,
+                remote_ca_guid: None,
                 queue: VecDeque::new(),
                 outstanding: 0,
                 watchdog: None,
@@ -234,11 +235,13 @@ impl Endpoint {
     }
 
     /// The REP arrived: RTR, RTS, RTU, flush the queue.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn on_rep<V: Verbs>(
         &mut self,
         now: Instant,
         v: &mut V,
         id: CommId,
+        remote_ca_guid: u64,
         remote_qpn: QpNum,
         remote_psn: Psn,
         private: &[u8],
@@ -286,6 +289,7 @@ impl Endpoint {
             Some(tx) => {
                 tx.state = TxState::Established;
                 tx.mtu = mtu;
+                tx.remote_ca_guid = Some(remote_ca_guid);
                 std::mem::take(&mut tx.queue)
             }
             None => return,
@@ -342,15 +346,6 @@ impl Endpoint {
             if n < CQ_BATCH {
                 break;
             }
-        }
-    }
-
-    /// The node behind `old` restarted (it now uses another UD QPN): our connection to the old
-    /// instance can only fail, so close it now rather than after the retries run out.
-    pub(super) fn peer_restarted<V: Verbs>(&mut self, now: Instant, v: &mut V, old: HwAddr) {
-        if let Some(qpn) = self.tx.to_peer(old) {
-            tracing::debug!(peer = %old.gid, "peer restarted; closing the old TX connection");
-            self.close_tx(now, v, qpn);
         }
     }
 

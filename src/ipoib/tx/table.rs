@@ -20,6 +20,8 @@ pub(in crate::ipoib) struct TxConn {
     /// The peer's receive size minus the IPoIB header: the largest IP packet.
     pub(in crate::ipoib) mtu: u32,
     pub(in crate::ipoib) our_psn: Psn,
+    /// The peer's CA GUID, from its REP (`None` until then).
+    pub(in crate::ipoib) remote_ca_guid: Option<u64>,
     /// Packets waiting for the connection (with their ethertype).
     pub(in crate::ipoib) queue: VecDeque<(u16, Vec<u8>)>,
     /// Sends posted and not completed: send buffers this connection holds.
@@ -73,12 +75,11 @@ impl TxTable {
         (tx.state == TxState::Established && packet_len <= tx.mtu as usize).then_some(qpn)
     }
 
-    /// Open connections to the node `gid` at another UD QPN than `ud_qpn`: to an earlier
-    /// instance of a node that restarted.
-    pub(in crate::ipoib) fn to_other_instances(&self, gid: Gid, ud_qpn: QpNum) -> Vec<QpNum> {
+    /// Open connections to the node `gid`, at any UD QPN (any incarnation).
+    pub(in crate::ipoib) fn to_node(&self, gid: Gid) -> Vec<QpNum> {
         self.by_peer
             .iter()
-            .filter(|((g, q), _)| *g == gid && *q != ud_qpn)
+            .filter(|((g, _), _)| *g == gid)
             .map(|(_, q)| *q)
             .collect()
     }
