@@ -288,7 +288,7 @@ fn status_from_snapshot_has_the_endpoints_states() {
     ] {
         assert_eq!(s.provider[name], 0, "{name}");
     }
-    assert_eq!(s.provider.len(), 6, "{:?}", s.provider);
+    assert_eq!(s.provider.len(), 8, "{:?}", s.provider);
     for st in [TxState::Connecting, TxState::Established, TxState::Closing] {
         let name = serde_json::to_value(st).unwrap();
         assert!(["connecting", "live", "closing"].contains(&name.as_str().unwrap()));
@@ -315,6 +315,10 @@ fn serde_counter_names_are_the_provider_map_names() {
         "cm_retransmits",
         "cm_rej_sent",
         "cm_timeouts",
+        "cm_req_rate_limited",
+        "cm_req_sources_evicted",
+        "cm_req_retx_clamped",
+        "cm_ids_exhausted",
         "mad_sent",
         "mad_received",
         "mad_send_dropped",

@@ -62,9 +62,11 @@ impl Endpoint {
             Why::Stale => self.counters.rx_stale_reaped += 1,
             Why::Remote => self.counters.rx_dreq_reaped += 1,
             Why::Evicted => self.counters.rx_evicted += 1,
-            Why::Shutdown | Why::Error => {}
+            Why::HalfOpenEvicted => self.counters.rx_half_open_evicted += 1,
+            Why::HalfOpenTimeout => self.counters.rx_half_open_reaped += 1,
+            Why::OverBudget | Why::Shutdown | Why::Error => {}
         }
-        if why != Why::Remote {
+        if why.tell_peer() {
             // The peer may still be alive: tell it (DREQ, or REJ while still connecting).
             let _ = self.cm.disconnect(now, id);
         }
