@@ -1272,3 +1272,5 @@ proptest! {
         prop_assert!(cb.next_deadline().is_none());
     }
 }
+
+mod admission;
