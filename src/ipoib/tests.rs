@@ -579,3 +579,5 @@ fn a_busy_connection_that_makes_progress_never_stalls() {
     );
     assert_eq!(n.tun[1].len(), 500);
 }
+
+mod admission;
