@@ -72,6 +72,7 @@ fn defaults() {
     assert_eq!(c.tx_stall_timeout, Duration::from_secs(1));
     assert_eq!(c.neigh_timeout, Duration::from_secs(300));
     assert_eq!(c.max_conn_qp, 128);
+    assert_eq!(c.max_pending_rx, 16);
     assert_eq!(c.qp_budget_policy, QpBudgetPolicy::Evict);
     assert_eq!(c.tx_queue_len, 3);
     assert_eq!(c.path_mtu, None);
@@ -178,6 +179,8 @@ log = "debug"
             "90",
             "--max-conn-qp",
             "64",
+            "--max-pending-rx",
+            "8",
             "--evict",
             "--path-mtu",
             "4096",
@@ -198,6 +201,8 @@ log = "debug"
     assert_eq!(c.mode, Mode::Connected);
     assert_eq!(c.rx_timeout, Duration::from_secs(90));
     assert_eq!(c.max_conn_qp, 64);
+    assert_eq!(c.max_pending_rx, 8);
+    assert_eq!(c.endpoint_config(PathMtu::Mtu1024, 0).max_pending_rx, 8);
     assert_eq!(c.qp_budget_policy, QpBudgetPolicy::Evict);
     assert_eq!(c.path_mtu, Some(PathMtu::Mtu4096));
     assert_eq!(c.fault.loss_pct, 0.0);
@@ -437,6 +442,11 @@ fn integer_rules() {
             "--max-conn-qp",
             "65537",
             "--max-conn-qp: must be between 1 and 65536 (got 65537)",
+        ),
+        (
+            "--max-pending-rx",
+            "0",
+            "--max-pending-rx: must be between 1 and 4096 (got 0)",
         ),
         (
             "--max-conn-qp",

@@ -5,13 +5,12 @@ use std::time::Duration;
 
 use crate::verbs::{Gid, QpNum};
 use crate::wire::cm::{
-    cm_timeout_ms, CmMad, CmMessage, CmPath, Dreq, Rej, RejReason, Rep, Req, Rtu, TargetMsg,
-    MAD_LEN,
+    CmMad, CmMessage, CmPath, Dreq, Rej, RejReason, Rep, Req, Rtu, TargetMsg, MAD_LEN,
 };
 
+use super::admission::passive_retx;
 use super::{
-    cm_ack_timeout, ms, own_tid, AcceptParams, CmConfig, CmState, CommId, ConnectParams,
-    CA_ACK_DELAY,
+    cm_ack_timeout, own_tid, AcceptParams, CmConfig, CmState, CommId, ConnectParams, CA_ACK_DELAY,
 };
 
 /// Hop limit of our REQ paths; above 1, so LIDs are permissive and Subnet Local is clear
@@ -96,9 +95,12 @@ impl Conn {
     }
 
     /// A new passive id for `req` from `peer`, in ReqRcvd (Linux `cm_req_handler`: REP
-    /// timeout from the REQ's Local CM Response Timeout, retries from its Max CM Retries).
-    pub(super) fn new_passive(peer: Gid, tid: u64, req: &Req) -> Self {
-        Self {
+    /// timeout from the REQ's Local CM Response Timeout, retries from its Max CM Retries, both
+    /// clamped by [`passive_retx`]); and whether they were clamped.
+    pub(super) fn new_passive(peer: Gid, tid: u64, req: &Req) -> (Self, bool) {
+        let (timeout, max_retries, clamped) =
+            passive_retx(req.local_cm_response_timeout, req.max_cm_retries);
+        let conn = Self {
             state: CmState::ReqRcvd,
             active: false,
             peer,
@@ -107,14 +109,15 @@ impl Conn {
             remote_comm_id: Some(req.local_comm_id),
             remote_ca_guid: req.local_ca_guid,
             remote_qpn: Some(req.local_qpn),
-            timeout: ms(cm_timeout_ms(req.local_cm_response_timeout)),
-            max_retries: req.max_cm_retries,
+            timeout,
+            max_retries,
             av_timeout: req.primary_path.local_ack_timeout,
             retx: None,
             reply: None,
             deadline: None,
             timer: None,
-        }
+        };
+        (conn, clamped)
     }
 
     /// Learns the peer from its REP (Linux `cm_rep_handler`).

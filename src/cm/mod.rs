@@ -37,7 +37,9 @@
 //! state that has no use for it, or names one of our ids but comes from another GID or with
 //! the wrong peer comm id / QPN (spoofed) is dropped and counted in [`CmStats`]; it never
 //! changes state. The number of live ids is bounded by [`MAX_LIVE_IDS`] and the transmit
-//! queue by [`MAX_TX_QUEUE`].
+//! queue by [`MAX_TX_QUEUE`]. What a REQ may cost (the per-source rate limit, the clamped REP
+//! retries and timeout, so that one REQ draws at most [`MAX_MADS_PER_REQ`] MADs back) is
+//! written down in [`admission`].
 
 #![deny(clippy::indexing_slicing, clippy::panic_in_result_fn)]
 
@@ -48,6 +50,7 @@ use crate::timer::{TimerId, TimerWheel};
 use crate::verbs::{Gid, PathMtu, Psn, QpNum};
 use crate::wire::cm::{cm_timeout_ms, RejReason, MAD_LEN};
 
+pub mod admission;
 mod conn;
 mod recv;
 mod timers;
@@ -55,11 +58,13 @@ mod timers;
 #[cfg(test)]
 mod tests;
 
+use admission::{RemoteIndex, ReqLimiter};
+pub use admission::{ReqRateLimit, MAX_MADS_PER_REQ, MAX_PASSIVE_CM_RETRIES};
 use conn::{Conn, Retx};
 
 /// The most communication ids one [`Cm`] holds at once (all states, TimeWait included). A REQ
 /// beyond it is rejected with [`RejReason::NoResources`]; [`Cm::connect`] fails with
-/// [`CmUseError::NoResources`].
+/// [`CmUseError::NoResources`]; both count in [`CmStats::ids_exhausted`].
 pub const MAX_LIVE_IDS: usize = 16_384;
 
 /// The most MADs waiting in the transmit queue. Beyond it a MAD is dropped (as the network
@@ -138,6 +143,9 @@ pub struct CmConfig {
     /// so that comm ids differ across restarts. Default 0; the driver should pass a random
     /// value. (Addition to the original API.)
     pub comm_id_seed: u32,
+    /// The token bucket of each source GID's REQs; REQs beyond it are dropped unanswered.
+    /// (Addition to the original API.)
+    pub req_rate_limit: ReqRateLimit,
 }
 
 impl CmConfig {
@@ -156,6 +164,7 @@ impl CmConfig {
                 packet_life_time,
             ))),
             comm_id_seed: 0,
+            req_rate_limit: ReqRateLimit::default(),
         }
     }
 
@@ -333,6 +342,17 @@ pub struct CmStats {
     pub rej_received: u64,
     /// REQs rejected as stale (the peer's comm id or QPN is still in TimeWait here).
     pub stale_rejected: u64,
+    /// REQs dropped unanswered because their source GID exceeded
+    /// [`CmConfig::req_rate_limit`].
+    pub req_rate_limited: u64,
+    /// Source GIDs forgotten by the REQ rate limiter to make room for a new one
+    /// ([`admission::MAX_REQ_SOURCES`]).
+    pub req_sources_evicted: u64,
+    /// Passive ids whose REQ asked for more REP retries, or a shorter or longer REP timeout,
+    /// than [`admission`] allows (the id uses the clamped values).
+    pub req_retx_clamped: u64,
+    /// REQs rejected and connects refused because [`MAX_LIVE_IDS`] ids were live.
+    pub ids_exhausted: u64,
     /// DREQs for unknown ids, answered with a DREP anyway.
     pub unknown_dreq_answered: u64,
     /// REQ, REP and DREQ retries exhausted.
@@ -358,6 +378,10 @@ pub struct Cm {
     tx: VecDeque<(Gid, [u8; MAD_LEN])>,
     events: VecDeque<CmEvent>,
     stats: CmStats,
+    /// Per-source REQ token buckets.
+    limiter: ReqLimiter,
+    /// Ids by the peer's CA GUID and comm id or QPN (the duplicate and stale REQ checks).
+    index: RemoteIndex,
 }
 
 impl Cm {
@@ -374,6 +398,8 @@ impl Cm {
             tx: VecDeque::new(),
             events: VecDeque::new(),
             stats: CmStats::default(),
+            limiter: ReqLimiter::default(),
+            index: RemoteIndex::default(),
         }
     }
 
@@ -402,7 +428,10 @@ impl Cm {
     pub fn connect(&mut self, now: Instant, p: ConnectParams) -> Result<CommId, CmUseError> {
         self.start_clock(now);
         let private_data = pad::<92>(&p.private_data)?;
-        let id = self.alloc_id().ok_or(CmUseError::NoResources)?;
+        let Some(id) = self.alloc_id() else {
+            self.stats.ids_exhausted += 1;
+            return Err(CmUseError::NoResources);
+        };
         let tid = own_tid(id);
         let mut c = Conn::new_active(&self.cfg, tid, &p);
         let mad = c.req_mad(&self.cfg, id, &p, private_data);
@@ -638,7 +667,11 @@ impl Cm {
     /// Frees `id`.
     fn free(&mut self, id: CommId) {
         self.set_deadline(id, None);
-        self.conns.remove(&id.0);
+        if let Some(c) = self.conns.remove(&id.0) {
+            let comm_id = (!c.active).then_some(c.remote_comm_id).flatten();
+            self.index
+                .remove(id.0, c.remote_ca_guid, comm_id, c.remote_qpn);
+        }
     }
 
     /// Sends a REJ for `id` and moves it as Linux `cm_send_rej_locked` does: to TimeWait from

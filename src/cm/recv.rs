@@ -8,6 +8,7 @@ use crate::wire::cm::{
     cm_timeout_ms, CmMad, CmMessage, Drep, Dreq, Mra, Rej, RejReason, Rep, Req, Rtu, TargetMsg,
 };
 
+use super::admission::MAX_MRA_TIMEOUT_EXP;
 use super::conn::{drep_mad, issue_rej, Conn};
 use super::{ms, Cm, CmEvent, CmState, CommId};
 
@@ -23,7 +24,7 @@ impl Cm {
         };
         let tid = m.header.transaction_id;
         match m.msg {
-            CmMessage::Req(r) => self.on_req(from, tid, &r),
+            CmMessage::Req(r) => self.on_req(now, from, tid, &r),
             CmMessage::Mra(r) => self.on_mra(now, from, &r),
             CmMessage::Rej(r) => self.on_rej(now, from, &r),
             CmMessage::Rep(r) => self.on_rep(from, &r),
@@ -57,18 +58,22 @@ impl Cm {
         self.stats.dropped_unexpected += 1;
     }
 
-    /// REQ: a duplicate of a known one, a stale one, or a new passive id (Linux
-    /// `cm_req_handler`, `cm_dup_req_handler`).
-    fn on_req(&mut self, from: Gid, tid: u64, r: &Req) {
+    /// REQ: rate-limited per source, then a duplicate of a known one, a stale one, or a new
+    /// passive id (Linux `cm_req_handler`, `cm_dup_req_handler`).
+    fn on_req(&mut self, now: Instant, from: Gid, tid: u64, r: &Req) {
+        let admission = self.limiter.admit(self.cfg.req_rate_limit, now, from);
+        if admission.evicted_source {
+            self.stats.req_sources_evicted += 1;
+        }
+        if !admission.admitted {
+            self.stats.req_rate_limited += 1;
+            return;
+        }
         let dup = self
-            .conns
-            .iter()
-            .find(|(_, c)| {
-                !c.active
-                    && c.remote_comm_id == Some(r.local_comm_id)
-                    && c.remote_ca_guid == r.local_ca_guid
-            })
-            .map(|(_, c)| (c.state, c.peer, c.reply.as_deref().copied()));
+            .index
+            .passive(r.local_ca_guid, r.local_comm_id)
+            .and_then(|raw| self.conns.get(&raw))
+            .map(|c| (c.state, c.peer, c.reply.as_deref().copied()));
         if let Some((state, peer, reply)) = dup {
             if peer != from {
                 self.stats.dropped_spoofed += 1;
@@ -91,11 +96,10 @@ impl Cm {
         }
         // The peer's QP is still in TimeWait here: its packets might belong to the old
         // connection.
-        let stale_qpn = self.conns.values().any(|c| {
-            c.state == CmState::TimeWait
-                && c.remote_ca_guid == r.local_ca_guid
-                && c.remote_qpn == Some(r.local_qpn)
-        });
+        let stale_qpn = self
+            .index
+            .by_qpn(r.local_ca_guid, r.local_qpn)
+            .any(|raw| self.conns.get(&raw).map(|c| c.state) == Some(CmState::TimeWait));
         if stale_qpn {
             self.stats.stale_rejected += 1;
             self.reject_req(from, tid, r, RejReason::StaleConn);
@@ -122,10 +126,18 @@ impl Cm {
             return;
         }
         let Some(id) = self.alloc_id() else {
+            self.stats.ids_exhausted += 1;
             self.reject_req(from, tid, r, RejReason::NoResources);
             return;
         };
-        self.conns.insert(id.0, Conn::new_passive(from, tid, r));
+        let (conn, clamped) = Conn::new_passive(from, tid, r);
+        if clamped {
+            self.stats.req_retx_clamped += 1;
+        }
+        self.index
+            .insert_passive(r.local_ca_guid, r.local_comm_id, id.0);
+        self.index.insert_qpn(r.local_ca_guid, r.local_qpn, id.0);
+        self.conns.insert(id.0, conn);
         self.events.push_back(CmEvent::ReqReceived {
             id,
             peer: from,
@@ -148,7 +160,8 @@ impl Cm {
     }
 
     /// MRA: the peer needs more time; the outstanding REQ or REP waits
-    /// `conv(service_timeout) + conv(av.timeout)` per try (Linux `cm_mra_handler`).
+    /// `conv(service_timeout) + conv(av.timeout)` per try (Linux `cm_mra_handler`), each
+    /// exponent at most [`MAX_MRA_TIMEOUT_EXP`].
     fn on_mra(&mut self, now: Instant, from: Gid, m: &Mra) {
         let Some(id) = self.lookup(from, m.remote_comm_id, Some(m.local_comm_id)) else {
             return;
@@ -164,8 +177,8 @@ impl Cm {
                 return;
             }
         };
-        let interval =
-            ms(cm_timeout_ms(m.service_timeout).saturating_add(cm_timeout_ms(c.av_timeout)));
+        let interval = ms(cm_timeout_ms(m.service_timeout.min(MAX_MRA_TIMEOUT_EXP))
+            .saturating_add(cm_timeout_ms(c.av_timeout.min(MAX_MRA_TIMEOUT_EXP))));
         c.state = next;
         if let Some(r) = c.retx.as_mut() {
             r.interval = interval;
@@ -227,6 +240,7 @@ impl Cm {
         match c.state {
             CmState::ReqSent | CmState::MraReqRcvd if c.active => {
                 c.learn_rep(&self.cfg, r);
+                self.index.insert_qpn(r.local_ca_guid, r.local_qpn, id.0);
                 c.state = CmState::RepRcvd;
                 c.retx = None;
                 self.set_deadline(id, None);

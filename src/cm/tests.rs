@@ -358,11 +358,13 @@ fn rep_is_resent_then_times_out_with_rej_and_timewait() {
     let (_ida, idb, _) = req_delivered(t0, &mut ca, &mut cb);
     cb.accept(t0, idb, accept_params()).unwrap();
     let rep = sent_one(&mut cb, a());
-    for k in 1..=15u32 {
+    // The REQ asked for 15 retries; the REP is resent at most MAX_PASSIVE_CM_RETRIES times.
+    let retries = u32::from(MAX_PASSIVE_CM_RETRIES);
+    for k in 1..=retries {
         cb.handle_timeout(t0 + msec(4096) * k);
         assert_eq!(sent_one(&mut cb, a()), rep);
     }
-    let end = t0 + msec(4096) * 16;
+    let end = t0 + msec(4096) * (retries + 1);
     cb.handle_timeout(end);
     let rej = as_rej(&parse(&sent_one(&mut cb, a())));
     assert_eq!(rej.reason, RejReason::Timeout);
@@ -1070,6 +1072,8 @@ fn drained_queues_give_back_a_burst() {
     let t0 = Instant::now();
     let (mut ca, mut cb) = (cm_a(), cm_b());
     let burst = 4 * QUEUE_KEEP;
+    // One source's burst of REQs, all admitted.
+    cb.cfg.req_rate_limit.burst = burst as u32;
     for _ in 0..burst {
         ca.connect(t0, connect_params()).unwrap();
     }
@@ -1271,3 +1275,5 @@ proptest! {
         prop_assert!(cb.next_deadline().is_none());
     }
 }
+
+mod admission;

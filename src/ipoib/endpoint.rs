@@ -117,7 +117,8 @@ impl Endpoint {
         cm.listen(ipoib_service_id(ud.qp, true), u64::MAX);
         cm.listen(ipoib_service_id(ud.qp, false), u64::MAX);
         let buf_len = IPOIB_CM_BUF_SIZE as usize;
-        let rx_cq = v.create_cq(cfg.srq_depth + cfg.nonsrq_ring * cfg.max_conn_qp as u32 + 16)?;
+        let rx_qps = (cfg.max_conn_qp + cfg.max_pending_rx) as u32;
+        let rx_cq = v.create_cq(cfg.srq_depth + cfg.nonsrq_ring * rx_qps + 16)?;
         let tx_cq = v.create_cq(cfg.tx_depth + 16)?;
         let (srq, rx_pool) = if cfg.srq {
             let pool = v.create_pool(pd, buf_len, cfg.srq_depth as usize)?;
@@ -135,8 +136,9 @@ impl Endpoint {
             }
             (Some(srq), pool)
         } else {
-            // One ring per connection, plus one for a connection being evicted.
-            let count = cfg.nonsrq_ring as usize * (cfg.max_conn_qp + 1);
+            // One ring per connection, established or half-open, plus one for a connection
+            // being evicted.
+            let count = cfg.nonsrq_ring as usize * (cfg.max_conn_qp + cfg.max_pending_rx + 1);
             (None, v.create_pool(pd, buf_len, count)?)
         };
         let tx_pool = v.create_pool(pd, buf_len, cfg.tx_depth as usize)?;
@@ -357,6 +359,14 @@ impl Endpoint {
             CmEvent::Established { id } => {
                 if let Some(Owner::Rx(qpn)) = self.owners.get(&id).copied() {
                     self.on_rx_established(now, v, qpn);
+                }
+            }
+            CmEvent::TimedOut { id, .. }
+                if matches!(self.owners.get(&id), Some(Owner::Rx(q))
+                    if self.rx.get(q).is_some_and(|r| !r.established)) =>
+            {
+                if let Some(Owner::Rx(qpn)) = self.owners.get(&id).copied() {
+                    self.start_rx_teardown(now, v, qpn, rx::Why::HalfOpenTimeout);
                 }
             }
             CmEvent::Rejected { id, .. } | CmEvent::TimedOut { id, .. } => {

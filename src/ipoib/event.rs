@@ -75,6 +75,12 @@ pub enum RxReapReason {
     Error,
     /// The peer restarted: this connection was its previous incarnation's.
     Restarted,
+    /// Established beyond `max_conn_qp` under the reject policy.
+    OverBudget,
+    /// Half-open (REP sent, no RTU), and the oldest when a REQ found `max_pending_rx` of them.
+    HalfOpenEvicted,
+    /// Half-open until the CM gave up resending the REP.
+    HalfOpenTimeout,
 }
 
 impl RxReapReason {
@@ -86,6 +92,9 @@ impl RxReapReason {
             Self::Evicted => "evicted",
             Self::Shutdown => "shutdown",
             Self::Restarted => "peer-restarted",
+            Self::OverBudget => "over-budget",
+            Self::HalfOpenEvicted => "half-open-evicted",
+            Self::HalfOpenTimeout => "half-open-timeout",
             Self::Error => "qp-error",
         }
     }

@@ -181,10 +181,15 @@ pub struct EndpointConfig {
     /// its send buffers back), whatever the provider's retry budget: the bound on how long a
     /// vanished or stuck peer can hold the send buffers that every other peer needs too.
     pub tx_stall_timeout: Duration,
-    /// Most live RX connections.
+    /// Most established RX connections (the QP budget, charged when a connection is
+    /// established).
     pub max_conn_qp: usize,
-    /// What a REQ beyond `max_conn_qp` does.
+    /// What a connection established beyond `max_conn_qp` does (and, under the reject
+    /// policy, a REQ that finds `max_conn_qp` established).
     pub budget_policy: QpBudgetPolicy,
+    /// Most half-open RX connections (REP sent, no RTU or data yet); a REQ beyond it tears
+    /// down the oldest one.
+    pub max_pending_rx: usize,
     /// Packets held per neighbour while its address or connection is being set up.
     pub tx_queue_len: usize,
     /// Unused neighbours (and their TX connections) are removed after this long.
@@ -233,6 +238,7 @@ impl EndpointConfig {
             tx_stall_timeout: Duration::from_secs(1),
             max_conn_qp: 128,
             budget_policy: QpBudgetPolicy::Evict,
+            max_pending_rx: 16,
             tx_queue_len: 3,
             neigh_timeout: Duration::from_secs(300),
             neigh_max: 1024,
@@ -279,13 +285,18 @@ pub struct Counters {
     pub rx_stale_reaped: u64,
     /// RX connections reaped after the peer's DREQ (or REJ, or a CM timeout).
     pub rx_dreq_reaped: u64,
-    /// RX connections evicted to admit a new one at `max_conn_qp`.
+    /// RX connections evicted to make room for a new one established beyond `max_conn_qp`.
     pub rx_evicted: u64,
+    /// Half-open RX connections torn down to admit a REQ at `max_pending_rx`.
+    pub rx_half_open_evicted: u64,
+    /// Half-open RX connections reaped when the CM gave up resending their REP.
+    pub rx_half_open_reaped: u64,
     /// Teardowns finished by the watchdog, not by the provider.
     pub drain_timeouts: u64,
     /// Last WQE Reached events received.
     pub last_wqe_events: u64,
-    /// REQs rejected for lack of QP budget.
+    /// REQs rejected for lack of QP budget (or of a QP), and connections established beyond
+    /// it under the reject policy.
     pub rx_rejected: u64,
     /// Active connections established.
     pub tx_established: u64,

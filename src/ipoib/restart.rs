@@ -126,25 +126,29 @@ impl Endpoint {
         !tx.is_empty() || !rx.is_empty()
     }
 
-    /// The RX connection `qpn` is established; if its REQ announced a restart, the node's
-    /// other incarnations' connections go now.
+    /// The RX connection `qpn` is established: if its REQ announced a restart, the node's
+    /// other incarnations' connections go now; then it is charged to the QP budget.
     pub(super) fn on_rx_established<V: Verbs>(&mut self, now: Instant, v: &mut V, qpn: QpNum) {
         let Some(r) = self.rx.get_mut(&qpn) else {
             return;
         };
         r.established = true;
-        if !std::mem::take(&mut r.announces_restart) {
-            return;
+        let restart = std::mem::take(&mut r.announces_restart)
+            .then_some(r.remote_ud_qpn)
+            .flatten()
+            .map(|ud_qpn| {
+                let inc = Incarnation {
+                    ud_qpn,
+                    ca_guid: Some(r.remote_ca_guid),
+                };
+                (r.peer, inc)
+            });
+        // The old incarnation's connections go first: they no longer count against the
+        // budget the new one is charged to.
+        if let Some((peer, inc)) = restart {
+            self.retire_old_incarnations(now, v, peer, inc, Some(qpn));
         }
-        let Some(ud_qpn) = r.remote_ud_qpn else {
-            return;
-        };
-        let inc = Incarnation {
-            ud_qpn,
-            ca_guid: Some(r.remote_ca_guid),
-        };
-        let peer = r.peer;
-        self.retire_old_incarnations(now, v, peer, inc, Some(qpn));
+        self.charge_rx_budget(now, v, qpn);
     }
 
     /// The node at `gid` restarted and is now `inc`: closes every TX connection to and tears

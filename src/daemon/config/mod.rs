@@ -249,6 +249,14 @@ fn validate(s: &Settings) -> Result<Config, ConfigError> {
 
     let qp_budget_policy = qp_budget_policy(s)?.unwrap_or(d.budget_policy);
 
+    let max_pending_rx = int_in(
+        "max_pending_rx",
+        s.max_pending_rx.as_ref(),
+        1,
+        i64::from(MAX_MAX_PENDING_RX),
+    )?
+    .map_or(d.max_pending_rx as u32, |v| v as u32);
+
     let tx_queue_len = int_in(
         "tx_queue_len",
         s.tx_queue_len.as_ref(),
@@ -331,6 +339,7 @@ fn validate(s: &Settings) -> Result<Config, ConfigError> {
         neigh_max,
         max_conn_qp,
         qp_budget_policy,
+        max_pending_rx,
         tx_queue_len,
         path_mtu,
         fault,

@@ -34,6 +34,8 @@ pub const MIN_NEIGH_TIMEOUT: Duration = Duration::from_secs(1);
 pub const MAX_NEIGH_MAX: u32 = 1 << 20;
 /// Largest accepted QP budget.
 pub const MAX_MAX_CONN_QP: u32 = 65536;
+/// Largest accepted `max_pending_rx`.
+pub const MAX_MAX_PENDING_RX: u32 = 4096;
 /// Largest accepted per-neighbour queue.
 pub const MAX_TX_QUEUE_LEN: u32 = 65536;
 /// Default log filter.
@@ -203,6 +205,8 @@ pub struct Config {
     pub max_conn_qp: u32,
     /// What to do when the budget is exhausted (`--evict`/`--reject`, default evict).
     pub qp_budget_policy: QpBudgetPolicy,
+    /// Half-open RX connections held at once (`--max-pending-rx`, default 16).
+    pub max_pending_rx: u32,
     /// Packets queued per neighbour while its path/connection comes up (`--tx-queue-len`,
     /// default 3).
     pub tx_queue_len: u32,
@@ -264,6 +268,7 @@ impl Config {
             neigh_max: self.neigh_max as usize,
             max_conn_qp: self.max_conn_qp as usize,
             budget_policy: self.qp_budget_policy,
+            max_pending_rx: self.max_pending_rx as usize,
             tx_queue_len: self.tx_queue_len as usize,
             static_neighbours: self.neigh.clone(),
             qp_timeout: self.qp_timeout,

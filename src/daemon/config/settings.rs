@@ -159,6 +159,10 @@ settings! {
         /// Connected-mode QP budget [default: 128].
         #[arg(long, value_name = "N", allow_negative_numbers = true)]
         pub max_conn_qp: Option<Given<i64>>,
+        /// Half-open RX connections (REP sent, no RTU yet) held at once; a REQ beyond them
+        /// tears down the oldest [default: 16].
+        #[arg(long, value_name = "N", allow_negative_numbers = true)]
+        pub max_pending_rx: Option<Given<i64>>,
         /// When the QP budget is spent, evict the idlest RX connection (default).
         #[arg(long, num_args = 0, default_missing_value = "true", conflicts_with = "reject")]
         pub evict: Option<Given<bool>>,

@@ -349,7 +349,7 @@ fn status_from_snapshot_has_the_endpoints_states() {
     ] {
         assert_eq!(s.provider[name], 0, "{name}");
     }
-    assert_eq!(s.provider.len(), 16, "{:?}", s.provider);
+    assert_eq!(s.provider.len(), 18, "{:?}", s.provider);
     assert_eq!(
         s.neighbour_table,
         NeighbourTable {
@@ -387,6 +387,10 @@ fn serde_counter_names_are_the_provider_map_names() {
         "cm_retransmits",
         "cm_rej_sent",
         "cm_timeouts",
+        "cm_req_rate_limited",
+        "cm_req_sources_evicted",
+        "cm_req_retx_clamped",
+        "cm_ids_exhausted",
         "mad_sent",
         "mad_received",
         "mad_send_dropped",

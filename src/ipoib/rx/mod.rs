@@ -53,8 +53,14 @@ pub(super) enum Why {
     Stale,
     /// The peer disconnected or rejected, or the CM gave up.
     Remote,
-    /// Evicted to admit a new connection.
+    /// Evicted to make room for a connection just established.
     Evicted,
+    /// Established beyond `max_conn_qp` under the reject policy.
+    OverBudget,
+    /// Half-open, and the oldest when a REQ found `max_pending_rx` half-open connections.
+    HalfOpenEvicted,
+    /// Half-open until the CM gave up resending the REP (it sent the REJ).
+    HalfOpenTimeout,
     /// Interface shutting down.
     Shutdown,
     /// The QP hit an error.
@@ -72,13 +78,31 @@ impl From<Why> for RxReapReason {
             Why::Shutdown => Self::Shutdown,
             Why::Error => Self::Error,
             Why::Restarted => Self::Restarted,
+            Why::OverBudget => Self::OverBudget,
+            Why::HalfOpenEvicted => Self::HalfOpenEvicted,
+            Why::HalfOpenTimeout => Self::HalfOpenTimeout,
         }
     }
 }
 
+impl Why {
+    /// Whether the peer may still hold its end, so the CM should tell it (DREQ, or REJ while
+    /// connecting): not when the peer or the CM ended it.
+    fn tell_peer(self) -> bool {
+        !matches!(self, Self::Remote | Self::HalfOpenTimeout)
+    }
+}
+
 impl Endpoint {
-    /// A REQ for our service: admit it within the QP budget, build the receive QP up to RTS,
-    /// and accept.
+    /// A REQ for our service: admit it, build the receive QP up to RTS, and accept.
+    ///
+    /// Admission: under the reject policy a REQ finding `max_conn_qp` established connections
+    /// is rejected (`NO_QP`). Otherwise it gets a receive QP, which is half-open until the RTU
+    /// (or data) arrives: at most `max_pending_rx` are, the oldest is torn down to admit a new
+    /// one, and the CM reaps each at its (clamped) REP timeout. The QP budget is charged when
+    /// the connection is established ([`charge_rx_budget`](Self::charge_rx_budget)), so a REQ
+    /// that never completes can neither hold a budget slot nor evict an established
+    /// connection.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn on_req<V: Verbs>(
         &mut self,
@@ -113,22 +137,20 @@ impl Endpoint {
             let _ = self.cm.reject(now, id, RejReason::NoQp);
             return;
         }
-        if self.rx.live_count() >= self.cfg.max_conn_qp {
-            match self.cfg.budget_policy {
-                super::QpBudgetPolicy::Reject => {
-                    self.counters.rx_rejected += 1;
-                    self.push_event(Event::RxRejected {
-                        peer: self.event_peer(peer, remote_qpn),
-                        reason: RxRejectReason::QpBudget,
-                    });
-                    let _ = self.cm.reject(now, id, RejReason::NoQp);
-                    return;
-                }
-                super::QpBudgetPolicy::Evict => {
-                    if let Some(q) = self.rx.least_recently_active() {
-                        self.start_rx_teardown(now, v, q, Why::Evicted);
-                    }
-                }
+        if self.cfg.budget_policy == super::QpBudgetPolicy::Reject
+            && self.rx.established_count() >= self.cfg.max_conn_qp
+        {
+            self.counters.rx_rejected += 1;
+            self.push_event(Event::RxRejected {
+                peer: self.event_peer(peer, remote_qpn),
+                reason: RxRejectReason::QpBudget,
+            });
+            let _ = self.cm.reject(now, id, RejReason::NoQp);
+            return;
+        }
+        if self.rx.half_open_count() >= self.cfg.max_pending_rx {
+            if let Some(q) = self.rx.oldest_half_open() {
+                self.start_rx_teardown(now, v, q, Why::HalfOpenEvicted);
             }
         }
         match self.build_rx_qp(v, peer, remote_qpn, remote_psn, path_mtu, rnr_retry_count) {
@@ -174,6 +196,26 @@ impl Endpoint {
                     reason: RxRejectReason::NoResources,
                 });
                 let _ = self.cm.reject(now, id, RejReason::NoResources);
+            }
+        }
+    }
+
+    /// The RX connection on `qpn` is established: charge it to the QP budget. Beyond
+    /// `max_conn_qp`, the evict policy tears down the least recently active other one, the
+    /// reject policy this one (counted in `rx_rejected`).
+    pub(super) fn charge_rx_budget<V: Verbs>(&mut self, now: Instant, v: &mut V, qpn: QpNum) {
+        if self.rx.established_count() <= self.cfg.max_conn_qp {
+            return;
+        }
+        match self.cfg.budget_policy {
+            super::QpBudgetPolicy::Evict => {
+                if let Some(q) = self.rx.least_recently_active_except(qpn) {
+                    self.start_rx_teardown(now, v, q, Why::Evicted);
+                }
+            }
+            super::QpBudgetPolicy::Reject => {
+                self.counters.rx_rejected += 1;
+                self.start_rx_teardown(now, v, qpn, Why::OverBudget);
             }
         }
     }

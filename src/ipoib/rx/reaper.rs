@@ -64,7 +64,9 @@ impl Endpoint {
             Why::Stale => self.counters.rx_stale_reaped += 1,
             Why::Remote => self.counters.rx_dreq_reaped += 1,
             Why::Evicted => self.counters.rx_evicted += 1,
-            Why::Shutdown | Why::Error | Why::Restarted => {}
+            Why::HalfOpenEvicted => self.counters.rx_half_open_evicted += 1,
+            Why::HalfOpenTimeout => self.counters.rx_half_open_reaped += 1,
+            Why::OverBudget | Why::Shutdown | Why::Error | Why::Restarted => {}
         }
         let mut ev_peer = self.event_peer(peer, qpn);
         ev_peer.ip = ev_peer.ip.or(peer_ip);
@@ -72,7 +74,7 @@ impl Endpoint {
             peer: ev_peer,
             reason: why.into(),
         });
-        if why != Why::Remote {
+        if why.tell_peer() {
             // The peer may still be alive: tell it (DREQ, or REJ while still connecting).
             let _ = self.cm.disconnect(now, id);
         }

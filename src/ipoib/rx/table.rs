@@ -121,16 +121,39 @@ impl RxTable {
         self.conns.insert(qpn, conn);
     }
 
-    /// Connections receiving now (what counts against `max_conn_qp`).
-    pub(in crate::ipoib) fn live_count(&self) -> usize {
-        self.conns.values().filter(|r| r.is_live()).count()
+    /// Established connections receiving now (what counts against `max_conn_qp`).
+    pub(in crate::ipoib) fn established_count(&self) -> usize {
+        self.conns
+            .values()
+            .filter(|r| r.is_live() && r.established)
+            .count()
     }
 
-    /// The live connection that received least recently (the eviction victim).
-    pub(in crate::ipoib) fn least_recently_active(&self) -> Option<QpNum> {
+    /// Half-open connections: REP sent, no RTU (or data) yet (what counts against
+    /// `max_pending_rx`).
+    pub(in crate::ipoib) fn half_open_count(&self) -> usize {
+        self.conns
+            .values()
+            .filter(|r| r.is_live() && !r.established)
+            .count()
+    }
+
+    /// The half-open connection accepted first (the victim when a REQ finds
+    /// `max_pending_rx` of them).
+    pub(in crate::ipoib) fn oldest_half_open(&self) -> Option<QpNum> {
         self.conns
             .iter()
-            .filter(|(_, r)| r.is_live())
+            .filter(|(_, r)| r.is_live() && !r.established)
+            .min_by_key(|(_, r)| r.last_rx)
+            .map(|(q, _)| *q)
+    }
+
+    /// The established connection other than `keep` that received least recently (the
+    /// eviction victim).
+    pub(in crate::ipoib) fn least_recently_active_except(&self, keep: QpNum) -> Option<QpNum> {
+        self.conns
+            .iter()
+            .filter(|(q, r)| r.is_live() && r.established && **q != keep)
             .min_by_key(|(_, r)| r.last_rx)
             .map(|(q, _)| *q)
     }
