@@ -94,15 +94,18 @@ impl Cm {
             }
             return;
         }
-        // The peer's QP is still in TimeWait here: its packets might belong to the old
-        // connection.
-        let stale_qpn = self
-            .index
-            .by_qpn(r.local_ca_guid, r.local_qpn)
-            .any(|raw| self.conns.get(&raw).map(|c| c.state) == Some(CmState::TimeWait));
-        if stale_qpn {
+        // The peer's QP is still used by a connection here (or in TimeWait): its packets
+        // might belong to the old connection. As Linux `cm_match_req`: REJ STALE_CONN, and
+        // the old connection, if established, gets a DREQ.
+        let stale: Vec<u32> = self.index.by_qpn(r.local_ca_guid, r.local_qpn).collect();
+        if !stale.is_empty() {
             self.stats.stale_rejected += 1;
             self.reject_req(from, tid, r, RejReason::StaleConn);
+            for raw in stale {
+                if self.state(CommId(raw)) == Some(CmState::Established) {
+                    let _ = self.disconnect(now, CommId(raw));
+                }
+            }
             return;
         }
         let listened = self
