@@ -329,3 +329,33 @@ fn a_req_naming_the_qpn_of_a_live_connection_gets_rej_stale_conn_and_the_old_one
     cb.handle_mad(t0 + msec(3), a(), &sent_one(&mut ca, b()));
     assert_eq!(events(&mut cb), vec![CmEvent::Disconnected { id: idb }]);
 }
+
+#[test]
+fn a_peer_that_answered_us_keeps_the_retries_its_req_asks_for() {
+    let t0 = Instant::now();
+    let (mut ca, mut cb) = (cm_a(), cm_b());
+    // A's RTU named B's id: A receives what B sends. (Its first REQ was clamped.)
+    established(t0, &mut ca, &mut cb);
+    assert_eq!(cb.stats().req_retx_clamped, 1);
+    let mut p = connect_params();
+    p.local_qpn = QpNum::new(QPN_A + 1);
+    let ida2 = ca.connect(t0, p).unwrap();
+    cb.handle_mad(t0, a(), &sent_one(&mut ca, b()));
+    accept_all(t0, &mut cb);
+    let rep = sent_one(&mut cb, a());
+    for k in 1..=15u32 {
+        cb.handle_timeout(t0 + msec(4096) * k);
+        assert_eq!(sent_one(&mut cb, a()), rep, "resend {k}");
+    }
+    cb.handle_timeout(t0 + msec(4096) * 16);
+    let rej = as_rej(&parse(&sent_one(&mut cb, a())));
+    assert_eq!(
+        (rej.reason, rej.remote_comm_id),
+        (RejReason::Timeout, ida2.0)
+    );
+    assert_eq!(cb.stats().req_retx_clamped, 1);
+    // The same REQ from a GID that never answered is resent 3 times.
+    cb.handle_mad(t0, x(), &req_from(x(), 77, 20, 15));
+    accept_all(t0, &mut cb);
+    assert_eq!(cb.stats().req_retx_clamped, 2);
+}
