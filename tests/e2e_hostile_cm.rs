@@ -130,6 +130,7 @@ fn forged_req_flood_costs_no_qp_budget() {
     std::thread::sleep(Duration::from_millis(1000));
     let during = lab.status(1);
     let first = first_reply(&lab);
+    let connected = lab.status(1);
     // Node 2 restarts: a new incarnation connects again, the flood still on.
     assert!(lab.sh(&["stop", "2"]).status.success());
     assert!(lab.sh(&["start", "2"]).status.success());
@@ -140,7 +141,11 @@ fn forged_req_flood_costs_no_qp_budget() {
     let again = first_reply(&lab);
     let text = rogue_output(flood, Duration::from_secs(20));
     let after = lab.status(1);
-    let qp_live = during["counters"]["qp_live"].as_u64().unwrap_or(0);
+    let qp_live = [&during, &connected]
+        .iter()
+        .filter_map(|s| s["counters"]["qp_live"].as_u64())
+        .max()
+        .unwrap_or(0);
     println!(
         "flood: {} | first reply {first:?} s, after restart {again:?} s | node 1 during: \
          qp_live {qp_live} rx {} | after: rx_rejected {} rx_half_open_evicted {} \
@@ -167,6 +172,66 @@ fn forged_req_flood_costs_no_qp_budget() {
     // UD, QP1, at most 2 RC per direction with node 2, 16 half-open, some being torn down.
     assert!(qp_live <= 48, "node 1 holds {qp_live} QPs during the flood");
     assert!(provider(&after, "rx_half_open_evicted") > 0);
+}
+
+#[test]
+fn forged_req_flood_evicts_nothing_under_evict() {
+    let Some(lab) = Lab::up("e2ehe", 3, &["--evict", "--max-conn-qp", "4"]) else {
+        return;
+    };
+    assert!(lab.sh(&["stop", "3"]).status.success());
+    add_rogue_addrs(
+        &lab,
+        (0..FLOOD_SOURCES).map(|i| Ipv4Addr::new(198, 18, 0, 100 + i)),
+    );
+    let qpn = ud_qpn(&lab);
+    lab.ping_ok(2, "198.19.0.1", &[]);
+    let flood = rogue(&lab, &format!("flood {qpn} 4000 200"));
+    // Node 2 pings through the flood on the connections it already has.
+    let out = lab.exec(
+        2,
+        &[
+            "ping",
+            "-n",
+            "-c",
+            "60",
+            "-i",
+            "0.05",
+            "-W",
+            "1",
+            "198.19.0.1",
+        ],
+        Duration::from_secs(20),
+    );
+    let text = rogue_output(flood, Duration::from_secs(20));
+    let ping = String::from_utf8_lossy(&out.stdout);
+    let summary = ping
+        .lines()
+        .find(|l| l.contains("packets transmitted"))
+        .unwrap_or("?");
+    let (one, two) = (lab.status(1), lab.status(2));
+    println!(
+        "evict flood: {} | ping {summary} | node 1: rx_evicted {} rx_half_open_evicted {} | \
+         node 2: tx_established {} tx_failed {}",
+        text.lines().find(|l| l.starts_with("sent")).unwrap_or("?"),
+        one["counters"]["rx_evicted"],
+        provider(&one, "rx_half_open_evicted"),
+        two["counters"]["tx_established"],
+        two["counters"]["tx_failed"],
+    );
+    assert!(text.contains("ROGUE DONE"), "rogue: {text}");
+    assert!(
+        out.status.success() && summary.contains(" 0% packet loss"),
+        "{ping}"
+    );
+    assert_eq!(
+        one["counters"]["rx_evicted"], 0,
+        "forged REQs evicted a connection"
+    );
+    assert_eq!(
+        two["counters"]["tx_established"], 1,
+        "node 2 had to reconnect"
+    );
 }
 
 #[test]

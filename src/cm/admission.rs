@@ -9,14 +9,18 @@
 //!   [`CmStats::req_rate_limited`](super::CmStats::req_rate_limited). At most
 //!   [`MAX_REQ_SOURCES`] sources are tracked; a new one beyond that replaces the least recently
 //!   seen (counted in [`CmStats::req_sources_evicted`](super::CmStats::req_sources_evicted)).
-//! - A passive id resends its REP at most [`MAX_PASSIVE_CM_RETRIES`] times, at an interval of
-//!   `4.096 µs · 2^t` with the REQ's Local CM Response Timeout `t` clamped to
+//! - A passive id resends its REP at most [`MAX_PASSIVE_CM_RETRIES`] times if its source GID
+//!   has never answered us (no MAD from it ever named one of our ids as only a receiver of
+//!   our MADs can: it may be a spoofed victim), else as often as the REQ asks (at most 15, the
+//!   field's width, as Linux does: a peer on a lossy path keeps the spec's retries), at an
+//!   interval of `4.096 µs · 2^t` with the REQ's Local CM Response Timeout `t` clamped to
 //!   [`PASSIVE_TIMEOUT_EXP`] (64 ms ..= 4096 ms as Linux `cm_convert_to_ms` rounds them),
-//!   and then sends one REJ (Timeout). So one admitted REQ draws at most [`MAX_MADS_PER_REQ`]
-//!   MADs back, spread over at least `MAX_PASSIVE_CM_RETRIES` · 64 ms, and its id lives at
-//!   most `(MAX_PASSIVE_CM_RETRIES + 1)` · 4096 ms before TimeWait; a duplicate REQ draws at most
+//!   and then sends one REJ (Timeout). So one admitted REQ from an unconfirmed source draws at
+//!   most [`MAX_MADS_PER_REQ`] MADs back, spread over at least `MAX_PASSIVE_CM_RETRIES` ·
+//!   64 ms (from a confirmed peer at most 17, over at least 960 ms), and its id lives at most
+//!   16 · 4096 ms before TimeWait; a duplicate REQ draws at most
 //!   one MAD (the REP again, or a REJ in TimeWait) and is rate-limited like any REQ. The MADs
-//!   one source GID (a spoofed victim included) can draw are therefore at most
+//!   a source GID that never answered us (a spoofed victim) can be sent are therefore at most
 //!   `MAX_MADS_PER_REQ · (burst + rate · seconds)`.
 //! - An MRA extends a wait by at most twice `conv(`[`MAX_MRA_TIMEOUT_EXP`]`)` (131 s).
 
@@ -26,14 +30,16 @@ use std::time::{Duration, Instant};
 
 use crate::verbs::{Gid, QpNum};
 
-/// Most times a passive id resends its REP (or DREQ), whatever the REQ's Max CM Retries asks.
+/// Most times a passive id resends its REP (or DREQ) when its source GID has never answered
+/// us, whatever the REQ's Max CM Retries asks.
 pub const MAX_PASSIVE_CM_RETRIES: u8 = 3;
 
 /// The range the REQ's Local CM Response Timeout exponent is clamped to before it becomes the
 /// REP's retransmit interval: 14 (64 ms) ..= 20 (4096 ms, rdma_cm's and Linux IPoIB's value).
 pub const PASSIVE_TIMEOUT_EXP: RangeInclusive<u8> = 14..=20;
 
-/// The most MADs one admitted REQ draws back: the REP, its resends and a final REJ.
+/// The most MADs one admitted REQ from a source that never answered us draws back: the REP,
+/// its resends and a final REJ.
 pub const MAX_MADS_PER_REQ: u64 = 2 + MAX_PASSIVE_CM_RETRIES as u64;
 
 /// Largest service timeout (of an MRA) and ACK timeout exponent an MRA's extension uses: 24,
@@ -72,6 +78,8 @@ struct Bucket {
     at: Instant,
     /// Its key in the LRU order.
     seq: u64,
+    /// A MAD from this GID named one of our ids (it receives what we send it).
+    confirmed: bool,
 }
 
 const NANO: u128 = 1_000_000_000;
@@ -98,44 +106,59 @@ impl ReqLimiter {
     /// Takes a token from `from`'s bucket at `now` (creating a full one for a new source).
     pub(super) fn admit(&mut self, limit: ReqRateLimit, now: Instant, from: Gid) -> Admission {
         let full = u128::from(limit.burst) * NANO;
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        let mut evicted_source = false;
-        let bucket = match self.buckets.get_mut(&from) {
-            Some(b) => {
-                self.lru.remove(&b.seq);
-                let elapsed = now.saturating_duration_since(b.at).as_nanos();
-                b.nano_tokens = b
-                    .nano_tokens
-                    .saturating_add(elapsed.saturating_mul(u128::from(limit.per_second)))
-                    .min(full);
-                b.at = now;
-                b.seq = seq;
-                b
-            }
-            None => {
-                if self.buckets.len() >= MAX_REQ_SOURCES {
-                    if let Some((_, old)) = self.lru.pop_first() {
-                        self.buckets.remove(&old);
-                        evicted_source = true;
-                    }
-                }
-                self.buckets.entry(from).or_insert(Bucket {
-                    nano_tokens: full,
-                    at: now,
-                    seq,
-                })
-            }
-        };
+        let (bucket, evicted_source) = self.touch(full, now, from);
+        let elapsed = now.saturating_duration_since(bucket.at).as_nanos();
+        bucket.nano_tokens = bucket
+            .nano_tokens
+            .saturating_add(elapsed.saturating_mul(u128::from(limit.per_second)))
+            .min(full);
+        bucket.at = now;
         let admitted = bucket.nano_tokens >= NANO;
         if admitted {
             bucket.nano_tokens -= NANO;
         }
-        self.lru.insert(seq, from);
         Admission {
             admitted,
             evicted_source,
         }
+    }
+
+    /// A MAD from `from` named one of our ids: it receives what we send it. Whether a
+    /// tracked source was forgotten to make room for it.
+    pub(super) fn confirm(&mut self, limit: ReqRateLimit, now: Instant, from: Gid) -> bool {
+        let (bucket, evicted) = self.touch(u128::from(limit.burst) * NANO, now, from);
+        bucket.confirmed = true;
+        evicted
+    }
+
+    /// Whether `from` is confirmed ([`confirm`](Self::confirm)) and still tracked.
+    pub(super) fn confirmed(&self, from: Gid) -> bool {
+        self.buckets.get(&from).is_some_and(|b| b.confirmed)
+    }
+
+    /// `from`'s bucket, made the most recently used (a new one holds `full` tokens), and
+    /// whether the least recently used source was forgotten for it.
+    fn touch(&mut self, full: u128, now: Instant, from: Gid) -> (&mut Bucket, bool) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let mut evicted = false;
+        if let Some(b) = self.buckets.get(&from) {
+            self.lru.remove(&b.seq);
+        } else if self.buckets.len() >= MAX_REQ_SOURCES {
+            if let Some((_, old)) = self.lru.pop_first() {
+                self.buckets.remove(&old);
+                evicted = true;
+            }
+        }
+        self.lru.insert(seq, from);
+        let b = self.buckets.entry(from).or_insert(Bucket {
+            nano_tokens: full,
+            at: now,
+            seq,
+            confirmed: false,
+        });
+        b.seq = seq;
+        (b, evicted)
     }
 
     /// Sources tracked.
@@ -147,14 +170,21 @@ impl ReqLimiter {
 }
 
 /// The REP retransmit interval and retry count of a passive id, from its REQ's Local CM
-/// Response Timeout and Max CM Retries, clamped; and whether either was clamped.
+/// Response Timeout and Max CM Retries, clamped (the retries only for a source that is not
+/// `confirmed`); and whether either was clamped.
 pub(super) fn passive_retx(
     local_cm_response_timeout: u8,
     max_cm_retries: u8,
+    confirmed: bool,
 ) -> (Duration, u8, bool) {
     let exp =
         local_cm_response_timeout.clamp(*PASSIVE_TIMEOUT_EXP.start(), *PASSIVE_TIMEOUT_EXP.end());
-    let retries = max_cm_retries.min(MAX_PASSIVE_CM_RETRIES);
+    let cap = if confirmed {
+        15
+    } else {
+        MAX_PASSIVE_CM_RETRIES
+    };
+    let retries = max_cm_retries.min(cap);
     let clamped = exp != local_cm_response_timeout || retries != max_cm_retries;
     (
         Duration::from_millis(crate::wire::cm::cm_timeout_ms(exp)),

@@ -96,10 +96,11 @@ impl Conn {
 
     /// A new passive id for `req` from `peer`, in ReqRcvd (Linux `cm_req_handler`: REP
     /// timeout from the REQ's Local CM Response Timeout, retries from its Max CM Retries, both
-    /// clamped by [`passive_retx`]); and whether they were clamped.
-    pub(super) fn new_passive(peer: Gid, tid: u64, req: &Req) -> (Self, bool) {
+    /// clamped by [`passive_retx`] as for a `confirmed` source or not); and whether they were
+    /// clamped.
+    pub(super) fn new_passive(peer: Gid, tid: u64, req: &Req, confirmed: bool) -> (Self, bool) {
         let (timeout, max_retries, clamped) =
-            passive_retx(req.local_cm_response_timeout, req.max_cm_retries);
+            passive_retx(req.local_cm_response_timeout, req.max_cm_retries, confirmed);
         let conn = Self {
             state: CmState::ReqRcvd,
             active: false,

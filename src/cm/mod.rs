@@ -340,7 +340,8 @@ pub struct CmStats {
     pub rej_sent: u64,
     /// REJs received (parsed).
     pub rej_received: u64,
-    /// REQs rejected as stale (the peer's comm id or QPN is still in TimeWait here).
+    /// REQs rejected as stale: a duplicate of an id in TimeWait, or naming a (CA GUID, QPN)
+    /// that a connection here still uses (which then gets a DREQ if established).
     pub stale_rejected: u64,
     /// REQs dropped unanswered because their source GID exceeded
     /// [`CmConfig::req_rate_limit`].

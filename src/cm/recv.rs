@@ -27,8 +27,8 @@ impl Cm {
             CmMessage::Req(r) => self.on_req(now, from, tid, &r),
             CmMessage::Mra(r) => self.on_mra(now, from, &r),
             CmMessage::Rej(r) => self.on_rej(now, from, &r),
-            CmMessage::Rep(r) => self.on_rep(from, &r),
-            CmMessage::Rtu(r) => self.on_rtu(from, &r),
+            CmMessage::Rep(r) => self.on_rep(now, from, &r),
+            CmMessage::Rtu(r) => self.on_rtu(now, from, &r),
             CmMessage::Dreq(r) => self.on_dreq(now, from, tid, &r),
             CmMessage::Drep(r) => self.on_drep(now, from, &r),
         }
@@ -36,8 +36,15 @@ impl Cm {
 
     /// The live id a MAD names (`our_id`, its Remote Comm ID), if it really comes from that
     /// id's peer: from its GID, and with its comm id (`their_id`) once we know it. Counts
-    /// unknown and spoofed MADs.
-    fn lookup(&mut self, from: Gid, our_id: u32, their_id: Option<u32>) -> Option<CommId> {
+    /// unknown and spoofed MADs. A MAD that passes confirms its source GID to the REQ
+    /// admission (it named our id, which only a receiver of our MADs knows).
+    fn lookup(
+        &mut self,
+        now: Instant,
+        from: Gid,
+        our_id: u32,
+        their_id: Option<u32>,
+    ) -> Option<CommId> {
         let Some(c) = self.conns.get(&our_id) else {
             self.stats.dropped_unknown += 1;
             return None;
@@ -49,6 +56,9 @@ impl Cm {
         if c.peer != from || !id_ok {
             self.stats.dropped_spoofed += 1;
             return None;
+        }
+        if self.limiter.confirm(self.cfg.req_rate_limit, now, from) {
+            self.stats.req_sources_evicted += 1;
         }
         Some(CommId(our_id))
     }
@@ -94,15 +104,18 @@ impl Cm {
             }
             return;
         }
-        // The peer's QP is still in TimeWait here: its packets might belong to the old
-        // connection.
-        let stale_qpn = self
-            .index
-            .by_qpn(r.local_ca_guid, r.local_qpn)
-            .any(|raw| self.conns.get(&raw).map(|c| c.state) == Some(CmState::TimeWait));
-        if stale_qpn {
+        // The peer's QP is still used by a connection here (or in TimeWait): its packets
+        // might belong to the old connection. As Linux `cm_match_req`: REJ STALE_CONN, and
+        // the old connection, if established, gets a DREQ.
+        let stale: Vec<u32> = self.index.by_qpn(r.local_ca_guid, r.local_qpn).collect();
+        if !stale.is_empty() {
             self.stats.stale_rejected += 1;
             self.reject_req(from, tid, r, RejReason::StaleConn);
+            for raw in stale {
+                if self.state(CommId(raw)) == Some(CmState::Established) {
+                    let _ = self.disconnect(now, CommId(raw));
+                }
+            }
             return;
         }
         let listened = self
@@ -130,7 +143,8 @@ impl Cm {
             self.reject_req(from, tid, r, RejReason::NoResources);
             return;
         };
-        let (conn, clamped) = Conn::new_passive(from, tid, r);
+        let confirmed = self.limiter.confirmed(from);
+        let (conn, clamped) = Conn::new_passive(from, tid, r, confirmed);
         if clamped {
             self.stats.req_retx_clamped += 1;
         }
@@ -163,7 +177,7 @@ impl Cm {
     /// `conv(service_timeout) + conv(av.timeout)` per try (Linux `cm_mra_handler`), each
     /// exponent at most [`MAX_MRA_TIMEOUT_EXP`].
     fn on_mra(&mut self, now: Instant, from: Gid, m: &Mra) {
-        let Some(id) = self.lookup(from, m.remote_comm_id, Some(m.local_comm_id)) else {
+        let Some(id) = self.lookup(now, from, m.remote_comm_id, Some(m.local_comm_id)) else {
             return;
         };
         let Some(c) = self.conns.get_mut(&id.0) else {
@@ -202,7 +216,7 @@ impl Cm {
             }
         }
         let their_id = (r.msg_rejected != TargetMsg::Req).then_some(r.local_comm_id);
-        let Some(id) = self.lookup(from, our_id, their_id) else {
+        let Some(id) = self.lookup(now, from, our_id, their_id) else {
             return;
         };
         let Some(state) = self.state(id) else {
@@ -230,8 +244,8 @@ impl Cm {
     }
 
     /// REP (Linux `cm_rep_handler`, `cm_dup_rep_handler`).
-    fn on_rep(&mut self, from: Gid, r: &Rep) {
-        let Some(id) = self.lookup(from, r.remote_comm_id, Some(r.local_comm_id)) else {
+    fn on_rep(&mut self, now: Instant, from: Gid, r: &Rep) {
+        let Some(id) = self.lookup(now, from, r.remote_comm_id, Some(r.local_comm_id)) else {
             return;
         };
         let Some(c) = self.conns.get_mut(&id.0) else {
@@ -271,8 +285,8 @@ impl Cm {
     }
 
     /// RTU (Linux `cm_rtu_handler`): the passive side is Established.
-    fn on_rtu(&mut self, from: Gid, r: &Rtu) {
-        let Some(id) = self.lookup(from, r.remote_comm_id, Some(r.local_comm_id)) else {
+    fn on_rtu(&mut self, now: Instant, from: Gid, r: &Rtu) {
+        let Some(id) = self.lookup(now, from, r.remote_comm_id, Some(r.local_comm_id)) else {
             return;
         };
         let Some(c) = self.conns.get_mut(&id.0) else {
@@ -300,7 +314,7 @@ impl Cm {
             self.send(from, drep_mad(tid, d));
             return;
         }
-        let Some(id) = self.lookup(from, d.remote_comm_id, Some(d.local_comm_id)) else {
+        let Some(id) = self.lookup(now, from, d.remote_comm_id, Some(d.local_comm_id)) else {
             return;
         };
         let Some(c) = self.conns.get(&id.0) else {
@@ -337,7 +351,7 @@ impl Cm {
 
     /// DREP (Linux `cm_drep_handler`).
     fn on_drep(&mut self, now: Instant, from: Gid, d: &Drep) {
-        let Some(id) = self.lookup(from, d.remote_comm_id, Some(d.local_comm_id)) else {
+        let Some(id) = self.lookup(now, from, d.remote_comm_id, Some(d.local_comm_id)) else {
             return;
         };
         match self.state(id) {

@@ -1074,8 +1074,11 @@ fn drained_queues_give_back_a_burst() {
     let burst = 4 * QUEUE_KEEP;
     // One source's burst of REQs, all admitted.
     cb.cfg.req_rate_limit.burst = burst as u32;
-    for _ in 0..burst {
-        ca.connect(t0, connect_params()).unwrap();
+    for k in 0..burst as u32 {
+        // One QP per connection (a second REQ naming a QP in use would be stale).
+        let mut p = connect_params();
+        p.local_qpn = QpNum::new(QPN_A + k);
+        ca.connect(t0, p).unwrap();
     }
     let mut reqs = Vec::new();
     while let Some((_, m)) = ca.poll_transmit() {

@@ -24,6 +24,15 @@
 //! through the verbs it is handed, so the same code runs over the deterministic simulated
 //! fabric of the tests.
 //!
+//! # What a REQ may cost
+//!
+//! A REQ gets a receive QP (its REP must name one) that is half-open until the RTU or data
+//! arrives: at most `max_pending_rx` are, a REQ beyond them tears down the oldest, and the CM
+//! reaps each when it gives up resending the REP (a few seconds at most, see
+//! [`crate::cm::admission`]). The QP budget `max_conn_qp` is charged when a connection is
+//! established, so REQs that never complete hold no budget and evict nothing established;
+//! the CM rate-limits REQs per source GID before any of this.
+//!
 //! # Receive QPs are always recycled
 //!
 //! Every passive (RX) connection carries an activity stamp, refreshed by each receive at the
@@ -126,16 +135,20 @@ impl FromStr for Mode {
     }
 }
 
-/// What a REQ does when `max_conn_qp` RX connections are live.
+/// What happens when an RX connection is established beyond `max_conn_qp` (the budget is
+/// charged on establishment, not on the REQ: half-open connections are bounded by
+/// `max_pending_rx` instead).
 ///
 /// Its name (`evict`, `reject`) is the same in flags and the config file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum QpBudgetPolicy {
-    /// Evict the least recently active RX connection, so the node stays reachable.
+    /// Evict the least recently active other established RX connection, so the node stays
+    /// reachable.
     #[default]
     Evict,
-    /// Reject the REQ with `NO_QP`, as Linux does in non-SRQ mode.
+    /// Reject REQs with `NO_QP` while `max_conn_qp` connections are established, as Linux
+    /// does in non-SRQ mode (and tear down one established beyond it in a race).
     Reject,
 }
 

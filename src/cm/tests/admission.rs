@@ -302,3 +302,60 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_req_naming_the_qpn_of_a_live_connection_gets_rej_stale_conn_and_the_old_one_a_dreq() {
+    let t0 = Instant::now();
+    let (mut ca, mut cb) = (cm_a(), cm_b());
+    let (ida, idb) = established(t0, &mut ca, &mut cb);
+    // A (same CA GUID, same QPN, new comm id) connects again while B still uses the QPN.
+    let ida2 = ca.connect(t0 + msec(1), connect_params()).unwrap();
+    cb.handle_mad(t0 + msec(1), a(), &sent_one(&mut ca, b()));
+    let sent = drain(&mut cb);
+    assert_eq!(sent.len(), 2, "the REJ and the old connection's DREQ");
+    let rej = as_rej(&parse(&sent[0].1));
+    assert_eq!(rej.reason, RejReason::StaleConn);
+    assert_eq!(rej.remote_comm_id, ida2.0);
+    let dreq = as_dreq(&parse(&sent[1].1));
+    assert_eq!((dreq.local_comm_id, dreq.remote_comm_id), (idb.0, ida.0));
+    assert_eq!(cb.state(idb), Some(CmState::DreqSent));
+    assert!(events(&mut cb).is_empty(), "no new passive id");
+    assert_eq!(cb.stats().stale_rejected, 1);
+    // A ends both: the REJ frees its new id, the DREQ closes the old one.
+    ca.handle_mad(t0 + msec(2), b(), &sent[0].1);
+    ca.handle_mad(t0 + msec(2), b(), &sent[1].1);
+    assert_eq!(ca.state(ida2), None);
+    assert_eq!(ca.state(ida), Some(CmState::TimeWait));
+    cb.handle_mad(t0 + msec(3), a(), &sent_one(&mut ca, b()));
+    assert_eq!(events(&mut cb), vec![CmEvent::Disconnected { id: idb }]);
+}
+
+#[test]
+fn a_peer_that_answered_us_keeps_the_retries_its_req_asks_for() {
+    let t0 = Instant::now();
+    let (mut ca, mut cb) = (cm_a(), cm_b());
+    // A's RTU named B's id: A receives what B sends. (Its first REQ was clamped.)
+    established(t0, &mut ca, &mut cb);
+    assert_eq!(cb.stats().req_retx_clamped, 1);
+    let mut p = connect_params();
+    p.local_qpn = QpNum::new(QPN_A + 1);
+    let ida2 = ca.connect(t0, p).unwrap();
+    cb.handle_mad(t0, a(), &sent_one(&mut ca, b()));
+    accept_all(t0, &mut cb);
+    let rep = sent_one(&mut cb, a());
+    for k in 1..=15u32 {
+        cb.handle_timeout(t0 + msec(4096) * k);
+        assert_eq!(sent_one(&mut cb, a()), rep, "resend {k}");
+    }
+    cb.handle_timeout(t0 + msec(4096) * 16);
+    let rej = as_rej(&parse(&sent_one(&mut cb, a())));
+    assert_eq!(
+        (rej.reason, rej.remote_comm_id),
+        (RejReason::Timeout, ida2.0)
+    );
+    assert_eq!(cb.stats().req_retx_clamped, 1);
+    // The same REQ from a GID that never answered is resent 3 times.
+    cb.handle_mad(t0, x(), &req_from(x(), 77, 20, 15));
+    accept_all(t0, &mut cb);
+    assert_eq!(cb.stats().req_retx_clamped, 2);
+}
