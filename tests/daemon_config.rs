@@ -980,3 +980,33 @@ fn path_mtu_parse_is_shared_with_the_tools() {
         "must be 256, 512, 1024, 2048 or 4096 (got \"1500\")"
     );
 }
+
+#[test]
+fn multicast_flag_and_key() {
+    let c = ok("", &["--bind", "192.0.2.1"]);
+    assert!(c.multicast, "on by default");
+    assert_eq!(c.multicast_ttl, 1);
+    assert!(!ok("", &["--bind", "192.0.2.1", "--no-multicast"]).multicast);
+    let c = ok(
+        "bind = \"192.0.2.1\"\nno_multicast = true\nmulticast_ttl = 8",
+        &[],
+    );
+    assert!(!c.multicast);
+    assert_eq!(c.multicast_ttl, 8);
+    assert_eq!(
+        ok(
+            "multicast_ttl = 8",
+            &["--bind", "192.0.2.1", "--multicast-ttl", "2"]
+        )
+        .multicast_ttl,
+        2
+    );
+    assert_eq!(
+        flag_err(&["--bind", "192.0.2.1", "--multicast-ttl", "0"]),
+        "--multicast-ttl: must be between 1 and 255 (got 0)"
+    );
+    assert_eq!(
+        file_err("bind = \"10.0.0.1\"\nmulticast_ttl = 256", &[]),
+        "config: multicast_ttl: must be between 1 and 255 (got 256)"
+    );
+}

@@ -136,6 +136,10 @@ fn validate(s: &Settings) -> Result<Config, ConfigError> {
         }
     }
 
+    let multicast = parse("no_multicast", s.no_multicast.as_ref())? != Some(true);
+    let multicast_ttl = int_in("multicast_ttl", s.multicast_ttl.as_ref(), 1, 255)?
+        .map_or(crate::soft::DEFAULT_MULTICAST_TTL, |v| v as u8);
+
     let neigh = parse_list("neigh", &s.neigh)?;
 
     let port = |key, given| -> Result<Option<u16>, ConfigError> {
@@ -288,6 +292,8 @@ fn validate(s: &Settings) -> Result<Config, ConfigError> {
         addr,
         bind,
         peer,
+        multicast,
+        multicast_ttl,
         neigh,
         udp_port,
         cm_transport,
