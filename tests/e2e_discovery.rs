@@ -53,10 +53,14 @@ impl Daemons {
     /// Starts node `k`'s daemon (overlay 198.19.0.k/24 and 2001:db8:19::k/64, underlay
     /// 198.18.0.k, no `--peer`) with `extra` flags and waits until it answers `status`.
     fn start(&mut self, lab: &Lab, k: usize, extra: &[&str]) {
+        self.start_on(lab, k, &lab.addr(k).to_string(), extra);
+    }
+
+    /// [`start`](Self::start) with underlay address `bind`.
+    fn start_on(&mut self, lab: &Lab, k: usize, bind: &str, extra: &[&str]) {
         let log = File::create(self.log_path(k)).expect("log file");
         let v4 = format!("198.19.0.{k}/24");
         let v6 = format!("2001:db8:19::{k}/64");
-        let bind = lab.addr(k).to_string();
         let sock = self.socket(k);
         let mut args = vec![
             BIN,
@@ -68,7 +72,7 @@ impl Daemons {
             "--addr",
             &v6,
             "--bind",
-            &bind,
+            bind,
             "--control-socket",
             sock.to_str().expect("utf-8 path"),
         ];
@@ -188,6 +192,54 @@ fn four_nodes_find_each_other_without_peers() {
         assert_eq!(provider_counter(&s, "mcast_rx_own"), 0, "{s}");
         assert_eq!(provider_counter(&s, "mcast_join_errors"), 0, "{s}");
     }
+}
+
+/// On an IPv6 underlay the broadcast group is the IPv6 multicast address of its MGID,
+/// `ff12:401b:ffff::ffff:ffff` (link scope), as rxe sends it.
+#[test]
+fn ipv6_underlay_finds_each_other_without_peers() {
+    let lab = match Lab::new("discsix", 3, 9000) {
+        Ok(lab) => lab,
+        Err(skip) => return skip.print(),
+    };
+    for k in 1..=3 {
+        let cidr = format!("2001:db8:18::{k}/64");
+        let out = output_within(
+            lab.exec(
+                k,
+                &["ip", "-6", "addr", "add", &cidr, "dev", "eth0", "nodad"],
+            ),
+            Duration::from_secs(10),
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let mut d = Daemons::new("discsix");
+    for k in 1..=3 {
+        d.start_on(&lab, k, &format!("2001:db8:18::{k}"), &[]);
+    }
+    for (from, to) in [(1, 2), (2, 3), (3, 1)] {
+        let (ok, text) = ping(&lab, from, &format!("198.19.0.{to}"), &[]);
+        assert!(
+            ok,
+            "ping 198.19.0.{to} from node {from}: {text}\n{}",
+            d.log(from)
+        );
+    }
+    for k in 1..=3 {
+        let s = d.status(k);
+        assert_eq!(provider_counter(&s, "mcast_groups_joined"), 1, "{s}");
+        assert!(provider_counter(&s, "mcast_rx_datagrams") >= 1, "{s}");
+    }
+    let maddr = output_within(
+        lab.exec(1, &["ip", "-6", "maddr", "show", "dev", "eth0"]),
+        Duration::from_secs(10),
+    );
+    let maddr = String::from_utf8_lossy(&maddr.stdout);
+    assert!(maddr.contains("ff12:401b:ffff::ffff:ffff"), "{maddr}");
 }
 
 /// With `--peer` as well, the broadcast group reaches each peer both ways (multicast and a

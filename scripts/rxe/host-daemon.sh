@@ -1,8 +1,9 @@
 #!/bin/sh
 # Host side of check (e), run by the rxe-lab harness in the tap netns (--host-cmd): waits for
-# the guest daemon's `GUEST_HWADDR` console line, then runs `ipoib-cm up --cm-transport udp
-# --no-icrc-v4` on the soft provider with a static neighbour for the guest (both IPv4 and
-# IPv6) and an iperf3 server, until the guest prints `GUEST_DONE`. $IPOIB_CM is the binary.
+# the guest daemon's `GUEST_HWADDR` console line (it is up), then runs `ipoib-cm up
+# --cm-transport udp --no-icrc-v4` on the soft provider, with no static neighbour and no
+# --peer (the guest is found through the multicast broadcast group), and an iperf3 server,
+# until the guest prints `GUEST_DONE`. $IPOIB_CM is the binary.
 BIN=${IPOIB_CM:?}
 CON=${RXE_LAB_RUN:?}/console.raw
 SOCK=/tmp/rxe-host-ib0.$$.sock
@@ -19,7 +20,7 @@ done
 [ -n "$hw" ] || { echo "RESULT daemon_host_up FAIL no GUEST_HWADDR after $(el "$t0")s"; exit 1; }
 ip link set lo up 2>/dev/null
 "$BIN" up --bind "$RXE_LAB_HOST_IP" --cm-transport udp --no-icrc-v4 --ifname ib0 \
-  --addr 10.77.0.1/24 --addr fd77::1/64 --neigh "10.77.0.2=$hw" --neigh "fd77::2=$hw" \
+  --addr 10.77.0.1/24 --addr fd77::1/64 \
   --control-socket $SOCK --drain-timeout 5s --log info > /tmp/rxe-host-daemon.$$ 2>&1 &
 DPID=$!
 sleep 1

@@ -10,7 +10,7 @@
 //! [`DUPLICATE_WINDOW`].
 
 use std::collections::{HashMap, VecDeque};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use crate::verbs::{Gid, QpNum, VerbsError};
@@ -24,28 +24,10 @@ pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(2);
 pub(super) const DUPLICATE_MEMORY: usize = 64;
 
 /// The IP multicast group that carries `mgid` over an underlay of `underlay`'s family, or
-/// `None` when it has none there.
-///
-/// As rdma_rxe (`rdma_gid2ip`): an IPv4-mapped MGID (`::ffff:a.b.c.d`, the form rdma_cm gives
-/// RoCEv2 IPv4 groups) is the IPv4 group `a.b.c.d`; any other MGID is the IPv6 multicast
-/// address with the MGID's 16 bytes. On an IPv4 underlay rxe has no address for the second kind
-/// (it would send to `0.0.0.0`), and the IPoIB groups are all of that kind, so this provider
-/// carries them as the organisation-local IPv4 group `239.255.X.Y`, with `X.Y` the MGID's bytes
-/// 4 and 5: the P_Key of an IPoIB MGID. Every IPoIB group of a partition (broadcast,
-/// all-nodes, solicited-node) thus shares one IPv4 group, and a receiver delivers what arrives
-/// on it to the QPs attached to any of them ([`Multicast::members_for`]), as an IPoIB node that
-/// joined them all would receive it.
+/// `None` when it has none there: [`Gid::multicast_group`] (rdma_rxe's mapping, and
+/// `239.255.<P_Key>` for the IPoIB groups on IPv4).
 pub fn group_addr(mgid: Gid, underlay: IpAddr) -> Option<IpAddr> {
-    let ip = match mgid.to_ip() {
-        IpAddr::V4(v4) if v4.is_multicast() => IpAddr::V4(v4),
-        IpAddr::V4(_) => return None,
-        IpAddr::V6(v6) if underlay.is_ipv4() && v6.is_multicast() => {
-            IpAddr::V4(Ipv4Addr::new(239, 255, mgid.0[4], mgid.0[5]))
-        }
-        IpAddr::V6(v6) if v6.is_multicast() => IpAddr::V6(v6),
-        IpAddr::V6(_) => return None,
-    };
-    (ip.is_ipv4() == underlay.is_ipv4()).then_some(ip)
+    mgid.multicast_group(underlay)
 }
 
 /// Group memberships, fan-out peers and the fanned-out copies not yet transmitted.

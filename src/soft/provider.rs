@@ -164,7 +164,8 @@ impl SoftProvider {
     }
 
     /// The group sockets' poll, with the unicast socket set up to send to groups; `None`
-    /// (multicast off) when the bind interface carries no multicast.
+    /// (multicast off) when the bind interface carries no multicast or the socket refuses to
+    /// send it.
     fn multicast_setup(
         transport: &UdpTransport,
         cfg: &SoftConfig,
@@ -176,7 +177,14 @@ impl SoftProvider {
             );
             return Ok(None);
         };
-        transport.enable_multicast_send(ifindex, cfg.multicast_ttl)?;
+        if let Err(e) = transport.enable_multicast_send(ifindex, cfg.multicast_ttl) {
+            tracing::warn!(
+                bind = %cfg.local_ip,
+                error = %e,
+                "cannot send IP multicast from the bind address; multicast goes to --peer addresses only"
+            );
+            return Ok(None);
+        }
         Ok(Some(GroupSockets {
             ifindex,
             poll: Poll::new()?,
