@@ -30,6 +30,20 @@ else
   cat /tmp/rxe-host-daemon.$$
   echo "RESULT daemon_host_up FAIL"; exit 1
 fi
+# Discovery the other way: we resolve the guest (ARP and ND to 239.255.255.255, which the
+# guest's rxe receives because its provider joined the group) instead of waiting to be asked.
+t1=$(date +%s.%N)
+ok=FAIL
+i=0
+while [ $i -lt 30 ]; do
+  if ping -c 1 -W 2 10.77.0.2 > /dev/null 2>&1; then
+    ping -6 -c 1 -W 3 fd77::2 > /dev/null 2>&1 && ok=PASS
+    break
+  fi
+  i=$((i + 1))
+done
+"$BIN" status --control-socket $SOCK | grep -A3 '^neighbours'
+echo "RESULT daemon_host_discovery_arp_nd $ok $(el "$t1")s (the host resolves the rxe guest)"
 IPID=
 if command -v iperf3 > /dev/null; then
   iperf3 -s -1 -B 10.77.0.1 > /tmp/rxe-host-iperf.$$ 2>&1 &
