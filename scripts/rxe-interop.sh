@@ -18,7 +18,8 @@
 #   daemon       (e) `ipoib-cm up --provider verbs --cm-transport udp` on rxe0 in the guest <->
 #                `ipoib-cm up --cm-transport udp --no-icrc-v4` on the soft provider in the host
 #                netns (CM MADs over the UDP side channel, port 4792: the guest kernel owns
-#                QP1), static neighbours both ways; ping IPv4 and IPv6 across, iperf3 (copied
+#                QP1), no static neighbours and no --peer (ARP and ND cross as IP multicast,
+#                RESULT daemon_discovery_arp_nd); ping IPv4 and IPv6 across, iperf3 (copied
 #                into the guest when the host has it), orderly stop of both daemons (rxe never
 #                raises LAST_WQE_REACHED: the guest's SRQ RX teardown ends by the drain
 #                watchdog).

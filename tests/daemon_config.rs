@@ -1055,3 +1055,33 @@ fn peer_and_static_neighbour_lists_are_bounded() {
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     assert_eq!(flag_err(&refs), "--neigh: more than 4096 static neighbours");
 }
+
+#[test]
+fn multicast_flag_and_key() {
+    let c = ok("", &["--bind", "192.0.2.1"]);
+    assert!(c.multicast, "on by default");
+    assert_eq!(c.multicast_ttl, 1);
+    assert!(!ok("", &["--bind", "192.0.2.1", "--no-multicast"]).multicast);
+    let c = ok(
+        "bind = \"192.0.2.1\"\nno_multicast = true\nmulticast_ttl = 8",
+        &[],
+    );
+    assert!(!c.multicast);
+    assert_eq!(c.multicast_ttl, 8);
+    assert_eq!(
+        ok(
+            "multicast_ttl = 8",
+            &["--bind", "192.0.2.1", "--multicast-ttl", "2"]
+        )
+        .multicast_ttl,
+        2
+    );
+    assert_eq!(
+        flag_err(&["--bind", "192.0.2.1", "--multicast-ttl", "0"]),
+        "--multicast-ttl: must be between 1 and 255 (got 0)"
+    );
+    assert_eq!(
+        file_err("bind = \"10.0.0.1\"\nmulticast_ttl = 256", &[]),
+        "config: multicast_ttl: must be between 1 and 255 (got 256)"
+    );
+}

@@ -39,7 +39,10 @@ impl Daemon {
     /// Starts `ipoib-cm up ARGS` in node `k` with `env` and waits for its start-up line.
     fn start(lab: &Lab, k: usize, args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut cmd = lab.exec(k, &[BIN, "up"]);
-        cmd.args(args)
+        // Neighbours here come only from --peer, --neigh and the control socket, not from
+        // multicast discovery on the lab's bridge.
+        cmd.arg("--no-multicast")
+            .args(args)
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -1,9 +1,9 @@
 #!/bin/sh
 # Host side of check (e), run by the rxe-lab harness in the tap netns (--host-cmd): waits for
-# the guest daemon's `GUEST_HWADDR` console line, then runs `ipoib-cm up --cm-transport udp
-# --no-icrc-v4 --qpn-seed 0` on the soft provider (a fixed QPN order: the guest names our
-# hardware address in advance) with a static neighbour for the guest (both IPv4 and
-# IPv6) and an iperf3 server, until the guest prints `GUEST_DONE`. $IPOIB_CM is the binary.
+# the guest daemon's `GUEST_HWADDR` console line (it is up), then runs `ipoib-cm up
+# --cm-transport udp --no-icrc-v4` on the soft provider, with no static neighbour and no
+# --peer (the guest is found through the multicast broadcast group), and an iperf3 server,
+# until the guest prints `GUEST_DONE`. $IPOIB_CM is the binary.
 BIN=${IPOIB_CM:?}
 CON=${RXE_LAB_RUN:?}/console.raw
 SOCK=/tmp/rxe-host-ib0.$$.sock
@@ -19,8 +19,8 @@ while [ $i -lt 1500 ]; do   # the guest boots first (~1-2 min under TCG)
 done
 [ -n "$hw" ] || { echo "RESULT daemon_host_up FAIL no GUEST_HWADDR after $(el "$t0")s"; exit 1; }
 ip link set lo up 2>/dev/null
-"$BIN" up --bind "$RXE_LAB_HOST_IP" --cm-transport udp --no-icrc-v4 --qpn-seed 0 --ifname ib0 \
-  --addr 10.77.0.1/24 --addr fd77::1/64 --neigh "10.77.0.2=$hw" --neigh "fd77::2=$hw" \
+"$BIN" up --bind "$RXE_LAB_HOST_IP" --cm-transport udp --no-icrc-v4 --ifname ib0 \
+  --addr 10.77.0.1/24 --addr fd77::1/64 \
   --control-socket $SOCK --drain-timeout 5s --log info > /tmp/rxe-host-daemon.$$ 2>&1 &
 DPID=$!
 sleep 1
@@ -30,6 +30,20 @@ else
   cat /tmp/rxe-host-daemon.$$
   echo "RESULT daemon_host_up FAIL"; exit 1
 fi
+# Discovery the other way: we resolve the guest (ARP and ND to 239.255.255.255, which the
+# guest's rxe receives because its provider joined the group) instead of waiting to be asked.
+t1=$(date +%s.%N)
+ok=FAIL
+i=0
+while [ $i -lt 30 ]; do
+  if ping -c 1 -W 2 10.77.0.2 > /dev/null 2>&1; then
+    ping -6 -c 1 -W 3 fd77::2 > /dev/null 2>&1 && ok=PASS
+    break
+  fi
+  i=$((i + 1))
+done
+"$BIN" status --control-socket $SOCK | grep -A3 '^neighbours'
+echo "RESULT daemon_host_discovery_arp_nd $ok $(el "$t1")s (the host resolves the rxe guest)"
 IPID=
 if command -v iperf3 > /dev/null; then
   iperf3 -s -1 -B 10.77.0.1 > /tmp/rxe-host-iperf.$$ 2>&1 &

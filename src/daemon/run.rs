@@ -144,6 +144,7 @@ impl DaemonProvider for SoftProvider {
         let s = engine.stats();
         add_counters(out, "", &s);
         add_counters(out, "fault_", &s.faults);
+        add_counters(out, "mcast_", &self.multicast_stats());
         for (k, v) in [
             ("send_errors", self.send_errors),
             ("udp_gso", u64::from(self.gso_enabled())),
@@ -199,6 +200,8 @@ pub fn up(cfg: &Config) -> Result<(), DaemonError> {
     soft.faults = cfg.fault;
     soft.quirks = cfg.quirks;
     soft.qpn_seed = cfg.qpn_seed.unwrap_or_else(clock_seed);
+    soft.multicast = cfg.multicast;
+    soft.multicast_ttl = cfg.multicast_ttl;
     let offload = if cfg.udp_offload {
         UdpOffload::On
     } else {
@@ -210,6 +213,12 @@ pub fn up(cfg: &Config) -> Result<(), DaemonError> {
         source,
     })?;
     prov.verbs().set_mcast_peers(cfg.peer.clone());
+    if cfg.peer.is_empty() && !prov.multicast_active() {
+        tracing::warn!(
+            bind = %cfg.bind,
+            "neither --peer nor underlay multicast: ARP and ND reach no one; only static --neigh entries and nodes that contact this one first are reachable"
+        );
+    }
     run(
         cfg,
         prov,

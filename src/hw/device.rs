@@ -115,6 +115,7 @@ impl HwVerbs {
             events: VecDeque::new(),
             wc: Vec::new(),
             stats: HwStats::default(),
+            ipv4_joins: Default::default(),
         };
         v.init(cfg)?;
         Ok(v)

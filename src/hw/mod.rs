@@ -52,6 +52,7 @@ mod device;
 mod error;
 mod events;
 mod ffi_map;
+mod mcast;
 mod pd;
 mod provider;
 mod qp;
@@ -103,6 +104,8 @@ pub struct HwVerbs {
     events: VecDeque<AsyncEvent>,
     wc: Vec<ffi::ibv_wc>,
     stats: HwStats,
+    /// IPv4 groups joined for multicast attachments on a RoCEv2 IPv4 port.
+    ipv4_joins: mcast::Ipv4Joins,
 }
 
 /// What the libibverbs provider counted, for the daemon's status (serialized field by field,

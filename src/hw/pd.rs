@@ -40,7 +40,9 @@ impl HwVerbs {
         let mut a: ffi::ibv_ah_attr = unsafe { std::mem::zeroed() };
         a.is_global = 1;
         a.port_num = self.port;
-        a.grh.dgid = ffi::ibv_gid { raw: av.dgid.0 };
+        a.grh.dgid = ffi::ibv_gid {
+            raw: self.device_mgid(av.dgid).0,
+        };
         a.grh.sgid_index = self.gid_index;
         a.grh.hop_limit = av.hop_limit;
         a.grh.traffic_class = av.traffic_class;

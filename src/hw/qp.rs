@@ -270,9 +270,11 @@ pub(super) fn destroy(v: &mut HwVerbs, qp: QpNum) -> Result<(), VerbsError> {
     let q = v.qps.get(&qp.get()).ok_or(VerbsError::NoSuchQp(qp))?;
     let raw = q.raw;
     for g in q.mcast.clone() {
-        let gid = ffi::ibv_gid { raw: g.0 };
+        let dev = v.device_mgid(g);
+        let gid = ffi::ibv_gid { raw: dev.0 };
         // SAFETY: a live QP attached to `gid`.
         unsafe { ffi::ibv_detach_mcast(raw, &gid, 0) };
+        v.leave_ipv4(dev);
     }
     // SAFETY: a live QP; nothing else refers to it.
     let rc = unsafe { ffi::ibv_destroy_qp(raw) };
@@ -299,12 +301,14 @@ pub(super) fn attach_mcast(v: &mut HwVerbs, qp: QpNum, mgid: Gid) -> Result<(), 
     if mgid.0[0] != 0xFF && !mgid.to_ip().is_multicast() {
         return Err(VerbsError::InvalidWr("not a multicast GID"));
     }
-    let gid = ffi::ibv_gid { raw: mgid.0 };
+    let dev = v.device_mgid(mgid);
+    let gid = ffi::ibv_gid { raw: dev.0 };
     // SAFETY: a live UD QP and a GID.
     let rc = unsafe { ffi::ibv_attach_mcast(q.raw, &gid, 0) };
     if rc != 0 {
         return Err(errno_err("ibv_attach_mcast", rc));
     }
+    v.join_ipv4(dev);
     if let Some(q) = v.qps.get_mut(&qp.get()) {
         q.mcast.push(mgid);
     }
@@ -316,12 +320,14 @@ pub(super) fn detach_mcast(v: &mut HwVerbs, qp: QpNum, mgid: Gid) -> Result<(), 
     if !q.mcast.contains(&mgid) {
         return Err(VerbsError::NoSuchObject("multicast attachment"));
     }
-    let gid = ffi::ibv_gid { raw: mgid.0 };
+    let dev = v.device_mgid(mgid);
+    let gid = ffi::ibv_gid { raw: dev.0 };
     // SAFETY: a live QP attached to `gid`.
     let rc = unsafe { ffi::ibv_detach_mcast(q.raw, &gid, 0) };
     if rc != 0 {
         return Err(errno_err("ibv_detach_mcast", rc));
     }
+    v.leave_ipv4(dev);
     if let Some(q) = v.qps.get_mut(&qp.get()) {
         q.mcast.retain(|g| *g != mgid);
     }

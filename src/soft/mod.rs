@@ -32,7 +32,8 @@
 //! - `completer`: ACKs and NAKs retiring send WQEs, go-back-N, retries (`rxe_comp.c`);
 //! - `responder`: the receive side of a QP, its ACKs and NAKs, UD delivery (`rxe_resp.c`);
 //! - `sched`: which QP sends next, and the QP timers;
-//! - `rx`, `tx`: datagram dispatch in and out; `mcast`: multicast over a unicast underlay;
+//! - `rx`, `tx`: datagram dispatch in and out; `mcast`: multicast groups, their IP multicast
+//!   addresses and the unicast fan-out;
 //! - [`fault`], [`transport`] and [`provider`]: fault injection, the UDP socket, and the
 //!   provider that joins the engine to the socket.
 
@@ -63,6 +64,7 @@ use crate::wire::ROCEV2_UDP_PORT;
 pub use crate::wire::grh::{grh_source_gid, GRH_LEN};
 pub use fault::{FaultConfig, FaultInjector, FaultStats, Quirks};
 use mcast::Multicast;
+pub use mcast::{group_addr as multicast_group_addr, DUPLICATE_WINDOW};
 use objects::{Objects, QpTable, RecvInfo};
 use qp::{Qp, RecvWqe};
 use requester::SendWqe;
@@ -70,6 +72,10 @@ use sched::Scheduler;
 
 /// The QPN of multicast packets.
 pub const MULTICAST_QPN: QpNum = QpNum::new(0x00FF_FFFF);
+
+/// TTL / hop limit of IP multicast datagrams unless configured: link-local, as the IPoIB
+/// groups are.
+pub const DEFAULT_MULTICAST_TTL: u8 = 1;
 
 /// Largest RC message, in bytes (IBTA allows 2^31).
 pub const MAX_RC_MSG: usize = 1 << 31;
@@ -92,6 +98,14 @@ pub struct SoftConfig {
     pub verify_icrc_v4: bool,
     /// Most QPs that may exist at once.
     pub max_qps: usize,
+    /// Carry multicast UD sends as IP multicast: one datagram to the group the MGID maps to
+    /// ([`multicast_group_addr`]), besides the unicast copies to the fan-out peers; and, in
+    /// [`provider::SoftProvider`], join the groups of the attached MGIDs on the bind
+    /// interface. Off, multicast reaches the fan-out peers only.
+    pub multicast: bool,
+    /// TTL (IPv4) or hop limit (IPv6) of those multicast datagrams: 1 keeps them on the
+    /// link.
+    pub multicast_ttl: u8,
     /// Transmit-side fault injection.
     pub faults: FaultConfig,
     /// Deliberate contract violations for tests.
@@ -104,7 +118,8 @@ pub struct SoftConfig {
 }
 
 impl SoftConfig {
-    /// Defaults for a provider on `local_ip`: port 4791 both ways, MTU 1024, ICRC checked.
+    /// Defaults for a provider on `local_ip`: port 4791 both ways, MTU 1024, ICRC checked, no
+    /// IP multicast (the daemon turns it on: see its `multicast` setting).
     pub fn new(local_ip: IpAddr) -> Self {
         Self {
             local_ip,
@@ -113,6 +128,8 @@ impl SoftConfig {
             port_mtu: PathMtu::Mtu1024,
             verify_icrc_v4: true,
             max_qps: 1 << 16,
+            multicast: false,
+            multicast_ttl: DEFAULT_MULTICAST_TTL,
             faults: FaultConfig::default(),
             quirks: Quirks::default(),
             qpn_seed: 0,
@@ -146,6 +163,9 @@ pub struct SoftStats {
     pub rx_bad_state: u64,
     /// Dropped: a UD message that did not fit the receive buffer, or found no receive WQE.
     pub rx_ud_dropped: u64,
+    /// Dropped: the second copy of a multicast packet, which arrived both as IP multicast and
+    /// as a unicast fan-out copy.
+    pub rx_mcast_duplicates: u64,
     /// Duplicate requests (re-ACKed and dropped).
     pub rx_duplicate: u64,
     /// Out-of-sequence requests (NAKed once, then dropped).
@@ -237,10 +257,26 @@ impl SoftVerbs {
     /// Sets the underlay addresses that multicast UD sends (a destination GID starting with
     /// `ff`, the IPoIB broadcast group among them) are fanned out to, one unicast copy each.
     /// This is how the software provider carries IB multicast over an underlay without IP
-    /// multicast: receivers deliver a packet for QPN 0xFFFFFF to every UD QP attached to a
-    /// group.
+    /// multicast ([`SoftConfig::multicast`] off, or peers off the link): receivers deliver a
+    /// packet for QPN 0xFFFFFF that came by unicast to every UD QP attached to a group.
     pub fn set_mcast_peers(&mut self, peers: Vec<IpAddr>) {
         self.dev.mcast.set_peers(self.dev.cfg.local_ip, peers);
+    }
+
+    /// The IP multicast groups the attached MGIDs map to (none with [`SoftConfig::multicast`]
+    /// off), sorted: the groups the provider's sockets must have joined.
+    pub fn ip_multicast_groups(&self) -> Vec<IpAddr> {
+        if self.dev.cfg.multicast {
+            self.dev.mcast.ip_groups(self.dev.cfg.local_ip)
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Changes whenever a multicast group gains its first member or loses its last one (then
+    /// [`ip_multicast_groups`](Self::ip_multicast_groups) may have changed).
+    pub fn multicast_generation(&self) -> u64 {
+        self.dev.mcast.generation()
     }
 
     /// Counters.

@@ -2,13 +2,17 @@
 //! loop.
 
 use std::io;
-use std::net::SocketAddr;
-use std::time::Instant;
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
 
 use std::os::fd::AsRawFd;
 
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token};
+
 use super::transport::{TxBatch, UdpTransport};
 use super::{SoftConfig, SoftVerbs};
+use crate::sys::ifaddr;
 use crate::sys::udp::RecvBatch;
 use crate::verbs::{IoSource, Provider};
 
@@ -22,6 +26,45 @@ const IO_BATCH: usize = 64;
 const TX_SLOT_CAPACITY: usize = 4_352;
 /// Bytes preallocated per send slot with GSO: a whole train.
 const TX_TRAIN_CAPACITY: usize = 65_536;
+
+/// Readiness events taken from the group sockets' poll per read (they only say "read again").
+const GROUP_EVENTS: usize = 16;
+
+/// The receive side of IP multicast ([`SoftConfig::multicast`]): one socket per joined group
+/// ([`UdpTransport::bind_group`]), all watched by one inner poll whose descriptor is the
+/// provider's second [`IoSource`], so that groups can be joined and left while the driver's
+/// set of descriptors stays fixed.
+#[derive(Debug)]
+struct GroupSockets {
+    /// The bind interface (the groups are joined there).
+    ifindex: u32,
+    /// Watches every socket of `sockets` (edge-triggered, readable).
+    poll: Poll,
+    events: Events,
+    /// The joined groups and their sockets, by group.
+    sockets: Vec<(IpAddr, UdpTransport)>,
+    /// The engine's [`SoftVerbs::multicast_generation`] the sockets were last brought in line
+    /// with (`None`: never).
+    synced: Option<u64>,
+    /// The inner poll reported readiness (or was never asked) since the sockets were last read
+    /// empty.
+    ready: bool,
+    /// The last read hit its bound: more may be waiting.
+    more: Option<Instant>,
+}
+
+/// Counters of the provider's IP multicast (zero when it is off).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct MulticastStats {
+    /// IP multicast groups joined now.
+    pub groups_joined: u64,
+    /// Groups that could not be joined (the error is logged).
+    pub join_errors: u64,
+    /// Datagrams received on the group sockets.
+    pub rx_datagrams: u64,
+    /// Dropped: this provider's own datagram looped back.
+    pub rx_own: u64,
+}
 
 /// Whether the provider's socket uses the kernel's UDP segmentation offloads.
 ///
@@ -64,10 +107,19 @@ pub struct SoftProvider {
     /// The driver reports readiness ([`Provider::note_readiness`] was called); until then
     /// every `handle_io` reads.
     readiness_driven: bool,
+    /// The group sockets, when IP multicast is on.
+    groups: Option<GroupSockets>,
+    mcast_stats: MulticastStats,
 }
 
 impl SoftProvider {
     /// Binds `cfg.local_ip:cfg.src_port` and wraps a fresh engine.
+    ///
+    /// With [`SoftConfig::multicast`] on, the socket also sends to IP multicast groups, and
+    /// the groups of the MGIDs that QPs attach are joined on the bind interface (at the next
+    /// [`Provider::handle_io`] or [`Provider::flush`]); where that interface carries no
+    /// multicast (loopback, a point-to-point tunnel) it is turned off, with an info line, and
+    /// [`multicast_active`](Self::multicast_active) says so.
     ///
     /// # Errors
     /// The socket's bind or option errors.
@@ -75,6 +127,12 @@ impl SoftProvider {
         let transport = UdpTransport::bind(SocketAddr::new(cfg.local_ip, cfg.src_port))?;
         let mut cfg = cfg;
         cfg.src_port = transport.local_addr().port();
+        let groups = if cfg.multicast {
+            Self::multicast_setup(&transport, &cfg)?
+        } else {
+            None
+        };
+        cfg.multicast = groups.is_some();
         let gso = match offload {
             UdpOffload::On => match transport.enable_gro() {
                 Ok(()) => true,
@@ -100,9 +158,153 @@ impl SoftProvider {
             rx_more: None,
             rx_ready: true,
             readiness_driven: false,
+            groups,
+            mcast_stats: MulticastStats::default(),
         })
     }
 
+    /// The group sockets' poll, with the unicast socket set up to send to groups; `None`
+    /// (multicast off) when the bind interface carries no multicast or the socket refuses to
+    /// send it.
+    fn multicast_setup(
+        transport: &UdpTransport,
+        cfg: &SoftConfig,
+    ) -> io::Result<Option<GroupSockets>> {
+        let Some(ifindex) = ifaddr::multicast_ifindex_of(cfg.local_ip) else {
+            tracing::info!(
+                bind = %cfg.local_ip,
+                "the bind interface carries no IP multicast; multicast goes to --peer addresses only"
+            );
+            return Ok(None);
+        };
+        if let Err(e) = transport.enable_multicast_send(ifindex, cfg.multicast_ttl) {
+            tracing::warn!(
+                bind = %cfg.local_ip,
+                error = %e,
+                "cannot send IP multicast from the bind address; multicast goes to --peer addresses only"
+            );
+            return Ok(None);
+        }
+        Ok(Some(GroupSockets {
+            ifindex,
+            poll: Poll::new()?,
+            events: Events::with_capacity(GROUP_EVENTS),
+            sockets: Vec::new(),
+            synced: None,
+            ready: true,
+            more: None,
+        }))
+    }
+
+    /// True when multicast UD sends leave as IP multicast and groups are joined.
+    pub fn multicast_active(&self) -> bool {
+        self.groups.is_some()
+    }
+
+    /// The IP multicast counters.
+    pub fn multicast_stats(&self) -> MulticastStats {
+        let mut s = self.mcast_stats;
+        s.groups_joined = self.groups.as_ref().map_or(0, |g| g.sockets.len() as u64);
+        s
+    }
+
+    /// Opens a socket for each group the engine's attached MGIDs map to that has none, and
+    /// closes (leaves) those of groups no longer attached; nothing when no group came or went.
+    fn sync_groups(&mut self) {
+        let Some(g) = self.groups.as_mut() else {
+            return;
+        };
+        let generation = self.verbs.multicast_generation();
+        if g.synced == Some(generation) {
+            return;
+        }
+        g.synced = Some(generation);
+        let wanted = self.verbs.ip_multicast_groups();
+        g.sockets.retain(|(ip, sock)| {
+            let keep = wanted.contains(ip);
+            if !keep {
+                // Closing the socket leaves the group (and drops it from the poll).
+                let _ = g
+                    .poll
+                    .registry()
+                    .deregister(&mut SourceFd(&sock.as_raw_fd()));
+                tracing::debug!(group = %ip, "left IP multicast group");
+            }
+            keep
+        });
+        let local = self.transport.local_addr();
+        for ip in wanted {
+            if g.sockets.iter().any(|(have, _)| *have == ip) {
+                continue;
+            }
+            let joined = UdpTransport::bind_group(ip, local.port(), g.ifindex, local.ip())
+                .and_then(|sock| {
+                    let token = Token(g.sockets.len());
+                    g.poll.registry().register(
+                        &mut SourceFd(&sock.as_raw_fd()),
+                        token,
+                        Interest::READABLE,
+                    )?;
+                    Ok(sock)
+                });
+            match joined {
+                Ok(sock) => {
+                    tracing::debug!(group = %ip, "joined IP multicast group");
+                    g.sockets.push((ip, sock));
+                    g.ready = true;
+                }
+                Err(e) => {
+                    self.mcast_stats.join_errors += 1;
+                    tracing::warn!(group = %ip, error = %e, "could not join IP multicast group");
+                }
+            }
+        }
+    }
+
+    /// Reads the group sockets (when readiness or a full last read says there may be
+    /// something), at most [`MAX_RECV_BATCH`] datagrams in all; returns how many were
+    /// handed to the engine.
+    fn read_groups(&mut self, now: Instant) -> io::Result<usize> {
+        let Some(g) = self.groups.as_mut() else {
+            return Ok(0);
+        };
+        if !g.ready && g.more.is_none() {
+            return Ok(0);
+        }
+        // Taking the inner poll's events re-arms its readiness edge; which socket they name
+        // does not matter, all are read.
+        g.poll.poll(&mut g.events, Some(Duration::ZERO))?;
+        let own = self.transport.local_addr();
+        let mut read = 0;
+        let mut full = false;
+        for (_, sock) in &g.sockets {
+            loop {
+                let n = sock.recv_batch(&mut self.rx)?;
+                for i in 0..n {
+                    let Some((meta, d)) = sock.datagram(&self.rx, i) else {
+                        continue;
+                    };
+                    self.mcast_stats.rx_datagrams += 1;
+                    if meta.src == own {
+                        self.mcast_stats.rx_own += 1;
+                        continue;
+                    }
+                    self.verbs.handle_datagram(now, meta.src, meta.dst_ip, d);
+                }
+                read += n;
+                if n < self.rx.capacity() {
+                    break;
+                }
+                if read >= MAX_RECV_BATCH {
+                    full = true;
+                    break;
+                }
+            }
+        }
+        g.more = full.then_some(now);
+        g.ready = !self.readiness_driven;
+        Ok(read)
+    }
     /// The engine (read-only).
     pub fn engine(&self) -> &SoftVerbs {
         &self.verbs
@@ -172,17 +374,35 @@ impl Provider for SoftProvider {
     /// One descriptor, the UDP socket; writability is wanted exactly while a datagram waits
     /// for room in it (a UDP socket would otherwise wake the loop after every datagram it
     /// sends).
+    ///
+    /// With IP multicast on, a second descriptor: the poll that watches the group sockets.
     fn io_source(&self, index: usize) -> Option<IoSource> {
-        (index == 0).then(|| IoSource {
-            fd: self.transport.as_raw_fd(),
-            writable: !self.tx.is_empty(),
-        })
+        match index {
+            0 => Some(IoSource {
+                fd: self.transport.as_raw_fd(),
+                writable: !self.tx.is_empty(),
+            }),
+            1 => self.groups.as_ref().map(|g| IoSource {
+                fd: g.poll.as_raw_fd(),
+                writable: false,
+            }),
+            _ => None,
+        }
     }
 
     fn note_readiness(&mut self, index: usize) {
-        if index == 0 {
-            self.rx_ready = true;
-            self.readiness_driven = true;
+        match index {
+            0 => {
+                self.rx_ready = true;
+                self.readiness_driven = true;
+            }
+            1 => {
+                if let Some(g) = self.groups.as_mut() {
+                    g.ready = true;
+                }
+                self.readiness_driven = true;
+            }
+            _ => {}
         }
     }
 
@@ -192,18 +412,20 @@ impl Provider for SoftProvider {
     }
 
     fn flush(&mut self, now: Instant) -> io::Result<()> {
+        self.sync_groups();
         self.transmit(now);
         Ok(())
     }
 
     fn handle_input(&mut self, now: Instant) -> io::Result<usize> {
+        self.sync_groups();
+        let mut packets = self.read_groups(now)?;
         if !self.rx_ready && self.rx_more.is_none() {
             self.verbs.handle_timeout(now);
-            return Ok(0);
+            return Ok(packets);
         }
         self.rx_more = Some(now);
         let mut read = 0;
-        let mut packets = 0;
         while read < MAX_RECV_BATCH {
             let n = self.transport.recv_batch(&mut self.rx)?;
             for i in 0..n {
@@ -238,10 +460,11 @@ impl Provider for SoftProvider {
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
-        match (self.rx_more, self.verbs.poll_timeout()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let group_more = self.groups.as_ref().and_then(|g| g.more);
+        [self.rx_more, group_more, self.verbs.poll_timeout()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 }
 
@@ -272,7 +495,7 @@ mod tests {
             if read >= 10 {
                 break;
             }
-            std::thread::sleep(std::time::Duration::from_millis(1));
+            std::thread::sleep(Duration::from_millis(1));
         }
         assert_eq!(read, 10);
         assert_eq!(p.handle_input(now).expect("handle_input"), 0);

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use super::qp::Qp;
 use super::sched::TimerKind;
-use super::{ip_info, Device};
+use super::{ip_info, mcast, Device};
 use crate::verbs::{PKey, Psn, QpNum, QpType, SendWr, WcStatus};
 use crate::wire::bth::{Bth, Opcode};
 use crate::wire::ext::{Deth, ImmDt};
@@ -335,11 +335,16 @@ impl Device {
             None => &[],
         };
         let (dst, status) = if ud.av.dgid.0[0] == 0xFF {
-            // Multicast: one unicast copy per underlay peer; the first goes out now, the rest
-            // wait in `fanout`. A group with no peers swallows the send, as an empty IB
-            // multicast group does.
+            // Multicast: one IP multicast datagram to the group (when on), and one unicast
+            // copy per underlay peer; the first goes out now, the rest wait in `fanout`. A
+            // group with neither swallows the send, as an empty IB multicast group does.
+            let group = self
+                .cfg
+                .multicast
+                .then(|| mcast::group_addr(ud.av.dgid, self.cfg.local_ip))
+                .flatten();
             let mut first = None;
-            for peer in &self.mcast.peers {
+            for peer in group.iter().chain(&self.mcast.peers) {
                 let mut d = Vec::new();
                 if let Some(to) = self.emit(&repr, payload, *peer, &mut d) {
                     if first.is_none() {

@@ -58,8 +58,19 @@ impl SoftVerbs {
         }
         let qpn = QpNum::new(pkt.bth.dest_qp);
         if qpn == MULTICAST_QPN {
-            // Every UD QP attached to a group gets a copy.
-            let members = self.dev.mcast.members();
+            // Every UD QP attached to a group the packet was sent to gets a copy, once: the
+            // same packet may also come the other way (IP multicast and unicast fan-out).
+            if let Some(deth) = pkt.deth {
+                if !self
+                    .dev
+                    .mcast
+                    .first_copy(now, src.ip(), deth.src_qp, pkt.bth.psn)
+                {
+                    self.dev.stats.rx_mcast_duplicates += 1;
+                    return;
+                }
+            }
+            let members = self.dev.mcast.members_for(dst, self.dev.cfg.local_ip);
             if members.is_empty() {
                 self.dev.stats.rx_unknown_qpn += 1;
             }

@@ -349,11 +349,10 @@ fn qpns_follow_the_seed_and_skip_the_special_ones() {
     assert_eq!(sorted.len(), a.len());
 }
 
-/// `scripts/rxe/guest-daemon/run.sh` names the host daemon's hardware address with this UD
-/// QPN: the first QPN of seed 0, which `scripts/rxe/host-daemon.sh` gives its daemon
-/// (`--qpn-seed 0`; with the CM over UDP the UD QP is the first QP it creates).
+/// `--qpn-seed 0` fixes the QPN order, so a daemon's hardware address can be named in a static
+/// `--neigh` in advance: its first QPN (with the CM over UDP, the UD QP's) is pinned here.
 #[test]
-fn the_first_qpn_of_seed_0_is_the_one_the_rxe_scripts_name() {
+fn the_first_qpn_of_seed_0_is_fixed() {
     use super::objects::QpnSequence;
     let first = std::iter::repeat_with({
         let mut s = QpnSequence::new(0);

@@ -1,11 +1,31 @@
-//! Which local interface carries an address, and its MTU (`getifaddrs` plus sysfs), so the
-//! daemon can derive the RoCE path MTU from the underlay link as rxe does.
+//! Which local interface carries an address, its MTU (`getifaddrs` plus sysfs), so the daemon
+//! can derive the RoCE path MTU from the underlay link as rxe does, and whether it carries IP
+//! multicast (its index then), for the software provider's multicast groups.
 
 use std::ffi::CStr;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// The name of the interface that has `ip` configured, if any.
 pub(crate) fn interface_of(ip: IpAddr) -> Option<String> {
+    interface_and_flags_of(ip).map(|(name, _)| name)
+}
+
+/// The index of the interface that has `ip` configured, when that interface is up and can
+/// send and receive IP multicast (`IFF_UP` and `IFF_MULTICAST`; loopback, for one, cannot).
+pub(crate) fn multicast_ifindex_of(ip: IpAddr) -> Option<u32> {
+    let (name, flags) = interface_and_flags_of(ip)?;
+    let wanted = (libc::IFF_UP | libc::IFF_MULTICAST) as libc::c_uint;
+    if flags & wanted != wanted {
+        return None;
+    }
+    let name = std::ffi::CString::new(name).ok()?;
+    // SAFETY: `name` is a NUL-terminated string that outlives the call, which only reads it.
+    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    (index != 0).then_some(index)
+}
+
+/// The name and `ifa_flags` of the interface that has `ip` configured, if any.
+fn interface_and_flags_of(ip: IpAddr) -> Option<(String, libc::c_uint)> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs writes a pointer to a list it allocates into `head`; we check the
     // return value and free the list with freeifaddrs below, exactly once.
@@ -42,7 +62,7 @@ pub(crate) fn interface_of(ip: IpAddr) -> Option<String> {
         if addr == Some(ip) {
             // SAFETY: ifa_name is a non-null NUL-terminated string owned by the list.
             let name = unsafe { CStr::from_ptr(ifa.ifa_name) };
-            found = Some(name.to_string_lossy().into_owned());
+            found = Some((name.to_string_lossy().into_owned(), ifa.ifa_flags));
             break;
         }
     }
@@ -75,5 +95,10 @@ mod tests {
         assert_eq!(interface_of(lo).as_deref(), Some("lo"));
         assert!(link_mtu_for(lo).is_some_and(|m| m >= 1500));
         assert_eq!(interface_of("192.0.2.77".parse().unwrap()), None);
+        assert_eq!(
+            multicast_ifindex_of(lo),
+            None,
+            "loopback carries no multicast"
+        );
     }
 }

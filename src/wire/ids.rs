@@ -126,6 +126,30 @@ impl Gid {
         }
     }
 
+    /// The IP multicast group that carries this multicast GID on a RoCEv2 underlay of
+    /// `underlay`'s family, or `None` when it has none there (or is no multicast GID).
+    ///
+    /// As rdma_rxe (`rdma_gid2ip`): an IPv4-mapped MGID (`::ffff:a.b.c.d`, the form rdma_cm
+    /// gives RoCEv2 IPv4 groups) is the IPv4 group `a.b.c.d`; any other MGID is the IPv6
+    /// multicast address with the MGID's 16 bytes. On an IPv4 underlay rxe has no address for
+    /// the second kind (it would send to `0.0.0.0`), and the IPoIB groups are all of that
+    /// kind, so they cross it as the organisation-local IPv4 group `239.255.X.Y`, with `X.Y`
+    /// the MGID's bytes 4 and 5: the P_Key of an IPoIB MGID. Every IPoIB group of a partition
+    /// (broadcast, all-nodes, solicited-node) thus shares one IPv4 group, and a receiver
+    /// delivers what arrives on it to the QPs attached to any of them, as an IPoIB node that
+    /// joined them all would receive it.
+    pub fn multicast_group(self, underlay: IpAddr) -> Option<IpAddr> {
+        let ip = match self.to_ip() {
+            IpAddr::V4(v4) if v4.is_multicast() => IpAddr::V4(v4),
+            IpAddr::V6(v6) if v6.is_multicast() && underlay.is_ipv4() => {
+                IpAddr::V4(Ipv4Addr::new(239, 255, self.0[4], self.0[5]))
+            }
+            IpAddr::V6(v6) if v6.is_multicast() => IpAddr::V6(v6),
+            _ => return None,
+        };
+        (ip.is_ipv4() == underlay.is_ipv4()).then_some(ip)
+    }
+
     /// True for `::ffff:a.b.c.d`.
     pub fn is_ipv4_mapped(self) -> bool {
         Ipv6Addr::from(self.0).to_ipv4_mapped().is_some()

@@ -4,24 +4,23 @@
 # kernel owns QP1) against `ipoib-cm up --cm-transport udp` on the soft provider in the host
 # netns (scripts/rxe/host-daemon.sh).
 #
-# Neighbours are static both ways (the IPoIB broadcast group does not cross between rxe's
-# multicast and the soft provider's unicast fan-out): the host's hardware address is known in
-# advance (host-daemon.sh starts it with --qpn-seed 0, whose first QPN, 0x985220, is the UD
-# QP's: pinned by the test the_first_qpn_of_seed_0_is_the_one_the_rxe_scripts_name), and
-# ours goes to the host as a `GUEST_HWADDR` line on the console, which host-daemon.sh reads.
+# No static neighbours and no --peer either way: ARP and ND cross as IP multicast (the
+# IPoIB groups of P_Key 0xffff as 239.255.255.255, UDP 4791). The soft provider sends and
+# joins that group itself; on rxe the libibverbs provider attaches the QP by the group's
+# IPv4-mapped GID (::ffff:239.255.255.255, the only multicast form rxe has on an IPv4 GID) and
+# joins the IP group (rxe sets only the link-layer filter). Our hardware address still goes to
+# the host as a `GUEST_HWADDR` line on the console: host-daemon.sh starts when it sees it.
 . /lib/rxelab.sh
 B=/extra/ipoib-cm
 SOCK=/tmp/ib0.sock
 A4=10.77.0.2 H4=10.77.0.1 A6=fd77::2 H6=fd77::1
-hostgid=$(ipv4_gid "$PEER_IP" | tr -d ':' | sed 's/../&:/g; s/:$//')
-HOSTHW="80:98:52:20:$hostgid"
 modprobe tun 2>/dev/null
 [ -c /dev/net/tun ] || { mkdir -p /dev/net; mknod /dev/net/tun c 10 200; }
 el() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN {printf "%.1f", b - a}'; }
 
 t0=$(uptime_s)
 $B up --provider verbs --ib-dev "$RXE0" --bind "$IP0" --cm-transport udp --ifname ib0 \
-  --addr $A4/24 --addr $A6/64 --neigh "$H4=$HOSTHW" --neigh "$H6=$HOSTHW" \
+  --addr $A4/24 --addr $A6/64 \
   --control-socket $SOCK --drain-timeout 5s --log info > /tmp/daemon.log 2>&1 &
 DPID=$!
 hw=
@@ -51,6 +50,7 @@ while [ $i -lt 90 ]; do
   i=$((i + 1))
 done
 res daemon_first_ping4 "$ok $(el "$t1")s"
+first4=$ok
 t1=$(uptime_s)
 if ping -c 10 -i 0.2 -W 3 $H4 > /tmp/ping4.log 2>&1; then ok=PASS; else ok=FAIL; fi
 tail -2 /tmp/ping4.log
@@ -59,6 +59,18 @@ t1=$(uptime_s)
 if ping -6 -c 10 -i 0.2 -W 3 $H6 > /tmp/ping6.log 2>&1; then ok=PASS; else ok=FAIL; fi
 tail -2 /tmp/ping6.log
 res daemon_ping6 "$ok $(el "$t1")s"
+p6=$ok
+# Discovery: both neighbours were resolved (no static entries were given), so ARP and ND
+# crossed between rxe and the soft provider through the multicast group.
+nb=$($B status --control-socket $SOCK --json 2>/dev/null | tr -d ' \n')
+if [ "$first4$p6" = PASSPASS ] && printf '%s' "$nb" | grep -q "\"ip\":\"$H4\"" \
+    && printf '%s' "$nb" | grep -q "\"ip\":\"$H6\""; then
+  ok=PASS
+else
+  ok=FAIL
+fi
+grep 'IPv4 group' /tmp/daemon.log | head -2
+res daemon_discovery_arp_nd "$ok (no --neigh, no --peer: ARP/ND over 239.255.255.255)"
 if [ -x /extra/iperf3 ]; then
   t1=$(uptime_s)
   i=0; ok=FAIL

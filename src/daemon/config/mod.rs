@@ -146,6 +146,11 @@ fn validate(s: &Settings) -> Result<Config, ConfigError> {
             .origin()
             .err("peer", format!("more than {MAX_PEERS} peers")));
     }
+
+    let multicast = parse("no_multicast", s.no_multicast.as_ref())? != Some(true);
+    let multicast_ttl = int_in("multicast_ttl", s.multicast_ttl.as_ref(), 1, 255)?
+        .map_or(crate::soft::DEFAULT_MULTICAST_TTL, |v| v as u8);
+
     let neigh = parse_list("neigh", &s.neigh)?;
     if let Some(over) = s.neigh.get(MAX_STATIC_NEIGHBOURS) {
         return Err(over.origin().err(
@@ -322,6 +327,8 @@ fn validate(s: &Settings) -> Result<Config, ConfigError> {
         addr,
         bind,
         peer,
+        multicast,
+        multicast_ttl,
         neigh,
         udp_port,
         cm_transport,

@@ -158,6 +158,13 @@ pub struct Config {
     /// Underlay addresses of the other nodes (`--peer`, repeatable); the broadcast group is
     /// fanned out to them on the software provider. Same family as `bind`.
     pub peer: Vec<IpAddr>,
+    /// Carry multicast UD (the broadcast group) as IP multicast on the software provider's
+    /// underlay, where the bind interface carries multicast (`--no-multicast` turns it off;
+    /// see [`crate::soft::SoftConfig::multicast`]; default on).
+    pub multicast: bool,
+    /// TTL / hop limit of that multicast (`--multicast-ttl`, default
+    /// [`crate::soft::DEFAULT_MULTICAST_TTL`]).
+    pub multicast_ttl: u8,
     /// Static neighbours (`--neigh IP=HWADDR`, repeatable): never resolved, never aged.
     pub neigh: Vec<(IpAddr, HwAddr)>,
     /// RoCEv2 UDP port (`--udp-port`, default 4791).

@@ -92,10 +92,19 @@ settings! {
         /// Underlay address of the software provider (required, here or in the file).
         #[arg(long, value_name = "ADDR")]
         pub bind: Option<Given<IpAddr>>,
-        /// Underlay address of another node (repeatable); broadcast is fanned out to them.
+        /// Underlay address of another node (repeatable); broadcast is fanned out to them, by
+        /// unicast, besides IP multicast.
         #[arg(long, value_name = "ADDR")]
         #[serde(default)]
         pub peer: Vec<Given<IpAddr>>,
+        /// Don't carry the broadcast group as IP multicast on the underlay (UDP 4791 to
+        /// 239.255.<P_Key>, or on IPv6 the MGID itself); then only --peer addresses hear it.
+        #[arg(long, num_args = 0, default_missing_value = "true")]
+        pub no_multicast: Option<Given<bool>>,
+        /// TTL (IPv4) or hop limit (IPv6) of the underlay multicast, 1..=255 [default: 1, the
+        /// link].
+        #[arg(long, value_name = "N", allow_negative_numbers = true)]
+        pub multicast_ttl: Option<Given<i64>>,
         /// Static neighbour, IP=HWADDR with the 20-byte hardware address in `ip link` form
         /// (repeatable).
         #[arg(long, value_name = "IP=HWADDR")]

@@ -33,6 +33,7 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use crate::sys::{sockopt, udp};
 
 mod batch;
+mod group;
 
 pub use crate::sys::udp::{Received, RecvBatch};
 pub use batch::TxBatch;
