@@ -210,7 +210,7 @@ fn provider_quirks_never_leak_a_qp() {
 
 #[test]
 fn qp_budget_of_two_keeps_four_nodes_reachable() {
-    let Some(lab) = Lab::up("e2ec", 4, &["--max-conn-qp", "2"]) else {
+    let Some(lab) = Lab::up("e2eqb", 4, &["--max-conn-qp", "2"]) else {
         return;
     };
     for round in 0..2 {
