@@ -194,8 +194,10 @@ fn four_nodes_find_each_other_without_peers() {
     }
 }
 
-/// On an IPv6 underlay the broadcast group is the IPv6 multicast address of its MGID,
-/// `ff12:401b:ffff::ffff:ffff` (link scope), as rxe sends it.
+/// On an IPv6 underlay each IPoIB group is the IPv6 multicast address of its MGID (link
+/// scope), as rxe sends it: the broadcast group `ff12:401b:ffff::ffff:ffff` carries ARP, and
+/// ND needs the all-nodes group `ff12:601b:ffff::1` and each address's solicited-node group
+/// `ff12:601b:ffff::1:ffXX:XXXX`, which the endpoint attaches as Linux ipoib joins them.
 #[test]
 fn ipv6_underlay_finds_each_other_without_peers() {
     let lab = match Lab::new("discsix", 3, 9000) {
@@ -229,17 +231,41 @@ fn ipv6_underlay_finds_each_other_without_peers() {
             d.log(from)
         );
     }
+    let t = Instant::now();
+    for (from, to) in [(1, 2), (2, 3), (3, 1)] {
+        let (ok, text) = ping(&lab, from, &format!("2001:db8:19::{to}"), &["-6"]);
+        assert!(
+            ok,
+            "ping -6 node {to} from node {from}: {text}\n{}",
+            d.log(from)
+        );
+    }
+    println!(
+        "3 IPv6 pings over an IPv6 underlay, each first resolving by ND: {:?}",
+        t.elapsed()
+    );
     for k in 1..=3 {
         let s = d.status(k);
-        assert_eq!(provider_counter(&s, "mcast_groups_joined"), 1, "{s}");
+        // Broadcast, all-nodes and the solicited-node group of 2001:db8:19::k.
+        assert_eq!(provider_counter(&s, "mcast_groups_joined"), 3, "{s}");
         assert!(provider_counter(&s, "mcast_rx_datagrams") >= 1, "{s}");
+        assert_eq!(provider_counter(&s, "mcast_join_errors"), 0, "{s}");
     }
     let maddr = output_within(
         lab.exec(1, &["ip", "-6", "maddr", "show", "dev", "eth0"]),
         Duration::from_secs(10),
     );
     let maddr = String::from_utf8_lossy(&maddr.stdout);
-    assert!(maddr.contains("ff12:401b:ffff::ffff:ffff"), "{maddr}");
+    for group in [
+        "ff12:401b:ffff::ffff:ffff",
+        "ff12:601b:ffff::1",
+        "ff12:601b:ffff::1:ff00:1",
+    ] {
+        assert!(
+            maddr.split_whitespace().any(|w| w == group),
+            "{group} not joined:\n{maddr}"
+        );
+    }
 }
 
 /// With `--peer` as well, the broadcast group reaches each peer both ways (multicast and a

@@ -367,8 +367,9 @@ impl<P: Provider> Node<P> {
         self.wind_up(now)
     }
 
-    /// Destroys whatever connection is left and lets the last DREQs and DREPs out; the
-    /// interface stays until the node is dropped (its counters can still be read).
+    /// Destroys whatever connection is left, leaves the multicast groups and lets the last
+    /// DREQs and DREPs out; the interface stays until the node is dropped (its counters can
+    /// still be read).
     ///
     /// # Errors
     /// A fatal I/O error of the provider.
@@ -376,6 +377,7 @@ impl<P: Provider> Node<P> {
         if !self.ep.is_stopped() {
             self.ep.force_stop(self.prov.verbs());
         }
+        self.ep.leave_groups(self.prov.verbs());
         self.receive_mads(now);
         self.ep.handle_verbs(now, self.prov.verbs());
         self.send_mads();

@@ -269,11 +269,15 @@ pub(super) fn query_qp_state(v: &HwVerbs, qp: QpNum) -> Result<QpState, VerbsErr
 pub(super) fn destroy(v: &mut HwVerbs, qp: QpNum) -> Result<(), VerbsError> {
     let q = v.qps.get(&qp.get()).ok_or(VerbsError::NoSuchQp(qp))?;
     let raw = q.raw;
+    let mut detached = Vec::new();
     for g in q.mcast.clone() {
         let dev = v.device_mgid(g);
-        let gid = ffi::ibv_gid { raw: dev.0 };
-        // SAFETY: a live QP attached to `gid`.
-        unsafe { ffi::ibv_detach_mcast(raw, &gid, 0) };
+        if !detached.contains(&dev) {
+            let gid = ffi::ibv_gid { raw: dev.0 };
+            // SAFETY: a live QP attached to `gid`.
+            unsafe { ffi::ibv_detach_mcast(raw, &gid, 0) };
+            detached.push(dev);
+        }
         v.leave_ipv4(dev);
     }
     // SAFETY: a live QP; nothing else refers to it.
@@ -302,11 +306,15 @@ pub(super) fn attach_mcast(v: &mut HwVerbs, qp: QpNum, mgid: Gid) -> Result<(), 
         return Err(VerbsError::InvalidWr("not a multicast GID"));
     }
     let dev = v.device_mgid(mgid);
-    let gid = ffi::ibv_gid { raw: dev.0 };
-    // SAFETY: a live UD QP and a GID.
-    let rc = unsafe { ffi::ibv_attach_mcast(q.raw, &gid, 0) };
-    if rc != 0 {
-        return Err(errno_err("ibv_attach_mcast", rc));
+    // Groups the device knows by one GID (the IPoIB groups of a partition on a RoCEv2 IPv4
+    // port) are one device attachment, made by the first of them.
+    if !q.mcast.iter().any(|g| v.device_mgid(*g) == dev) {
+        let gid = ffi::ibv_gid { raw: dev.0 };
+        // SAFETY: a live UD QP and a GID.
+        let rc = unsafe { ffi::ibv_attach_mcast(q.raw, &gid, 0) };
+        if rc != 0 {
+            return Err(errno_err("ibv_attach_mcast", rc));
+        }
     }
     v.join_ipv4(dev);
     if let Some(q) = v.qps.get_mut(&qp.get()) {
@@ -321,11 +329,18 @@ pub(super) fn detach_mcast(v: &mut HwVerbs, qp: QpNum, mgid: Gid) -> Result<(), 
         return Err(VerbsError::NoSuchObject("multicast attachment"));
     }
     let dev = v.device_mgid(mgid);
-    let gid = ffi::ibv_gid { raw: dev.0 };
-    // SAFETY: a live QP attached to `gid`.
-    let rc = unsafe { ffi::ibv_detach_mcast(q.raw, &gid, 0) };
-    if rc != 0 {
-        return Err(errno_err("ibv_detach_mcast", rc));
+    // The device attachment stays while another group of the QP shares it.
+    let shared = q
+        .mcast
+        .iter()
+        .any(|g| *g != mgid && v.device_mgid(*g) == dev);
+    if !shared {
+        let gid = ffi::ibv_gid { raw: dev.0 };
+        // SAFETY: a live QP attached to `gid`.
+        let rc = unsafe { ffi::ibv_detach_mcast(q.raw, &gid, 0) };
+        if rc != 0 {
+            return Err(errno_err("ibv_detach_mcast", rc));
+        }
     }
     v.leave_ipv4(dev);
     if let Some(q) = v.qps.get_mut(&qp.get()) {

@@ -77,7 +77,8 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    /// Sets up the interface on `v`: UD QP attached to the broadcast group, the CM listening
+    /// Sets up the interface on `v`: UD QP attached to its multicast groups (the broadcast
+    /// group, and all-nodes and solicited-node groups for IPv6 addresses), the CM listening
     /// on both IPoIB-CM service IDs, the SRQ (or the pool for per-QP rings), and the send
     /// buffers.
     ///

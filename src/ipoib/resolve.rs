@@ -19,7 +19,7 @@ use crate::timer::TimerId;
 use crate::verbs::Verbs;
 use crate::wire::ipoib::{
     broadcast_mgid, mgid_for_ipv6, ArpOp, HwAddr, IpoibArp, NdType, NeighborAdvertisement,
-    NeighborSolicitation, ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6,
+    NeighborSolicitation, ALL_NODES_MULTICAST, ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6,
 };
 
 impl Endpoint {
@@ -299,7 +299,7 @@ pub(super) fn same_prefix(a: IpAddr, b: IpAddr, prefix: u8) -> bool {
 /// link-layer address: all-nodes.
 fn na_dst(ns: &NeighborSolicitation) -> Ipv6Addr {
     if ns.src.is_unspecified() {
-        Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1)
+        ALL_NODES_MULTICAST
     } else {
         ns.src
     }

@@ -21,7 +21,7 @@
 //! So that peers hear of a restart before they next send, a new endpoint announces itself
 //! ([`Endpoint::announce`]).
 
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::IpAddr;
 use std::time::Instant;
 
 use super::event::Event;
@@ -29,8 +29,8 @@ use super::rx::Why;
 use super::Endpoint;
 use crate::verbs::{Gid, QpNum, Verbs};
 use crate::wire::ipoib::{
-    broadcast_mgid, mgid_for_ipv6, HwAddr, IpoibArp, NeighborAdvertisement, ETHERTYPE_ARP,
-    ETHERTYPE_IPV6,
+    broadcast_mgid, mgid_for_ipv6, HwAddr, IpoibArp, NeighborAdvertisement, ALL_NODES_MULTICAST,
+    ETHERTYPE_ARP, ETHERTYPE_IPV6,
 };
 
 /// One start of a node: its UD QPN and, when known, its CA GUID.
@@ -69,17 +69,16 @@ impl Endpoint {
                     self.send_ud(v, bcast, ETHERTYPE_ARP, &bytes);
                 }
                 IpAddr::V6(a) => {
-                    let all_nodes = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
                     let na = NeighborAdvertisement {
                         src: a,
-                        dst: all_nodes,
+                        dst: ALL_NODES_MULTICAST,
                         target: a,
                         router: false,
                         solicited: false,
                         override_flag: true,
                         target_hw: Some(self.hwaddr),
                     };
-                    let to = HwAddr::multicast(mgid_for_ipv6(all_nodes, self.cfg.pkey));
+                    let to = HwAddr::multicast(mgid_for_ipv6(ALL_NODES_MULTICAST, self.cfg.pkey));
                     let packet = na.to_packet();
                     self.send_ud(v, to, ETHERTYPE_IPV6, &packet);
                 }

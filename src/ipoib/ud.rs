@@ -1,24 +1,33 @@
-//! The UD QP: its set-up and broadcast membership, datagram sends (IP in datagram mode and
-//! multicast, ARP and ND), and what arrives on it, handed to resolution or the TUN queue.
+//! The UD QP: its set-up and multicast group memberships, datagram sends (IP in datagram mode
+//! and multicast, ARP and ND), and what arrives on it, handed to resolution or the TUN queue.
+//!
+//! The UD QP is attached to the groups that address resolution reaches it through
+//! ([`ud_groups`]): the broadcast group (ARP) and, with an IPv6 address, the all-nodes group
+//! and the solicited-node group of each IPv6 address (ND), as Linux ipoib joins the groups
+//! the IPv6 stack asks for. On an underlay that carries each MGID as its own IP multicast
+//! group (IPv6), a node not attached to a solicited-node group never hears the Neighbor
+//! Solicitations sent to it.
 
+use std::net::IpAddr;
 use std::time::Instant;
 
 use super::{fill_ipoib, wr, wr_kind, Endpoint, EndpointConfig, CQ_BATCH, WR_RECV, WR_SEND};
 use crate::verbs::setup::open_ud_qp;
 use crate::verbs::{
-    AddressVector, BufId, CqId, PdId, QpNum, QpType, SendWr, UdDest, Verbs, VerbsError, WcOpcode,
-    WcStatus,
+    AddressVector, BufId, CqId, Gid, PdId, QpNum, QpType, SendWr, UdDest, Verbs, VerbsError,
+    WcOpcode, WcStatus,
 };
 use crate::wire::grh::{grh_source_gid, GRH_LEN};
 use crate::wire::ipoib::{
-    broadcast_mgid, HwAddr, IpoibHeader, NdMessage, ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6,
+    broadcast_mgid, mgid_for_ipv6, solicited_node_multicast, HwAddr, IpoibHeader, NdMessage,
+    ALL_NODES_MULTICAST, ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6,
 };
 
 /// Where a UD message came from, as far as the provider can tell: the source GID of its GRH
 /// (the underlay address) and the UDP source port (where the provider reports it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct UdSource {
-    pub(super) gid: crate::verbs::Gid,
+    pub(super) gid: Gid,
     pub(super) port: Option<u16>,
 }
 
@@ -28,10 +37,34 @@ pub(super) struct UdQp {
     pub(super) qp: QpNum,
     pub(super) cq: CqId,
     pub(super) free_send: Vec<BufId>,
+    /// The multicast groups the QP is attached to ([`ud_groups`]; empty once
+    /// [`Endpoint::leave_groups`] detached them).
+    pub(super) groups: Vec<Gid>,
 }
 
-/// Creates the UD QP, brings it to RTS, posts its receives and attaches it to the broadcast
-/// group.
+/// The multicast groups of an interface with `cfg`'s addresses and P_Key, once each:
+/// broadcast first, then, if it has an IPv6 address, all-nodes and the solicited-node group
+/// of each IPv6 address. As many as the configured addresses plus two.
+pub(super) fn ud_groups(cfg: &EndpointConfig) -> Vec<Gid> {
+    let mut groups = vec![broadcast_mgid(cfg.pkey)];
+    let v6 = cfg.addrs.iter().filter_map(|(ip, _)| match ip {
+        IpAddr::V6(a) => Some(*a),
+        IpAddr::V4(_) => None,
+    });
+    for (i, a) in v6.enumerate() {
+        if i == 0 {
+            groups.push(mgid_for_ipv6(ALL_NODES_MULTICAST, cfg.pkey));
+        }
+        let g = mgid_for_ipv6(solicited_node_multicast(a), cfg.pkey);
+        if !groups.contains(&g) {
+            groups.push(g);
+        }
+    }
+    groups
+}
+
+/// Creates the UD QP, brings it to RTS, posts its receives and attaches it to its multicast
+/// groups ([`ud_groups`]).
 pub(super) fn open_ud<V: Verbs>(
     v: &mut V,
     pd: PdId,
@@ -52,11 +85,30 @@ pub(super) fn open_ud<V: Verbs>(
         wr(WR_RECV),
     )?;
     let (qp, free_send) = (setup.qp, setup.send_bufs);
-    v.attach_mcast(qp, broadcast_mgid(cfg.pkey))?;
-    Ok(UdQp { qp, cq, free_send })
+    let groups = ud_groups(cfg);
+    for g in &groups {
+        v.attach_mcast(qp, *g)?;
+    }
+    Ok(UdQp {
+        qp,
+        cq,
+        free_send,
+        groups,
+    })
 }
 
 impl Endpoint {
+    /// Detaches the UD QP from its multicast groups, at the end of a shutdown: the provider
+    /// leaves them (on an IP multicast underlay, its group sockets close). Nothing arrives
+    /// by multicast afterwards; calling it again does nothing.
+    pub fn leave_groups<V: Verbs>(&mut self, v: &mut V) {
+        for g in std::mem::take(&mut self.ud.groups) {
+            if let Err(e) = v.detach_mcast(self.ud.qp, g) {
+                tracing::debug!(group = %g, error = %e, "detach_mcast failed");
+            }
+        }
+    }
+
     /// Sends an IP packet over UD, or an ICMP "too big" back if it exceeds the UD MTU.
     pub(super) fn send_ud_ip<V: Verbs>(
         &mut self,

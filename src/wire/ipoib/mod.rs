@@ -58,8 +58,8 @@ pub use mcast::{broadcast_mgid, mgid_for_ipv4, mgid_for_ipv6, MGID_SCOPE_LINK_LO
 pub use nd::{
     icmpv6_checksum, icmpv6_checksum_valid, nd_ll_option, nd_source_ll_addr, nd_target_ll_addr,
     solicited_node_multicast, LlOption, NdMessage, NdType, NeighborAdvertisement,
-    NeighborSolicitation, IPPROTO_ICMPV6, LL_OPTION_LEN, ND_HOP_LIMIT, ND_OPT_SOURCE_LL_ADDR,
-    ND_OPT_TARGET_LL_ADDR,
+    NeighborSolicitation, ALL_NODES_MULTICAST, IPPROTO_ICMPV6, LL_OPTION_LEN, ND_HOP_LIMIT,
+    ND_OPT_SOURCE_LL_ADDR, ND_OPT_TARGET_LL_ADDR,
 };
 
 /// Why an IPoIB frame, ARP packet, Neighbor Discovery message or IP packet could not be

@@ -219,6 +219,10 @@ pub fn icmpv6_checksum_valid(src: Ipv6Addr, dst: Ipv6Addr, icmp: &[u8]) -> bool 
     icmpv6_checksum(src, dst, icmp) == 0
 }
 
+/// The all-nodes multicast address `ff02::1` (RFC 4291 §2.7.1): unsolicited Neighbor
+/// Advertisements and answers to Duplicate Address Detection go to it.
+pub const ALL_NODES_MULTICAST: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
+
 /// The solicited-node multicast address of `addr` (`ff02::1:ffXX:XXXX`, RFC 4291 §2.7.1),
 /// where Neighbor Solicitations for `addr` are sent.
 #[must_use]
@@ -449,11 +453,7 @@ impl NeighborAdvertisement {
         let dad = ns.src.is_unspecified();
         Self {
             src: ns.target,
-            dst: if dad {
-                Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1)
-            } else {
-                ns.src
-            },
+            dst: if dad { ALL_NODES_MULTICAST } else { ns.src },
             target: ns.target,
             router: false,
             solicited: !dad,
