@@ -16,7 +16,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -27,7 +27,7 @@ use ipoib_cm::wire::bth::{Bth, Opcode};
 use ipoib_cm::wire::ext::{Aeth, Deth, NakCode, Reth, Syndrome};
 use ipoib_cm::wire::icrc::IpHeaderInfo;
 use ipoib_cm::wire::ipoib::{HwAddr, IpoibHeader};
-use ipoib_cm::wire::roce::RoceRepr;
+use ipoib_cm::wire::roce::{RocePacket, RoceRepr};
 
 /// Environment of the rogue child: `MODE RX_QPN TX_QPN LIMIT_PACKETS LIMIT_SECS PPS STOPFILE`.
 const ROGUE: &str = "IPOIB_CM_BLIND_ROGUE";
@@ -74,7 +74,9 @@ fn min_distance(a: &[u64], b: &[u64]) -> u64 {
 fn start_ping(lab: &Lab, from: usize, to: &str, count: u32) -> Child {
     Command::new("ip")
         .args(["netns", "exec", &format!("{}{from}", lab.prefix)])
-        .args(["timeout", "120", "ping", "-n", "-i", "0.02", "-W", "2", "-c"])
+        .args([
+            "timeout", "120", "ping", "-n", "-i", "0.02", "-W", "2", "-c",
+        ])
         .arg(count.to_string())
         .arg(to)
         .stdin(Stdio::null())
@@ -104,7 +106,13 @@ fn spawn_child(lab: &Lab, k: usize, child: &str, env: (&str, String)) -> Child {
     Command::new("ip")
         .args(["netns", "exec", &format!("{}{k}", lab.prefix)])
         .arg(exe)
-        .args(["--exact", child, "--ignored", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            child,
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(env.0, env.1)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -289,6 +297,78 @@ fn blind_injector_is_absorbed_and_counted() {
     let _ = listener.wait();
 }
 
+/// The contrast: an on-path attacker (the bridge made a hub, so the rogue sees node 2's
+/// frames) reads the PSN off one packet and injects with the next one; a SEND_MIDDLE with
+/// the right PSN then puts the receive QP in error.
+#[test]
+fn on_path_injector_needs_one_packet() {
+    let Some(lab) = lab_with_connection("e2ebo") else {
+        return;
+    };
+    let hub = Command::new("ip")
+        .args([
+            "-n",
+            "e2ebobr",
+            "link",
+            "set",
+            "br0",
+            "type",
+            "bridge",
+            "ageing_time",
+            "0",
+        ])
+        .status();
+    assert!(hub.is_ok_and(|s| s.success()), "bridge as a hub");
+    let before = lab.status(1);
+    let rx_qpn = before["rx"][0]["qpn"].as_u64().expect("rx qpn");
+    let tx_qpn = before["tx"][0]["qpn"].as_u64().expect("tx qpn");
+    let hitfile = lab.state.join("hit");
+    let mut listener = start_listener(&lab, &hitfile);
+    let pings = start_ping(&lab, 2, "198.19.0.1", 1000);
+    let text = run_rogue(&lab, format!("onpath {rx_qpn} {tx_qpn} 0 10 0 -"));
+    std::thread::sleep(Duration::from_millis(300));
+    let hit = std::fs::read_to_string(&hitfile).ok();
+    let after = lab.status(1);
+    // Whether (and when) node 2 reconnects after the kill.
+    let t = Instant::now();
+    let mut reconnected = None;
+    while t.elapsed() < Duration::from_secs(15) {
+        let s = lab.status(1);
+        let live = s["rx"]
+            .as_array()
+            .and_then(|r| r.iter().find(|c| c["state"] == "live"))
+            .and_then(|c| c["qpn"].as_u64());
+        if live.is_some_and(|q| q != rx_qpn) {
+            reconnected = Some(t.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = Command::new("kill")
+        .args(["-INT", &pings.id().to_string()])
+        .status();
+    let (replies, max_rtt) = ping_result(pings);
+    println!(
+        "on-path: {}; injected datagram reached node 1's socket: {hit:?}; after the \
+         SEND_MIDDLE node 1 rx {}; a new RX connection {reconnected:?} after the rogue ended \
+         + 300 ms; ping 2->1 {replies} replies, max RTT {max_rtt:.1} ms",
+        text.lines()
+            .find_map(|l| l.split_once("psn seen").map(|(_, r)| r))
+            .unwrap_or(""),
+        after["rx"],
+    );
+    assert_eq!(
+        hit.as_deref(),
+        Some("0"),
+        "one forged packet with the next PSN: {text}"
+    );
+    // The SEND_MIDDLE put the receive QP in error; node 2 connected again.
+    assert!(reconnected.is_some(), "{}", lab.log(1));
+    lab.ping_ok(2, "198.19.0.1", &[]);
+    let _ = listener.kill();
+    let _ = listener.wait();
+}
+
 /// A measurement: sweeps PSNs (paced at `IPOIB_CM_SWEEP_PPS`, default 150,000) until a
 /// forged datagram reaches node 1's UDP socket or `IPOIB_CM_SWEEP_SECS` (default 200) pass.
 #[test]
@@ -314,7 +394,12 @@ fn blind_psn_sweep_until_injection() {
     let hitfile = lab.state.join("hit");
     let mut listener = start_listener(&lab, &hitfile);
     let drops_before = udp_rcvbuf_errors(&lab, 1);
-    let pings = start_ping(&lab, 2, "198.19.0.1", u32::try_from(secs * 50).unwrap_or(10_000));
+    let pings = start_ping(
+        &lab,
+        2,
+        "198.19.0.1",
+        u32::try_from(secs * 50).unwrap_or(10_000),
+    );
     let text = run_rogue(
         &lab,
         format!(
@@ -498,6 +583,59 @@ fn rogue_child() {
         println!("ROGUE DONE");
         return;
     }
+    if mode == "onpath" {
+        let sniff = socket2::Socket::new(
+            socket2::Domain::PACKET,
+            socket2::Type::RAW,
+            Some(socket2::Protocol::from(i32::from(0x0003u16.to_be()))),
+        )
+        .expect("packet socket");
+        sniff
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .expect("timeout");
+        let deadline = Instant::now() + Duration::from_secs(num(4));
+        // The PSN of the next SEND from node 2 to node 1's receive QP that goes by.
+        let next_psn = || -> u32 {
+            let mut buf = vec![0u8; 10_000];
+            while Instant::now() < deadline {
+                let Ok(n) = (&sniff).read(&mut buf) else {
+                    continue;
+                };
+                if let Some(psn) = send_psn(&buf[..n], rx_qpn) {
+                    return psn;
+                }
+            }
+            panic!("no SEND to QPN {rx_qpn} seen");
+        };
+        let psn = next_psn();
+        forged(
+            &rc(Opcode::RC_SEND_ONLY, rx_qpn, psn + 1),
+            &ipoib_payload(0),
+            &mut pkt,
+        );
+        sock.send_to(&pkt, &to).expect("send");
+        // Let the injected message be delivered, and skip the frames seen meanwhile (the
+        // rogue's own among them).
+        let quiet = Instant::now() + Duration::from_millis(100);
+        let mut skip = [0u8; 10_000];
+        while Instant::now() < quiet {
+            let _ = (&sniff).read(&mut skip);
+        }
+        let psn2 = next_psn();
+        forged(
+            &rc(Opcode::RC_SEND_MIDDLE, rx_qpn, psn2 + 1),
+            &[0u8; 256],
+            &mut pkt,
+        );
+        sock.send_to(&pkt, &to).expect("send");
+        println!(
+            "psn seen {psn}, injected at {}; then seen {psn2}, SEND_MIDDLE at {}",
+            psn + 1,
+            psn2 + 1
+        );
+        println!("ROGUE DONE");
+        return;
+    }
     // A sweep down from a random PSN: after a hit the expected PSN is one above it, which the
     // rest of the sweep reaches last.
     let (limit, secs, pps) = (num(3), num(4), num(5));
@@ -530,4 +668,21 @@ fn rogue_child() {
     let took = begin.elapsed().as_secs_f64();
     println!("start_psn {start_psn} sent {sent} secs {took:.3} failed {failed}");
     println!("ROGUE DONE");
+}
+
+/// The PSN of `frame` if it is an RC SEND from 198.18.0.2 to node 1's QP `qpn`.
+fn send_psn(frame: &[u8], qpn: u32) -> Option<u32> {
+    let ip = frame.get(14..)?;
+    if frame.get(12..14)? != [0x08, 0x00] || ip.get(9) != Some(&17) {
+        return None;
+    }
+    if ip.get(12..20)? != [198, 18, 0, 2, 198, 18, 0, 1] {
+        return None;
+    }
+    let udp = ip.get(usize::from(ip[0] & 0x0F) * 4..)?;
+    if udp.get(2..4)? != 4791u16.to_be_bytes() {
+        return None;
+    }
+    let pkt = RocePacket::parse(udp.get(8..)?).ok()?;
+    (pkt.bth.dest_qp == qpn && pkt.bth.opcode.is_send()).then_some(pkt.bth.psn)
 }
