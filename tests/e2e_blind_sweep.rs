@@ -86,8 +86,8 @@ fn start_ping(lab: &Lab, from: usize, to: &str, count: u32) -> Child {
         .expect("ping")
 }
 
-/// (replies, max RTT in ms) of a finished ping.
-fn ping_result(child: Child) -> (u32, f64) {
+/// (replies, max RTT in ms, echoes sent) of a finished ping.
+fn ping_result(child: Child) -> (u32, f64, u32) {
     let out = child.wait_with_output().expect("ping output");
     let text = String::from_utf8_lossy(&out.stdout);
     let replies = text.lines().filter(|l| l.contains("time=")).count();
@@ -97,7 +97,12 @@ fn ping_result(child: Child) -> (u32, f64) {
         .filter_map(|t| t.split_whitespace().next())
         .filter_map(|t| t.parse::<f64>().ok())
         .fold(0.0, f64::max);
-    (u32::try_from(replies).unwrap_or(0), max)
+    let sent = text
+        .split(',')
+        .find_map(|part| part.trim().strip_suffix(" packets transmitted"))
+        .and_then(|n| n.rsplit('\n').next()?.trim().parse().ok())
+        .unwrap_or(0);
+    (u32::try_from(replies).unwrap_or(0), max, sent)
 }
 
 /// This test binary again, as `child` inside node `k`'s namespace, with `env` set.
@@ -166,6 +171,16 @@ fn field(text: &str, key: &str) -> f64 {
         .nth(1)
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no {key} in {text}"))
+}
+
+/// Packets the kernel dropped for a full input backlog (all CPUs, all namespaces).
+fn backlog_drops() -> u64 {
+    std::fs::read_to_string("/proc/net/softnet_stat")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .filter_map(|v| u64::from_str_radix(v, 16).ok())
+        .sum()
 }
 
 /// UDP datagrams the kernel of node `k` dropped for a full receive buffer.
@@ -241,7 +256,7 @@ fn blind_injector_is_absorbed_and_counted() {
     // (c) SEND_MIDDLE with a wrong PSN, opcodes a receive QP does not take, forged NAKs.
     let bad = run_rogue(&lab, format!("bad {rx_qpn} {tx_qpn} 0 0 0 -"));
     let bad_opcodes = field(&bad, "bad_opcodes") as u64;
-    let (replies, max_rtt) = ping_result(pings);
+    let (replies, max_rtt, _) = ping_result(pings);
     std::thread::sleep(Duration::from_millis(300));
     let injected = std::fs::read_to_string(&hitfile).ok();
     let after = lab.status(1);
@@ -347,7 +362,7 @@ fn on_path_injector_needs_one_packet() {
     let _ = Command::new("kill")
         .args(["-INT", &pings.id().to_string()])
         .status();
-    let (replies, max_rtt) = ping_result(pings);
+    let (replies, max_rtt, _) = ping_result(pings);
     println!(
         "on-path: {}; injected datagram reached node 1's socket: {hit:?}; after the \
          SEND_MIDDLE node 1 rx {}; a new RX connection {reconnected:?} after the rogue ended \
@@ -394,6 +409,7 @@ fn blind_psn_sweep_until_injection() {
     let hitfile = lab.state.join("hit");
     let mut listener = start_listener(&lab, &hitfile);
     let drops_before = udp_rcvbuf_errors(&lab, 1);
+    let backlog_before = backlog_drops();
     let pings = start_ping(
         &lab,
         2,
@@ -413,20 +429,24 @@ fn blind_psn_sweep_until_injection() {
     let _ = Command::new("kill")
         .args(["-INT", &ping_pid.to_string()])
         .status();
-    let (replies, max_rtt) = ping_result(pings);
+    let (replies, max_rtt, echoes) = ping_result(pings);
     let after = lab.status(1);
     let d = |name: &str| counter(&after, name) - counter(&before, name);
     let sent = field(&text, "sent");
     let took = field(&text, "secs");
     let hit = std::fs::read_to_string(&hitfile).ok();
     println!(
-        "measurement: {sent} sent in {took:.1} s ({:.0} pps); rx_duplicate +{} \
-         rx_out_of_sequence +{} kernel RcvbufErrors +{}; injection at packet {hit:?}; ping \
-         2->1 {replies} replies, max RTT {max_rtt:.2} ms",
+        "measurement: {sent} sent in {took:.1} s ({:.0} pps, {} sends failed); node 1 \
+         rx_datagrams +{} rx_duplicate +{} rx_out_of_sequence +{} kernel RcvbufErrors +{} \
+         backlog drops +{}; injection at packet {hit:?}; ping \
+         2->1 {replies}/{echoes} replies, max RTT {max_rtt:.2} ms",
         sent / took,
+        field(&text, "failed"),
+        d("rx_datagrams"),
         d("rx_duplicate"),
         d("rx_out_of_sequence"),
         udp_rcvbuf_errors(&lab, 1) - drops_before,
+        backlog_drops() - backlog_before,
     );
     let _ = listener.kill();
     let _ = listener.wait();
