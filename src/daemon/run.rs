@@ -27,7 +27,7 @@ use crate::driver::{Node, NodeConfig, NodeError};
 use crate::soft::provider::{SoftProvider, UdpOffload};
 use crate::soft::{SoftConfig, SoftVerbs};
 use crate::sys::ifaddr;
-use crate::verbs::setup::clock_seed;
+use crate::verbs::setup::os_seed;
 use crate::verbs::{Provider, Verbs};
 
 const SIGNALS: Token = Token(0);
@@ -199,7 +199,7 @@ pub fn up(cfg: &Config) -> Result<(), DaemonError> {
     soft.verify_icrc_v4 = cfg.verify_icrc_v4;
     soft.faults = cfg.fault;
     soft.quirks = cfg.quirks;
-    soft.qpn_seed = cfg.qpn_seed.unwrap_or_else(clock_seed);
+    soft.qpn_seed = cfg.qpn_seed.unwrap_or_else(os_seed);
     soft.multicast = cfg.multicast;
     soft.multicast_ttl = cfg.multicast_ttl;
     let offload = if cfg.udp_offload {
@@ -257,7 +257,7 @@ fn run<P: DaemonProvider>(
     let mut poll = Poll::new()?;
     let node_cfg = NodeConfig {
         ifname: cfg.ifname.clone(),
-        endpoint: cfg.endpoint_config(path_mtu, clock_seed()),
+        endpoint: cfg.endpoint_config(path_mtu, os_seed()),
         cm_transport,
         mad_udp: SocketAddr::new(cfg.bind, cfg.mad_port),
     };

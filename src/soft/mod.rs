@@ -112,7 +112,7 @@ pub struct SoftConfig {
     pub quirks: Quirks,
     /// Picks the order QPNs are handed out in (a permutation of the 24-bit space). Fixed by
     /// [`SoftConfig::new`], so that simulations repeat; a daemon draws one per process
-    /// (from [`clock_seed`](crate::verbs::setup::clock_seed)), so that a restarted process
+    /// (from [`os_seed`](crate::verbs::setup::os_seed)), so that a restarted process
     /// never receives packets meant for its previous incarnation's QPs.
     pub qpn_seed: u64,
 }

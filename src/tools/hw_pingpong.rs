@@ -15,7 +15,7 @@ use super::rc_qp::{connect_rc_qp, open_rc_qp, RcQpSetup};
 use super::PingpongError;
 use crate::driver::ProviderSources;
 use crate::hw::{HwConfig, HwError, HwVerbs};
-use crate::verbs::setup::clock_seed;
+use crate::verbs::setup::os_seed;
 use crate::verbs::{BufId, CqId, Provider, QpNum};
 
 /// Why a run failed: the device could not be opened, or the run itself failed.
@@ -77,7 +77,7 @@ fn setup(opts: &RcPingpongOptions, mut v: HwVerbs) -> Result<Ctx, PingpongError>
         send_buf,
         my,
         ..
-    } = open_rc_qp(&mut v, opts.size, (opts.rx_depth, 1), clock_seed())?;
+    } = open_rc_qp(&mut v, opts.size, (opts.rx_depth, 1), os_seed())?;
     let poll = Poll::new()?;
     ProviderSources::register(poll.registry(), &v, 0)?;
     Ok(Ctx {

@@ -32,7 +32,7 @@ use super::soft_loop::{linger, stats_line, SoftLink, SoftLoop};
 use super::{Options, PingpongError, RcLink, RECV_WRID, ROCE_V2_UDP_PORT, SEND_WRID};
 use crate::daemon::config::{pick_duration, pick_int, ConfigError, FaultFlags};
 use crate::soft::provider::UdpOffload;
-use crate::verbs::setup::{clock_seed, DEFAULT_LOCAL_ACK_TIMEOUT};
+use crate::verbs::setup::{os_seed, DEFAULT_LOCAL_ACK_TIMEOUT};
 use crate::verbs::{
     BufId, Completion, CqId, PathMtu, Provider, QpNum, SendWr, Verbs, WcOpcode, WcStatus,
 };

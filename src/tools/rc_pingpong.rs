@@ -31,7 +31,7 @@ use crate::cm::{AcceptParams, Cm, CmConfig, CmEvent, CommId, ConnectParams};
 use crate::mad::Gsi;
 use crate::soft::provider::UdpOffload;
 use crate::soft::SoftVerbs;
-use crate::verbs::setup::{clock_seed, RC_RETRY_CNT, RNR_RETRY_FOREVER};
+use crate::verbs::setup::{os_seed, RC_RETRY_CNT, RNR_RETRY_FOREVER};
 use crate::verbs::{AsyncEvent, BufId, CqId, Gid, Provider, Psn, QpAttr, QpNum, QpState, Verbs};
 
 /// rdma_cm's service ID prefix for the TCP port space (`RDMA_PS_TCP`).
@@ -157,7 +157,7 @@ fn setup(opts: &RcPingpongOptions, local: IpAddr) -> Result<Ctx, PingpongError> 
         offload: UdpOffload::Off,
     })?;
     let v = lp.prov.verbs();
-    let seed = clock_seed();
+    let seed = os_seed();
     let RcQpSetup {
         pd,
         cq,

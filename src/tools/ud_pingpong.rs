@@ -15,7 +15,7 @@ use super::soft_loop::{SoftLink, SoftLoop};
 use super::{Options, PingpongError, RECV_WRID};
 use crate::soft::provider::UdpOffload;
 use crate::soft::{FaultConfig, SoftVerbs};
-use crate::verbs::setup::clock_seed;
+use crate::verbs::setup::os_seed;
 use crate::verbs::{
     AddressVector, BufId, CqId, PathMtu, Provider, QKey, QpAttr, QpInit, QpNum, QpState, QpType,
     UdDest, Verbs,
@@ -103,7 +103,7 @@ fn setup(opts: &Options, local: IpAddr) -> Result<Ctx, PingpongError> {
         v.post_recv(qp, RECV_WRID, b)
             .map_err(PingpongError::verbs("Couldn't post receive"))?;
     }
-    let psn = random_psn(clock_seed());
+    let psn = random_psn(os_seed());
     v.modify_qp(qp, &QpAttr::to_state(QpState::Rtr))
         .map_err(PingpongError::verbs("INIT->RTR"))?;
     let rts = QpAttr {

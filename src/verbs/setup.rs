@@ -24,13 +24,22 @@ pub const DEFAULT_MIN_RNR_TIMER: u8 = 12;
 /// The local ACK timeout exponent by default: 14 = 4.096 µs · 2^14 ≈ 67 ms, rdma-core's.
 pub const DEFAULT_LOCAL_ACK_TIMEOUT: u8 = 14;
 
-/// Entropy for PSNs and CM ids: the wall clock and the process id. It need not be secret,
-/// only differ between runs and between processes started together.
-pub fn clock_seed() -> u64 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    t ^ (u64::from(std::process::id()) << 32)
+/// A seed for what must not be guessable from outside: starting PSNs, CM ids, CA GUIDs and
+/// the software provider's QPN order. From the operating system's random source; should that
+/// fail, the wall clock and the process id (then it still differs between runs, but is no
+/// longer secret).
+pub fn os_seed() -> u64 {
+    use rand::RngCore;
+    let mut b = [0u8; 8];
+    match rand::rngs::OsRng.try_fill_bytes(&mut b) {
+        Ok(()) => u64::from_ne_bytes(b),
+        Err(_) => {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            t ^ (u64::from(std::process::id()) << 32)
+        }
+    }
 }
 
 /// The RESET → INIT attributes of an RC QP: P_Key index 0, port 1, no remote access (SEND

@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use super::{
-    clock_seed, open_rc_qp, BufId, Completion, CqId, Dest, PerfOptions, PingpongError, Provider,
+    open_rc_qp, os_seed, BufId, Completion, CqId, Dest, PerfOptions, PingpongError, Provider,
     QpNum, RcQpSetup, SendWr, SoftLink, SoftLoop, Verbs, WcOpcode, WcStatus, CQ_BATCH, IDLE_WAIT,
     RECV_WRID, SEND_WRID,
 };
@@ -53,12 +53,7 @@ impl Side {
             spare_send_bufs,
             my,
             ..
-        } = open_rc_qp(
-            v,
-            opts.size,
-            (opts.rx_depth, opts.tool.tx_depth),
-            clock_seed(),
-        )?;
+        } = open_rc_qp(v, opts.size, (opts.rx_depth, opts.tool.tx_depth), os_seed())?;
         let mut free_send = spare_send_bufs;
         free_send.push(send_buf);
         Ok(Self {
