@@ -565,4 +565,19 @@ mod tests {
             assert_eq!(e.exit_code(), code, "{line}");
         }
     }
+
+    #[test]
+    fn a_metrics_address_that_cannot_be_bound_names_the_flag() {
+        let held = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let addr = held.local_addr().unwrap();
+        let e = MetricsServer::bind(addr)
+            .map(|_| ())
+            .map_err(|source| DaemonError::MetricsListen { addr, source })
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("--metrics-listen {addr}: Address already in use")
+        );
+        assert_eq!(e.exit_code(), 2);
+    }
 }
