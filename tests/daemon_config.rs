@@ -956,6 +956,26 @@ fn provider_and_ib_dev_are_flags_and_keys() {
 }
 
 #[test]
+fn metrics_listen_is_a_flag_and_a_key_and_off_by_default() {
+    let c = ok("", &["--bind", "10.0.0.1"]);
+    assert_eq!(c.metrics_listen, None);
+    let c = ok(
+        "bind = \"10.0.0.1\"\nmetrics_listen = \"127.0.0.1:9464\"",
+        &[],
+    );
+    assert_eq!(c.metrics_listen, Some("127.0.0.1:9464".parse().unwrap()));
+    let c = ok(
+        "bind = \"10.0.0.1\"\nmetrics_listen = \"127.0.0.1:9464\"",
+        &["--metrics-listen", "[::1]:9100"],
+    );
+    assert_eq!(c.metrics_listen, Some("[::1]:9100".parse().unwrap()));
+    assert_eq!(
+        flag_err(&["--bind", "10.0.0.1", "--metrics-listen", "9464"]),
+        "--metrics-listen: invalid address \"9464\": expected ADDR:PORT, [IPv6]:PORT for IPv6"
+    );
+}
+
+#[test]
 fn every_flag_has_its_help_from_the_settings_doc() {
     for a in Cli::command().get_arguments() {
         let help = a.get_help().map(ToString::to_string).unwrap_or_default();

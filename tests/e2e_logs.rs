@@ -170,6 +170,12 @@ fn a_two_node_run_explains_itself() {
             && s["rx"].as_array().is_some_and(Vec::is_empty)
     });
     assert!(idle, "{}", lab.status(1));
+    wait_line(
+        &lab,
+        1,
+        &["INFO", "tx closed peer=198.19.0.2", &gid, "reason=aged-out"],
+        Duration::from_secs(5),
+    );
 
     // Restarted: connected again.
     let out = lab.sh(&["start", "2"]);
@@ -185,8 +191,16 @@ fn a_two_node_run_explains_itself() {
     });
     assert!(connects, "{}", lab.log(1));
 
-    // Shutdown: one line of key=value totals, no Debug dump.
+    // Shutdown: the connection closes with a line, then one line of key=value totals, no
+    // Debug dump.
+    lab.ping_ok(1, "198.19.0.2", &[]);
     assert!(lab.sh(&["stop", "1"]).status.success());
+    wait_line(
+        &lab,
+        1,
+        &["INFO", "tx closed peer=198.19.0.2", "reason=shutdown"],
+        Duration::from_secs(10),
+    );
     let stopped = wait_line(
         &lab,
         1,

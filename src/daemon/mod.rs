@@ -15,6 +15,7 @@ pub mod config;
 pub mod control;
 mod floods;
 pub mod logging;
+pub mod metrics;
 pub mod preflight;
 pub mod reload;
 pub mod run;

@@ -77,6 +77,7 @@ pub fn plan(running: &Config, new: &Config, sized_qp: u32, log_live: bool) -> Re
         fault => "fault_*",
         quirks => "quirk",
         control_socket => "control_socket",
+        metrics_listen => "metrics_listen",
         provider => "provider",
         ib_dev => "ib_dev",
     );

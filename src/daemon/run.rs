@@ -1,10 +1,10 @@
-//! `ipoib-cm up`: the mio event loop made of the driver's [`Node`] turns, the control socket
-//! and the signals.
+//! `ipoib-cm up`: the mio event loop made of the driver's [`Node`] turns, the control socket,
+//! the metrics listener (`--metrics-listen`) and the signals.
 //!
 //! One clock read per turn; every source is drained until it would block (each bounded per
 //! turn so none starves the others); the loop sleeps until the earliest deadline of the node
-//! (provider, endpoint, shutdown bound), the control socket's clients and the systemd
-//! watchdog. SIGINT/SIGTERM, `ipoib-cm down` and the interface deleted under the daemon start
+//! (provider, endpoint, shutdown bound), the control socket's and metrics listener's clients
+//! and the systemd watchdog. SIGINT/SIGTERM, `ipoib-cm down` and the interface deleted under the daemon start
 //! an orderly shutdown: stop accepting, DREQ everything, drain with the `drain_timeout` bound,
 //! destroy what is left, remove the interface (by closing the TUN device) and return (exit
 //! 0). SIGHUP reloads the configuration file ([`Service::reload`]).
@@ -21,8 +21,9 @@ use signal_hook_mio::v1_0::Signals;
 use super::config::{Cidr, CmTransport, Config};
 use super::control::{ControlServer, Reply, Request, MAX_CLIENTS};
 use super::floods::{FloodWarnings, FLOOD_WARN_INTERVAL};
+use super::metrics::{self, MetricsServer};
 use super::service::Service;
-use super::status::{add_counters, Status, Summary};
+use super::status::{add_counters, render_prometheus, Status, Summary};
 use crate::driver::{Node, NodeConfig, NodeError};
 use crate::soft::provider::{SoftProvider, UdpOffload};
 use crate::soft::{SoftConfig, SoftVerbs};
@@ -34,8 +35,12 @@ const SIGNALS: Token = Token(0);
 const CONTROL: Token = Token(1);
 /// The first of the control clients' tokens, up to `CONTROL_CLIENTS + MAX_CLIENTS`.
 const CONTROL_CLIENTS: Token = Token(2);
+/// The metrics listener (`--metrics-listen`).
+const METRICS: Token = Token(CONTROL_CLIENTS.0 + MAX_CLIENTS);
+/// The first of the metrics clients' tokens, up to `METRICS_CLIENTS + metrics::MAX_CLIENTS`.
+const METRICS_CLIENTS: Token = Token(METRICS.0 + 1);
 /// The first of the node's tokens (the rest follow it).
-const NODE: usize = CONTROL_CLIENTS.0 + MAX_CLIENTS;
+const NODE: usize = METRICS_CLIENTS.0 + metrics::MAX_CLIENTS;
 
 /// Longest sleep when nothing is scheduled.
 const IDLE_WAKE: Duration = Duration::from_secs(1);
@@ -103,6 +108,15 @@ pub enum DaemonError {
     ControlSocket {
         /// The socket path.
         path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The metrics listener could not be bound.
+    #[error("--metrics-listen {addr}: {}", super::config::os_message(source))]
+    MetricsListen {
+        /// The address.
+        addr: SocketAddr,
         /// Why.
         #[source]
         source: io::Error,
@@ -267,8 +281,18 @@ fn run<P: DaemonProvider>(
             path: cfg.control_socket.clone(),
             source,
         })?;
+    let mut metrics = match cfg.metrics_listen {
+        Some(addr) => Some(
+            MetricsServer::bind(addr)
+                .map_err(|source| DaemonError::MetricsListen { addr, source })?,
+        ),
+        None => None,
+    };
     let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP])?;
     control.register(poll.registry(), CONTROL, CONTROL_CLIENTS)?;
+    if let Some(m) = &mut metrics {
+        m.register(poll.registry(), METRICS, METRICS_CLIENTS)?;
+    }
     poll.registry()
         .register(&mut signals, SIGNALS, Interest::READABLE)?;
     let started = Instant::now();
@@ -284,6 +308,7 @@ fn run<P: DaemonProvider>(
         let next = [
             node.poll_timeout(),
             control.poll_timeout(),
+            metrics.as_ref().and_then(MetricsServer::poll_timeout),
             service.poll_timeout(),
         ]
         .into_iter()
@@ -320,8 +345,11 @@ fn run<P: DaemonProvider>(
             match ev.token() {
                 SIGNALS => signalled = true,
                 t if node.note_readiness(t) => {}
+                t if control.note_readiness(t) => {}
                 t => {
-                    control.note_readiness(t);
+                    if let Some(m) = &mut metrics {
+                        m.note_readiness(t);
+                    }
                 }
             }
         }
@@ -330,6 +358,9 @@ fn run<P: DaemonProvider>(
             Request::Status { .. } => Reply::Status(Box::new(status(&node, now, started))),
             _ => service.command(&mut node, now, req),
         });
+        if let Some(m) = &mut metrics {
+            m.handle(now, || render_prometheus(&status(&node, now, started)));
+        }
         if floods.due(now) {
             warn_floods(&mut floods, &status(&node, now, started), now);
         }
@@ -426,6 +457,7 @@ fn log_start<P: DaemonProvider>(
             super::ProviderKind::Verbs => "verbs",
         },
         control_socket = %cfg.control_socket.display(),
+        metrics_listen = %cfg.metrics_listen.map_or_else(|| "off".to_owned(), |a| a.to_string()),
         hwaddr = %node.endpoint().hwaddr(),
         mtu = ep.interface_mtu(),
         path_mtu = path_mtu.bytes(),
@@ -532,5 +564,20 @@ mod tests {
             assert_eq!(e.to_string(), line);
             assert_eq!(e.exit_code(), code, "{line}");
         }
+    }
+
+    #[test]
+    fn a_metrics_address_that_cannot_be_bound_names_the_flag() {
+        let held = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let addr = held.local_addr().unwrap();
+        let e = MetricsServer::bind(addr)
+            .map(|_| ())
+            .map_err(|source| DaemonError::MetricsListen { addr, source })
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("--metrics-listen {addr}: Address already in use")
+        );
+        assert_eq!(e.exit_code(), 2);
     }
 }

@@ -198,10 +198,7 @@ pub(super) fn poll(v: &mut HwVerbs, cq: CqId, out: &mut Vec<Completion>, max: us
         for i in 0..n as usize {
             let wc = v.wc[i];
             if let Some(c) = v.map_wc(&wc) {
-                v.stats.completions += 1;
-                if c.status != WcStatus::Success {
-                    v.stats.completion_errors += 1;
-                }
+                v.stats.count_completion(c.opcode, c.status);
                 out.push(c);
                 got += 1;
             }

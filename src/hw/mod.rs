@@ -64,7 +64,9 @@ use std::net::IpAddr;
 
 use ibverbs_sys as ffi;
 
-use crate::verbs::{AddressVector, AsyncEvent, BufPools, PdId, PoolId, PortAttr};
+use crate::verbs::{
+    AddressVector, AsyncEvent, BufPools, PdId, PoolId, PortAttr, WcOpcode, WcStatus,
+};
 
 pub use error::HwError;
 
@@ -116,10 +118,32 @@ pub struct HwStats {
     pub completions: u64,
     /// Of those, completions with an error status (flushes included).
     pub completion_errors: u64,
+    /// Of those, receives that ended in an error other than a flush: a message that arrived
+    /// and was not delivered (in the status's `rx_dropped` and `rx_errors`).
+    pub recv_errors: u64,
+    /// Of those, sends that ended in an error other than a flush: a packet posted and not
+    /// delivered (in the status's `tx_errors`). The sends flushed behind it are not counted.
+    pub send_errors: u64,
     /// Asynchronous events read from the device.
     pub async_events: u64,
     /// Of those, events of a kind the provider does not pass on.
     pub async_unhandled: u64,
+}
+
+impl HwStats {
+    /// Counts one completion handed out with `status`, a send's or a receive's.
+    pub(crate) fn count_completion(&mut self, opcode: WcOpcode, status: WcStatus) {
+        self.completions += 1;
+        if status == WcStatus::Success {
+            return;
+        }
+        self.completion_errors += 1;
+        match (status, opcode) {
+            (WcStatus::WrFlushErr, _) => {}
+            (_, WcOpcode::Send) => self.send_errors += 1,
+            (_, WcOpcode::Recv) => self.recv_errors += 1,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -145,6 +169,8 @@ mod tests {
         let s = HwStats {
             completions: 1,
             completion_errors: 2,
+            recv_errors: 5,
+            send_errors: 6,
             async_events: 3,
             async_unhandled: 4,
         };
@@ -153,9 +179,33 @@ mod tests {
             serde_json::json!({
                 "completions": 1,
                 "completion_errors": 2,
+                "recv_errors": 5,
+                "send_errors": 6,
                 "async_events": 3,
                 "async_unhandled": 4,
             })
+        );
+    }
+
+    /// Flushes are errors but not losses of their own: only the other errors are sends or
+    /// receives lost.
+    #[test]
+    fn a_flush_is_a_completion_error_but_no_send_or_receive_error() {
+        let mut s = HwStats::default();
+        s.count_completion(WcOpcode::Send, WcStatus::Success);
+        s.count_completion(WcOpcode::Send, WcStatus::WrFlushErr);
+        s.count_completion(WcOpcode::Recv, WcStatus::WrFlushErr);
+        s.count_completion(WcOpcode::Send, WcStatus::RetryExcErr);
+        s.count_completion(WcOpcode::Recv, WcStatus::LocLenErr);
+        s.count_completion(WcOpcode::Recv, WcStatus::LocLenErr);
+        assert_eq!(
+            (
+                s.completions,
+                s.completion_errors,
+                s.send_errors,
+                s.recv_errors
+            ),
+            (6, 5, 1, 2)
         );
     }
 }

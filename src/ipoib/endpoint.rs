@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::event::{EventQueue, TxFailure};
+use super::event::{EventQueue, TxCloseReason, TxFailure};
 use super::neigh::Neighbours;
 use super::rx::{self, RxTable};
 use super::tun::TunQueue;
@@ -421,7 +421,7 @@ impl Endpoint {
     pub fn begin_shutdown<V: Verbs>(&mut self, now: Instant, v: &mut V) {
         self.stopping = true;
         for qpn in self.tx.qpns() {
-            self.close_tx(now, v, qpn);
+            self.close_tx(now, v, qpn, TxCloseReason::Shutdown, None);
         }
         for qpn in self.rx.qpns() {
             self.start_rx_teardown(now, v, qpn, rx::Why::Shutdown);

@@ -60,6 +60,32 @@ impl TxFailure {
     }
 }
 
+/// Why a TX connection was closed by this side (not failed: see [`TxFailure`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxCloseReason {
+    /// The neighbour entries that used it aged out.
+    AgedOut,
+    /// The peer restarted: the connection was to its previous incarnation.
+    PeerRestarted,
+    /// The interface is shutting down.
+    Shutdown,
+    /// The static neighbour that used it was removed or moved (a reload or a control
+    /// request).
+    NeighbourChanged,
+}
+
+impl TxCloseReason {
+    /// The `reason=` of the log line.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::AgedOut => "aged-out",
+            Self::PeerRestarted => "peer-restarted",
+            Self::Shutdown => "shutdown",
+            Self::NeighbourChanged => "neighbour-changed",
+        }
+    }
+}
+
 /// Why an RX connection was torn down.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RxReapReason {
@@ -139,6 +165,13 @@ pub enum Event {
         /// Why.
         reason: TxFailure,
     },
+    /// A TX connection is being closed by this side (`qpn`: ours).
+    TxClosed {
+        /// The peer.
+        peer: EventPeer,
+        /// Why.
+        reason: TxCloseReason,
+    },
     /// A REQ was accepted: a new RX connection (`qpn`: ours).
     RxAccepted {
         /// The peer.
@@ -189,6 +222,7 @@ impl Event {
                 ..
             } => "tx stalled",
             Self::TxFailed { .. } => "tx failed",
+            Self::TxClosed { .. } => "tx closed",
             Self::RxAccepted { .. } => "rx accepted",
             Self::RxRejected { .. } => "rx rejected",
             Self::RxReaped {
@@ -207,6 +241,7 @@ impl Event {
         match self {
             Self::TxEstablished { peer, .. }
             | Self::TxFailed { peer, .. }
+            | Self::TxClosed { peer, .. }
             | Self::RxAccepted { peer }
             | Self::RxRejected { peer, .. }
             | Self::RxReaped { peer, .. }
@@ -220,6 +255,7 @@ impl Event {
     pub const fn reason(&self) -> Option<&'static str> {
         match self {
             Self::TxFailed { reason, .. } => Some(reason.as_str()),
+            Self::TxClosed { reason, .. } => Some(reason.as_str()),
             Self::RxRejected { reason, .. } => Some(reason.as_str()),
             Self::RxReaped { reason, .. } => Some(reason.as_str()),
             _ => None,
@@ -365,6 +401,14 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "rx reaped peer=- gid=::ffff:198.18.0.2 qpn=0x000007 reason=stale"
+        );
+        let e = Event::TxClosed {
+            peer: peer(0x13),
+            reason: TxCloseReason::AgedOut,
+        };
+        assert_eq!(
+            e.to_string(),
+            "tx closed peer=198.19.0.2 gid=::ffff:198.18.0.2 qpn=0x000013 reason=aged-out"
         );
         let e = Event::NeighFailed {
             ip: IpAddr::V4(Ipv4Addr::new(198, 19, 0, 9)),

@@ -88,7 +88,9 @@ use crate::wire::ipoib::{HwAddr, IpoibHeader, IPOIB_CM_BUF_SIZE};
 
 pub use crate::choice::ParseChoiceError;
 pub use endpoint::Endpoint;
-pub use event::{Event, EventPeer, RxReapReason, RxRejectReason, TxFailure, EVENT_QUEUE_CAP};
+pub use event::{
+    Event, EventPeer, RxReapReason, RxRejectReason, TxCloseReason, TxFailure, EVENT_QUEUE_CAP,
+};
 pub use neigh::{NeighCounts, NeighState};
 pub use reconfig::LiveTimeouts;
 pub use rx::RxState;

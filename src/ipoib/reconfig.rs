@@ -8,6 +8,7 @@
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use super::event::TxCloseReason;
 use super::neigh::{same_endpoint, NeighState};
 use super::{Endpoint, QpBudgetPolicy};
 use crate::verbs::Verbs;
@@ -87,7 +88,7 @@ impl Endpoint {
             self.send_ip(now, v, hw, ethertype, &p);
         }
         if let Some(was) = was {
-            self.close_unused_tx(now, v, was);
+            self.close_unused_tx(now, v, was, ip);
         }
     }
 
@@ -105,13 +106,14 @@ impl Endpoint {
         let old = self.neigh.remove(&ip);
         self.cfg.static_neighbours.retain(|(i, _)| *i != ip);
         if let Some(hw) = old.and_then(|n| n.hw()) {
-            self.close_unused_tx(now, v, hw);
+            self.close_unused_tx(now, v, hw, ip);
         }
         true
     }
 
-    /// Closes the TX connection to `hw` unless a neighbour still has that address.
-    fn close_unused_tx<V: Verbs>(&mut self, now: Instant, v: &mut V, hw: HwAddr) {
+    /// Closes the TX connection to `hw` (the address the static neighbour `ip` had) unless a
+    /// neighbour still has that address.
+    fn close_unused_tx<V: Verbs>(&mut self, now: Instant, v: &mut V, hw: HwAddr, ip: IpAddr) {
         let used = self
             .neigh
             .iter()
@@ -120,7 +122,7 @@ impl Endpoint {
             return;
         }
         if let Some(qpn) = self.tx.to_peer(hw) {
-            self.close_tx(now, v, qpn);
+            self.close_tx(now, v, qpn, TxCloseReason::NeighbourChanged, Some(ip));
         }
     }
 }

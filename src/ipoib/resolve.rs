@@ -10,7 +10,7 @@
 use std::net::{IpAddr, Ipv6Addr};
 use std::time::Instant;
 
-use super::event::Event;
+use super::event::{Event, TxCloseReason};
 use super::neigh::{Ageing, Evicted, Learned, NeighState, Retry, Started};
 use super::restart::Incarnation;
 use super::ud::UdSource;
@@ -275,7 +275,7 @@ impl Endpoint {
             // Aged out, and no other neighbour uses its TX connection: close it.
             Ageing::Unused(hw) => {
                 if let Some(qpn) = self.tx.to_peer(hw) {
-                    self.close_tx(now, v, qpn);
+                    self.close_tx(now, v, qpn, TxCloseReason::AgedOut, Some(ip));
                 }
             }
             Ageing::Nothing => {}

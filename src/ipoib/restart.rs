@@ -24,7 +24,7 @@
 use std::net::IpAddr;
 use std::time::Instant;
 
-use super::event::Event;
+use super::event::{Event, TxCloseReason};
 use super::rx::Why;
 use super::Endpoint;
 use crate::verbs::{Gid, QpNum, Verbs};
@@ -180,10 +180,12 @@ impl Endpoint {
             old_qpn,
         });
         for q in tx {
-            if let Some(old) = self.tx.get(&q).map(|t| t.peer) {
+            let old = self.tx.get(&q).map(|t| t.peer);
+            // Closed before its neighbours are forgotten, so that the line names the peer's IP.
+            self.close_tx(now, v, q, TxCloseReason::PeerRestarted, None);
+            if let Some(old) = old {
                 self.neigh.forget_hw(&old);
             }
-            self.close_tx(now, v, q);
         }
         for q in rx {
             self.start_rx_teardown(now, v, q, Why::Restarted);

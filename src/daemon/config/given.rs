@@ -6,7 +6,7 @@
 //! that every mistake is one line naming the flag or the key.
 
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
@@ -134,6 +134,21 @@ impl Setting for IpAddr {
     fn from_text(text: &str) -> Result<Self, InvalidValue> {
         text.parse()
             .map_err(|_| InvalidValue(format!("invalid IP address {text:?}")))
+    }
+    fn from_file(value: &String) -> Result<Self, InvalidValue> {
+        Self::from_text(value)
+    }
+}
+
+impl Setting for SocketAddr {
+    type File = String;
+    type Err = InvalidValue;
+    fn from_text(text: &str) -> Result<Self, InvalidValue> {
+        text.parse().map_err(|_| {
+            InvalidValue(format!(
+                "invalid address {text:?}: expected ADDR:PORT, [IPv6]:PORT for IPv6"
+            ))
+        })
     }
     fn from_file(value: &String) -> Result<Self, InvalidValue> {
         Self::from_text(value)

@@ -303,6 +303,8 @@ fn validate(s: &Settings) -> Result<Config, ConfigError> {
         None => default_control_socket(&ifname),
     };
 
+    let metrics_listen = parse("metrics_listen", s.metrics_listen.as_ref())?;
+
     let log = match parse("log", s.log.as_ref())? {
         Some(filter) => {
             check_log(origin_of(s.log.as_ref()), &filter)?;
@@ -353,6 +355,7 @@ fn validate(s: &Settings) -> Result<Config, ConfigError> {
         quirks,
         qpn_seed,
         control_socket,
+        metrics_listen,
         log,
         log_format,
         provider,

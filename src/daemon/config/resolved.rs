@@ -4,7 +4,7 @@
 //! the endpoint's. The constants here are the daemon's own defaults and the accepted bounds.
 
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
@@ -230,6 +230,8 @@ pub struct Config {
     /// Control socket (`--control-socket`: a path, or `@name` for an abstract socket; default
     /// `@ipoib-cm/<ifname>`).
     pub control_socket: PathBuf,
+    /// The Prometheus HTTP listener (`--metrics-listen`; `None`: off).
+    pub metrics_listen: Option<SocketAddr>,
     /// Log filter (`--log`, default `info`).
     pub log: String,
     /// Log line format (`--log-format`, default text).

@@ -2,7 +2,7 @@
 //! command-line flags (clap) and the keys of the TOML file (serde), and their docs are the
 //! `--help` text.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -213,6 +213,10 @@ settings! {
         /// Control socket: a path, or @NAME for an abstract socket (default: @ipoib-cm/IFNAME).
         #[arg(long, value_name = "PATH")]
         pub control_socket: Option<Given<PathBuf>>,
+        /// Serve the Prometheus exposition over HTTP at this ADDR:PORT (`GET /metrics`), e.g.
+        /// 127.0.0.1:9464; no authentication, so loopback unless meant [default: off].
+        #[arg(long, value_name = "ADDR:PORT")]
+        pub metrics_listen: Option<Given<SocketAddr>>,
         /// Log filter: off, error, warn, info, debug, trace or target=level,... [default: info].
         #[arg(long, value_name = "LEVEL")]
         pub log: Option<Given<String>>,

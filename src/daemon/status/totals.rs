@@ -12,7 +12,15 @@
 //! - `tx_dropped`: IP packets read from the TUN device and not sent: no neighbour answered,
 //!   its queue was full, the connection failed with them queued, no send buffer ([`TX_DROPPED`]).
 //! - `tx_errors`: datagrams the underlay socket refused to send ([`TX_ERRORS`]); RC sends
-//!   among them are retransmitted, so they are not in `tx_dropped`.
+//!   among them are retransmitted, so they are not in `tx_dropped`. On the verbs provider,
+//!   sends that completed in an error (retries exhausted, a remote NAK): posted, so in
+//!   `tx_packets`, and not delivered.
+//!
+//! The verbs provider's device drops what is not for one of our QPs (bad ICRC, unknown QPN)
+//! in hardware, where no counter of ours sees it; what it hands us as a receive completed in
+//! an error (`hw_recv_errors`, a message too long for its buffer) is in `rx_dropped` and
+//! `rx_errors`. Flushed work requests (a QP moved to the error state) are no packets of their
+//! own and in no total: `hw_completion_errors` counts them with the rest.
 //!
 //! The kernel's counters of the TUN device (`ip -s link`) cannot tell the same story: a TUN
 //! device counts as transmitted every packet it hands to the daemon, and has no way for the
@@ -41,6 +49,8 @@ pub const RX_DROPPED: &[&str] = &[
     "rx_bad_qkey",
     "rx_bad_state",
     "rx_ud_dropped",
+    // Verbs provider: receives that completed in an error (not a flush).
+    "hw_recv_errors",
     // MAD transport: not a whole MAD.
     "mad_recv_malformed",
     // CM: MADs it had no use for.
@@ -61,6 +71,7 @@ pub const RX_ERRORS: &[&str] = &[
     "rx_malformed",
     "rx_bad_icrc",
     "rx_bad_tver",
+    "hw_recv_errors",
     "mad_recv_malformed",
     "cm_dropped_malformed",
 ];
@@ -68,8 +79,9 @@ pub const RX_ERRORS: &[&str] = &[
 /// What `tx_dropped` adds.
 pub const TX_DROPPED: &[&str] = &["tx_dropped", "tx_queue_drops"];
 
-/// What `tx_errors` adds: sends the underlay socket refused.
-pub const TX_ERRORS: &[&str] = &["send_errors"];
+/// What `tx_errors` adds: sends the underlay socket refused (software provider), sends that
+/// completed in an error other than a flush (verbs provider).
+pub const TX_ERRORS: &[&str] = &["send_errors", "hw_send_errors"];
 
 /// The interface totals.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -230,6 +242,43 @@ mod tests {
         assert_eq!(s.drops.rx.values().sum::<u64>(), s.totals.rx_dropped);
         assert_eq!((s.schema, s.uptime_s), (SCHEMA, 7));
         assert_eq!(s.version, env!("CARGO_PKG_VERSION"));
+    }
+
+    /// The verbs provider's counters: its receive and send errors in the totals, once each;
+    /// its flushes (in `hw_completion_errors`) and async events in none.
+    #[test]
+    fn the_verbs_providers_errors_are_in_the_totals_once() {
+        let provider: BTreeMap<String, u64> = [
+            ("hw_completions", 100),
+            ("hw_completion_errors", 20),
+            ("hw_recv_errors", 3),
+            ("hw_send_errors", 4),
+            ("hw_async_events", 5),
+            ("hw_async_unhandled", 1),
+            ("tx_ip_packets", 90),
+            ("tx_dropped", 1),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        let counters = Counters {
+            rx_bad_packets: 2,
+            ..Counters::default()
+        };
+        let s = Summary::new(1, &counters, &provider);
+        assert_eq!(
+            s.totals,
+            Totals {
+                rx_dropped: 3 + 2,
+                rx_errors: 3,
+                tx_packets: 90,
+                tx_dropped: 1,
+                tx_errors: 4,
+                ..Totals::default()
+            }
+        );
+        assert_eq!(s.drops.rx.get("hw_recv_errors"), Some(&3));
+        assert_eq!(s.drops.rx.values().sum::<u64>(), s.totals.rx_dropped);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 pub(super) use table::{TxConn, TxTable};
 
-use super::event::{Event, TxFailure};
+use super::event::{Event, TxCloseReason, TxFailure};
 use super::{wr, wr_kind, Endpoint, Owner, Timer, CQ_BATCH, WR_SEND};
 use crate::cm::{CommId, ConnectParams};
 use crate::timer::TimerId;
@@ -371,12 +371,34 @@ impl Endpoint {
             reason: why,
         });
         self.neigh.forget_hw(&peer);
-        self.close_tx(now, v, qpn);
+        self.teardown_tx(now, v, qpn);
     }
 
-    /// Closes a TX connection: DREQ (or REJ while connecting) unless the peer already ended
-    /// it, QP to ERR, destroy once the outstanding sends have flushed or the watchdog fires.
-    pub(super) fn close_tx<V: Verbs>(&mut self, now: Instant, v: &mut V, qpn: QpNum) {
+    /// Closes a TX connection for `why` (one [`Event::TxClosed`] naming the peer, at `ip`
+    /// where the caller knows it and the neighbour table no longer does), then
+    /// [`Endpoint::teardown_tx`]. A connection already closing is left as it is.
+    pub(super) fn close_tx<V: Verbs>(
+        &mut self,
+        now: Instant,
+        v: &mut V,
+        qpn: QpNum,
+        why: TxCloseReason,
+        ip: Option<std::net::IpAddr>,
+    ) {
+        let Some(tx) = self.tx.get(&qpn) else { return };
+        if tx.state == TxState::Closing {
+            return;
+        }
+        let mut peer = self.event_peer(tx.peer.gid, qpn);
+        peer.ip = peer.ip.or(ip);
+        self.push_event(Event::TxClosed { peer, reason: why });
+        self.teardown_tx(now, v, qpn);
+    }
+
+    /// Tears a TX connection down: DREQ (or REJ while connecting) unless the peer already
+    /// ended it, QP to ERR, destroy once the outstanding sends have flushed or the watchdog
+    /// fires.
+    fn teardown_tx<V: Verbs>(&mut self, now: Instant, v: &mut V, qpn: QpNum) {
         let Some(tx) = self.tx.get_mut(&qpn) else {
             return;
         };
