@@ -3,9 +3,9 @@
 
 use std::time::Instant;
 
+use super::device::Device;
 use super::qp::Qp;
 use super::sched::TimerKind;
-use super::Device;
 use crate::verbs::{Psn, QpState, WcStatus};
 use crate::wire::ext::{rnr_timer_duration, NakCode, Syndrome};
 use crate::wire::roce::RocePacket;

@@ -3,12 +3,11 @@
 
 use std::collections::VecDeque;
 
+use super::config::MULTICAST_QPN;
 use super::qp::{Qp, RecvWqe};
-use super::requester::SendWqe;
-use super::Device;
 use crate::verbs::{
-    AsyncEvent, BufId, BufPools, Completion, CqId, PdId, PoolId, QpInit, QpNum, SrqId, SrqInit,
-    VerbsError, WcOpcode, WcStatus, WrId,
+    BufId, BufPools, Completion, CqId, PdId, PoolId, QpInit, QpNum, SrqId, SrqInit, VerbsError,
+    WrId,
 };
 use crate::wire::IdMap;
 
@@ -240,6 +239,32 @@ impl Objects {
         }
     }
 
+    /// Queues `c` on `cq` (a buffer it carries is the consumer's again); returns true when
+    /// the CQ was already at its depth (an overflow; the entry is still queued).
+    pub(super) fn push_completion(&mut self, cq: CqId, c: Completion) -> bool {
+        if let Some(b) = c.buf {
+            self.pools.reclaim(b);
+        }
+        let Some(q) = self.cqs.get_mut(&cq) else {
+            return false;
+        };
+        let overflow = q.entries.len() >= q.depth;
+        q.entries.push_back(c);
+        overflow
+    }
+
+    /// Takes the next receive WQE of `srq`, and whether that took it below its armed limit
+    /// (which disarms it: `SrqLimitReached` is owed).
+    pub(super) fn take_srq_recv(&mut self, srq: SrqId) -> Option<(RecvWqe, bool)> {
+        let s = self.srqs.get_mut(&srq)?;
+        let w = s.wqes.pop_front()?;
+        let limit_reached = s.limit > 0 && (s.wqes.len() as u32) < s.limit;
+        if limit_reached {
+            s.limit = 0;
+        }
+        Some((w, limit_reached))
+    }
+
     /// Puts `wqe` back at the front of the queue it was taken from (an SRQ's or `qp`'s own).
     pub(super) fn return_recv(&mut self, qp: &mut Qp, wqe: RecvWqe) {
         match qp.srq.and_then(|s| self.srqs.get_mut(&s)) {
@@ -305,7 +330,7 @@ impl QpTable {
     pub(super) fn alloc_qpn(&mut self) -> Option<QpNum> {
         for _ in 0..(1u32 << 24) {
             let n = QpNum::new(self.qpns.next());
-            if n.get() > 1 && n != super::MULTICAST_QPN && !self.qps.contains_key(&n) {
+            if n.get() > 1 && n != MULTICAST_QPN && !self.qps.contains_key(&n) {
                 return Some(n);
             }
         }
@@ -373,82 +398,4 @@ pub(super) struct RecvInfo {
     pub(super) src_qp: Option<QpNum>,
     pub(super) src_port: Option<u16>,
     pub(super) grh: bool,
-}
-
-impl Device {
-    fn push_completion(&mut self, cq: CqId, c: Completion) {
-        if let Some(b) = c.buf {
-            self.objects.pools.reclaim(b);
-        }
-        if let Some(q) = self.objects.cqs.get_mut(&cq) {
-            if q.entries.len() >= q.depth {
-                self.stats.cq_overflows += 1;
-            }
-            q.entries.push_back(c);
-        }
-    }
-
-    pub(super) fn complete_send(&mut self, qp: &Qp, w: &SendWqe, status: WcStatus) {
-        let signaled = w.wr.signaled || qp.sq_sig_all || status != WcStatus::Success;
-        if signaled {
-            self.push_completion(
-                qp.send_cq,
-                Completion {
-                    wr_id: w.wr.wr_id,
-                    status,
-                    opcode: WcOpcode::Send,
-                    byte_len: 0,
-                    qp: qp.num,
-                    buf: w.wr.buf,
-                    imm: None,
-                    src_qp: None,
-                    src_port: None,
-                    grh: false,
-                },
-            );
-        } else if let Some(b) = w.wr.buf {
-            // Nobody will be told this WR finished, so its buffer goes back to the pool.
-            self.objects.pools.release(b);
-        }
-    }
-
-    pub(super) fn complete_recv(
-        &mut self,
-        qp: &Qp,
-        wqe: RecvWqe,
-        status: WcStatus,
-        extra: RecvInfo,
-    ) {
-        self.push_completion(
-            qp.recv_cq,
-            Completion {
-                wr_id: wqe.wr_id,
-                status,
-                opcode: WcOpcode::Recv,
-                byte_len: extra.byte_len,
-                qp: qp.num,
-                buf: Some(wqe.buf),
-                imm: extra.imm,
-                src_qp: extra.src_qp,
-                src_port: extra.src_port,
-                grh: extra.grh,
-            },
-        );
-    }
-
-    /// Takes the next receive WQE for `qp`, from its SRQ or its own queue.
-    pub(super) fn take_recv(&mut self, qp: &mut Qp) -> Option<RecvWqe> {
-        match qp.srq {
-            None => qp.rq.pop_front(),
-            Some(id) => {
-                let srq = self.objects.srqs.get_mut(&id)?;
-                let w = srq.wqes.pop_front()?;
-                if srq.limit > 0 && (srq.wqes.len() as u32) < srq.limit {
-                    srq.limit = 0;
-                    self.events.push_back(AsyncEvent::SrqLimitReached(id));
-                }
-                Some(w)
-            }
-        }
-    }
 }

@@ -10,8 +10,9 @@ use std::os::fd::AsRawFd;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 
+use super::config::SoftConfig;
+use super::engine::SoftVerbs;
 use super::transport::{TxBatch, UdpTransport};
-use super::{SoftConfig, SoftVerbs};
 use crate::sys::ifaddr;
 use crate::sys::udp::RecvBatch;
 use crate::verbs::{IoSource, Provider};

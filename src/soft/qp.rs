@@ -1,21 +1,20 @@
-//! Per-QP state of the software provider: the QP with its attributes, its requester and
-//! responder halves, and its receive queue; and the moves to ERR that flush it.
+//! Per-QP state of the software provider: the QP with its attributes, its receive queue, the
+//! requester's send queue and sequence state, and the responder's sequence state and the
+//! responses it owes.
 //!
-//! The structure follows rxe (`rxe_req.c`, `rxe_comp.c`, `rxe_resp.c`): the *requester*
-//! ([`super::requester`]) turns send WQEs into packets, the *completer*
-//! ([`super::completer`]) consumes ACK/NAK/RNR-NAK and retires WQEs or rewinds the requester
-//! (go-back-N), and the *responder* ([`super::responder`]) checks PSNs, fills receive WQEs and
-//! schedules ACKs and NAKs.
+//! These are the types the engine parts build on: the requester ([`super::requester`])
+//! turns send WQEs into packets, the completer ([`super::completer`]) consumes
+//! ACK/NAK/RNR-NAK and retires WQEs or rewinds the requester (go-back-N), and the responder
+//! ([`super::responder`]) checks PSNs, fills receive WQEs and queues ACKs and NAKs, each on
+//! the state kept here (rxe `rxe_req.c`, `rxe_comp.c`, `rxe_resp.c`). Nothing here depends on
+//! another part of the engine.
 
 use std::collections::VecDeque;
+use std::time::Instant;
 
-use super::objects::RecvInfo;
-use super::requester::Requester;
-use super::responder::{Responder, Response};
-use super::Device;
 use crate::verbs::{
-    AddressVector, AsyncEvent, BufId, CqId, PathMtu, PdId, QKey, QpAttr, QpInit, QpNum, QpState,
-    QpType, SrqId, WcStatus, WrId,
+    AddressVector, BufId, CqId, PathMtu, PdId, Psn, QKey, QpAttr, QpInit, QpNum, QpState, QpType,
+    SendWr, SrqId, WrId,
 };
 
 /// A posted receive WQE.
@@ -205,45 +204,213 @@ impl Qp {
     }
 }
 
-impl Device {
-    /// Moves `qp` to ERR: flushes both work queues and raises Last WQE Reached for an
-    /// SRQ-attached QP. Idempotent.
-    pub(super) fn enter_error(&mut self, qp: &mut Qp) {
-        qp.state = QpState::Err;
-        qp.sqd_notify = false;
-        qp.req.retransmit_at = None;
-        qp.req.rnr_at = None;
-        qp.resp
-            .responses
-            .retain(|r| matches!(r, Response::NakInvalid(_)));
-        while let Some(w) = qp.req.sq.pop_front() {
-            self.complete_send(qp, &w, WcStatus::WrFlushErr);
-        }
-        qp.req.send_idx = 0;
-        qp.req.send_pkt = 0;
-        if let Some(f) = qp.resp.filling.take() {
-            self.complete_recv(qp, f.wqe, WcStatus::WrFlushErr, RecvInfo::default());
-        }
-        while let Some(w) = qp.rq.pop_front() {
-            self.complete_recv(qp, w, WcStatus::WrFlushErr, RecvInfo::default());
-        }
-        if qp.srq.is_some() && !qp.last_wqe_raised {
-            qp.last_wqe_raised = true;
-            let q = self.cfg.quirks;
-            if !q.no_last_wqe {
-                self.events.push_back(AsyncEvent::QpLastWqeReached(qp.num));
-                if q.dup_last_wqe {
-                    self.events.push_back(AsyncEvent::QpLastWqeReached(qp.num));
-                }
-            }
+/// The requester's send window (PSNs past the oldest unacknowledged one) never shrinks below
+/// this, and starts here: rxe's fixed `RXE_MAX_UNACKED_PSNS`.
+pub(super) const WINDOW_MIN_PSNS: u32 = 128;
+/// The send window grows up to this while nothing is lost: 4 MiB at path MTU 4096, so that a
+/// stream keeps sending while a busy receiver delivers a batch before it ACKs.
+pub(super) const WINDOW_MAX_PSNS: u32 = 1024;
+/// Messages sent and not yet acknowledged never exceed this, however wide the PSN window: a
+/// receiver posts a few hundred receives (the IPoIB-CM SRQ 256), and one-packet messages in
+/// flight beyond them would only collect RNR NAKs.
+pub(super) const MAX_UNACKED_MESSAGES: usize = 128;
+/// Acknowledged PSNs per window increment while growing.
+const WINDOW_GROWTH_PSNS: u32 = 4;
+
+/// A send WQE on the send queue, from post until retired.
+#[derive(Debug, Clone)]
+pub(super) struct SendWqe {
+    pub(super) wr: SendWr,
+    /// First PSN, assigned when its first packet is sent.
+    pub(super) first_psn: Psn,
+    /// Packets it takes (at least one).
+    pub(super) npkts: u32,
+}
+
+impl SendWqe {
+    pub(super) fn last_psn(&self) -> Psn {
+        self.first_psn.add(self.npkts - 1)
+    }
+}
+
+/// Requester + completer state of an RC QP.
+#[derive(Debug)]
+pub(super) struct Requester {
+    /// WQEs not yet retired, oldest first.
+    pub(super) sq: VecDeque<SendWqe>,
+    /// Index in `sq` of the WQE whose packets are being sent.
+    pub(super) send_idx: usize,
+    /// Packets of that WQE already sent.
+    pub(super) send_pkt: u32,
+    /// Next PSN to send.
+    pub(super) psn: Psn,
+    /// Oldest unacknowledged PSN.
+    pub(super) comp_psn: Psn,
+    /// One past the highest PSN ever sent: packets below it and at or above `comp_psn` are
+    /// in flight (or lost).
+    pub(super) high_psn: Psn,
+    pub(super) retry_left: u8,
+    /// Retransmit timeouts since the last progress (drives the back-off).
+    pub(super) timeouts_in_row: u8,
+    pub(super) rnr_retry_left: u8,
+    /// Packets sent since the last AckReq.
+    pub(super) noack_pkts: u32,
+    /// Retransmit deadline while packets are outstanding.
+    pub(super) retransmit_at: Option<Instant>,
+    /// Sending is paused until this RNR deadline.
+    pub(super) rnr_at: Option<Instant>,
+    /// The instant of the retransmit timer's live entry in the provider's timer heap.
+    pub(super) retransmit_queued: Option<Instant>,
+    /// The instant of the RNR timer's live entry in the provider's timer heap.
+    pub(super) rnr_queued: Option<Instant>,
+    /// A go-back-N from this PSN is in progress (a second NAK for it starts nothing).
+    pub(super) retrying_from: Option<Psn>,
+    /// Send window in PSNs, between [`WINDOW_MIN_PSNS`] and [`WINDOW_MAX_PSNS`]: grows by one
+    /// for every [`WINDOW_GROWTH_PSNS`] acknowledged, halves when a loss makes the requester go
+    /// back (go-back-N resends everything after a loss, so a wide window on a lossy path
+    /// costs much more than it gains).
+    pub(super) window: u32,
+    /// Acknowledged PSNs not yet counted into a window increment.
+    pub(super) window_credit: u32,
+}
+
+impl Requester {
+    pub(super) fn new() -> Self {
+        Self {
+            sq: VecDeque::new(),
+            send_idx: 0,
+            send_pkt: 0,
+            psn: Psn::new(0),
+            comp_psn: Psn::new(0),
+            high_psn: Psn::new(0),
+            retry_left: 0,
+            timeouts_in_row: 0,
+            rnr_retry_left: 0,
+            noack_pkts: 0,
+            retransmit_at: None,
+            rnr_at: None,
+            retransmit_queued: None,
+            rnr_queued: None,
+            retrying_from: None,
+            window: WINDOW_MIN_PSNS,
+            window_credit: 0,
         }
     }
 
-    /// Raises the `SqDrained` owed by a move to SQD once nothing begun is outstanding.
-    pub(super) fn check_sq_drained(&mut self, qp: &mut Qp) {
-        if qp.sqd_notify && qp.sq_drained() {
-            qp.sqd_notify = false;
-            self.events.push_back(AsyncEvent::SqDrained(qp.num));
+    /// `acked` more PSNs were acknowledged without a loss: widen the window.
+    pub(super) fn window_grow(&mut self, acked: u32) {
+        if self.window >= WINDOW_MAX_PSNS {
+            return;
+        }
+        self.window_credit = self.window_credit.saturating_add(acked);
+        let steps = self.window_credit / WINDOW_GROWTH_PSNS;
+        self.window_credit %= WINDOW_GROWTH_PSNS;
+        self.window = self.window.saturating_add(steps).min(WINDOW_MAX_PSNS);
+    }
+
+    /// A packet was lost (sequence NAK or retransmit timeout): halve the window.
+    pub(super) fn window_shrink(&mut self) {
+        self.window = (self.window / 2).max(WINDOW_MIN_PSNS);
+        self.window_credit = 0;
+    }
+
+    /// PSNs between the oldest unacknowledged one and the send position (the send window).
+    pub(super) fn outstanding(&self) -> u32 {
+        u32::try_from(self.psn.diff(self.comp_psn)).unwrap_or(0)
+    }
+
+    /// Packets ever sent and not yet acknowledged.
+    pub(super) fn unacked(&self) -> u32 {
+        u32::try_from(self.high_psn.diff(self.comp_psn)).unwrap_or(0)
+    }
+
+    /// True when the requester has a packet it may send now.
+    pub(super) fn can_send(&self) -> bool {
+        self.rnr_at.is_none()
+            && self.send_idx < self.sq.len()
+            && self.outstanding() < self.window
+            && self.send_idx < MAX_UNACKED_MESSAGES
+    }
+
+    /// Moves the send position so the next packet sent has PSN `to`: backwards for go-back-N,
+    /// forwards past packets an ACK covered. WQEs keep the PSNs they were first sent with.
+    pub(super) fn rewind(&mut self, to: Psn) {
+        self.psn = to;
+        self.noack_pkts = 0;
+        for (i, w) in self.sq.iter().enumerate() {
+            if w.npkts == 0 {
+                // Never sent: the send position is its first packet.
+                self.send_idx = i;
+                self.send_pkt = 0;
+                return;
+            }
+            let off = to.diff(w.first_psn);
+            if off >= 0 && (off as u32) < w.npkts {
+                self.send_idx = i;
+                self.send_pkt = off as u32;
+                return;
+            }
+        }
+        self.send_idx = self.sq.len();
+        self.send_pkt = 0;
+    }
+}
+
+/// A receive WQE being filled by a multi-packet message.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Filling {
+    pub(super) wqe: RecvWqe,
+    pub(super) filled: usize,
+}
+
+/// A response the responder owes the requester, sent on the next `poll_transmit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Response {
+    /// ACK up to and including this PSN.
+    Ack(Psn),
+    /// PSN sequence error: the responder expects this PSN.
+    NakSeq(Psn),
+    /// Receiver not ready for the packet with this PSN.
+    RnrNak(Psn),
+    /// Invalid request (length, opcode sequence); the QP is going to ERR.
+    NakInvalid(Psn),
+}
+
+/// Responder state of an RC QP.
+#[derive(Debug)]
+pub(super) struct Responder {
+    /// Next PSN expected.
+    pub(super) psn: Psn,
+    /// Messages completed (AETH MSN).
+    pub(super) msn: u32,
+    /// The receive WQE a multi-packet message is filling.
+    pub(super) filling: Option<Filling>,
+    /// A PSN-sequence NAK was sent for the current gap (rxe `sent_psn_nak`).
+    pub(super) sent_psn_nak: bool,
+    /// Responses to send, coalesced: at most one ACK is kept.
+    pub(super) responses: VecDeque<Response>,
+    /// `CommEst` was raised.
+    pub(super) comm_est_raised: bool,
+}
+
+impl Responder {
+    pub(super) fn new() -> Self {
+        Self {
+            psn: Psn::new(0),
+            msn: 0,
+            filling: None,
+            sent_psn_nak: false,
+            responses: VecDeque::new(),
+            comm_est_raised: false,
+        }
+    }
+
+    /// Queues an ACK, replacing an older queued ACK (ACK coalescing).
+    pub(super) fn queue_ack(&mut self, psn: Psn) {
+        if let Some(Response::Ack(p)) = self.responses.back_mut() {
+            *p = psn;
+        } else {
+            self.responses.push_back(Response::Ack(psn));
         }
     }
 }

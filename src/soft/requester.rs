@@ -1,222 +1,25 @@
 //! The requester (rxe `rxe_req.c`): send WQEs become packets (segmentation by path MTU, PSN
-//! assignment, AckReq), within a send window that widens while nothing is lost; UD sends,
-//! multicast ones fanned out to every underlay peer.
+//! assignment, AckReq) within the QP's send window; UD sends, multicast ones fanned out to
+//! every underlay peer.
 
-use std::collections::VecDeque;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::time::Instant;
 
+use super::device::Device;
+use super::mcast;
 use super::qp::Qp;
 use super::sched::TimerKind;
-use super::{ip_info, mcast, Device};
-use crate::verbs::{PKey, Psn, QpNum, QpType, SendWr, WcStatus};
-use crate::wire::bth::{Bth, Opcode};
+use crate::verbs::{QpType, WcStatus};
+use crate::wire::bth::Opcode;
 use crate::wire::ext::{Deth, ImmDt};
 use crate::wire::roce::RoceRepr;
 
-/// The requester's send window (PSNs past the oldest unacknowledged one) never shrinks below
-/// this, and starts here: rxe's fixed `RXE_MAX_UNACKED_PSNS`.
-pub(super) const WINDOW_MIN_PSNS: u32 = 128;
-/// The send window grows up to this while nothing is lost: 4 MiB at path MTU 4096, so that a
-/// stream keeps sending while a busy receiver delivers a batch before it ACKs.
-pub(super) const WINDOW_MAX_PSNS: u32 = 1024;
-/// Messages sent and not yet acknowledged never exceed this, however wide the PSN window: a
-/// receiver posts a few hundred receives (the IPoIB-CM SRQ 256), and one-packet messages in
-/// flight beyond them would only collect RNR NAKs.
-pub(super) const MAX_UNACKED_MESSAGES: usize = 128;
-/// Acknowledged PSNs per window increment while growing.
-const WINDOW_GROWTH_PSNS: u32 = 4;
 /// rxe `RXE_MAX_PKT_PER_ACK`: AckReq at least this often within a long message.
-pub(super) const MAX_PKTS_PER_ACK: u32 = 64;
-
-/// A send WQE on the send queue, from post until retired.
-#[derive(Debug, Clone)]
-pub(super) struct SendWqe {
-    pub(super) wr: SendWr,
-    /// First PSN, assigned when its first packet is sent.
-    pub(super) first_psn: Psn,
-    /// Packets it takes (at least one).
-    pub(super) npkts: u32,
-}
-
-impl SendWqe {
-    pub(super) fn last_psn(&self) -> Psn {
-        self.first_psn.add(self.npkts - 1)
-    }
-}
-
-/// Requester + completer state of an RC QP.
-#[derive(Debug)]
-pub(super) struct Requester {
-    /// WQEs not yet retired, oldest first.
-    pub(super) sq: VecDeque<SendWqe>,
-    /// Index in `sq` of the WQE whose packets are being sent.
-    pub(super) send_idx: usize,
-    /// Packets of that WQE already sent.
-    pub(super) send_pkt: u32,
-    /// Next PSN to send.
-    pub(super) psn: Psn,
-    /// Oldest unacknowledged PSN.
-    pub(super) comp_psn: Psn,
-    /// One past the highest PSN ever sent: packets below it and at or above `comp_psn` are
-    /// in flight (or lost).
-    pub(super) high_psn: Psn,
-    pub(super) retry_left: u8,
-    /// Retransmit timeouts since the last progress (drives the back-off).
-    pub(super) timeouts_in_row: u8,
-    pub(super) rnr_retry_left: u8,
-    /// Packets sent since the last AckReq.
-    pub(super) noack_pkts: u32,
-    /// Retransmit deadline while packets are outstanding.
-    pub(super) retransmit_at: Option<Instant>,
-    /// Sending is paused until this RNR deadline.
-    pub(super) rnr_at: Option<Instant>,
-    /// The instant of the retransmit timer's live entry in the provider's timer heap.
-    pub(super) retransmit_queued: Option<Instant>,
-    /// The instant of the RNR timer's live entry in the provider's timer heap.
-    pub(super) rnr_queued: Option<Instant>,
-    /// A go-back-N from this PSN is in progress (a second NAK for it starts nothing).
-    pub(super) retrying_from: Option<Psn>,
-    /// Send window in PSNs, between [`WINDOW_MIN_PSNS`] and [`WINDOW_MAX_PSNS`]: grows by one
-    /// for every [`WINDOW_GROWTH_PSNS`] acknowledged, halves when a loss makes the requester go
-    /// back (go-back-N resends everything after a loss, so a wide window on a lossy path
-    /// costs much more than it gains).
-    pub(super) window: u32,
-    /// Acknowledged PSNs not yet counted into a window increment.
-    pub(super) window_credit: u32,
-}
-
-impl Requester {
-    pub(super) fn new() -> Self {
-        Self {
-            sq: VecDeque::new(),
-            send_idx: 0,
-            send_pkt: 0,
-            psn: Psn::new(0),
-            comp_psn: Psn::new(0),
-            high_psn: Psn::new(0),
-            retry_left: 0,
-            timeouts_in_row: 0,
-            rnr_retry_left: 0,
-            noack_pkts: 0,
-            retransmit_at: None,
-            rnr_at: None,
-            retransmit_queued: None,
-            rnr_queued: None,
-            retrying_from: None,
-            window: WINDOW_MIN_PSNS,
-            window_credit: 0,
-        }
-    }
-
-    /// `acked` more PSNs were acknowledged without a loss: widen the window.
-    pub(super) fn window_grow(&mut self, acked: u32) {
-        if self.window >= WINDOW_MAX_PSNS {
-            return;
-        }
-        self.window_credit = self.window_credit.saturating_add(acked);
-        let steps = self.window_credit / WINDOW_GROWTH_PSNS;
-        self.window_credit %= WINDOW_GROWTH_PSNS;
-        self.window = self.window.saturating_add(steps).min(WINDOW_MAX_PSNS);
-    }
-
-    /// A packet was lost (sequence NAK or retransmit timeout): halve the window.
-    pub(super) fn window_shrink(&mut self) {
-        self.window = (self.window / 2).max(WINDOW_MIN_PSNS);
-        self.window_credit = 0;
-    }
-
-    /// PSNs between the oldest unacknowledged one and the send position (the send window).
-    pub(super) fn outstanding(&self) -> u32 {
-        u32::try_from(self.psn.diff(self.comp_psn)).unwrap_or(0)
-    }
-
-    /// Packets ever sent and not yet acknowledged.
-    pub(super) fn unacked(&self) -> u32 {
-        u32::try_from(self.high_psn.diff(self.comp_psn)).unwrap_or(0)
-    }
-
-    /// True when the requester has a packet it may send now.
-    pub(super) fn can_send(&self) -> bool {
-        self.rnr_at.is_none()
-            && self.send_idx < self.sq.len()
-            && self.outstanding() < self.window
-            && self.send_idx < MAX_UNACKED_MESSAGES
-    }
-
-    /// Moves the send position so the next packet sent has PSN `to`: backwards for go-back-N,
-    /// forwards past packets an ACK covered. WQEs keep the PSNs they were first sent with.
-    pub(super) fn rewind(&mut self, to: Psn) {
-        self.psn = to;
-        self.noack_pkts = 0;
-        for (i, w) in self.sq.iter().enumerate() {
-            if w.npkts == 0 {
-                // Never sent: the send position is its first packet.
-                self.send_idx = i;
-                self.send_pkt = 0;
-                return;
-            }
-            let off = to.diff(w.first_psn);
-            if off >= 0 && (off as u32) < w.npkts {
-                self.send_idx = i;
-                self.send_pkt = off as u32;
-                return;
-            }
-        }
-        self.send_idx = self.sq.len();
-        self.send_pkt = 0;
-    }
-}
+const MAX_PKTS_PER_ACK: u32 = 64;
 
 impl Device {
-    /// Builds the next packet of `qp` into `out`; returns its destination.
-    pub(super) fn next_packet(
-        &mut self,
-        qp: &mut Qp,
-        now: Instant,
-        out: &mut Vec<u8>,
-    ) -> Option<SocketAddr> {
-        if let Some(r) = qp.resp.responses.pop_front() {
-            return self.emit_response(qp, r, out);
-        }
-        if !qp.may_send() {
-            return None;
-        }
-        match qp.qp_type {
-            QpType::Rc => self.emit_rc_request(qp, now, out),
-            QpType::Ud | QpType::Gsi => self.emit_ud(qp, out),
-        }
-    }
-
-    pub(super) fn emit(
-        &self,
-        repr: &RoceRepr,
-        payload: &[u8],
-        dst_ip: IpAddr,
-        out: &mut Vec<u8>,
-    ) -> Option<SocketAddr> {
-        let ip = ip_info(self.cfg.local_ip, dst_ip)?;
-        repr.emit_append(payload, &ip, self.cfg.src_port, self.cfg.dst_port, out);
-        Some(SocketAddr::new(dst_ip, self.cfg.dst_port))
-    }
-
-    pub(super) fn bth(&self, opcode: Opcode, dest_qp: QpNum, psn: Psn) -> Bth {
-        Bth {
-            opcode,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            tver: 0,
-            pkey: PKey::DEFAULT.0,
-            fecn: false,
-            becn: false,
-            dest_qp: dest_qp.get(),
-            ack_req: false,
-            psn: psn.get(),
-        }
-    }
-
-    fn emit_rc_request(
+    /// Builds the next request packet of RC `qp` into `out`; returns its destination.
+    pub(super) fn emit_rc_request(
         &mut self,
         qp: &mut Qp,
         now: Instant,
@@ -292,7 +95,9 @@ impl Device {
         dst
     }
 
-    fn emit_ud(&mut self, qp: &mut Qp, out: &mut Vec<u8>) -> Option<SocketAddr> {
+    /// Builds the oldest UD send of `qp` into `out` and completes it; returns its
+    /// destination.
+    pub(super) fn emit_ud(&mut self, qp: &mut Qp, out: &mut Vec<u8>) -> Option<SocketAddr> {
         let w = qp.req.sq.pop_front()?;
         let psn = qp.req.psn;
         qp.req.psn = psn.add(1);

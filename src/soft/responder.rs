@@ -1,77 +1,17 @@
 //! The responder (rxe `rxe_resp.c`): RC requests are checked against the expected PSN and
-//! fill receive WQEs; UD sends are delivered behind their GRH area; ACKs and NAKs are queued
-//! and built here.
+//! fill receive WQEs; UD sends are delivered behind their GRH area; ACKs and NAKs are built
+//! here from the responses the QP owes.
 
-use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 
+use super::device::Device;
 use super::objects::RecvInfo;
-use super::qp::{Qp, RecvWqe};
-use super::Device;
+use super::qp::{Filling, Qp, Response};
 use crate::verbs::{AsyncEvent, Psn, QpNum, QpState, WcStatus};
 use crate::wire::bth::Opcode;
 use crate::wire::ext::{Aeth, NakCode, Syndrome};
 use crate::wire::grh::{GrhRepr, GRH_LEN};
 use crate::wire::roce::{RocePacket, RoceRepr};
-
-/// A receive WQE being filled by a multi-packet message.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Filling {
-    pub(super) wqe: RecvWqe,
-    pub(super) filled: usize,
-}
-
-/// A response the responder owes the requester, sent on the next `poll_transmit`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Response {
-    /// ACK up to and including this PSN.
-    Ack(Psn),
-    /// PSN sequence error: the responder expects this PSN.
-    NakSeq(Psn),
-    /// Receiver not ready for the packet with this PSN.
-    RnrNak(Psn),
-    /// Invalid request (length, opcode sequence); the QP is going to ERR.
-    NakInvalid(Psn),
-}
-
-/// Responder state of an RC QP.
-#[derive(Debug)]
-pub(super) struct Responder {
-    /// Next PSN expected.
-    pub(super) psn: Psn,
-    /// Messages completed (AETH MSN).
-    pub(super) msn: u32,
-    /// The receive WQE a multi-packet message is filling.
-    pub(super) filling: Option<Filling>,
-    /// A PSN-sequence NAK was sent for the current gap (rxe `sent_psn_nak`).
-    pub(super) sent_psn_nak: bool,
-    /// Responses to send, coalesced: at most one ACK is kept.
-    pub(super) responses: VecDeque<Response>,
-    /// `CommEst` was raised.
-    pub(super) comm_est_raised: bool,
-}
-
-impl Responder {
-    pub(super) fn new() -> Self {
-        Self {
-            psn: Psn::new(0),
-            msn: 0,
-            filling: None,
-            sent_psn_nak: false,
-            responses: VecDeque::new(),
-            comm_est_raised: false,
-        }
-    }
-
-    /// Queues an ACK, replacing an older queued ACK (ACK coalescing).
-    pub(super) fn queue_ack(&mut self, psn: Psn) {
-        if let Some(Response::Ack(p)) = self.responses.back_mut() {
-            *p = psn;
-        } else {
-            self.responses.push_back(Response::Ack(psn));
-        }
-    }
-}
 
 impl Device {
     pub(super) fn on_request(&mut self, qp: &mut Qp, pkt: &RocePacket<'_>) {

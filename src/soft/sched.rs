@@ -1,12 +1,11 @@
 //! Scheduling: which QP `poll_transmit` serves next, and the QP timers (retransmit and RNR
-//! back-off) in one lazily cancelled heap.
+//! back-off) in one lazily cancelled heap. The engine fires them (`SoftVerbs::handle_timeout`).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::time::Instant;
 
 use super::qp::Qp;
-use super::SoftVerbs;
 use crate::verbs::QpNum;
 
 /// Request packets that may leave ahead of a QP waiting with only responses to send (see
@@ -92,18 +91,24 @@ impl Scheduler {
     }
 
     /// The instant of the earliest heap entry.
-    fn next_timeout(&self) -> Option<Instant> {
+    pub(super) fn next_timeout(&self) -> Option<Instant> {
         self.timers.peek().map(|Reverse((t, _, _))| *t)
     }
 
     /// Removes and returns the earliest heap entry if it is due at `now`.
-    fn pop_due(&mut self, now: Instant) -> Option<(Instant, QpNum, TimerKind)> {
+    pub(super) fn pop_due(&mut self, now: Instant) -> Option<(Instant, QpNum, TimerKind)> {
         let Reverse(entry) = self.timers.peek().copied()?;
         if entry.0 > now {
             return None;
         }
         self.timers.pop();
         Some(entry)
+    }
+
+    /// Queues a heap entry for `qpn`'s `kind` timer at `at` (an entry that popped before its
+    /// timer's deadline, which has moved later, moves to the new deadline).
+    pub(super) fn requeue(&mut self, at: Instant, qpn: QpNum, kind: TimerKind) {
+        self.timers.push(Reverse((at, qpn, kind)));
     }
 
     /// The number of timer heap entries, stale ones included.
@@ -114,51 +119,13 @@ impl Scheduler {
 }
 
 /// The deadline of one of `qp`'s timers, and the instant of its live timer-heap entry.
-fn timer_slots(qp: &mut Qp, kind: TimerKind) -> (&mut Option<Instant>, &mut Option<Instant>) {
+pub(super) fn timer_slots(
+    qp: &mut Qp,
+    kind: TimerKind,
+) -> (&mut Option<Instant>, &mut Option<Instant>) {
     let r = &mut qp.req;
     match kind {
         TimerKind::Retransmit => (&mut r.retransmit_at, &mut r.retransmit_queued),
         TimerKind::Rnr => (&mut r.rnr_at, &mut r.rnr_queued),
-    }
-}
-
-impl SoftVerbs {
-    /// The earliest instant [`SoftVerbs::handle_timeout`] has work to do.
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        self.dev.sched.next_timeout()
-    }
-
-    /// Fires every timer due at `now`. Idempotent; spurious calls do nothing.
-    pub fn handle_timeout(&mut self, now: Instant) {
-        while let Some((at, qpn, kind)) = self.dev.sched.pop_due(now) {
-            let Some(qp) = self.qps.get_mut(qpn) else {
-                continue;
-            };
-            let (deadline, queued) = timer_slots(qp, kind);
-            if *queued != Some(at) {
-                // Stale: an earlier deadline superseded this entry, or the QP was reset.
-                continue;
-            }
-            *queued = None;
-            match *deadline {
-                Some(d) if d <= now => match kind {
-                    TimerKind::Retransmit => self.dev.on_retransmit_timeout(qp, now),
-                    TimerKind::Rnr => {
-                        qp.req.rnr_at = None;
-                        let to = qp.req.comp_psn;
-                        qp.req.rewind(to);
-                    }
-                },
-                // Re-armed later: this entry moves to the new deadline.
-                Some(d) => {
-                    *queued = Some(d);
-                    self.dev.sched.timers.push(Reverse((d, qpn, kind)));
-                }
-                None => {}
-            }
-            if qp.has_work() {
-                self.dev.sched.mark_ready(qp);
-            }
-        }
     }
 }

@@ -177,7 +177,7 @@ fn requests_leave_before_pending_acks() {
 /// and halves when a loss makes the requester go back.
 #[test]
 fn send_window_grows_while_clean_and_halves_on_loss() {
-    use crate::soft::requester::{WINDOW_MAX_PSNS, WINDOW_MIN_PSNS};
+    use crate::soft::qp::{WINDOW_MAX_PSNS, WINDOW_MIN_PSNS};
     use crate::verbs::PathMtu;
 
     let p = RcParams {
@@ -231,7 +231,7 @@ fn send_window_grows_while_clean_and_halves_on_loss() {
 /// what bounds it, not the PSN space).
 #[test]
 fn unacknowledged_messages_are_capped() {
-    use crate::soft::requester::{MAX_UNACKED_MESSAGES, WINDOW_MAX_PSNS};
+    use crate::soft::qp::{MAX_UNACKED_MESSAGES, WINDOW_MAX_PSNS};
 
     let p = RcParams {
         max_send_wr: 512,

@@ -5,6 +5,9 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use super::SoftVerbs;
+use crate::soft::device::Device;
+use crate::soft::qp::Qp;
+use crate::verbs::QpType;
 
 impl SoftVerbs {
     /// Writes the next datagram to send into `buf` (replacing its contents) and returns where
@@ -71,6 +74,23 @@ impl SoftVerbs {
                 self.faults.push(dst, out.clone());
             }
             self.scratch = out;
+        }
+    }
+}
+
+impl Device {
+    /// Builds the next packet of `qp` into `out`, a response it owes before a request;
+    /// returns its destination.
+    fn next_packet(&mut self, qp: &mut Qp, now: Instant, out: &mut Vec<u8>) -> Option<SocketAddr> {
+        if let Some(r) = qp.resp.responses.pop_front() {
+            return self.emit_response(qp, r, out);
+        }
+        if !qp.may_send() {
+            return None;
+        }
+        match qp.qp_type {
+            QpType::Rc => self.emit_rc_request(qp, now, out),
+            QpType::Ud | QpType::Gsi => self.emit_ud(qp, out),
         }
     }
 }

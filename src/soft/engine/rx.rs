@@ -4,7 +4,9 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
 
-use super::{ip_info, SoftVerbs, MULTICAST_QPN};
+use super::SoftVerbs;
+use crate::soft::config::MULTICAST_QPN;
+use crate::soft::device::ip_info;
 use crate::verbs::{PKey, QpNum, QpType};
 use crate::wire::bth::{Bth, Opcode, Transport};
 use crate::wire::icrc;

@@ -1,0 +1,74 @@
+//! [`SoftConfig`], the configuration of a provider instance, and the engine's fixed limits.
+
+use std::net::IpAddr;
+
+use super::fault::{FaultConfig, Quirks};
+use crate::verbs::{PathMtu, QpNum};
+use crate::wire::ROCEV2_UDP_PORT;
+
+/// The QPN of multicast packets.
+pub const MULTICAST_QPN: QpNum = QpNum::new(0x00FF_FFFF);
+
+/// TTL / hop limit of IP multicast datagrams unless configured: link-local, as the IPoIB
+/// groups are.
+pub const DEFAULT_MULTICAST_TTL: u8 = 1;
+
+/// Largest RC message, in bytes (IBTA allows 2^31).
+pub const MAX_RC_MSG: usize = 1 << 31;
+
+/// Configuration of a software provider instance.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SoftConfig {
+    /// The local IP address; the port's GID is derived from it.
+    pub local_ip: IpAddr,
+    /// UDP source port of everything sent (the bound port). It is covered by the ICRC.
+    pub src_port: u16,
+    /// UDP destination port of everything sent (4791 on a real network).
+    pub dst_port: u16,
+    /// Active MTU of the port (the largest path MTU accepted).
+    pub port_mtu: PathMtu,
+    /// Verify the ICRC of IPv4 packets assuming the sender used IP ID 0 (as any unconnected DF
+    /// sender does), or 1..64 for the later segments of a UDP GSO train (as this provider
+    /// sends). rxe picks random IDs, so interop with it turns this off.
+    /// IPv6 ICRCs are always verified.
+    pub verify_icrc_v4: bool,
+    /// Most QPs that may exist at once.
+    pub max_qps: usize,
+    /// Carry multicast UD sends as IP multicast: one datagram to the group the MGID maps to
+    /// ([`multicast_group_addr`](super::multicast_group_addr)), besides the unicast copies to the fan-out peers; and, in
+    /// [`SoftProvider`](super::provider::SoftProvider), join the groups of the attached MGIDs on the bind
+    /// interface. Off, multicast reaches the fan-out peers only.
+    pub multicast: bool,
+    /// TTL (IPv4) or hop limit (IPv6) of those multicast datagrams: 1 keeps them on the
+    /// link.
+    pub multicast_ttl: u8,
+    /// Transmit-side fault injection.
+    pub faults: FaultConfig,
+    /// Deliberate contract violations for tests.
+    pub quirks: Quirks,
+    /// Picks the order QPNs are handed out in (a permutation of the 24-bit space). Fixed by
+    /// [`SoftConfig::new`], so that simulations repeat; a daemon draws one per process
+    /// (from [`os_seed`](crate::verbs::setup::os_seed)), so that a restarted process
+    /// never receives packets meant for its previous incarnation's QPs.
+    pub qpn_seed: u64,
+}
+
+impl SoftConfig {
+    /// Defaults for a provider on `local_ip`: port 4791 both ways, MTU 1024, ICRC checked, no
+    /// IP multicast (the daemon turns it on: see its `multicast` setting).
+    pub fn new(local_ip: IpAddr) -> Self {
+        Self {
+            local_ip,
+            src_port: ROCEV2_UDP_PORT,
+            dst_port: ROCEV2_UDP_PORT,
+            port_mtu: PathMtu::Mtu1024,
+            verify_icrc_v4: true,
+            max_qps: 1 << 16,
+            multicast: false,
+            multicast_ttl: DEFAULT_MULTICAST_TTL,
+            faults: FaultConfig::default(),
+            quirks: Quirks::default(),
+            qpn_seed: 0,
+        }
+    }
+}

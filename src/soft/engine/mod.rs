@@ -1,0 +1,349 @@
+//! [`SoftVerbs`]: the QP table beside the [`Device`], the [`Verbs`] implementation, and (in
+//! the child modules) the datagrams in and out and the timers.
+
+mod rx;
+mod timers;
+mod tx;
+
+use std::net::{IpAddr, SocketAddr};
+
+use super::config::{SoftConfig, MAX_RC_MSG};
+use super::device::Device;
+use super::fault::FaultInjector;
+use super::objects::{QpTable, RecvInfo};
+use super::qp::{Qp, RecvWqe, SendWqe};
+use super::stats::SoftStats;
+use crate::verbs::{
+    check_modify, AsyncEvent, BufId, BufPools, Completion, CqId, Gid, PathMtu, PdId, PoolId,
+    PortAttr, QpAttr, QpInit, QpNum, QpState, QpType, SendWr, SrqId, SrqInit, Verbs, VerbsError,
+    WcStatus, WrId,
+};
+use crate::wire::icrc::Ipv4IdShiftCache;
+
+/// The software RC/UD provider engine. See the [module docs](super).
+#[derive(Debug)]
+pub struct SoftVerbs {
+    pub(super) qps: QpTable,
+    pub(super) dev: Device,
+    /// Transmit-side faults; bypassed while its configuration is clean.
+    faults: FaultInjector,
+    /// The packet being built while faults are injected (they take an owned copy).
+    scratch: Vec<u8>,
+    /// ICRC shifts of IPv4 GSO segments, by datagram length (see [`Ipv4IdShift`](crate::wire::icrc::Ipv4IdShift)).
+    id_shifts: Ipv4IdShiftCache,
+}
+
+impl SoftVerbs {
+    /// A provider with the given configuration. No QP exists yet (not even QP1).
+    pub fn new(cfg: SoftConfig) -> Self {
+        Self {
+            qps: QpTable::new(cfg.qpn_seed),
+            faults: FaultInjector::new(cfg.faults),
+            dev: Device::new(cfg),
+            scratch: Vec::with_capacity(8192),
+            id_shifts: Ipv4IdShiftCache::default(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SoftConfig {
+        &self.dev.cfg
+    }
+
+    /// Sets the underlay addresses that multicast UD sends (a destination GID starting with
+    /// `ff`, the IPoIB broadcast group among them) are fanned out to, one unicast copy each.
+    /// This is how the software provider carries IB multicast over an underlay without IP
+    /// multicast ([`SoftConfig::multicast`] off, or peers off the link): receivers deliver a
+    /// packet for QPN 0xFFFFFF that came by unicast to every UD QP attached to a group.
+    pub fn set_mcast_peers(&mut self, peers: Vec<IpAddr>) {
+        self.dev.mcast.set_peers(self.dev.cfg.local_ip, peers);
+    }
+
+    /// The IP multicast groups the attached MGIDs map to (none with [`SoftConfig::multicast`]
+    /// off), sorted: the groups the provider's sockets must have joined.
+    pub fn ip_multicast_groups(&self) -> Vec<IpAddr> {
+        if self.dev.cfg.multicast {
+            self.dev.mcast.ip_groups(self.dev.cfg.local_ip)
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Changes whenever a multicast group gains its first member or loses its last one (then
+    /// [`ip_multicast_groups`](Self::ip_multicast_groups) may have changed).
+    pub fn multicast_generation(&self) -> u64 {
+        self.dev.mcast.generation()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> SoftStats {
+        let mut s = self.dev.stats;
+        s.faults = self.faults.stats();
+        s
+    }
+
+    /// The UDP address packets for `gid` are sent to.
+    pub fn peer_addr(&self, gid: Gid) -> SocketAddr {
+        SocketAddr::new(gid.to_ip(), self.dev.cfg.dst_port)
+    }
+
+    fn qp(&self, qpn: QpNum) -> Result<&Qp, VerbsError> {
+        self.qps.get(qpn).ok_or(VerbsError::NoSuchQp(qpn))
+    }
+}
+
+impl Verbs for SoftVerbs {
+    fn port_attr(&self) -> PortAttr {
+        PortAttr {
+            gid: Gid::from_ip(self.dev.cfg.local_ip),
+            active_mtu: self.dev.cfg.port_mtu,
+            max_mtu: PathMtu::Mtu4096,
+            max_msg_size: MAX_RC_MSG,
+            active: true,
+        }
+    }
+
+    fn alloc_pd(&mut self) -> Result<PdId, VerbsError> {
+        Ok(self.dev.objects.alloc_pd())
+    }
+
+    fn dealloc_pd(&mut self, pd: PdId) -> Result<(), VerbsError> {
+        self.dev.objects.dealloc_pd(pd)
+    }
+
+    fn create_pool(
+        &mut self,
+        pd: PdId,
+        buf_len: usize,
+        count: usize,
+    ) -> Result<PoolId, VerbsError> {
+        self.dev.objects.create_pool(pd, buf_len, count)
+    }
+
+    fn pools(&self) -> &BufPools {
+        &self.dev.objects.pools
+    }
+
+    fn pools_mut(&mut self) -> &mut BufPools {
+        &mut self.dev.objects.pools
+    }
+
+    fn create_cq(&mut self, depth: u32) -> Result<CqId, VerbsError> {
+        Ok(self.dev.objects.create_cq(depth))
+    }
+
+    fn destroy_cq(&mut self, cq: CqId) -> Result<(), VerbsError> {
+        let in_use = self.qps.uses_cq(cq);
+        self.dev.objects.destroy_cq(cq, in_use)
+    }
+
+    fn poll_cq(&mut self, cq: CqId, out: &mut Vec<Completion>, max: usize) -> usize {
+        self.dev.objects.poll_cq(cq, out, max)
+    }
+
+    fn create_srq(&mut self, init: &SrqInit) -> Result<SrqId, VerbsError> {
+        self.dev.objects.create_srq(init)
+    }
+
+    fn modify_srq(&mut self, srq: SrqId, limit: u32) -> Result<(), VerbsError> {
+        self.dev.objects.modify_srq(srq, limit)
+    }
+
+    fn post_srq_recv(&mut self, srq: SrqId, wr_id: WrId, buf: BufId) -> Result<(), VerbsError> {
+        self.dev.objects.post_srq_recv(srq, wr_id, buf)
+    }
+
+    fn destroy_srq(&mut self, srq: SrqId) -> Result<(), VerbsError> {
+        self.dev.objects.destroy_srq(srq)
+    }
+
+    fn create_qp(&mut self, init: &QpInit) -> Result<QpNum, VerbsError> {
+        self.dev.objects.check_qp_init(init)?;
+        if self.qps.len() >= self.dev.cfg.max_qps {
+            return Err(VerbsError::OutOfResources("QPs"));
+        }
+        let num = if init.qp_type == QpType::Gsi {
+            if self.qps.contains(QpNum::GSI) {
+                return Err(VerbsError::OutOfResources("QP1 exists"));
+            }
+            QpNum::GSI
+        } else {
+            self.qps
+                .alloc_qpn()
+                .ok_or(VerbsError::OutOfResources("QPNs"))?
+        };
+        self.dev.objects.add_qp_user(init);
+        let default_mtu = self.dev.cfg.port_mtu;
+        self.qps
+            .insert(Qp::new(num, init.qp_type, init, default_mtu));
+        Ok(num)
+    }
+
+    fn modify_qp(&mut self, qpn: QpNum, attr: &QpAttr) -> Result<(), VerbsError> {
+        let port_mtu = self.dev.cfg.port_mtu;
+        let local_v4 = self.dev.cfg.local_ip.is_ipv4();
+        let qp = self.qps.get_mut(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
+        check_modify(qp.qp_type, qp.state, attr)?;
+        if attr.path_mtu.is_some_and(|m| m > port_mtu) {
+            return Err(VerbsError::InvalidAttribute("path_mtu"));
+        }
+        if attr
+            .av
+            .is_some_and(|av| av.dgid.to_ip().is_ipv4() != local_v4)
+        {
+            return Err(VerbsError::InvalidAttribute("av"));
+        }
+        let to = attr.state.unwrap_or(qp.state);
+        qp.apply_attrs(attr);
+        match to {
+            QpState::Err => self.dev.enter_error(qp),
+            QpState::Reset => {
+                // Reset drains the queues without completions (rxe_qp_reset).
+                for w in qp.req.sq.drain(..) {
+                    if let Some(b) = w.wr.buf {
+                        self.dev.objects.pools.release(b);
+                    }
+                }
+                for w in qp.rq.drain(..) {
+                    self.dev.objects.pools.release(w.buf);
+                }
+                if let Some(f) = qp.resp.filling.take() {
+                    self.dev.objects.pools.release(f.wqe.buf);
+                }
+                qp.reset();
+            }
+            QpState::Sqd => {
+                // `SqDrained` is raised when the WQEs already begun have completed, which
+                // may be now or after their ACKs arrive.
+                qp.state = QpState::Sqd;
+                qp.sqd_notify |= attr.en_sqd_async_notify == Some(true);
+                self.dev.check_sq_drained(qp);
+            }
+            s => {
+                qp.state = s;
+                qp.sqd_notify = false;
+            }
+        }
+        if qp.has_work() {
+            self.dev.sched.mark_ready(qp);
+        }
+        Ok(())
+    }
+
+    fn query_qp_state(&self, qp: QpNum) -> Result<QpState, VerbsError> {
+        Ok(self.qp(qp)?.state)
+    }
+
+    fn post_send(&mut self, qpn: QpNum, wr: &SendWr) -> Result<(), VerbsError> {
+        let port_mtu = self.dev.cfg.port_mtu.bytes();
+        let qp = self.qps.get_mut(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
+        if !matches!(qp.state, QpState::Rts | QpState::Sqd | QpState::Err) {
+            return Err(VerbsError::InvalidState {
+                qp: qpn,
+                state: qp.state,
+            });
+        }
+        if qp.req.sq.len() >= qp.max_send_wr.max(1) as usize {
+            return Err(VerbsError::QueueFull);
+        }
+        let limit = match qp.qp_type {
+            QpType::Rc => MAX_RC_MSG,
+            QpType::Ud | QpType::Gsi => {
+                if wr.ud.is_none() {
+                    return Err(VerbsError::InvalidWr("UD send without a destination"));
+                }
+                port_mtu
+            }
+        };
+        let buf_len = match wr.buf {
+            Some(b) => self.dev.objects.pools.buf_len(b.pool)?,
+            None => 0,
+        };
+        if wr.len > limit.min(buf_len) {
+            return Err(VerbsError::TooLong {
+                len: wr.len,
+                limit: limit.min(buf_len),
+            });
+        }
+        if let Some(b) = wr.buf {
+            self.dev.objects.pools.lend(b)?;
+        }
+        let w = SendWqe {
+            wr: *wr,
+            first_psn: qp.req.psn,
+            npkts: 0,
+        };
+        if qp.state == QpState::Err {
+            if self.dev.cfg.quirks.drain_never {
+                qp.swallowed.extend(wr.buf);
+            } else {
+                self.dev.complete_send(qp, &w, WcStatus::WrFlushErr);
+            }
+            return Ok(());
+        }
+        qp.req.sq.push_back(w);
+        if qp.has_work() {
+            self.dev.sched.mark_ready(qp);
+        }
+        Ok(())
+    }
+
+    fn post_recv(&mut self, qpn: QpNum, wr_id: WrId, buf: BufId) -> Result<(), VerbsError> {
+        let qp = self.qps.get_mut(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
+        if qp.srq.is_some() {
+            return Err(VerbsError::UsesSrq(qpn));
+        }
+        if qp.state == QpState::Reset {
+            return Err(VerbsError::InvalidState {
+                qp: qpn,
+                state: qp.state,
+            });
+        }
+        if qp.rq.len() >= qp.max_recv_wr.max(1) as usize {
+            return Err(VerbsError::QueueFull);
+        }
+        self.dev.objects.pools.lend(buf)?;
+        let wqe = RecvWqe { wr_id, buf };
+        if qp.state == QpState::Err {
+            if self.dev.cfg.quirks.drain_never {
+                qp.swallowed.push(buf);
+            } else {
+                self.dev
+                    .complete_recv(qp, wqe, WcStatus::WrFlushErr, RecvInfo::default());
+            }
+            return Ok(());
+        }
+        qp.rq.push_back(wqe);
+        Ok(())
+    }
+
+    fn destroy_qp(&mut self, qpn: QpNum) -> Result<(), VerbsError> {
+        let qp = self.qps.remove(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
+        self.dev.objects.release_qp(&qp);
+        self.dev.mcast.forget(qpn);
+        Ok(())
+    }
+
+    fn qp_count(&self) -> usize {
+        self.qps.len()
+    }
+
+    fn attach_mcast(&mut self, qpn: QpNum, mgid: Gid) -> Result<(), VerbsError> {
+        let qp = self.qps.get(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
+        if qp.qp_type != QpType::Ud || mgid.0[0] != 0xFF {
+            return Err(VerbsError::InvalidWr(
+                "multicast needs a UD QP and an ff00::/8 MGID",
+            ));
+        }
+        self.dev.mcast.attach(qpn, mgid);
+        Ok(())
+    }
+
+    fn detach_mcast(&mut self, qpn: QpNum, mgid: Gid) -> Result<(), VerbsError> {
+        self.dev.mcast.detach(qpn, mgid)
+    }
+
+    fn poll_async_event(&mut self) -> Option<AsyncEvent> {
+        self.dev.events.pop_front()
+    }
+}

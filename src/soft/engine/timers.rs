@@ -1,0 +1,47 @@
+//! The engine's timers: the deadline of the next one, and firing those that are due.
+
+use std::time::Instant;
+
+use super::SoftVerbs;
+use crate::soft::sched::{timer_slots, TimerKind};
+
+impl SoftVerbs {
+    /// The earliest instant [`SoftVerbs::handle_timeout`] has work to do.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.dev.sched.next_timeout()
+    }
+
+    /// Fires every timer due at `now`. Idempotent; spurious calls do nothing.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some((at, qpn, kind)) = self.dev.sched.pop_due(now) {
+            let Some(qp) = self.qps.get_mut(qpn) else {
+                continue;
+            };
+            let (deadline, queued) = timer_slots(qp, kind);
+            if *queued != Some(at) {
+                // Stale: an earlier deadline superseded this entry, or the QP was reset.
+                continue;
+            }
+            *queued = None;
+            match *deadline {
+                Some(d) if d <= now => match kind {
+                    TimerKind::Retransmit => self.dev.on_retransmit_timeout(qp, now),
+                    TimerKind::Rnr => {
+                        qp.req.rnr_at = None;
+                        let to = qp.req.comp_psn;
+                        qp.req.rewind(to);
+                    }
+                },
+                // Re-armed later: this entry moves to the new deadline.
+                Some(d) => {
+                    *queued = Some(d);
+                    self.dev.sched.requeue(d, qpn, kind);
+                }
+                None => {}
+            }
+            if qp.has_work() {
+                self.dev.sched.mark_ready(qp);
+            }
+        }
+    }
+}

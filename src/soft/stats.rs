@@ -1,0 +1,65 @@
+//! [`SoftStats`]: the counters of everything the provider did and dropped.
+
+use super::fault::FaultStats;
+
+/// Counters of everything the provider did and dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct SoftStats {
+    /// Datagrams received.
+    pub rx_datagrams: u64,
+    /// Dropped: not parseable as RoCEv2.
+    pub rx_malformed: u64,
+    /// Dropped: ICRC mismatch.
+    pub rx_bad_icrc: u64,
+    /// Dropped: TVer not 0.
+    pub rx_bad_tver: u64,
+    /// Dropped: P_Key does not match.
+    pub rx_bad_pkey: u64,
+    /// Dropped: no QP with the destination QPN.
+    pub rx_unknown_qpn: u64,
+    /// Dropped: source address is not the QP's peer.
+    pub rx_bad_src: u64,
+    /// Dropped: an RC packet from the peer's address but not from the UDP source port its
+    /// QP sends from (pinned by the first packet the QP accepted).
+    pub rx_bad_src_port: u64,
+    /// Dropped: Q_Key mismatch on a UD QP.
+    pub rx_bad_qkey: u64,
+    /// Dropped: the QP's state or type does not accept the packet.
+    pub rx_bad_state: u64,
+    /// Dropped: a UD message that did not fit the receive buffer, or found no receive WQE.
+    pub rx_ud_dropped: u64,
+    /// Dropped: the second copy of a multicast packet, which arrived both as IP multicast and
+    /// as a unicast fan-out copy.
+    pub rx_mcast_duplicates: u64,
+    /// Duplicate requests (re-ACKed and dropped).
+    pub rx_duplicate: u64,
+    /// Out-of-sequence requests (NAKed once, then dropped).
+    pub rx_out_of_sequence: u64,
+    /// IPv4 datagrams whose ICRC is right for an IP ID of 1..64 rather than 0: segments of a
+    /// UDP GSO train, which the kernel numbers 0, 1, 2, ... (accepted; see [`Ipv4IdShift`](crate::wire::icrc::Ipv4IdShift)).
+    pub rx_gso_segments: u64,
+    /// ACKs with a PSN outside the outstanding window (ignored).
+    pub rx_bad_ack: u64,
+    /// Packets sent (all kinds).
+    pub tx_packets: u64,
+    /// Request packets sent again by go-back-N.
+    pub tx_retransmits: u64,
+    /// ACKs sent.
+    pub tx_acks: u64,
+    /// PSN-sequence NAKs sent.
+    pub tx_seq_naks: u64,
+    /// RNR NAKs sent.
+    pub tx_rnr_naks: u64,
+    /// Other NAKs sent.
+    pub tx_other_naks: u64,
+    /// RNR NAKs received.
+    pub rx_rnr_naks: u64,
+    /// PSN-sequence NAKs received.
+    pub rx_seq_naks: u64,
+    /// Retransmit timer expiries.
+    pub retransmit_timeouts: u64,
+    /// Completions pushed onto a CQ already at its depth.
+    pub cq_overflows: u64,
+    /// Injected faults.
+    pub faults: FaultStats,
+}
