@@ -4,13 +4,14 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::OnceLock;
 
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::{reload, EnvFilter, Registry};
 
 use crate::ipoib::ParseChoiceError;
 
@@ -85,11 +86,8 @@ pub fn init(filter: &str, format: LogFormat) {
     use tracing_subscriber::util::SubscriberInitExt;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(filter));
     // The filter can change while the daemon runs (a reload's `log`).
-    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
-    super::reload::set_log_filter_hook(Box::new(move |text| {
-        let filter = EnvFilter::try_new(text).map_err(|e| e.to_string())?;
-        handle.reload(filter).map_err(|e| e.to_string())
-    }));
+    let (filter, handle) = reload::Layer::new(filter);
+    let _ = LIVE_FILTER.set(handle);
     let journal = stderr_is_journal();
     let lines = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let registry = tracing_subscriber::registry().with(filter);
@@ -106,6 +104,38 @@ pub fn init(filter: &str, format: LogFormat) {
             .with(lines.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())))
             .try_init(),
     };
+}
+
+/// The filter of the logger [`init`] installed, which [`set_filter`] changes.
+static LIVE_FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
+
+/// Why the log filter did not change.
+#[derive(Debug, thiserror::Error)]
+pub enum LogFilterError {
+    /// No logger of [`init`]'s in this process.
+    #[error("the log filter cannot change live")]
+    NotLive,
+    /// The filter text does not parse.
+    #[error("{0}")]
+    Parse(#[from] tracing_subscriber::filter::ParseError),
+    /// The logger is gone.
+    #[error("{0}")]
+    Reload(#[from] reload::Error),
+}
+
+/// Whether the log filter can change while the process runs ([`init`] installed the logger).
+pub fn filter_is_live() -> bool {
+    LIVE_FILTER.get().is_some()
+}
+
+/// Sets the log filter (the text of `--log`, `RUST_LOG` syntax).
+///
+/// # Errors
+/// No live filter, or a filter that does not parse.
+pub fn set_filter(text: &str) -> Result<(), LogFilterError> {
+    let handle = LIVE_FILTER.get().ok_or(LogFilterError::NotLive)?;
+    handle.reload(EnvFilter::try_new(text)?)?;
+    Ok(())
 }
 
 /// The JSON line format: an object with `timestamp` (RFC 3339, UTC, unless left to the

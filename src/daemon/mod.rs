@@ -17,6 +17,7 @@ mod floods;
 pub mod logging;
 pub mod metrics;
 pub mod preflight;
+pub mod provider;
 pub mod reload;
 pub mod run;
 pub mod service;

@@ -1,6 +1,6 @@
 //! A configuration reload (SIGHUP, `ipoib-cm reload`): which settings of a newly read
-//! [`Config`] the running daemon takes ([`plan`], pure) and the hook through which the log
-//! filter changes ([`set_log_filter_hook`]).
+//! [`Config`] the running daemon takes ([`plan`], pure). The log filter changes through
+//! [`logging::set_filter`](super::logging::set_filter).
 //!
 //! Live: the static neighbours, the peers, the timeouts, the budgets, `busy_poll` and the log
 //! filter (when the process installed a hook). Everything else (the interface, its addresses,
@@ -8,7 +8,6 @@
 //! is named and left as it was.
 
 use std::net::IpAddr;
-use std::sync::OnceLock;
 
 use super::config::Config;
 use crate::wire::ipoib::HwAddr;
@@ -111,33 +110,6 @@ pub fn plan(running: &Config, new: &Config, sized_qp: u32, log_live: bool) -> Re
         next,
         changed,
         fixed,
-    }
-}
-
-/// Sets the process's log filter (the filter text of `--log`); the error is one line.
-pub type LogFilterHook = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
-
-static LOG_FILTER_HOOK: OnceLock<LogFilterHook> = OnceLock::new();
-
-/// Installs how a reload changes the log filter (the process's logging set-up does this once);
-/// without it, `log` cannot change live. A second call is ignored.
-pub fn set_log_filter_hook(hook: LogFilterHook) {
-    let _ = LOG_FILTER_HOOK.set(hook);
-}
-
-/// Whether the log filter can change live.
-pub fn log_filter_is_live() -> bool {
-    LOG_FILTER_HOOK.get().is_some()
-}
-
-/// Sets the log filter through the installed hook.
-///
-/// # Errors
-/// No hook, or the hook's one-line error.
-pub fn set_log_filter(filter: &str) -> Result<(), String> {
-    match LOG_FILTER_HOOK.get() {
-        Some(hook) => hook(filter),
-        None => Err("the log filter cannot change live".to_owned()),
     }
 }
 

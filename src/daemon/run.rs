@@ -9,7 +9,6 @@
 //! destroy what is left, remove the interface (by closing the TUN device) and return (exit
 //! 0). SIGHUP reloads the configuration file ([`Service::reload`]).
 
-use std::collections::BTreeMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -22,14 +21,15 @@ use super::config::{Cidr, CmTransport, Config};
 use super::control::{ControlServer, Reply, Request, MAX_CLIENTS};
 use super::floods::{FloodWarnings, FLOOD_WARN_INTERVAL};
 use super::metrics::{self, MetricsServer};
+use super::provider::DaemonProvider;
 use super::service::Service;
 use super::status::{add_counters, render_prometheus, Status, Summary};
 use crate::driver::{Node, NodeConfig, NodeError};
 use crate::soft::provider::{SoftProvider, UdpOffload};
-use crate::soft::{SoftConfig, SoftVerbs};
+use crate::soft::SoftConfig;
 use crate::sys::ifaddr;
 use crate::verbs::setup::os_seed;
-use crate::verbs::{Provider, Verbs};
+use crate::verbs::Provider;
 
 const SIGNALS: Token = Token(0);
 const CONTROL: Token = Token(1);
@@ -134,59 +134,6 @@ impl DaemonError {
             Self::Io(_) => 1,
             _ => 2,
         }
-    }
-}
-
-/// What the driver needs of a provider beyond [`Provider`]: its counters for the status.
-pub trait DaemonProvider: Provider {
-    /// Live QPs as the provider counts them, where it does.
-    fn qp_live(&self) -> Option<u64>;
-    /// Adds the provider's own counters to the status map.
-    fn counters(&self, out: &mut BTreeMap<String, u64>);
-    /// Sets the underlay peers the broadcast group is fanned out to; false where the
-    /// provider has no such list (hardware multicast needs none).
-    fn set_peers(&mut self, peers: &[IpAddr]) -> bool;
-}
-
-impl DaemonProvider for SoftProvider {
-    fn qp_live(&self) -> Option<u64> {
-        Some(self.engine().qp_count() as u64)
-    }
-
-    fn counters(&self, out: &mut BTreeMap<String, u64>) {
-        let engine: &SoftVerbs = self.engine();
-        let s = engine.stats();
-        add_counters(out, "", &s);
-        add_counters(out, "fault_", &s.faults);
-        add_counters(out, "mcast_", &self.multicast_stats());
-        for (k, v) in [
-            ("send_errors", self.send_errors),
-            ("udp_gso", u64::from(self.gso_enabled())),
-            ("rx_gro_buffers", self.rx_gro_buffers),
-            ("tx_gso_trains", self.tx_gso_trains()),
-        ] {
-            out.insert(k.to_string(), v);
-        }
-    }
-
-    fn set_peers(&mut self, peers: &[IpAddr]) -> bool {
-        self.verbs().set_mcast_peers(peers.to_vec());
-        true
-    }
-}
-
-#[cfg(feature = "verbs")]
-impl DaemonProvider for crate::hw::HwVerbs {
-    fn qp_live(&self) -> Option<u64> {
-        Some(self.qp_count() as u64)
-    }
-
-    fn counters(&self, out: &mut BTreeMap<String, u64>) {
-        add_counters(out, "hw_", &self.stats());
-    }
-
-    fn set_peers(&mut self, _peers: &[IpAddr]) -> bool {
-        false
     }
 }
 

@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 
 use super::config::{resolve_parsed, Config, MAX_PEERS, MAX_STATIC_NEIGHBOURS};
 use super::control::{Reply, Request};
+use super::logging;
+use super::provider::DaemonProvider;
 use super::reload::{self, neighbour_changes, ReloadPlan};
-use super::run::DaemonProvider;
 use crate::driver::Node;
 use crate::ipoib::LiveTimeouts;
 use crate::sys::notify::{self, Notifier};
@@ -140,7 +141,7 @@ impl Service {
                     &self.running,
                     &new,
                     self.sized_qp,
-                    reload::log_filter_is_live(),
+                    logging::filter_is_live(),
                 );
                 Ok(self.apply(node, now, plan, why))
             }
@@ -185,7 +186,7 @@ impl Service {
             tracing::warn!("{why}: this provider has no peer list; peer ignored");
         }
         if next.log != self.running.log {
-            if let Err(e) = reload::set_log_filter(&next.log) {
+            if let Err(e) = logging::set_filter(&next.log) {
                 tracing::warn!("{why}: log filter {:?}: {e}", next.log);
             }
         }

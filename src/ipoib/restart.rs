@@ -25,7 +25,6 @@ use std::net::IpAddr;
 use std::time::Instant;
 
 use super::event::{Event, TxCloseReason};
-use super::rx::Why;
 use super::Endpoint;
 use crate::verbs::{Gid, QpNum, Verbs};
 use crate::wire::ipoib::{
@@ -188,7 +187,7 @@ impl Endpoint {
             }
         }
         for q in rx {
-            self.start_rx_teardown(now, v, q, Why::Restarted);
+            self.retire_rx(now, v, q);
         }
     }
 }

@@ -39,6 +39,12 @@ impl Endpoint {
         }
     }
 
+    /// Starts tearing down an RX connection of a peer's previous incarnation (the peer
+    /// restarted). Idempotent.
+    pub(in crate::ipoib) fn retire_rx<V: Verbs>(&mut self, now: Instant, v: &mut V, qpn: QpNum) {
+        self.start_rx_teardown(now, v, qpn, Why::Restarted);
+    }
+
     /// Starts tearing an RX connection down. Idempotent.
     pub(in crate::ipoib) fn start_rx_teardown<V: Verbs>(
         &mut self,

@@ -1,0 +1,63 @@
+//! The providers the daemon runs on, and what it needs of them beyond [`Provider`]: counters
+//! for the status and the underlay peers of the broadcast group.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use super::status::add_counters;
+use crate::soft::provider::SoftProvider;
+use crate::soft::SoftVerbs;
+use crate::verbs::{Provider, Verbs};
+
+/// What the driver needs of a provider beyond [`Provider`]: its counters for the status.
+pub trait DaemonProvider: Provider {
+    /// Live QPs as the provider counts them, where it does.
+    fn qp_live(&self) -> Option<u64>;
+    /// Adds the provider's own counters to the status map.
+    fn counters(&self, out: &mut BTreeMap<String, u64>);
+    /// Sets the underlay peers the broadcast group is fanned out to; false where the
+    /// provider has no such list (hardware multicast needs none).
+    fn set_peers(&mut self, peers: &[IpAddr]) -> bool;
+}
+
+impl DaemonProvider for SoftProvider {
+    fn qp_live(&self) -> Option<u64> {
+        Some(self.engine().qp_count() as u64)
+    }
+
+    fn counters(&self, out: &mut BTreeMap<String, u64>) {
+        let engine: &SoftVerbs = self.engine();
+        let s = engine.stats();
+        add_counters(out, "", &s);
+        add_counters(out, "fault_", &s.faults);
+        add_counters(out, "mcast_", &self.multicast_stats());
+        for (k, v) in [
+            ("send_errors", self.send_errors),
+            ("udp_gso", u64::from(self.gso_enabled())),
+            ("rx_gro_buffers", self.rx_gro_buffers),
+            ("tx_gso_trains", self.tx_gso_trains()),
+        ] {
+            out.insert(k.to_string(), v);
+        }
+    }
+
+    fn set_peers(&mut self, peers: &[IpAddr]) -> bool {
+        self.verbs().set_mcast_peers(peers.to_vec());
+        true
+    }
+}
+
+#[cfg(feature = "verbs")]
+impl DaemonProvider for crate::hw::HwVerbs {
+    fn qp_live(&self) -> Option<u64> {
+        Some(self.qp_count() as u64)
+    }
+
+    fn counters(&self, out: &mut BTreeMap<String, u64>) {
+        add_counters(out, "hw_", &self.stats());
+    }
+
+    fn set_peers(&mut self, _peers: &[IpAddr]) -> bool {
+        false
+    }
+}
