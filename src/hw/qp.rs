@@ -256,13 +256,16 @@ pub(super) fn modify(v: &mut HwVerbs, qp: QpNum, attr: &QpAttr) -> Result<(), Ve
     if let Some(q) = v.qps.get_mut(&qp.get()) {
         q.state = to;
         if to == QpState::Reset {
-            // RESET discards every outstanding WR without completions.
+            // RESET discards every outstanding WR without completions: none will be
+            // processed, so they count as completed.
             q.sends.clear();
+            q.sends_completed = q.sends_posted;
             q.recvs = 0;
         }
     }
     if to == QpState::Reset {
         v.release_owner(Owner::Qp(qp));
+        v.reap_ahs();
     }
     Ok(())
 }
