@@ -69,6 +69,7 @@ impl HwVerbs {
                 let mut done = Vec::new();
                 if let Some(x) = self.qps.get_mut(&q.get()) {
                     while let Some(front) = x.sends.pop_front() {
+                        x.sends_completed += 1;
                         if front == id {
                             break;
                         }
@@ -184,6 +185,7 @@ pub(super) fn poll(v: &mut HwVerbs, cq: CqId, out: &mut Vec<Completion>, max: us
         return 0;
     };
     let mut got = 0;
+    let mut polled = false;
     while got < max {
         let want = (max - got).min(64);
         if v.wc.len() < want {
@@ -195,6 +197,7 @@ pub(super) fn poll(v: &mut HwVerbs, cq: CqId, out: &mut Vec<Completion>, max: us
         if n <= 0 {
             break;
         }
+        polled = true;
         for i in 0..n as usize {
             let wc = v.wc[i];
             if let Some(c) = v.map_wc(&wc) {
@@ -206,6 +209,10 @@ pub(super) fn poll(v: &mut HwVerbs, cq: CqId, out: &mut Vec<Completion>, max: us
         if (n as usize) < want {
             break;
         }
+    }
+    if polled {
+        // Sends completed: retired AHs may now be unused.
+        v.reap_ahs();
     }
     got
 }

@@ -7,6 +7,7 @@ use std::io;
 use std::os::fd::RawFd;
 use std::ptr;
 
+use super::ah_cache::{AhCache, MAX_CACHED_AHS, MAX_RETIRED_AHS};
 use super::ffi_map::mtu_from;
 use super::{HwConfig, HwError, HwStats, HwVerbs};
 use crate::verbs::{BufPools, Gid, PathMtu, PortAttr};
@@ -108,7 +109,7 @@ impl HwVerbs {
             cqs: HashMap::new(),
             srqs: HashMap::new(),
             qps: HashMap::new(),
-            ahs: HashMap::new(),
+            ahs: AhCache::new(MAX_CACHED_AHS, MAX_RETIRED_AHS),
             wrs: HashMap::new(),
             next_wr: 1,
             next_id: 1,
@@ -233,9 +234,9 @@ impl Drop for HwVerbs {
             // SAFETY: live CQ with no QPs left and all events acked.
             unsafe { ffi::ibv_destroy_cq(c.raw) };
         }
-        for (_, ah) in self.ahs.drain() {
-            // SAFETY: live AH.
-            unsafe { ffi::ibv_destroy_ah(ah) };
+        for ah in self.ahs.drain() {
+            // SAFETY: live AH, destroyed once; no QP is left to use it.
+            unsafe { ffi::ibv_destroy_ah(ah.raw) };
         }
         for (_, (mr, _)) in self.mrs.drain() {
             // SAFETY: live MR over pool memory that is still allocated (pools drop after us).

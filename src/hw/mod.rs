@@ -27,7 +27,7 @@
 //! CM MADs need a side channel there.
 //!
 //! Layout, one module per kind of object the device owns: `device` (open and close the
-//! context), `pd` (PDs, MRs, AHs), `cq` (CQs and the completion channel), `srq`, `qp`, `wr`
+//! context), `pd` (PDs, MRs, AHs), `ah_cache` (which AHs to keep and when to destroy them), `cq` (CQs and the completion channel), `srq`, `qp`, `wr`
 //! (posting and the WR table), `events` (async events), `provider` (the trait impls over
 //! them), `ffi_map` (C enum conversions) and `error`.
 //!
@@ -45,6 +45,7 @@
 //! [`QpType::Gsi`]: crate::verbs::QpType::Gsi
 #![allow(unsafe_code)]
 
+mod ah_cache;
 #[doc(hidden)]
 pub mod conformance;
 mod cq;
@@ -99,7 +100,7 @@ pub struct HwVerbs {
     cqs: HashMap<u32, cq::Cq>,
     srqs: HashMap<u32, srq::Srq>,
     qps: HashMap<u32, qp::Qp>,
-    ahs: HashMap<(PdId, AddressVector), *mut ffi::ibv_ah>,
+    ahs: ah_cache::AhCache<(PdId, AddressVector), pd::Ah>,
     wrs: HashMap<u64, wr::Wr>,
     next_wr: u64,
     next_id: u32,
@@ -128,6 +129,12 @@ pub struct HwStats {
     pub async_events: u64,
     /// Of those, events of a kind the provider does not pass on.
     pub async_unhandled: u64,
+    /// Address handles created (one per UD destination not in the cache).
+    pub ah_created: u64,
+    /// Address handles destroyed (evicted ones once their sends completed).
+    pub ah_destroyed: u64,
+    /// Address handles evicted from the full cache, least recently used first.
+    pub ah_evicted: u64,
 }
 
 impl HwStats {
@@ -173,6 +180,9 @@ mod tests {
             send_errors: 6,
             async_events: 3,
             async_unhandled: 4,
+            ah_created: 7,
+            ah_destroyed: 8,
+            ah_evicted: 9,
         };
         assert_eq!(
             serde_json::to_value(s).unwrap(),
@@ -183,6 +193,9 @@ mod tests {
                 "send_errors": 6,
                 "async_events": 3,
                 "async_unhandled": 4,
+                "ah_created": 7,
+                "ah_destroyed": 8,
+                "ah_evicted": 9,
             })
         );
     }

@@ -1,10 +1,18 @@
 //! Protection domains, the memory registration of each buffer pool, and the address handles
 //! of UD sends: the objects a PD owns.
 
+use super::ah_cache::Room;
 use super::error::errno_err;
 use super::HwVerbs;
 use crate::verbs::{AddressVector, PdId, PoolId, VerbsError};
 use ibverbs_sys as ffi;
+
+/// An address handle and the PD it belongs to (and keeps busy).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Ah {
+    pub(super) raw: *mut ffi::ibv_ah,
+    pub(super) pd: PdId,
+}
 
 /// A PD and how many objects (QPs, SRQs, AHs) use it.
 #[derive(Debug)]
@@ -27,15 +35,23 @@ impl HwVerbs {
         }
     }
 
-    pub(super) fn ah_for(
-        &mut self,
-        pd: PdId,
-        av: AddressVector,
-    ) -> Result<*mut ffi::ibv_ah, VerbsError> {
+    /// The AH of `av` in `pd`: the cached one, else a new one, cached (see
+    /// [`super::ah_cache`] for the bound and when an evicted AH is destroyed).
+    pub(super) fn ah_for(&mut self, pd: PdId, av: AddressVector) -> Result<Ah, VerbsError> {
         if let Some(ah) = self.ahs.get(&(pd, av)) {
-            return Ok(*ah);
+            return Ok(ah);
         }
         let raw_pd = self.pd_raw(pd)?;
+        let mut room = self.ahs.make_room();
+        if room == Room::Full {
+            self.reap_ahs();
+            room = self.ahs.make_room();
+        }
+        match room {
+            Room::Full => return Err(VerbsError::OutOfResources("address handle")),
+            Room::Evicted => self.stats.ah_evicted += 1,
+            Room::Free => {}
+        }
         // SAFETY: ibv_ah_attr is a plain C struct; all-zero is valid.
         let mut a: ffi::ibv_ah_attr = unsafe { std::mem::zeroed() };
         a.is_global = 1;
@@ -48,13 +64,36 @@ impl HwVerbs {
         a.grh.traffic_class = av.traffic_class;
         a.grh.flow_label = av.flow_label;
         // SAFETY: valid PD and attribute struct.
-        let ah = unsafe { ffi::ibv_create_ah(raw_pd, &mut a) };
-        if ah.is_null() {
+        let raw = unsafe { ffi::ibv_create_ah(raw_pd, &mut a) };
+        if raw.is_null() {
             return Err(errno_err("ibv_create_ah", -1));
         }
+        let ah = Ah { raw, pd };
         self.ahs.insert((pd, av), ah);
         self.use_pd(pd, 1);
+        self.stats.ah_created += 1;
         Ok(ah)
+    }
+
+    /// Destroys the retired AHs whose posted sends all completed (at most
+    /// [`super::ah_cache::MAX_RETIRED_AHS`] looked at).
+    pub(super) fn reap_ahs(&mut self) {
+        if self.ahs.retired_len() == 0 {
+            return;
+        }
+        let mut done = Vec::new();
+        let qps = &self.qps;
+        self.ahs
+            .reap(|q| qps.get(&q).map(|x| x.sends_completed), &mut done);
+        for ah in done {
+            // SAFETY: a live AH, out of the cache, that no posted send can still use (the
+            // invariant of `ah_cache`); destroyed once.
+            let rc = unsafe { ffi::ibv_destroy_ah(ah.raw) };
+            if rc == 0 {
+                self.stats.ah_destroyed += 1;
+                self.use_pd(ah.pd, -1);
+            }
+        }
     }
 }
 

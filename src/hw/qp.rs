@@ -28,6 +28,10 @@ pub(super) struct Qp {
     pub(super) sq_sig_all: bool,
     /// Internal ids of outstanding send WRs, oldest first.
     pub(super) sends: VecDeque<u64>,
+    /// Sends posted on the device so far, and of those, how many completed (in order,
+    /// flushes included): a send numbered `n` was processed once `sends_completed >= n`.
+    pub(super) sends_posted: u64,
+    pub(super) sends_completed: u64,
     pub(super) recvs: usize,
     pub(super) mcast: Vec<Gid>,
 }
@@ -122,6 +126,8 @@ pub(super) fn create(v: &mut HwVerbs, init: &QpInit) -> Result<QpNum, VerbsError
             max_recv_wr: init.max_recv_wr.max(1),
             sq_sig_all: init.sq_sig_all,
             sends: VecDeque::new(),
+            sends_posted: 0,
+            sends_completed: 0,
             recvs: 0,
             mcast: Vec::new(),
         },
@@ -250,13 +256,16 @@ pub(super) fn modify(v: &mut HwVerbs, qp: QpNum, attr: &QpAttr) -> Result<(), Ve
     if let Some(q) = v.qps.get_mut(&qp.get()) {
         q.state = to;
         if to == QpState::Reset {
-            // RESET discards every outstanding WR without completions.
+            // RESET discards every outstanding WR without completions: none will be
+            // processed, so they count as completed.
             q.sends.clear();
+            q.sends_completed = q.sends_posted;
             q.recvs = 0;
         }
     }
     if to == QpState::Reset {
         v.release_owner(Owner::Qp(qp));
+        v.reap_ahs();
     }
     Ok(())
 }
@@ -286,6 +295,11 @@ pub(super) fn destroy(v: &mut HwVerbs, qp: QpNum) -> Result<(), VerbsError> {
         return Err(errno_err("ibv_destroy_qp", rc));
     }
     if let Some(q) = v.qps.remove(&qp.get()) {
+        if q.qp_type != QpType::Rc {
+            // Its sends will never be processed: the AHs they used may go.
+            v.ahs.qp_gone(qp.get());
+            v.reap_ahs();
+        }
         v.use_pd(q.pd, -1);
         v.use_cq(q.send_cq, -1);
         v.use_cq(q.recv_cq, -1);

@@ -161,7 +161,7 @@ pub(super) fn post_send(v: &mut HwVerbs, qp: QpNum, wr: &SendWr) -> Result<(), V
     }
     let ah = match (qp_type, wr.ud) {
         (QpType::Rc, _) => None,
-        (_, Some(d)) => Some((v.ah_for(pd, d.av)?, d)),
+        (_, Some(d)) => Some((v.ah_for(pd, d.av)?.raw, d)),
         (_, None) => return Err(VerbsError::InvalidWr("UD send without a destination")),
     };
     let mut sge = match wr.buf {
@@ -231,6 +231,10 @@ pub(super) fn post_send(v: &mut HwVerbs, qp: QpNum, wr: &SendWr) -> Result<(), V
     }
     if let Some(q) = v.qps.get_mut(&qp.get()) {
         q.sends.push_back(id);
+        q.sends_posted += 1;
+        if let (Some(d), true) = (wr.ud, ah.is_some()) {
+            v.ahs.note_post(&(pd, d.av), qp.get(), q.sends_posted);
+        }
     }
     Ok(())
 }
