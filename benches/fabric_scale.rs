@@ -158,6 +158,11 @@ impl Sim {
             c.drain_timeout = Duration::from_secs(1);
             if i == 0 {
                 c.max_conn_qp = clients + 16;
+                // Every client's REQ arrives at once (no fabric latency) and is half-open until
+                // its RTU: with the default cap of 16 a REQ beyond it would tear down an older
+                // half-open one, which then fails. The figure is the hub's set-up rate, so the
+                // cap is the burst.
+                c.max_pending_rx = clients;
             } else {
                 c.max_conn_qp = 2;
                 c.srq_depth = 2;
