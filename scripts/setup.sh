@@ -11,7 +11,7 @@
 set -euo pipefail
 
 IPOIB_APT_PACKAGES=(build-essential pkg-config iproute2 iputils-ping iperf3 tshark tcpdump ethtool
-    cmake libclang-dev libibverbs-dev libnl-3-dev libnl-route-3-dev python3)
+    cmake libclang-dev libibverbs-dev libnl-3-dev libnl-route-3-dev python3 curl)
 IPOIB_MIN_RUST_MINOR=85
 
 setup_say() { printf '[setup] %s\n' "$*"; }
