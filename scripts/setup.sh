@@ -5,13 +5,13 @@
 #
 # - apt packages: build-essential pkg-config iproute2 iputils-ping iperf3 tshark tcpdump ethtool,
 #   and
-#   for the `verbs` feature (libibverbs provider) cmake libclang-dev libibverbs-dev
-#   libnl-3-dev libnl-route-3-dev python3 (one `apt-get update`, only when something is missing);
+#   for the `verbs` feature (libibverbs provider, librdmacm CM) cmake libclang-dev libibverbs-dev
+#   librdmacm-dev libnl-3-dev libnl-route-3-dev python3 (one `apt-get update`, only when something is missing);
 # - a Rust toolchain >= 1.85 with rustfmt and clippy (rustup; installed when there is none).
 set -euo pipefail
 
 IPOIB_APT_PACKAGES=(build-essential pkg-config iproute2 iputils-ping iperf3 tshark tcpdump ethtool
-    cmake libclang-dev libibverbs-dev libnl-3-dev libnl-route-3-dev python3 curl)
+    cmake libclang-dev libibverbs-dev librdmacm-dev libnl-3-dev libnl-route-3-dev python3 curl)
 IPOIB_MIN_RUST_MINOR=85
 
 setup_say() { printf '[setup] %s\n' "$*"; }
