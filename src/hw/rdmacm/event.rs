@@ -127,9 +127,11 @@ unsafe fn socket_addr(sa: *const ffi::sockaddr_storage) -> Option<SocketAddr> {
 /// # Safety
 /// `ev` is a live event of the channel, not yet acked.
 pub(super) unsafe fn copy(ev: &ffi::rdma_cm_event) -> (*mut ffi::rdma_cm_id, RdmaCmEventKind) {
-    // SAFETY (for the reads of `param.conn` below): the connection events of RC ids carry
-    // `rdma_conn_param`, the member of the union read; its private data lives until the ack.
-    let conn = || unsafe { ev.param.conn };
+    let conn = || {
+        // SAFETY: the connection events of RC ids (the only ids this wrapper creates) carry
+        // `rdma_conn_param`, the member of the union read; a plain C struct of any bits.
+        unsafe { ev.param.conn }
+    };
     let data = |c: &ffi::rdma_conn_param| {
         // SAFETY: the event's private data, `private_data_len` bytes, live until the ack.
         unsafe { bytes(c.private_data, c.private_data_len) }

@@ -474,7 +474,7 @@ impl Drop for RdmaCm {
     fn drop(&mut self) {
         // Requests' ids first, listeners after (either order works; this one is tidy).
         let mut ids: Vec<_> = self.ids.drain().collect();
-        ids.sort_by(|a, b| b.0.cmp(&a.0));
+        ids.sort_by_key(|(id, _)| std::cmp::Reverse(*id));
         for (_, raw) in ids {
             destroy_raw(raw);
             self.stats.ids_destroyed += 1;
