@@ -3,8 +3,13 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use super::{ffi, RdmaCmId};
+use super::ffi;
 use crate::verbs::QpNum;
+
+/// One `rdma_cm_id` of an `RdmaCm`: a handle, valid until `RdmaCm::destroy`; the
+/// handle's value is what the id's `context` holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RdmaCmId(pub(super) u64);
 
 /// One event of an id.
 #[derive(Debug, Clone, PartialEq, Eq)]

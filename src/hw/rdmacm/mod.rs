@@ -26,6 +26,7 @@
 //!
 //! [`Provider::io_source`]: crate::verbs::Provider::io_source
 
+mod error;
 mod event;
 mod ffi;
 mod qp_attr;
@@ -39,7 +40,8 @@ use std::time::Duration;
 
 use crate::verbs::{IoSource, QpNum, QpState};
 
-pub use event::{ConnectRequest, RdmaCmEvent, RdmaCmEventKind};
+pub use error::RdmaCmError;
+pub use event::{ConnectRequest, RdmaCmEvent, RdmaCmEventKind, RdmaCmId};
 pub use qp_attr::CmQpAttr;
 
 /// A port space of rdma_cm: the service ID is `prefix | port`.
@@ -68,10 +70,6 @@ impl PortSpace {
         u64::from(prefix) | u64::from(port)
     }
 }
-
-/// One `rdma_cm_id` of an [`RdmaCm`]: a handle, valid until [`RdmaCm::destroy`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RdmaCmId(u64);
 
 /// What a connect or accept asks of the kernel's CM (`rdma_conn_param`).
 #[derive(Debug, Clone, Copy)]
@@ -104,46 +102,6 @@ pub struct RdmaCmStats {
     pub ids_destroyed: u64,
     /// Connection requests rejected because the id table was full.
     pub requests_refused: u64,
-}
-
-/// Why a librdmacm call failed.
-#[derive(Debug, thiserror::Error)]
-pub enum RdmaCmError {
-    /// The event channel could not be created: no `rdma_ucm` (no RDMA CM on this host).
-    #[error("no RDMA CM: rdma_create_event_channel: {0}")]
-    Unavailable(#[source] io::Error),
-    /// The channel's fd could not be made non-blocking.
-    #[error("rdma_cm event channel O_NONBLOCK: {0}")]
-    NonBlocking(#[source] io::Error),
-    /// A call failed with an errno.
-    #[error("{call}: {source}")]
-    Call {
-        /// The librdmacm function.
-        call: &'static str,
-        /// Its errno.
-        #[source]
-        source: io::Error,
-    },
-    /// The handle names no live id.
-    #[error("no such rdma_cm id {0:?}")]
-    NoSuchId(RdmaCmId),
-    /// The id table is full.
-    #[error("rdma_cm id table full ({0} ids)")]
-    TableFull(usize),
-    /// Private data longer than a CM message holds.
-    #[error("private data of {0} bytes is too long")]
-    PrivateDataTooLong(usize),
-    /// `rdma_init_qp_attr` gave attributes this wrapper cannot express.
-    #[error("rdma_init_qp_attr: {0}")]
-    QpAttr(String),
-}
-
-impl RdmaCmError {
-    /// There is no RDMA CM on this host (as opposed to a call that failed): the caller says so
-    /// and exits 2.
-    pub fn is_unavailable(&self) -> bool {
-        matches!(self, Self::Unavailable(_))
-    }
 }
 
 fn call_err(call: &'static str) -> RdmaCmError {

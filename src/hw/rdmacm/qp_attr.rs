@@ -2,8 +2,8 @@
 //! [`QpAttr`] of [`crate::verbs`], so that the move of our QP goes through the provider's own
 //! `modify_qp` and its state checks.
 
+use super::error::RdmaCmError;
 use super::ffi;
-use super::RdmaCmError;
 use crate::verbs::{AccessFlags, AddressVector, Gid, PathMtu, Psn, QpAttr, QpNum, QpState};
 
 /// The attributes the kernel's CM gives for a move of our QP: the [`QpAttr`] and, for a
