@@ -26,7 +26,9 @@
 #   rdmacm       (f) `ipoib-cm rc-pingpong --provider verbs --rdma-cm` (our QP, the kernel's CM
 #                through librdmacm) <-> rdma-core's rdma_server / rdma_client (port 7471, 16
 #                bytes each way), our tool client and then server, then against itself; rxe0 <->
-#                rxe1 in the guest; after each case `rdma resource show cm_id` must be empty.
+#                rxe1 in the guest; a REQ to no listener must draw REJ 8; after each case
+#                `rdma resource show cm_id` must be empty (and it is seen non-empty while an
+#                rdma_server listens).
 # The conformance boot also runs `rc-pingpong --provider verbs` against ibv_rc_pingpong
 # (rxe1 <-> rxe0), both directions.
 # --quick: 20 round trips instead of 100. Prints `RESULT name PASS|FAIL|XFAIL`, wall times

@@ -34,14 +34,20 @@ exec "$@"
 EOS
 chmod +x /tmp/after-listen
 
-# cm_counters IBDEV: the guest's non-zero ib_cm retry and duplicate counters, on one line.
+# cm_counters IBDEV: the guest's non-zero ib_cm message counters (sent, received, retries,
+# duplicates: their sysfs place moved around 5.13), on one line.
 cm_counters() {
-  local f v
-  [ -d /sys/class/infiniband_cm/"$1"/1 ] || { echo "(no /sys/class/infiniband_cm/$1/1)"; return; }
-  for f in /sys/class/infiniband_cm/"$1"/1/cm_tx_retries/* /sys/class/infiniband_cm/"$1"/1/cm_rx_duplicates/*; do
-    v=$(cat "$f" 2>/dev/null) && [ "$v" != 0 ] && printf '%s/%s=%s ' "$(basename "$(dirname "$f")")" "${f##*/}" "$v"
+  local base d f v
+  for base in /sys/class/infiniband/"$1"/ports/1 /sys/class/infiniband_cm/"$1"/1; do
+    [ -d "$base/cm_tx_msgs" ] || continue
+    for d in cm_tx_msgs cm_rx_msgs cm_tx_retries cm_rx_duplicates; do
+      for f in "$base/$d"/*; do
+        v=$(cat "$f" 2>/dev/null) && [ "$v" != 0 ] && printf '%s/%s=%s ' "$d" "${f##*/}" "$v"
+      done
+    done
+    echo; return
   done
-  echo
+  echo "(no ib_cm counters in sysfs)"
 }
 
 bad=0
@@ -54,6 +60,15 @@ else res rdmacm_cm_ids_seen_while_listening FAIL "a listening rdma_server's id i
 fi
 kill $npid; wait $npid
 no_cm_ids rdmacm_listener_killed || bad=1
+# No listener: the kernel's CM answers our REQ with REJ 8 (invalid service ID); the tool says
+# so in one line and exits 1.
+out=$(timeout 60 $PP -d $RXE1 --bind $IP1 -s 16 -n 1 $IP0 2>&1); rc=$?
+echo "$out"
+case "$rc:$out" in
+  1:*"connection rejected (reason 8)"*) res rdmacm_no_listener_rej8 PASS ;;
+  *) res rdmacm_no_listener_rej8 FAIL "rc=$rc"; bad=1 ;;
+esac
+no_cm_ids rdmacm_no_listener || bad=1
 run_pair rdmacm_client_vs_rdma_server 60 "rdma_server -p $PORT" \
   "$PP -d $RXE1 --bind $IP1 -s 16 -n 1 $IP0" none
 no_cm_ids rdmacm_client_vs_rdma_server || bad=1
