@@ -3,7 +3,7 @@
 # guest (TCG) by the rxe-lab harness. Needs root (apt, tap device, network namespace).
 #
 #   sudo scripts/rxe-interop.sh [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong]
-#                               [hw-pingpong] [daemon]
+#                               [hw-pingpong] [daemon] [rdmacm]
 #
 # Checks (all by default):
 #   conformance  (a) the provider conformance suite (src/verbs/conformance/) over the
@@ -23,6 +23,12 @@
 #                into the guest when the host has it), orderly stop of both daemons (rxe never
 #                raises LAST_WQE_REACHED: the guest's SRQ RX teardown ends by the drain
 #                watchdog on 6.1; 6.12 raises it).
+#   rdmacm       (f) `ipoib-cm rc-pingpong --provider verbs --rdma-cm` (our QP, the kernel's CM
+#                through librdmacm) <-> rdma-core's rdma_server / rdma_client (port 7471, 16
+#                bytes each way), our tool client and then server, then against itself; rxe0 <->
+#                rxe1 in the guest; a REQ to no listener must draw REJ 8; after each case
+#                `rdma resource show cm_id` must be empty (and it is seen non-empty while an
+#                rdma_server listens).
 # The conformance boot also runs `rc-pingpong --provider verbs` against ibv_rc_pingpong
 # (rxe1 <-> rxe0), both directions.
 # --quick: 20 round trips instead of 100. Prints `RESULT name@KERNEL PASS|FAIL`, wall times
@@ -47,12 +53,12 @@ while [ $# -gt 0 ]; do
     case $1 in
         --quick) ITERS=20 ;;
         --iters) ITERS=$2; shift ;;
-        conformance|rc-pingpong|ud-pingpong|hw-pingpong|daemon) CHECKS+=("$1") ;;
-        *) echo "usage: $0 [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong] [hw-pingpong] [daemon]" >&2; exit 2 ;;
+        conformance|rc-pingpong|ud-pingpong|hw-pingpong|daemon|rdmacm) CHECKS+=("$1") ;;
+        *) echo "usage: $0 [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong] [hw-pingpong] [daemon] [rdmacm]" >&2; exit 2 ;;
     esac
     shift
 done
-[ ${#CHECKS[@]} -gt 0 ] || CHECKS=(conformance rc-pingpong ud-pingpong hw-pingpong daemon)
+[ ${#CHECKS[@]} -gt 0 ] || CHECKS=(conformance rc-pingpong ud-pingpong hw-pingpong daemon rdmacm)
 
 if [ -n "${RXE_LAB_DIR:-}" ]; then LAB=$RXE_LAB_DIR
 elif [ -x ../shared/rxe-lab/run.sh ]; then LAB=$(cd ../shared/rxe-lab && pwd)
@@ -117,7 +123,7 @@ run_lab() { # NAME GUEST_DIR ARGS... (for the kernel $KV; RESULT names get @$KV)
     KV=$KV RXE_LAB_WORK=$LAB_WORK/$KV bash "$LAB/run.sh" guest "$dir" "$@" 2>&1 |
         sed -E "s/^RESULT ([^ ]+)/RESULT \1@$KV/" > "$LOG/$name.log"
     rc=${PIPESTATUS[0]}
-    grep -E '^RESULT |PERF|hw_counters|udp InDatagrams|^guest\| (info|conformance)|== rxe-lab' "$LOG/$name.log"
+    grep -E '^RESULT |PERF|hw_counters|cm_counters|udp InDatagrams|^guest\| (info|conformance)|== rxe-lab' "$LOG/$name.log"
     grep -E '^RESULT ' "$LOG/$name.log" >> "$RESULTS"
     echo "RESULT lab_$name $([ $rc -eq 0 ] && echo PASS || echo FAIL) $(dt "$t")s" | tee -a "$RESULTS"
 }
@@ -145,6 +151,9 @@ for c in "${CHECKS[@]}"; do
             echo "== (e) daemon: ipoib-cm up on the soft provider (host netns) <-> ipoib-cm up --provider verbs on rxe0"
             EXTRA_BINS=$(command -v iperf3 || true) run_lab daemon scripts/rxe/guest-daemon --net tap --timeout 400 \
                 --host-cmd "IPOIB_CM=$BIN exec $ROOT/scripts/rxe/host-daemon.sh" ;;
+        rdmacm)
+            echo "== (f) rdmacm: rc-pingpong --provider verbs --rdma-cm <-> rdma_server / rdma_client, rxe0 <-> rxe1 in the guest"
+            run_lab rdmacm scripts/rxe/guest-rdmacm --net none --timeout 400 --env "ITERS=$ITERS" ;;
     esac
 done
 echo "rxe-interop: kernel $KV: $(dt "$tk") s"

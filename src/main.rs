@@ -173,6 +173,13 @@ impl ExitStatus for ipoib_cm::tools::hw_pingpong::HwPingpongError {
 }
 
 #[cfg(feature = "verbs")]
+impl ExitStatus for ipoib_cm::tools::rdmacm_pingpong::RdmaCmPingpongError {
+    fn exit_code(&self) -> u8 {
+        Self::exit_code(self)
+    }
+}
+
+#[cfg(feature = "verbs")]
 impl ExitStatus for ipoib_cm::hw::HwError {
     fn exit_code(&self) -> u8 {
         2
@@ -241,6 +248,15 @@ fn verbs_rc_pingpong(a: &PingpongArgs, opts: &RcPingpongOptions) -> ExitCode {
         local_ip: a.bind,
         ..HwConfig::default()
     };
+    if a.rdma_cm {
+        return match ipoib_cm::tools::rdmacm_pingpong::run(opts, &cfg) {
+            Ok(s) => {
+                s.print();
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail("rc-pingpong", &e),
+        };
+    }
     match pingpong::run(opts, &cfg) {
         Ok(s) => {
             s.print();
@@ -445,6 +461,11 @@ struct PingpongArgs {
     /// of the TCP exchange; the server then needs --bind.
     #[arg(long)]
     cm: bool,
+    /// With --provider verbs: connect through the kernel's CM (librdmacm, port -p in
+    /// RDMA_PS_TCP, as rdma_server/rdma_client) instead of the TCP exchange; the server then
+    /// needs --bind.
+    #[arg(long)]
+    rdma_cm: bool,
     #[command(flatten)]
     faults: FaultFlags,
     /// Provider: soft (default) or verbs (libibverbs).
@@ -486,6 +507,12 @@ fn rc_pingpong_main(a: &PingpongArgs) -> ExitCode {
     };
     if a.provider == ProviderKind::Verbs {
         return verbs_rc_pingpong(a, &opts);
+    }
+    if a.rdma_cm {
+        return fail(
+            "rc-pingpong",
+            &PingpongError::Usage("--rdma-cm: needs --provider verbs in this build"),
+        );
     }
     let _ = a.gid_idx;
     match rc_pingpong::run(&opts) {
