@@ -75,7 +75,9 @@ struct Row {
 /// 2^32 values; the image holds 2^16 of them. The residual false-accept probability is
 /// therefore 2^16 / 2^32 = **2^-16 per corrupted packet** (about 1.5e-5), instead of 2^-32
 /// when the ID is known. It applies only to IPv4 datagrams whose ICRC fails with ID 0 (IPv6
-/// has no ID and is checked exactly); every other covered byte is still checked.
+/// has no ID and is checked exactly); every other covered byte is still checked. Single-bit
+/// errors stay always detected: no single bit after the ID, at any position of a datagram up
+/// to 9 KiB, has a CRC difference in the image (checked exhaustively by a test).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ipv4IdShift {
     datagram_len: usize,
