@@ -10,19 +10,22 @@
 #                libibverbs provider HwVerbs on the guest's rxe0 <-> rxe1;
 #   rc-pingpong  (b) `ipoib-cm rc-pingpong` on the soft provider in a host netns <-> rdma-core's
 #                `ibv_rc_pingpong -g IDX` on rxe0, the guest serving and then the host serving
-#                (`--no-icrc-v4` on our side: rxe sends random IPv4 IDs); then rxe0's counters
-#                must show no ICRC drops and no sequence or retry errors;
+#                (no flag: rxe sends random IPv4 IDs, which our side solves for from each
+#                ICRC; RESULT rc_pingpong_host_icrc: our counters show no ICRC drops); then
+#                rxe0's counters must show no ICRC drops and no sequence or retry errors;
 #   ud-pingpong  (c) the same with `ipoib-cm ud-pingpong` <-> `ibv_ud_pingpong -s 512`;
 #   hw-pingpong  (d') the same with `ipoib-cm rc-pingpong --provider verbs` (HwVerbs) on rxe0
 #                instead of ibv_rc_pingpong: our two providers talking over a real wire;
 #   daemon       (e) `ipoib-cm up --provider verbs --cm-transport udp` on rxe0 in the guest <->
-#                `ipoib-cm up --cm-transport udp --no-icrc-v4` on the soft provider in the host
+#                `ipoib-cm up --cm-transport udp` on the soft provider in the host
 #                netns (CM MADs over the UDP side channel, port 4792: the guest kernel owns
 #                QP1), no static neighbours and no --peer (ARP and ND cross as IP multicast,
 #                RESULT daemon_discovery_arp_nd); ping IPv4 and IPv6 across, iperf3 (copied
 #                into the guest when the host has it), orderly stop of both daemons (rxe never
 #                raises LAST_WQE_REACHED: the guest's SRQ RX teardown ends by the drain
-#                watchdog on 6.1; 6.12 raises it).
+#                watchdog on 6.1; 6.12 raises it); RESULT daemon_host_icrc_id_solved: the host
+#                daemon logged once that the guest's ICRCs check only with a nonzero IPv4 ID,
+#                and dropped none.
 #   rdmacm       (f) `ipoib-cm rc-pingpong --provider verbs --rdma-cm` (our QP, the kernel's CM
 #                through librdmacm) <-> rdma-core's rdma_server / rdma_client (port 7471, 16
 #                bytes each way), our tool client and then server, then against itself; rxe0 <->

@@ -344,7 +344,8 @@ struct UdPingpongArgs {
     /// GID index (accepted for compatibility with ibv_ud_pingpong).
     #[arg(short = 'g', long, value_name = "N")]
     gid_idx: Option<u32>,
-    /// Don't verify the ICRC of IPv4 packets (needed with the kernel's rxe).
+    /// Don't verify the ICRC of IPv4 packets at all (peers with their own IPv4 IDs, such as
+    /// the kernel's rxe, need no flag: the ID is solved for from the ICRC).
     #[arg(long)]
     no_icrc_v4: bool,
     /// Give up after this long, the wait for a client included (e.g. 30, 30s, 500ms)
@@ -446,8 +447,8 @@ struct PingpongArgs {
     /// Local ACK timeout exponent: 4.096 us * 2^N (ibv_rc_pingpong uses 14).
     #[arg(long, default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
     qp_timeout: u8,
-    /// Don't verify the ICRC of IPv4 packets (needed with peers that use random IP IDs, such
-    /// as the kernel's rxe).
+    /// Don't verify the ICRC of IPv4 packets at all (peers with their own IPv4 IDs, such as
+    /// the kernel's rxe, need no flag: the ID is solved for from the ICRC).
     #[arg(long)]
     no_icrc_v4: bool,
     /// Give up after this long, the wait for a client included (e.g. 30, 30s, 500ms)
