@@ -511,7 +511,6 @@ fn the_scanner_reads_paths_and_skips_comments() {
 /// module's submodule graph, `soft`'s among them, is acyclic.
 const KNOWN_SUBMODULE_CYCLES: &[&str] = &[
     "daemon::config",
-    "hw",
     "ipoib::neigh",
     "tools::perf",
     "verbs::conformance",
