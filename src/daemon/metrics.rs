@@ -18,7 +18,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mio::net::{TcpListener, TcpStream};
-use mio::{Interest, Registry, Token};
+use mio::{Registry, Token};
+
+use super::client_slots::{discard_input, write_answer, Admission, ClientSlots, Slot, Step};
 
 /// Most clients served at once; each has one token.
 pub const MAX_CLIENTS: usize = 16;
@@ -30,10 +32,6 @@ pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
 pub const MAX_REQUEST_BYTES: usize = 4096;
 /// Most answer bytes written to one client in one turn.
 pub const WRITE_PER_TURN: usize = 256 << 10;
-/// Most bytes a client sent beyond its request head that are read and discarded before its
-/// socket is closed (closing a TCP socket with unread data resets the connection, and the
-/// client could lose its answer).
-const DISCARD_BYTES: usize = 16 << 10;
 
 /// The exposition's content type (text format 0.0.4).
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -137,18 +135,7 @@ enum Phase {
 }
 
 /// One accepted connection.
-#[derive(Debug)]
-struct Client {
-    stream: TcpStream,
-    /// When the current phase times out.
-    deadline: Instant,
-    /// The socket may make progress: readiness was reported, or the last turn stopped at a
-    /// bound rather than at `WouldBlock`.
-    ready: bool,
-    /// WRITABLE (instead of READABLE) is registered: the answer is being written.
-    writable: bool,
-    phase: Phase,
-}
+type Client = Slot<TcpStream, Phase>;
 
 /// The metrics listener: a non-blocking TCP listener and up to [`MAX_CLIENTS`] non-blocking
 /// clients.
@@ -161,14 +148,7 @@ struct Client {
 pub struct MetricsServer {
     listener: TcpListener,
     addr: SocketAddr,
-    /// The registry, the listener's token and the first client token.
-    registration: Option<(Registry, Token, usize)>,
-    /// The listener may have connections waiting (reported, or the accept bound was hit).
-    listener_ready: bool,
-    /// Slot `i` is the client with token `first_client + i`.
-    clients: Vec<Option<Client>>,
-    /// The `now` of the last [`MetricsServer::handle`].
-    now: Option<Instant>,
+    clients: ClientSlots<TcpStream, Phase>,
     counters: MetricsCounters,
 }
 
@@ -184,10 +164,7 @@ impl MetricsServer {
         Ok(Self {
             listener,
             addr,
-            registration: None,
-            listener_ready: true,
-            clients: (0..MAX_CLIENTS).map(|_| None).collect(),
-            now: None,
+            clients: ClientSlots::new("metrics", MAX_CLIENTS),
             counters: MetricsCounters::default(),
         })
     }
@@ -204,7 +181,7 @@ impl MetricsServer {
 
     /// Clients holding a slot.
     pub fn clients(&self) -> usize {
-        self.clients.iter().flatten().count()
+        self.clients.clients()
     }
 
     /// Registers the listener with `registry` under `listener`, and every client it accepts
@@ -220,53 +197,19 @@ impl MetricsServer {
         listener: Token,
         first_client: Token,
     ) -> io::Result<()> {
-        for slot in 0..MAX_CLIENTS {
-            self.close(slot);
-        }
-        if let Some((old, _, _)) = self.registration.take() {
-            old.deregister(&mut self.listener)?;
-        }
-        registry.register(&mut self.listener, listener, Interest::READABLE)?;
-        self.listener_ready = true;
-        self.registration = Some((registry.try_clone()?, listener, first_client.0));
-        Ok(())
+        self.clients
+            .register(registry, &mut self.listener, listener, first_client)
     }
 
     /// Takes note of a readiness event; returns whether `token` is one of the server's.
     pub fn note_readiness(&mut self, token: Token) -> bool {
-        let Some((_, listener, first)) = &self.registration else {
-            return false;
-        };
-        if token == *listener {
-            self.listener_ready = true;
-            return true;
-        }
-        let Some(slot) = token.0.checked_sub(*first).filter(|&s| s < MAX_CLIENTS) else {
-            return false;
-        };
-        if let Some(c) = self.clients.get_mut(slot).and_then(Option::as_mut) {
-            c.ready = true;
-        }
-        true
+        self.clients.note_readiness(token)
     }
 
     /// When [`MetricsServer::handle`] has work next: at once while connections or answer
     /// bytes wait behind a per-turn bound, else the earliest client deadline.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let registered = self.registration.is_some();
-        let mut next: Option<Instant> = None;
-        for c in self.clients.iter().flatten() {
-            let t = if c.ready && registered {
-                self.now.unwrap_or(c.deadline)
-            } else {
-                c.deadline
-            };
-            next = Some(next.map_or(t, |n| n.min(t)));
-        }
-        match self.now {
-            Some(now) if registered && self.listener_ready => Some(now),
-            _ => next,
-        }
+        self.clients.poll_timeout()
     }
 
     /// One turn at `now`: accepts waiting connections (at most [`ACCEPTS_PER_TURN`]), reads
@@ -275,179 +218,89 @@ impl MetricsServer {
     /// if a client asked, and its text is shared by the turn's answers. Never panics, never
     /// blocks; per-client failures are logged at debug and the client dropped.
     pub fn handle(&mut self, now: Instant, mut exposition: impl FnMut() -> String) {
-        self.now = Some(now);
-        if self.listener_ready || self.registration.is_none() {
-            self.accept(now);
+        let listener = &self.listener;
+        let accepted = self.clients.accept(
+            now,
+            ACCEPTS_PER_TURN,
+            CLIENT_TIMEOUT,
+            || listener.accept().map(|(stream, _)| stream),
+            &mut self.counters,
+        );
+        if let Err(e) = accepted {
+            tracing::warn!(error = %e, addr = %self.addr, "metrics listener accept failed");
         }
-        let poll_all = self.registration.is_none();
         let mut body: Option<String> = None;
         let mut get_body = || -> String { body.get_or_insert_with(&mut exposition).clone() };
-        for slot in 0..MAX_CLIENTS {
-            let Some(c) = self.clients.get_mut(slot).and_then(Option::as_mut) else {
-                continue;
-            };
-            if !(c.ready || poll_all || now >= c.deadline) {
-                continue;
-            }
-            c.ready = false;
-            let closing = match c.step(now, &mut get_body, &mut self.counters) {
-                Ok(done) => done,
-                Err(e) => {
-                    tracing::debug!(error = %e, "metrics client dropped");
-                    true
-                }
-            };
-            if closing {
-                self.close(slot);
-            } else if matches!(c.phase, Phase::Answer { .. }) && !c.writable {
-                self.want_writable(slot);
-            }
-        }
+        let counters = &mut self.counters;
+        self.clients
+            .step_due(now, |c| step(c, now, &mut get_body, counters));
+    }
+}
+
+impl Admission<TcpStream, Phase> for MetricsCounters {
+    fn refuse(&mut self, mut stream: TcpStream) {
+        self.over_limit += 1;
+        tracing::debug!(
+            clients = MAX_CLIENTS,
+            "metrics listener: too many clients, connection closed"
+        );
+        // One short answer into an empty socket buffer; best effort, never waited for.
+        let _ = stream.write(&error_response("503 Service Unavailable"));
+        let _ = stream.shutdown(std::net::Shutdown::Write);
+        discard_input(&mut stream);
     }
 
-    /// Accepts up to [`ACCEPTS_PER_TURN`] connections; `listener_ready` stays set if the
-    /// bound stopped it.
-    fn accept(&mut self, now: Instant) {
-        for _ in 0..ACCEPTS_PER_TURN {
-            match self.listener.accept() {
-                Ok((stream, _)) => self.admit(stream, now),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.listener_ready = false;
-                    return;
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, addr = %self.addr, "metrics listener accept failed");
-                    self.listener_ready = false;
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Gives an accepted connection a slot and a token, or answers `503` and closes it if
-    /// none is free.
-    fn admit(&mut self, mut stream: TcpStream, now: Instant) {
-        let Some(slot) = self.clients.iter().position(Option::is_none) else {
-            self.counters.over_limit += 1;
-            tracing::debug!(
-                clients = MAX_CLIENTS,
-                "metrics listener: too many clients, connection closed"
-            );
-            // One short answer into an empty socket buffer; best effort, never waited for.
-            let _ = stream.write(&error_response("503 Service Unavailable"));
-            let _ = stream.shutdown(std::net::Shutdown::Write);
-            discard_input(&mut stream);
-            return;
-        };
-        if let Some((registry, _, first)) = &self.registration {
-            if let Err(e) = registry.register(&mut stream, Token(first + slot), Interest::READABLE)
-            {
-                tracing::debug!(error = %e, "metrics client dropped");
-                return;
-            }
-        }
-        self.counters.accepted += 1;
-        if let Some(s) = self.clients.get_mut(slot) {
-            *s = Some(Client {
-                stream,
-                deadline: now + CLIENT_TIMEOUT,
-                // The request may have arrived before the accept.
-                ready: true,
-                writable: false,
-                phase: Phase::Request {
-                    buf: Vec::with_capacity(MAX_REQUEST_BYTES),
-                },
-            });
-        }
-    }
-
-    /// Asks for WRITABLE on a client writing its answer (it only waits for that then).
-    fn want_writable(&mut self, slot: usize) {
-        let Some((registry, _, first)) = &self.registration else {
-            return;
-        };
-        if let Some(c) = self.clients.get_mut(slot).and_then(Option::as_mut) {
-            match registry.reregister(&mut c.stream, Token(first + slot), Interest::WRITABLE) {
-                Ok(()) => c.writable = true,
-                Err(e) => {
-                    tracing::debug!(error = %e, "metrics client dropped");
-                    self.close(slot);
-                }
-            }
-        }
-    }
-
-    /// Deregisters and closes the client in `slot`.
-    fn close(&mut self, slot: usize) {
-        let Some(mut c) = self.clients.get_mut(slot).and_then(Option::take) else {
-            return;
-        };
-        if let Some((registry, _, _)) = &self.registration {
-            let _ = registry.deregister(&mut c.stream);
+    fn admit(&mut self, _: &TcpStream) -> Phase {
+        self.accepted += 1;
+        Phase::Request {
+            buf: Vec::with_capacity(MAX_REQUEST_BYTES),
         }
     }
 }
 
-impl Client {
-    /// Moves the exchange on as far as the socket allows without blocking; `Ok(true)` when
-    /// the client is done with (answered or out of time).
-    fn step(
-        &mut self,
-        now: Instant,
-        body: &mut impl FnMut() -> String,
-        counters: &mut MetricsCounters,
-    ) -> io::Result<bool> {
-        if let Phase::Request { buf } = &mut self.phase {
-            let answer = match read_head(&mut self.stream, buf)? {
-                Some(()) if !head_complete(buf) && buf.len() >= MAX_REQUEST_BYTES => {
-                    error_response("431 Request Header Fields Too Large")
+/// Moves client `c`'s exchange on as far as the socket allows without blocking.
+fn step(
+    c: &mut Client,
+    now: Instant,
+    body: &mut impl FnMut() -> String,
+    counters: &mut MetricsCounters,
+) -> io::Result<Step> {
+    if let Phase::Request { buf } = &mut c.exchange {
+        let answer = match read_head(&mut c.stream, buf)? {
+            Some(()) if !head_complete(buf) && buf.len() >= MAX_REQUEST_BYTES => {
+                error_response("431 Request Header Fields Too Large")
+            }
+            Some(()) => match parse_request(buf) {
+                HttpRequest::Metrics { head_only } => {
+                    response("200 OK", CONTENT_TYPE, &body(), head_only)
                 }
-                Some(()) => match parse_request(buf) {
-                    HttpRequest::Metrics { head_only } => {
-                        response("200 OK", CONTENT_TYPE, &body(), head_only)
-                    }
-                    HttpRequest::NotFound => error_response("404 Not Found"),
-                    HttpRequest::BadMethod => error_response("405 Method Not Allowed"),
-                    HttpRequest::Malformed => error_response("400 Bad Request"),
-                },
-                None if now < self.deadline => return Ok(false),
-                None => {
-                    counters.timed_out += 1;
-                    error_response("408 Request Timeout")
-                }
-            };
-            self.phase = Phase::Answer { answer, sent: 0 };
-            self.deadline = now + CLIENT_TIMEOUT;
-        }
-        let Phase::Answer { answer, sent } = &mut self.phase else {
-            return Ok(false);
+                HttpRequest::NotFound => error_response("404 Not Found"),
+                HttpRequest::BadMethod => error_response("405 Method Not Allowed"),
+                HttpRequest::Malformed => error_response("400 Bad Request"),
+            },
+            None if now < c.deadline => return Ok(Step::Reading),
+            None => {
+                counters.timed_out += 1;
+                error_response("408 Request Timeout")
+            }
         };
-        if now >= self.deadline {
-            counters.timed_out += 1;
-            return Ok(true);
-        }
-        let budget_end = (*sent + WRITE_PER_TURN).min(answer.len());
-        while *sent < answer.len() {
-            if *sent >= budget_end {
-                // More to write and the socket did not say no: carry on next turn.
-                self.ready = true;
-                return Ok(false);
-            }
-            let chunk = answer.get(*sent..budget_end).unwrap_or_default();
-            match self.stream.write(chunk) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(k) => *sent += k,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        counters.answered += 1;
-        self.stream.shutdown(std::net::Shutdown::Write)?;
-        discard_input(&mut self.stream);
-        Ok(true)
+        c.exchange = Phase::Answer { answer, sent: 0 };
+        c.deadline = now + CLIENT_TIMEOUT;
     }
+    let Phase::Answer { answer, sent } = &mut c.exchange else {
+        return Ok(Step::Reading);
+    };
+    if now >= c.deadline {
+        counters.timed_out += 1;
+        return Ok(Step::Close);
+    }
+    if !write_answer(&mut c.stream, &mut c.ready, answer, sent, WRITE_PER_TURN)? {
+        return Ok(Step::Writing);
+    }
+    counters.answered += 1;
+    c.stream.shutdown(std::net::Shutdown::Write)?;
+    discard_input(&mut c.stream);
+    Ok(Step::Close)
 }
 
 /// Reads what is waiting of a request head into `buf` (never past [`MAX_REQUEST_BYTES`]):
@@ -467,19 +320,6 @@ fn read_head(stream: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<Option<()>
         }
     }
     Ok(Some(()))
-}
-
-/// Reads and drops what the client sent beyond its request head, up to [`DISCARD_BYTES`] and
-/// without waiting.
-fn discard_input(stream: &mut TcpStream) {
-    let mut sink = [0u8; 1024];
-    let mut left = DISCARD_BYTES;
-    while left > 0 {
-        match stream.read(&mut sink) {
-            Ok(0) | Err(_) => break,
-            Ok(k) => left = left.saturating_sub(k),
-        }
-    }
 }
 
 #[cfg(test)]

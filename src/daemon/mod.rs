@@ -11,6 +11,7 @@
 //!   client side ([`query`]) for `ipoib-cm status`.
 
 pub mod client;
+mod client_slots;
 pub mod config;
 pub mod control;
 mod floods;

@@ -3,19 +3,13 @@
 
 use std::ptr;
 
+use super::context::HwVerbs;
 use super::error::errno_err;
 use super::ffi_map::status_from;
-use super::wr::Owner;
-use super::HwVerbs;
+use super::objects::Cq;
+use super::objects::Owner;
 use crate::verbs::{Completion, CqId, QpNum, QpType, VerbsError, WcOpcode, WcStatus};
 use ibverbs_sys as ffi;
-
-/// A CQ and how many QPs use it.
-#[derive(Debug)]
-pub(super) struct Cq {
-    pub(super) raw: *mut ffi::ibv_cq,
-    pub(super) users: usize,
-}
 
 impl HwVerbs {
     pub(super) fn cq_raw(&self, cq: CqId) -> Result<*mut ffi::ibv_cq, VerbsError> {

@@ -1,7 +1,7 @@
 //! Asynchronous events: read from the device's non-blocking async fd, translated to
 //! [`AsyncEvent`] and acked one by one.
 
-use super::HwVerbs;
+use super::context::HwVerbs;
 use crate::verbs::{AsyncEvent, QpNum, SrqId};
 use ibverbs_sys as ffi;
 

@@ -13,16 +13,10 @@
 //!
 //! IPv6 and native InfiniBand ports keep the MGID as given.
 
-use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, UdpSocket};
+use std::net::{IpAddr, UdpSocket};
 
-use super::HwVerbs;
+use super::context::HwVerbs;
 use crate::verbs::Gid;
-
-/// The IPv4 groups joined for attachments, each with its socket and how many attachments use
-/// it.
-#[derive(Debug, Default)]
-pub(super) struct Ipv4Joins(HashMap<Ipv4Addr, (UdpSocket, usize)>);
 
 impl HwVerbs {
     /// The GID the device knows multicast group `mgid` by: on a RoCEv2 IPv4 port an MGID that

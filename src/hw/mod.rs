@@ -26,10 +26,12 @@
 //! The hardware provider cannot own QP1 (the kernel does), so [`QpType::Gsi`] QPs are refused;
 //! CM MADs need a side channel there.
 //!
-//! Layout, one module per kind of object the device owns: `device` (open and close the
-//! context), `pd` (PDs, MRs, AHs), `ah_cache` (which AHs to keep and when to destroy them), `cq` (CQs and the completion channel), `srq`, `qp`, `wr`
-//! (posting and the WR table), `events` (async events), `provider` (the trait impls over
-//! them), `ffi_map` (C enum conversions) and `error`.
+//! Layout: `context` ([`HwVerbs`], its tables and counters) and `objects` (the record kept of
+//! each device object) are the state; one module per kind of object holds its operations:
+//! `device` (open and close the context), `pd` (PDs, MRs, AHs), `ah_cache` (which AHs to
+//! keep and when to destroy them), `cq` (CQs and the completion channel), `srq`, `qp`, `wr`
+//! (posting and the WR table), `mcast` (IPv4 group joins), `events` (async events);
+//! `provider` holds the trait impls over them, `ffi_map` the C enum conversions, and `error`.
 //!
 //! Every `unsafe` block of the crate's provider code lives in this module and its children,
 //! each with a `SAFETY:` comment.
@@ -43,17 +45,20 @@
 //! [`VerbsError::Busy`]: crate::verbs::VerbsError::Busy
 //! [`Provider::handle_io`]: crate::verbs::Provider::handle_io
 //! [`QpType::Gsi`]: crate::verbs::QpType::Gsi
+//! [`AsyncEvent`]: crate::verbs::AsyncEvent
 #![allow(unsafe_code)]
 
 mod ah_cache;
 #[doc(hidden)]
 pub mod conformance;
+mod context;
 mod cq;
 mod device;
 mod error;
 mod events;
 mod ffi_map;
 mod mcast;
+mod objects;
 mod pd;
 mod provider;
 mod qp;
@@ -61,102 +66,13 @@ pub mod rdmacm;
 mod srq;
 mod wr;
 
-use std::collections::{HashMap, VecDeque};
-use std::net::IpAddr;
-
-use ibverbs_sys as ffi;
-
-use crate::verbs::{
-    AddressVector, AsyncEvent, BufPools, PdId, PoolId, PortAttr, WcOpcode, WcStatus,
-};
-
+pub use context::{HwConfig, HwStats, HwVerbs};
 pub use error::HwError;
-
-/// What to open.
-#[derive(Debug, Clone, Default)]
-pub struct HwConfig {
-    /// Device name (`rxe0`, `mlx5_0`); the first device when `None`.
-    pub device: Option<String>,
-    /// Port number; 1 when `None`.
-    pub port: Option<u8>,
-    /// GID index; when `None`, the RoCEv2 IPv4-mapped GID of `local_ip`, else 0.
-    pub gid_index: Option<u8>,
-    /// The local IP address whose GID to use.
-    pub local_ip: Option<IpAddr>,
-}
-
-/// A libibverbs device context on one port. See the [module documentation](self).
-#[derive(Debug)]
-pub struct HwVerbs {
-    ctx: *mut ffi::ibv_context,
-    channel: *mut ffi::ibv_comp_channel,
-    port: u8,
-    gid_index: u8,
-    attr: PortAttr,
-    name: String,
-    pools: BufPools,
-    /// Pool → (MR, its PD).
-    mrs: HashMap<PoolId, (*mut ffi::ibv_mr, PdId)>,
-    pds: HashMap<u32, pd::Pd>,
-    cqs: HashMap<u32, cq::Cq>,
-    srqs: HashMap<u32, srq::Srq>,
-    qps: HashMap<u32, qp::Qp>,
-    ahs: ah_cache::AhCache<(PdId, AddressVector), pd::Ah>,
-    wrs: HashMap<u64, wr::Wr>,
-    next_wr: u64,
-    next_id: u32,
-    events: VecDeque<AsyncEvent>,
-    wc: Vec<ffi::ibv_wc>,
-    stats: HwStats,
-    /// IPv4 groups joined for multicast attachments on a RoCEv2 IPv4 port.
-    ipv4_joins: mcast::Ipv4Joins,
-}
-
-/// What the libibverbs provider counted, for the daemon's status (serialized field by field,
-/// each name behind the status's `hw_` prefix).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct HwStats {
-    /// Work completions handed out.
-    pub completions: u64,
-    /// Of those, completions with an error status (flushes included).
-    pub completion_errors: u64,
-    /// Of those, receives that ended in an error other than a flush: a message that arrived
-    /// and was not delivered (in the status's `rx_dropped` and `rx_errors`).
-    pub recv_errors: u64,
-    /// Of those, sends that ended in an error other than a flush: a packet posted and not
-    /// delivered (in the status's `tx_errors`). The sends flushed behind it are not counted.
-    pub send_errors: u64,
-    /// Asynchronous events read from the device.
-    pub async_events: u64,
-    /// Of those, events of a kind the provider does not pass on.
-    pub async_unhandled: u64,
-    /// Address handles created (one per UD destination not in the cache).
-    pub ah_created: u64,
-    /// Address handles destroyed (evicted ones once their sends completed).
-    pub ah_destroyed: u64,
-    /// Address handles evicted from the full cache, least recently used first.
-    pub ah_evicted: u64,
-}
-
-impl HwStats {
-    /// Counts one completion handed out with `status`, a send's or a receive's.
-    pub(crate) fn count_completion(&mut self, opcode: WcOpcode, status: WcStatus) {
-        self.completions += 1;
-        if status == WcStatus::Success {
-            return;
-        }
-        self.completion_errors += 1;
-        match (status, opcode) {
-            (WcStatus::WrFlushErr, _) => {}
-            (_, WcOpcode::Send) => self.send_errors += 1,
-            (_, WcOpcode::Recv) => self.recv_errors += 1,
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::verbs::{WcOpcode, WcStatus};
 
     /// Without an RDMA device (CI), opening fails cleanly with a no-device error.
     #[test]

@@ -2,24 +2,11 @@
 //! of UD sends: the objects a PD owns.
 
 use super::ah_cache::Room;
+use super::context::HwVerbs;
 use super::error::errno_err;
-use super::HwVerbs;
+use super::objects::{Ah, Pd};
 use crate::verbs::{AddressVector, PdId, PoolId, VerbsError};
 use ibverbs_sys as ffi;
-
-/// An address handle and the PD it belongs to (and keeps busy).
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Ah {
-    pub(super) raw: *mut ffi::ibv_ah,
-    pub(super) pd: PdId,
-}
-
-/// A PD and how many objects (QPs, SRQs, AHs) use it.
-#[derive(Debug)]
-pub(super) struct Pd {
-    pub(super) raw: *mut ffi::ibv_pd,
-    pub(super) users: usize,
-}
 
 impl HwVerbs {
     pub(super) fn pd_raw(&self, pd: PdId) -> Result<*mut ffi::ibv_pd, VerbsError> {

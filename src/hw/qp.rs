@@ -4,37 +4,13 @@
 use std::collections::VecDeque;
 use std::ptr;
 
+use super::context::HwVerbs;
 use super::error::errno_err;
 use super::ffi_map::{bit, state_from, state_to};
-use super::wr::Owner;
-use super::HwVerbs;
-use crate::verbs::{
-    check_modify, CqId, Gid, PdId, QpAttr, QpInit, QpNum, QpState, QpType, SrqId, VerbsError,
-};
+use super::objects::Owner;
+use super::objects::Qp;
+use crate::verbs::{check_modify, Gid, QpAttr, QpInit, QpNum, QpState, QpType, VerbsError};
 use ibverbs_sys as ffi;
-
-/// A QP and what this wrapper tracks of it.
-#[derive(Debug)]
-pub(super) struct Qp {
-    pub(super) raw: *mut ffi::ibv_qp,
-    pub(super) qp_type: QpType,
-    pub(super) state: QpState,
-    pub(super) pd: PdId,
-    pub(super) send_cq: CqId,
-    pub(super) recv_cq: CqId,
-    pub(super) srq: Option<SrqId>,
-    pub(super) max_send_wr: u32,
-    pub(super) max_recv_wr: u32,
-    pub(super) sq_sig_all: bool,
-    /// Internal ids of outstanding send WRs, oldest first.
-    pub(super) sends: VecDeque<u64>,
-    /// Sends posted on the device so far, and of those, how many completed (in order,
-    /// flushes included): a send numbered `n` was processed once `sends_completed >= n`.
-    pub(super) sends_posted: u64,
-    pub(super) sends_completed: u64,
-    pub(super) recvs: usize,
-    pub(super) mcast: Vec<Gid>,
-}
 
 impl HwVerbs {
     /// Whether the QP is in SQD and still draining (`ibv_qp_attr.sq_draining`).

@@ -2,21 +2,12 @@
 
 use std::ptr;
 
+use super::context::HwVerbs;
 use super::error::errno_err;
-use super::wr::Owner;
-use super::HwVerbs;
-use crate::verbs::{BufId, PdId, SrqId, SrqInit, VerbsError, WrId};
+use super::objects::Owner;
+use super::objects::Srq;
+use crate::verbs::{BufId, SrqId, SrqInit, VerbsError, WrId};
 use ibverbs_sys as ffi;
-
-/// An SRQ: its PD, its depth, how many QPs use it and how many receives are posted.
-#[derive(Debug)]
-pub(super) struct Srq {
-    pub(super) raw: *mut ffi::ibv_srq,
-    pub(super) pd: PdId,
-    pub(super) max_wr: u32,
-    pub(super) users: usize,
-    pub(super) posted: usize,
-}
 
 pub(super) fn create(v: &mut HwVerbs, init: &SrqInit) -> Result<SrqId, VerbsError> {
     let raw_pd = v.pd_raw(init.pd)?;

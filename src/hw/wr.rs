@@ -3,27 +3,11 @@
 
 use std::ptr;
 
+use super::context::HwVerbs;
 use super::error::errno_err;
-use super::HwVerbs;
-use crate::verbs::{BufId, QpNum, QpState, QpType, SendWr, SrqId, VerbsError, WrId};
+use super::objects::{Owner, Wr};
+use crate::verbs::{BufId, QpNum, QpState, QpType, SendWr, VerbsError, WrId};
 use ibverbs_sys as ffi;
-
-/// Who an outstanding WR belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Owner {
-    Qp(QpNum),
-    Srq(SrqId),
-}
-
-/// An outstanding WR: its owner, the caller's id and buffer, and how it completes.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Wr {
-    pub(super) owner: Owner,
-    pub(super) user: WrId,
-    pub(super) buf: Option<BufId>,
-    pub(super) send: bool,
-    pub(super) signaled: bool,
-}
 
 impl HwVerbs {
     /// One SGE over `buf` (its first `len` bytes) in its pool's MR.

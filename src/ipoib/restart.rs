@@ -127,7 +127,7 @@ impl Endpoint {
     /// The RX connection `qpn` is established: if its REQ announced a restart, the node's
     /// other incarnations' connections go now; then it is charged to the QP budget.
     pub(super) fn on_rx_established<V: Verbs>(&mut self, now: Instant, v: &mut V, qpn: QpNum) {
-        let Some(r) = self.rx.get_mut(&qpn) else {
+        let Some(mut r) = self.rx.get_mut(&qpn) else {
             return;
         };
         r.established = true;
@@ -141,6 +141,7 @@ impl Endpoint {
                 };
                 (r.peer, inc)
             });
+        drop(r);
         // The old incarnation's connections go first: they no longer count against the
         // budget the new one is charged to.
         if let Some((peer, inc)) = restart {

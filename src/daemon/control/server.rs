@@ -16,12 +16,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mio::net::{UnixListener, UnixStream};
-use mio::{Interest, Registry, Token};
+use mio::{Registry, Token};
 
 use super::{
     format_error, format_ok, format_response, parse_request, request_complete, socket_addr, Request,
 };
 use super::{DIR_MODE, MAX_REQUEST_BYTES, SOCKET_MODE};
+use crate::daemon::client_slots::{
+    discard_input, write_answer, Admission, ClientSlots, Slot, Step,
+};
 use crate::daemon::config::os_message;
 use crate::daemon::status::Status;
 use crate::sys::peercred;
@@ -34,10 +37,6 @@ pub const ACCEPTS_PER_TURN: usize = 32;
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Most answer bytes written to one client in one turn.
 pub const WRITE_PER_TURN: usize = 256 << 10;
-/// Most bytes a client sent beyond its request that are read and discarded before its socket
-/// is closed (closing a Unix stream socket with unread data resets the connection, and the
-/// client could lose its answer).
-const DISCARD_BYTES: usize = 16 << 10;
 
 /// What the control socket did, since [`ControlServer::bind`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -61,29 +60,16 @@ enum Phase {
     Answer { answer: Arc<[u8]>, sent: usize },
 }
 
-/// One accepted connection.
+/// What the server keeps of one client's exchange.
 #[derive(Debug)]
-struct Client {
-    stream: UnixStream,
+struct Exchange {
     /// The peer is root or the daemon's user.
     allowed: bool,
-    /// When the current phase times out.
-    deadline: Instant,
-    /// The socket may make progress: readiness was reported, or the last turn stopped at a
-    /// bound rather than at `WouldBlock`.
-    ready: bool,
-    /// WRITABLE (instead of READABLE) is registered: the answer is being written.
-    writable: bool,
     phase: Phase,
 }
 
-/// What one step left a client in.
-enum Step {
-    /// Still in the table.
-    Keep,
-    /// Done with (answered, timed out or failed): deregister and close.
-    Close,
-}
+/// One accepted connection.
+type Client = Slot<UnixStream, Exchange>;
 
 /// The daemon side of the control socket: a non-blocking listener and up to
 /// [`MAX_CLIENTS`] non-blocking clients.
@@ -101,14 +87,7 @@ pub struct ControlServer {
     id: Option<(u64, u64)>,
     own_euid: u32,
     allow: fn(u32, u32) -> bool,
-    /// The registry, the listener's token and the first client token.
-    registration: Option<(Registry, Token, usize)>,
-    /// The listener may have connections waiting (reported, or the accept bound was hit).
-    listener_ready: bool,
-    /// Slot `i` is the client with token `first_client + i`.
-    clients: Vec<Option<Client>>,
-    /// The `now` of the last [`ControlServer::handle`].
-    now: Option<Instant>,
+    clients: ClientSlots<UnixStream, Exchange>,
     counters: ControlCounters,
 }
 
@@ -192,10 +171,7 @@ impl ControlServer {
             id,
             own_euid: peercred::effective_uid(),
             allow: default_allow,
-            registration: None,
-            listener_ready: true,
-            clients: (0..MAX_CLIENTS).map(|_| None).collect(),
-            now: None,
+            clients: ClientSlots::new("control", MAX_CLIENTS),
             counters: ControlCounters::default(),
         }
     }
@@ -239,7 +215,7 @@ impl ControlServer {
 
     /// Clients holding a slot.
     pub fn clients(&self) -> usize {
-        self.clients.iter().flatten().count()
+        self.clients.clients()
     }
 
     /// Registers the listener with `registry` under `listener`, and every client it accepts
@@ -255,53 +231,19 @@ impl ControlServer {
         listener: Token,
         first_client: Token,
     ) -> io::Result<()> {
-        for slot in 0..MAX_CLIENTS {
-            self.close(slot);
-        }
-        if let Some((old, _, _)) = self.registration.take() {
-            old.deregister(&mut self.listener)?;
-        }
-        registry.register(&mut self.listener, listener, Interest::READABLE)?;
-        self.listener_ready = true;
-        self.registration = Some((registry.try_clone()?, listener, first_client.0));
-        Ok(())
+        self.clients
+            .register(registry, &mut self.listener, listener, first_client)
     }
 
     /// Takes note of a readiness event; returns whether `token` is one of the server's.
     pub fn note_readiness(&mut self, token: Token) -> bool {
-        let Some((_, listener, first)) = &self.registration else {
-            return false;
-        };
-        if token == *listener {
-            self.listener_ready = true;
-            return true;
-        }
-        let Some(slot) = token.0.checked_sub(*first).filter(|&s| s < MAX_CLIENTS) else {
-            return false;
-        };
-        if let Some(c) = self.clients.get_mut(slot).and_then(Option::as_mut) {
-            c.ready = true;
-        }
-        true
+        self.clients.note_readiness(token)
     }
 
     /// When [`ControlServer::handle`] has work next: at once while connections or answer
     /// bytes wait behind a per-turn bound, else the earliest client deadline.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let registered = self.registration.is_some();
-        let mut next: Option<Instant> = None;
-        for c in self.clients.iter().flatten() {
-            let t = if c.ready && registered {
-                self.now.unwrap_or(c.deadline)
-            } else {
-                c.deadline
-            };
-            next = Some(next.map_or(t, |n| n.min(t)));
-        }
-        match self.now {
-            Some(now) if registered && self.listener_ready => Some(now),
-            _ => next,
-        }
+        self.clients.poll_timeout()
     }
 
     /// One turn at `now`: accepts waiting connections (at most [`ACCEPTS_PER_TURN`]), reads
@@ -321,120 +263,26 @@ impl ControlServer {
     /// [`Reply`] (a status request at most once per turn, its answer shared by the turn's
     /// status requests).
     pub fn serve(&mut self, now: Instant, mut answer: impl FnMut(&Request) -> Reply) {
-        self.now = Some(now);
-        if self.listener_ready || self.registration.is_none() {
-            self.accept(now);
+        let listener = &self.listener;
+        let mut admission = Admit {
+            counters: &mut self.counters,
+            own_euid: self.own_euid,
+            allow: self.allow,
+        };
+        let accepted = self.clients.accept(
+            now,
+            ACCEPTS_PER_TURN,
+            CLIENT_TIMEOUT,
+            || listener.accept().map(|(stream, _)| stream),
+            &mut admission,
+        );
+        if let Err(e) = accepted {
+            tracing::warn!(error = %e, path = %self.path.display(), "control socket accept failed");
         }
-        let poll_all = self.registration.is_none();
         let mut status: Option<Arc<[u8]>> = None;
-        for slot in 0..MAX_CLIENTS {
-            let Some(c) = self.clients.get_mut(slot).and_then(Option::as_mut) else {
-                continue;
-            };
-            if !(c.ready || poll_all || now >= c.deadline) {
-                continue;
-            }
-            c.ready = false;
-            let step = match c.step(now, &mut status, &mut answer, &mut self.counters) {
-                Ok(step) => step,
-                Err(e) => {
-                    tracing::debug!(error = %e, "control client dropped");
-                    Step::Close
-                }
-            };
-            if matches!(step, Step::Close) {
-                self.close(slot);
-            } else if matches!(c.phase, Phase::Answer { .. }) && !c.writable {
-                self.want_writable(slot);
-            }
-        }
-    }
-
-    /// Accepts up to [`ACCEPTS_PER_TURN`] connections; `listener_ready` stays set if the
-    /// bound stopped it.
-    fn accept(&mut self, now: Instant) {
-        for _ in 0..ACCEPTS_PER_TURN {
-            match self.listener.accept() {
-                Ok((stream, _)) => self.admit(stream, now),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.listener_ready = false;
-                    return;
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, path = %self.path.display(), "control socket accept failed");
-                    self.listener_ready = false;
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Gives an accepted connection a slot and a token, or closes it if none is free.
-    fn admit(&mut self, mut stream: UnixStream, now: Instant) {
-        let Some(slot) = self.clients.iter().position(Option::is_none) else {
-            self.counters.over_limit += 1;
-            tracing::debug!(
-                clients = MAX_CLIENTS,
-                "control socket: too many clients, connection closed"
-            );
-            // One short line into an empty socket buffer; best effort, never waited for.
-            let _ = stream.write(format_error("too many control clients").as_bytes());
-            let _ = stream.shutdown(std::net::Shutdown::Write);
-            discard_input(&mut stream);
-            return;
-        };
-        if let Some((registry, _, first)) = &self.registration {
-            if let Err(e) = registry.register(&mut stream, Token(first + slot), Interest::READABLE)
-            {
-                tracing::debug!(error = %e, "control client dropped");
-                return;
-            }
-        }
-        let allowed = match peercred::peer_cred(&stream) {
-            Ok(cred) => (self.allow)(cred.uid, self.own_euid),
-            Err(_) => false,
-        };
-        self.counters.accepted += 1;
-        if let Some(s) = self.clients.get_mut(slot) {
-            *s = Some(Client {
-                stream,
-                allowed,
-                deadline: now + CLIENT_TIMEOUT,
-                // The request may have arrived before the accept.
-                ready: true,
-                writable: false,
-                phase: Phase::Request {
-                    buf: Vec::with_capacity(MAX_REQUEST_BYTES),
-                },
-            });
-        }
-    }
-
-    /// Asks for WRITABLE on a client writing its answer (it only waits for that then).
-    fn want_writable(&mut self, slot: usize) {
-        let Some((registry, _, first)) = &self.registration else {
-            return;
-        };
-        if let Some(c) = self.clients.get_mut(slot).and_then(Option::as_mut) {
-            match registry.reregister(&mut c.stream, Token(first + slot), Interest::WRITABLE) {
-                Ok(()) => c.writable = true,
-                Err(e) => {
-                    tracing::debug!(error = %e, "control client dropped");
-                    self.close(slot);
-                }
-            }
-        }
-    }
-
-    /// Deregisters and closes the client in `slot`.
-    fn close(&mut self, slot: usize) {
-        let Some(mut c) = self.clients.get_mut(slot).and_then(Option::take) else {
-            return;
-        };
-        if let Some((registry, _, _)) = &self.registration {
-            let _ = registry.deregister(&mut c.stream);
-        }
+        let counters = &mut self.counters;
+        self.clients
+            .step_due(now, |c| step(c, now, &mut status, &mut answer, counters));
     }
 
     /// For tests: replace the access policy `(peer_uid, own_euid) -> allowed`.
@@ -444,73 +292,93 @@ impl ControlServer {
     }
 }
 
-impl Client {
-    /// Moves the exchange on as far as the socket allows without blocking.
-    fn step(
-        &mut self,
-        now: Instant,
-        status: &mut Option<Arc<[u8]>>,
-        answer: &mut impl FnMut(&Request) -> Reply,
-        counters: &mut ControlCounters,
-    ) -> io::Result<Step> {
-        if let Phase::Request { buf } = &mut self.phase {
-            let reply = match read_request(&mut self.stream, buf)? {
-                Some(()) if !self.allowed => {
-                    Arc::from(format_error("permission denied").as_bytes())
-                }
-                Some(()) => match parse_request(buf) {
-                    Ok(req @ Request::Status { .. }) => match status {
-                        Some(shared) => shared.clone(),
-                        None => status.insert(reply_bytes(answer(&req))).clone(),
-                    },
-                    Ok(req) => reply_bytes(answer(&req)),
-                    Err(e) => Arc::from(format_error(&e.to_string()).into_bytes()),
-                },
-                None if now < self.deadline => return Ok(Step::Keep),
-                None => {
-                    counters.timed_out += 1;
-                    let msg = if self.allowed {
-                        format!("no request within {CLIENT_TIMEOUT:?}")
-                    } else {
-                        "permission denied".to_owned()
-                    };
-                    Arc::from(format_error(&msg).into_bytes())
-                }
-            };
-            self.phase = Phase::Answer {
-                answer: reply,
-                sent: 0,
-            };
-            self.deadline = now + CLIENT_TIMEOUT;
-        }
-        let Phase::Answer { answer, sent } = &mut self.phase else {
-            return Ok(Step::Keep);
-        };
-        if now >= self.deadline {
-            counters.timed_out += 1;
-            return Ok(Step::Close);
-        }
-        let budget_end = (*sent + WRITE_PER_TURN).min(answer.len());
-        while *sent < answer.len() {
-            if *sent >= budget_end {
-                // More to write and the socket did not say no: carry on next turn.
-                self.ready = true;
-                return Ok(Step::Keep);
-            }
-            let chunk = answer.get(*sent..budget_end).unwrap_or_default();
-            match self.stream.write(chunk) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(k) => *sent += k,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Step::Keep),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        counters.answered += 1;
-        self.stream.shutdown(std::net::Shutdown::Write)?;
-        discard_input(&mut self.stream);
-        Ok(Step::Close)
+/// What a turn's accepting needs of the server: its counters and its access policy.
+struct Admit<'a> {
+    counters: &'a mut ControlCounters,
+    own_euid: u32,
+    allow: fn(u32, u32) -> bool,
+}
+
+impl Admission<UnixStream, Exchange> for Admit<'_> {
+    fn refuse(&mut self, mut stream: UnixStream) {
+        self.counters.over_limit += 1;
+        tracing::debug!(
+            clients = MAX_CLIENTS,
+            "control socket: too many clients, connection closed"
+        );
+        // One short line into an empty socket buffer; best effort, never waited for.
+        let _ = stream.write(format_error("too many control clients").as_bytes());
+        let _ = stream.shutdown(std::net::Shutdown::Write);
+        discard_input(&mut stream);
     }
+
+    fn admit(&mut self, stream: &UnixStream) -> Exchange {
+        let allowed = match peercred::peer_cred(stream) {
+            Ok(cred) => (self.allow)(cred.uid, self.own_euid),
+            Err(_) => false,
+        };
+        self.counters.accepted += 1;
+        Exchange {
+            allowed,
+            phase: Phase::Request {
+                buf: Vec::with_capacity(MAX_REQUEST_BYTES),
+            },
+        }
+    }
+}
+
+/// Moves client `c`'s exchange on as far as the socket allows without blocking.
+fn step(
+    c: &mut Client,
+    now: Instant,
+    status: &mut Option<Arc<[u8]>>,
+    answer: &mut impl FnMut(&Request) -> Reply,
+    counters: &mut ControlCounters,
+) -> io::Result<Step> {
+    if let Phase::Request { buf } = &mut c.exchange.phase {
+        let reply = match read_request(&mut c.stream, buf)? {
+            Some(()) if !c.exchange.allowed => {
+                Arc::from(format_error("permission denied").as_bytes())
+            }
+            Some(()) => match parse_request(buf) {
+                Ok(req @ Request::Status { .. }) => match status {
+                    Some(shared) => shared.clone(),
+                    None => status.insert(reply_bytes(answer(&req))).clone(),
+                },
+                Ok(req) => reply_bytes(answer(&req)),
+                Err(e) => Arc::from(format_error(&e.to_string()).into_bytes()),
+            },
+            None if now < c.deadline => return Ok(Step::Reading),
+            None => {
+                counters.timed_out += 1;
+                let msg = if c.exchange.allowed {
+                    format!("no request within {CLIENT_TIMEOUT:?}")
+                } else {
+                    "permission denied".to_owned()
+                };
+                Arc::from(format_error(&msg).into_bytes())
+            }
+        };
+        c.exchange.phase = Phase::Answer {
+            answer: reply,
+            sent: 0,
+        };
+        c.deadline = now + CLIENT_TIMEOUT;
+    }
+    let Phase::Answer { answer, sent } = &mut c.exchange.phase else {
+        return Ok(Step::Reading);
+    };
+    if now >= c.deadline {
+        counters.timed_out += 1;
+        return Ok(Step::Close);
+    }
+    if !write_answer(&mut c.stream, &mut c.ready, answer, sent, WRITE_PER_TURN)? {
+        return Ok(Step::Writing);
+    }
+    counters.answered += 1;
+    c.stream.shutdown(std::net::Shutdown::Write)?;
+    discard_input(&mut c.stream);
+    Ok(Step::Close)
 }
 
 /// The answer to one request.
@@ -550,19 +418,6 @@ fn read_request(stream: &mut UnixStream, buf: &mut Vec<u8>) -> io::Result<Option
         }
     }
     Ok(Some(()))
-}
-
-/// Reads and drops what the client sent beyond its request, up to [`DISCARD_BYTES`] and
-/// without waiting.
-fn discard_input(stream: &mut UnixStream) {
-    let mut sink = [0u8; 1024];
-    let mut left = DISCARD_BYTES;
-    while left > 0 {
-        match stream.read(&mut sink) {
-            Ok(0) | Err(_) => break,
-            Ok(k) => left = left.saturating_sub(k),
-        }
-    }
 }
 
 impl Drop for ControlServer {

@@ -237,7 +237,7 @@ pub struct NeighCounts {
 /// `per_source` each); `statics` counts the static entries per endpoint.
 #[derive(Debug)]
 pub(super) struct Neighbours {
-    slots: Slots,
+    slots: Slots<Neigh>,
     index: PeerMap<IpAddr, SlotId>,
     by_gid: PeerMap<Gid, Vec<IpAddr>>,
     statics: PeerMap<(Gid, QpNum), usize>,

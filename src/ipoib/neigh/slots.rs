@@ -1,14 +1,13 @@
 //! Storage of the neighbour entries: a slab of slots (a `Vec` and a free list, so an entry
 //! keeps its place while it lives and a removed one's slot is reused), with the learned
 //! entries on an intrusive doubly linked list in order of use, least recently used first.
+//! The slab holds any entry type `T`; the table stores its `Neigh`s in it.
 //!
 //! Every operation is O(1): insert, remove, look at, and move to the most recently used end.
 //! The slab never holds more slots than the table held entries at its fullest, which the
 //! table's caps bound.
 
 use std::net::IpAddr;
-
-use super::Neigh;
 
 /// "No slot" in the links.
 const NIL: u32 = u32::MAX;
@@ -18,9 +17,9 @@ const NIL: u32 = u32::MAX;
 pub(in crate::ipoib) struct SlotId(u32);
 
 #[derive(Debug)]
-struct Slot {
+struct Slot<T> {
     ip: IpAddr,
-    neigh: Neigh,
+    entry: T,
     /// On the use-order list (learned entries; static ones never are).
     linked: bool,
     prev: u32,
@@ -32,15 +31,15 @@ struct Slot {
 /// Invariant: the list runs `head` → `next` … → `tail` over exactly the live slots with
 /// `linked`, each once, and `prev` mirrors `next`.
 #[derive(Debug)]
-pub(super) struct Slots {
-    slots: Vec<Option<Slot>>,
+pub(super) struct Slots<T> {
+    slots: Vec<Option<Slot<T>>>,
     free: Vec<u32>,
     head: u32,
     tail: u32,
     linked: usize,
 }
 
-impl Default for Slots {
+impl<T> Default for Slots<T> {
     fn default() -> Self {
         Self {
             slots: Vec::new(),
@@ -52,20 +51,20 @@ impl Default for Slots {
     }
 }
 
-impl Slots {
-    fn slot(&self, i: u32) -> Option<&Slot> {
+impl<T> Slots<T> {
+    fn slot(&self, i: u32) -> Option<&Slot<T>> {
         self.slots.get(i as usize)?.as_ref()
     }
 
-    fn slot_mut(&mut self, i: u32) -> Option<&mut Slot> {
+    fn slot_mut(&mut self, i: u32) -> Option<&mut Slot<T>> {
         self.slots.get_mut(i as usize)?.as_mut()
     }
 
-    /// Stores `neigh` for `ip`; a learned one (`linked`) goes to the most recently used end.
-    pub(super) fn insert(&mut self, ip: IpAddr, neigh: Neigh, linked: bool) -> SlotId {
+    /// Stores `entry` for `ip`; a learned one (`linked`) goes to the most recently used end.
+    pub(super) fn insert(&mut self, ip: IpAddr, entry: T, linked: bool) -> SlotId {
         let slot = Slot {
             ip,
-            neigh,
+            entry,
             linked: false,
             prev: NIL,
             next: NIL,
@@ -91,21 +90,21 @@ impl Slots {
     }
 
     /// Removes the entry of `id`.
-    pub(super) fn remove(&mut self, id: SlotId) -> Option<(IpAddr, Neigh)> {
+    pub(super) fn remove(&mut self, id: SlotId) -> Option<(IpAddr, T)> {
         if self.slot(id.0)?.linked {
             self.unlink(id.0);
         }
         let slot = self.slots.get_mut(id.0 as usize)?.take()?;
         self.free.push(id.0);
-        Some((slot.ip, slot.neigh))
+        Some((slot.ip, slot.entry))
     }
 
-    pub(super) fn get(&self, id: SlotId) -> Option<&Neigh> {
-        self.slot(id.0).map(|s| &s.neigh)
+    pub(super) fn get(&self, id: SlotId) -> Option<&T> {
+        self.slot(id.0).map(|s| &s.entry)
     }
 
-    pub(super) fn get_mut(&mut self, id: SlotId) -> Option<&mut Neigh> {
-        self.slot_mut(id.0).map(|s| &mut s.neigh)
+    pub(super) fn get_mut(&mut self, id: SlotId) -> Option<&mut T> {
+        self.slot_mut(id.0).map(|s| &mut s.entry)
     }
 
     /// The address of the entry of `id`.

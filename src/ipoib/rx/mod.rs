@@ -313,7 +313,7 @@ impl Endpoint {
 
     fn on_rc_recv<V: Verbs>(&mut self, now: Instant, v: &mut V, qpn: QpNum, b: BufId, len: usize) {
         let live = match self.rx.get_mut(&qpn) {
-            Some(r) if r.is_live() => {
+            Some(mut r) if r.is_live() => {
                 r.last_rx = now;
                 true
             }

@@ -29,12 +29,13 @@ use crate::verbs::{QpAttr, QpNum, QpState, SendWr, Verbs};
 impl Endpoint {
     /// One receive of a non-SRQ ring is gone; an errored QP whose ring is empty is drained.
     pub(in crate::ipoib) fn ring_down<V: Verbs>(&mut self, v: &mut V, qpn: QpNum) {
-        let Some(r) = self.rx.get_mut(&qpn) else {
+        let Some(mut r) = self.rx.get_mut(&qpn) else {
             return;
         };
         r.ring_posted = r.ring_posted.saturating_sub(1);
         if r.ring_posted == 0 && matches!(r.phase, Phase::Error { .. }) {
             r.phase = Phase::Drained;
+            drop(r);
             self.destroy_rx(v, qpn);
         }
     }
@@ -53,7 +54,7 @@ impl Endpoint {
         qpn: QpNum,
         why: Why,
     ) {
-        let Some(r) = self.rx.get_mut(&qpn) else {
+        let Some(mut r) = self.rx.get_mut(&qpn) else {
             return;
         };
         let Phase::Live { stale_timer } = r.phase else {
@@ -63,6 +64,7 @@ impl Endpoint {
         let id = r.id;
         let (peer, peer_ip) = (r.peer, r.peer_ip);
         let ring_empty = r.ring_posted == 0;
+        drop(r);
         if let Some(t) = stale_timer {
             self.wheel.cancel(t);
         }
@@ -88,7 +90,7 @@ impl Endpoint {
             tracing::warn!(qp = %qpn, error = %e, "moving an RX QP to ERR failed");
         }
         let t = self.arm(now + self.cfg.drain_timeout, Timer::RxWatchdog(qpn));
-        if let Some(r) = self.rx.get_mut(&qpn) {
+        if let Some(mut r) = self.rx.get_mut(&qpn) {
             r.phase = Phase::Error { watchdog: Some(t) };
         }
         if self.srq.is_none() && ring_empty {
@@ -137,7 +139,7 @@ impl Endpoint {
         qpn: QpNum,
         id: TimerId,
     ) {
-        let Some(r) = self.rx.get_mut(&qpn) else {
+        let Some(mut r) = self.rx.get_mut(&qpn) else {
             return;
         };
         if r.phase
@@ -150,14 +152,16 @@ impl Endpoint {
         let stale_at = r.last_rx + self.cfg.rx_timeout;
         if stale_at > now {
             r.phase = Phase::Live { stale_timer: None };
+            drop(r);
             let t = self.arm(stale_at, Timer::RxStale(qpn));
-            if let Some(r) = self.rx.get_mut(&qpn) {
+            if let Some(mut r) = self.rx.get_mut(&qpn) {
                 r.phase = Phase::Live {
                     stale_timer: Some(t),
                 };
             }
             return;
         }
+        drop(r);
         self.start_rx_teardown(now, v, qpn, Why::Stale);
     }
 

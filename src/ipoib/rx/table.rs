@@ -1,6 +1,8 @@
 //! The RX table: every passive connection, each with the reaper state that belongs to it, and
 //! the one drain WR the table allows in flight.
 
+use std::collections::BTreeSet;
+use std::ops::{Deref, DerefMut};
 use std::time::Instant;
 
 use super::RxState;
@@ -47,6 +49,17 @@ impl RxConn {
     /// True while receiving.
     pub(in crate::ipoib) fn is_live(&self) -> bool {
         matches!(self.phase, Phase::Live { .. })
+    }
+
+    /// What the table counts it as.
+    fn class(&self) -> Class {
+        match (self.is_live(), self.established) {
+            (false, _) => Class::Closing,
+            (true, true) => Class::Established,
+            (true, false) => Class::HalfOpen {
+                last_rx: self.last_rx,
+            },
+        }
     }
 
     /// The timer this connection holds on the wheel (one per phase).
@@ -98,13 +111,95 @@ pub(in crate::ipoib) enum Drain {
     },
 }
 
-/// The passive connections by QP number, and the reaper's drain WR.
+/// How the admission limits count a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// Receiving and established (counts against `max_conn_qp`).
+    Established,
+    /// Receiving, REP sent, no RTU (or data) yet (counts against `max_pending_rx`).
+    HalfOpen {
+        /// Its activity stamp, the half-open index's key.
+        last_rx: Instant,
+    },
+    /// On its way to destruction: counted by neither limit.
+    Closing,
+}
+
+/// The admission counts of the live connections, kept as they change.
 ///
-/// Invariant: at most one drain WR is in flight; `drain_carrier` is `Some` exactly while some
-/// connection is [`Drain::Covered`], and the carrier is one of them.
+/// Invariant: `established` is the number of connections of [`Class::Established`], and
+/// `half_open` holds `(last_rx, qpn)` of exactly the connections of [`Class::HalfOpen`].
+#[derive(Debug, Default)]
+struct LiveCounts {
+    established: usize,
+    /// Ordered by activity stamp, then QP number: the first is the oldest.
+    half_open: BTreeSet<(Instant, QpNum)>,
+}
+
+impl LiveCounts {
+    /// Connection `qpn` went from class `from` to `to` (`None`: not in the table).
+    fn moved(&mut self, qpn: QpNum, from: Option<Class>, to: Option<Class>) {
+        if from == to {
+            return;
+        }
+        match from {
+            Some(Class::Established) => self.established -= 1,
+            Some(Class::HalfOpen { last_rx }) => {
+                self.half_open.remove(&(last_rx, qpn));
+            }
+            Some(Class::Closing) | None => {}
+        }
+        match to {
+            Some(Class::Established) => self.established += 1,
+            Some(Class::HalfOpen { last_rx }) => {
+                self.half_open.insert((last_rx, qpn));
+            }
+            Some(Class::Closing) | None => {}
+        }
+    }
+}
+
+/// A connection of the table borrowed to change; dropping it updates the table's counts.
+#[derive(Debug)]
+pub(in crate::ipoib) struct RxConnMut<'a> {
+    qpn: QpNum,
+    conn: &'a mut RxConn,
+    counts: &'a mut LiveCounts,
+    before: Class,
+}
+
+impl Deref for RxConnMut<'_> {
+    type Target = RxConn;
+
+    fn deref(&self) -> &RxConn {
+        self.conn
+    }
+}
+
+impl DerefMut for RxConnMut<'_> {
+    fn deref_mut(&mut self) -> &mut RxConn {
+        self.conn
+    }
+}
+
+impl Drop for RxConnMut<'_> {
+    fn drop(&mut self) {
+        let after = self.conn.class();
+        self.counts.moved(self.qpn, Some(self.before), Some(after));
+    }
+}
+
+/// The passive connections by QP number, their admission counts, and the reaper's drain WR.
+///
+/// Invariants: at most one drain WR is in flight; `drain_carrier` is `Some` exactly while some
+/// connection is [`Drain::Covered`], and the carrier is one of them. `counts` describes
+/// `conns` (see [`LiveCounts`]): every change of a connection goes through [`RxConnMut`],
+/// [`RxTable::insert`] or [`RxTable::remove`]; the drain steps only move connections between
+/// closing phases.
 #[derive(Debug, Default)]
 pub(in crate::ipoib) struct RxTable {
     conns: QpConns<RxConn>,
+    counts: LiveCounts,
     /// The QP carrying the drain WR in flight.
     drain_carrier: Option<QpNum>,
     /// Sequence number of the next connection to wait for a drain WR.
@@ -112,40 +207,81 @@ pub(in crate::ipoib) struct RxTable {
 }
 
 impl RxTable {
-    /// The connection on `qpn`, to change (reading goes through [`QpConns`]).
-    pub(in crate::ipoib) fn get_mut(&mut self, qpn: &QpNum) -> Option<&mut RxConn> {
-        self.conns.get_mut(qpn)
+    /// The connection on `qpn`, to change (reading goes through [`QpConns`]). The table's
+    /// counts follow the change when the returned borrow ends.
+    pub(in crate::ipoib) fn get_mut(&mut self, qpn: &QpNum) -> Option<RxConnMut<'_>> {
+        let conn = self.conns.get_mut(qpn)?;
+        let before = conn.class();
+        Some(RxConnMut {
+            qpn: *qpn,
+            conn,
+            counts: &mut self.counts,
+            before,
+        })
     }
 
+    /// Adds (or replaces) the connection on `qpn`.
     pub(in crate::ipoib) fn insert(&mut self, qpn: QpNum, conn: RxConn) {
+        let to = conn.class();
+        let from = self.conns.get(&qpn).map(RxConn::class);
         self.conns.insert(qpn, conn);
+        self.counts.moved(qpn, from, Some(to));
     }
 
-    /// Established connections receiving now (what counts against `max_conn_qp`).
+    /// Established connections receiving now (what counts against `max_conn_qp`). O(1).
     pub(in crate::ipoib) fn established_count(&self) -> usize {
-        self.conns
-            .values()
-            .filter(|r| r.is_live() && r.established)
-            .count()
+        self.check_counts();
+        self.counts.established
     }
 
     /// Half-open connections: REP sent, no RTU (or data) yet (what counts against
-    /// `max_pending_rx`).
+    /// `max_pending_rx`). O(1).
     pub(in crate::ipoib) fn half_open_count(&self) -> usize {
-        self.conns
-            .values()
-            .filter(|r| r.is_live() && !r.established)
-            .count()
+        self.check_counts();
+        self.counts.half_open.len()
     }
 
-    /// The half-open connection accepted first (the victim when a REQ finds
-    /// `max_pending_rx` of them).
+    /// The half-open connection that received least recently, which is the one accepted
+    /// first (a half-open connection that receives becomes established), the lowest QP
+    /// number among equals: the victim when a REQ finds `max_pending_rx` of them.
+    /// O(log n).
     pub(in crate::ipoib) fn oldest_half_open(&self) -> Option<QpNum> {
-        self.conns
-            .iter()
-            .filter(|(_, r)| r.is_live() && !r.established)
-            .min_by_key(|(_, r)| r.last_rx)
-            .map(|(q, _)| *q)
+        self.check_counts();
+        self.counts.half_open.first().map(|&(_, q)| q)
+    }
+
+    /// The counts by a scan of every connection: `(established, half-open, oldest
+    /// half-open)`, what [`LiveCounts`] must equal.
+    fn scan_counts(&self) -> (usize, usize, Option<QpNum>) {
+        let mut established = 0;
+        let mut half_open = 0;
+        let mut oldest: Option<(Instant, QpNum)> = None;
+        for (q, r) in self.conns.iter() {
+            match r.class() {
+                Class::Established => established += 1,
+                Class::HalfOpen { last_rx } => {
+                    half_open += 1;
+                    oldest = Some(oldest.map_or((last_rx, *q), |o| o.min((last_rx, *q))));
+                }
+                Class::Closing => {}
+            }
+        }
+        (established, half_open, oldest.map(|(_, q)| q))
+    }
+
+    /// Checks the counts against a scan (debug builds; the scan is what the counts replace).
+    fn check_counts(&self) {
+        if cfg!(debug_assertions) {
+            debug_assert_eq!(
+                (
+                    self.counts.established,
+                    self.counts.half_open.len(),
+                    self.counts.half_open.first().map(|&(_, q)| q)
+                ),
+                self.scan_counts(),
+                "the RX table's counts differ from its connections"
+            );
+        }
     }
 
     /// The established connection other than `keep` that received least recently (the
@@ -236,6 +372,7 @@ impl RxTable {
     /// wait for the next one, after those already waiting, in their order.
     pub(in crate::ipoib) fn remove(&mut self, qpn: QpNum) -> Option<RxConn> {
         let r = self.conns.remove(&qpn)?;
+        self.counts.moved(qpn, Some(r.class()), None);
         if self.drain_carrier == Some(qpn) {
             self.drain_carrier = None;
             let mut orphans: Vec<(u64, QpNum)> = self
@@ -296,7 +433,7 @@ impl RxTable {
     }
 }
 
-impl std::ops::Deref for RxTable {
+impl Deref for RxTable {
     type Target = QpConns<RxConn>;
 
     fn deref(&self) -> &QpConns<RxConn> {
@@ -307,6 +444,8 @@ impl std::ops::Deref for RxTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use std::time::Duration;
 
     fn errored(t: &mut RxTable, q: u32, now: Instant) -> QpNum {
         let qpn = QpNum::new(q);
@@ -364,5 +503,92 @@ mod tests {
         assert_eq!(t.drain_completed(c), vec![c, b]);
         assert_eq!(t.get(&b).map(RxConn::state), Some(RxState::Drained));
         assert_eq!(t.drain_carrier_candidate(), None);
+    }
+
+    /// One change a connection of the table can go through.
+    #[derive(Debug, Clone)]
+    enum Op {
+        Accept { q: u32, at_ms: u64 },
+        Establish { q: u32 },
+        Receive { q: u32, at_ms: u64 },
+        Teardown { q: u32 },
+        LastWqe { q: u32 },
+        PostDrain,
+        CompleteDrain { q: u32 },
+        Remove { q: u32 },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let q = 0x10u32..0x18;
+        prop_oneof![
+            (q.clone(), 0u64..4).prop_map(|(q, at_ms)| Op::Accept { q, at_ms }),
+            q.clone().prop_map(|q| Op::Establish { q }),
+            (q.clone(), 0u64..4).prop_map(|(q, at_ms)| Op::Receive { q, at_ms }),
+            q.clone().prop_map(|q| Op::Teardown { q }),
+            q.clone().prop_map(|q| Op::LastWqe { q }),
+            Just(Op::PostDrain),
+            q.clone().prop_map(|q| Op::CompleteDrain { q }),
+            q.prop_map(|q| Op::Remove { q }),
+        ]
+    }
+
+    proptest! {
+        /// Whatever the connections go through, the kept counts and the oldest half-open
+        /// connection are what a scan of every connection finds.
+        #[test]
+        fn the_counts_are_what_a_scan_finds(ops in prop::collection::vec(op(), 1..60)) {
+            let t0 = Instant::now();
+            let mut t = RxTable::default();
+            for op in ops {
+                match op {
+                    // A QP number is not reused while its connection is in the table.
+                    Op::Accept { q, .. } if t.contains(&QpNum::new(q)) => {}
+                    Op::Accept { q, at_ms } => {
+                        let qpn = errored(&mut t, q, t0 + Duration::from_millis(at_ms));
+                        if let Some(mut r) = t.get_mut(&qpn) {
+                            r.established = false;
+                            r.phase = Phase::Live { stale_timer: None };
+                        }
+                    }
+                    Op::Establish { q } => {
+                        if let Some(mut r) = t.get_mut(&QpNum::new(q)) {
+                            r.established = true;
+                        }
+                    }
+                    Op::Receive { q, at_ms } => {
+                        if let Some(mut r) = t.get_mut(&QpNum::new(q)) {
+                            r.last_rx = t0 + Duration::from_millis(at_ms);
+                        }
+                    }
+                    Op::Teardown { q } => {
+                        if let Some(mut r) = t.get_mut(&QpNum::new(q)) {
+                            if r.is_live() {
+                                r.phase = Phase::Error { watchdog: None };
+                            }
+                        }
+                    }
+                    Op::LastWqe { q } => {
+                        t.last_wqe_reached(QpNum::new(q));
+                    }
+                    Op::PostDrain => {
+                        if let Some(c) = t.drain_carrier_candidate() {
+                            t.drain_posted(c);
+                        }
+                    }
+                    Op::CompleteDrain { q } => {
+                        t.drain_completed(QpNum::new(q));
+                    }
+                    Op::Remove { q } => {
+                        t.remove(QpNum::new(q));
+                    }
+                }
+                let kept = (
+                    t.counts.established,
+                    t.counts.half_open.len(),
+                    t.counts.half_open.first().map(|&(_, q)| q),
+                );
+                prop_assert_eq!(kept, t.scan_counts());
+            }
+        }
     }
 }

@@ -1,0 +1,320 @@
+//! [`ClientSlots`]: the non-blocking clients of a listener the event loop drives, each in a
+//! slot with its own mio token (`first_client + slot`), shared by the control socket and the
+//! metrics listener.
+//!
+//! What one turn does is bounded: at most the caller's `per_turn` accepts, and one step per
+//! client that readiness, a bound or its deadline made due. What a client holds is bounded:
+//! one of a fixed number of slots (a connection beyond them is handed back to be refused) and
+//! a deadline per phase of its exchange. The slots read no clock (`now` comes in with every
+//! turn) and never block; what an exchange reads and writes is the caller's step.
+
+use std::io;
+use std::time::{Duration, Instant};
+
+use mio::event::Source;
+use mio::{Interest, Registry, Token};
+
+/// One accepted connection.
+#[derive(Debug)]
+pub(crate) struct Slot<S, E> {
+    pub(crate) stream: S,
+    /// When the current phase of the exchange times out.
+    pub(crate) deadline: Instant,
+    /// The socket may make progress: readiness was reported, or the last turn stopped at a
+    /// bound rather than at `WouldBlock` (the step sets it then).
+    pub(crate) ready: bool,
+    /// WRITABLE (instead of READABLE) is registered: the answer is being written.
+    writable: bool,
+    /// Where the exchange is, the server's own.
+    pub(crate) exchange: E,
+}
+
+/// What one step left a client in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Still reading its request.
+    Reading,
+    /// Writing its answer: it only waits for WRITABLE now.
+    Writing,
+    /// Done with (answered, timed out or failed): deregister and close.
+    Close,
+}
+
+/// A fixed number of client slots, the registration they share with their listener, and
+/// whether the listener may have connections waiting.
+///
+/// Unregistered (in tests), every client is tried every turn and the listener every turn.
+#[derive(Debug)]
+pub(crate) struct ClientSlots<S, E> {
+    /// What the log calls these clients (`control`, `metrics`).
+    label: &'static str,
+    /// The registry, the listener's token and the first client token.
+    registration: Option<(Registry, Token, usize)>,
+    /// The listener may have connections waiting (reported, or the accept bound was hit).
+    listener_ready: bool,
+    /// Slot `i` is the client with token `first_client + i`.
+    slots: Vec<Option<Slot<S, E>>>,
+    /// The `now` of the last turn.
+    now: Option<Instant>,
+}
+
+impl<S: Source, E> ClientSlots<S, E> {
+    /// `max` empty slots; `label` names the clients in the log.
+    pub(crate) fn new(label: &'static str, max: usize) -> Self {
+        Self {
+            label,
+            registration: None,
+            listener_ready: true,
+            slots: (0..max).map(|_| None).collect(),
+            now: None,
+        }
+    }
+
+    /// Clients holding a slot.
+    pub(crate) fn clients(&self) -> usize {
+        self.slots.iter().flatten().count()
+    }
+
+    /// Registers `listener` with `registry` under `listener_token`, and every client admitted
+    /// later under `first_client + slot`. Registering again moves the listener (and closes
+    /// the clients).
+    ///
+    /// # Errors
+    /// The registry's.
+    pub(crate) fn register(
+        &mut self,
+        registry: &Registry,
+        listener: &mut impl Source,
+        listener_token: Token,
+        first_client: Token,
+    ) -> io::Result<()> {
+        for slot in 0..self.slots.len() {
+            self.close(slot);
+        }
+        if let Some((old, _, _)) = self.registration.take() {
+            old.deregister(listener)?;
+        }
+        registry.register(listener, listener_token, Interest::READABLE)?;
+        self.listener_ready = true;
+        self.registration = Some((registry.try_clone()?, listener_token, first_client.0));
+        Ok(())
+    }
+
+    /// Takes note of a readiness event; returns whether `token` is one of these.
+    pub(crate) fn note_readiness(&mut self, token: Token) -> bool {
+        let Some((_, listener, first)) = &self.registration else {
+            return false;
+        };
+        if token == *listener {
+            self.listener_ready = true;
+            return true;
+        }
+        let Some(slot) = token
+            .0
+            .checked_sub(*first)
+            .filter(|&s| s < self.slots.len())
+        else {
+            return false;
+        };
+        if let Some(c) = self.slots.get_mut(slot).and_then(Option::as_mut) {
+            c.ready = true;
+        }
+        true
+    }
+
+    /// When the next turn has work: at once while connections or answer bytes wait behind a
+    /// per-turn bound, else the earliest client deadline.
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        let registered = self.registration.is_some();
+        let mut next: Option<Instant> = None;
+        for c in self.slots.iter().flatten() {
+            let t = if c.ready && registered {
+                self.now.unwrap_or(c.deadline)
+            } else {
+                c.deadline
+            };
+            next = Some(next.map_or(t, |n| n.min(t)));
+        }
+        match self.now {
+            Some(now) if registered && self.listener_ready => Some(now),
+            _ => next,
+        }
+    }
+
+    /// The first half of a turn at `now`: accepts up to `per_turn` connections from `accept`
+    /// (the listener's non-blocking accept) if the listener may have some waiting, giving each
+    /// a free slot (its exchange from [`Admission::admit`], `timeout` for its first phase) or
+    /// handing it to [`Admission::refuse`]. `listener_ready` stays set if the bound stopped it.
+    /// A listener error other than `WouldBlock` and `Interrupted` ends the accepting (until
+    /// the next readiness) and is returned.
+    pub(crate) fn accept(
+        &mut self,
+        now: Instant,
+        per_turn: usize,
+        timeout: Duration,
+        mut accept: impl FnMut() -> io::Result<S>,
+        admission: &mut impl Admission<S, E>,
+    ) -> io::Result<()> {
+        self.now = Some(now);
+        if !(self.listener_ready || self.registration.is_none()) {
+            return Ok(());
+        }
+        for _ in 0..per_turn {
+            match accept() {
+                Ok(stream) => self.admit(stream, now + timeout, admission),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.listener_ready = false;
+                    return Ok(());
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.listener_ready = false;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The second half of a turn at `now`: steps every client that is due (readiness, a
+    /// bound, or its deadline passed), and closes or turns to writing the clients as the
+    /// step says; a step's error drops its client (logged at debug).
+    pub(crate) fn step_due(
+        &mut self,
+        now: Instant,
+        mut step: impl FnMut(&mut Slot<S, E>) -> io::Result<Step>,
+    ) {
+        let poll_all = self.registration.is_none();
+        for slot in 0..self.slots.len() {
+            let Some(c) = self.slots.get_mut(slot).and_then(Option::as_mut) else {
+                continue;
+            };
+            if !(c.ready || poll_all || now >= c.deadline) {
+                continue;
+            }
+            c.ready = false;
+            let writable = c.writable;
+            match step(c) {
+                Ok(Step::Reading) => {}
+                Ok(Step::Writing) => {
+                    if !writable {
+                        self.want_writable(slot);
+                    }
+                }
+                Ok(Step::Close) => self.close(slot),
+                Err(e) => {
+                    tracing::debug!(error = %e, "{} client dropped", self.label);
+                    self.close(slot);
+                }
+            }
+        }
+    }
+
+    /// Gives an accepted connection a free slot and its token, or hands it to `refuse` if
+    /// none is free.
+    fn admit(&mut self, mut stream: S, deadline: Instant, admission: &mut impl Admission<S, E>) {
+        let Some(slot) = self.slots.iter().position(Option::is_none) else {
+            admission.refuse(stream);
+            return;
+        };
+        if let Some((registry, _, first)) = &self.registration {
+            if let Err(e) = registry.register(&mut stream, Token(first + slot), Interest::READABLE)
+            {
+                tracing::debug!(error = %e, "{} client dropped", self.label);
+                return;
+            }
+        }
+        let exchange = admission.admit(&stream);
+        if let Some(s) = self.slots.get_mut(slot) {
+            *s = Some(Slot {
+                stream,
+                deadline,
+                // The request may have arrived before the accept.
+                ready: true,
+                writable: false,
+                exchange,
+            });
+        }
+    }
+
+    /// Asks for WRITABLE on a client writing its answer (it only waits for that then).
+    fn want_writable(&mut self, slot: usize) {
+        let Some((registry, _, first)) = &self.registration else {
+            return;
+        };
+        if let Some(c) = self.slots.get_mut(slot).and_then(Option::as_mut) {
+            match registry.reregister(&mut c.stream, Token(first + slot), Interest::WRITABLE) {
+                Ok(()) => c.writable = true,
+                Err(e) => {
+                    tracing::debug!(error = %e, "{} client dropped", self.label);
+                    self.close(slot);
+                }
+            }
+        }
+    }
+
+    /// Deregisters and closes the client in `slot`.
+    fn close(&mut self, slot: usize) {
+        let Some(mut c) = self.slots.get_mut(slot).and_then(Option::take) else {
+            return;
+        };
+        if let Some((registry, _, _)) = &self.registration {
+            let _ = registry.deregister(&mut c.stream);
+        }
+    }
+}
+
+/// What a server does with the connections it accepts.
+pub(crate) trait Admission<S, E> {
+    /// No slot is free for `stream`: answer it briefly (never waiting), count it, drop it.
+    fn refuse(&mut self, stream: S);
+    /// `stream` got a slot (and its token): its exchange; count it.
+    fn admit(&mut self, stream: &S) -> E;
+}
+
+/// Most bytes a client sent beyond its request that are read and discarded before its socket
+/// is closed (closing a socket with unread data resets the connection, and the client could
+/// lose its answer).
+const DISCARD_BYTES: usize = 16 << 10;
+
+/// Writes `answer` from byte `*sent` on, at most `per_turn` bytes, as far as the socket takes
+/// them without blocking. `Ok(true)` once all of it is written; `Ok(false)` if more is to
+/// come (with `ready` set if the bound, not the socket, stopped it).
+pub(crate) fn write_answer(
+    stream: &mut impl io::Write,
+    ready: &mut bool,
+    answer: &[u8],
+    sent: &mut usize,
+    per_turn: usize,
+) -> io::Result<bool> {
+    let budget_end = (*sent + per_turn).min(answer.len());
+    while *sent < answer.len() {
+        if *sent >= budget_end {
+            // More to write and the socket did not say no: carry on next turn.
+            *ready = true;
+            return Ok(false);
+        }
+        let chunk = answer.get(*sent..budget_end).unwrap_or_default();
+        match stream.write(chunk) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(k) => *sent += k,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+/// Reads and drops what the client sent beyond its request, up to [`DISCARD_BYTES`] and
+/// without waiting.
+pub(crate) fn discard_input(stream: &mut impl io::Read) {
+    let mut sink = [0u8; 1024];
+    let mut left = DISCARD_BYTES;
+    while left > 0 {
+        match stream.read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => left = left.saturating_sub(k),
+        }
+    }
+}

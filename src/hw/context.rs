@@ -1,0 +1,95 @@
+//! The device context ([`HwVerbs`]: the libibverbs handles and the tables of every object
+//! created on it), what opens it ([`HwConfig`]) and what it counts ([`HwStats`]).
+
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
+
+use ibverbs_sys as ffi;
+
+use super::ah_cache::AhCache;
+use super::objects::{Ah, Cq, Ipv4Joins, Pd, Qp, Srq, Wr};
+use crate::verbs::{
+    AddressVector, AsyncEvent, BufPools, PdId, PoolId, PortAttr, WcOpcode, WcStatus,
+};
+
+/// What to open.
+#[derive(Debug, Clone, Default)]
+pub struct HwConfig {
+    /// Device name (`rxe0`, `mlx5_0`); the first device when `None`.
+    pub device: Option<String>,
+    /// Port number; 1 when `None`.
+    pub port: Option<u8>,
+    /// GID index; when `None`, the RoCEv2 IPv4-mapped GID of `local_ip`, else 0.
+    pub gid_index: Option<u8>,
+    /// The local IP address whose GID to use.
+    pub local_ip: Option<IpAddr>,
+}
+
+/// A libibverbs device context on one port. See the [module documentation](super).
+#[derive(Debug)]
+pub struct HwVerbs {
+    pub(super) ctx: *mut ffi::ibv_context,
+    pub(super) channel: *mut ffi::ibv_comp_channel,
+    pub(super) port: u8,
+    pub(super) gid_index: u8,
+    pub(super) attr: PortAttr,
+    pub(super) name: String,
+    pub(super) pools: BufPools,
+    /// Pool → (MR, its PD).
+    pub(super) mrs: HashMap<PoolId, (*mut ffi::ibv_mr, PdId)>,
+    pub(super) pds: HashMap<u32, Pd>,
+    pub(super) cqs: HashMap<u32, Cq>,
+    pub(super) srqs: HashMap<u32, Srq>,
+    pub(super) qps: HashMap<u32, Qp>,
+    pub(super) ahs: AhCache<(PdId, AddressVector), Ah>,
+    pub(super) wrs: HashMap<u64, Wr>,
+    pub(super) next_wr: u64,
+    pub(super) next_id: u32,
+    pub(super) events: VecDeque<AsyncEvent>,
+    pub(super) wc: Vec<ffi::ibv_wc>,
+    pub(super) stats: HwStats,
+    /// IPv4 groups joined for multicast attachments on a RoCEv2 IPv4 port.
+    pub(super) ipv4_joins: Ipv4Joins,
+}
+
+/// What the libibverbs provider counted, for the daemon's status (serialized field by field,
+/// each name behind the status's `hw_` prefix).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct HwStats {
+    /// Work completions handed out.
+    pub completions: u64,
+    /// Of those, completions with an error status (flushes included).
+    pub completion_errors: u64,
+    /// Of those, receives that ended in an error other than a flush: a message that arrived
+    /// and was not delivered (in the status's `rx_dropped` and `rx_errors`).
+    pub recv_errors: u64,
+    /// Of those, sends that ended in an error other than a flush: a packet posted and not
+    /// delivered (in the status's `tx_errors`). The sends flushed behind it are not counted.
+    pub send_errors: u64,
+    /// Asynchronous events read from the device.
+    pub async_events: u64,
+    /// Of those, events of a kind the provider does not pass on.
+    pub async_unhandled: u64,
+    /// Address handles created (one per UD destination not in the cache).
+    pub ah_created: u64,
+    /// Address handles destroyed (evicted ones once their sends completed).
+    pub ah_destroyed: u64,
+    /// Address handles evicted from the full cache, least recently used first.
+    pub ah_evicted: u64,
+}
+
+impl HwStats {
+    /// Counts one completion handed out with `status`, a send's or a receive's.
+    pub(crate) fn count_completion(&mut self, opcode: WcOpcode, status: WcStatus) {
+        self.completions += 1;
+        if status == WcStatus::Success {
+            return;
+        }
+        self.completion_errors += 1;
+        match (status, opcode) {
+            (WcStatus::WrFlushErr, _) => {}
+            (_, WcOpcode::Send) => self.send_errors += 1,
+            (_, WcOpcode::Recv) => self.recv_errors += 1,
+        }
+    }
+}
