@@ -243,3 +243,88 @@ pub fn example_config(header: &[&str], settings: &[SettingDoc]) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TIMEOUT: SettingDoc = SettingDoc {
+        key: "rx_timeout",
+        doc: &[
+            " Reap RX connections idle this long, at least 1s",
+            " [default: 60s].",
+            "",
+            " A second paragraph | with a bar.",
+        ],
+        shown: Shown::example("\"60s\"").section("Connections"),
+    };
+    const SWITCH: SettingDoc = SettingDoc {
+        key: "no_srq",
+        doc: &[" Per-QP receive rings."],
+        shown: Shown::example("false"),
+    };
+    const ALIAS: SettingDoc = SettingDoc {
+        key: "srq",
+        doc: &[" The opposite sense."],
+        shown: Shown::example("true").alias_of("no_srq"),
+    };
+    const SET: SettingDoc = SettingDoc {
+        key: "bind",
+        doc: &[" Underlay address [default: [none]]."],
+        shown: Shown::example("\"198.18.0.1\"").set(),
+    };
+
+    #[test]
+    fn the_doc_splits_into_meaning_and_default() {
+        assert_eq!(
+            TIMEOUT.paragraphs(),
+            [
+                "Reap RX connections idle this long, at least 1s [default: 60s].",
+                "A second paragraph | with a bar."
+            ]
+        );
+        assert_eq!(TIMEOUT.default_text().as_deref(), Some("60s"));
+        assert_eq!(
+            TIMEOUT.meaning(),
+            "Reap RX connections idle this long, at least 1s. A second paragraph | with a bar."
+        );
+        assert_eq!(SET.default_text().as_deref(), Some("[none]"));
+        assert_eq!(SWITCH.default_text(), None);
+    }
+
+    #[test]
+    fn the_table_has_a_row_per_key_with_its_aliases() {
+        let cmd = clap::Command::new("up")
+            .arg(
+                clap::Arg::new("rx_timeout")
+                    .long("rx-timeout")
+                    .value_name("DURATION"),
+            )
+            .arg(clap::Arg::new("no_srq").long("no-srq").num_args(0));
+        let table = settings_table(&[TIMEOUT, SWITCH, ALIAS], &cmd);
+        assert_eq!(
+            table.lines().collect::<Vec<_>>(),
+            [
+                "| flag | key | default | meaning |",
+                "|---|---|---|---|",
+                "| `--rx-timeout DURATION` | `rx_timeout` | 60s | Reap RX connections idle this long, at least 1s. A second paragraph \\| with a bar. |",
+                "| `--no-srq` | `no_srq` (or `srq`) |  | Per-QP receive rings. |",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_example_comments_each_key_and_sets_only_the_set_ones() {
+        let text = example_config(&["Header.", ""], &[TIMEOUT, SWITCH, ALIAS, SET]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[..3], ["# Header.", "#", ""]);
+        assert!(lines[3].starts_with("# --- Connections ---"), "{text}");
+        assert_eq!(lines[3].chars().count(), WIDTH);
+        assert!(lines.contains(&"# rx_timeout = \"60s\""), "{text}");
+        assert!(lines.contains(&"bind = \"198.18.0.1\""), "{text}");
+        // An alias follows its key without a blank line.
+        let srq = lines.iter().position(|l| *l == "# srq = true").unwrap();
+        assert_eq!(lines[srq - 2], "# no_srq = false");
+        assert!(lines.iter().all(|l| l.chars().count() <= WIDTH), "{text}");
+    }
+}
