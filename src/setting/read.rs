@@ -145,7 +145,7 @@ pub fn pick_int(
 /// for a key that has a file, the file's text; `default` when neither was given.
 ///
 /// # Errors
-/// The [`DurationError`] or `must be at least MIN (got "x")`, naming `--KEY` or
+/// The [`DurationError`](super::DurationError) or `must be at least MIN (got "x")`, naming `--KEY` or
 /// `config: KEY`.
 pub fn pick_duration(
     key: &str,

@@ -61,6 +61,8 @@ with_fault_fields!(settings! {
     /// keys. A value is held as given ([`Given`]) and parsed by [`resolve`](super::resolve),
     /// which names the flag or key in its errors; the defaults are taken there, from
     /// [`EndpointConfig::new`](crate::ipoib::EndpointConfig::new) for the endpoint's settings.
+    // The fields' docs are `--help` text with `[default: ...]`, not links.
+    #[allow(rustdoc::broken_intra_doc_links)]
     #[derive(Debug, Clone, Default, PartialEq, clap::Args, Deserialize)]
     #[serde(deny_unknown_fields)]
     pub struct Settings;
