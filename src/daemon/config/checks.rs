@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::types::{
     check_ifname, check_log, default_control_socket, Quirk, DEFAULT_IFNAME, DEFAULT_LOG,
+    TX_STALL_ACK_TIMEOUTS,
 };
 use crate::ipoib::QpBudgetPolicy;
 use crate::setting::{
@@ -73,14 +74,16 @@ pub(super) fn on_unless(
     Ok(!switch(key, given, alias, alias_given)?)
 }
 
-/// The TX stall timeout: positive, `default` when not given, longer than `ack_timeout` (the
-/// local ACK timeout of `qp_timeout`).
+/// The TX stall timeout: positive, longer than the local ACK timeout of `qp_timeout`; when
+/// not given the endpoint's `default` or [`TX_STALL_ACK_TIMEOUTS`] local ACK timeouts,
+/// whichever is longer.
 pub(super) fn tx_stall_timeout(
     given: Option<&Given<Duration>>,
     default: Duration,
     qp_timeout: u8,
-    ack_timeout: Duration,
 ) -> Result<Duration, ConfigError> {
+    let ack_timeout = crate::wire::cm::ibta_timeout(qp_timeout);
+    let default = default.max(ack_timeout * TX_STALL_ACK_TIMEOUTS);
     let d = duration_at_least("tx_stall_timeout", given, Duration::from_millis(1), default)?;
     if d <= ack_timeout {
         return Err(origin_of(given).err(

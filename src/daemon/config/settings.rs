@@ -19,7 +19,7 @@ use super::rules::{duration, int, list, switch, value, Computed, RuleExt};
 use super::types::{
     endpoint_defaults, Cidr, ProviderKind, Quirk, DEFAULT_UDP_PORT, MAX_BUSY_POLL, MAX_MAX_CONN_QP,
     MAX_MAX_PENDING_RX, MAX_NEIGH_MAX, MAX_PEERS, MAX_STATIC_NEIGHBOURS, MAX_TX_QUEUE_LEN,
-    MIN_NEIGH_TIMEOUT, MIN_RX_TIMEOUT, QP_TIMEOUT_RANGE, TX_STALL_ACK_TIMEOUTS,
+    MIN_NEIGH_TIMEOUT, MIN_RX_TIMEOUT, QP_TIMEOUT_RANGE,
 };
 use crate::daemon::logging::LogFormat;
 use crate::ipoib::{Mode, QpBudgetPolicy};
@@ -211,10 +211,8 @@ with_fault_fields!(settings! {
     pub tx_stall_timeout: Option<Given<Duration>> [Shown::example("\"1s\"")]
         => tx_stall_timeout: Duration = Computed(checks::tx_stall_timeout(
             s.tx_stall_timeout.as_ref(),
-            d.tx_stall_timeout
-                .max(crate::wire::cm::ibta_timeout(qp_timeout) * TX_STALL_ACK_TIMEOUTS),
+            d.tx_stall_timeout,
             qp_timeout,
-            crate::wire::cm::ibta_timeout(qp_timeout),
         )),
     /// After each event keep looking for the next one this long instead of sleeping, e.g.
     /// 200us, at most 10ms: no process wakeup for a packet that arrives meanwhile, at the
