@@ -47,6 +47,10 @@
 //!   endpoint, CM MAD transport, TUN device) a turn at a time in its caller's loop;
 //!   [`ProviderSources`] registers a provider's descriptors. On `sys`, `verbs`, `mad`,
 //!   `ipoib`.
+//! - `setting` (hidden): reading a setting from a flag's text or a config file's value, with
+//!   its bounds and errors naming the flag or key, the fault-injection flags declared once,
+//!   and the documentation of declared settings; what the daemon's configuration and the
+//!   tools' flags share. On `wire`, `verbs`, `soft`.
 //! - `sim` (hidden, for tests): a deterministic in-memory fabric with a virtual clock, and
 //!   clusters of endpoints on it.
 //! - `daemon` (hidden, for the binary): configuration, status, the control socket and the
@@ -85,6 +89,8 @@ pub mod driver;
 pub mod hw;
 pub mod ipoib;
 pub mod mad;
+#[doc(hidden)]
+pub mod setting;
 #[doc(hidden)]
 pub mod sim;
 pub mod soft;

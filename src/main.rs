@@ -53,16 +53,18 @@ enum Command {
     #[command(hide = true)]
     Conformance(ConformanceArgs),
     /// Write the man pages or shell completions of these commands into a directory (for
-    /// packaging).
+    /// packaging), or the settings table and example config into a source tree.
     #[command(hide = true)]
     Generate(GenerateArgs),
 }
 
-// --- generate: man pages and shell completions ------------------------------------------------
+// --- generate: man pages, shell completions, the settings' docs -----------------------------
 
 #[derive(Debug, Args)]
 struct GenerateArgs {
-    /// man: one page per command (section 1); completions: bash, zsh and fish.
+    /// man: one page per command (section 1); completions: bash, zsh and fish; settings: the
+    /// settings table of DIR/README.md and DIR/contrib/ipoib-cm.example.toml, from the
+    /// declaration of the settings (DIR is the source tree).
     what: Generated,
     /// Directory to write into (created if missing).
     dir: std::path::PathBuf,
@@ -72,14 +74,19 @@ struct GenerateArgs {
 enum Generated {
     Man,
     Completions,
+    Settings,
 }
 
-/// `ipoib-cm generate man|completions DIR`; a failed write exits 1.
+/// `ipoib-cm generate man|completions|settings DIR`; a failed write exits 1.
 fn generate_main(a: &GenerateArgs) -> ExitCode {
     let write = || -> std::io::Result<()> {
+        if let Generated::Settings = a.what {
+            return daemon::config::write_settings(&a.dir);
+        }
         std::fs::create_dir_all(&a.dir)?;
         let mut cmd = Cli::command();
         match a.what {
+            Generated::Settings => Ok(()),
             Generated::Man => clap_mangen::generate_to(cmd, &a.dir),
             Generated::Completions => {
                 use clap_complete::Shell;

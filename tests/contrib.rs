@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use clap::Parser;
-use ipoib_cm::daemon::config::{resolve_str, Settings};
+use ipoib_cm::daemon::config::{
+    example_config, resolve_str, settings_table, with_settings_table, Settings, EXAMPLE_CONFIG,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ipoib-cm");
 
@@ -98,6 +100,67 @@ fn example_config_names_every_key_once() {
         missing.is_empty() && unknown.is_empty(),
         "{EXAMPLE}: missing keys {missing:?}, not keys {unknown:?}"
     );
+}
+
+/// What regenerates the README table and the example config after a change of the settings.
+const REGENERATE: &str = "cargo run -- generate settings .";
+
+#[test]
+fn readme_settings_table_is_the_generated_one() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = read(&root.join("README.md"));
+    let generated = with_settings_table(&readme, &settings_table())
+        .expect("README.md has the settings table markers");
+    assert!(
+        readme == generated,
+        "README.md's settings table is not the one the settings declare; run `{REGENERATE}`"
+    );
+}
+
+#[test]
+fn example_config_is_the_generated_one() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(EXAMPLE_CONFIG);
+    assert!(
+        read(&path) == example_config(),
+        "{EXAMPLE_CONFIG} is not the one the settings declare; run `{REGENERATE}`"
+    );
+}
+
+/// Every shown example that is the value its doc's `[default: ...]` names resolves as the
+/// setting left out does: the doc's default is the real one.
+#[test]
+fn documented_defaults_are_the_defaults() {
+    let path = contrib(EXAMPLE);
+    let base = "bind = \"198.18.0.1\"\n";
+    let default = resolve_str(&path, base, &Settings::default()).unwrap();
+    let mut checked = Vec::new();
+    let mut other_example = Vec::new();
+    for s in Settings::docs() {
+        let Some(text) = s.default_text() else {
+            continue;
+        };
+        // The default itself, or the default first and when it is another after a comma.
+        let example = s.shown.example.trim_matches('"');
+        if text != example && !text.starts_with(&format!("{example},")) {
+            if !text.contains(' ') {
+                other_example.push(s.key);
+            }
+            continue;
+        }
+        let with = format!("{base}{} = {}\n", s.key, s.shown.example);
+        let c = resolve_str(&path, &with, &Settings::default())
+            .unwrap_or_else(|e| panic!("{}: {e}", s.key));
+        assert_eq!(
+            c, default,
+            "{} = {}: [default: {text}]",
+            s.key, s.shown.example
+        );
+        checked.push(s.key);
+    }
+    assert!(checked.len() >= 20, "only {checked:?}");
+    // A one-word default that its example does not show is one of these, whose default is no
+    // value a file would hold.
+    assert_eq!(other_example, ["control_socket", "metrics_listen"]);
 }
 
 const UNIT: &str = "systemd/ipoib-cm@.service";

@@ -4,28 +4,8 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::error::ConfigError;
 use super::settings::Settings;
-
-/// A duration in the config file: a string (`"1.5s"`) or an integer number of seconds.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(untagged, expecting = "a duration like \"5s\" or a number of seconds")]
-pub enum FileDuration {
-    /// Text that [`parse_duration`](super::parse_duration) reads.
-    Text(String),
-    /// Whole seconds.
-    Seconds(i64),
-}
-
-impl FileDuration {
-    /// The duration as text, as a flag would give it.
-    pub fn text(&self) -> String {
-        match self {
-            Self::Text(s) => s.clone(),
-            Self::Seconds(n) => n.to_string(),
-        }
-    }
-}
+use crate::setting::ConfigError;
 
 impl Settings {
     /// Every key a config file may have, in declaration order.

@@ -1,6 +1,11 @@
-//! The one definition of the settings of `ipoib-cm up` ([`Settings`]): its fields are the
-//! command-line flags (clap) and the keys of the TOML file (serde), and their docs are the
-//! `--help` text.
+//! The one declaration of the settings of `ipoib-cm up`: each field of [`Settings`] is a
+//! command-line flag (clap) and a key of the TOML file (serde); its doc is the `--help` text,
+//! the README row and the example config's comment; its [`Shown`] is its example; its rule
+//! after `=>` resolves it into its field of [`Config`] with its bounds and default.
+//!
+//! Adding a setting is one field here (doc with its bounds and `[default: ...]`, attributes,
+//! example, rule) and its test; `ipoib-cm generate settings` rewrites the README table and
+//! the example config from it.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -8,60 +13,42 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::faults::TEST_HELP_HEADING;
-use super::given::{Given, Quirk};
-use super::resolved::{Cidr, ProviderKind};
+use super::checks;
+use super::declare::settings;
+use super::rules::{duration, int, list, switch, value, Computed, RuleExt};
+use super::types::{
+    endpoint_defaults, Cidr, ProviderKind, Quirk, DEFAULT_UDP_PORT, MAX_BUSY_POLL, MAX_MAX_CONN_QP,
+    MAX_MAX_PENDING_RX, MAX_NEIGH_MAX, MAX_PEERS, MAX_STATIC_NEIGHBOURS, MAX_TX_QUEUE_LEN,
+    MIN_NEIGH_TIMEOUT, MIN_RX_TIMEOUT, QP_TIMEOUT_RANGE,
+};
 use crate::daemon::logging::LogFormat;
 use crate::ipoib::{Mode, QpBudgetPolicy};
 use crate::mad::CmTransport;
+use crate::setting::{fault_flags_of, with_fault_fields, Given, Shown, TEST_HELP_HEADING};
+use crate::soft::{FaultConfig, Quirks};
 use crate::verbs::PathMtu;
 use crate::wire::ipoib::HwAddr;
 
-/// How a field of the command line is laid over the same field of the file.
-trait Merge {
-    /// `flag` if it was given, else `file`.
-    fn merge(flag: Self, file: Self) -> Self;
-}
+/// The sections of the example config.
+const INTERFACE: &str = "The interface";
+const UNDERLAY: &str = "The underlay (the software RoCEv2 provider over UDP)";
+const CONNECTIONS: &str = "Connections";
+const OPERATION: &str = "Operation";
 
-/// A single value: the flag's if given.
-impl<T> Merge for Option<T> {
-    fn merge(flag: Self, file: Self) -> Self {
-        flag.or(file)
+with_fault_fields!(settings! {
+    validate(s, d = endpoint_defaults())
+    derived {
+        /// Fault injection on the software provider (`fault_*`).
+        fault: FaultConfig = with_fault_fields!(fault_flags_of! { @from s; }).to_config(),
     }
-}
-
-/// A repeatable value: the flags given at least once replace the file's whole list.
-impl<T> Merge for Vec<T> {
-    fn merge(flag: Self, file: Self) -> Self {
-        if flag.is_empty() {
-            file
-        } else {
-            flag
-        }
+    /// Fully resolved and validated configuration of `ipoib-cm up`: each field is its
+    /// setting's, with the setting's bounds checked and its default taken.
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct Config {
+        /// Where this configuration came from when a file was read (`--config`): what a
+        /// reload (SIGHUP) reads again. `None` without a file.
+        pub source: Option<ConfigSource> = None,
     }
-}
-
-/// Defines [`Settings`] and its [`Settings::over`] from one list of fields.
-macro_rules! settings {
-    ($(#[$meta:meta])* pub struct Settings { $($(#[$fmeta:meta])* pub $field:ident: $ty:ty,)* }) => {
-        $(#[$meta])*
-        pub struct Settings {
-            $($(#[$fmeta])* pub $field: $ty,)*
-        }
-
-        impl Settings {
-            /// These settings (the command line) laid over `file`'s: each field given here
-            /// wins, a repeatable one given at least once replaces the file's list.
-            pub fn over(self, file: Self) -> Self {
-                Self {
-                    $($field: Merge::merge(self.$field, file.$field),)*
-                }
-            }
-        }
-    };
-}
-
-settings! {
     /// The settings of `ipoib-cm up`: its flags (`#[command(flatten)]` it into the subcommand)
     /// and the keys of its TOML file ([`parse_config_file`](super::parse_config_file)), one
     /// field each, not yet validated.
@@ -74,163 +61,260 @@ settings! {
     /// keys. A value is held as given ([`Given`]) and parsed by [`resolve`](super::resolve),
     /// which names the flag or key in its errors; the defaults are taken there, from
     /// [`EndpointConfig::new`](crate::ipoib::EndpointConfig::new) for the endpoint's settings.
+    // The fields' docs are `--help` text with `[default: ...]`, not links.
+    #[allow(rustdoc::broken_intra_doc_links)]
     #[derive(Debug, Clone, Default, PartialEq, clap::Args, Deserialize)]
     #[serde(deny_unknown_fields)]
-    pub struct Settings {
-        /// TOML configuration file; flags override its keys.
-        #[arg(long, value_name = "FILE")]
-        #[serde(skip)]
-        pub config: Option<PathBuf>,
-        /// Interface name [default: ib0].
-        #[arg(long, value_name = "NAME")]
-        pub ifname: Option<Given<String>>,
-        /// Address of the interface, IPv4 or IPv6 CIDR; without a prefix a host address (/32,
-        /// /128) as `ip` takes it (repeatable).
-        #[arg(long, value_name = "CIDR")]
-        #[serde(default)]
-        pub addr: Vec<Given<Cidr>>,
-        /// Underlay address of the software provider (required, here or in the file).
-        #[arg(long, value_name = "ADDR")]
-        pub bind: Option<Given<IpAddr>>,
-        /// Underlay address of another node (repeatable); broadcast is fanned out to them, by
-        /// unicast, besides IP multicast.
-        #[arg(long, value_name = "ADDR")]
-        #[serde(default)]
-        pub peer: Vec<Given<IpAddr>>,
-        /// Don't carry the broadcast group as IP multicast on the underlay (UDP 4791 to
-        /// 239.255.<P_Key>, or on IPv6 the MGID itself); then only --peer addresses hear it.
-        #[arg(long, num_args = 0, default_missing_value = "true")]
-        pub no_multicast: Option<Given<bool>>,
-        /// TTL (IPv4) or hop limit (IPv6) of the underlay multicast, 1..=255 [default: 1, the
-        /// link].
-        #[arg(long, value_name = "N", allow_negative_numbers = true)]
-        pub multicast_ttl: Option<Given<i64>>,
-        /// Static neighbour, IP=HWADDR with the 20-byte hardware address in `ip link` form
-        /// (repeatable).
-        #[arg(long, value_name = "IP=HWADDR")]
-        #[serde(default)]
-        pub neigh: Vec<Given<(IpAddr, HwAddr)>>,
-        /// RoCEv2 UDP port [default: 4791].
-        #[arg(long, value_name = "N", allow_negative_numbers = true)]
-        pub udp_port: Option<Given<i64>>,
-        /// How CM MADs travel: qp1 or udp [default: qp1 on soft, udp on verbs].
-        #[arg(long, value_name = "TRANSPORT")]
-        pub cm_transport: Option<Given<CmTransport>>,
-        /// UDP port of the CM MAD side channel (--cm-transport udp) [default: 4792].
-        #[arg(long, value_name = "N", allow_negative_numbers = true)]
-        pub mad_port: Option<Given<i64>>,
-        /// Don't verify the ICRC of IPv4 packets at all (peers with their own IPv4 IDs, such as
-        /// the kernel's rxe, need no flag: the ID is solved for from the ICRC).
-        #[arg(long, num_args = 0, default_missing_value = "true")]
-        pub no_icrc_v4: Option<Given<bool>>,
-        /// Alias of `no_icrc_v4` with the opposite sense (file only).
-        #[arg(skip)]
-        pub verify_icrc_v4: Option<Given<bool>>,
-        /// Send and receive one UDP datagram per syscall: no GSO trains, no GRO (captures on a
-        /// veth then show every RoCE packet as sent).
-        #[arg(long, num_args = 0, default_missing_value = "true")]
-        pub no_udp_offload: Option<Given<bool>>,
-        /// Alias of `no_udp_offload` with the opposite sense (file only).
-        #[arg(skip)]
-        pub udp_offload: Option<Given<bool>>,
-        /// Local ACK timeout exponent of RC QPs, 4.096 us * 2^N, 8..=24 [default: 12].
-        #[arg(long, value_name = "N", allow_negative_numbers = true)]
-        pub qp_timeout: Option<Given<i64>>,
-        /// IPoIB mode: connected or datagram [default: connected].
-        #[arg(long, value_name = "MODE")]
-        pub mode: Option<Given<Mode>>,
-        /// Do not use a shared receive queue.
-        #[arg(long, num_args = 0, default_missing_value = "true")]
-        pub no_srq: Option<Given<bool>>,
-        /// Alias of `no_srq` with the opposite sense (file only).
-        #[arg(skip)]
-        pub srq: Option<Given<bool>>,
-        /// Reap RX connections idle this long, at least 1s [default: 60s].
-        #[arg(long, value_name = "DURATION", allow_negative_numbers = true)]
-        pub rx_timeout: Option<Given<Duration>>,
-        /// Give up waiting for a QP to drain after this long [default: 5s].
-        #[arg(long, value_name = "DURATION", allow_negative_numbers = true)]
-        pub drain_timeout: Option<Given<Duration>>,
-        /// Fail a TX connection whose sends complete none for this long, freeing its send
-        /// buffers for other peers [default: 1s, or 4 local ACK timeouts if longer].
-        #[arg(long, value_name = "DURATION", allow_negative_numbers = true)]
-        pub tx_stall_timeout: Option<Given<Duration>>,
-        /// Spin looking for events this long after each one, e.g. 200us; at most 10ms
-        /// [default: 0].
-        #[arg(long, value_name = "DURATION", allow_negative_numbers = true)]
-        pub busy_poll: Option<Given<Duration>>,
-        /// Forget neighbours after this long [default: 300s].
-        #[arg(long, value_name = "DURATION", allow_negative_numbers = true)]
-        pub neigh_timeout: Option<Given<Duration>>,
-        /// Most learned neighbour entries; one more evicts the least recently used entry
-        /// without a connection [default: 1024].
-        #[arg(long, value_name = "N", allow_negative_numbers = true)]
-        pub neigh_max: Option<Given<i64>>,
-        /// Connected-mode QP budget [default: 128].
-        #[arg(long, value_name = "N", allow_negative_numbers = true)]
-        pub max_conn_qp: Option<Given<i64>>,
-        /// Half-open RX connections (REP sent, no RTU yet) held at once; a REQ beyond them
-        /// tears down the oldest [default: 16].
-        #[arg(long, value_name = "N", allow_negative_numbers = true)]
-        pub max_pending_rx: Option<Given<i64>>,
-        /// When the QP budget is spent, evict the idlest RX connection (default).
-        #[arg(long, num_args = 0, default_missing_value = "true", conflicts_with = "reject")]
-        pub evict: Option<Given<bool>>,
-        /// When the QP budget is spent, reject new connections.
-        #[arg(long, num_args = 0, default_missing_value = "true")]
-        pub reject: Option<Given<bool>>,
-        /// `evict` or `reject` (file only).
-        #[arg(skip)]
-        pub qp_budget_policy: Option<Given<QpBudgetPolicy>>,
-        /// Packets queued per neighbour while it connects [default: 3].
-        #[arg(long, value_name = "N", allow_negative_numbers = true)]
-        pub tx_queue_len: Option<Given<i64>>,
-        /// IB path MTU: 256, 512, 1024, 2048 or 4096 [default: from the underlay link MTU].
-        #[arg(long, value_name = "BYTES", allow_negative_numbers = true)]
-        pub path_mtu: Option<Given<PathMtu>>,
-        /// Percentage of sent packets the software provider drops.
-        #[arg(long, value_name = "PCT", allow_negative_numbers = true, help_heading = TEST_HELP_HEADING)]
-        pub fault_loss: Option<Given<f64>>,
-        /// Percentage of sent packets the software provider reorders.
-        #[arg(long, value_name = "PCT", allow_negative_numbers = true, help_heading = TEST_HELP_HEADING)]
-        pub fault_reorder: Option<Given<f64>>,
-        /// Percentage of sent packets the software provider duplicates.
-        #[arg(long, value_name = "PCT", allow_negative_numbers = true, help_heading = TEST_HELP_HEADING)]
-        pub fault_dup: Option<Given<f64>>,
-        /// Percentage of sent packets the software provider corrupts.
-        #[arg(long, value_name = "PCT", allow_negative_numbers = true, help_heading = TEST_HELP_HEADING)]
-        pub fault_corrupt: Option<Given<f64>>,
-        /// Seed of the fault RNG [default: 1].
-        #[arg(long, value_name = "N", allow_negative_numbers = true, help_heading = TEST_HELP_HEADING)]
-        pub fault_seed: Option<Given<i64>>,
-        /// Seed of the software provider's QPN order, which fixes its hardware address (for
-        /// peers that name it in a static --neigh) [default: drawn at each start].
-        #[arg(long, value_name = "N", allow_negative_numbers = true)]
-        pub qpn_seed: Option<Given<i64>>,
-        /// Provider quirk: drain-never, no-last-wqe or dup-last-wqe (repeatable).
-        #[arg(long, value_name = "QUIRK", help_heading = TEST_HELP_HEADING)]
-        #[serde(default)]
-        pub quirk: Vec<Given<Quirk>>,
-        /// Control socket: a path, or @NAME for an abstract socket (default: @ipoib-cm/IFNAME).
-        #[arg(long, value_name = "PATH")]
-        pub control_socket: Option<Given<PathBuf>>,
-        /// Serve the Prometheus exposition over HTTP at this ADDR:PORT (`GET /metrics`), e.g.
-        /// 127.0.0.1:9464; no authentication, so loopback unless meant [default: off].
-        #[arg(long, value_name = "ADDR:PORT")]
-        pub metrics_listen: Option<Given<SocketAddr>>,
-        /// Log filter: off, error, warn, info, debug, trace or target=level,... [default: info].
-        #[arg(long, value_name = "LEVEL")]
-        pub log: Option<Given<String>>,
-        /// Log line format: text or json [default: text]. Lines carry no timestamp of their
-        /// own when stderr is the systemd journal.
-        #[arg(long, value_name = "FORMAT")]
-        pub log_format: Option<Given<LogFormat>>,
-        /// Provider: soft or verbs (libibverbs; CM MADs over UDP, see --cm-transport)
-        /// [default: soft].
-        #[arg(long, value_name = "PROVIDER")]
-        pub provider: Option<Given<ProviderKind>>,
-        /// With --provider verbs: the IB device [default: the first one].
-        #[arg(long, value_name = "DEV")]
-        pub ib_dev: Option<Given<String>>,
-    }
+    pub struct Settings;
+    /// TOML configuration file; flags override its keys.
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub config: Option<PathBuf> [Shown::flag_only()],
+    /// Interface name; the systemd unit passes it from its instance name (ipoib-cm@ib0)
+    /// [default: ib0].
+    #[arg(long, value_name = "NAME")]
+    pub ifname: Option<Given<String>> [Shown::example("\"ib0\"").section(INTERFACE)]
+        => ifname: String = Computed(checks::ifname(s.ifname.as_ref())),
+    /// Address of the interface, IPv4 or IPv6, ADDR/PREFIX; ADDR alone is a host address
+    /// (/32, /128) as `ip` takes it (repeatable).
+    #[arg(long, value_name = "CIDR")]
+    #[serde(default)]
+    pub addr: Vec<Given<Cidr>>
+        [Shown::example("[\"198.19.0.1/24\", \"2001:db8:19::1/64\"]").set()]
+        => addr: Vec<Cidr> = list(),
+    /// IPoIB mode: connected (RC connections to CM-capable peers, MTU 65520) or datagram
+    /// (UD only, MTU = path MTU - 4) [default: connected].
+    #[arg(long, value_name = "MODE")]
+    pub mode: Option<Given<Mode>> [Shown::example("\"connected\"")]
+        => mode: Mode = value().or(d.mode),
+    /// Static neighbour, IP=HWADDR with the 20-byte hardware address as `ip link` prints
+    /// it, shown as `permanent` in status; a soft daemon's is 80:00:00:11 then its GID,
+    /// ::ffff:BIND (repeatable).
+    #[arg(long, value_name = "IP=HWADDR")]
+    #[serde(default)]
+    pub neigh: Vec<Given<(IpAddr, HwAddr)>>
+        [Shown::example("[\"198.19.0.2=80:00:00:11:00:00:00:00:00:00:00:00:00:00:ff:ff:c6:12:00:02\"]")]
+        => neigh: Vec<(IpAddr, HwAddr)> = list().at_most(MAX_STATIC_NEIGHBOURS, "static neighbours"),
+    /// Underlay address of the software provider: its UDP sockets bind to it and it is
+    /// this node's GID (required, here or in the file).
+    #[arg(long, value_name = "ADDR")]
+    pub bind: Option<Given<IpAddr>> [Shown::example("\"198.18.0.1\"").set().section(UNDERLAY)]
+        => bind: IpAddr = Computed(checks::bind(s.bind.as_ref())),
+    /// Underlay address of another node (repeatable); the broadcast group (ARP, ND,
+    /// multicast) is fanned out to them by unicast, besides IP multicast. Needed only
+    /// where the underlay carries no IP multicast (L3 tunnels, most cloud networks).
+    #[arg(long, value_name = "ADDR")]
+    #[serde(default)]
+    pub peer: Vec<Given<IpAddr>> [Shown::example("[\"198.18.0.2\"]").set()]
+        => peer: Vec<IpAddr> = Computed(checks::peers(&s.peer, bind, MAX_PEERS)),
+    /// Don't carry the broadcast group as IP multicast on the underlay (UDP 4791 to
+    /// 239.255.<P_Key> on IPv4, the MGID itself on IPv6); then only --peer addresses hear
+    /// it.
+    #[arg(long, num_args = 0, default_missing_value = "true")]
+    pub no_multicast: Option<Given<bool>> [Shown::example("false")]
+        => /// Carry the broadcast group as IP multicast (`--no-multicast` turns it off).
+        multicast: bool = switch().off(),
+    /// TTL (IPv4) or hop limit (IPv6) of the underlay multicast, 1..=255 (1: the link)
+    /// [default: 1].
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub multicast_ttl: Option<Given<i64>> [Shown::example("1")]
+        => multicast_ttl: u8 = int(1..=255u8).or(crate::soft::DEFAULT_MULTICAST_TTL),
+    /// RoCEv2 UDP port; open it between the nodes [default: 4791].
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub udp_port: Option<Given<i64>> [Shown::example("4791")]
+        => udp_port: u16 = int(1..=u16::MAX).or(DEFAULT_UDP_PORT),
+    /// How CM MADs travel: qp1 (UD to QP1 through the provider) or udp (the side channel
+    /// on mad_port, see docs/verbs.md; what a soft daemon talking to a verbs one needs
+    /// too) [default: qp1 on soft, udp on verbs].
+    #[arg(long, value_name = "TRANSPORT")]
+    pub cm_transport: Option<Given<CmTransport>> [Shown::example("\"qp1\"")]
+        => /// `None`: the provider's (QP1 on soft, UDP on libibverbs, whose QP1 the kernel owns).
+        cm_transport: Option<CmTransport> = value(),
+    /// UDP port of the CM MAD side channel (--cm-transport udp) [default: 4792].
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub mad_port: Option<Given<i64>> [Shown::example("4792")]
+        => mad_port: u16 = int(1..=u16::MAX).or(crate::mad::DEFAULT_MAD_PORT),
+    /// IB path MTU: 256, 512, 1024, 2048 or 4096; 4096 needs an underlay MTU of at least
+    /// 4096 plus the RoCEv2 headers, e.g. 9000 [default: the largest that fits the
+    /// underlay link's MTU].
+    #[arg(long, value_name = "BYTES", allow_negative_numbers = true)]
+    pub path_mtu: Option<Given<PathMtu>> [Shown::example("4096")]
+        => /// `None`: derive it from the underlay link MTU ([`Config::effective_path_mtu`]).
+        path_mtu: Option<PathMtu> = value(),
+    /// Don't verify the ICRC of IPv4 packets at all. Not needed with the kernel's rxe: the
+    /// IPv4 ID it picks is solved for from each ICRC (a 2^-16 false-accept chance per corrupted
+    /// packet instead of 2^-32, logged once per such peer).
+    #[arg(long, num_args = 0, default_missing_value = "true")]
+    pub no_icrc_v4: Option<Given<bool>> [Shown::example("false")],
+    /// The same with the opposite sense, for older files; it must not contradict
+    /// no_icrc_v4.
+    #[arg(skip)]
+    pub verify_icrc_v4: Option<Given<bool>> [Shown::example("true").alias_of("no_icrc_v4")]
+        => /// Verify the ICRC of IPv4 packets (`no_icrc_v4`, or this alias).
+        verify_icrc_v4: bool = Computed(checks::on_unless(
+            "no_icrc_v4",
+            s.no_icrc_v4.as_ref(),
+            "verify_icrc_v4",
+            s.verify_icrc_v4.as_ref(),
+        )),
+    /// Send and receive one UDP datagram per syscall: no GSO trains, no GRO (captures on a
+    /// veth then show every RoCE packet as sent; see docs/tools.md).
+    #[arg(long, num_args = 0, default_missing_value = "true")]
+    pub no_udp_offload: Option<Given<bool>> [Shown::example("false")],
+    /// The same with the opposite sense, for older files.
+    #[arg(skip)]
+    pub udp_offload: Option<Given<bool>> [Shown::example("true").alias_of("no_udp_offload")]
+        => /// Use UDP GSO/GRO (`no_udp_offload`, or this alias).
+        udp_offload: bool = Computed(checks::on_unless(
+            "no_udp_offload",
+            s.no_udp_offload.as_ref(),
+            "udp_offload",
+            s.udp_offload.as_ref(),
+        )),
+    /// Provider: soft (the embedded software RoCEv2 provider) or verbs (libibverbs, a build
+    /// with --features verbs; CM MADs over UDP, see --cm-transport) [default: soft].
+    #[arg(long, value_name = "PROVIDER")]
+    pub provider: Option<Given<ProviderKind>> [Shown::example("\"soft\"")]
+        => provider: ProviderKind = value().or(ProviderKind::default()),
+    /// With --provider verbs: the IB device [default: the first one].
+    #[arg(long, value_name = "DEV")]
+    pub ib_dev: Option<Given<String>> [Shown::example("\"mlx5_0\"")]
+        => ib_dev: Option<String> = Computed(checks::ib_dev(s.ib_dev.as_ref())),
+    /// Local ACK timeout exponent of RC QPs, 4.096 us * 2^N, 8..=24 (12 is about 17 ms); a
+    /// lost tail packet costs this long, and a connection fails after 8 in a row without
+    /// progress (the software provider backs off 1, 2, 4, then 8 times: about 47 of them,
+    /// 0.8 s at 12; --tx-stall-timeout bounds either) [default: 12].
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub qp_timeout: Option<Given<i64>> [Shown::example("12").section(CONNECTIONS)]
+        => qp_timeout: u8 = int(QP_TIMEOUT_RANGE).or(d.qp_timeout),
+    /// Per-QP receive rings instead of one shared receive queue.
+    #[arg(long, num_args = 0, default_missing_value = "true")]
+    pub no_srq: Option<Given<bool>> [Shown::example("false")],
+    /// The same with the opposite sense, for older files.
+    #[arg(skip)]
+    pub srq: Option<Given<bool>> [Shown::example("true").alias_of("no_srq")]
+        => /// Receive on a shared receive queue (`no_srq`, or this alias).
+        srq: bool = Computed(checks::on_unless("no_srq", s.no_srq.as_ref(), "srq", s.srq.as_ref())),
+    /// Reap RX connections idle this long, at least 1s (Linux: 4.3-21 min) [default: 60s].
+    #[arg(long, value_name = "DURATION", allow_negative_numbers = true)]
+    pub rx_timeout: Option<Given<Duration>> [Shown::example("\"60s\"")]
+        => rx_timeout: Duration = duration(MIN_RX_TIMEOUT).or(d.rx_timeout),
+    /// Bound on every teardown wait: give up waiting for a QP to drain after this long
+    /// [default: 5s].
+    #[arg(long, value_name = "DURATION", allow_negative_numbers = true)]
+    pub drain_timeout: Option<Given<Duration>> [Shown::example("\"5s\"")]
+        => drain_timeout: Duration = duration(Duration::from_millis(1)).or(d.drain_timeout),
+    /// Fail a TX connection with sends in flight and none completed for this long, giving
+    /// its send buffers back: how long a vanished or stuck peer can hold the buffers every
+    /// other peer needs; longer than one local ACK timeout [default: 1s, or 4 local ACK
+    /// timeouts if longer].
+    #[arg(long, value_name = "DURATION", allow_negative_numbers = true)]
+    pub tx_stall_timeout: Option<Given<Duration>> [Shown::example("\"1s\"")]
+        => tx_stall_timeout: Duration = Computed(checks::tx_stall_timeout(
+            s.tx_stall_timeout.as_ref(),
+            d.tx_stall_timeout,
+            qp_timeout,
+        )),
+    /// After each event keep looking for the next one this long instead of sleeping, e.g.
+    /// 200us, at most 10ms: no process wakeup for a packet that arrives meanwhile, at the
+    /// cost of a CPU busy while traffic flows [default: 0s, off].
+    #[arg(long, value_name = "DURATION", allow_negative_numbers = true)]
+    pub busy_poll: Option<Given<Duration>> [Shown::example("\"0s\"")]
+        => busy_poll: Duration = duration(Duration::ZERO).at_most(MAX_BUSY_POLL).or(Duration::ZERO),
+    /// Forget unused neighbours and their TX connections after this long, at least 1s
+    /// [default: 300s].
+    #[arg(long, value_name = "DURATION", allow_negative_numbers = true)]
+    pub neigh_timeout: Option<Given<Duration>> [Shown::example("\"300s\"")]
+        => neigh_timeout: Duration = duration(MIN_NEIGH_TIMEOUT).or(d.neigh_timeout),
+    /// Most learned neighbour entries (resolving ones too, static ones not counted), at
+    /// most 2^20; one more evicts the least recently used entry without a connection, and
+    /// at most 16 come from one source GID [default: 1024].
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub neigh_max: Option<Given<i64>> [Shown::example("1024")]
+        => neigh_max: u32 = int(1..=MAX_NEIGH_MAX).or(d.neigh_max as u32),
+    /// Connected-mode QP budget: most established RX connections, SRQ or not, at most
+    /// 65536 [default: 128].
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub max_conn_qp: Option<Given<i64>> [Shown::example("128")]
+        => max_conn_qp: u32 = int(1..=MAX_MAX_CONN_QP).or(d.max_conn_qp as u32),
+    /// Half-open RX connections (REP sent, no RTU yet) held at once, at most 4096; a REQ
+    /// beyond them tears down the oldest. They are reaped when their REP retries run out
+    /// and never count against max_conn_qp [default: 16].
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub max_pending_rx: Option<Given<i64>> [Shown::example("16")]
+        => max_pending_rx: u32 = int(1..=MAX_MAX_PENDING_RX).or(d.max_pending_rx as u32),
+    /// When the QP budget is spent, evict the least recently active RX connection; set one
+    /// of evict, reject and qp_budget_policy, not two that disagree (the default).
+    #[arg(long, num_args = 0, default_missing_value = "true", conflicts_with = "reject")]
+    pub evict: Option<Given<bool>> [Shown::example("true")],
+    /// When the QP budget is spent, reject new connections (REQs get NO_QP while
+    /// max_conn_qp are established).
+    #[arg(long, num_args = 0, default_missing_value = "true")]
+    pub reject: Option<Given<bool>> [Shown::example("false")],
+    /// The same as evict or reject, as "evict" or "reject", for older files.
+    #[arg(skip)]
+    pub qp_budget_policy: Option<Given<QpBudgetPolicy>>
+        [Shown::example("\"evict\"").alias_of("evict")]
+        => /// What to do when the budget is spent (`evict`, `reject` or this alias).
+        qp_budget_policy: QpBudgetPolicy = Computed(checks::budget_policy(
+            s.evict.as_ref(),
+            s.reject.as_ref(),
+            s.qp_budget_policy.as_ref(),
+        ).map(|p| p.unwrap_or(d.budget_policy))),
+    /// Packets held per neighbour while it resolves or connects, at most 65536
+    /// [default: 3].
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub tx_queue_len: Option<Given<i64>> [Shown::example("3")]
+        => tx_queue_len: u32 = int(1..=MAX_TX_QUEUE_LEN).or(d.tx_queue_len as u32),
+    /// Control socket of status, down, neigh, peer and reload (root or the daemon's user
+    /// only): a path (mode 0600), or @NAME for an abstract socket, one per network
+    /// namespace [default: @ipoib-cm/IFNAME].
+    #[arg(long, value_name = "PATH")]
+    pub control_socket: Option<Given<PathBuf>>
+        [Shown::example("\"/run/ipoib-cm/ib0.sock\"").section(OPERATION)]
+        => control_socket: PathBuf = Computed(checks::control_socket(s.control_socket.as_ref(), &ifname)),
+    /// Serve the Prometheus exposition over HTTP at this ADDR:PORT ([IPv6]:PORT for IPv6,
+    /// `GET /metrics`), e.g. 127.0.0.1:9464; no authentication, so loopback unless meant;
+    /// fixed at start (a reload leaves it) [default: off].
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics_listen: Option<Given<SocketAddr>> [Shown::example("\"127.0.0.1:9464\"")]
+        => metrics_listen: Option<SocketAddr> = value(),
+    /// Log filter: off, error, warn, info, debug, trace or target=level,... (RUST_LOG
+    /// overrides) [default: info].
+    #[arg(long, value_name = "LEVEL")]
+    pub log: Option<Given<String>> [Shown::example("\"info\"")]
+        => log: String = Computed(checks::log(s.log.as_ref())),
+    /// Log line format: text or json (one object per line). Lines carry no timestamp of
+    /// their own when stderr is the systemd journal [default: text].
+    #[arg(long, value_name = "FORMAT")]
+    pub log_format: Option<Given<LogFormat>> [Shown::example("\"text\"")]
+        => log_format: LogFormat = value().or(LogFormat::default()),
+} {
+    /// Seed of the software provider's QPN order, which fixes its hardware address, for
+    /// peers that name it in a static --neigh [default: drawn at each start, so that a
+    /// restarted daemon never reuses its predecessor's QPNs].
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub qpn_seed: Option<Given<i64>> [Shown::example("0")]
+        => qpn_seed: Option<u64> = int(0..=i64::MAX as u64),
+    /// Provider contract violation, to test the watchdogs: drain-never, no-last-wqe or
+    /// dup-last-wqe (repeatable).
+    #[arg(long, value_name = "QUIRK", help_heading = TEST_HELP_HEADING)]
+    #[serde(default)]
+    pub quirk: Vec<Given<Quirk>> [Shown::example("[\"drain-never\"]")]
+        => quirks: Quirks = Computed(checks::quirks(&s.quirk)),
+});
+
+/// The configuration file and the command line a [`Config`] was resolved from: a reload
+/// resolves the file again with the same flags (which still win over it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigSource {
+    /// The file (`--config`).
+    pub file: PathBuf,
+    /// The command line's settings.
+    pub flags: Settings,
+}
+
+/// Resolves merged settings: [`validate`] made by the declaration.
+pub(super) fn resolve_merged(s: &Settings) -> Result<Config, crate::setting::ConfigError> {
+    validate(s)
 }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::Mode;
+use super::args::Mode;
 
 /// One-way latency figures: half of each round trip.
 #[derive(Debug, Clone, Copy, PartialEq)]

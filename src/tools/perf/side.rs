@@ -4,11 +4,19 @@
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use super::{
-    open_rc_qp, os_seed, BufId, Completion, CqId, Dest, PerfOptions, PingpongError, Provider,
-    QpNum, RcQpSetup, SendWr, SoftLink, SoftLoop, Verbs, WcOpcode, WcStatus, CQ_BATCH, IDLE_WAIT,
-    RECV_WRID, SEND_WRID,
-};
+use super::args::PerfOptions;
+use crate::tools::exchange::Dest;
+use crate::tools::rc_qp::{open_rc_qp, RcQpSetup};
+use crate::tools::soft_loop::{SoftLink, SoftLoop};
+use crate::tools::{PingpongError, RECV_WRID, SEND_WRID};
+use crate::verbs::setup::os_seed;
+use crate::verbs::{BufId, Completion, CqId, Provider, QpNum, SendWr, Verbs, WcOpcode, WcStatus};
+
+/// Longest sleep of the event loop without a timer or readiness.
+const IDLE_WAIT: Duration = Duration::from_millis(100);
+
+/// Completions taken per poll.
+const CQ_BATCH: usize = 256;
 
 /// What one turn of the loop completed.
 #[derive(Debug, Default, Clone, Copy)]

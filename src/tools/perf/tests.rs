@@ -1,6 +1,11 @@
 //! The perf options (flags to [`PerfOptions`]) and the report formats.
 
+use std::time::Duration;
+
 use super::*;
+use crate::setting::ConfigError;
+use crate::soft::provider::UdpOffload;
+use crate::verbs::PathMtu;
 use clap::Parser;
 
 #[derive(Debug, Parser)]

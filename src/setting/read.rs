@@ -3,51 +3,9 @@
 
 use std::time::Duration;
 
+use super::duration::{format_duration, FileDuration};
 use super::error::{ConfigError, Origin};
-use super::file::FileDuration;
 use super::given::{Given, Setting};
-
-/// Linux `IFNAMSIZ` less the terminating NUL.
-const IFNAME_MAX_BYTES: usize = 15;
-
-/// A duration that does not parse.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DurationError {
-    /// Not a duration at all.
-    #[error("invalid duration {0:?} (use e.g. 50us, 500ms, 1.5s, 1m30s, 1h or plain seconds)")]
-    Invalid(String),
-    /// Longer than a [`Duration`] holds.
-    #[error("duration {0:?} is too large")]
-    TooLarge(String),
-}
-
-/// Parses a duration as [`humantime`] reads it (`50us`, `500ms`, `1.5s`, `1m30s`, `2h`, ...)
-/// or plain seconds (`60`).
-///
-/// # Errors
-/// [`DurationError`], whose text quotes the input.
-pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
-    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
-        return s
-            .parse::<u64>()
-            .map(Duration::from_secs)
-            .map_err(|_| DurationError::TooLarge(s.to_owned()));
-    }
-    humantime::parse_duration(s).map_err(|e| match e {
-        humantime::DurationError::NumberOverflow => DurationError::TooLarge(s.to_owned()),
-        _ => DurationError::Invalid(s.to_owned()),
-    })
-}
-
-/// Formats a duration to whole microseconds as [`humantime`] writes it (`16ms 777us`, `5s`,
-/// `1m 30s`), which [`parse_duration`] reads back.
-pub fn format_duration(d: Duration) -> String {
-    let whole_us = Duration::from_micros(u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-    if whole_us.is_zero() {
-        return "0s".to_owned();
-    }
-    humantime::format_duration(whole_us).to_string()
-}
 
 /// Parses a given value, naming its flag or key in the error.
 pub(crate) fn parse<T: Setting>(
@@ -183,11 +141,11 @@ pub fn pick_int(
     int_in(key, given(flag, file).as_ref(), lo, hi)
 }
 
-/// A duration flag of a tool of at least `min` ([`parse_duration`]): the text of `--KEY` or,
+/// A duration flag of a tool of at least `min` ([`parse_duration`](super::parse_duration)): the text of `--KEY` or,
 /// for a key that has a file, the file's text; `default` when neither was given.
 ///
 /// # Errors
-/// The [`DurationError`] or `must be at least MIN (got "x")`, naming `--KEY` or
+/// The [`DurationError`](super::DurationError) or `must be at least MIN (got "x")`, naming `--KEY` or
 /// `config: KEY`.
 pub fn pick_duration(
     key: &str,
@@ -206,48 +164,4 @@ fn given<T: Setting>(flag: Option<&str>, file: Option<T::File>) -> Option<Given<
         Some(s) => Some(Given::Flag(s.to_owned())),
         None => file.map(Given::File),
     }
-}
-
-/// Checks a log filter: a level (`off`, `error`, `warn`, `info`, `debug`, `trace`) or a
-/// `tracing` directive list with `target=level` entries.
-pub(crate) fn check_log(origin: Origin, s: &str) -> Result<(), ConfigError> {
-    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
-    let ok = !s.is_empty()
-        && s.split(',').all(|d| {
-            let level = d
-                .rsplit_once('=')
-                .map_or(d, |(target, l)| if target.is_empty() { "" } else { l });
-            LEVELS.contains(&level.to_ascii_lowercase().as_str())
-        });
-    if ok {
-        Ok(())
-    } else {
-        Err(origin.err(
-            "log",
-            format!(
-                "invalid log filter {s:?} (use off, error, warn, info, debug, trace or target=level)"
-            ),
-        ))
-    }
-}
-
-/// Checks an interface name against what Linux accepts.
-pub(crate) fn check_ifname(origin: Origin, s: &str) -> Result<(), ConfigError> {
-    if s.is_empty() {
-        return Err(origin.err("ifname", "must not be empty"));
-    }
-    if s.len() > IFNAME_MAX_BYTES {
-        return Err(origin.err(
-            "ifname",
-            format!("must be at most {IFNAME_MAX_BYTES} bytes (got {s:?})"),
-        ));
-    }
-    if s == "."
-        || s == ".."
-        || s.bytes()
-            .any(|b| b == b'/' || b == b':' || !b.is_ascii_graphic())
-    {
-        return Err(origin.err("ifname", format!("invalid interface name {s:?}")));
-    }
-    Ok(())
 }

@@ -8,19 +8,13 @@
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::str::FromStr;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
 
+use super::duration::{parse_duration, DurationError, FileDuration};
 use super::error::Origin;
-use super::file::FileDuration;
-use super::resolved::{Cidr, ProviderKind};
-use super::value::{parse_duration, DurationError};
-use crate::daemon::logging::LogFormat;
-use crate::ipoib::{Mode, QpBudgetPolicy};
-use crate::mad::CmTransport;
 use crate::verbs::PathMtu;
 use crate::wire::ipoib::HwAddr;
 
@@ -90,12 +84,20 @@ impl<'de, T: Setting> Deserialize<'de> for Given<T> {
 #[error("{0}")]
 pub struct InvalidValue(String);
 
-/// A setting whose file value is a TOML string read by the type's [`FromStr`].
+impl InvalidValue {
+    /// The one-line message, quoting the value.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self(message.into())
+    }
+}
+
+/// Implements [`Setting`] for types whose file value is a TOML string read by the type's
+/// [`FromStr`].
 macro_rules! text_setting {
     ($($t:ty),* $(,)?) => {$(
-        impl Setting for $t {
+        impl $crate::setting::Setting for $t {
             type File = String;
-            type Err = <$t as FromStr>::Err;
+            type Err = <$t as ::std::str::FromStr>::Err;
             fn from_text(text: &str) -> Result<Self, Self::Err> {
                 text.parse()
             }
@@ -106,16 +108,9 @@ macro_rules! text_setting {
     )*};
 }
 
-text_setting!(
-    String,
-    Cidr,
-    Mode,
-    QpBudgetPolicy,
-    CmTransport,
-    ProviderKind,
-    Quirk,
-    LogFormat
-);
+pub(crate) use text_setting;
+
+text_setting!(String);
 
 impl Setting for PathBuf {
     type File = Self;
@@ -253,42 +248,6 @@ pub fn parse_path_mtu(text: &str) -> Result<PathMtu, InvalidPathMtu> {
     PathMtu::from_text(text)
 }
 
-/// A deliberate provider contract violation (`--quirk`); see [`crate::soft::Quirks`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Quirk {
-    /// `drain-never`: [`Quirks::drain_never`](crate::soft::Quirks::drain_never).
-    DrainNever,
-    /// `no-last-wqe`: [`Quirks::no_last_wqe`](crate::soft::Quirks::no_last_wqe).
-    NoLastWqe,
-    /// `dup-last-wqe`: [`Quirks::dup_last_wqe`](crate::soft::Quirks::dup_last_wqe).
-    DupLastWqe,
-}
-
-impl FromStr for Quirk {
-    type Err = InvalidValue;
-    fn from_str(s: &str) -> Result<Self, InvalidValue> {
-        match s {
-            "drain-never" => Ok(Self::DrainNever),
-            "no-last-wqe" => Ok(Self::NoLastWqe),
-            "dup-last-wqe" => Ok(Self::DupLastWqe),
-            _ => Err(InvalidValue(format!(
-                "unknown quirk {s:?} (known: drain-never, no-last-wqe, dup-last-wqe)"
-            ))),
-        }
-    }
-}
-
-impl Quirk {
-    /// Turns this quirk on in `q`.
-    pub fn set(self, q: &mut crate::soft::Quirks) {
-        match self {
-            Self::DrainNever => q.drain_never = true,
-            Self::NoLastWqe => q.no_last_wqe = true,
-            Self::DupLastWqe => q.dup_last_wqe = true,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -300,8 +259,8 @@ mod tests {
         assert_eq!((flag.origin(), file.origin()), (Origin::Flag, Origin::File));
         assert_eq!(flag.parse(), Ok(Duration::from_secs(90)));
         assert_eq!(flag.parse(), file.parse());
-        let text: Given<Mode> = Given::File("datagram".to_owned());
-        assert_eq!(text.parse(), Ok(Mode::Datagram));
+        let text: Given<String> = Given::File("datagram".to_owned());
+        assert_eq!(text.parse().as_deref(), Ok("datagram"));
     }
 
     #[test]
@@ -318,11 +277,7 @@ mod tests {
     }
 
     #[test]
-    fn quirks_and_neighbours() {
-        let mut q = crate::soft::Quirks::default();
-        "no-last-wqe".parse::<Quirk>().unwrap().set(&mut q);
-        assert!(q.no_last_wqe && !q.drain_never && !q.dup_last_wqe);
-        assert!("slow".parse::<Quirk>().is_err());
+    fn neighbours_and_switches() {
         assert!(<(IpAddr, HwAddr)>::from_text("10.0.0.1").is_err());
         assert!(bool::from_text("yes").is_err());
     }
