@@ -426,6 +426,11 @@ struct PingpongArgs {
     /// of the TCP exchange; the server then needs --bind.
     #[arg(long)]
     cm: bool,
+    /// With --cm: rdma_cm's framing, to meet the kernel's rdma_cm (rdma_server, rdma_client,
+    /// ucmatose): the client puts a cma_hdr in front of the REQ's private data; the server
+    /// refuses a REQ without a valid one naming its --bind address, as rdma_cm does.
+    #[arg(long, requires = "cm")]
+    rdma_cm: bool,
     #[command(flatten)]
     faults: FaultFlags,
     /// Provider: soft (default) or verbs (libibverbs).
@@ -463,6 +468,7 @@ fn rc_pingpong_main(a: &PingpongArgs) -> ExitCode {
             },
             validate: a.chk,
             cm: a.cm,
+            rdma_cm: a.rdma_cm,
         },
     };
     if a.provider == ProviderKind::Verbs {
