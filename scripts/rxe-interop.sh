@@ -3,7 +3,7 @@
 # guest (TCG) by the rxe-lab harness. Needs root (apt, tap device, network namespace).
 #
 #   sudo scripts/rxe-interop.sh [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong]
-#                               [hw-pingpong] [daemon]
+#                               [hw-pingpong] [daemon] [rdma-cm]
 #
 # Checks (all by default):
 #   conformance  (a) the provider conformance suite (src/verbs/conformance/) over the
@@ -23,6 +23,14 @@
 #                into the guest when the host has it), orderly stop of both daemons (rxe never
 #                raises LAST_WQE_REACHED: the guest's SRQ RX teardown ends by the drain
 #                watchdog).
+#   rdma-cm      (f) `ipoib-cm rc-pingpong --cm --rdma-cm` on the soft provider (our CM, REQ
+#                framed with rdma_cm's cma_hdr, MADs over QP1) <-> the guest kernel's
+#                rdma_cm/ib_cm: our side active against `rdma_server` and `ucmatose`, passive
+#                against `rdma_client` and `ucmatose -s`, rdma_server/rdma_client again with
+#                `--fault-loss 20` on our side; negative cases: no listener -> REJ 8, a REQ
+#                without cma_hdr -> REJ ConsumerDefined (28). After each case the guest's rxe
+#                error counters are zero and `rdma resource show cm_id` is empty. The RoCE
+#                traffic is captured to the run's rdmacm.pcap when tcpdump exists.
 # The conformance boot also runs `rc-pingpong --provider verbs` against ibv_rc_pingpong
 # (rxe1 <-> rxe0), both directions.
 # --quick: 20 round trips instead of 100. Prints `RESULT name PASS|FAIL|XFAIL`, wall times
@@ -43,12 +51,12 @@ while [ $# -gt 0 ]; do
     case $1 in
         --quick) ITERS=20 ;;
         --iters) ITERS=$2; shift ;;
-        conformance|rc-pingpong|ud-pingpong|hw-pingpong|daemon) CHECKS+=("$1") ;;
-        *) echo "usage: $0 [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong] [hw-pingpong] [daemon]" >&2; exit 2 ;;
+        conformance|rc-pingpong|ud-pingpong|hw-pingpong|daemon|rdma-cm) CHECKS+=("$1") ;;
+        *) echo "usage: $0 [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong] [hw-pingpong] [daemon] [rdma-cm]" >&2; exit 2 ;;
     esac
     shift
 done
-[ ${#CHECKS[@]} -gt 0 ] || CHECKS=(conformance rc-pingpong ud-pingpong hw-pingpong daemon)
+[ ${#CHECKS[@]} -gt 0 ] || CHECKS=(conformance rc-pingpong ud-pingpong hw-pingpong daemon rdma-cm)
 XFAIL=${RXE_XFAIL-comm_est,srq_last_wqe_once,drain_wr_after_err}
 
 if [ -n "${RXE_LAB_DIR:-}" ]; then LAB=$RXE_LAB_DIR
@@ -127,6 +135,10 @@ for c in "${CHECKS[@]}"; do
             echo "== (e) daemon: ipoib-cm up on the soft provider (host netns) <-> ipoib-cm up --provider verbs on rxe0"
             EXTRA_BINS=$(command -v iperf3 || true) run_lab daemon scripts/rxe/guest-daemon --net tap --timeout 400 \
                 --host-cmd "IPOIB_CM=$BIN exec $ROOT/scripts/rxe/host-daemon.sh" ;;
+        rdma-cm)
+            echo "== (f) rdma-cm: rc-pingpong --cm --rdma-cm (soft provider, our CM) <-> the kernel's rdma_cm on rxe0"
+            run_lab rdma-cm scripts/rxe/guest-rdmacm --net tap --timeout 500 \
+                --host-cmd "IPOIB_CM=$BIN exec $ROOT/scripts/rxe/host-rdmacm.sh" ;;
     esac
 done
 

@@ -170,7 +170,12 @@ pub fn run_pingpong<I: PingpongIo>(io: &mut I, r: &PingpongRun) -> Result<Summar
     let start = Instant::now();
     let deadline = start + r.deadline;
     let (mut scnt, mut rcnt) = (0u32, 0u32);
-    let (mut send_pending, mut recv_pending) = (false, true);
+    let mut send_pending = false;
+    // The next send goes once the last one completed and the peer's message it answers has
+    // arrived: the client's send `k` answers message `k` (its first answers nothing), the
+    // server's answers message `k + 1`. Counting rather than alternating also keeps pace
+    // with a peer that sends all its messages at once (rdma_cm's `ucmatose`).
+    let answered = u32::from(r.is_client);
     if r.is_client {
         post_send(io, r, 0)?;
         send_pending = true;
@@ -204,13 +209,11 @@ pub fn run_pingpong<I: PingpongIo>(io: &mut I, r: &PingpongRun) -> Result<Summar
                 WcOpcode::Recv => {
                     on_recv(io, r, wc, rcnt)?;
                     rcnt += 1;
-                    recv_pending = false;
                 }
             }
-            if scnt < r.iters && !send_pending && !recv_pending {
+            if scnt < r.iters && !send_pending && rcnt + answered > scnt {
                 post_send(io, r, scnt)?;
                 send_pending = true;
-                recv_pending = true;
             }
         }
     }
