@@ -45,8 +45,6 @@ fn framed_req_survives_twenty_percent_loss() {
             "-s",
             "64",
             "-c",
-            "--qp-timeout",
-            "10",
             "--fault-loss",
             "20",
             "--fault-seed",
@@ -84,10 +82,7 @@ fn unframed_req_draws_the_kernels_rej() {
     for _ in 0..20 {
         std::thread::sleep(Duration::from_millis(100));
         let out = output_within(
-            lab.exec(
-                2,
-                &[BIN, "rc-pingpong", "--cm", "--deadline", "10", &peer],
-            ),
+            lab.exec(2, &[BIN, "rc-pingpong", "--cm", "--deadline", "10", &peer]),
             Duration::from_secs(30),
         );
         let err = String::from_utf8_lossy(&out.stderr).to_string();

@@ -6,7 +6,7 @@
 BIN=${IPOIB_CM:?}
 G=$RXE_LAB_GUEST_IP
 PP="$BIN rc-pingpong --cm --no-icrc-v4 --deadline 90"
-LOSS="--fault-loss 20 --fault-seed 3 --qp-timeout 12"
+LOSS="--fault-loss 20 --fault-seed 3"
 out=/tmp/rxe-host-rdmacm.$$
 t0=$(date +%s.%N)
 took() { awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}'; }

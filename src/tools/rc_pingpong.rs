@@ -254,6 +254,10 @@ pub fn run(opts: &RcPingpongOptions) -> Result<Outcome, PingpongError> {
     };
     let run = PingpongRun {
         validate: opts.tool.validate,
+        // rdma_cm's clients wait for all of the server's messages before they send
+        // (`ucmatose`), or post their receive before their send (`rdma_client`): an rdma_cm
+        // server sends without waiting.
+        unpaced: opts.tool.rdma_cm && !opts.is_client(),
         ..PingpongRun::new(opts, ctx.qp, ctx.cq, ctx.send_buf)
     };
     let summary = run_pingpong(&mut ctx, &run)?;
@@ -441,22 +445,35 @@ fn connect_with_cm(opts: &RcPingpongOptions) -> Result<Ctx, PingpongError> {
                 }
                 _ => Ok(None),
             })?;
+            if opts.tool.rdma_cm {
+                // An rdma_cm server sends first (see `run`), so it waits for the RTU (or the
+                // first message) as rdma_cm's do: before it the client's QP may not be ready.
+                let id = ctx.cm.as_ref().and_then(|c| c.id);
+                until_cm_event(&mut ctx, deadline, "the RTU", |_, e| match *e {
+                    CmEvent::Established { id: got } if Some(got) == id => Ok(Some(())),
+                    CmEvent::Rejected { reason, .. } => Err(PingpongError::Rejected(reason)),
+                    CmEvent::TimedOut { .. } => Err(PingpongError::CmTimeout("the RTU")),
+                    _ => Ok(None),
+                })?;
+            }
             Ok(ctx)
         }
     }
 }
 
-/// DREQ/DREP: the client disconnects, the server waits for it.
+/// DREQ/DREP: the client disconnects (with `--rdma-cm` the server too), the server waits for
+/// it.
 fn disconnect_with_cm(ctx: &mut Ctx, opts: &RcPingpongOptions) -> Result<(), PingpongError> {
     let deadline = Instant::now() + opts.deadline;
     let c = ctx.cm.as_mut().ok_or(PingpongError::Usage("no CM"))?;
     let id = c.id.ok_or(PingpongError::Usage("no connection"))?;
-    // The peer's DREQ may have come first (the kernel's rdma_server sends it as soon as its
-    // last message is acknowledged); its DREP is sent and the connection is over.
+    // The client disconnects; so does an rdma_cm server (`ucmatose`'s client waits for the
+    // server's DREQ). The peer's DREQ may have come first (the kernel's rdma_server sends it
+    // as soon as its last message is acknowledged): its DREP is sent, the connection is over.
+    let initiates = opts.is_client() || opts.tool.rdma_cm;
     let already = ctx.peer_disconnected
-        || (matches!(c.cm.state(id), Some(crate::cm::CmState::TimeWait) | None)
-            && !opts.is_client());
-    if opts.is_client() && !already {
+        || (!initiates && matches!(c.cm.state(id), Some(crate::cm::CmState::TimeWait) | None));
+    if initiates && !already {
         c.cm.disconnect(Instant::now(), id)
             .map_err(PingpongError::cm("disconnect"))?;
     }
