@@ -22,7 +22,9 @@
 //! (`rdma_server`, `rdma_client`, `ucmatose`) takes our REQ and we take its: the client puts a
 //! `cma_hdr` in front of the REQ's private data; the server refuses a REQ whose header is
 //! missing, malformed or names another address, with the REJ the kernel sends then
-//! ([`KERNEL_REFUSAL`]), and goes on listening.
+//! ([`KERNEL_REFUSAL`]), and goes on listening. As rdma_cm's servers do, it sends once the RTU
+//! (or the first message) has come, without waiting for the client's messages, and it sends a
+//! DREQ at the end too.
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};

@@ -189,3 +189,37 @@ proptest! {
         }
     }
 }
+
+/// The first 36 bytes of the private data of a REQ the kernel's rdma_cm sent (`rdma_client -s
+/// 192.168.77.1 -p 7471` on rxe, Linux 6.12, captured on the lab's tap): the rest of its 92
+/// bytes were zero.
+const KERNEL_REQ_HDR: &str =
+    "0040c063000000000000000000000000c0a84d02000000000000000000000000c0a84d01";
+
+#[test]
+fn parses_the_header_of_a_kernel_req() {
+    let bytes: Vec<u8> = (0..KERNEL_REQ_HDR.len())
+        .step_by(2)
+        .filter_map(|i| u8::from_str_radix(KERNEL_REQ_HDR.get(i..i + 2)?, 16).ok())
+        .collect();
+    let mut pd = [0u8; 92];
+    pd[..CMA_HDR_LEN].copy_from_slice(&bytes);
+    let (h, user) = CmaHdr::parse(&pd).unwrap_or((
+        CmaHdr {
+            src_port: 0,
+            src: v4([0; 4]),
+            dst: v4([0; 4]),
+        },
+        &[],
+    ));
+    assert_eq!(
+        h,
+        CmaHdr {
+            src_port: 0xC063,
+            src: v4([192, 168, 77, 2]),
+            dst: v4([192, 168, 77, 1]),
+        }
+    );
+    assert_eq!(user, &[0u8; 56][..]);
+    assert_eq!(h.to_bytes().map(|b| b.to_vec()), Ok(bytes));
+}
