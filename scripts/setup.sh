@@ -5,13 +5,19 @@
 #
 # - apt packages: build-essential pkg-config iproute2 iputils-ping iperf3 tshark tcpdump ethtool,
 #   and
-#   for the `verbs` feature (libibverbs provider) cmake libclang-dev libibverbs-dev
-#   libnl-3-dev libnl-route-3-dev python3 (one `apt-get update`, only when something is missing);
+#   for the `verbs` feature (libibverbs provider, librdmacm CM) cmake libclang-dev libibverbs-dev
+#   librdmacm-dev libnl-3-dev libnl-route-3-dev python3, and the kernels the rxe lab boots in
+#   qemu (never the host): linux-image-amd64 (6.1) and linux-image-6.12-amd64 (the meta package
+#   of Debian 12's newest series, which follows its security updates) (one `apt-get update`,
+#   only when something is missing);
 # - a Rust toolchain >= 1.85 with rustfmt and clippy (rustup; installed when there is none).
 set -euo pipefail
 
+# The guest kernels of scripts/rxe-interop.sh (scripts/rxe/run.sh boots /boot/vmlinuz-$KV).
+IPOIB_RXE_KERNELS=(linux-image-amd64 linux-image-6.12-amd64)
 IPOIB_APT_PACKAGES=(build-essential pkg-config iproute2 iputils-ping iperf3 tshark tcpdump ethtool
-    cmake libclang-dev libibverbs-dev libnl-3-dev libnl-route-3-dev python3 curl)
+    cmake libclang-dev libibverbs-dev librdmacm-dev libnl-3-dev libnl-route-3-dev python3 curl
+    "${IPOIB_RXE_KERNELS[@]}")
 IPOIB_MIN_RUST_MINOR=85
 
 setup_say() { printf '[setup] %s\n' "$*"; }

@@ -121,6 +121,11 @@ struct ConformanceArgs {
     /// Milliseconds one settle of the fabric sleeps.
     #[arg(long, value_name = "MS", default_value_t = 20)]
     settle_ms: u64,
+    /// The devices are kernel rxe on this kernel release (`uname -r`): hold them to what that
+    /// kernel's rxe is known to do (its row of `hw::conformance::RXE_KERNELS`; the contract
+    /// for a series not listed). Without it, the contract.
+    #[arg(long, value_name = "RELEASE")]
+    rxe_kernel: Option<String>,
 }
 
 /// What a command's error ends the process with: 2 when the command could not start (a usage
@@ -162,6 +167,13 @@ impl ExitStatus for PingpongError {
 
 #[cfg(feature = "verbs")]
 impl ExitStatus for ipoib_cm::tools::hw_pingpong::HwPingpongError {
+    fn exit_code(&self) -> u8 {
+        Self::exit_code(self)
+    }
+}
+
+#[cfg(feature = "verbs")]
+impl ExitStatus for ipoib_cm::tools::rdmacm_pingpong::RdmaCmPingpongError {
     fn exit_code(&self) -> u8 {
         Self::exit_code(self)
     }
@@ -236,6 +248,15 @@ fn verbs_rc_pingpong(a: &PingpongArgs, opts: &RcPingpongOptions) -> ExitCode {
         local_ip: a.bind,
         ..HwConfig::default()
     };
+    if a.rdma_cm {
+        return match ipoib_cm::tools::rdmacm_pingpong::run(opts, &cfg) {
+            Ok(s) => {
+                s.print();
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail("rc-pingpong", &e),
+        };
+    }
     match pingpong::run(opts, &cfg) {
         Ok(s) => {
             s.print();
@@ -255,6 +276,7 @@ fn verbs_rc_pingpong(a: &PingpongArgs, _opts: &RcPingpongOptions) -> ExitCode {
 fn conformance_main(a: &ConformanceArgs) -> ExitCode {
     use ipoib_cm::hw::conformance::HwPair;
     use ipoib_cm::hw::HwConfig;
+    use ipoib_cm::verbs::conformance::Behaviours;
     let cfg = |device: &Option<String>, local_ip| HwConfig {
         device: device.clone(),
         local_ip,
@@ -268,6 +290,19 @@ fn conformance_main(a: &ConformanceArgs) -> ExitCode {
     match pair {
         Err(e) => fail("conformance", &e),
         Ok(mut p) => {
+            if let Some(release) = &a.rxe_kernel {
+                let row = ipoib_cm::hw::conformance::rxe_behaviours(release);
+                let expected = row.unwrap_or(Behaviours::SPEC);
+                println!(
+                    "conformance: rxe on kernel {release}: {} ({expected})",
+                    if row.is_some() {
+                        "known series"
+                    } else {
+                        "unknown series, the contract"
+                    }
+                );
+                p.set_expected(expected);
+            }
             if p.run(a.check.as_deref()) == 0 {
                 ExitCode::SUCCESS
             } else {
@@ -309,7 +344,8 @@ struct UdPingpongArgs {
     /// GID index (accepted for compatibility with ibv_ud_pingpong).
     #[arg(short = 'g', long, value_name = "N")]
     gid_idx: Option<u32>,
-    /// Don't verify the ICRC of IPv4 packets (needed with the kernel's rxe).
+    /// Don't verify the ICRC of IPv4 packets at all (peers with their own IPv4 IDs, such as
+    /// the kernel's rxe, need no flag: the ID is solved for from the ICRC).
     #[arg(long)]
     no_icrc_v4: bool,
     /// Give up after this long, the wait for a client included (e.g. 30, 30s, 500ms)
@@ -411,8 +447,8 @@ struct PingpongArgs {
     /// Local ACK timeout exponent: 4.096 us * 2^N (ibv_rc_pingpong uses 14).
     #[arg(long, default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
     qp_timeout: u8,
-    /// Don't verify the ICRC of IPv4 packets (needed with peers that use random IP IDs, such
-    /// as the kernel's rxe).
+    /// Don't verify the ICRC of IPv4 packets at all (peers with their own IPv4 IDs, such as
+    /// the kernel's rxe, need no flag: the ID is solved for from the ICRC).
     #[arg(long)]
     no_icrc_v4: bool,
     /// Give up after this long, the wait for a client included (e.g. 30, 30s, 500ms)
@@ -426,10 +462,13 @@ struct PingpongArgs {
     /// of the TCP exchange; the server then needs --bind.
     #[arg(long)]
     cm: bool,
-    /// With --cm: rdma_cm's framing, to meet the kernel's rdma_cm (rdma_server, rdma_client,
-    /// ucmatose): the client puts a cma_hdr in front of the REQ's private data; the server
-    /// refuses a REQ without a valid one naming its --bind address, as rdma_cm does.
-    #[arg(long, requires = "cm")]
+    /// rdma_cm's way of connecting, to meet the kernel's rdma_cm (rdma_server, rdma_client,
+    /// ucmatose; port -p in RDMA_PS_TCP). With --provider verbs: the kernel's CM through
+    /// librdmacm instead of the TCP exchange. On the soft provider, with --cm: our CM with
+    /// rdma_cm's framing (a cma_hdr in front of the REQ's private data; the server refuses a
+    /// REQ without a valid one naming its --bind address, as rdma_cm does). The server then
+    /// needs --bind.
+    #[arg(long)]
     rdma_cm: bool,
     #[command(flatten)]
     faults: FaultFlags,
@@ -473,6 +512,14 @@ fn rc_pingpong_main(a: &PingpongArgs) -> ExitCode {
     };
     if a.provider == ProviderKind::Verbs {
         return verbs_rc_pingpong(a, &opts);
+    }
+    if a.rdma_cm && !a.cm {
+        return fail(
+            "rc-pingpong",
+            &PingpongError::Usage(
+                "--rdma-cm: the soft provider needs --cm too (our CM with rdma_cm's framing)",
+            ),
+        );
     }
     let _ = a.gid_idx;
     match rc_pingpong::run(&opts) {

@@ -5,8 +5,10 @@
 use std::time::{Duration, Instant};
 
 use ipoib_cm::sim::Fabric;
-use ipoib_cm::soft::{SoftConfig, SoftVerbs};
-use ipoib_cm::verbs::conformance::{self, ConformancePair};
+use ipoib_cm::soft::{Quirks, SoftConfig, SoftVerbs};
+use ipoib_cm::verbs::conformance::{
+    self, Behaviours, CommEst, ConformancePair, Expecting, LastWqe, RecvInErr,
+};
 use ipoib_cm::verbs::{PathMtu, Verbs};
 
 /// Two clean nodes with a 4096-byte port MTU.
@@ -102,4 +104,86 @@ fn run_all_over_ipv6() {
     assert!(failed.is_empty(), "{failed:?}");
     let (a, b) = f.providers();
     assert!(a.stats().rx_datagrams > 0 && b.stats().rx_bad_icrc == 0);
+}
+
+/// Runs `name` on a fresh pair with `quirks`, holding it to `expected`.
+fn run_expecting(quirks: Quirks, name: &str, expected: Behaviours) -> Result<(), String> {
+    let mut f = Fabric::with_nodes(2, Instant::now(), |_, c| {
+        c.port_mtu = PathMtu::Mtu4096;
+        c.quirks = quirks;
+    });
+    let mut p = Expecting {
+        pair: &mut f,
+        expected,
+    };
+    conformance::run_one(&mut p, name).map_err(|e| e.to_string())
+}
+
+/// A provider is held to its described behaviours both ways: one that does what its
+/// description says passes, and fails held to the contract; one that does better than its
+/// description (a kernel whose rxe got fixed) fails too.
+#[test]
+fn described_behaviours_are_held_both_ways() {
+    let spec = Behaviours::SPEC;
+    let no_last_wqe = Quirks {
+        no_last_wqe: true,
+        ..Quirks::default()
+    };
+    let again = Quirks {
+        last_wqe_again: true,
+        ..Quirks::default()
+    };
+    let never = Behaviours {
+        last_wqe: LastWqe::Never,
+        ..spec
+    };
+    let on_re_err = Behaviours {
+        last_wqe: LastWqe::AgainOnReErr,
+        ..spec
+    };
+    let srq = "srq_last_wqe_once";
+    // Described: passes.
+    run_expecting(no_last_wqe, srq, never).unwrap();
+    run_expecting(again, srq, on_re_err).unwrap();
+    // Held to the contract: fails, saying what it saw.
+    let e = run_expecting(again, srq, spec).unwrap_err();
+    assert!(
+        e.contains("second move to ERR raised QpLastWqeReached 1 times, expected 0"),
+        "{e}"
+    );
+    let e = run_expecting(no_last_wqe, srq, spec).unwrap_err();
+    assert!(
+        e.contains("QpLastWqeReached raised 0 times on the move to ERR, expected 1"),
+        "{e}"
+    );
+    // A clean provider described as a worse one: fails.
+    let clean = Quirks::default();
+    assert!(run_expecting(clean, srq, never).is_err());
+    let e = run_expecting(clean, srq, on_re_err).unwrap_err();
+    assert!(
+        e.contains("second move to ERR raised QpLastWqeReached 0 times, expected 1"),
+        "{e}"
+    );
+    let e = run_expecting(
+        clean,
+        "comm_est",
+        Behaviours {
+            comm_est: CommEst::Never,
+            ..spec
+        },
+    )
+    .unwrap_err();
+    assert!(e.contains("CommEst raised 1 times, expected 0"), "{e}");
+    let e = run_expecting(
+        clean,
+        "drain_wr_after_err",
+        Behaviours {
+            recv_in_err: RecvInErr::NeverCompleted,
+            ..spec
+        },
+    )
+    .unwrap_err();
+    assert!(e.contains("receive posted in ERR"), "{e}");
+    // And the contract is what a pair is held to unless told otherwise.
+    assert_eq!(pair().expected(), spec);
 }

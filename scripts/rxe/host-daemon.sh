@@ -1,9 +1,11 @@
 #!/bin/sh
 # Host side of check (e), run by the rxe-lab harness in the tap netns (--host-cmd): waits for
 # the guest daemon's `GUEST_HWADDR` console line (it is up), then runs `ipoib-cm up
-# --cm-transport udp --no-icrc-v4` on the soft provider, with no static neighbour and no
-# --peer (the guest is found through the multicast broadcast group), and an iperf3 server,
-# until the guest prints `GUEST_DONE`. $IPOIB_CM is the binary.
+# --cm-transport udp` on the soft provider, with no static neighbour and no --peer (the guest
+# is found through the multicast broadcast group), and an iperf3 server, until the guest
+# prints `GUEST_DONE`. No --no-icrc-v4: the daemon solves for the IPv4 ID rxe picked from
+# each ICRC, logs that once for the guest, and counts no ICRC drops
+# (RESULT daemon_host_icrc_id_solved). $IPOIB_CM is the binary.
 BIN=${IPOIB_CM:?}
 CON=${RXE_LAB_RUN:?}/console.raw
 SOCK=/tmp/rxe-host-ib0.$$.sock
@@ -19,7 +21,7 @@ while [ $i -lt 1500 ]; do   # the guest boots first (~1-2 min under TCG)
 done
 [ -n "$hw" ] || { echo "RESULT daemon_host_up FAIL no GUEST_HWADDR after $(el "$t0")s"; exit 1; }
 ip link set lo up 2>/dev/null
-"$BIN" up --bind "$RXE_LAB_HOST_IP" --cm-transport udp --no-icrc-v4 --ifname ib0 \
+"$BIN" up --bind "$RXE_LAB_HOST_IP" --cm-transport udp --ifname ib0 \
   --addr 10.77.0.1/24 --addr fd77::1/64 \
   --control-socket $SOCK --drain-timeout 5s --log info > /tmp/rxe-host-daemon.$$ 2>&1 &
 DPID=$!
@@ -52,11 +54,20 @@ fi
 i=0
 while [ $i -lt 1500 ] && ! grep -q GUEST_DONE "$CON" 2>/dev/null; do sleep 0.2; i=$((i + 1)); done
 "$BIN" status --control-socket $SOCK
+js=$("$BIN" status --json --control-socket $SOCK 2>&1)
+num() { echo "$js" | sed -n "s/.*\"$1\": *\([0-9]*\).*/\1/p" | head -1; }
+bad=$(num rx_bad_icrc); solved=$(num rx_icrc_id_solved)
 [ -z "$IPID" ] || kill $IPID 2>/dev/null
 t1=$(date +%s.%N)
 kill -TERM $DPID
 wait $DPID; rc=$?
 grep -E "stopped|WARN|ERROR" /tmp/rxe-host-daemon.$$ | tail -5 | cut -c1-400
+# Exactly one line for the guest (logged once per peer), and every rxe datagram accepted.
+lines=$(grep -c "ICRCs check only with a nonzero IP ID" /tmp/rxe-host-daemon.$$)
+grep "ICRCs check only with a nonzero IP ID" /tmp/rxe-host-daemon.$$ | head -2 | cut -c1-400
+ok=FAIL
+[ "$lines" = 1 ] && [ "${bad:-x}" = 0 ] && [ "${solved:-0}" -gt 0 ] && ok=PASS
+echo "RESULT daemon_host_icrc_id_solved $ok log_lines=$lines rx_bad_icrc=${bad:-?} rx_icrc_id_solved=${solved:-?} (no --no-icrc-v4)"
 rm -f /tmp/rxe-host-daemon.$$ /tmp/rxe-host-iperf.$$
 echo "RESULT daemon_host_stop $([ $rc -eq 0 ] && echo PASS || echo FAIL) rc=$rc $(el "$t1")s"
 [ $rc -eq 0 ]

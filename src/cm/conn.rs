@@ -9,7 +9,7 @@ use crate::wire::cm::{
 };
 
 use super::admission::passive_retx;
-use super::{
+use super::types::{
     cm_ack_timeout, own_tid, AcceptParams, CmConfig, CmState, CommId, ConnectParams, CA_ACK_DELAY,
 };
 

@@ -10,7 +10,8 @@ use crate::wire::cm::{
 
 use super::admission::MAX_MRA_TIMEOUT_EXP;
 use super::conn::{drep_mad, issue_rej, Conn};
-use super::{ms, Cm, CmEvent, CmState, CommId};
+use super::types::{ms, CmEvent, CmState, CommId};
+use super::Cm;
 
 impl Cm {
     /// A MAD arrived on QP1 from `from` (the source GID of its GRH / IP header). Malformed,

@@ -2,10 +2,14 @@
 //! rule, on a virtual clock (`t0 + Duration`). Each parses the exact MADs `poll_transmit`
 //! returns and checks the events.
 
+use super::types::cm_ack_timeout;
 use super::*;
+use crate::verbs::{PathMtu, Psn, QpNum};
+use crate::wire::cm::cm_timeout_ms;
 use crate::wire::cm::{CmMad, CmMessage, Drep, Dreq, Mra, Rej, Rep, Req, Rtu, TargetMsg};
 use core::net::Ipv4Addr;
 use proptest::prelude::*;
+use std::time::Duration;
 
 const GUID_A: u64 = 0xA0A0_0000_0000_0001;
 const GUID_B: u64 = 0xB0B0_0000_0000_0002;

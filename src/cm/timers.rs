@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 use crate::timer::TimerWheel;
 use crate::wire::cm::{RejReason, MAD_LEN};
 
-use super::{Cm, CmEvent, CmState, CommId};
+use super::types::{CmEvent, CmState, CommId};
+use super::Cm;
 
 /// Resolution of the CM's timers: deadlines round up to it (never early).
 const TIMER_TICK: Duration = Duration::from_millis(1);

@@ -18,6 +18,12 @@ pub trait DaemonProvider: Provider {
     /// Sets the underlay peers the broadcast group is fanned out to; false where the
     /// provider has no such list (hardware multicast needs none).
     fn set_peers(&mut self, peers: &[IpAddr]) -> bool;
+    /// The underlay peers first seen, since the last call, whose IPv4 ICRCs check only with a
+    /// foreign nonzero IP ID (each handed out once; none where the provider does not check
+    /// ICRCs itself).
+    fn take_id_solved_peers(&mut self) -> Vec<IpAddr> {
+        Vec::new()
+    }
 }
 
 impl DaemonProvider for SoftProvider {
@@ -44,6 +50,10 @@ impl DaemonProvider for SoftProvider {
     fn set_peers(&mut self, peers: &[IpAddr]) -> bool {
         self.verbs().set_mcast_peers(peers.to_vec());
         true
+    }
+
+    fn take_id_solved_peers(&mut self) -> Vec<IpAddr> {
+        self.verbs().take_id_solved_peers()
     }
 }
 

@@ -310,6 +310,7 @@ fn run<P: DaemonProvider>(
         }
         if floods.due(now) {
             warn_floods(&mut floods, &status(&node, now, started), now);
+            log_id_solved_peers(node.provider_mut().take_id_solved_peers());
         }
         if signalled {
             for sig in signals.pending() {
@@ -442,6 +443,19 @@ fn warn_floods(floods: &mut FloodWarnings, s: &Status, now: Instant) {
         tracing::warn!(
             "bad input dropped kind={kind} count={count} (one line per kind per {}s at most)",
             FLOOD_WARN_INTERVAL.as_secs()
+        );
+    }
+}
+
+/// One line per underlay peer, the first time its IPv4 ICRCs check only with a nonzero IP ID
+/// (the provider remembers the peers, at most 64, so each is named once).
+fn log_id_solved_peers(peers: Vec<IpAddr>) {
+    for peer in peers {
+        tracing::info!(
+            %peer,
+            "peer {peer}: IPv4 ICRCs check only with a nonzero IP ID (a sender that picks its \
+             own IDs, such as Linux rxe); accepted by solving for the ID, which leaves a 2^-16 \
+             false-accept chance per corrupted packet (--no-icrc-v4 turns the check off)"
         );
     }
 }

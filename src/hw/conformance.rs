@@ -1,11 +1,54 @@
 //! The provider conformance suite ([`crate::verbs::conformance`]) over two [`HwVerbs`]
-//! devices that reach each other (in the rxe lab: `rxe0` and `rxe1` in one guest).
+//! devices that reach each other (in the rxe lab: `rxe0` and `rxe1` in one guest), and what
+//! each kernel's rxe is known to do where it departs from the contract ([`RXE_KERNELS`]).
 
 use std::time::Duration;
 
 use super::{HwConfig, HwError, HwVerbs};
-use crate::verbs::conformance::{self, ConformancePair};
+use crate::verbs::conformance::{self, Behaviours, CommEst, ConformancePair, LastWqe, RecvInErr};
 use crate::verbs::Provider;
+
+/// What kernel Soft-RoCE (`rdma_rxe`) does, per kernel series `(major, minor)`, as measured by
+/// `scripts/rxe-interop.sh conformance` in the rxe lab (Debian 12's 6.1 and 6.12 kernels).
+/// A series not listed is held to [`Behaviours::SPEC`].
+pub const RXE_KERNELS: &[((u32, u32), Behaviours)] = &[
+    (
+        (6, 1),
+        Behaviours {
+            comm_est: CommEst::Never,
+            recv_in_err: RecvInErr::NeverCompleted,
+            last_wqe: LastWqe::Never,
+        },
+    ),
+    (
+        (6, 12),
+        Behaviours {
+            comm_est: CommEst::Never,
+            recv_in_err: RecvInErr::Flushed,
+            last_wqe: LastWqe::AgainOnReErr,
+        },
+    ),
+];
+
+/// The `(major, minor)` series of a kernel release (`uname -r`, e.g. `6.12.117+deb12-amd64`).
+#[must_use]
+pub fn kernel_series(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+/// The behaviours of kernel rxe on the kernel `release`: its row of [`RXE_KERNELS`], or `None`
+/// for a series not listed (hold it to [`Behaviours::SPEC`]).
+#[must_use]
+pub fn rxe_behaviours(release: &str) -> Option<Behaviours> {
+    let series = kernel_series(release)?;
+    RXE_KERNELS
+        .iter()
+        .find(|(s, _)| *s == series)
+        .map(|(_, b)| *b)
+}
 
 /// Two opened devices.
 #[derive(Debug)]
@@ -13,6 +56,7 @@ pub struct HwPair {
     a: HwVerbs,
     b: HwVerbs,
     settle: Duration,
+    expected: Behaviours,
 }
 
 impl HwPair {
@@ -25,7 +69,13 @@ impl HwPair {
             a: HwVerbs::open(a)?,
             b: HwVerbs::open(b)?,
             settle,
+            expected: Behaviours::SPEC,
         })
+    }
+
+    /// Holds the devices to `expected` (by default [`Behaviours::SPEC`]).
+    pub fn set_expected(&mut self, expected: Behaviours) {
+        self.expected = expected;
     }
 
     /// Runs every check (or only `only`), printing `RESULT conformance_NAME PASS|FAIL` lines;
@@ -56,10 +106,33 @@ impl ConformancePair<HwVerbs> for HwPair {
         (&mut self.a, &mut self.b)
     }
 
+    fn expected(&self) -> Behaviours {
+        self.expected
+    }
+
     fn settle(&mut self) {
         std::thread::sleep(self.settle);
         let now = std::time::Instant::now();
         let _ = self.a.handle_io(now);
         let _ = self.b.handle_io(now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_release_picks_its_series_row() {
+        assert_eq!(kernel_series("6.1.0-57-amd64"), Some((6, 1)));
+        assert_eq!(kernel_series("6.12.117+deb12-amd64"), Some((6, 12)));
+        assert_eq!(kernel_series("6"), None);
+        assert_eq!(kernel_series(""), None);
+        let b = rxe_behaviours("6.12.117+deb12-amd64").expect("6.12 listed");
+        assert_eq!(b.last_wqe, LastWqe::AgainOnReErr);
+        let b = rxe_behaviours("6.1.0-57-amd64").expect("6.1 listed");
+        assert_eq!(b.recv_in_err, RecvInErr::NeverCompleted);
+        assert_eq!(rxe_behaviours("6.10.3"), None);
+        assert_eq!(rxe_behaviours("garbage"), None);
     }
 }

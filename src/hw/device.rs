@@ -19,7 +19,7 @@ fn gid_type(dev: &str, port: u8, idx: i32) -> Option<String> {
     std::fs::read_to_string(p).ok().map(|s| s.trim().to_owned())
 }
 
-fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+pub(super) fn set_nonblocking(fd: RawFd) -> io::Result<()> {
     // SAFETY: fcntl on an fd we own; F_GETFL/F_SETFL take no pointers.
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
     if flags < 0 {

@@ -57,6 +57,7 @@ mod mcast;
 mod pd;
 mod provider;
 mod qp;
+pub mod rdmacm;
 mod srq;
 mod wr;
 

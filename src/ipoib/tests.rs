@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use super::*;
 use crate::sim::cluster::{ping4, ping6, Cluster, BASELINE_QPS};
 use crate::soft::{Quirks, SoftConfig};
+use crate::verbs::{QpAttr, QpState};
 
 /// The endpoint tests' cluster: [`Cluster`] with a panic on set-up errors.
 struct Net(Cluster);
@@ -249,6 +250,64 @@ fn duplicate_last_wqe_changes_nothing() {
     assert_eq!((rx, freed), (0, 1));
     assert_eq!(c.last_wqe_events, 2);
     assert_eq!(c.drain_timeouts, 0);
+}
+
+/// An RX QP moved to ERR behind the endpoint's back (as a provider does on a transport error)
+/// raises Last WQE Reached while its connection is live; the endpoint's own move to ERR when
+/// it reaps the connection raises it again on a provider that repeats it on every move to ERR
+/// (rxe in Linux 6.12). Both events are counted, the QP is destroyed once, and the second
+/// event drives the drain; without the repeat, the watchdog ends the teardown.
+fn last_wqe_before_and_at_teardown(again: bool) -> (Counters, usize, usize) {
+    let q = Quirks {
+        last_wqe_again: again,
+        ..Quirks::default()
+    };
+    let mut n = Net::new(
+        2,
+        |i, c| {
+            if i == 0 {
+                c.quirks = q;
+            }
+        },
+        |_, c| c.srq = true,
+    );
+    n.inject(1, &ping4(1, 0, 64));
+    n.run(Duration::from_millis(100));
+    let qpns = n.ep(0).rx.qpns();
+    assert_eq!(qpns.len(), 1);
+    let live_before = n.qp_live(0);
+    n.0.f.nodes[0]
+        .modify_qp(qpns[0], &QpAttr::to_state(QpState::Err))
+        .unwrap();
+    n.run(Duration::from_millis(10));
+    assert_eq!(n.ep(0).counters().last_wqe_events, 1);
+    assert_eq!(
+        n.ep(0).rx_count(),
+        1,
+        "an event for a live connection changes nothing"
+    );
+    n.kill(1);
+    n.run(Duration::from_secs(6));
+    let c = n.ep(0).counters();
+    (c, n.ep(0).rx_count(), live_before - n.qp_live(0))
+}
+
+#[test]
+fn last_wqe_again_at_teardown_drains_once() {
+    let (c, rx, freed) = last_wqe_before_and_at_teardown(true);
+    assert_eq!((rx, freed), (0, 1));
+    assert_eq!(c.rx_stale_reaped, 1);
+    assert_eq!(c.last_wqe_events, 2);
+    assert_eq!(c.drain_timeouts, 0);
+}
+
+#[test]
+fn last_wqe_only_before_teardown_ends_by_the_watchdog() {
+    let (c, rx, freed) = last_wqe_before_and_at_teardown(false);
+    assert_eq!((rx, freed), (0, 1));
+    assert_eq!(c.rx_stale_reaped, 1);
+    assert_eq!(c.last_wqe_events, 1);
+    assert_eq!(c.drain_timeouts, 1);
 }
 
 #[test]

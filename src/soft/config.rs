@@ -27,10 +27,12 @@ pub struct SoftConfig {
     pub dst_port: u16,
     /// Active MTU of the port (the largest path MTU accepted).
     pub port_mtu: PathMtu,
-    /// Verify the ICRC of IPv4 packets assuming the sender used IP ID 0 (as any unconnected DF
-    /// sender does), or 1..64 for the later segments of a UDP GSO train (as this provider
-    /// sends). rxe picks random IDs, so interop with it turns this off.
-    /// IPv6 ICRCs are always verified.
+    /// Verify the ICRC of IPv4 packets: first assuming the sender used IP ID 0 (as any
+    /// unconnected DF sender does, this provider among them), and when that fails by solving
+    /// for the one ID that explains the received ICRC (later segments of our UDP GSO trains
+    /// carry 1..64; rxe picks its own IDs). That accepts a corrupted IPv4 packet with
+    /// probability 2^-16 instead of 2^-32 (see [`Ipv4IdShift`](crate::wire::icrc::Ipv4IdShift)).
+    /// Off, IPv4 ICRCs are not checked at all. IPv6 ICRCs are always verified.
     pub verify_icrc_v4: bool,
     /// Most QPs that may exist at once.
     pub max_qps: usize,

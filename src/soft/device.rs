@@ -147,7 +147,7 @@ impl Device {
     }
 
     /// Moves `qp` to ERR: flushes both work queues and raises Last WQE Reached for an
-    /// SRQ-attached QP. Idempotent.
+    /// SRQ-attached QP. Idempotent (but for the `last_wqe_again` quirk).
     pub(super) fn enter_error(&mut self, qp: &mut Qp) {
         qp.state = QpState::Err;
         qp.sqd_notify = false;
@@ -167,9 +167,9 @@ impl Device {
         while let Some(w) = qp.rq.pop_front() {
             self.complete_recv(qp, w, WcStatus::WrFlushErr, RecvInfo::default());
         }
-        if qp.srq.is_some() && !qp.last_wqe_raised {
+        let q = self.cfg.quirks;
+        if qp.srq.is_some() && (!qp.last_wqe_raised || q.last_wqe_again) {
             qp.last_wqe_raised = true;
-            let q = self.cfg.quirks;
             if !q.no_last_wqe {
                 self.events.push_back(AsyncEvent::QpLastWqeReached(qp.num));
                 if q.dup_last_wqe {

@@ -67,6 +67,8 @@ pub struct Quirks {
     pub no_last_wqe: bool,
     /// `QpLastWqeReached` is raised twice.
     pub dup_last_wqe: bool,
+    /// `QpLastWqeReached` is raised again on every later move to ERR (rxe in Linux 6.12).
+    pub last_wqe_again: bool,
 }
 
 /// Counters of injected faults.

@@ -38,6 +38,15 @@ pub struct SoftStats {
     /// IPv4 datagrams whose ICRC is right for an IP ID of 1..64 rather than 0: segments of a
     /// UDP GSO train, which the kernel numbers 0, 1, 2, ... (accepted; see [`Ipv4IdShift`](crate::wire::icrc::Ipv4IdShift)).
     pub rx_gso_segments: u64,
+    /// IPv4 datagrams whose ICRC is right only for an IP ID of 64 or more, solved for from the
+    /// ICRC (a sender that picks its own IDs, such as Linux `rdma_rxe`; accepted, with a
+    /// 2^-16 false-accept chance per corrupted packet: see
+    /// [`Ipv4IdShift`](crate::wire::icrc::Ipv4IdShift)).
+    pub rx_icrc_id_solved: u64,
+    /// Datagrams of [`rx_icrc_id_solved`](Self::rx_icrc_id_solved) from a peer that was not
+    /// remembered for [`SoftVerbs::take_id_solved_peers`](super::SoftVerbs::take_id_solved_peers)
+    /// because 64 others were.
+    pub icrc_id_peers_untracked: u64,
     /// ACKs with a PSN outside the outstanding window (ignored).
     pub rx_bad_ack: u64,
     /// Packets sent (all kinds).

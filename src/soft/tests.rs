@@ -64,9 +64,10 @@ fn timer_heap_stays_bounded_on_a_busy_qp() {
 }
 
 /// IPv4 datagrams whose ICRC fits an IP ID of 1..64 (later segments of a UDP GSO train) are
-/// accepted and counted; any other ID, or a corrupted byte, is a bad ICRC.
+/// accepted as GSO segments; any other ID (a sender that picks its own, as rxe does) is solved
+/// for, accepted, counted, and its peer handed out once; a corrupted byte is a bad ICRC.
 #[test]
-fn gso_segment_ids_are_accepted_and_nothing_else() {
+fn any_ipv4_id_is_accepted_and_corruption_is_not() {
     use crate::soft::{SoftConfig, SoftVerbs};
     use crate::wire::icrc::{append_icrc, IpHeaderInfo, Ipv4IdShift};
     use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -96,15 +97,29 @@ fn gso_segment_ids_are_accepted_and_nothing_else() {
     assert_eq!(v.stats().rx_gso_segments, 3);
     assert_eq!(v.stats().rx_unknown_qpn, 4);
     assert_eq!(v.stats().rx_bad_icrc, 0);
-    for id in [64u16, 1000] {
+    assert_eq!(v.take_id_solved_peers(), Vec::<IpAddr>::new());
+    // rxe-style IDs: hashed, anywhere in the 16 bits.
+    for id in [64u16, 1000, 0x8001, 0xFFFF] {
         v.handle_datagram(now, src, IpAddr::V4(local), &datagram(id));
     }
-    let mut corrupt = datagram(5);
-    corrupt[20] ^= 1;
-    v.handle_datagram(now, src, IpAddr::V4(local), &corrupt);
-    assert_eq!(v.stats().rx_bad_icrc, 3);
+    assert_eq!(v.stats().rx_icrc_id_solved, 4);
+    assert_eq!(v.stats().rx_unknown_qpn, 8);
+    assert_eq!(v.take_id_solved_peers(), vec![IpAddr::V4(peer)]);
+    v.handle_datagram(now, src, IpAddr::V4(local), &datagram(0x4242));
+    assert!(
+        v.take_id_solved_peers().is_empty(),
+        "a peer is handed out once"
+    );
+    for id in [5u16, 0x4242] {
+        let mut corrupt = datagram(id);
+        corrupt[20] ^= 1;
+        v.handle_datagram(now, src, IpAddr::V4(local), &corrupt);
+    }
+    assert_eq!(v.stats().rx_bad_icrc, 2);
     assert_eq!(v.stats().rx_gso_segments, 3);
-    assert_eq!(Ipv4IdShift::new(corrupt.len()).delta(0), 0);
+    assert_eq!(v.stats().rx_icrc_id_solved, 5);
+    assert_eq!(v.stats().icrc_id_peers_untracked, 0);
+    assert_eq!(Ipv4IdShift::new(body.len() + 4).delta(0), 0);
 }
 
 /// Two nodes with RC pairs both ways (A to B, B to A) at `params`, buffers of `buf_len`
@@ -361,4 +376,54 @@ fn the_first_qpn_of_seed_0_is_fixed() {
     .find(|&q| q > 1 && q != super::MULTICAST_QPN.get())
     .unwrap();
     assert_eq!(first, 0x98_5220, "{first:#08x}");
+}
+
+/// `verify_icrc_v4` off (`--no-icrc-v4`) checks no IPv4 ICRC at all, solves nothing and logs
+/// nothing; IPv6 ICRCs are still checked exactly (IPv6 has no ID to solve for).
+#[test]
+fn no_icrc_v4_checks_nothing_on_ipv4_and_ipv6_stays_exact() {
+    use crate::soft::{SoftConfig, SoftVerbs};
+    use crate::wire::icrc::{append_icrc, IpHeaderInfo};
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+    let local = Ipv4Addr::new(198, 18, 0, 2);
+    let peer = Ipv4Addr::new(198, 18, 0, 1);
+    let mut cfg = SoftConfig::new(IpAddr::V4(local));
+    cfg.verify_icrc_v4 = false;
+    let mut v = SoftVerbs::new(cfg);
+    let now = Instant::now();
+    let mut body = vec![0x04, 0, 0xFF, 0xFF, 0, 0x12, 0x34, 0x56, 0, 0, 0, 1];
+    body.extend_from_slice(&[0xAB; 64]);
+    let ip = IpHeaderInfo::V4 {
+        src: peer,
+        dst: local,
+        identification: 0x4242,
+        dont_fragment: true,
+    };
+    let mut d = body.clone();
+    append_icrc(&ip, 4791, 4791, &mut d);
+    let src = SocketAddr::new(IpAddr::V4(peer), 4791);
+    v.handle_datagram(now, src, IpAddr::V4(local), &d);
+    d[20] ^= 1;
+    v.handle_datagram(now, src, IpAddr::V4(local), &d);
+    assert_eq!(v.stats().rx_bad_icrc, 0);
+    assert_eq!(v.stats().rx_icrc_id_solved, 0);
+    assert_eq!(v.stats().rx_unknown_qpn, 2);
+    assert!(v.take_id_solved_peers().is_empty());
+
+    let (l6, p6): (Ipv6Addr, Ipv6Addr) = (
+        "2001:db8::2".parse().unwrap(),
+        "2001:db8::1".parse().unwrap(),
+    );
+    let mut cfg = SoftConfig::new(IpAddr::V6(l6));
+    cfg.verify_icrc_v4 = false;
+    let mut v = SoftVerbs::new(cfg);
+    let mut d = body.clone();
+    append_icrc(&IpHeaderInfo::V6 { src: p6, dst: l6 }, 4791, 4791, &mut d);
+    let src = SocketAddr::new(IpAddr::V6(p6), 4791);
+    v.handle_datagram(now, src, IpAddr::V6(l6), &d);
+    d[20] ^= 1;
+    v.handle_datagram(now, src, IpAddr::V6(l6), &d);
+    assert_eq!(v.stats().rx_unknown_qpn, 1);
+    assert_eq!(v.stats().rx_bad_icrc, 1);
 }

@@ -3,7 +3,8 @@
 //! Layout: [`exchange`] is rdma-core's TCP QP-info exchange; [`pingpong`] the ping-pong loop
 //! over any provider; `rc_qp` and `soft_loop` the RC QP set-up and the software provider's
 //! event loop the tools share; [`rc_pingpong`], [`ud_pingpong`] and [`perf`] the tools, with
-//! `hw_pingpong` running rc-pingpong on the libibverbs provider (feature `verbs`). Every tool
+//! `hw_pingpong` running rc-pingpong on the libibverbs provider and `rdmacm_pingpong` the same
+//! connected by the kernel's CM (feature `verbs`). Every tool
 //! takes one [`Options`] and fails with one [`PingpongError`].
 
 mod error;
@@ -15,6 +16,8 @@ pub mod perf;
 pub mod pingpong;
 pub mod rc_pingpong;
 mod rc_qp;
+#[cfg(feature = "verbs")]
+pub mod rdmacm_pingpong;
 mod soft_loop;
 pub mod ud_pingpong;
 

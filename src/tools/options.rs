@@ -35,7 +35,8 @@ pub struct Options<T = ()> {
     pub iters: u32,
     /// Receive WRs kept posted.
     pub rx_depth: u32,
-    /// Verify the ICRC of IPv4 packets (off for peers with random IP IDs, such as rxe).
+    /// Verify the ICRC of IPv4 packets (peers with random IP IDs, such as rxe, need it no
+    /// different: the receiver solves for the ID).
     pub verify_icrc_v4: bool,
     /// Give up after this long.
     pub deadline: Duration,

@@ -1,73 +1,87 @@
 #!/bin/sh
-# Guest side of the rdma-cm check: the kernel's rdma_cm/ib_cm on rxe0 against
-# `ipoib-cm rc-pingpong --cm --rdma-cm` on the soft provider in the host netns
-# (scripts/rxe/host-rdmacm.sh). The two sides run the same list of cases in the same order:
-#   1-4  the guest serves (rdma_server, rdma_server with the host's 20% loss, ucmatose, and an
-#        rdma_server that first gets the host's unframed REQ, then a framed one);
-#   5-7  the guest connects (rdma_client, rdma_client against the lossy host, ucmatose).
-# (The host's REJ 8 case, a REQ to a port nobody listens on, needs nothing here.)
-# After each case rxe0's error counters must be zero, and no rdma_cm id may be left
-# (`rdma resource show cm_id`); ib_cm's port counters are printed.
+# Guest side of check (f), rdmacm: `rc-pingpong --provider verbs --rdma-cm` (our QP on HwVerbs,
+# connected by the kernel's CM through librdmacm) against rdma-core's rdma_server and
+# rdma_client (port 7471, one 16-byte SEND each way), our tool client and server, then against
+# itself for $ITERS round trips; rxe0 <-> rxe1 (--net none). After each case the kernel must
+# hold no rdma_cm id (`rdma resource show cm_id` empty): RESULT <case>_cm_ids; a listening
+# rdma_server first shows that the check sees ids.
 . /lib/rxelab.sh
-echo "info: kernel $(uname -r)"
-cnt() { cat /sys/class/infiniband/"$RXE0"/ports/1/hw_counters/"$1" 2>/dev/null || echo 0; }
-cm_counters() { # ib_cm's per-port counters that are not zero (their sysfs place moved in 5.13)
-  for d in /sys/class/infiniband/"$RXE0"/ports/1/cm_*/ /sys/class/infiniband_cm/"$RXE0"/1/*/; do
-    [ -d "$d" ] || continue
-    for f in "$d"*; do
-      v=$(cat "$f" 2>/dev/null) || continue
-      [ "$v" = 0 ] || printf '%s/%s=%s ' "$(basename "$d")" "$(basename "$f")" "$v"
+[ "$NRXE" = 2 ] || { res rdmacm FAIL "needs two rxe devices (--net none)"; exit 1; }
+N=${ITERS:-100}
+PORT=7471
+PP="/extra/ipoib-cm rc-pingpong --provider verbs --rdma-cm --deadline 30s -p $PORT"
+
+# no_cm_ids NAME: RESULT NAME_cm_ids PASS once the kernel lists no rdma_cm id (2 s at most).
+no_cm_ids() {
+  local n=0 out
+  while [ $n -lt 20 ]; do
+    out=$(rdma resource show cm_id 2>&1)
+    [ -z "$out" ] && { res "$1_cm_ids" PASS; return 0; }
+    sleep 0.1; n=$((n + 1))
+  done
+  echo "$out"
+  res "$1_cm_ids" FAIL "rdma resource show cm_id not empty"
+  return 1
+}
+
+# /tmp/after-listen SRV_OUT CMD...: runs CMD once our server printed "listening" into SRV_OUT
+# (run_pair's /tmp/NAME.srv), at most 20 s later (no TCP port to wait for with rdma_cm).
+cat > /tmp/after-listen <<'EOS'
+#!/bin/sh
+f=$1; shift; n=0
+while [ $n -lt 200 ] && ! grep -q '^listening on' "$f" 2>/dev/null; do sleep 0.1; n=$((n + 1)); done
+exec "$@"
+EOS
+chmod +x /tmp/after-listen
+
+# cm_counters IBDEV: the guest's non-zero ib_cm message counters (sent, received, retries,
+# duplicates: their sysfs place moved around 5.13), on one line.
+cm_counters() {
+  local base d f v
+  for base in /sys/class/infiniband/"$1"/ports/1 /sys/class/infiniband_cm/"$1"/1; do
+    [ -d "$base/cm_tx_msgs" ] || continue
+    for d in cm_tx_msgs cm_rx_msgs cm_tx_retries cm_rx_duplicates; do
+      for f in "$base/$d"/*; do
+        v=$(cat "$f" 2>/dev/null) && [ "$v" != 0 ] && printf '%s/%s=%s ' "$d" "${f##*/}" "$v"
+      done
     done
+    echo; return
   done
+  echo "(no ib_cm counters in sysfs)"
 }
-after() { # CASE: the checks after each case
-  local c=$1 i=0 ids errs=0 v
-  while [ $i -lt 50 ]; do
-    ids=$(rdma resource show cm_id 2>/dev/null | grep -v '^$')
-    [ -z "$ids" ] && break
-    sleep 0.2; i=$((i + 1))
-  done
-  for k in rcvd_seq_err out_of_seq_request retry_exceeded_err retry_rnr_exceeded_err send_err; do
-    v=$(cnt $k); [ "$v" = 0 ] || { echo "counter $k=$v"; errs=$((errs + 1)); }
-  done
-  echo "info: $c: ib_cm $(cm_counters)"
-  echo "info: $c: rxe completer_retry_err=$(cnt completer_retry_err) duplicate_request=$(cnt duplicate_request)"
-  if [ -z "$ids" ] && [ $errs -eq 0 ]; then
-    res "rdmacm_${c}_guest_clean" PASS
-  else
-    echo "cm_id left: $ids"
-    res "rdmacm_${c}_guest_clean" FAIL "cm_ids: $(echo "$ids" | wc -l) rxe error counters: $errs"
-  fi
-}
-serve() { # CASE TIMEOUT CMD...: one server run, the host connects
-  local c=$1 to=$2 rc
-  shift 2
-  echo "--- $c: $*"
-  timeout "$to" "$@" > /tmp/"$c".log 2>&1
-  rc=$?
-  cat /tmp/"$c".log
-  res "rdmacm_${c}_guest" "$([ $rc -eq 0 ] && echo PASS || echo FAIL) rc=$rc"
-  after "$c"
-}
-connect() { # CASE CMD...: a client run, retried while the host is not listening yet
-  local c=$1 rc i=0
-  shift
-  echo "--- $c: $*"
-  sleep 2
-  while [ $i -lt 20 ]; do
-    timeout 60 "$@" > /tmp/"$c".log 2>&1
-    rc=$?
-    [ $rc -eq 0 ] && break
-    sleep 1; i=$((i + 1))
-  done
-  cat /tmp/"$c".log
-  res "rdmacm_${c}_guest" "$([ $rc -eq 0 ] && echo PASS || echo FAIL) rc=$rc tries=$((i + 1))"
-  after "$c"
-}
-serve rdma_server 240 rdma_server -p 7471
-serve rdma_server_loss 240 rdma_server -p 7471
-serve ucmatose_server 240 ucmatose -p 7472 -C 10 -S 100
-serve rdma_server_unframed 240 rdma_server -p 7471
-connect rdma_client rdma_client -s "$PEER_IP" -p 7471
-connect rdma_client_loss rdma_client -s "$PEER_IP" -p 7471
-connect ucmatose_client ucmatose -s "$PEER_IP" -p 7472 -C 10 -S 100
+
+bad=0
+# The check can fail: while an rdma_server listens, the kernel lists its id.
+rdma_server -p $((PORT + 1)) > /tmp/neg.srv 2>&1 &
+npid=$!
+sleep 1
+if [ -n "$(rdma resource show cm_id 2>&1)" ]; then res rdmacm_cm_ids_seen_while_listening PASS
+else res rdmacm_cm_ids_seen_while_listening FAIL "a listening rdma_server's id is not listed"; bad=1
+fi
+kill $npid; wait $npid
+no_cm_ids rdmacm_listener_killed || bad=1
+# No listener: the kernel's CM answers our REQ with REJ 8 (invalid service ID); the tool says
+# so in one line and exits 1.
+out=$(timeout 60 $PP -d $RXE1 --bind $IP1 -s 16 -n 1 $IP0 2>&1); rc=$?
+echo "$out"
+case "$rc:$out" in
+  1:*"connection rejected (reason 8)"*) res rdmacm_no_listener_rej8 PASS ;;
+  *) res rdmacm_no_listener_rej8 FAIL "rc=$rc"; bad=1 ;;
+esac
+no_cm_ids rdmacm_no_listener || bad=1
+run_pair rdmacm_client_vs_rdma_server 60 "rdma_server -p $PORT" \
+  "$PP -d $RXE1 --bind $IP1 -s 16 -n 1 $IP0" none
+no_cm_ids rdmacm_client_vs_rdma_server || bad=1
+c=rdmacm_server_vs_rdma_client
+run_pair $c 60 "$PP -d $RXE0 --bind $IP0 -s 16 -n 1" \
+  "/tmp/after-listen /tmp/$c.srv rdma_client -s $IP0 -p $PORT" none
+no_cm_ids $c || bad=1
+c=rdmacm_ours_both_sides
+run_pair $c 120 "$PP -d $RXE0 --bind $IP0 -s 4096 -n $N" \
+  "/tmp/after-listen /tmp/$c.srv $PP -d $RXE1 --bind $IP1 -s 4096 -n $N $IP0" none
+no_cm_ids $c || bad=1
+for d in $RXE0 $RXE1; do
+  echo "hw_counters $d: $(hw_counters "$d")"
+  echo "cm_counters $d: $(cm_counters "$d")"
+done
+[ "$bad" -eq 0 ]

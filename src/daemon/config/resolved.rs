@@ -176,7 +176,7 @@ pub struct Config {
     /// [`crate::mad::MadUdp`].
     pub mad_port: u16,
     /// Verify the ICRC of IPv4 packets on the software provider (`--no-icrc-v4` turns it off;
-    /// needed with the kernel's rxe, which sends random IPv4 IDs; default on).
+    /// default on; IPv4 IDs the receiver cannot see, such as rxe's, are solved for).
     pub verify_icrc_v4: bool,
     /// Use UDP GSO/GRO on the software provider's socket (`--no-udp-offload` turns it off; see
     /// [`crate::soft::provider::UdpOffload`]; default on).

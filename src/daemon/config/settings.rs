@@ -119,7 +119,8 @@ settings! {
         /// UDP port of the CM MAD side channel (--cm-transport udp) [default: 4792].
         #[arg(long, value_name = "N", allow_negative_numbers = true)]
         pub mad_port: Option<Given<i64>>,
-        /// Don't verify the ICRC of IPv4 packets (needed with the kernel's rxe).
+        /// Don't verify the ICRC of IPv4 packets at all (peers with their own IPv4 IDs, such as
+        /// the kernel's rxe, need no flag: the ID is solved for from the ICRC).
         #[arg(long, num_args = 0, default_missing_value = "true")]
         pub no_icrc_v4: Option<Given<bool>>,
         /// Alias of `no_icrc_v4` with the opposite sense (file only).

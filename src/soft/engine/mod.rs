@@ -1,6 +1,7 @@
 //! [`SoftVerbs`]: the QP table beside the [`Device`], the [`Verbs`] implementation, and (in
 //! the child modules) the datagrams in and out and the timers.
 
+mod icrc_peers;
 mod rx;
 mod timers;
 mod tx;
@@ -29,8 +30,11 @@ pub struct SoftVerbs {
     faults: FaultInjector,
     /// The packet being built while faults are injected (they take an owned copy).
     scratch: Vec<u8>,
-    /// ICRC shifts of IPv4 GSO segments, by datagram length (see [`Ipv4IdShift`](crate::wire::icrc::Ipv4IdShift)).
+    /// How IPv4 ICRCs change with the IP ID, by datagram length, to solve for the ID of a
+    /// datagram whose ICRC fails with ID 0 (see [`Ipv4IdShift`](crate::wire::icrc::Ipv4IdShift)).
     id_shifts: Ipv4IdShiftCache,
+    /// Peers whose ICRCs checked only with a foreign nonzero IPv4 ID.
+    id_solved_peers: icrc_peers::IdSolvedPeers,
 }
 
 impl SoftVerbs {
@@ -42,6 +46,7 @@ impl SoftVerbs {
             dev: Device::new(cfg),
             scratch: Vec::with_capacity(8192),
             id_shifts: Ipv4IdShiftCache::default(),
+            id_solved_peers: icrc_peers::IdSolvedPeers::default(),
         }
     }
 
@@ -73,6 +78,14 @@ impl SoftVerbs {
     /// [`ip_multicast_groups`](Self::ip_multicast_groups) may have changed).
     pub fn multicast_generation(&self) -> u64 {
         self.dev.mcast.generation()
+    }
+
+    /// The peers whose IPv4 ICRCs were first seen, since the last call, to check only with a
+    /// nonzero IP ID that is no GSO segment index of ours (a sender that picks its own IDs,
+    /// such as Linux `rdma_rxe`); each peer is handed out once, at most 64 are remembered
+    /// (the rest are counted in [`SoftStats::icrc_id_peers_untracked`]).
+    pub fn take_id_solved_peers(&mut self) -> Vec<IpAddr> {
+        self.id_solved_peers.take()
     }
 
     /// Counters.

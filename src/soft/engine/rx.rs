@@ -4,6 +4,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
 
+use super::icrc_peers::Noted;
 use super::SoftVerbs;
 use crate::soft::config::MULTICAST_QPN;
 use crate::soft::device::ip_info;
@@ -31,16 +32,27 @@ impl SoftVerbs {
             let diff = ip_info(src.ip(), dst).and_then(|ip| {
                 icrc::icrc_difference(&ip, src.port(), self.dev.cfg.dst_port, datagram)
             });
-            match diff {
+            // The check with ID 0 is the fast path (our peers send ID 0 but on later GSO
+            // segments); only when it fails is the ID solved for. IPv6 has no ID, so any
+            // difference there is an error.
+            let id = match diff {
+                Some(0) => Some(0),
+                Some(d) if src.is_ipv4() => self.id_shifts.solve(datagram.len(), d),
+                _ => None,
+            };
+            match id.map(usize::from) {
                 Some(0) => {}
-                // Off by exactly what a nonzero IPv4 ID changes: a later segment of a UDP GSO
-                // train (IPv6 has no ID, so any difference there is an error).
-                Some(d)
-                    if src.is_ipv4() && self.id_shifts.segment_for(datagram.len(), d).is_some() =>
-                {
-                    self.dev.stats.rx_gso_segments += 1;
+                // A later segment of a UDP GSO train from one of our own peers.
+                Some(k) if k < icrc::GSO_MAX_SEGMENTS => self.dev.stats.rx_gso_segments += 1,
+                // A sender that picks its own IDs (rxe): accepted with a 2^-16 false-accept
+                // chance per corrupted packet (see `Ipv4IdShift`).
+                Some(_) => {
+                    self.dev.stats.rx_icrc_id_solved += 1;
+                    if self.id_solved_peers.note(src.ip()) == Noted::Untracked {
+                        self.dev.stats.icrc_id_peers_untracked += 1;
+                    }
                 }
-                _ => {
+                None => {
                     self.dev.stats.rx_bad_icrc += 1;
                     return;
                 }

@@ -2,6 +2,20 @@
 
 use super::*;
 
+/// Adds context to a verbs error.
+pub(super) trait Ctx<T> {
+    fn ctx(self, what: &str) -> Result<T, ConformanceError>;
+}
+
+impl<T> Ctx<T> for Result<T, VerbsError> {
+    fn ctx(self, what: &str) -> Result<T, ConformanceError> {
+        self.map_err(|source| ConformanceError::Verb {
+            step: what.to_owned(),
+            source,
+        })
+    }
+}
+
 /// The per-provider objects a check works with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Endpoint {

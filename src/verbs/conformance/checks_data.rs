@@ -1,6 +1,7 @@
 //! The checks of data movement: message sizes, completion order, UD with its GRH and Q_Key,
 //! buffer lending.
 
+use super::support::*;
 use super::*;
 
 /// **RC round trip of 1 B, 4 KiB, 64 KiB and larger messages.** Side `a` sends messages of

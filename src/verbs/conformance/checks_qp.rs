@@ -1,5 +1,6 @@
 //! The checks of the QP state machine and of the object rules.
 
+use super::support::*;
 use super::*;
 use crate::verbs::setup::{RC_RETRY_CNT, RNR_RETRY_FOREVER};
 

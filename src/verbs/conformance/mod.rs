@@ -9,6 +9,11 @@
 //! checks are independent and may run in any order on one pair. A check returns `Err` with a
 //! description of the first contract violation it saw.
 //!
+//! Where real providers are known to depart from the contract (`CommEst`, receives posted in
+//! ERR, Last WQE Reached), a check holds the provider to the pair's
+//! [`ConformancePair::expected`] [`Behaviours`], by default [`Behaviours::SPEC`]: a provider
+//! that behaves otherwise than described fails, better or worse.
+//!
 //! Waiting is done only through [`ConformancePair::settle`], repeated at most
 //! [`MAX_SETTLES`] times, so a check never loops unboundedly and never reads a clock: on the
 //! simulated fabric a settle runs virtual time; on hardware it polls for a short while.
@@ -89,6 +94,7 @@ mod blocks;
 mod checks_data;
 mod checks_errors;
 mod checks_qp;
+mod expect;
 mod support;
 
 pub use blocks::*;
@@ -100,7 +106,7 @@ pub use checks_errors::{
     check_rnr_retry_exceeded, check_rnr_then_success, check_srq_last_wqe_once,
 };
 pub use checks_qp::{check_object_rules, check_qp_state_machine};
-use support::*;
+pub use expect::{Behaviours, CommEst, LastWqe, RecvInErr};
 
 /// Two providers that can reach each other, and a way to let the fabric between them run.
 pub trait ConformancePair<V: Verbs> {
@@ -113,6 +119,35 @@ pub trait ConformancePair<V: Verbs> {
     /// long enough for a few retransmit timeouts of `timeout` 10 (4 ms) or RNR back-offs of
     /// [`RcParams::min_rnr_timer`] 14 (1.28 ms) to pass.
     fn settle(&mut self);
+
+    /// What the providers do where providers are known to differ; the checks fail where
+    /// they see otherwise. The contract, unless the pair knows its providers.
+    fn expected(&self) -> Behaviours {
+        Behaviours::SPEC
+    }
+}
+
+/// A pair held to `expected` instead of its own [`ConformancePair::expected`].
+#[derive(Debug)]
+pub struct Expecting<'a, P> {
+    /// The pair the checks run on.
+    pub pair: &'a mut P,
+    /// What its providers are expected to do.
+    pub expected: Behaviours,
+}
+
+impl<V: Verbs, P: ConformancePair<V>> ConformancePair<V> for Expecting<'_, P> {
+    fn providers(&mut self) -> (&mut V, &mut V) {
+        self.pair.providers()
+    }
+
+    fn settle(&mut self) {
+        self.pair.settle();
+    }
+
+    fn expected(&self) -> Behaviours {
+        self.expected
+    }
 }
 
 /// A check: a name and the function that runs it.

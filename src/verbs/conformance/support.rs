@@ -1,6 +1,7 @@
 //! What the checks share: completions seen on both sides, bounded waiting, context on
 //! errors, set-up and teardown, expected completions and data.
 
+pub(super) use super::blocks::Ctx;
 use super::*;
 
 /// Completions collected from both sides of a pair.
@@ -50,20 +51,6 @@ pub(super) fn wait<V: Verbs, P: ConformancePair<V>>(
         }
     }
     false
-}
-
-/// Adds context to a verbs error.
-pub(super) trait Ctx<T> {
-    fn ctx(self, what: &str) -> Result<T, ConformanceError>;
-}
-
-impl<T> Ctx<T> for Result<T, VerbsError> {
-    fn ctx(self, what: &str) -> Result<T, ConformanceError> {
-        self.map_err(|source| ConformanceError::Verb {
-            step: what.to_owned(),
-            source,
-        })
-    }
 }
 
 pub(super) fn statuses(cs: &[Completion]) -> Vec<(u64, WcStatus)> {

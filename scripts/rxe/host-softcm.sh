@@ -1,18 +1,18 @@
 #!/bin/sh
-# Host side of the rdma-cm check (scripts/rxe/guest-rdmacm/run.sh), run by the rxe-lab harness
+# Host side of the softcm check (scripts/rxe/guest-softcm/run.sh), run by the rxe-lab harness
 # in the tap netns (--host-cmd): `ipoib-cm rc-pingpong --cm --rdma-cm` on the soft provider
 # against the guest kernel's rdma_cm, case by case in the guest's order. $IPOIB_CM is the
-# binary. With tcpdump, the RoCE traffic of the whole run is written to $RXE_LAB_RUN/rdmacm.pcap.
+# binary. With tcpdump, the RoCE traffic of the whole run is written to $RXE_LAB_RUN/softcm.pcap.
 BIN=${IPOIB_CM:?}
 G=$RXE_LAB_GUEST_IP
 PP="$BIN rc-pingpong --cm --no-icrc-v4 --deadline 90"
 LOSS="--fault-loss 20 --fault-seed 3"
-out=/tmp/rxe-host-rdmacm.$$
+out=/tmp/rxe-host-softcm.$$
 t0=$(date +%s.%N)
 took() { awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}'; }
 dump=""
 if command -v tcpdump > /dev/null; then
-  tcpdump -U -s 0 -ni "$RXE_LAB_TAP" -w "$RXE_LAB_RUN/rdmacm.pcap" udp port 4791 2> /dev/null &
+  tcpdump -U -s 0 -ni "$RXE_LAB_TAP" -w "$RXE_LAB_RUN/softcm.pcap" udp port 4791 2> /dev/null &
   dump=$!
 fi
 # CASE EXPECT ARGS...: run our client (retried while the guest is booting or not listening
@@ -36,14 +36,14 @@ client() {
   else
     ok=FAIL; [ $rc -ne 0 ] && grep -q "$want" "$out" && ok=PASS
   fi
-  echo "RESULT rdmacm_${c}_host $ok $(took)s tries=$((i + 1))"
+  echo "RESULT softcm_${c}_host $ok $(took)s tries=$((i + 1))"
 }
 server() { # CASE ARGS...
   local c=$1 ok=FAIL
   shift
   t0=$(date +%s.%N)
   $PP --bind "$RXE_LAB_HOST_IP" "$@" && ok=PASS
-  echo "RESULT rdmacm_${c}_host $ok $(took)s"
+  echo "RESULT softcm_${c}_host $ok $(took)s"
 }
 # Nobody listens on 7999: the kernel's ib_cm answers REJ 8. It also waits for the guest's boot.
 i=0
@@ -54,7 +54,7 @@ while [ $i -lt 300 ]; do
 done
 cat "$out"
 ok=FAIL; grep -q "rejected: InvalidServiceId" "$out" && ok=PASS
-echo "RESULT rdmacm_no_listener_rej8_host $ok tries=$((i + 1))"
+echo "RESULT softcm_no_listener_rej8_host $ok tries=$((i + 1))"
 client rdma_server ok --rdma-cm -p 7471 -s 16 -n 1
 client rdma_server_loss ok --rdma-cm -p 7471 -s 16 -n 1 $LOSS
 client ucmatose_server ok --rdma-cm -p 7472 -s 100 -n 10
