@@ -1,7 +1,7 @@
 //! `ipoib-cm rc-pingpong --cm --rdma-cm` between two network namespaces: rdma_cm's framing.
 //!
 //! - Both sides framed: the client's REQ carries a `cma_hdr`, the server takes it and the
-//!   messages cross (also with 20% of every packet lost, REQ/REP retransmissions included).
+//!   messages cross (also with 10% of every packet lost, REQ/REP retransmissions included).
 //! - A client without the framing gets the REJ the kernel's rdma_cm would send
 //!   (ConsumerDefined), and the server says why and goes on listening.
 //!
@@ -35,7 +35,7 @@ fn framed_req_is_taken_and_messages_cross() {
 }
 
 #[test]
-fn framed_req_survives_twenty_percent_loss() {
+fn framed_req_survives_ten_percent_loss() {
     let lab = crate::lab_or_skip!("ipcmrdls", 2, 1500);
     let (server, client) = framed_run(
         &lab,
@@ -46,7 +46,7 @@ fn framed_req_survives_twenty_percent_loss() {
             "64",
             "-c",
             "--fault-loss",
-            "20",
+            "10",
             "--fault-seed",
             "7",
         ],
