@@ -3,7 +3,7 @@
 # guest (TCG) by the rxe-lab harness. Needs root (apt, tap device, network namespace).
 #
 #   sudo scripts/rxe-interop.sh [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong]
-#                               [hw-pingpong] [daemon] [rdmacm]
+#                               [hw-pingpong] [daemon] [rdmacm] [softcm]
 #
 # Checks (all by default):
 #   conformance  (a) the provider conformance suite (src/verbs/conformance/) over the
@@ -32,6 +32,14 @@
 #                rxe1 in the guest; a REQ to no listener must draw REJ 8; after each case
 #                `rdma resource show cm_id` must be empty (and it is seen non-empty while an
 #                rdma_server listens).
+#   softcm       (g) `ipoib-cm rc-pingpong --cm --rdma-cm` on the soft provider (our CM over QP1,
+#                the REQ framed with rdma_cm's cma_hdr) in the host netns <-> the guest kernel's
+#                rdma_cm/ib_cm on rxe0: our side active against `rdma_server` and `ucmatose`,
+#                passive against `rdma_client` and `ucmatose -s`, rdma_server/rdma_client again
+#                with `--fault-loss 20` on our side; no listener -> REJ 8, a REQ without
+#                cma_hdr -> REJ ConsumerDefined (28). After each case the guest's rxe error
+#                counters are zero and `rdma resource show cm_id` is empty; the RoCE traffic
+#                goes to the run's softcm.pcap when tcpdump exists.
 # The conformance boot also runs `rc-pingpong --provider verbs` against ibv_rc_pingpong
 # (rxe1 <-> rxe0), both directions.
 # --quick: 20 round trips instead of 100. Prints `RESULT name@KERNEL PASS|FAIL`, wall times
@@ -56,12 +64,12 @@ while [ $# -gt 0 ]; do
     case $1 in
         --quick) ITERS=20 ;;
         --iters) ITERS=$2; shift ;;
-        conformance|rc-pingpong|ud-pingpong|hw-pingpong|daemon|rdmacm) CHECKS+=("$1") ;;
-        *) echo "usage: $0 [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong] [hw-pingpong] [daemon] [rdmacm]" >&2; exit 2 ;;
+        conformance|rc-pingpong|ud-pingpong|hw-pingpong|daemon|rdmacm|softcm) CHECKS+=("$1") ;;
+        *) echo "usage: $0 [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong] [hw-pingpong] [daemon] [rdmacm] [softcm]" >&2; exit 2 ;;
     esac
     shift
 done
-[ ${#CHECKS[@]} -gt 0 ] || CHECKS=(conformance rc-pingpong ud-pingpong hw-pingpong daemon rdmacm)
+[ ${#CHECKS[@]} -gt 0 ] || CHECKS=(conformance rc-pingpong ud-pingpong hw-pingpong daemon rdmacm softcm)
 
 if [ -n "${RXE_LAB_DIR:-}" ]; then LAB=$RXE_LAB_DIR
 elif [ -x ../shared/rxe-lab/run.sh ]; then LAB=$(cd ../shared/rxe-lab && pwd)
@@ -157,6 +165,10 @@ for c in "${CHECKS[@]}"; do
         rdmacm)
             echo "== (f) rdmacm: rc-pingpong --provider verbs --rdma-cm <-> rdma_server / rdma_client, rxe0 <-> rxe1 in the guest"
             run_lab rdmacm scripts/rxe/guest-rdmacm --net none --timeout 400 --env "ITERS=$ITERS" ;;
+        softcm)
+            echo "== (g) softcm: rc-pingpong --cm --rdma-cm (soft provider, our CM) <-> the kernel's rdma_cm on rxe0"
+            run_lab softcm scripts/rxe/guest-softcm --net tap --timeout 500 \
+                --host-cmd "IPOIB_CM=$BIN exec $ROOT/scripts/rxe/host-softcm.sh" ;;
     esac
 done
 echo "rxe-interop: kernel $KV: $(dt "$tk") s"

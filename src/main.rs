@@ -469,8 +469,11 @@ struct PingpongArgs {
     /// of the TCP exchange; the server then needs --bind.
     #[arg(long)]
     cm: bool,
-    /// With --provider verbs: connect through the kernel's CM (librdmacm, port -p in
-    /// RDMA_PS_TCP, as rdma_server/rdma_client) instead of the TCP exchange; the server then
+    /// rdma_cm's way of connecting, to meet the kernel's rdma_cm (rdma_server, rdma_client,
+    /// ucmatose; port -p in RDMA_PS_TCP). With --provider verbs: the kernel's CM through
+    /// librdmacm instead of the TCP exchange. On the soft provider, with --cm: our CM with
+    /// rdma_cm's framing (a cma_hdr in front of the REQ's private data; the server refuses a
+    /// REQ without a valid one naming its --bind address, as rdma_cm does). The server then
     /// needs --bind.
     #[arg(long)]
     rdma_cm: bool,
@@ -511,15 +514,18 @@ fn rc_pingpong_main(a: &PingpongArgs) -> ExitCode {
             },
             validate: a.chk,
             cm: a.cm,
+            rdma_cm: a.rdma_cm,
         },
     };
     if a.provider == ProviderKind::Verbs {
         return verbs_rc_pingpong(a, &opts);
     }
-    if a.rdma_cm {
+    if a.rdma_cm && !a.cm {
         return fail(
             "rc-pingpong",
-            &PingpongError::Usage("--rdma-cm: needs --provider verbs in this build"),
+            &PingpongError::Usage(
+                "--rdma-cm: the soft provider needs --cm too (our CM with rdma_cm's framing)",
+            ),
         );
     }
     let _ = a.gid_idx;

@@ -9,6 +9,8 @@
 //! kill and restart nodes, shut down, run with quirks and faults, hit the QP budget and inject
 //! datagrams, and send packets too big for the connection.
 //!
+//! For `cma_hdr`, REQ private data framed by rdma_cm (IPv4, IPv6) and unframed.
+//!
 //! Run from `fuzz/`: `cargo run --example gen_seeds` (no sanitizer or nightly flags needed).
 
 use std::fs;
@@ -20,6 +22,7 @@ use ipoib_cm::wire::cm::{
     ipoib_service_id, CmMad, CmMessage, CmPath, Drep, Dreq, IpoibCmData, Mra, Rej, RejReason, Rep,
     Req, Rtu, TargetMsg,
 };
+use ipoib_cm::wire::cma::CmaHdr;
 use ipoib_cm::wire::{
     Aeth, Bth, Deth, ImmDt, IpHeaderInfo, NakCode, Opcode, Reth, RoceRepr, GSI_QKEY,
     ROCEV2_UDP_PORT,
@@ -443,6 +446,30 @@ fn main() {
     for (name, s) in endpoint_script_seeds() {
         write("endpoint_script", name, &s.0);
     }
+    for (name, pd) in cma_hdr_seeds() {
+        write("cma_hdr", name, &pd);
+    }
+}
+
+/// For `cma_hdr`: REQ private data with an IPv4 and an IPv6 header, and one with none.
+fn cma_hdr_seeds() -> Vec<(&'static str, Vec<u8>)> {
+    let v4 = CmaHdr {
+        src_port: 40000,
+        src: Ipv4Addr::new(198, 18, 0, 2).into(),
+        dst: Ipv4Addr::new(198, 18, 0, 1).into(),
+    };
+    let v6 = CmaHdr {
+        src_port: 7471,
+        src: "2001:db8::2".parse::<std::net::Ipv6Addr>().unwrap().into(),
+        dst: "2001:db8::1".parse::<std::net::Ipv6Addr>().unwrap().into(),
+    };
+    let mut padded = v4.req_private_data(b"user").unwrap();
+    padded.resize(92, 0);
+    vec![
+        ("req_v4", padded),
+        ("req_v6", v6.req_private_data(&[]).unwrap()),
+        ("no_header", vec![0; 92]),
+    ]
 }
 
 /// Set-up of one `endpoint_script` node (its `NodeSetup`).

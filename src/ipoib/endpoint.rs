@@ -383,7 +383,10 @@ impl Endpoint {
             }
             CmEvent::DisconnectReceived { id } | CmEvent::Disconnected { id } => {
                 match self.owners.get(&id).copied() {
-                    Some(Owner::Tx(qpn)) => self.fail_tx(now, v, qpn, TxFailure::Disconnected),
+                    // The peer's DREQ (first, or crossing ours): an orderly close.
+                    Some(Owner::Tx(qpn)) => {
+                        self.close_tx(now, v, qpn, TxCloseReason::PeerDisconnected, None);
+                    }
                     Some(Owner::Rx(qpn)) => self.start_rx_teardown(now, v, qpn, rx::Why::Remote),
                     None => {}
                 }

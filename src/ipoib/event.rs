@@ -72,6 +72,8 @@ pub enum TxCloseReason {
     /// The static neighbour that used it was removed or moved (a reload or a control
     /// request).
     NeighbourChanged,
+    /// The peer disconnected it (its DREQ came first, or crossed ours): an orderly close.
+    PeerDisconnected,
 }
 
 impl TxCloseReason {
@@ -82,6 +84,7 @@ impl TxCloseReason {
             Self::PeerRestarted => "peer-restarted",
             Self::Shutdown => "shutdown",
             Self::NeighbourChanged => "neighbour-changed",
+            Self::PeerDisconnected => "peer-disconnected",
         }
     }
 }

@@ -398,6 +398,36 @@ fn restarted_peer_reconnects() {
     assert!(!n.tun[1].is_empty(), "{:?}", n.ep(0).counters());
 }
 
+/// Node 1 restarts with the same QPN order (a fixed `--qpn-seed`): its new TX connection to
+/// node 0 uses the QPN that node 0's RX connection from the old incarnation still holds. The
+/// new connection is taken (or refused as stale and retried) and packets flow again, both ways.
+#[test]
+fn a_restarted_peer_reusing_its_qpns_reconnects() {
+    let mut n = Net::new(2, |_, _| {}, |_, _| {});
+    n.inject(0, &ping4(0, 1, 64));
+    n.inject(1, &ping4(1, 0, 64));
+    n.run(Duration::from_millis(100));
+    assert_eq!((n.tun[0].len(), n.tun[1].len()), (1, 1));
+    n.kill(1);
+    n.restart_reusing_qpns(1).unwrap();
+    n.tun[0].clear();
+    n.tun[1].clear();
+    for _ in 0..40 {
+        n.inject(1, &ping4(1, 0, 64));
+        n.inject(0, &ping4(0, 1, 64));
+        n.run(Duration::from_millis(250));
+        if !n.tun[0].is_empty() && !n.tun[1].is_empty() {
+            break;
+        }
+    }
+    let c = n.ep(0).counters();
+    assert!(!n.tun[0].is_empty() && !n.tun[1].is_empty(), "{c:?}");
+    assert!(
+        n.ep(0).rx_count() <= 1,
+        "the old incarnation's RX is gone: {c:?}"
+    );
+}
+
 /// Two nodes connected both ways; node 1 restarts. Its announcement (gratuitous ARP from its
 /// own address and port, new UD QPN) makes node 0 close the old incarnation's TX and RX
 /// connections at once: the next packet goes out on a new connection, nothing waits for

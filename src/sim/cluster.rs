@@ -248,11 +248,27 @@ impl Cluster {
     /// # Errors
     /// An endpoint set-up error.
     pub fn restart(&mut self, i: usize) -> Result<(), VerbsError> {
+        self.restart_with(i, true)
+    }
+
+    /// [`Cluster::restart`], but the new provider numbers its QPs in the old order, as a
+    /// daemon restarted with the same `--qpn-seed` does: its first connections reuse the QPNs
+    /// its previous incarnation's peers may still hold.
+    ///
+    /// # Errors
+    /// An endpoint set-up error.
+    pub fn restart_reusing_qpns(&mut self, i: usize) -> Result<(), VerbsError> {
+        self.restart_with(i, false)
+    }
+
+    fn restart_with(&mut self, i: usize, new_qpn_order: bool) -> Result<(), VerbsError> {
         self.restarts += 1;
         self.f.partitioned[i] = false;
         // A new process: its QPNs follow another order, as a restarted daemon's do.
         let mut soft = self.soft[i];
-        soft.qpn_seed = soft.qpn_seed.wrapping_add(self.restarts);
+        if new_qpn_order {
+            soft.qpn_seed = soft.qpn_seed.wrapping_add(self.restarts);
+        }
         self.f.nodes[i] = SoftVerbs::new(soft);
         self.start_node(i)
     }

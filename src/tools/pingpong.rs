@@ -46,8 +46,11 @@ pub struct PingpongRun {
     pub size: usize,
     /// Round trips.
     pub iters: u32,
-    /// This side sends first.
+    /// This side sends first; the direction its payload patterns say.
     pub is_client: bool,
+    /// Send each message as soon as the last one completed, without waiting for the peer's
+    /// (as rdma_cm's `ucmatose` server does; its client answers only once all have arrived).
+    pub unpaced: bool,
     /// Check every received payload against the pattern of its message number and direction.
     pub validate: bool,
     /// Give up after this long.
@@ -66,6 +69,7 @@ impl PingpongRun {
             size: opts.size,
             iters: opts.iters,
             is_client: opts.is_client(),
+            unpaced: false,
             validate: false,
             deadline: opts.deadline,
         }
@@ -170,8 +174,13 @@ pub fn run_pingpong<I: PingpongIo>(io: &mut I, r: &PingpongRun) -> Result<Summar
     let start = Instant::now();
     let deadline = start + r.deadline;
     let (mut scnt, mut rcnt) = (0u32, 0u32);
-    let (mut send_pending, mut recv_pending) = (false, true);
-    if r.is_client {
+    let mut send_pending = false;
+    // The next send goes once the last one completed and (unless unpaced) the peer's message
+    // it answers has arrived: the client's send `k` answers message `k` (its first answers
+    // nothing), the server's message `k + 1`. Counting rather than alternating also keeps
+    // pace with a peer that sends all its messages at once (rdma_cm's `ucmatose`).
+    let answered = u32::from(r.is_client);
+    if r.is_client || r.unpaced {
         post_send(io, r, 0)?;
         send_pending = true;
     }
@@ -204,13 +213,11 @@ pub fn run_pingpong<I: PingpongIo>(io: &mut I, r: &PingpongRun) -> Result<Summar
                 WcOpcode::Recv => {
                     on_recv(io, r, wc, rcnt)?;
                     rcnt += 1;
-                    recv_pending = false;
                 }
             }
-            if scnt < r.iters && !send_pending && !recv_pending {
+            if scnt < r.iters && !send_pending && (r.unpaced || rcnt + answered > scnt) {
                 post_send(io, r, scnt)?;
                 send_pending = true;
-                recv_pending = true;
             }
         }
     }

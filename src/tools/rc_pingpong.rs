@@ -15,7 +15,16 @@
 //! With `--cm` the QPs are connected by the InfiniBand CM instead: REQ, REP and RTU travel as
 //! MADs to QP1 (real RoCEv2 CM traffic), the service ID is rdma_cm's TCP port space
 //! `0x0000000001060000 | port`, and the run ends with DREQ/DREP. PSNs follow Linux's CM: each
-//! side advertises the PSN it expects to receive.
+//! side advertises the PSN it expects to receive. Either side may send the DREQ first (the
+//! kernel's `rdma_server` does): a peer's DREQ after the last message ends the run cleanly.
+//!
+//! `--rdma-cm` adds rdma_cm's framing ([`crate::wire::cma`]), so that the kernel's rdma_cm
+//! (`rdma_server`, `rdma_client`, `ucmatose`) takes our REQ and we take its: the client puts a
+//! `cma_hdr` in front of the REQ's private data; the server refuses a REQ whose header is
+//! missing, malformed or names another address, with the REJ the kernel sends then
+//! ([`KERNEL_REFUSAL`]), and goes on listening. As rdma_cm's servers do, it sends once the RTU
+//! (or the first message) has come, without waiting for the client's messages, and it sends a
+//! DREQ at the end too.
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -33,9 +42,7 @@ use crate::soft::provider::UdpOffload;
 use crate::soft::SoftVerbs;
 use crate::verbs::setup::{os_seed, RC_RETRY_CNT, RNR_RETRY_FOREVER};
 use crate::verbs::{AsyncEvent, BufId, CqId, Gid, Provider, Psn, QpAttr, QpNum, QpState, Verbs};
-
-/// rdma_cm's service ID prefix for the TCP port space (`RDMA_PS_TCP`).
-pub const RDMA_CM_TCP_SERVICE: u64 = 0x0000_0000_0106_0000;
+use crate::wire::cma::{CmaHdr, PortSpace, KERNEL_REFUSAL};
 
 /// The TCP port rdma-core's pingpong examples use.
 pub const DEFAULT_TCP_PORT: u16 = 18515;
@@ -49,7 +56,15 @@ pub struct RcPingpong {
     pub validate: bool,
     /// Connect through the IB CM (REQ/REP/RTU over QP1) instead of the TCP exchange.
     pub cm: bool,
+    /// With `cm`: rdma_cm's framing (a `cma_hdr` in the REQ, checked by the server).
+    pub rdma_cm: bool,
 }
+
+/// The first port of Linux's default ephemeral range (`net.ipv4.ip_local_port_range`), where
+/// rdma_cm picks an active side's port.
+const EPHEMERAL_PORTS_START: u16 = 32768;
+/// How many ports that range holds (32768..=60999).
+const EPHEMERAL_PORTS: u64 = 28232;
 
 /// The options of an rc-pingpong run.
 pub type RcPingpongOptions = Options<RcPingpong>;
@@ -72,6 +87,8 @@ struct Ctx {
     cm: Option<CmCtx>,
     /// CM events of the last pump.
     cm_events: Vec<CmEvent>,
+    /// The peer's DREQ for our connection has arrived (and been answered).
+    peer_disconnected: bool,
 }
 
 impl Ctx {
@@ -103,6 +120,9 @@ impl Ctx {
                 .map_err(PingpongError::verbs("sending a CM MAD"))?;
         }
         while let Some(e) = c.cm.poll_event() {
+            if matches!(e, CmEvent::DisconnectReceived { id } if Some(id) == c.id) {
+                self.peer_disconnected = true;
+            }
             out.push(e);
         }
         self.lp.prov.handle_io(now)?;
@@ -116,7 +136,9 @@ impl Ctx {
     }
 }
 
-/// The ping-pong's view: a disconnect or reject from the peer ends the run.
+/// The ping-pong's view: a reject from the peer ends the run; so does its disconnect, one
+/// pump later, so that the completions of what arrived before its DREQ (the last message of a
+/// peer that disconnects as soon as it is done) are still counted.
 impl PingpongIo for Ctx {
     type V = SoftVerbs;
 
@@ -126,15 +148,16 @@ impl PingpongIo for Ctx {
 
     fn pump(&mut self, now: Instant) -> Result<(), PingpongError> {
         let mut evs = std::mem::take(&mut self.cm_events);
+        if self.peer_disconnected {
+            if let Some(id) = self.cm.as_ref().and_then(|c| c.id) {
+                return Err(PingpongError::PeerWentAway(Box::new(
+                    CmEvent::DisconnectReceived { id },
+                )));
+            }
+        }
         evs.clear();
         let r = self.pump_into(now, &mut evs);
-        let gone = evs.iter().find(|e| {
-            matches!(
-                e,
-                CmEvent::DisconnectReceived { .. } | CmEvent::Rejected { .. }
-            )
-        });
-        if let Some(e) = gone {
+        if let Some(e) = evs.iter().find(|e| matches!(e, CmEvent::Rejected { .. })) {
             return Err(PingpongError::PeerWentAway(Box::new(e.clone())));
         }
         self.cm_events = evs;
@@ -191,6 +214,7 @@ fn setup(opts: &RcPingpongOptions, local: IpAddr) -> Result<Ctx, PingpongError> 
         my,
         cm,
         cm_events: Vec::new(),
+        peer_disconnected: false,
     })
 }
 
@@ -232,6 +256,10 @@ pub fn run(opts: &RcPingpongOptions) -> Result<Outcome, PingpongError> {
     };
     let run = PingpongRun {
         validate: opts.tool.validate,
+        // rdma_cm's clients wait for all of the server's messages before they send
+        // (`ucmatose`), or post their receive before their send (`rdma_client`): an rdma_cm
+        // server sends without waiting.
+        unpaced: opts.tool.rdma_cm && !opts.is_client(),
         ..PingpongRun::new(opts, ctx.qp, ctx.cq, ctx.send_buf)
     };
     let summary = run_pingpong(&mut ctx, &run)?;
@@ -288,7 +316,7 @@ fn until_cm_event<T>(
 /// The IB CM set-up: REQ/REP/RTU over QP1.
 fn connect_with_cm(opts: &RcPingpongOptions) -> Result<Ctx, PingpongError> {
     let deadline = Instant::now() + opts.deadline;
-    let service_id = RDMA_CM_TCP_SERVICE | u64::from(opts.tcp_port);
+    let service_id = PortSpace::Tcp.service_id(opts.tcp_port);
     let link = &opts.tool.link;
     match opts.peer {
         Some(peer) => {
@@ -298,6 +326,19 @@ fn connect_with_cm(opts: &RcPingpongOptions) -> Result<Ctx, PingpongError> {
             };
             let mut ctx = setup(opts, local)?;
             print_dest("local", &ctx.my);
+            let private_data = if opts.tool.rdma_cm {
+                let port = EPHEMERAL_PORTS_START + (os_seed() % EPHEMERAL_PORTS) as u16;
+                let hdr = CmaHdr {
+                    src_port: port,
+                    src: local,
+                    dst: peer,
+                };
+                hdr.req_private_data(&[]).map_err(|_| {
+                    PingpongError::Usage("--rdma-cm: --bind and the peer differ in IP version")
+                })?
+            } else {
+                Vec::new()
+            };
             let params = ConnectParams {
                 peer: Gid::from_ip(peer),
                 service_id,
@@ -308,7 +349,7 @@ fn connect_with_cm(opts: &RcPingpongOptions) -> Result<Ctx, PingpongError> {
                 rnr_retry_count: RNR_RETRY_FOREVER,
                 srq: false,
                 local_ack_timeout: link.qp_timeout,
-                private_data: Vec::new(),
+                private_data,
             };
             let c = ctx.cm.as_mut().ok_or(PingpongError::Usage("no CM"))?;
             let id =
@@ -358,9 +399,17 @@ fn connect_with_cm(opts: &RcPingpongOptions) -> Result<Ctx, PingpongError> {
                     remote_qpn,
                     remote_psn,
                     path_mtu,
+                    ref private_data,
                     ..
                 } => {
                     let c = ctx.cm.as_mut().ok_or(PingpongError::Usage("no CM"))?;
+                    if opts.tool.rdma_cm {
+                        if let Err(why) = check_cma_hdr(private_data, local) {
+                            eprintln!("rc-pingpong: REQ from {peer} refused ({why}): REJ {KERNEL_REFUSAL:?}");
+                            let _ = c.cm.reject(Instant::now(), id, KERNEL_REFUSAL);
+                            return Ok(None);
+                        }
+                    }
                     if c.id.is_some() {
                         // One connection at a time, like ibv_rc_pingpong.
                         let _ = c.cm.reject(
@@ -398,22 +447,38 @@ fn connect_with_cm(opts: &RcPingpongOptions) -> Result<Ctx, PingpongError> {
                 }
                 _ => Ok(None),
             })?;
+            if opts.tool.rdma_cm {
+                // An rdma_cm server sends first (see `run`), so it waits for the RTU (or the
+                // first message) as rdma_cm's do: before it the client's QP may not be ready.
+                let id = ctx.cm.as_ref().and_then(|c| c.id);
+                until_cm_event(&mut ctx, deadline, "the RTU", |_, e| match *e {
+                    CmEvent::Established { id: got } if Some(got) == id => Ok(Some(())),
+                    CmEvent::Rejected { reason, .. } => Err(PingpongError::Rejected(reason)),
+                    CmEvent::TimedOut { .. } => Err(PingpongError::CmTimeout("the RTU")),
+                    _ => Ok(None),
+                })?;
+            }
             Ok(ctx)
         }
     }
 }
 
-/// DREQ/DREP: the client disconnects, the server waits for it.
+/// DREQ/DREP: the client disconnects (with `--rdma-cm` the server too), the server waits for
+/// it.
 fn disconnect_with_cm(ctx: &mut Ctx, opts: &RcPingpongOptions) -> Result<(), PingpongError> {
     let deadline = Instant::now() + opts.deadline;
     let c = ctx.cm.as_mut().ok_or(PingpongError::Usage("no CM"))?;
     let id = c.id.ok_or(PingpongError::Usage("no connection"))?;
-    if opts.is_client() {
+    // The client disconnects; so does an rdma_cm server (`ucmatose`'s client waits for the
+    // server's DREQ). The peer's DREQ may have come first (the kernel's rdma_server sends it
+    // as soon as its last message is acknowledged): its DREP is sent, the connection is over.
+    let initiates = opts.is_client() || opts.tool.rdma_cm;
+    let already = ctx.peer_disconnected
+        || (!initiates && matches!(c.cm.state(id), Some(crate::cm::CmState::TimeWait) | None));
+    if initiates && !already {
         c.cm.disconnect(Instant::now(), id)
             .map_err(PingpongError::cm("disconnect"))?;
     }
-    let already =
-        matches!(c.cm.state(id), Some(crate::cm::CmState::TimeWait) | None) && !opts.is_client();
     if !already {
         until_cm_event(ctx, deadline, "the disconnect", |_, e| match *e {
             CmEvent::Disconnected { id: got } | CmEvent::DisconnectReceived { id: got }
@@ -444,15 +509,56 @@ fn linger_pingpong(ctx: &mut Ctx, opts: &RcPingpongOptions) -> Result<(), Pingpo
     })
 }
 
+/// Why rdma_cm would refuse a REQ with `private_data` to a listener on `local`; `Ok` if it
+/// would take it.
+fn check_cma_hdr(private_data: &[u8], local: IpAddr) -> Result<(), String> {
+    let (hdr, _) = CmaHdr::parse(private_data).map_err(|e| e.to_string())?;
+    if hdr.matches_listener(local) {
+        Ok(())
+    } else {
+        Err(format!("cma_hdr names {}, not {local}", hdr.dst))
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use super::*;
 
     #[test]
     fn cm_service_id_is_rdma_cm_tcp_port_space() {
-        assert_eq!(
-            RDMA_CM_TCP_SERVICE | u64::from(DEFAULT_TCP_PORT),
-            0x0106_4853
-        );
+        assert_eq!(PortSpace::Tcp.service_id(DEFAULT_TCP_PORT), 0x0106_4853);
+    }
+
+    #[test]
+    fn server_checks_the_cma_hdr_as_rdma_cm_does() {
+        let me: IpAddr = "198.18.0.1"
+            .parse()
+            .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+        let other: IpAddr = "198.18.0.2".parse().unwrap_or(me);
+        let hdr = |dst| CmaHdr {
+            src_port: 40000,
+            src: other,
+            dst,
+        };
+        let mut pd = [0u8; 92];
+        let good = hdr(me)
+            .to_bytes()
+            .unwrap_or([0; crate::wire::cma::CMA_HDR_LEN]);
+        pd[..good.len()].copy_from_slice(&good);
+        assert_eq!(check_cma_hdr(&pd, me), Ok(()));
+        // No header at all: IPoIB-style or empty private data.
+        assert!(check_cma_hdr(&[0u8; 92], me).is_err());
+        // Another destination.
+        let wrong = hdr(other)
+            .to_bytes()
+            .unwrap_or([0; crate::wire::cma::CMA_HDR_LEN]);
+        pd[..wrong.len()].copy_from_slice(&wrong);
+        assert!(check_cma_hdr(&pd, me).is_err());
+        // Version 1.
+        pd[..good.len()].copy_from_slice(&good);
+        pd[0] = 1;
+        assert!(check_cma_hdr(&pd, me).is_err());
     }
 }

@@ -20,6 +20,8 @@
 //! - [`grh`]: the 40-byte GRH area at the start of every UD receive buffer ([`grh::GrhRepr`]).
 //! - [`cm`]: IB Communication Manager MADs (REQ, REP, RTU, DREQ, DREP, REJ, MRA) and the
 //!   IPoIB-CM private data and service IDs.
+//! - [`cma`]: rdma_cm's `cma_hdr` at the start of a REQ's private data and its port-space
+//!   service IDs.
 //! - [`ipoib`]: IPoIB encapsulation, the 20-byte hardware address, ARP, IPv6 ND and the
 //!   multicast GIDs.
 //! - [`roce`]: the UDP payload of a RoCEv2 datagram (BTH … ICRC) as a borrowed, parsed view
@@ -48,6 +50,7 @@
 
 pub mod bth;
 pub mod cm;
+pub mod cma;
 pub mod ext;
 pub mod grh;
 pub mod icrc;

@@ -99,3 +99,21 @@ fn a_failed_connection_says_failed_not_closed() {
     assert_eq!(n.ep(0).counters().tx_failed, 1, "{:?}", n.ep(0).counters());
     assert_eq!(closed(&mut n, 0), []);
 }
+
+#[test]
+fn a_peers_dreq_closes_the_connection_normally() {
+    // Node 1 shuts down: it sends a DREQ for its RX side of node 0's TX connection, the first
+    // DREQ node 0 sees. That is an orderly close, not a failure.
+    let mut n = connected(|_, _| {});
+    let now = n.now();
+    let c = &mut n.0;
+    let (ep, v) = (c.eps[1].as_mut().unwrap(), &mut c.f.nodes[1]);
+    ep.begin_shutdown(now, v);
+    n.run(Duration::from_millis(100));
+    let c = n.ep(0).counters();
+    assert_eq!((c.tx_failed, n.ep(0).tx_count()), (0, 0), "{c:?}");
+    assert_eq!(
+        closed(&mut n, 0),
+        [(node1(), TxCloseReason::PeerDisconnected)]
+    );
+}
