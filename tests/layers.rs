@@ -29,6 +29,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("timer", &[]),
     ("choice", &[]),
     ("verbs", &["wire"]),
+    ("sa", &["wire"]),
     ("soft", &["wire", "verbs", "sys"]),
     ("hw", &["verbs"]),
     ("cm", &["wire", "verbs", "timer"]),
@@ -45,7 +46,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "tools",
         &[
-            "wire", "verbs", "soft", "hw", "cm", "mad", "driver", "daemon",
+            "wire", "sys", "verbs", "soft", "hw", "sa", "cm", "mad", "driver", "daemon",
         ],
     ),
 ];
