@@ -2,7 +2,7 @@
 //!
 //! Layout: [`exchange`] is rdma-core's TCP QP-info exchange; [`pingpong`] the ping-pong loop
 //! over any provider; `rc_qp` and `soft_loop` the RC QP set-up and the software provider's
-//! event loop the tools share; [`rc_pingpong`], [`ud_pingpong`] and [`perf`] the tools, with
+//! event loop the tools share; [`rc_pingpong`], [`ud_pingpong`], [`perf`] and [`sa`] (the SA client over umad) the tools, with
 //! `hw_pingpong` running rc-pingpong on the libibverbs provider (feature `verbs`). Every tool
 //! takes one [`Options`] and fails with one [`PingpongError`].
 
@@ -15,6 +15,7 @@ pub mod perf;
 pub mod pingpong;
 pub mod rc_pingpong;
 mod rc_qp;
+pub mod sa;
 mod soft_loop;
 pub mod ud_pingpong;
 
