@@ -6,12 +6,15 @@
 # - apt packages: build-essential pkg-config iproute2 iputils-ping iperf3 tshark tcpdump ethtool,
 #   and
 #   for the `verbs` feature (libibverbs provider) cmake libclang-dev libibverbs-dev
-#   libnl-3-dev libnl-route-3-dev python3 (one `apt-get update`, only when something is missing);
+#   libnl-3-dev libnl-route-3-dev python3, and for tests/sa_opensm.rs (an SA on a simulated
+#   fabric) opensm ibsim-utils infiniband-diags (one `apt-get update`, only when something is
+#   missing);
 # - a Rust toolchain >= 1.85 with rustfmt and clippy (rustup; installed when there is none).
 set -euo pipefail
 
 IPOIB_APT_PACKAGES=(build-essential pkg-config iproute2 iputils-ping iperf3 tshark tcpdump ethtool
-    cmake libclang-dev libibverbs-dev libnl-3-dev libnl-route-3-dev python3 curl)
+    cmake libclang-dev libibverbs-dev libnl-3-dev libnl-route-3-dev python3 curl
+    opensm ibsim-utils infiniband-diags)
 IPOIB_MIN_RUST_MINOR=85
 
 setup_say() { printf '[setup] %s\n' "$*"; }
@@ -71,6 +74,11 @@ setup_main() {
             apt-get -o DPkg::Lock::Timeout=600 update
         setup_as_root env DEBIAN_FRONTEND=noninteractive \
             apt-get -o DPkg::Lock::Timeout=600 install -y --no-install-recommends "${missing[@]}"
+        # The opensm package enables its service; the tests start their own SM on a simulated
+        # fabric, and a stray SM must not come up on a host with a real InfiniBand port.
+        if [[ " ${missing[*]} " == *" opensm "* ]] && command -v systemctl >/dev/null 2>&1; then
+            setup_as_root systemctl disable --now opensm.service >/dev/null 2>&1 || true
+        fi
     else
         setup_say "apt packages present"
     fi
