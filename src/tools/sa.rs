@@ -165,7 +165,11 @@ impl Session {
             // Bounded: the agent sees only responses to our (capped) outstanding requests.
             let mut m = [0u8; crate::wire::cm::MAD_LEN];
             for _ in 0..64 {
-                match self.umad.recv(&mut m).map_err(|e| format!("umad recv: {e}"))? {
+                match self
+                    .umad
+                    .recv(&mut m)
+                    .map_err(|e| format!("umad recv: {e}"))?
+                {
                     Some(UmadRecv::Mad) => {
                         if self.dump {
                             println!("mad {}", hex(&m));
