@@ -489,7 +489,15 @@ impl SaClient {
             }
             PortEvent::PortDown => {
                 self.port_up = false;
-                self.pending.clear();
+                // Leaves cannot go out: each ends here, undeleted.
+                for p in std::mem::take(&mut self.pending).into_values() {
+                    if let Request::Leave(mgid) = p.request {
+                        self.events.push_back(SaEvent::Left {
+                            mgid,
+                            deleted: false,
+                        });
+                    }
+                }
             }
             PortEvent::LidChange | PortEvent::ClientReregister | PortEvent::PkeyChange => {}
         }

@@ -391,6 +391,20 @@ fn port_down_holds_everything_until_up() {
     let q = sent(&mut c);
     assert_eq!(q.len(), 1);
     assert_eq!(c.sm.lid, 9);
+    c.handle_mad(t0, &answer(&q[0], 0, &bcast_record(&q[0]).to_bytes()));
+    // A leave cut short by the port going down still ends.
+    c.leave(t0, bcast);
+    assert_eq!(sent(&mut c).len(), 1);
+    events(&mut c);
+    c.port_event(t0, PortEvent::PortDown);
+    assert_eq!(
+        events(&mut c),
+        [SaEvent::Left {
+            mgid: bcast,
+            deleted: false
+        }]
+    );
+    assert_eq!(c.next_deadline(), None);
 }
 
 #[test]
