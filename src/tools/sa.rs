@@ -1,6 +1,6 @@
 //! `ipoib-cm sa path|join|leave`: the SA client ([`crate::sa`]) over a umad port, one request
-//! at a time, printing what the SA answered. It is the client the daemon will embed, run on
-//! its own so it can be checked against a real SA (opensm, also on ibsim through `umad2sim`).
+//! at a time, printing what the SA answered: the sans-IO client on its own, so it can be
+//! checked against a real SA (opensm, also on ibsim through `umad2sim`).
 //!
 //! `join --hold` stays a member until SIGINT/SIGTERM (then leaves, unless `--shared`) and
 //! treats SIGUSR1 as the port's `CLIENT_REREGISTER` event (ibsim has no channel for port
