@@ -127,12 +127,28 @@ impl Fabric {
         }
     }
 
-    /// Whether the SA lists `gid` as a member of the broadcast group (asked from Hca3 with
-    /// opensm's default SM_Key, so member GIDs are not hidden).
+    /// `saquery -t 2000 ARGS` from Hca3, asked again (bounded) when it gets no answer in
+    /// time on a loaded machine.
+    fn saquery(&self, args: &[&str]) -> String {
+        let mut last = String::new();
+        for _ in 0..5 {
+            let mut all = vec!["saquery", "-t", "2000"];
+            all.extend_from_slice(args);
+            let (ok, text) = self.run("Hca3", &all);
+            if ok {
+                return text;
+            }
+            last = text;
+            thread::sleep(Duration::from_millis(300));
+        }
+        panic!("saquery {args:?} never answered: {last}");
+    }
+
+    /// Whether the SA lists `gid` as a member of the broadcast group (asked with opensm's
+    /// default SM_Key, so member GIDs are not hidden).
     fn member(&self, gid: &str) -> bool {
-        let (ok, text) = self.run("Hca3", &["saquery", "--smkey", "1", "-m"]);
-        assert!(ok, "saquery -m: {text}");
-        text.lines()
+        self.saquery(&["--smkey", "1", "-m"])
+            .lines()
             .any(|l| l.trim().starts_with("PortGid") && l.trim().ends_with(&format!(".{gid}")))
     }
 
@@ -241,8 +257,7 @@ fn sa_client_against_opensm_on_ibsim() {
     assert_eq!(field(line, "pkey"), "0xffff");
 
     // The broadcast group as the SA describes it.
-    let (ok, groups) = f.run("Hca3", &["saquery", "-g"]);
-    assert!(ok, "saquery -g: {groups}");
+    let groups = f.saquery(&["-g"]);
     let g = |name: &str| {
         groups
             .lines()

@@ -9,7 +9,7 @@
 //! the way to wait on them), and its `read` of an empty queue returns `-EWOULDBLOCK` itself
 //! instead of `-1` with `errno`.
 //!
-//! The agent names the SA class (0x03, version 2) with an empty method mask: the kernel (and
+//! The agent names one class (the SA's, 0x03 version 2) with an empty method mask: the kernel (and
 //! `umad2sim`) deliver only responses to its own requests, matched by the high 32 bits of
 //! the transaction ID, which they overwrite with the agent's; this coexists with the
 //! kernel's `ib_sa`, as `saquery` does.
@@ -19,9 +19,8 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
-use crate::wire::cm::MAD_LEN;
-use crate::wire::sa::{SA_CLASS_VERSION, SA_MGMT_CLASS};
-use crate::wire::{Gid, GSI_QKEY};
+/// Size of every MAD this agent sends and receives (no RMPP).
+pub(crate) const MAD_LEN: usize = 256;
 
 /// `IB_IOCTL_MAGIC`.
 const IB_IOCTL_MAGIC: libc::c_ulong = 0x1b;
@@ -80,7 +79,7 @@ pub(crate) struct UmadPort {
     /// The SL to the SM.
     pub sm_sl: u8,
     /// The port's GID at index 0.
-    pub gid: Gid,
+    pub gid: [u8; 16],
     /// Whether the port is ACTIVE.
     pub active: bool,
 }
@@ -149,7 +148,7 @@ impl UmadPort {
         let gid_text = read_small(&gid_path)?;
         let gid = gid_text
             .parse::<std::net::Ipv6Addr>()
-            .map(|a| Gid(a.octets()))
+            .map(|a| a.octets())
             .map_err(|_| bad("GID", &gid_path))?;
         Ok(Self {
             umad,
@@ -172,9 +171,10 @@ pub(crate) struct Umad {
 }
 
 impl Umad {
-    /// Opens `/dev/infiniband/umad<N>` non-blocking and registers the SA agent (with the
-    /// 56-byte header of [`UMAD_HDR_LEN`]).
-    pub(crate) fn open_sa(umad: u32) -> io::Result<Self> {
+    /// Opens `/dev/infiniband/umad<N>` non-blocking and registers an agent on QP1 for the
+    /// responses of management class `mgmt_class`, version `class_version` (the SA: 0x03,
+    /// 2), with the 56-byte header of [`UMAD_HDR_LEN`].
+    pub(crate) fn open(umad: u32, mgmt_class: u8, class_version: u8) -> io::Result<Self> {
         let path = CString::new(format!("/dev/infiniband/umad{umad}"))
             .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         // SAFETY: `path` is NUL-terminated and outlives the call.
@@ -194,8 +194,8 @@ impl Umad {
         };
         let mut req = RegReq {
             qpn: 1,
-            mgmt_class: SA_MGMT_CLASS,
-            mgmt_class_version: SA_CLASS_VERSION,
+            mgmt_class,
+            mgmt_class_version: class_version,
             ..RegReq::default()
         };
         // SAFETY: `req` is a live, writable `ib_user_mad_reg_req` the kernel fills in.
@@ -207,17 +207,18 @@ impl Umad {
         Ok(me)
     }
 
-    /// Sends `mad` to QP1 of `dlid` on `sl` (Q_Key `0x8001_0000`, P_Key index 0). The kernel
+    /// Sends `mad` to QP1 of `dlid` on `sl` with `qkey` (QP1's is `0x8001_0000`), P_Key
+    /// index 0. The kernel
     /// keeps the send for [`SEND_TIMEOUT_MS`] to match the response to it (a response to a
     /// send it no longer holds is dropped).
-    pub(crate) fn send(&self, mad: &[u8; MAD_LEN], dlid: u16, sl: u8) -> io::Result<()> {
+    pub(crate) fn send(&self, mad: &[u8; MAD_LEN], dlid: u16, sl: u8, qkey: u32) -> io::Result<()> {
         let mut b = [0u8; UMAD_HDR_LEN + MAD_LEN];
         let (hdr, body) = b.split_at_mut(UMAD_HDR_LEN);
         hdr[0..4].copy_from_slice(&self.agent.to_ne_bytes());
         hdr[8..12].copy_from_slice(&SEND_TIMEOUT_MS.to_ne_bytes());
         hdr[16..20].copy_from_slice(&(MAD_LEN as u32).to_ne_bytes());
         hdr[20..24].copy_from_slice(&1u32.to_be_bytes());
-        hdr[24..28].copy_from_slice(&GSI_QKEY.to_be_bytes());
+        hdr[24..28].copy_from_slice(&qkey.to_be_bytes());
         hdr[28..30].copy_from_slice(&dlid.to_be_bytes());
         hdr[30] = sl;
         body.copy_from_slice(mad);
@@ -253,7 +254,8 @@ impl Umad {
         if status != 0 {
             return Ok(Some(UmadRecv::SendFailed(status)));
         }
-        if n < UMAD_HDR_LEN + crate::wire::cm::MAD_HEADER_LEN {
+        // The 24-byte common MAD header at least.
+        if n < UMAD_HDR_LEN + 24 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "short umad read",

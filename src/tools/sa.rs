@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use crate::sa::{GroupOptions, PathLookup, PortEvent, SaClient, SaConfig, SaEvent, SmAddress};
 use crate::sys::umad::{Umad, UmadPort, UmadRecv};
-use crate::wire::Gid;
+use crate::wire::sa::{SA_CLASS_VERSION, SA_MGMT_CLASS};
+use crate::wire::{Gid, GSI_QKEY};
 
 /// Which port and partition.
 #[derive(Debug, Clone, clap::Args)]
@@ -92,24 +93,30 @@ pub fn run(cmd: &SaCommand) -> Result<(), String> {
             port.ca, port.port, port.lid, port.sm_lid
         ));
     }
-    let umad = Umad::open_sa(port.umad).map_err(|e| format!("umad{}: {e}", port.umad))?;
+    let umad = Umad::open(port.umad, SA_MGMT_CLASS, SA_CLASS_VERSION)
+        .map_err(|e| format!("umad{}: {e}", port.umad))?;
     println!(
         "port {} {} lid {:#x} sm_lid {:#x} gid {}",
-        port.ca, port.port, port.lid, port.sm_lid, port.gid
+        port.ca,
+        port.port,
+        port.lid,
+        port.sm_lid,
+        Gid(port.gid)
     );
+    let gid = Gid(port.gid);
     let sm = SmAddress {
         lid: port.sm_lid,
         sl: port.sm_sl,
     };
     let mut s = Session {
-        client: SaClient::new(SaConfig::new(port.gid, args.pkey), sm),
+        client: SaClient::new(SaConfig::new(gid, args.pkey), sm),
         umad,
         dump: args.dump,
         deadline: Instant::now() + args.timeout,
     };
     match cmd {
         SaCommand::Path { dgid, .. } => {
-            let dgid = dgid.map_or(port.gid, |a| Gid(a.octets()));
+            let dgid = dgid.map_or(gid, |a| Gid(a.octets()));
             s.path(dgid)
         }
         SaCommand::Join {
@@ -147,7 +154,7 @@ impl Session {
     fn turn(&mut self) -> Result<Vec<SaEvent>, String> {
         while let Some(o) = self.client.pop_transmit() {
             self.umad
-                .send(&o.mad, o.to.lid, o.to.sl)
+                .send(&o.mad, o.to.lid, o.to.sl, GSI_QKEY)
                 .map_err(|e| format!("umad send: {e}"))?;
         }
         let now = Instant::now();
