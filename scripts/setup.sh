@@ -8,8 +8,9 @@
 #   for the `verbs` feature (libibverbs provider, librdmacm CM) cmake libclang-dev libibverbs-dev
 #   librdmacm-dev libnl-3-dev libnl-route-3-dev python3, and the kernels the rxe lab boots in
 #   qemu (never the host): linux-image-amd64 (6.1) and linux-image-6.12-amd64 (the meta package
-#   of Debian 12's newest series, which follows its security updates) (one `apt-get update`,
-#   only when something is missing);
+#   of Debian 12's newest series, which follows its security updates), and for tests/sa_opensm.rs (an SA on a
+#   simulated fabric) opensm ibsim-utils infiniband-diags (one `apt-get update`, only when
+#   something is missing);
 # - a Rust toolchain >= 1.85 with rustfmt and clippy (rustup; installed when there is none).
 set -euo pipefail
 
@@ -17,6 +18,7 @@ set -euo pipefail
 IPOIB_RXE_KERNELS=(linux-image-amd64 linux-image-6.12-amd64)
 IPOIB_APT_PACKAGES=(build-essential pkg-config iproute2 iputils-ping iperf3 tshark tcpdump ethtool
     cmake libclang-dev libibverbs-dev librdmacm-dev libnl-3-dev libnl-route-3-dev python3 curl
+    opensm ibsim-utils infiniband-diags
     "${IPOIB_RXE_KERNELS[@]}")
 IPOIB_MIN_RUST_MINOR=85
 
@@ -77,6 +79,11 @@ setup_main() {
             apt-get -o DPkg::Lock::Timeout=600 update
         setup_as_root env DEBIAN_FRONTEND=noninteractive \
             apt-get -o DPkg::Lock::Timeout=600 install -y --no-install-recommends "${missing[@]}"
+        # The opensm package enables its service; the tests start their own SM on a simulated
+        # fabric, and a stray SM must not come up on a host with a real InfiniBand port.
+        if [[ " ${missing[*]} " == *" opensm "* ]] && command -v systemctl >/dev/null 2>&1; then
+            setup_as_root systemctl disable --now opensm.service >/dev/null 2>&1 || true
+        fi
     else
         setup_say "apt packages present"
     fi

@@ -36,6 +36,8 @@
 //! - [`soft`]: the software RC/UD engine that speaks RoCEv2 over UDP, sans-IO, with seeded
 //!   faults; [`soft::transport`] is its UDP edge. On `verbs`, `wire`, `sys`.
 //! - `hw` (feature `verbs`): the libibverbs provider. On `verbs`.
+//! - [`sa`]: the sans-IO Subnet Administration client: PathRecord queries with a bounded
+//!   (and negative) cache, MCMemberRecord joins and leaves, rejoin on port events. On `wire`.
 //! - [`cm`]: the IB Communication Manager state machine (REQ/REP/RTU/DREQ/DREP/REJ/MRA,
 //!   retries, TimeWait). On `wire`, `verbs`, `timer`.
 //! - [`mad`]: the CM MAD transports a driver owns: QP1 over a provider that lets the caller own
@@ -89,6 +91,7 @@ pub mod driver;
 pub mod hw;
 pub mod ipoib;
 pub mod mad;
+pub mod sa;
 #[doc(hidden)]
 pub mod setting;
 #[doc(hidden)]

@@ -49,6 +49,10 @@ enum Command {
     /// Measure the software RC provider alone between two hosts, like perftest's ib_send_bw
     /// (--bw, the default) and ib_send_lat (--lat); the server waits for one client.
     Perf(Box<PerfArgs>),
+    /// Ask the InfiniBand subnet administrator for a path, or join or leave a multicast
+    /// group, over a umad port.
+    #[command(subcommand)]
+    Sa(ipoib_cm::tools::sa::SaCommand),
     /// Run the provider conformance suite over two libibverbs devices (feature `verbs`).
     #[command(hide = true)]
     Conformance(ConformanceArgs),
@@ -663,6 +667,16 @@ fn main() -> ExitCode {
         Command::Perf(a) => {
             init_logging("warn");
             perf_main(a)
+        }
+        Command::Sa(c) => {
+            init_logging("warn");
+            match ipoib_cm::tools::sa::run(c) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("ipoib-cm sa: {e}");
+                    ExitCode::FAILURE
+                }
+            }
         }
     }
 }

@@ -29,6 +29,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("timer", &[]),
     ("choice", &[]),
     ("verbs", &["wire"]),
+    ("sa", &["wire"]),
     ("soft", &["wire", "verbs", "sys"]),
     ("hw", &["verbs"]),
     ("cm", &["wire", "verbs", "timer"]),
@@ -46,7 +47,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "tools",
         &[
-            "wire", "verbs", "soft", "hw", "cm", "mad", "driver", "setting",
+            "wire", "sys", "verbs", "soft", "hw", "sa", "cm", "mad", "driver", "setting",
         ],
     ),
 ];

@@ -14,6 +14,8 @@
 //! - [`ifaddr`]: which interface carries an address, and its MTU.
 //! - [`notify`]: the systemd notification protocol (`$NOTIFY_SOCKET`, `$WATCHDOG_USEC`).
 //! - [`caps`]: whether the process holds `CAP_NET_ADMIN`.
+//! - [`umad`]: a Subnet Administration agent on `/dev/infiniband/umadN` and the port's sysfs
+//!   attributes.
 #![allow(unsafe_code)]
 
 pub(crate) mod caps;
@@ -23,3 +25,4 @@ pub(crate) mod peercred;
 pub(crate) mod sockopt;
 pub(crate) mod tun;
 pub(crate) mod udp;
+pub(crate) mod umad;

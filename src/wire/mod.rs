@@ -24,6 +24,7 @@
 //!   service IDs.
 //! - [`ipoib`]: IPoIB encapsulation, the 20-byte hardware address, ARP, IPv6 ND and the
 //!   multicast GIDs.
+//! - [`sa`]: Subnet Administration MADs: the SA header, PathRecord and MCMemberRecord.
 //! - [`roce`]: the UDP payload of a RoCEv2 datagram (BTH … ICRC) as a borrowed, parsed view
 //!   ([`RocePacket`]) and as a builder ([`RoceRepr`]).
 //!
@@ -57,6 +58,7 @@ pub mod icrc;
 pub mod ids;
 pub mod ipoib;
 pub mod roce;
+pub mod sa;
 
 // The byte-field helpers every codec above reads and writes through.
 pub mod field;

@@ -1,0 +1,332 @@
+//! The SA client against a real SA: opensm on an ibsim simulated fabric, every process
+//! reaching the simulator through ibsim's `umad2sim` preload (libc calls on
+//! `/dev/infiniband/umad*` and `/sys/class/infiniband*` redirected to it).
+//!
+//! Everything runs in one network namespace of a two-node lab this test creates (ibsim's abstract Unix socket
+//! lives there), in a scratch directory (umad2sim writes its fake sysfs into the working
+//! directory). The namespace's drop kills whatever is left in it.
+//!
+//! Shows, on `net.2sw2path4hca` (two switches, four HCAs; opensm on Hca1, the client on
+//! Hca2):
+//! - `ipoib-cm sa path` gets PathRecords with the LIDs the SM gave the ports (as `ibstat`
+//!   reports them), to itself and to Hca3;
+//! - `ipoib-cm sa join --hold` joins the IPv4 broadcast group with the parameters
+//!   `saquery -g` shows, and the port's membership is then in the SA (`saquery -m`);
+//! - opensm restarted forgets the membership; the client's rejoin on `CLIENT_REREGISTER`
+//!   (SIGUSR1 stands in for the port event ibsim cannot deliver) puts it back;
+//! - the held join's leave on SIGTERM, and `ipoib-cm sa leave`, remove it.
+//!
+//! Needs `ibsim`, `opensm`, `saquery`, `ibstat` and `libumad2sim.so` (Debian `ibsim-utils`,
+//! `opensm`, `infiniband-diags`): missing, the test skips with a reason, or fails with
+//! `CI=true`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::netns::{output_within, wait_within, Lab, Lines};
+
+const UMAD2SIM: &str = "/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so";
+const NET: &str = "/usr/share/doc/ibsim-utils/net-examples/net.2sw2path4hca";
+const BIN: &str = env!("CARGO_BIN_EXE_ipoib-cm");
+const LIMIT: Duration = Duration::from_secs(30);
+
+fn tools_present() -> Result<(), String> {
+    for f in [UMAD2SIM, NET] {
+        if !Path::new(f).exists() {
+            return Err(format!("{f} missing (apt-get install ibsim-utils)"));
+        }
+    }
+    for t in ["ibsim", "opensm", "saquery", "ibstat"] {
+        let found = std::env::var_os("PATH")
+            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(t).exists()));
+        if !found {
+            return Err(format!(
+                "{t} not installed (apt-get install ibsim-utils opensm infiniband-diags)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// One simulated fabric in a namespace and a scratch directory.
+struct Fabric {
+    lab: Lab,
+    dir: PathBuf,
+    ibsim: Child,
+    opensm: Option<(Child, Lines)>,
+}
+
+impl Fabric {
+    /// `cmd` on node `host` of the simulated fabric, through umad2sim, in the scratch dir.
+    fn on(&self, host: &str, args: &[&str]) -> Command {
+        let mut c = self.lab.exec(1, args);
+        c.current_dir(&self.dir)
+            .env("LD_PRELOAD", UMAD2SIM)
+            .env("SIM_HOST", host);
+        c
+    }
+
+    fn run(&self, host: &str, args: &[&str]) -> (bool, String) {
+        let out = output_within(self.on(host, args), LIMIT);
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), text)
+    }
+
+    fn start_opensm(&mut self, log: &str) {
+        let log = self.dir.join(log);
+        let log = log.to_str().expect("utf-8 path");
+        let mut c = self.on("Hca1", &["opensm", "-f", log, "-s", "0"]);
+        let dir = self.dir.to_str().expect("utf-8 path").to_owned();
+        c.env("OSM_TMP_DIR", &dir)
+            .env("OSM_CACHE_DIR", &dir)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null());
+        let mut child = c.spawn().expect("spawn opensm");
+        let mut lines = Lines::new(child.stdout.take().expect("stdout"));
+        assert!(
+            lines.wait_for("Entering MASTER state", LIMIT),
+            "opensm never became master: {:?}",
+            lines.seen()
+        );
+        self.opensm = Some((child, lines));
+    }
+
+    fn stop_opensm(&mut self) {
+        if let Some((mut child, _)) = self.opensm.take() {
+            let _ = Command::new("kill").arg(child.id().to_string()).status();
+            wait_within(&mut child, LIMIT);
+        }
+    }
+
+    /// `ibstat` of `host`'s port once the SM has made it active with a LID: (lid, port GUID).
+    fn port_of(&self, host: &str) -> (u16, u64) {
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            let (_, text) = self.run(host, &["ibstat"]);
+            let field = |name: &str| {
+                text.lines()
+                    .find_map(|l| l.trim().strip_prefix(name).map(|v| v.trim().to_owned()))
+            };
+            let lid = field("Base lid:").and_then(|v| v.parse::<u16>().ok());
+            let guid = field("Port GUID:")
+                .and_then(|v| u64::from_str_radix(v.trim_start_matches("0x"), 16).ok());
+            if let (Some("Active"), Some(lid), Some(guid)) = (field("State:").as_deref(), lid, guid)
+            {
+                if lid != 0 {
+                    return (lid, guid);
+                }
+            }
+            assert!(Instant::now() < deadline, "{host} never active: {text}");
+            thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// `saquery -t 2000 ARGS` from Hca3, asked again (bounded) when it gets no answer in
+    /// time on a loaded machine.
+    fn saquery(&self, args: &[&str]) -> String {
+        let mut last = String::new();
+        for _ in 0..5 {
+            let mut all = vec!["saquery", "-t", "2000"];
+            all.extend_from_slice(args);
+            let (ok, text) = self.run("Hca3", &all);
+            if ok {
+                return text;
+            }
+            last = text;
+            thread::sleep(Duration::from_millis(300));
+        }
+        panic!("saquery {args:?} never answered: {last}");
+    }
+
+    /// Whether the SA lists `gid` as a member of the broadcast group (asked with opensm's
+    /// default SM_Key, so member GIDs are not hidden).
+    fn member(&self, gid: &str) -> bool {
+        self.saquery(&["--smkey", "1", "-m"])
+            .lines()
+            .any(|l| l.trim().starts_with("PortGid") && l.trim().ends_with(&format!(".{gid}")))
+    }
+
+    /// Waits (bounded) until membership of `gid` is `want`.
+    fn expect_member(&self, gid: &str, want: bool, what: &str) {
+        let deadline = Instant::now() + LIMIT;
+        while self.member(gid) != want {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: member {gid} never {want}"
+            );
+            thread::sleep(Duration::from_millis(300));
+        }
+    }
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        self.stop_opensm();
+        let _ = Command::new("kill")
+            .arg(self.ibsim.id().to_string())
+            .status();
+        wait_within(&mut self.ibsim, LIMIT);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn gid_of(guid: u64) -> String {
+    let g = std::net::Ipv6Addr::from((0xfe80u128 << 112) | u128::from(guid));
+    g.to_string()
+}
+
+fn field<'a>(line: &'a str, name: &str) -> &'a str {
+    let mut it = line.split_whitespace();
+    while let Some(w) = it.next() {
+        if w == name {
+            return it.next().unwrap_or("");
+        }
+    }
+    panic!("no {name} in {line:?}")
+}
+
+#[test]
+fn sa_client_against_opensm_on_ibsim() {
+    if let Err(why) = tools_present() {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "CI: {why}");
+        println!("skipped: {why}");
+        return;
+    }
+    let lab = match Lab::new("saosm", 2, 1500) {
+        Ok(lab) => lab,
+        Err(skip) => {
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "CI: {skip}");
+            skip.print();
+            return;
+        }
+    };
+    let dir = std::env::temp_dir().join(format!("sa-opensm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    std::fs::copy(NET, dir.join("net")).expect("copy topology");
+    let mut c = lab.exec(1, &["ibsim", "-s", "net"]);
+    c.current_dir(&dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let ibsim = c.spawn().expect("spawn ibsim");
+    let mut f = Fabric {
+        lab,
+        dir,
+        ibsim,
+        opensm: None,
+    };
+    // ibsim listens once it has read the topology; opensm retries nothing, so wait for it.
+    let deadline = Instant::now() + LIMIT;
+    while !f.run("Hca2", &["ibstat"]).0 {
+        assert!(Instant::now() < deadline, "ibsim never answered");
+        thread::sleep(Duration::from_millis(200));
+    }
+    f.start_opensm("osm.log");
+    let (lid2, guid2) = f.port_of("Hca2");
+    let (lid3, guid3) = f.port_of("Hca3");
+    let (gid2, gid3) = (gid_of(guid2), gid_of(guid3));
+    println!("Hca2 lid {lid2} gid {gid2}; Hca3 lid {lid3} gid {gid3}");
+
+    // PathRecords carry the LIDs the SM gave the ports.
+    let (ok, out) = f.run("Hca2", &[BIN, "sa", "path"]);
+    assert!(ok, "sa path: {out}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("path "))
+        .expect("path line");
+    println!("{line}");
+    assert_eq!(field(line, "dlid"), format!("{lid2:#x}"));
+    assert_eq!(field(line, "slid"), format!("{lid2:#x}"));
+    assert_eq!(field(line, "sgid"), gid2);
+    let (ok, out) = f.run("Hca2", &[BIN, "sa", "path", "--dgid", &gid3]);
+    assert!(ok, "sa path --dgid: {out}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("path "))
+        .expect("path line");
+    println!("{line}");
+    assert_eq!(field(line, "dgid"), gid3);
+    assert_eq!(field(line, "dlid"), format!("{lid3:#x}"));
+    assert_eq!(field(line, "slid"), format!("{lid2:#x}"));
+    assert_eq!(field(line, "pkey"), "0xffff");
+
+    // The broadcast group as the SA describes it.
+    let groups = f.saquery(&["-g"]);
+    let g = |name: &str| {
+        groups
+            .lines()
+            .find_map(|l| {
+                l.trim()
+                    .strip_prefix(name)
+                    .map(|v| v.trim_start_matches('.').to_owned())
+            })
+            .unwrap_or_else(|| panic!("no {name} in {groups}"))
+    };
+    assert_eq!(g("MGID"), "ff12:401b:ffff::ffff:ffff");
+    let mlid = g("Mlid").to_lowercase();
+    assert!(!f.member(&gid2), "member before the join");
+
+    // Join and hold.
+    let mut hold = f.on("Hca2", &[BIN, "sa", "join", "--hold"]);
+    hold.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut hold = hold.spawn().expect("spawn sa join --hold");
+    let mut out = Lines::new(hold.stdout.take().expect("stdout"));
+    let _err = Lines::new(hold.stderr.take().expect("stderr"));
+    assert!(out.wait_for("joined ", LIMIT), "no join: {:?}", out.seen());
+    let joined = out.seen().last().expect("line").clone();
+    println!("{joined}");
+    assert_eq!(field(&joined, "mgid"), "ff12:401b:ffff::ffff:ffff");
+    assert_eq!(field(&joined, "mlid"), mlid);
+    assert_eq!(field(&joined, "qkey"), "0xb1b");
+    f.expect_member(&gid2, true, "after the join");
+
+    // opensm restarts: the membership is gone until the client reregisters.
+    f.stop_opensm();
+    f.start_opensm("osm2.log");
+    f.expect_member(&gid2, false, "after the SM restart");
+    let pid = hold.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-USR1", &pid])
+        .status()
+        .expect("kill")
+        .success());
+    assert!(
+        out.wait_for("port event CLIENT_REREGISTER", LIMIT),
+        "{:?}",
+        out.seen()
+    );
+    assert!(
+        out.wait_for("joined ", LIMIT),
+        "no rejoin: {:?}",
+        out.seen()
+    );
+    println!("rejoined: {}", out.seen().last().expect("line"));
+    f.expect_member(&gid2, true, "after the rejoin");
+
+    // SIGTERM leaves.
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill")
+        .success());
+    assert!(out.wait_for("left ", LIMIT), "no leave: {:?}", out.seen());
+    assert!(out.seen().last().expect("line").ends_with("deleted true"));
+    assert!(wait_within(&mut hold, LIMIT).success());
+    f.expect_member(&gid2, false, "after the held join's leave");
+
+    // A join left in place, then `sa leave`.
+    let (ok, text) = f.run("Hca2", &[BIN, "sa", "join"]);
+    assert!(ok, "sa join: {text}");
+    f.expect_member(&gid2, true, "after sa join");
+    let (ok, text) = f.run("Hca2", &[BIN, "sa", "leave"]);
+    assert!(ok && text.contains("deleted true"), "sa leave: {text}");
+    f.expect_member(&gid2, false, "after sa leave");
+}
