@@ -29,16 +29,6 @@
 //!
 //! Parsing never panics and never allocates.
 
-#![cfg_attr(
-    not(test),
-    deny(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::indexing_slicing,
-        clippy::panic_in_result_fn
-    )
-)]
-
 mod mcmember;
 mod path;
 
