@@ -80,7 +80,7 @@ pub enum VerbsError {
     InvalidWr(&'static str),
     /// The port's P_Key table has no entry of the partition (the value is the P_Key asked
     /// for).
-    #[error("the port has no P_Key of partition {0:#06x} in its P_Key table")]
+    #[error("the port has no P_Key of partition {0:#06x} in its P_Key table (is the port a member of it?)")]
     NoSuchPKey(u16),
     /// The provider failed at the OS level.
     #[error("provider I/O error: {0}")]

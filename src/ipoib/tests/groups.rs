@@ -110,3 +110,24 @@ fn on_an_ipv4_underlay_every_group_shares_the_partition_s_ip_group() {
     ep.leave_groups(v);
     assert!(v.ip_multicast_groups().is_empty());
 }
+
+#[test]
+fn full_and_limited_members_of_a_partition_share_its_ip_group() {
+    // 239.255.<P_Key with the full-member bit>: a limited member 0x0001 joins 239.255.128.1
+    // as the full members of 0x8001 do, not 239.255.0.1.
+    for pkey in [0x8001, 0x0001] {
+        let n = Net::new(
+            1,
+            |_, c| {
+                c.multicast = true;
+                c.pkey = PKey(pkey);
+            },
+            |_, c| c.pkey = PKey(pkey),
+        );
+        assert_eq!(
+            n.f.nodes[0].ip_multicast_groups(),
+            [ip("239.255.128.1")],
+            "{pkey:#06x}"
+        );
+    }
+}
