@@ -1105,3 +1105,45 @@ fn multicast_flag_and_key() {
         "config: multicast_ttl: must be between 1 and 255 (got 256)"
     );
 }
+
+/// `--pkey` / `pkey`: hex or decimal, limited membership allowed, low 15 bits zero refused;
+/// it reaches the endpoint's configuration.
+#[test]
+fn pkey_rules() {
+    use ipoib_cm::verbs::PKey;
+    let b = ["--bind", "192.0.2.1"];
+    assert_eq!(ok("", &b).pkey, PKey::DEFAULT);
+    assert_eq!(
+        ok("", &[&b[..], &["--pkey", "0x8001"]].concat()).pkey,
+        PKey(0x8001)
+    );
+    assert_eq!(
+        ok("", &[&b[..], &["--pkey", "32770"]].concat()).pkey,
+        PKey(0x8002)
+    );
+    assert_eq!(
+        ok("", &[&b[..], &["--pkey", "0x0001"]].concat()).pkey,
+        PKey(0x0001)
+    );
+    let file = ok("bind = \"192.0.2.1\"\npkey = 0x7fff\n", &[]);
+    assert_eq!(file.pkey, PKey(0x7FFF));
+    assert_eq!(file.endpoint_config(PathMtu::Mtu2048, 1).pkey, PKey(0x7FFF));
+    assert_eq!(
+        ok(
+            "bind = \"192.0.2.1\"\npkey = 0x8001\n",
+            &["--pkey", "0x8002"]
+        )
+        .pkey,
+        PKey(0x8002)
+    );
+    for bad in ["0", "0x8000", "0x10000", "-1", "partition"] {
+        let e = flag_err(&[&b[..], &["--pkey", bad]].concat());
+        assert!(e.contains("pkey") && e.contains("P_Key"), "{bad}: {e}");
+    }
+    for bad in ["0", "32768", "65536", "-5"] {
+        let e = file_err(&format!("bind = \"192.0.2.1\"\npkey = {bad}\n"), &[]);
+        assert!(e.contains("pkey") && e.contains("P_Key"), "{bad}: {e}");
+    }
+    let e = file_err("bind = \"192.0.2.1\"\npkey = \"0x8001\"\n", &[]);
+    assert!(e.contains("pkey"), "{e}");
+}

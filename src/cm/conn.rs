@@ -20,9 +20,6 @@ const HOP_LIMIT: u8 = 64;
 /// Permissive LID (`IB_LID_PERMISSIVE`), what Linux puts in a routed RoCE REQ.
 const LID_PERMISSIVE: u16 = 0xFFFF;
 
-/// Default P_Key.
-const PKEY_DEFAULT: u16 = 0xFFFF;
-
 /// Primary Packet Rate of our REQs: IB rate 3, 10 Gb/s (only informative on RoCE).
 const PACKET_RATE: u8 = 3;
 
@@ -152,7 +149,7 @@ impl Conn {
             starting_psn: p.starting_psn,
             local_cm_response_timeout: cfg.cm_response_timeout,
             retry_count: p.retry_count,
-            pkey: PKEY_DEFAULT,
+            pkey: cfg.pkey,
             path_mtu: Some(p.path_mtu),
             rnr_retry_count: p.rnr_retry_count,
             max_cm_retries: cfg.max_cm_retries,

@@ -80,6 +80,8 @@ pub struct CmConfig {
     /// The token bucket of each source GID's REQs; REQs beyond it are dropped unanswered.
     /// (Addition to the original API.)
     pub req_rate_limit: ReqRateLimit,
+    /// The P_Key of our REQs (the path's, full-member bit set as ipoib's). Default `0xffff`.
+    pub pkey: u16,
 }
 
 impl CmConfig {
@@ -99,6 +101,7 @@ impl CmConfig {
             ))),
             comm_id_seed: 0,
             req_rate_limit: ReqRateLimit::default(),
+            pkey: crate::wire::DEFAULT_PKEY,
         }
     }
 

@@ -157,6 +157,7 @@ pub fn up(cfg: &Config) -> Result<(), DaemonError> {
     soft.src_port = cfg.udp_port;
     soft.dst_port = cfg.udp_port;
     soft.port_mtu = path_mtu;
+    soft.pkey = cfg.pkey;
     soft.verify_icrc_v4 = cfg.verify_icrc_v4;
     soft.faults = cfg.fault;
     soft.quirks = cfg.quirks;

@@ -60,6 +60,7 @@ mod ffi_map;
 mod mcast;
 mod objects;
 mod pd;
+mod pkey;
 mod provider;
 mod qp;
 pub mod rdmacm;

@@ -4,15 +4,19 @@
 use std::io;
 use std::time::Instant;
 
-use super::{cq, pd, qp, srq, wr, HwVerbs};
+use super::{cq, pd, pkey, qp, srq, wr, HwVerbs};
 use crate::verbs::{
-    AsyncEvent, BufId, BufPools, Completion, CqId, Gid, IoSource, PdId, PoolId, PortAttr, Provider,
-    QpAttr, QpInit, QpNum, QpState, SendWr, SrqId, SrqInit, Verbs, VerbsError, WrId,
+    AsyncEvent, BufId, BufPools, Completion, CqId, Gid, IoSource, PKey, PdId, PoolId, PortAttr,
+    Provider, QpAttr, QpInit, QpNum, QpState, SendWr, SrqId, SrqInit, Verbs, VerbsError, WrId,
 };
 
 impl Verbs for HwVerbs {
     fn port_attr(&self) -> PortAttr {
         self.attr
+    }
+
+    fn pkey_index(&self, pkey: PKey) -> Result<u16, VerbsError> {
+        pkey::find(self, pkey)
     }
 
     fn alloc_pd(&mut self) -> Result<PdId, VerbsError> {

@@ -30,6 +30,8 @@ use crate::wire::IdMap;
 #[derive(Debug)]
 pub struct Endpoint {
     pub(super) cfg: EndpointConfig,
+    /// The index of [`EndpointConfig::pkey`] in the port's P_Key table, for every QP.
+    pub(super) pkey_index: u16,
     /// The protection domain of every QP, pool and SRQ of the endpoint.
     pub(super) pd: PdId,
     /// The UD QP: ARP/ND, multicast, datagram mode.
@@ -97,8 +99,9 @@ impl Endpoint {
     ) -> Result<Self, VerbsError> {
         let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
         let mut counters = Counters::default();
+        let pkey_index = v.pkey_index(cfg.pkey)?;
         let pd = v.alloc_pd()?;
-        let ud = ud::open_ud(v, pd, &cfg)?;
+        let ud = ud::open_ud(v, pd, &cfg, pkey_index)?;
         counters.qp_created += 1;
         if cm_qp.is_some() {
             counters.qp_created += 1;
@@ -113,6 +116,7 @@ impl Endpoint {
         let mut cm_cfg = CmConfig::new(port.gid, rng.gen::<u64>() | 1);
         cm_cfg.comm_id_seed = rng.gen();
         cm_cfg.cm_response_timeout = cfg.cm_response_timeout;
+        cm_cfg.pkey = cfg.mgid_pkey();
         let mut cm = Cm::new(cm_cfg);
         // Linux uses 0x1000…|QPN; RFC 4755 says 0x0100…|QPN. Accept both.
         cm.listen(ipoib_service_id(ud.qp, true), u64::MAX);
@@ -156,6 +160,7 @@ impl Endpoint {
             neigh.add_static(*ip, *hw, now);
         }
         let mut ep = Self {
+            pkey_index,
             pd,
             ud,
             cm,

@@ -83,8 +83,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::verbs::{BufId, PathMtu, QKey, QpNum, Verbs};
-use crate::wire::ipoib::{HwAddr, IpoibHeader, IPOIB_CM_BUF_SIZE};
+use crate::verbs::{BufId, PKey, PathMtu, QKey, QpNum, Verbs};
+use crate::wire::ipoib::{broadcast_mgid, HwAddr, IpoibHeader, IPOIB_CM_BUF_SIZE};
 
 pub use crate::choice::ParseChoiceError;
 pub use endpoint::Endpoint;
@@ -221,8 +221,10 @@ pub struct EndpointConfig {
     pub static_neighbours: Vec<(IpAddr, HwAddr)>,
     /// Path MTU of connections and of the UD QP.
     pub path_mtu: PathMtu,
-    /// Partition key (with the full-member bit).
-    pub pkey: u16,
+    /// Partition key of the UD and RC QPs (looked up in the port's P_Key table); a limited
+    /// member (bit 15 clear) talks to full members only. The MGIDs and the broadcast address
+    /// carry it with the full-member bit ([`EndpointConfig::mgid_pkey`]).
+    pub pkey: PKey,
     /// Q_Key of the UD QP and the broadcast group.
     pub qkey: QKey,
     /// Receive WRs on the SRQ (SRQ mode).
@@ -261,7 +263,7 @@ impl EndpointConfig {
             addrs,
             static_neighbours: Vec::new(),
             path_mtu: PathMtu::Mtu1024,
-            pkey: 0xFFFF,
+            pkey: PKey::DEFAULT,
             qkey: QKey(0x0B1B),
             srq_depth: 256,
             nonsrq_ring: 16,
@@ -279,6 +281,19 @@ impl EndpointConfig {
             Mode::Connected => IPOIB_CM_BUF_SIZE - 4,
             Mode::Datagram => self.ud_mtu(),
         }
+    }
+
+    /// The P_Key of the partition's MGIDs and broadcast address: [`pkey`](Self::pkey) with
+    /// the full-member bit, as ipoib's `priv->pkey | 0x8000`, so that limited and full members
+    /// join the same groups.
+    pub const fn mgid_pkey(&self) -> u16 {
+        self.pkey.full().0
+    }
+
+    /// The broadcast hardware address of the partition:
+    /// `00:ff:ff:ff:ff:12:40:1b:<P_Key>:00:00:00:00:00:00:ff:ff:ff:ff`.
+    pub const fn broadcast_hwaddr(&self) -> HwAddr {
+        HwAddr::multicast(broadcast_mgid(self.mgid_pkey()))
     }
 
     /// Largest IP packet over UD.

@@ -18,8 +18,8 @@ use super::{Endpoint, Timer, RESOLVE_INTERVAL, RESOLVE_RETRIES};
 use crate::timer::TimerId;
 use crate::verbs::Verbs;
 use crate::wire::ipoib::{
-    broadcast_mgid, mgid_for_ipv6, ArpOp, HwAddr, IpoibArp, NdType, NeighborAdvertisement,
-    NeighborSolicitation, ALL_NODES_MULTICAST, ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6,
+    mgid_for_ipv6, ArpOp, HwAddr, IpoibArp, NdType, NeighborAdvertisement, NeighborSolicitation,
+    ALL_NODES_MULTICAST, ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6,
 };
 
 impl Endpoint {
@@ -68,9 +68,10 @@ impl Endpoint {
                 }
                 if for_us {
                     let na = NeighborAdvertisement::answer(&ns, self.hwaddr).to_packet();
-                    let to = ns
-                        .source_hw
-                        .unwrap_or(HwAddr::multicast(mgid_for_ipv6(na_dst(&ns), self.cfg.pkey)));
+                    let to = ns.source_hw.unwrap_or(HwAddr::multicast(mgid_for_ipv6(
+                        na_dst(&ns),
+                        self.cfg.mgid_pkey(),
+                    )));
                     self.send_ud(v, to, ETHERTYPE_IPV6, &na);
                 }
             }
@@ -209,7 +210,7 @@ impl Endpoint {
                 let req = IpoibArp::request(self.hwaddr, src, t);
                 let mut bytes = [0u8; IpoibArp::LEN];
                 req.emit(&mut bytes);
-                let bcast = HwAddr::multicast(broadcast_mgid(self.cfg.pkey));
+                let bcast = self.cfg.broadcast_hwaddr();
                 self.send_ud(v, bcast, ETHERTYPE_ARP, &bytes);
             }
             IpAddr::V6(t) => {
@@ -218,7 +219,7 @@ impl Endpoint {
                     return;
                 };
                 let ns = NeighborSolicitation::new(src, self.hwaddr, t);
-                let to = HwAddr::multicast(mgid_for_ipv6(ns.dst, self.cfg.pkey));
+                let to = HwAddr::multicast(mgid_for_ipv6(ns.dst, self.cfg.mgid_pkey()));
                 let packet = ns.to_packet();
                 self.send_ud(v, to, ETHERTYPE_IPV6, &packet);
             }

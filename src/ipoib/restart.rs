@@ -28,8 +28,8 @@ use super::event::{Event, TxCloseReason};
 use super::Endpoint;
 use crate::verbs::{Gid, QpNum, Verbs};
 use crate::wire::ipoib::{
-    broadcast_mgid, mgid_for_ipv6, HwAddr, IpoibArp, NeighborAdvertisement, ALL_NODES_MULTICAST,
-    ETHERTYPE_ARP, ETHERTYPE_IPV6,
+    mgid_for_ipv6, HwAddr, IpoibArp, NeighborAdvertisement, ALL_NODES_MULTICAST, ETHERTYPE_ARP,
+    ETHERTYPE_IPV6,
 };
 
 /// One start of a node: its UD QPN and, when known, its CA GUID.
@@ -64,7 +64,7 @@ impl Endpoint {
                 IpAddr::V4(a) => {
                     let mut bytes = [0u8; IpoibArp::LEN];
                     IpoibArp::request(self.hwaddr, a, a).emit(&mut bytes);
-                    let bcast = HwAddr::multicast(broadcast_mgid(self.cfg.pkey));
+                    let bcast = self.cfg.broadcast_hwaddr();
                     self.send_ud(v, bcast, ETHERTYPE_ARP, &bytes);
                 }
                 IpAddr::V6(a) => {
@@ -77,7 +77,8 @@ impl Endpoint {
                         override_flag: true,
                         target_hw: Some(self.hwaddr),
                     };
-                    let to = HwAddr::multicast(mgid_for_ipv6(ALL_NODES_MULTICAST, self.cfg.pkey));
+                    let to =
+                        HwAddr::multicast(mgid_for_ipv6(ALL_NODES_MULTICAST, self.cfg.mgid_pkey()));
                     let packet = na.to_packet();
                     self.send_ud(v, to, ETHERTYPE_IPV6, &packet);
                 }

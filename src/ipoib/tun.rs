@@ -140,8 +140,8 @@ impl Endpoint {
         let ethertype = info.version.ethertype();
         if info.is_multicast_or_broadcast() {
             let mgid = match info.dst {
-                IpAddr::V6(d) => mgid_for_ipv6(d, self.cfg.pkey),
-                IpAddr::V4(_) => broadcast_mgid(self.cfg.pkey),
+                IpAddr::V6(d) => mgid_for_ipv6(d, self.cfg.mgid_pkey()),
+                IpAddr::V4(_) => broadcast_mgid(self.cfg.mgid_pkey()),
             };
             self.send_ud_ip(v, HwAddr::multicast(mgid), ethertype, packet);
             return;

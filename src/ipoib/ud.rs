@@ -46,16 +46,16 @@ pub(super) struct UdQp {
 /// broadcast first, then, if it has an IPv6 address, all-nodes and the solicited-node group
 /// of each IPv6 address. As many as the configured addresses plus two.
 pub(super) fn ud_groups(cfg: &EndpointConfig) -> Vec<Gid> {
-    let mut groups = vec![broadcast_mgid(cfg.pkey)];
+    let mut groups = vec![broadcast_mgid(cfg.mgid_pkey())];
     let v6 = cfg.addrs.iter().filter_map(|(ip, _)| match ip {
         IpAddr::V6(a) => Some(*a),
         IpAddr::V4(_) => None,
     });
     for (i, a) in v6.enumerate() {
         if i == 0 {
-            groups.push(mgid_for_ipv6(ALL_NODES_MULTICAST, cfg.pkey));
+            groups.push(mgid_for_ipv6(ALL_NODES_MULTICAST, cfg.mgid_pkey()));
         }
-        let g = mgid_for_ipv6(solicited_node_multicast(a), cfg.pkey);
+        let g = mgid_for_ipv6(solicited_node_multicast(a), cfg.mgid_pkey());
         if !groups.contains(&g) {
             groups.push(g);
         }
@@ -64,11 +64,12 @@ pub(super) fn ud_groups(cfg: &EndpointConfig) -> Vec<Gid> {
 }
 
 /// Creates the UD QP, brings it to RTS, posts its receives and attaches it to its multicast
-/// groups ([`ud_groups`]).
+/// groups ([`ud_groups`]); `pkey_index` is [`EndpointConfig::pkey`]'s in the port's table.
 pub(super) fn open_ud<V: Verbs>(
     v: &mut V,
     pd: PdId,
     cfg: &EndpointConfig,
+    pkey_index: u16,
 ) -> Result<UdQp, VerbsError> {
     let depth = cfg.ud_depth;
     let cq = v.create_cq(depth * 2 + 8)?;
@@ -80,6 +81,7 @@ pub(super) fn open_ud<V: Verbs>(
         cq,
         pool,
         cfg.qkey,
+        pkey_index,
         depth,
         depth,
         wr(WR_RECV),

@@ -63,6 +63,7 @@ impl Gsi {
             cq,
             pool,
             QKey::GSI,
+            0,
             recv_depth,
             send_depth,
             RECV_WRID,

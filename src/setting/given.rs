@@ -15,7 +15,7 @@ use serde::{Deserialize, Deserializer};
 
 use super::duration::{parse_duration, DurationError, FileDuration};
 use super::error::Origin;
-use crate::verbs::PathMtu;
+use crate::verbs::{PKey, PathMtu};
 use crate::wire::ipoib::HwAddr;
 
 /// A value type of a setting: how it reads from a flag's text and from its TOML value.
@@ -232,6 +232,26 @@ impl Setting for PathMtu {
             .ok()
             .and_then(Self::from_bytes)
             .ok_or_else(|| InvalidPathMtu(value.to_string()))
+    }
+}
+
+/// A partition key: `0x8001`-style hex or decimal text on the command line, an integer in the
+/// file (TOML writes hex as `0x8001` too); the low 15 bits must not be zero.
+impl Setting for PKey {
+    type File = i64;
+    type Err = InvalidValue;
+    fn from_text(text: &str) -> Result<Self, InvalidValue> {
+        Self::parse(text).map_err(InvalidValue)
+    }
+    fn from_file(value: &i64) -> Result<Self, InvalidValue> {
+        u16::try_from(*value)
+            .ok()
+            .and_then(Self::checked)
+            .ok_or_else(|| {
+                InvalidValue(format!(
+                    "invalid P_Key {value:#x}: expected 0x0001..=0xffff, low 15 bits not zero"
+                ))
+            })
     }
 }
 

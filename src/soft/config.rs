@@ -3,7 +3,7 @@
 use std::net::IpAddr;
 
 use super::fault::{FaultConfig, Quirks};
-use crate::verbs::{PathMtu, QpNum};
+use crate::verbs::{PKey, PathMtu, QpNum};
 use crate::wire::ROCEV2_UDP_PORT;
 
 /// The QPN of multicast packets.
@@ -27,6 +27,10 @@ pub struct SoftConfig {
     pub dst_port: u16,
     /// Active MTU of the port (the largest path MTU accepted).
     pub port_mtu: PathMtu,
+    /// The port's P_Key table, one entry (index 0): the P_Key every packet is sent with, and
+    /// what every received BTH must match ([`PKey::matches`]: the same partition, and not both
+    /// limited members); a mismatch is dropped and counted (`rx_bad_pkey`).
+    pub pkey: PKey,
     /// Verify the ICRC of IPv4 packets: first assuming the sender used IP ID 0 (as any
     /// unconnected DF sender does, this provider among them), and when that fails by solving
     /// for the one ID that explains the received ICRC (later segments of our UDP GSO trains
@@ -56,14 +60,15 @@ pub struct SoftConfig {
 }
 
 impl SoftConfig {
-    /// Defaults for a provider on `local_ip`: port 4791 both ways, MTU 1024, ICRC checked, no
-    /// IP multicast (the daemon turns it on: see its `multicast` setting).
+    /// Defaults for a provider on `local_ip`: port 4791 both ways, MTU 1024, P_Key 0xffff, ICRC
+    /// checked, no IP multicast (the daemon turns it on: see its `multicast` setting).
     pub fn new(local_ip: IpAddr) -> Self {
         Self {
             local_ip,
             src_port: ROCEV2_UDP_PORT,
             dst_port: ROCEV2_UDP_PORT,
             port_mtu: PathMtu::Mtu1024,
+            pkey: PKey::DEFAULT,
             verify_icrc_v4: true,
             max_qps: 1 << 16,
             multicast: false,

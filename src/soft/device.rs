@@ -10,7 +10,7 @@ use super::objects::{Objects, RecvInfo};
 use super::qp::{Qp, RecvWqe, Response, SendWqe};
 use super::sched::Scheduler;
 use super::stats::SoftStats;
-use crate::verbs::{AsyncEvent, Completion, CqId, PKey, Psn, QpNum, QpState, WcOpcode, WcStatus};
+use crate::verbs::{AsyncEvent, Completion, CqId, Psn, QpNum, QpState, WcOpcode, WcStatus};
 use crate::wire::bth::{Bth, Opcode};
 use crate::wire::icrc::IpHeaderInfo;
 use crate::wire::roce::RoceRepr;
@@ -61,7 +61,7 @@ impl Device {
         Some(SocketAddr::new(dst_ip, self.cfg.dst_port))
     }
 
-    /// A BTH from this device with the defaults (P_Key, TVer 0, no AckReq).
+    /// A BTH from this device with the defaults (its P_Key, TVer 0, no AckReq).
     pub(super) fn bth(&self, opcode: Opcode, dest_qp: QpNum, psn: Psn) -> Bth {
         Bth {
             opcode,
@@ -69,7 +69,7 @@ impl Device {
             mig_req: false,
             pad_count: 0,
             tver: 0,
-            pkey: PKey::DEFAULT.0,
+            pkey: self.cfg.pkey.0,
             fecn: false,
             becn: false,
             dest_qp: dest_qp.get(),

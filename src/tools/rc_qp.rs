@@ -54,7 +54,7 @@ pub(crate) fn open_rc_qp<V: Verbs>(
             sq_sig_all: false,
         })
         .map_err(PingpongError::verbs("create_qp"))?;
-    setup::init_rc_qp(v, qp).map_err(PingpongError::verbs("RESET->INIT"))?;
+    setup::init_rc_qp(v, qp, 0).map_err(PingpongError::verbs("RESET->INIT"))?;
     let send_buf = v
         .pools_mut()
         .alloc(pool)

@@ -78,6 +78,10 @@ pub enum VerbsError {
     /// The work request is malformed for this QP type (e.g. a UD send without a destination).
     #[error("invalid work request: {0}")]
     InvalidWr(&'static str),
+    /// The port's P_Key table has no entry of the partition (the value is the P_Key asked
+    /// for).
+    #[error("the port has no P_Key of partition {0:#06x} in its P_Key table (is the port a member of it?)")]
+    NoSuchPKey(u16),
     /// The provider failed at the OS level.
     #[error("provider I/O error: {0}")]
     Io(String),

@@ -176,6 +176,15 @@ pub trait Verbs {
     /// Port attributes.
     fn port_attr(&self) -> PortAttr;
 
+    /// The index of `pkey`'s partition in the port's P_Key table, for a QP's `pkey_index`:
+    /// the first entry of the same partition ([`PKey::same_partition`]) that is a full member,
+    /// else the first limited one (`ib_find_pkey`).
+    ///
+    /// # Errors
+    /// [`VerbsError::NoSuchPKey`] when the table has no entry of that partition;
+    /// [`VerbsError::Io`] when the table cannot be read.
+    fn pkey_index(&self, pkey: PKey) -> Result<u16, VerbsError>;
+
     /// Allocates a protection domain.
     ///
     /// # Errors

@@ -45,21 +45,26 @@ pub fn os_seed() -> u64 {
 /// The RESET → INIT attributes of an RC QP: P_Key index 0, port 1, no remote access (SEND
 /// only).
 pub fn rc_init_attr() -> QpAttr {
+    rc_init_attr_at(0)
+}
+
+/// [`rc_init_attr`] with P_Key index `pkey_index` ([`Verbs::pkey_index`]).
+pub fn rc_init_attr_at(pkey_index: u16) -> QpAttr {
     QpAttr {
-        pkey_index: Some(0),
+        pkey_index: Some(pkey_index),
         port: Some(1),
         access: Some(AccessFlags::default()),
         ..QpAttr::to_state(QpState::Init)
     }
 }
 
-/// Moves an RC QP RESET → INIT ([`rc_init_attr`]). Receives may be posted from here on, before
+/// Moves an RC QP RESET → INIT ([`rc_init_attr_at`] `pkey_index`). Receives may be posted from here on, before
 /// [`connect_rc`].
 ///
 /// # Errors
 /// The provider's error.
-pub fn init_rc_qp<V: Verbs>(v: &mut V, qp: QpNum) -> Result<(), VerbsError> {
-    v.modify_qp(qp, &rc_init_attr())
+pub fn init_rc_qp<V: Verbs>(v: &mut V, qp: QpNum, pkey_index: u16) -> Result<(), VerbsError> {
+    v.modify_qp(qp, &rc_init_attr_at(pkey_index))
 }
 
 /// What RTR and RTS need to connect one RC QP to its peer: the peer's address and QPN, the
@@ -155,7 +160,7 @@ pub struct UdQpSetup {
     pub send_bufs: Vec<BufId>,
 }
 
-/// Creates a UD or GSI QP on `cq`, moves it RESET → INIT (P_Key index 0, port 1 for UD, the
+/// Creates a UD or GSI QP on `cq`, moves it RESET → INIT (`pkey_index`, port 1 for UD, the
 /// Q_Key) → RTR → RTS (SQ PSN 0), posts `recv_depth` receives with `recv_wr` from `pool`, and
 /// takes `send_depth` more buffers from `pool` for sending. Every send is signaled, so each
 /// send buffer comes back in a completion.
@@ -171,6 +176,7 @@ pub fn open_ud_qp<V: Verbs>(
     cq: CqId,
     pool: PoolId,
     qkey: QKey,
+    pkey_index: u16,
     recv_depth: u32,
     send_depth: u32,
     recv_wr: WrId,
@@ -188,7 +194,7 @@ pub fn open_ud_qp<V: Verbs>(
     v.modify_qp(
         qp,
         &QpAttr {
-            pkey_index: Some(0),
+            pkey_index: Some(pkey_index),
             port: (qp_type != QpType::Gsi).then_some(1),
             qkey: Some(qkey),
             ..QpAttr::to_state(QpState::Init)

@@ -32,6 +32,7 @@ impl Config {
             static_neighbours: self.neigh.clone(),
             qp_timeout: self.qp_timeout,
             path_mtu,
+            pkey: self.pkey,
             seed,
             ..EndpointConfig::new(self.addr.iter().map(|c| (c.addr, c.prefix_len)).collect())
         }

@@ -26,7 +26,7 @@ use crate::ipoib::{Mode, QpBudgetPolicy};
 use crate::mad::CmTransport;
 use crate::setting::{fault_flags_of, with_fault_fields, Given, Shown, TEST_HELP_HEADING};
 use crate::soft::{FaultConfig, Quirks};
-use crate::verbs::PathMtu;
+use crate::verbs::{PKey, PathMtu};
 use crate::wire::ipoib::HwAddr;
 
 /// The sections of the example config.
@@ -95,6 +95,13 @@ with_fault_fields!(settings! {
     pub neigh: Vec<Given<(IpAddr, HwAddr)>>
         [Shown::example("[\"198.19.0.2=80:00:00:11:00:00:00:00:00:00:00:00:00:00:ff:ff:c6:12:00:02\"]")]
         => neigh: Vec<(IpAddr, HwAddr)> = list().at_most(MAX_STATIC_NEIGHBOURS, "static neighbours"),
+    /// Partition key, 0x8001-style hex or decimal (a TOML integer in the file); bit 15 set
+    /// is full membership, clear is limited (talks to full members only); its low 15 bits
+    /// must not be zero. The port must carry it in its P_Key table; the MGIDs and the
+    /// broadcast address carry it with bit 15 set [default: 0xffff].
+    #[arg(long, value_name = "PKEY", allow_negative_numbers = true)]
+    pub pkey: Option<Given<PKey>> [Shown::example("0xffff")]
+        => pkey: PKey = value().or(d.pkey),
     /// Underlay address of the software provider: its UDP sockets bind to it and it is
     /// this node's GID (required, here or in the file).
     #[arg(long, value_name = "ADDR")]

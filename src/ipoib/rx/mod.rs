@@ -249,7 +249,7 @@ impl Endpoint {
         let our_psn = self.random_psn();
         let mut ring_posted = 0;
         let ok = (|| {
-            init_rc_qp(v, qpn).ok()?;
+            init_rc_qp(v, qpn, self.pkey_index).ok()?;
             if self.srq.is_none() {
                 for _ in 0..self.cfg.nonsrq_ring {
                     let b = v.pools_mut().alloc(self.rx_pool)?;

@@ -2,7 +2,8 @@
 //! multicast groups they cross an IPv4 and an IPv6 underlay as, and their release at the end.
 
 use super::*;
-use crate::wire::ipoib::{broadcast_mgid, mgid_for_ipv6};
+use crate::verbs::PKey;
+use crate::wire::ipoib::{broadcast_mgid, mgid_for_ipv6, HwAddr};
 use std::net::{IpAddr, Ipv6Addr};
 
 fn v6(s: &str) -> Ipv6Addr {
@@ -22,7 +23,7 @@ fn broadcast_then_all_nodes_then_each_solicited_node_group_once() {
         // The same low 24 bits as the first: the same solicited-node group.
         (ip("2001:db8:77::1"), 64),
     ]);
-    cfg.pkey = 0x8001;
+    cfg.pkey = PKey(0x8001);
     let groups: Vec<String> = ud::ud_groups(&cfg)
         .iter()
         .map(ToString::to_string)
@@ -36,8 +37,31 @@ fn broadcast_then_all_nodes_then_each_solicited_node_group_once() {
             "ff12:601b:8001::1:ff0a:bcde",
         ]
     );
+    // A limited member joins the same groups: the MGIDs carry the full-member bit.
+    cfg.pkey = PKey(0x0001);
+    let limited: Vec<String> = ud::ud_groups(&cfg)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(limited, groups);
     let v4_only = EndpointConfig::new(vec![(ip("198.19.0.1"), 24)]);
     assert_eq!(ud::ud_groups(&v4_only), [broadcast_mgid(0xffff)]);
+}
+
+#[test]
+fn the_broadcast_address_carries_the_partition_with_the_full_member_bit() {
+    let mut cfg = EndpointConfig::new(vec![(ip("198.19.0.1"), 24)]);
+    assert_eq!(cfg.broadcast_hwaddr(), HwAddr::BROADCAST);
+    for pkey in [0x8001, 0x0001] {
+        cfg.pkey = PKey(pkey);
+        assert_eq!(
+            cfg.broadcast_hwaddr().to_string(),
+            "00:ff:ff:ff:ff:12:40:1b:80:01:00:00:00:00:00:00:ff:ff:ff:ff"
+        );
+        assert_eq!(cfg.mgid_pkey(), 0x8001);
+    }
+    cfg.pkey = PKey(0x7FFF);
+    assert_eq!(cfg.broadcast_hwaddr(), HwAddr::BROADCAST);
 }
 
 /// A node whose provider has an IPv6 underlay and IP multicast on.
@@ -85,4 +109,25 @@ fn on_an_ipv4_underlay_every_group_shares_the_partition_s_ip_group() {
     let (ep, v) = (c.eps[0].as_mut().unwrap(), &mut c.f.nodes[0]);
     ep.leave_groups(v);
     assert!(v.ip_multicast_groups().is_empty());
+}
+
+#[test]
+fn full_and_limited_members_of_a_partition_share_its_ip_group() {
+    // 239.255.<P_Key with the full-member bit>: a limited member 0x0001 joins 239.255.128.1
+    // as the full members of 0x8001 do, not 239.255.0.1.
+    for pkey in [0x8001, 0x0001] {
+        let n = Net::new(
+            1,
+            |_, c| {
+                c.multicast = true;
+                c.pkey = PKey(pkey);
+            },
+            |_, c| c.pkey = PKey(pkey),
+        );
+        assert_eq!(
+            n.f.nodes[0].ip_multicast_groups(),
+            [ip("239.255.128.1")],
+            "{pkey:#06x}"
+        );
+    }
 }

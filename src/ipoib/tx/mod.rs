@@ -189,7 +189,7 @@ impl Endpoint {
             .map_err(|e| tracing::warn!(error = %e, "creating a TX QP failed"))
             .ok()?;
         self.counters.qp_created += 1;
-        if init_rc_qp(v, qpn).is_err() {
+        if init_rc_qp(v, qpn, self.pkey_index).is_err() {
             self.destroy_qp(v, qpn);
             return None;
         }

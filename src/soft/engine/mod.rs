@@ -15,7 +15,7 @@ use super::objects::{QpTable, RecvInfo};
 use super::qp::{Qp, RecvWqe, SendWqe};
 use super::stats::SoftStats;
 use crate::verbs::{
-    check_modify, AsyncEvent, BufId, BufPools, Completion, CqId, Gid, PathMtu, PdId, PoolId,
+    check_modify, AsyncEvent, BufId, BufPools, Completion, CqId, Gid, PKey, PathMtu, PdId, PoolId,
     PortAttr, QpAttr, QpInit, QpNum, QpState, QpType, SendWr, SrqId, SrqInit, Verbs, VerbsError,
     WcStatus, WrId,
 };
@@ -116,6 +116,15 @@ impl Verbs for SoftVerbs {
         }
     }
 
+    /// The table has one entry, [`SoftConfig::pkey`], at index 0.
+    fn pkey_index(&self, pkey: PKey) -> Result<u16, VerbsError> {
+        if self.dev.cfg.pkey.same_partition(pkey) {
+            Ok(0)
+        } else {
+            Err(VerbsError::NoSuchPKey(pkey.0))
+        }
+    }
+
     fn alloc_pd(&mut self) -> Result<PdId, VerbsError> {
         Ok(self.dev.objects.alloc_pd())
     }
@@ -197,6 +206,10 @@ impl Verbs for SoftVerbs {
         let local_v4 = self.dev.cfg.local_ip.is_ipv4();
         let qp = self.qps.get_mut(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
         check_modify(qp.qp_type, qp.state, attr)?;
+        if attr.pkey_index.is_some_and(|i| i != 0) {
+            // The P_Key table has one entry.
+            return Err(VerbsError::InvalidAttribute("pkey_index"));
+        }
         if attr.path_mtu.is_some_and(|m| m > port_mtu) {
             return Err(VerbsError::InvalidAttribute("path_mtu"));
         }

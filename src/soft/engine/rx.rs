@@ -66,7 +66,7 @@ impl SoftVerbs {
             self.dev.stats.rx_bad_tver += 1;
             return;
         }
-        if !PKey(pkt.bth.pkey).matches(PKey::DEFAULT) {
+        if !PKey(pkt.bth.pkey).matches(self.dev.cfg.pkey) {
             self.dev.stats.rx_bad_pkey += 1;
             return;
         }

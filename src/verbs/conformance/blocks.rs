@@ -188,8 +188,8 @@ pub fn connect_rc<V: Verbs>(
 ) -> Result<(QpNum, QpNum), VerbsError> {
     let (qa, qb) = create_rc_pair(a, ea, b, eb, p)?;
     let (ca, cb) = rc_connections(a, qa, b, qb, p);
-    setup::init_rc_qp(a, qa)?;
-    setup::init_rc_qp(b, qb)?;
+    setup::init_rc_qp(a, qa, 0)?;
+    setup::init_rc_qp(b, qb, 0)?;
     setup::connect_rc(a, qa, &ca)?;
     setup::connect_rc(b, qb, &cb)?;
     Ok((qa, qb))

@@ -364,8 +364,8 @@ pub fn check_comm_est<V: Verbs, P: ConformancePair<V>>(
     let (a, b) = pair.providers();
     let (qa, qb) = create_rc_pair(a, &ea, b, &eb, &p).ctx("create")?;
     let (ca, cb) = rc_connections(a, qa, b, qb, &p);
-    setup::init_rc_qp(a, qa).ctx("a to INIT")?;
-    setup::init_rc_qp(b, qb).ctx("b to INIT")?;
+    setup::init_rc_qp(a, qa, 0).ctx("a to INIT")?;
+    setup::init_rc_qp(b, qb, 0).ctx("b to INIT")?;
     setup::connect_rc(a, qa, &ca).ctx("a to RTS")?;
     b.modify_qp(qb, &cb.rtr_attr()).ctx("b to RTR")?;
     post_recvs(b, RecvTarget::Qp(qb), eb.pool, 1, 2)?;
