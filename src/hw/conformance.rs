@@ -24,7 +24,9 @@ pub const RXE_KERNELS: &[((u32, u32), Behaviours)] = &[
         (6, 12),
         Behaviours {
             comm_est: CommEst::Never,
-            recv_in_err: RecvInErr::Flushed,
+            // Flushed in the lab runs that measured this row, never completed in one CI run
+            // (6.12.117): rxe schedules the flush from post_recv, and the race is its own.
+            recv_in_err: RecvInErr::FlushedOrNever,
             last_wqe: LastWqe::AgainOnReErr,
         },
     ),
@@ -130,6 +132,7 @@ mod tests {
         assert_eq!(kernel_series(""), None);
         let b = rxe_behaviours("6.12.117+deb12-amd64").expect("6.12 listed");
         assert_eq!(b.last_wqe, LastWqe::AgainOnReErr);
+        assert_eq!(b.recv_in_err, RecvInErr::FlushedOrNever);
         let b = rxe_behaviours("6.1.0-57-amd64").expect("6.1 listed");
         assert_eq!(b.recv_in_err, RecvInErr::NeverCompleted);
         assert_eq!(rxe_behaviours("6.10.3"), None);

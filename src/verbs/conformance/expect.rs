@@ -23,6 +23,9 @@ pub enum RecvInErr {
     Flushed,
     /// Never completed (its buffer comes back only when the QP is destroyed).
     NeverCompleted,
+    /// Flushed in some runs and never completed in others (a race in the provider); either
+    /// outcome passes, any other fails.
+    FlushedOrNever,
 }
 
 /// How often an SRQ-attached QP raises `QpLastWqeReached` (`srq_last_wqe_once`).
@@ -84,6 +87,7 @@ impl fmt::Display for Behaviours {
         let recv = match self.recv_in_err {
             RecvInErr::Flushed => "flushed",
             RecvInErr::NeverCompleted => "never completed",
+            RecvInErr::FlushedOrNever => "flushed or never completed",
         };
         let last = match self.last_wqe {
             LastWqe::Once => "once",
