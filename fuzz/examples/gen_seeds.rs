@@ -478,6 +478,7 @@ struct EpNode {
     drain_never: bool,
     no_last_wqe: bool,
     dup_last_wqe: bool,
+    last_wqe_again: bool,
     loss: u8,
     dup: u8,
     reorder: u8,
@@ -497,6 +498,7 @@ fn endpoint_script_seeds() -> Vec<(&'static str, Seq)> {
                 .bool(n.drain_never)
                 .bool(n.no_last_wqe)
                 .bool(n.dup_last_wqe)
+                .bool(n.last_wqe_again)
                 .u8(n.loss)
                 .u8(n.dup)
                 .u8(n.reorder)

@@ -95,6 +95,7 @@ struct NodeSetup {
     drain_never: bool,
     no_last_wqe: bool,
     dup_last_wqe: bool,
+    last_wqe_again: bool,
     loss: u8,
     dup: u8,
     reorder: u8,
@@ -229,6 +230,7 @@ impl Net {
                 drain_never: ns.drain_never,
                 no_last_wqe: ns.no_last_wqe,
                 dup_last_wqe: ns.dup_last_wqe,
+                last_wqe_again: ns.last_wqe_again,
             };
             c.faults = FaultConfig {
                 loss_pct: f64::from(ns.loss % 21),
