@@ -5,7 +5,7 @@
 # binary. With tcpdump, the RoCE traffic of the whole run is written to $RXE_LAB_RUN/softcm.pcap.
 BIN=${IPOIB_CM:?}
 G=$RXE_LAB_GUEST_IP
-PP="$BIN rc-pingpong --cm --no-icrc-v4 --deadline 90"
+PP="$BIN rc-pingpong --cm --deadline 90"
 LOSS="--fault-loss 20 --fault-seed 3"
 out=/tmp/rxe-host-softcm.$$
 t0=$(date +%s.%N)
