@@ -71,6 +71,12 @@ pub enum DaemonError {
     #[cfg(not(feature = "verbs"))]
     #[error("--provider verbs: no RDMA device: built without the `verbs` feature")]
     VerbsNotBuilt,
+    /// The umad CM transport could not be opened (`ib_cm` loaded, no umad device, ...).
+    #[error("--cm-transport umad: {0}")]
+    Umad(#[source] crate::mad::UmadError),
+    /// `--cm-transport umad` on the software provider, which owns its QP1 itself.
+    #[error("--cm-transport umad: needs --provider verbs (the soft provider carries CM MADs on its own QP1: qp1)")]
+    UmadNeedsVerbs,
     /// The CM MAD side channel's socket could not be bound.
     #[error("--mad-port {addr}:{port}: {source}")]
     MadPort {
@@ -152,6 +158,9 @@ fn path_mtu(cfg: &Config) -> Result<crate::verbs::PathMtu, DaemonError> {
 /// # Errors
 /// A set-up step that failed (one line naming it), or a fatal event-loop error.
 pub fn up(cfg: &Config) -> Result<(), DaemonError> {
+    if cfg.cm_transport == Some(CmTransport::Umad) {
+        return Err(DaemonError::UmadNeedsVerbs);
+    }
     let path_mtu = path_mtu(cfg)?;
     let mut soft = SoftConfig::new(cfg.bind);
     soft.src_port = cfg.udp_port;
@@ -186,12 +195,13 @@ pub fn up(cfg: &Config) -> Result<(), DaemonError> {
         prov,
         path_mtu,
         cfg.cm_transport.unwrap_or(CmTransport::Qp1),
+        None,
     )
 }
 
 /// Runs the daemon on libibverbs (`--provider verbs`) until SIGINT or SIGTERM. CM MADs travel
-/// over the UDP side channel unless `cm_transport` says QP1 (which the kernel owns: set-up
-/// fails).
+/// over the UDP side channel unless `cm_transport` says umad (the kernel's QP1 through the
+/// umad device of the verbs device and port) or QP1 (which the kernel owns: set-up fails).
 ///
 /// # Errors
 /// A set-up step that failed (one line naming it), or a fatal event-loop error.
@@ -200,21 +210,50 @@ pub fn up_verbs(cfg: &Config, hw: &crate::hw::HwConfig) -> Result<(), DaemonErro
     let path_mtu = path_mtu(cfg)?;
     let mut hw = hw.clone();
     hw.local_ip = hw.local_ip.or(Some(cfg.bind));
-    let prov = crate::hw::HwVerbs::open(&hw).map_err(DaemonError::VerbsOpen)?;
-    run(
-        cfg,
-        prov,
-        path_mtu,
-        cfg.cm_transport.unwrap_or(CmTransport::Udp),
-    )
+    let mut prov = crate::hw::HwVerbs::open(&hw).map_err(DaemonError::VerbsOpen)?;
+    let cm_transport = cfg.cm_transport.unwrap_or(CmTransport::Udp);
+    let mad: Option<Box<dyn crate::mad::MadTransport<crate::hw::HwVerbs>>> = match cm_transport {
+        CmTransport::Umad => Some(Box::new(open_umad(cfg, &mut prov)?)),
+        _ => None,
+    };
+    run(cfg, prov, path_mtu, cm_transport, mad)
 }
 
-/// The event loop over any provider.
+/// Opens the umad CM transport on the verbs device, port and GID index in use, with the
+/// P_Key index of the endpoint's partition.
+#[cfg(feature = "verbs")]
+fn open_umad(cfg: &Config, prov: &mut crate::hw::HwVerbs) -> Result<crate::mad::Umad, DaemonError> {
+    use crate::verbs::Verbs;
+    let pkey_index = prov.pkey_index(cfg.pkey).map_err(DaemonError::Endpoint)?;
+    let ucfg = crate::mad::UmadConfig {
+        device: prov.device_name().to_owned(),
+        port: prov.port(),
+        gid_index: prov.gid_index(),
+        pkey_index,
+        sl: 0,
+    };
+    let umad = crate::mad::Umad::open(ucfg).map_err(DaemonError::Umad)?;
+    tracing::info!(
+        umad = umad.umad_index(),
+        device = prov.device_name(),
+        port = prov.port(),
+        gid_index = prov.gid_index(),
+        pkey_index,
+        addressing = if umad.is_roce() { "grh" } else { "lid" },
+        "CM MADs on the kernel's QP1 through /dev/infiniband/umad{}",
+        umad.umad_index()
+    );
+    Ok(umad)
+}
+
+/// The event loop over any provider, with the CM transport `mad` the caller opened, else the
+/// one the node opens for `cm_transport`.
 fn run<P: DaemonProvider>(
     cfg: &Config,
     prov: P,
     path_mtu: crate::verbs::PathMtu,
     cm_transport: CmTransport,
+    mad: Option<Box<dyn crate::mad::MadTransport<P::Verbs>>>,
 ) -> Result<(), DaemonError> {
     let mut poll = Poll::new()?;
     let node_cfg = NodeConfig {
@@ -223,7 +262,12 @@ fn run<P: DaemonProvider>(
         cm_transport,
         mad_udp: SocketAddr::new(cfg.bind, cfg.mad_port),
     };
-    let mut node = Node::new(Instant::now(), prov, node_cfg, poll.registry(), NODE)?;
+    let mut node = match mad {
+        Some(mad) => {
+            Node::with_transport(Instant::now(), prov, node_cfg, mad, poll.registry(), NODE)?
+        }
+        None => Node::new(Instant::now(), prov, node_cfg, poll.registry(), NODE)?,
+    };
     let mut control =
         ControlServer::bind(&cfg.control_socket).map_err(|source| DaemonError::ControlSocket {
             path: cfg.control_socket.clone(),
@@ -362,6 +406,7 @@ impl From<NodeError> for DaemonError {
             },
             NodeError::InterfaceUp(e) => Self::InterfaceUp(e),
             NodeError::Register(e) => Self::Io(e),
+            NodeError::TransportNeedsCaller(_) => Self::UmadNeedsVerbs,
         }
     }
 }
@@ -400,6 +445,7 @@ fn log_start<P: DaemonProvider>(
         cm_transport = %match cm_transport {
             CmTransport::Qp1 => "qp1",
             CmTransport::Udp => "udp",
+            CmTransport::Umad => "umad",
         },
         provider = %match cfg.provider {
             super::ProviderKind::Soft => "soft",

@@ -3,7 +3,6 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsRawFd, RawFd};
 use std::time::Instant;
 
 use mio::unix::SourceFd;
@@ -47,6 +46,33 @@ pub struct NodeConfig {
     pub mad_udp: SocketAddr,
 }
 
+/// The transport [`Node::new`] opens for `cfg`; `None` for a transport that needs what only
+/// the caller knows of its provider ([`CmTransport::Umad`]: the verbs device, port and GID
+/// index), which the caller opens and hands to [`Node::with_transport`].
+///
+/// # Errors
+/// The set-up step that failed.
+fn open_transport<P: Provider>(
+    prov: &mut P,
+    cfg: &NodeConfig,
+) -> Result<Box<dyn MadTransport<P::Verbs>>, NodeError> {
+    match cfg.cm_transport {
+        CmTransport::Qp1 => Ok(Box::new(
+            Gsi::open_for_cm(prov.verbs()).map_err(NodeError::Provider)?,
+        )),
+        CmTransport::Udp => {
+            let udp = MadUdp::bind(cfg.mad_udp.ip(), cfg.mad_udp.port()).map_err(|source| {
+                NodeError::MadBind {
+                    addr: cfg.mad_udp,
+                    source,
+                }
+            })?;
+            Ok(Box::new(udp))
+        }
+        CmTransport::Umad => Err(NodeError::TransportNeedsCaller(cfg.cm_transport)),
+    }
+}
+
 /// Why a [`Node`] could not be set up. Its `Display` names the step.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -85,13 +111,17 @@ pub enum NodeError {
     /// A descriptor could not be registered with the event loop.
     #[error("event loop registration: {0}")]
     Register(#[source] io::Error),
+    /// [`Node::new`] cannot open this transport: the caller opens it
+    /// ([`Node::with_transport`]).
+    #[error("CM transport {0:?}: opened by the caller (Node::with_transport)")]
+    TransportNeedsCaller(CmTransport),
 }
 
 /// The node's descriptors that are not the provider's.
 #[derive(Debug, Clone, Copy)]
 struct Tokens {
     tun: Token,
-    /// The UDP side channel's, when the transport is one.
+    /// The MAD transport's own descriptor's, when it has one.
     mad: Option<Token>,
     /// One past the last of the node's tokens.
     end: Token,
@@ -152,23 +182,24 @@ impl<P: Provider> Node<P> {
         registry: &Registry,
         first_token: usize,
     ) -> Result<Self, NodeError> {
-        let mut mad_fd: Option<RawFd> = None;
-        let mad: Box<dyn MadTransport<P::Verbs>> = match cfg.cm_transport {
-            CmTransport::Qp1 => {
-                Box::new(Gsi::open_for_cm(prov.verbs()).map_err(NodeError::Provider)?)
-            }
-            CmTransport::Udp => {
-                let mut udp =
-                    MadUdp::bind(cfg.mad_udp.ip(), cfg.mad_udp.port()).map_err(|source| {
-                        NodeError::MadBind {
-                            addr: cfg.mad_udp,
-                            source,
-                        }
-                    })?;
-                mad_fd = Some(udp.socket_mut().as_raw_fd());
-                Box::new(udp)
-            }
-        };
+        let mad = open_transport(&mut prov, &cfg)?;
+        Self::with_transport(now, prov, cfg, mad, registry, first_token)
+    }
+
+    /// [`Node::new`] with a transport the caller opened (`cfg.cm_transport` is only
+    /// reported).
+    ///
+    /// # Errors
+    /// The step that failed.
+    pub fn with_transport(
+        now: Instant,
+        mut prov: P,
+        cfg: NodeConfig,
+        mad: Box<dyn MadTransport<P::Verbs>>,
+        registry: &Registry,
+        first_token: usize,
+    ) -> Result<Self, NodeError> {
+        let mad_fd = mad.readiness_fd();
         let mtu = cfg.endpoint.interface_mtu();
         let addrs = cfg.endpoint.addrs.clone();
         let ep = Endpoint::new(now, prov.verbs(), cfg.endpoint, mad.provider_qp())
@@ -247,7 +278,7 @@ impl<P: Provider> Node<P> {
             return true;
         }
         // The MAD transport is read on every turn (QP1 has no readiness of its own), so the
-        // side channel's readiness only needs to wake the loop.
+        // readiness of its own descriptor only needs to wake the loop.
         self.tokens.mad == Some(token)
     }
 
@@ -265,11 +296,12 @@ impl<P: Provider> Node<P> {
         .min()
     }
 
-    /// True when the last turn left packets in the TUN device's queue (it read its bound of
-    /// them): the next turn should follow at once, without sleeping.
+    /// True when the last turn left packets in the TUN device's queue or MADs in the
+    /// transport's (it read its bound of them): the next turn should follow at once, without
+    /// sleeping.
     #[must_use]
     pub fn has_pending_input(&self) -> bool {
-        self.tun_more
+        self.tun_more || self.mad.has_more()
     }
 
     /// The receive half of a turn: everything that arrived is read and handled, and the

@@ -195,6 +195,11 @@ impl HwVerbs {
         &self.name
     }
 
+    /// The port number in use.
+    pub fn port(&self) -> u8 {
+        self.port
+    }
+
     /// The GID index in use.
     pub fn gid_index(&self) -> u8 {
         self.gid_index

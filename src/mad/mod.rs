@@ -10,12 +10,16 @@
 //! - [`Gsi`] (`qp1`): UD sends to QP 1 over the provider's verbs, where the provider lets the
 //!   caller own QP1 (the software provider does);
 //! - [`MadUdp`] (`udp`): one UDP datagram per MAD beside the provider, for kernel verbs, whose
-//!   QP1 the kernel owns.
+//!   QP1 the kernel owns;
+//! - [`Umad`] (`umad`): the kernel's own QP1 through `/dev/infiniband/umadN`, for kernel verbs
+//!   on a host whose kernel runs no CM (`ib_cm` not loaded).
 
 mod qp1;
 mod udp;
+mod umad;
 
 use std::io;
+use std::os::fd::{AsRawFd, RawFd};
 use std::str::FromStr;
 
 use crate::choice::ParseChoiceError;
@@ -24,6 +28,10 @@ use crate::verbs::{Gid, QpNum, Verbs, VerbsError};
 pub use crate::wire::cm::MAD_LEN;
 pub use qp1::{Gsi, GSI_RECV_DEPTH, GSI_SEND_DEPTH};
 pub use udp::{MadUdp, DEFAULT_MAD_PORT};
+pub use umad::{
+    Umad, UmadConfig, UmadError, CM_CLASS_VERSION, CM_METHOD_SEND, CM_MGMT_CLASS, PEER_LID_CAP,
+    UMAD_BATCH, UMAD_HOP_LIMIT,
+};
 
 /// How CM MADs travel (`--cm-transport`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -32,6 +40,8 @@ pub enum CmTransport {
     Qp1,
     /// The UDP side channel ([`MadUdp`]; kernel verbs, whose QP1 the kernel owns).
     Udp,
+    /// The kernel's QP1 through umad ([`Umad`]; kernel verbs, no `ib_cm` loaded).
+    Umad,
 }
 
 impl FromStr for CmTransport {
@@ -40,7 +50,8 @@ impl FromStr for CmTransport {
         match s {
             "qp1" => Ok(Self::Qp1),
             "udp" => Ok(Self::Udp),
-            _ => Err(ParseChoiceError::new("\"qp1\" or \"udp\"", s)),
+            "umad" => Ok(Self::Umad),
+            _ => Err(ParseChoiceError::new("\"qp1\", \"udp\" or \"umad\"", s)),
         }
     }
 }
@@ -98,6 +109,19 @@ pub trait MadTransport<V: Verbs> {
     /// The QP this transport holds on the provider (QP1), if it holds one: the endpoint
     /// counts it with its own QPs.
     fn provider_qp(&self) -> Option<QpNum>;
+
+    /// A descriptor of its own that becomes readable when a MAD arrives, for the driver to
+    /// register with its event loop (QP1 on the provider has none: the provider's own
+    /// completion descriptor wakes the loop).
+    fn readiness_fd(&self) -> Option<RawFd> {
+        None
+    }
+
+    /// True when the last [`MadTransport::poll`] stopped at its bound with MADs left: the
+    /// next turn should follow at once.
+    fn has_more(&self) -> bool {
+        false
+    }
 }
 
 impl<V: Verbs> MadTransport<V> for Gsi {
@@ -141,6 +165,10 @@ impl<V: Verbs> MadTransport<V> for MadUdp {
 
     fn provider_qp(&self) -> Option<QpNum> {
         None
+    }
+
+    fn readiness_fd(&self) -> Option<RawFd> {
+        Some(self.socket().as_raw_fd())
     }
 }
 
@@ -235,6 +263,7 @@ mod tests {
     fn the_transport_choice_parses_from_its_names() {
         assert_eq!("qp1".parse::<CmTransport>(), Ok(CmTransport::Qp1));
         assert_eq!("udp".parse::<CmTransport>(), Ok(CmTransport::Udp));
-        assert!("umad".parse::<CmTransport>().is_err());
+        assert_eq!("umad".parse::<CmTransport>(), Ok(CmTransport::Umad));
+        assert!("rdma".parse::<CmTransport>().is_err());
     }
 }

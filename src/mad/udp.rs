@@ -45,6 +45,11 @@ impl MadUdp {
         })
     }
 
+    /// The socket.
+    pub fn socket(&self) -> &mio::net::UdpSocket {
+        &self.sock
+    }
+
     /// The socket, to register with mio.
     pub fn socket_mut(&mut self) -> &mut mio::net::UdpSocket {
         &mut self.sock

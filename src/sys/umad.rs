@@ -1,5 +1,5 @@
-//! `/dev/infiniband/umadN`: a MAD agent registered for Subnet Administration responses only,
-//! sending and receiving non-blocking, plus the port attributes sysfs gives.
+//! `/dev/infiniband/umadN`: a MAD agent on QP1 for one management class, sending and receiving
+//! non-blocking, plus the port attributes sysfs gives.
 //!
 //! Every call goes through libc's `open`, `read`, `write`, `ioctl`, `poll` and `close` (never
 //! Rust's `std::fs`, which opens with `open64`), so ibsim's `umad2sim` preload, which wraps
@@ -9,10 +9,20 @@
 //! the way to wait on them), and its `read` of an empty queue returns `-EWOULDBLOCK` itself
 //! instead of `-1` with `errno`.
 //!
-//! The agent names one class (the SA's, 0x03 version 2) with an empty method mask: the kernel (and
-//! `umad2sim`) deliver only responses to its own requests, matched by the high 32 bits of
-//! the transaction ID, which they overwrite with the agent's; this coexists with the
-//! kernel's `ib_sa`, as `saquery` does.
+//! An agent names one class. With an empty method mask (the SA client: class 0x03 version 2) the
+//! kernel (and `umad2sim`) deliver only responses to its own requests, matched by the high 32
+//! bits of the transaction ID, which they overwrite with the agent's; this coexists with the
+//! kernel's `ib_sa`, as `saquery` does. With methods in the mask (the CM: class 0x07 version 2,
+//! method Send) the agent is a *server*: the kernel's MAD layer hands it every unsolicited MAD
+//! of those methods, and only one agent per port may hold a (class, method) pair (`ib_cm`
+//! holds the CM's while it is loaded: registering then fails with `EINVAL`,
+//! `method_in_use()` in `drivers/infiniband/core/mad.c`). The kernel overwrites the high 32
+//! bits of the transaction ID of every non-response MAD sent (`ib_umad_write`), which the CM
+//! tolerates: it matches messages by communication ID, never by transaction ID.
+//!
+//! Two header layouts exist ([`HdrAbi`]): the 56-byte one without `pkey_index` (the SA
+//! agent's, all `umad2sim` speaks) and the 64-byte one after `IB_USER_MAD_ENABLE_PKEY` (the CM
+//! agent's, which sends on the P_Key index of the endpoint's partition).
 
 use std::ffi::CString;
 use std::io;
@@ -30,6 +40,8 @@ const IB_USER_MAD_REGISTER_AGENT: libc::c_ulong =
 /// `IB_USER_MAD_UNREGISTER_AGENT`: `_IOW(0x1b, 2, __u32)`.
 const IB_USER_MAD_UNREGISTER_AGENT: libc::c_ulong =
     (1 << 30) | (4 << 16) | (IB_IOCTL_MAGIC << 8) | 2;
+/// `IB_USER_MAD_ENABLE_PKEY`: `_IO(0x1b, 4)`; must come before the first agent is registered.
+const IB_USER_MAD_ENABLE_PKEY: libc::c_ulong = (IB_IOCTL_MAGIC << 8) | 4;
 
 /// `struct ib_user_mad_reg_req`.
 #[repr(C)]
@@ -50,6 +62,199 @@ struct RegReq {
 /// indices). SA MADs therefore go out on P_Key index 0, the default partition's slot.
 pub(crate) const UMAD_HDR_LEN: usize = 56;
 
+/// Size of `struct ib_user_mad_hdr` with `pkey_index` (and 6 reserved bytes).
+pub(crate) const UMAD_HDR_PKEY_LEN: usize = 64;
+
+/// Which `ib_user_mad_hdr` layout a umad file speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HdrAbi {
+    /// 56 bytes, no `pkey_index` (index 0 is used).
+    Old,
+    /// 64 bytes with `pkey_index` (`IB_USER_MAD_ENABLE_PKEY`).
+    WithPkey,
+}
+
+impl HdrAbi {
+    /// Bytes of header before the MAD.
+    pub(crate) fn len(self) -> usize {
+        match self {
+            Self::Old => UMAD_HDR_LEN,
+            Self::WithPkey => UMAD_HDR_PKEY_LEN,
+        }
+    }
+}
+
+/// The GRH part of a umad address (`grh_present` set): on RoCE every MAD has one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct UmadGrh {
+    /// Sending: our source GID's index in the port's table. Receiving: the index of the GID
+    /// the MAD was addressed to.
+    pub gid_index: u8,
+    /// Hop limit (IPv6) or TTL (RoCEv2 over IPv4).
+    pub hop_limit: u8,
+    /// Traffic class.
+    pub traffic_class: u8,
+    /// Sending: the destination GID. Receiving: the sender's GID.
+    pub gid: [u8; 16],
+    /// Flow label (20 bits).
+    pub flow_label: u32,
+}
+
+/// The address fields of `struct ib_user_mad_hdr`: where a MAD goes, or where it came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct UmadAddr {
+    /// The remote QPN (1 for QP1).
+    pub qpn: u32,
+    /// The remote Q_Key (QP1's is `0x8001_0000`); zero on receive.
+    pub qkey: u32,
+    /// The remote LID (IB; 0 on RoCE).
+    pub lid: u16,
+    /// Service level.
+    pub sl: u8,
+    /// Source path bits.
+    pub path_bits: u8,
+    /// The GRH, when there is one.
+    pub grh: Option<UmadGrh>,
+    /// The P_Key index ([`HdrAbi::WithPkey`] only; 0 otherwise).
+    pub pkey_index: u16,
+}
+
+impl UmadAddr {
+    /// QP1 of `lid` on `sl` with `qkey`, no GRH, P_Key index 0 (an IB subnet-local MAD).
+    pub(crate) fn to_lid(lid: u16, sl: u8, qkey: u32) -> Self {
+        Self {
+            qpn: 1,
+            qkey,
+            lid,
+            sl,
+            path_bits: 0,
+            grh: None,
+            pkey_index: 0,
+        }
+    }
+}
+
+/// `struct ib_user_mad_hdr` (the fields the kernel reads or writes; the rest are zero).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct UmadHdr {
+    /// The agent ID.
+    pub agent: u32,
+    /// Receive: 0, or the errno of a send of ours that failed (e.g. `ETIMEDOUT`).
+    pub status: u32,
+    /// Send: how long the kernel waits for a response (0: none is expected).
+    pub timeout_ms: u32,
+    /// Send: how often the kernel resends while no response came.
+    pub retries: u32,
+    /// Receive: the MAD's length.
+    pub length: u32,
+    /// The address.
+    pub addr: UmadAddr,
+}
+
+impl UmadHdr {
+    /// The header in the kernel's layout; the first [`HdrAbi::len`] bytes are the ones sent.
+    pub(crate) fn encode(&self) -> [u8; UMAD_HDR_PKEY_LEN] {
+        let mut h = [0u8; UMAD_HDR_PKEY_LEN];
+        let a = &self.addr;
+        h[0..4].copy_from_slice(&self.agent.to_ne_bytes());
+        h[4..8].copy_from_slice(&self.status.to_ne_bytes());
+        h[8..12].copy_from_slice(&self.timeout_ms.to_ne_bytes());
+        h[12..16].copy_from_slice(&self.retries.to_ne_bytes());
+        h[16..20].copy_from_slice(&self.length.to_ne_bytes());
+        h[20..24].copy_from_slice(&a.qpn.to_be_bytes());
+        h[24..28].copy_from_slice(&a.qkey.to_be_bytes());
+        h[28..30].copy_from_slice(&a.lid.to_be_bytes());
+        h[30] = a.sl;
+        h[31] = a.path_bits;
+        if let Some(g) = &a.grh {
+            h[32] = 1;
+            h[33] = g.gid_index;
+            h[34] = g.hop_limit;
+            h[35] = g.traffic_class;
+            h[36..52].copy_from_slice(&g.gid);
+            h[52..56].copy_from_slice(&g.flow_label.to_be_bytes());
+        }
+        h[56..58].copy_from_slice(&a.pkey_index.to_ne_bytes());
+        h
+    }
+
+    /// Reads a header of layout `abi` from the start of `b`; `None` when `b` is shorter.
+    pub(crate) fn decode(b: &[u8], abi: HdrAbi) -> Option<Self> {
+        let h = b.get(..abi.len())?;
+        let u32_ne = |o: usize| h.get(o..o + 4)?.try_into().ok().map(u32::from_ne_bytes);
+        let u32_be = |o: usize| h.get(o..o + 4)?.try_into().ok().map(u32::from_be_bytes);
+        let grh = (h[32] != 0).then(|| UmadGrh {
+            gid_index: h[33],
+            hop_limit: h[34],
+            traffic_class: h[35],
+            gid: h[36..52].try_into().unwrap_or_default(),
+            flow_label: u32_be(52).unwrap_or(0),
+        });
+        let pkey_index = match abi {
+            HdrAbi::Old => 0,
+            HdrAbi::WithPkey => u16::from_ne_bytes([h[56], h[57]]),
+        };
+        Some(Self {
+            agent: u32_ne(0)?,
+            status: u32_ne(4)?,
+            timeout_ms: u32_ne(8)?,
+            retries: u32_ne(12)?,
+            length: u32_ne(16)?,
+            addr: UmadAddr {
+                qpn: u32_be(20)?,
+                qkey: u32_be(24)?,
+                lid: u16::from_be_bytes([h[28], h[29]]),
+                sl: h[30],
+                path_bits: h[31],
+                grh,
+                pkey_index,
+            },
+        })
+    }
+}
+
+/// What an agent registers for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AgentSpec {
+    /// The management class (SA 0x03, CM 0x07).
+    pub mgmt_class: u8,
+    /// Its version (2 for both).
+    pub class_version: u8,
+    /// Methods whose unsolicited MADs this agent serves (bit N: method N); all zero for a
+    /// client that only gets responses to its own requests.
+    pub method_mask: [u32; 4],
+    /// The header layout (see [`HdrAbi`]).
+    pub abi: HdrAbi,
+}
+
+impl AgentSpec {
+    /// A client of `mgmt_class` (responses only), old header: the SA agent.
+    pub(crate) fn client(mgmt_class: u8, class_version: u8) -> Self {
+        Self {
+            mgmt_class,
+            class_version,
+            method_mask: [0; 4],
+            abi: HdrAbi::Old,
+        }
+    }
+
+    /// A server of `methods` of `mgmt_class`, with P_Key indices: the CM agent.
+    pub(crate) fn server(mgmt_class: u8, class_version: u8, methods: &[u8]) -> Self {
+        let mut method_mask = [0u32; 4];
+        for &m in methods {
+            if let Some(w) = method_mask.get_mut(usize::from(m / 32)) {
+                *w |= 1 << (m % 32);
+            }
+        }
+        Self {
+            mgmt_class,
+            class_version,
+            method_mask,
+            abi: HdrAbi::WithPkey,
+        }
+    }
+}
+
 /// How long the kernel waits for the response of one send before it reports the send
 /// timed out (the client's own retransmission runs on top).
 const SEND_TIMEOUT_MS: u32 = 1000;
@@ -57,8 +262,8 @@ const SEND_TIMEOUT_MS: u32 = 1000;
 /// What [`Umad::recv`] got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum UmadRecv {
-    /// A MAD (a response to one of our requests), in the caller's buffer.
-    Mad,
+    /// A MAD, in the caller's buffer, from this address.
+    Mad(UmadAddr),
     /// The kernel reports a send of ours failed (status is an errno, e.g. `ETIMEDOUT`).
     SendFailed(u32),
 }
@@ -115,27 +320,50 @@ fn bad(what: &str, path: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, format!("{path}: bad {what}"))
 }
 
+/// The first `umadN` (`N` < 32) of device `ca` and port `port` (each if given), with its
+/// device name and port number, from `/sys/class/infiniband_mad/umadN/{ibdev,port}`.
+pub(crate) fn find_umad(ca: Option<&str>, port: Option<u8>) -> io::Result<(u32, String, u8)> {
+    for umad in 0..32 {
+        let base = format!("/sys/class/infiniband_mad/umad{umad}");
+        let Ok(dev) = read_small(&format!("{base}/ibdev")) else {
+            continue;
+        };
+        let p = read_small(&format!("{base}/port"))?;
+        let p = parse_num(&p)
+            .and_then(|v| u8::try_from(v).ok())
+            .ok_or_else(|| bad("port", &base))?;
+        if ca.is_some_and(|c| c != dev) || port.is_some_and(|q| q != p) {
+            continue;
+        }
+        return Ok((umad, dev, p));
+    }
+    let what = match (ca, port) {
+        (Some(c), Some(p)) => format!(" for {c} port {p}"),
+        (Some(c), None) => format!(" for {c}"),
+        _ => String::new(),
+    };
+    Err(io::Error::new(
+        io::ErrorKind::NotFound,
+        format!(
+            "no InfiniBand umad port{what} (/sys/class/infiniband_mad/umad*; is ib_umad loaded?)"
+        ),
+    ))
+}
+
+/// Whether port `port` of `ca` is RoCE (`link_layer` reads `Ethernet`) rather than
+/// InfiniBand.
+pub(crate) fn link_layer_is_ethernet(ca: &str, port: u8) -> io::Result<bool> {
+    let ll = read_small(&format!(
+        "/sys/class/infiniband/{ca}/ports/{port}/link_layer"
+    ))?;
+    Ok(ll.eq_ignore_ascii_case("ethernet"))
+}
+
 impl UmadPort {
     /// The first umad port (of `ca`, and `port` if given), `umad0` to `umad31`.
     pub(crate) fn find(ca: Option<&str>, port: Option<u8>) -> io::Result<Self> {
-        for umad in 0..32 {
-            let base = format!("/sys/class/infiniband_mad/umad{umad}");
-            let Ok(dev) = read_small(&format!("{base}/ibdev")) else {
-                continue;
-            };
-            let p = read_small(&format!("{base}/port"))?;
-            let p = parse_num(&p)
-                .and_then(|v| u8::try_from(v).ok())
-                .ok_or_else(|| bad("port", &base))?;
-            if ca.is_some_and(|c| c != dev) || port.is_some_and(|q| q != p) {
-                continue;
-            }
-            return Self::read(umad, dev, p);
-        }
-        Err(io::Error::new(
-            io::ErrorKind::NotFound,
-            "no InfiniBand umad port (/sys/class/infiniband_mad/umad*)",
-        ))
+        let (umad, dev, p) = find_umad(ca, port)?;
+        Self::read(umad, dev, p)
     }
 
     fn read(umad: u32, ca: String, port: u8) -> io::Result<Self> {
@@ -163,11 +391,27 @@ impl UmadPort {
     }
 }
 
-/// An open umad device with one SA agent registered.
+/// An open umad device with one agent registered.
 #[derive(Debug)]
 pub(crate) struct Umad {
     fd: RawFd,
     agent: u32,
+    abi: HdrAbi,
+}
+
+/// Why [`Umad::open_agent`] failed: which step, and the OS error.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum UmadOpenError {
+    /// `/dev/infiniband/umadN` did not open.
+    #[error("open: {0}")]
+    Open(#[source] io::Error),
+    /// `IB_USER_MAD_ENABLE_PKEY` failed.
+    #[error("enabling P_Key indices: {0}")]
+    EnablePkey(#[source] io::Error),
+    /// `IB_USER_MAD_REGISTER_AGENT` failed (`EINVAL` for a server agent: another agent on the
+    /// port holds a method of the class).
+    #[error("registering the agent: {0}")]
+    Register(#[source] io::Error),
 }
 
 impl Umad {
@@ -175,8 +419,16 @@ impl Umad {
     /// responses of management class `mgmt_class`, version `class_version` (the SA: 0x03,
     /// 2), with the 56-byte header of [`UMAD_HDR_LEN`].
     pub(crate) fn open(umad: u32, mgmt_class: u8, class_version: u8) -> io::Result<Self> {
+        Self::open_agent(umad, &AgentSpec::client(mgmt_class, class_version)).map_err(|e| match e {
+            UmadOpenError::Open(e) | UmadOpenError::EnablePkey(e) | UmadOpenError::Register(e) => e,
+        })
+    }
+
+    /// Opens `/dev/infiniband/umad<N>` non-blocking and registers the agent `spec` names on
+    /// QP1.
+    pub(crate) fn open_agent(umad: u32, spec: &AgentSpec) -> Result<Self, UmadOpenError> {
         let path = CString::new(format!("/dev/infiniband/umad{umad}"))
-            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+            .map_err(|_| UmadOpenError::Open(io::Error::from(io::ErrorKind::InvalidInput)))?;
         // SAFETY: `path` is NUL-terminated and outlives the call.
         let fd = unsafe {
             libc::open(
@@ -185,56 +437,88 @@ impl Umad {
             )
         };
         if fd < 0 {
-            return Err(io::Error::last_os_error());
+            return Err(UmadOpenError::Open(io::Error::last_os_error()));
         }
         // From here on `Drop` closes `fd` (agent u32::MAX: none registered yet).
         let mut me = Self {
             fd,
             agent: u32::MAX,
+            abi: spec.abi,
         };
+        if spec.abi == HdrAbi::WithPkey {
+            // SAFETY: an argument-less ioctl on our open descriptor.
+            let rc = unsafe { libc::ioctl(fd, IB_USER_MAD_ENABLE_PKEY as _) };
+            if rc < 0 {
+                return Err(UmadOpenError::EnablePkey(io::Error::last_os_error()));
+            }
+        }
         let mut req = RegReq {
             qpn: 1,
-            mgmt_class,
-            mgmt_class_version: class_version,
+            mgmt_class: spec.mgmt_class,
+            mgmt_class_version: spec.class_version,
+            method_mask: spec.method_mask,
             ..RegReq::default()
         };
         // SAFETY: `req` is a live, writable `ib_user_mad_reg_req` the kernel fills in.
         let rc = unsafe { libc::ioctl(fd, IB_USER_MAD_REGISTER_AGENT as _, &raw mut req) };
         if rc < 0 {
-            return Err(io::Error::last_os_error());
+            return Err(UmadOpenError::Register(io::Error::last_os_error()));
         }
         me.agent = req.id;
         Ok(me)
     }
 
-    /// Sends `mad` to QP1 of `dlid` on `sl` with `qkey` (QP1's is `0x8001_0000`), P_Key
-    /// index 0. The kernel
-    /// keeps the send for [`SEND_TIMEOUT_MS`] to match the response to it (a response to a
-    /// send it no longer holds is dropped).
-    pub(crate) fn send(&self, mad: &[u8; MAD_LEN], dlid: u16, sl: u8, qkey: u32) -> io::Result<()> {
-        let mut b = [0u8; UMAD_HDR_LEN + MAD_LEN];
-        let (hdr, body) = b.split_at_mut(UMAD_HDR_LEN);
-        hdr[0..4].copy_from_slice(&self.agent.to_ne_bytes());
-        hdr[8..12].copy_from_slice(&SEND_TIMEOUT_MS.to_ne_bytes());
-        hdr[16..20].copy_from_slice(&(MAD_LEN as u32).to_ne_bytes());
-        hdr[20..24].copy_from_slice(&1u32.to_be_bytes());
-        hdr[24..28].copy_from_slice(&qkey.to_be_bytes());
-        hdr[28..30].copy_from_slice(&dlid.to_be_bytes());
-        hdr[30] = sl;
-        body.copy_from_slice(mad);
-        // SAFETY: `b` is readable for its whole length; `fd` is open.
-        let n = unsafe { libc::write(self.fd, b.as_ptr().cast(), b.len()) };
+    /// Sends `mad` to `to`. With `timeout_ms` nonzero the kernel keeps the send that long to
+    /// match a response to it (a response to a send it no longer holds is dropped, and a
+    /// send whose response never came is reported by [`Umad::recv`]); the SA client uses
+    /// [`SEND_TIMEOUT_MS`], the CM 0 (its MADs are no requests the kernel could match).
+    pub(crate) fn send(
+        &self,
+        mad: &[u8; MAD_LEN],
+        to: &UmadAddr,
+        timeout_ms: u32,
+    ) -> io::Result<()> {
+        let hdr = UmadHdr {
+            agent: self.agent,
+            status: 0,
+            timeout_ms,
+            retries: 0,
+            length: MAD_LEN as u32,
+            addr: *to,
+        }
+        .encode();
+        let hl = self.abi.len();
+        let mut b = [0u8; UMAD_HDR_PKEY_LEN + MAD_LEN];
+        b[..hl].copy_from_slice(&hdr[..hl]);
+        b[hl..hl + MAD_LEN].copy_from_slice(mad);
+        let out = &b[..hl + MAD_LEN];
+        // SAFETY: `out` is readable for its whole length; `fd` is open.
+        let n = unsafe { libc::write(self.fd, out.as_ptr().cast(), out.len()) };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
         Ok(())
     }
 
+    /// Sends `mad` to QP1 of `dlid` on `sl` with `qkey`, no GRH, P_Key index 0, kept
+    /// [`SEND_TIMEOUT_MS`] for its response (the SA client's requests).
+    pub(crate) fn send_request(
+        &self,
+        mad: &[u8; MAD_LEN],
+        dlid: u16,
+        sl: u8,
+        qkey: u32,
+    ) -> io::Result<()> {
+        self.send(mad, &UmadAddr::to_lid(dlid, sl, qkey), SEND_TIMEOUT_MS)
+    }
+
     /// One MAD into `mad` if one is queued; `Ok(None)` when none is.
     pub(crate) fn recv(&self, mad: &mut [u8; MAD_LEN]) -> io::Result<Option<UmadRecv>> {
-        let mut b = [0u8; UMAD_HDR_LEN + MAD_LEN];
-        // SAFETY: `b` is writable for its whole length; `fd` is open.
-        let n = unsafe { libc::read(self.fd, b.as_mut_ptr().cast(), b.len()) };
+        let mut b = [0u8; UMAD_HDR_PKEY_LEN + MAD_LEN];
+        let hl = self.abi.len();
+        let buf = &mut b[..hl + MAD_LEN];
+        // SAFETY: `buf` is writable for its whole length; `fd` is open.
+        let n = unsafe { libc::read(self.fd, buf.as_mut_ptr().cast(), buf.len()) };
         if n == -1 {
             let e = io::Error::last_os_error();
             return match e.kind() {
@@ -246,27 +530,28 @@ impl Umad {
         let Ok(n) = usize::try_from(n) else {
             return Ok(None);
         };
-        let (hdr, body) = b.split_at(UMAD_HDR_LEN);
-        let status = hdr
-            .get(4..8)
-            .and_then(|s| s.try_into().ok())
-            .map_or(0, u32::from_ne_bytes);
-        if status != 0 {
-            return Ok(Some(UmadRecv::SendFailed(status)));
+        let Some(hdr) = UmadHdr::decode(buf.get(..n).unwrap_or_default(), self.abi) else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "short umad read",
+            ));
+        };
+        if hdr.status != 0 {
+            return Ok(Some(UmadRecv::SendFailed(hdr.status)));
         }
         // The 24-byte common MAD header at least.
-        if n < UMAD_HDR_LEN + 24 {
+        if n < hl + 24 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "short umad read",
             ));
         }
         *mad = [0u8; MAD_LEN];
-        let got = (n - UMAD_HDR_LEN).min(MAD_LEN);
-        if let (Some(dst), Some(src)) = (mad.get_mut(..got), body.get(..got)) {
+        let got = (n - hl).min(MAD_LEN);
+        if let (Some(dst), Some(src)) = (mad.get_mut(..got), buf.get(hl..hl + got)) {
             dst.copy_from_slice(src);
         }
-        Ok(Some(UmadRecv::Mad))
+        Ok(Some(UmadRecv::Mad(hdr.addr)))
     }
 
     /// Waits up to `timeout` for a MAD to read (`poll(2)`, which `umad2sim` also answers).
@@ -322,6 +607,63 @@ mod tests {
         assert_eq!(size_of::<RegReq>(), 28);
         assert_eq!(IB_USER_MAD_REGISTER_AGENT, 0xC01C_1B01);
         assert_eq!(IB_USER_MAD_UNREGISTER_AGENT, 0x4004_1B02);
+    }
+
+    #[test]
+    fn enable_pkey_matches_the_kernel_header() {
+        assert_eq!(IB_USER_MAD_ENABLE_PKEY, 0x1B04);
+    }
+
+    #[test]
+    fn the_old_header_is_the_sa_agents_56_bytes_without_pkey_index() {
+        let a = UmadAddr::to_lid(0x1234, 5, 0x8001_0000);
+        let h = UmadHdr {
+            agent: 9,
+            status: 0,
+            timeout_ms: SEND_TIMEOUT_MS,
+            retries: 0,
+            length: MAD_LEN as u32,
+            addr: a,
+        }
+        .encode();
+        assert_eq!(&h[0..4], &9u32.to_ne_bytes());
+        assert_eq!(&h[8..12], &SEND_TIMEOUT_MS.to_ne_bytes());
+        assert_eq!(&h[20..24], &1u32.to_be_bytes());
+        assert_eq!(&h[28..30], &[0x12, 0x34]);
+        assert_eq!(h[30], 5);
+        assert_eq!(h[32], 0, "no GRH");
+        let back = UmadHdr::decode(&h[..UMAD_HDR_LEN], HdrAbi::Old).unwrap();
+        assert_eq!(back.addr, a);
+        assert_eq!(UmadHdr::decode(&h[..UMAD_HDR_LEN - 1], HdrAbi::Old), None);
+        assert_eq!(UmadHdr::decode(&h[..UMAD_HDR_LEN], HdrAbi::WithPkey), None);
+    }
+
+    #[test]
+    fn a_received_header_with_a_grh_and_a_send_failure_decode() {
+        let mut h = [0u8; UMAD_HDR_PKEY_LEN];
+        h[4..8].copy_from_slice(&(libc::ETIMEDOUT as u32).to_ne_bytes());
+        h[20..24].copy_from_slice(&1u32.to_be_bytes());
+        h[32] = 1;
+        h[33] = 1;
+        h[34] = 64;
+        h[36..52].copy_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 192, 168, 77, 1]);
+        h[52..56].copy_from_slice(&0x000A_BCDEu32.to_be_bytes());
+        h[56..58].copy_from_slice(&3u16.to_ne_bytes());
+        let d = UmadHdr::decode(&h, HdrAbi::WithPkey).unwrap();
+        assert_eq!(d.status, libc::ETIMEDOUT as u32);
+        let g = d.addr.grh.unwrap();
+        assert_eq!((g.gid_index, g.hop_limit, g.flow_label), (1, 64, 0xA_BCDE));
+        assert_eq!(g.gid[12..], [192, 168, 77, 1]);
+        assert_eq!(d.addr.pkey_index, 3);
+        assert_eq!(d.addr.qpn, 1);
+    }
+
+    #[test]
+    fn a_server_mask_sets_one_bit_per_method() {
+        let s = AgentSpec::server(7, 2, &[3, 0x13, 0x7f]);
+        assert_eq!(s.method_mask, [1 << 3 | 1 << 0x13, 0, 0, 1 << 31]);
+        assert_eq!(AgentSpec::client(3, 2).method_mask, [0; 4]);
+        assert_eq!(AgentSpec::client(3, 2).abi, HdrAbi::Old);
     }
 
     #[test]

@@ -154,7 +154,7 @@ impl Session {
     fn turn(&mut self) -> Result<Vec<SaEvent>, String> {
         while let Some(o) = self.client.pop_transmit() {
             self.umad
-                .send(&o.mad, o.to.lid, o.to.sl, GSI_QKEY)
+                .send_request(&o.mad, o.to.lid, o.to.sl, GSI_QKEY)
                 .map_err(|e| format!("umad send: {e}"))?;
         }
         let now = Instant::now();
@@ -177,7 +177,7 @@ impl Session {
                     .recv(&mut m)
                     .map_err(|e| format!("umad recv: {e}"))?
                 {
-                    Some(UmadRecv::Mad) => {
+                    Some(UmadRecv::Mad(_)) => {
                         if self.dump {
                             println!("mad {}", hex(&m));
                         }

@@ -130,9 +130,10 @@ with_fault_fields!(settings! {
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub udp_port: Option<Given<i64>> [Shown::example("4791")]
         => udp_port: u16 = int(1..=u16::MAX).or(DEFAULT_UDP_PORT),
-    /// How CM MADs travel: qp1 (UD to QP1 through the provider) or udp (the side channel
+    /// How CM MADs travel: qp1 (UD to QP1 through the provider), udp (the side channel
     /// on mad_port, see docs/verbs.md; what a soft daemon talking to a verbs one needs
-    /// too) [default: qp1 on soft, udp on verbs].
+    /// too) or umad (verbs only: the kernel's QP1 through /dev/infiniband/umadN, where
+    /// ib_cm is not loaded; see docs/kernel-cm.md) [default: qp1 on soft, udp on verbs].
     #[arg(long, value_name = "TRANSPORT")]
     pub cm_transport: Option<Given<CmTransport>> [Shown::example("\"qp1\"")]
         => /// `None`: the provider's (QP1 on soft, UDP on libibverbs, whose QP1 the kernel owns).
