@@ -3,7 +3,7 @@
 # guest (TCG) by the rxe-lab harness. Needs root (apt, tap device, network namespace).
 #
 #   sudo scripts/rxe-interop.sh [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong]
-#                               [hw-pingpong] [daemon] [rdmacm] [softcm]
+#                               [hw-pingpong] [daemon] [daemon-umad] [rdmacm] [softcm]
 #
 # Checks (all by default):
 #   conformance  (a) the provider conformance suite (src/verbs/conformance/) over the
@@ -25,7 +25,16 @@
 #                raises LAST_WQE_REACHED: the guest's SRQ RX teardown ends by the drain
 #                watchdog on 6.1; 6.12 raises it); RESULT daemon_host_icrc_id_solved: the host
 #                daemon logged once that the guest's ICRCs check only with a nonzero IPv4 ID,
-#                and dropped none.
+#                and dropped none. In this guest ib_cm is loaded, so `--cm-transport umad` must
+#                fail with one line (RESULT daemon_umad_refused_with_ib_cm).
+#   daemon-umad  (e2) the same in a guest booted without ib_cm/rdma_cm/rdma_ucm (RXE_LAB_MODS,
+#                its own $RXE_LAB_WORK/KERNEL-nocm): the guest daemon's CM on the kernel's QP1
+#                through /dev/infiniband/umadN (`--cm-transport umad`, CM class 0x07 registered:
+#                RESULT daemon_umad_class_registered) <-> the host daemon's CM on QP1
+#                (`--cm-transport qp1`); then the guest daemon is SIGKILLed and started again:
+#                the host retires its RX connections from the old incarnation
+#                (RESULT daemon_host_rx_reaped_after_kill, from its status), ping again, orderly
+#                stop. RESULT names are daemon_umad_*.
 #   rdmacm       (f) `ipoib-cm rc-pingpong --provider verbs --rdma-cm` (our QP, the kernel's CM
 #                through librdmacm) <-> rdma-core's rdma_server / rdma_client (port 7471, 16
 #                bytes each way), our tool client and then server, then against itself; rxe0 <->
@@ -64,12 +73,12 @@ while [ $# -gt 0 ]; do
     case $1 in
         --quick) ITERS=20 ;;
         --iters) ITERS=$2; shift ;;
-        conformance|rc-pingpong|ud-pingpong|hw-pingpong|daemon|rdmacm|softcm) CHECKS+=("$1") ;;
-        *) echo "usage: $0 [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong] [hw-pingpong] [daemon] [rdmacm] [softcm]" >&2; exit 2 ;;
+        conformance|rc-pingpong|ud-pingpong|hw-pingpong|daemon|daemon-umad|rdmacm|softcm) CHECKS+=("$1") ;;
+        *) echo "usage: $0 [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong] [hw-pingpong] [daemon] [daemon-umad] [rdmacm] [softcm]" >&2; exit 2 ;;
     esac
     shift
 done
-[ ${#CHECKS[@]} -gt 0 ] || CHECKS=(conformance rc-pingpong ud-pingpong hw-pingpong daemon rdmacm softcm)
+[ ${#CHECKS[@]} -gt 0 ] || CHECKS=(conformance rc-pingpong ud-pingpong hw-pingpong daemon daemon-umad rdmacm softcm)
 
 if [ -n "${RXE_LAB_DIR:-}" ]; then LAB=$RXE_LAB_DIR
 elif [ -x ../shared/rxe-lab/run.sh ]; then LAB=$(cd ../shared/rxe-lab && pwd)
@@ -122,7 +131,11 @@ if [ -z "${RXE_KERNELS:-}" ]; then
 fi
 [ -n "${RXE_KERNELS:-}" ] || { echo "rxe-interop: no guest kernel with rdma_rxe (scripts/setup.sh)" >&2; exit 1; }
 echo "rxe-interop: guest kernels: $RXE_KERNELS"
-run_lab() { # NAME GUEST_DIR ARGS... (for the kernel $KV; RESULT names get @$KV)
+# Guest modules without any kernel CM (no rdma_ucm, so no rdma_cm and no ib_cm).
+NOCM_MODS="crc32_generic crc32-pclmul veth tun virtio_pci virtio_net rdma_rxe ib_umad ib_uverbs"
+run_lab() { # NAME GUEST_DIR ARGS... (for the kernel $KV; RESULT names get @$KV, and with
+    # $RESULT_AS a RESULT name's leading `daemon_` becomes `$RESULT_AS_`; $WORK_SUFFIX
+    # names the harness work directory of a guest built with other modules, $RXE_LAB_MODS)
     local name=$1 src=$2 dir t rc
     shift 2
     name=$name@$KV
@@ -131,8 +144,9 @@ run_lab() { # NAME GUEST_DIR ARGS... (for the kernel $KV; RESULT names get @$KV)
     cp "$BIN" "$dir/ipoib-cm"
     for b in ${EXTRA_BINS:-}; do cp "$b" "$dir/"; done
     t=$(now)
-    KV=$KV RXE_LAB_WORK=$LAB_WORK/$KV bash "$LAB/run.sh" guest "$dir" "$@" 2>&1 |
-        sed -E "s/^RESULT ([^ ]+)/RESULT \1@$KV/" > "$LOG/$name.log"
+    KV=$KV RXE_LAB_MODS=${RXE_LAB_MODS:-} RXE_LAB_WORK=$LAB_WORK/$KV${WORK_SUFFIX:-} bash "$LAB/run.sh" guest "$dir" "$@" 2>&1 |
+        sed -E -e "s/^RESULT ([^ ]+)/RESULT \1@$KV/" \
+            -e "${RESULT_AS:+s/^RESULT daemon_/RESULT ${RESULT_AS}_/}" > "$LOG/$name.log"
     rc=${PIPESTATUS[0]}
     grep -E '^RESULT |PERF|hw_counters|cm_counters|udp InDatagrams|^guest\| (info|conformance)|== rxe-lab' "$LOG/$name.log"
     grep -E '^RESULT ' "$LOG/$name.log" >> "$RESULTS"
@@ -162,6 +176,12 @@ for c in "${CHECKS[@]}"; do
             echo "== (e) daemon: ipoib-cm up on the soft provider (host netns) <-> ipoib-cm up --provider verbs on rxe0"
             EXTRA_BINS=$(command -v iperf3 || true) run_lab daemon scripts/rxe/guest-daemon --net tap --timeout 400 \
                 --host-cmd "IPOIB_CM=$BIN exec $ROOT/scripts/rxe/host-daemon.sh" ;;
+        daemon-umad)
+            echo "== (e2) daemon-umad: ipoib-cm up (soft, our CM on QP1) <-> ipoib-cm up --provider verbs --cm-transport umad on rxe0, a guest without ib_cm"
+            EXTRA_BINS=$(command -v iperf3 || true) RXE_LAB_MODS=$NOCM_MODS WORK_SUFFIX=-nocm \
+                RESULT_AS=daemon_umad run_lab daemon-umad scripts/rxe/guest-daemon --net tap --timeout 400 \
+                --env CM=umad --env RESTART=1 \
+                --host-cmd "IPOIB_CM=$BIN CM=umad RESTART=1 exec $ROOT/scripts/rxe/host-daemon.sh" ;;
         rdmacm)
             echo "== (f) rdmacm: rc-pingpong --provider verbs --rdma-cm <-> rdma_server / rdma_client, rxe0 <-> rxe1 in the guest"
             run_lab rdmacm scripts/rxe/guest-rdmacm --net none --timeout 400 --env "ITERS=$ITERS" ;;

@@ -4,6 +4,12 @@
 # kernel owns QP1) against `ipoib-cm up --cm-transport udp` on the soft provider in the host
 # netns (scripts/rxe/host-daemon.sh).
 #
+# CM=umad (check `daemon-umad`, a guest booted without ib_cm/rdma_cm/rdma_ucm): our CM on the
+# kernel's QP1 through /dev/infiniband/umadN against the host's CM on QP1 (`--cm-transport
+# qp1`), and RESTART=1: after iperf3 the daemon is SIGKILLed (GUEST_PRE_KILL/GUEST_KILLED on
+# the console for the host), started again, pinged again (GUEST_REPINGED), then stopped.
+# With CM=udp in a guest where ib_cm is loaded, `--cm-transport umad` must fail with one line.
+#
 # No static neighbours and no --peer either way: ARP and ND cross as IP multicast (the
 # IPoIB groups of P_Key 0xffff as 239.255.255.255, UDP 4791). The soft provider sends and
 # joins that group itself; on rxe the libibverbs provider attaches the QP by the group's
@@ -12,25 +18,47 @@
 # the host as a `GUEST_HWADDR` line on the console: host-daemon.sh starts when it sees it.
 . /lib/rxelab.sh
 B=/extra/ipoib-cm
+CM=${CM:-udp}
 SOCK=/tmp/ib0.sock
 A4=10.77.0.2 H4=10.77.0.1 A6=fd77::2 H6=fd77::1
 modprobe tun 2>/dev/null
 [ -c /dev/net/tun ] || { mkdir -p /dev/net; mknod /dev/net/tun c 10 200; }
 el() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN {printf "%.1f", b - a}'; }
 
+if [ "$CM" = udp ] && [ -d /sys/module/ib_cm ]; then
+  # ib_cm holds CM class 0x07 on every port: the umad transport must refuse in one line.
+  $B up --provider verbs --ib-dev "$RXE0" --bind "$IP0" --cm-transport umad --ifname ibx \
+    --control-socket /tmp/ibx.sock --log warn > /tmp/umad-neg.log 2>&1
+  rc=$?
+  cat /tmp/umad-neg.log | cut -c1-300
+  n=$(wc -l < /tmp/umad-neg.log)
+  if [ $rc -eq 2 ] && [ "$n" -eq 1 ] && grep -q "CM class 0x07 is already served" /tmp/umad-neg.log; then ok=PASS; else ok=FAIL; fi
+  res daemon_umad_refused_with_ib_cm "$ok rc=$rc lines=$n"
+fi
+
+start_daemon() {
+  $B up --provider verbs --ib-dev "$RXE0" --bind "$IP0" --cm-transport "$CM" --ifname ib0 \
+    --addr $A4/24 --addr $A6/64 \
+    --control-socket $SOCK --drain-timeout 5s --log info > "$1" 2>&1 &
+  DPID=$! DLOG=$1
+  hw=
+  i=0
+  while [ $i -lt 100 ]; do
+    hw=$($B status --control-socket $SOCK --json 2>/dev/null | grep -o '"hwaddr": *"[^"]*"' | head -1 | sed 's/.*"\([^"]*\)"$/\1/')
+    [ -n "$hw" ] && break
+    kill -0 $DPID 2>/dev/null || break
+    sleep 0.1; i=$((i + 1))
+  done
+}
 t0=$(uptime_s)
-$B up --provider verbs --ib-dev "$RXE0" --bind "$IP0" --cm-transport udp --ifname ib0 \
-  --addr $A4/24 --addr $A6/64 \
-  --control-socket $SOCK --drain-timeout 5s --log info > /tmp/daemon.log 2>&1 &
-DPID=$!
-hw=
-i=0
-while [ $i -lt 100 ]; do
-  hw=$($B status --control-socket $SOCK --json 2>/dev/null | grep -o '"hwaddr": *"[^"]*"' | head -1 | sed 's/.*"\([^"]*\)"$/\1/')
-  [ -n "$hw" ] && break
-  kill -0 $DPID 2>/dev/null || break
-  sleep 0.1; i=$((i + 1))
-done
+start_daemon /tmp/daemon.log
+if [ "$CM" = umad ]; then
+  # No ib_cm in this guest: the CM class registration on rxe0's umad device succeeded.
+  grep "umad" /tmp/daemon.log | head -2 | cut -c1-300
+  if [ ! -d /sys/module/ib_cm ] && grep -q "through /dev/infiniband/umad" /tmp/daemon.log \
+      && grep -q "cm_transport=umad" /tmp/daemon.log; then ok=PASS; else ok=FAIL; fi
+  res daemon_umad_class_registered "$ok (ib_cm loaded: $([ -d /sys/module/ib_cm ] && echo yes || echo no))"
+fi
 if [ -z "$hw" ]; then
   cat /tmp/daemon.log
   res daemon_guest_up FAIL "$(el "$t0")s"
@@ -83,6 +111,34 @@ if [ -x /extra/iperf3 ]; then
   echo "PERF daemon_iperf3: $(grep receiver /tmp/iperf.log | awk '{print $7, $8}')"
   res daemon_iperf3 "$ok $(el "$t1")s"
 fi
+if [ "${RESTART:-0}" = 1 ]; then
+  # SIGKILL: no DREQ leaves; the host retires the old incarnation's connections when the
+  # new one announces itself, and its counters say so (host-daemon.sh).
+  echo "GUEST_PRE_KILL"
+  sleep 2
+  kill -KILL $DPID; wait $DPID 2>/dev/null
+  echo "GUEST_KILLED"
+  sleep 3
+  t1=$(uptime_s)
+  start_daemon /tmp/daemon2.log
+  if [ -n "$hw" ]; then ok=PASS; else ok=FAIL; cat /tmp/daemon2.log; fi
+  res daemon_restart_up "$ok $(el "$t1")s hwaddr $hw"
+  t1=$(uptime_s)
+  ok=FAIL; i=0
+  while [ $i -lt 30 ]; do
+    if ping -c 1 -W 2 $H4 > /dev/null 2>&1; then ok=PASS; break; fi
+    i=$((i + 1))
+  done
+  res daemon_restart_first_ping4 "$ok $(el "$t1")s"
+  if ping -c 10 -i 0.2 -W 3 $H4 > /tmp/ping4.log 2>&1; then ok=PASS; else ok=FAIL; fi
+  tail -1 /tmp/ping4.log
+  res daemon_restart_ping4 "$ok"
+  if ping -6 -c 10 -i 0.2 -W 3 $H6 > /tmp/ping6.log 2>&1; then ok=PASS; else ok=FAIL; fi
+  tail -1 /tmp/ping6.log
+  res daemon_restart_ping6 "$ok"
+  echo "GUEST_REPINGED"
+  sleep 4      # the host reads its status now, before the orderly stop closes everything
+fi
 $B status --control-socket $SOCK | sed 's/^/  /'
 echo "hw_counters $RXE0: $(hw_counters "$RXE0")"
 # The libibverbs provider's own counters and QP count reach the status document.
@@ -98,7 +154,7 @@ res daemon_guest_status "$ok hw_completions=${comp:-none} qp_live=${live:-none}"
 t1=$(uptime_s)
 kill -TERM $DPID
 wait $DPID; rc=$?
-grep -E "stopped|drain|WARN|ERROR" /tmp/daemon.log | tail -5 | cut -c1-400
+grep -E "stopped|drain|WARN|ERROR" "$DLOG" | tail -5 | cut -c1-400
 if [ $rc -eq 0 ]; then ok=PASS; else ok=FAIL; fi
 res daemon_guest_stop "$ok rc=$rc $(el "$t1")s"
 echo "GUEST_DONE"
