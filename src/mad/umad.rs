@@ -103,10 +103,12 @@ pub enum UmadError {
         port: u8,
     },
     /// The agent could not be registered for another reason.
-    #[error("umad{umad}: registering a CM agent: {source}")]
+    #[error("umad{umad}: {step}: {source}")]
     Register {
         /// The umad index.
         umad: u32,
+        /// The step that failed.
+        step: &'static str,
         /// Why.
         #[source]
         source: io::Error,
@@ -311,9 +313,16 @@ fn open_error(umad: u32, device: &str, port: u8, e: UmadOpenError) -> UmadError 
                 port,
             }
         }
-        UmadOpenError::Register(source) | UmadOpenError::EnablePkey(source) => {
-            UmadError::Register { umad, source }
-        }
+        UmadOpenError::Register(source) => UmadError::Register {
+            umad,
+            step: "registering a CM agent",
+            source,
+        },
+        UmadOpenError::EnablePkey(source) => UmadError::Register {
+            umad,
+            step: "enabling P_Key indices",
+            source,
+        },
     }
 }
 

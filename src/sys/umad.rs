@@ -40,8 +40,9 @@ const IB_USER_MAD_REGISTER_AGENT: libc::c_ulong =
 /// `IB_USER_MAD_UNREGISTER_AGENT`: `_IOW(0x1b, 2, __u32)`.
 const IB_USER_MAD_UNREGISTER_AGENT: libc::c_ulong =
     (1 << 30) | (4 << 16) | (IB_IOCTL_MAGIC << 8) | 2;
-/// `IB_USER_MAD_ENABLE_PKEY`: `_IO(0x1b, 4)`; must come before the first agent is registered.
-const IB_USER_MAD_ENABLE_PKEY: libc::c_ulong = (IB_IOCTL_MAGIC << 8) | 4;
+/// `IB_USER_MAD_ENABLE_PKEY`: `_IO(0x1b, 3)` (`rdma/rdma_user_ioctl.h`); must come before the
+/// first agent is registered.
+const IB_USER_MAD_ENABLE_PKEY: libc::c_ulong = (IB_IOCTL_MAGIC << 8) | 3;
 
 /// `struct ib_user_mad_reg_req`.
 #[repr(C)]
@@ -611,7 +612,7 @@ mod tests {
 
     #[test]
     fn enable_pkey_matches_the_kernel_header() {
-        assert_eq!(IB_USER_MAD_ENABLE_PKEY, 0x1B04);
+        assert_eq!(IB_USER_MAD_ENABLE_PKEY, 0x1B03);
     }
 
     #[test]

@@ -57,7 +57,7 @@ if [ "$CM" = umad ]; then
   grep "umad" /tmp/daemon.log | head -2 | cut -c1-300
   if [ ! -d /sys/module/ib_cm ] && grep -q "through /dev/infiniband/umad" /tmp/daemon.log \
       && grep -q "cm_transport=umad" /tmp/daemon.log; then ok=PASS; else ok=FAIL; fi
-  res daemon_umad_class_registered "$ok (ib_cm loaded: $([ -d /sys/module/ib_cm ] && echo yes || echo no))"
+  res daemon_cm_class_registered "$ok (ib_cm loaded: $([ -d /sys/module/ib_cm ] && echo yes || echo no))"
 fi
 if [ -z "$hw" ]; then
   cat /tmp/daemon.log
@@ -147,6 +147,14 @@ num() { printf '%s' "$st" | grep -o "\"$1\": *[0-9]*" | head -1 | grep -o '[0-9]
 comp=$(num hw_completions); live=$(num qp_live)
 if [ "${comp:-0}" -gt 0 ] && [ "${live:-0}" -ge 1 ]; then ok=PASS; else ok=FAIL; fi
 res daemon_guest_status "$ok hw_completions=${comp:-none} qp_live=${live:-none}"
+if [ "$CM" = umad ]; then
+  # The CM's MADs went both ways through the umad agent, none failed or was malformed.
+  ms=$(num mad_sent); mr=$(num mad_received); me=$(num mad_errors); mm=$(num mad_recv_malformed)
+  est=$(num tx_established)
+  if [ "${ms:-0}" -gt 0 ] && [ "${mr:-0}" -gt 0 ] && [ "${me:-x}" = 0 ] && [ "${mm:-x}" = 0 ] \
+      && [ "${est:-0}" -ge 1 ]; then ok=PASS; else ok=FAIL; fi
+  res daemon_cm_mads "$ok mad_sent=${ms:-?} mad_received=${mr:-?} mad_errors=${me:-?} mad_recv_malformed=${mm:-?} tx_established=${est:-?} (restarted daemon)"
+fi
 
 # Orderly stop. rxe in 6.1 never raises IBV_EVENT_QP_LAST_WQE_REACHED, so SRQ-mode RX
 # teardown ends through the drain watchdog (--drain-timeout 5s); 6.12 raises it (and again on
