@@ -33,7 +33,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("soft", &["wire", "verbs", "sys"]),
     ("hw", &["verbs"]),
     ("cm", &["wire", "verbs", "timer"]),
-    ("mad", &["wire", "verbs", "cm", "choice"]),
+    ("mad", &["wire", "sys", "verbs", "cm", "choice"]),
     ("ipoib", &["wire", "verbs", "timer", "cm", "choice"]),
     ("driver", &["sys", "verbs", "mad", "ipoib"]),
     ("sim", &["verbs", "soft", "mad", "ipoib"]),

@@ -19,7 +19,7 @@ mod udp;
 mod umad;
 
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::RawFd;
 use std::str::FromStr;
 
 use crate::choice::ParseChoiceError;
@@ -146,29 +146,69 @@ impl<V: Verbs> MadTransport<V> for Gsi {
     }
 }
 
-impl<V: Verbs> MadTransport<V> for MadUdp {
-    fn can_send(&self) -> bool {
-        true
-    }
+/// [`MadTransport`] for a transport that owns a descriptor of its own and no provider QP
+/// (its inherent `send`, `poll`, `stats`, `readiness_fd` and `has_more` do the work).
+macro_rules! fd_transport {
+    ($t:ty) => {
+        impl<V: Verbs> MadTransport<V> for $t {
+            fn can_send(&self) -> bool {
+                true
+            }
 
-    fn send(&mut self, _: &mut V, to: Gid, mad: &[u8; MAD_LEN]) -> Result<(), MadSendError> {
-        Self::send(self, to, mad).map_err(MadSendError::Io)
-    }
+            fn send(
+                &mut self,
+                _: &mut V,
+                to: Gid,
+                mad: &[u8; MAD_LEN],
+            ) -> Result<(), MadSendError> {
+                Self::send(self, to, mad).map_err(MadSendError::Io)
+            }
 
-    fn poll(&mut self, _: &mut V, out: &mut Vec<Mad>) {
-        Self::poll(self, out);
-    }
+            fn poll(&mut self, _: &mut V, out: &mut Vec<Mad>) {
+                Self::poll(self, out);
+            }
 
-    fn stats(&self) -> MadStats {
-        Self::stats(self)
-    }
+            fn stats(&self) -> MadStats {
+                Self::stats(self)
+            }
 
-    fn provider_qp(&self) -> Option<QpNum> {
-        None
-    }
+            fn provider_qp(&self) -> Option<QpNum> {
+                None
+            }
 
-    fn readiness_fd(&self) -> Option<RawFd> {
-        Some(self.socket().as_raw_fd())
+            fn readiness_fd(&self) -> Option<RawFd> {
+                Some(Self::readiness_fd(self))
+            }
+
+            fn has_more(&self) -> bool {
+                Self::has_more(self)
+            }
+        }
+    };
+}
+fd_transport!(MadUdp);
+fd_transport!(Umad);
+
+/// Counts the outcome of one send on a descriptor: sent, dropped when `dropped` says the
+/// kernel had no room (the CM retransmits), or an error (returned).
+fn count_send(
+    stats: &mut MadStats,
+    r: io::Result<()>,
+    dropped: impl Fn(&io::Error) -> bool,
+) -> io::Result<()> {
+    match r {
+        Ok(()) => {
+            stats.sent += 1;
+            Ok(())
+        }
+        Err(e) if dropped(&e) => {
+            stats.send_dropped += 1;
+            Ok(())
+        }
+        Err(e) => {
+            stats.errors += 1;
+            Err(e)
+        }
     }
 }
 

@@ -11,13 +11,14 @@
 //! Both ends must use the same transport: a software-provider daemon talking to a
 //! kernel-verbs daemon runs with `--cm-transport udp`.
 //!
-//! The socket is non-blocking; the driver registers it with mio ([`MadUdp::socket_mut`]) and
+//! The socket is non-blocking; the driver registers it with mio ([`MadUdp::readiness_fd`]) and
 //! [`MadUdp::poll`] reads until it would block.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, RawFd};
 
-use super::{MadStats, MAD_LEN};
+use super::{count_send, MadStats, MAD_LEN};
 use crate::verbs::Gid;
 
 /// Default UDP port of the MAD side channel (the RoCEv2 port plus one).
@@ -45,11 +46,6 @@ impl MadUdp {
         })
     }
 
-    /// The socket.
-    pub fn socket(&self) -> &mio::net::UdpSocket {
-        &self.sock
-    }
-
     /// The socket, to register with mio.
     pub fn socket_mut(&mut self) -> &mut mio::net::UdpSocket {
         &mut self.sock
@@ -63,23 +59,23 @@ impl MadUdp {
     /// Sends one MAD to `to`'s IP at the channel port; a send that would block is dropped
     /// and counted (the CM retransmits).
     pub fn send(&mut self, to: Gid, mad: &[u8; MAD_LEN]) -> io::Result<()> {
-        match self
+        let r = self
             .sock
             .send_to(mad, SocketAddr::new(to.to_ip(), self.port))
-        {
-            Ok(_) => {
-                self.stats.sent += 1;
-                Ok(())
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                self.stats.send_dropped += 1;
-                Ok(())
-            }
-            Err(e) => {
-                self.stats.errors += 1;
-                Err(e)
-            }
-        }
+            .map(drop);
+        count_send(&mut self.stats, r, |e| {
+            e.kind() == io::ErrorKind::WouldBlock
+        })
+    }
+
+    /// The socket's descriptor, for the event loop.
+    pub fn readiness_fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+
+    /// Never true: [`MadUdp::poll`] reads until the socket would block.
+    pub fn has_more(&self) -> bool {
+        false
     }
 
     /// Reads every pending datagram; whole MADs are appended to `out` with the sender's GID.

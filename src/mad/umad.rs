@@ -24,16 +24,17 @@
 //!   LID, are dropped and counted (`errors`, `recv_malformed`).
 //!
 //! The umad descriptor is a kernel descriptor that epoll accepts: the driver registers it with
-//! mio ([`MadTransport::readiness_fd`]) and each turn reads at most [`UMAD_BATCH`] MADs; more
-//! left queued asks for the next turn at once ([`MadTransport::has_more`]).
+//! mio ([`MadTransport::readiness_fd`](super::MadTransport::readiness_fd)) and each turn reads at
+//! most [`UMAD_BATCH`] MADs; more left queued asks for the next turn at once
+//! ([`MadTransport::has_more`](super::MadTransport::has_more)).
 
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 
-use super::{MadSendError, MadStats, MadTransport, MAD_LEN};
+use super::{count_send, MadStats, MAD_LEN};
 use crate::sys::umad::{self as sys, AgentSpec, UmadAddr, UmadGrh, UmadOpenError, UmadRecv};
-use crate::verbs::{Gid, QKey, QpNum, Verbs};
+use crate::verbs::{Gid, QKey, QpNum};
 
 /// The CM management class.
 pub const CM_MGMT_CLASS: u8 = 0x07;
@@ -218,23 +219,20 @@ impl Umad {
             self.stats.errors += 1;
             return Ok(());
         };
-        match self.dev.send(mad, &addr, 0) {
-            Ok(()) => {
-                self.stats.sent += 1;
-                Ok(())
-            }
-            Err(e)
-                if e.kind() == io::ErrorKind::WouldBlock
-                    || e.raw_os_error() == Some(libc::ENOMEM) =>
-            {
-                self.stats.send_dropped += 1;
-                Ok(())
-            }
-            Err(e) => {
-                self.stats.errors += 1;
-                Err(e)
-            }
-        }
+        let r = self.dev.send(mad, &addr, 0);
+        count_send(&mut self.stats, r, |e| {
+            e.kind() == io::ErrorKind::WouldBlock || e.raw_os_error() == Some(libc::ENOMEM)
+        })
+    }
+
+    /// The umad descriptor (a kernel one, which epoll accepts), for the event loop.
+    pub fn readiness_fd(&self) -> RawFd {
+        self.dev.as_raw_fd()
+    }
+
+    /// True when the last [`Umad::poll`] stopped at [`UMAD_BATCH`] with MADs left.
+    pub fn has_more(&self) -> bool {
+        self.more
     }
 
     /// Reads up to [`UMAD_BATCH`] queued MADs, appending each with its sender to `out`.
@@ -326,36 +324,6 @@ fn open_error(umad: u32, device: &str, port: u8, e: UmadOpenError) -> UmadError 
     }
 }
 
-impl<V: Verbs> MadTransport<V> for Umad {
-    fn can_send(&self) -> bool {
-        true
-    }
-
-    fn send(&mut self, _: &mut V, to: Gid, mad: &[u8; MAD_LEN]) -> Result<(), MadSendError> {
-        Self::send(self, to, mad).map_err(MadSendError::Io)
-    }
-
-    fn poll(&mut self, _: &mut V, out: &mut Vec<(Gid, [u8; MAD_LEN])>) {
-        Self::poll(self, out);
-    }
-
-    fn stats(&self) -> MadStats {
-        Self::stats(self)
-    }
-
-    fn provider_qp(&self) -> Option<QpNum> {
-        None
-    }
-
-    fn readiness_fd(&self) -> Option<RawFd> {
-        Some(self.dev.as_raw_fd())
-    }
-
-    fn has_more(&self) -> bool {
-        self.more
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -394,18 +362,23 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_roce_cm_mad_goes_to_qp1_of_the_peer_gid_with_a_grh() {
-        let peer = Gid::from_ip("192.168.77.1".parse().unwrap());
-        let h = sys::UmadHdr {
+    /// The header of a CM MAD sent to `addr`.
+    fn header(addr: UmadAddr) -> [u8; sys::UMAD_HDR_PKEY_LEN] {
+        sys::UmadHdr {
             agent: 7,
             status: 0,
             timeout_ms: 0,
             retries: 0,
             length: MAD_LEN as u32,
-            addr: cm_address(&cfg(), peer, None),
+            addr,
         }
-        .encode();
+        .encode()
+    }
+
+    #[test]
+    fn a_roce_cm_mad_goes_to_qp1_of_the_peer_gid_with_a_grh() {
+        let peer = Gid::from_ip("192.168.77.1".parse().unwrap());
+        let h = header(cm_address(&cfg(), peer, None));
         assert_eq!(&h[20..24], &[0, 0, 0, 1], "remote QPN 1, big-endian");
         assert_eq!(
             &h[24..28],
@@ -431,15 +404,7 @@ mod tests {
     fn an_ib_cm_mad_goes_to_the_peer_lid_without_a_grh() {
         let peer = Gid([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 2, 0xc9, 3, 0, 1, 2, 3]);
         let a = cm_address(&cfg(), peer, Some(0x12));
-        let h = sys::UmadHdr {
-            agent: 7,
-            status: 0,
-            timeout_ms: 0,
-            retries: 0,
-            length: MAD_LEN as u32,
-            addr: a,
-        }
-        .encode();
+        let h = header(a);
         assert_eq!(&h[28..30], &[0, 0x12], "DLID, big-endian");
         assert_eq!(h[32], 0, "no GRH");
         let back = sys::UmadHdr::decode(&h, sys::HdrAbi::WithPkey).unwrap();
