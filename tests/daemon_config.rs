@@ -781,7 +781,10 @@ fn rdma_cm_port_reaches_the_endpoint() {
     assert!(!e.advertise_rdma_cm && e.listen_ipoib_service);
     let c = ok("bind = \"192.0.2.1\"\nrdma_cm_port = 7000", &[]);
     assert_eq!(c.endpoint_config(PathMtu::Mtu1024, 1).rdma_cm_port, 7000);
-    let c = ok("rdma_cm_port = 7000", &["--bind", "192.0.2.1", "--rdma-cm-port", "65535"]);
+    let c = ok(
+        "rdma_cm_port = 7000",
+        &["--bind", "192.0.2.1", "--rdma-cm-port", "65535"],
+    );
     assert_eq!(c.rdma_cm_port, 65535);
     assert_eq!(
         file_err("bind = \"10.0.0.1\"\nrdma_cm_port = 0", &[]),

@@ -242,7 +242,10 @@ fn a_rej_8_from_the_standard_service_draws_one_framed_retry_and_is_remembered() 
     let qps = n.qp_live(0);
     // No listener there (a daemon on the kernel's CM): REJ 8, and at once the REQ again, at
     // the rdma_cm service, from the same QP with the same PSN.
-    let retry = one_req(&exchange(&mut n, &rej_of(&first, RejReason::InvalidServiceId)));
+    let retry = one_req(&exchange(
+        &mut n,
+        &rej_of(&first, RejReason::InvalidServiceId),
+    ));
     assert_framed(&mut n, &retry);
     assert_eq!(
         (retry.local_qpn, retry.starting_psn),
