@@ -24,6 +24,13 @@
 //! through the verbs it is handed, so the same code runs over the deterministic simulated
 //! fabric of the tests.
 //!
+//! # Two services
+//!
+//! The CM listens on the standard IPoIB-CM service IDs (`0x1000…|QPN`, `0x0100…|QPN`) and on
+//! the rdma_cm service of [`EndpointConfig::rdma_cm_port`], where daemons on the kernel's CM
+//! connect: there the REQ carries rdma_cm's `cma_hdr` before `ipoib_cm_data`, checked as the
+//! kernel checks it (`docs/kernel-cm.md`).
+//!
 //! # What a REQ may cost
 //!
 //! A REQ gets a receive QP (its REP must name one) that is half-open until the RTU or data

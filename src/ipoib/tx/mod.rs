@@ -7,6 +7,12 @@
 //! packet gets an ICMP "too big" written back to the TUN device. A send error, a REJ, a CM
 //! timeout or a DREQ tears the connection down; the next packet builds a new one.
 //!
+//! The REQ goes to the peer's standard service ID, or, for a peer reached at the rdma_cm
+//! service (flag `0x20` in its hardware address, or a REJ 8 from its standard service ID
+//! remembered by the neighbour table), to `RDMA_PS_IB`'s service ID of `rdma_cm_port` with
+//! rdma_cm's `cma_hdr` in front of the same private data. A REJ 8 of a REQ to the standard
+//! service ID draws one such REQ at once from the same QP (`docs/kernel-cm.md`).
+//!
 //! Connections are opened only by our own packets to a resolved neighbour, so there are at
 //! most as many open ones as endpoints in the (bounded) neighbour table, plus closing ones,
 //! each for at most `drain_timeout`; closing one unmaps it from the peer index by one lookup.
