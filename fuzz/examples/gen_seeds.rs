@@ -574,10 +574,15 @@ fn endpoint_script_seeds() -> Vec<(&'static str, Seq)> {
     // CM MAD kind 4 (a REQ), with bits k / 5: 2 a valid cma_hdr, 4 a wrong one, 1 the
     // standard service.
     let req_kind = |bits: u8| 4 + 5 * bits;
-    let mut req_ids = Vec::new();
-    req_ids.extend_from_slice(&0u32.to_be_bytes());
-    req_ids.extend_from_slice(&0x0777u32.to_be_bytes());
-    req_ids.extend_from_slice(&0x0123u32.to_be_bytes());
+    // Words 0-2 of the MAD's bytes: unused, the REQ's comm id (one per REQ, else the later
+    // ones are duplicates of the first), its QPN.
+    let req_ids = |comm_id: u32| {
+        let mut b = Vec::new();
+        b.extend_from_slice(&0u32.to_be_bytes());
+        b.extend_from_slice(&comm_id.to_be_bytes());
+        b.extend_from_slice(&(0x0100 + comm_id).to_be_bytes());
+        b
+    };
     vec![
         (
             "rdma_cm_flag_and_fallback",
@@ -612,7 +617,7 @@ fn endpoint_script_seeds() -> Vec<(&'static str, Seq)> {
                         Opcode::UD_SEND_ONLY,
                         1,
                         req_kind(2),
-                        &req_ids,
+                        &req_ids(0x0771),
                     ),
                     0,
                     1,
@@ -620,7 +625,7 @@ fn endpoint_script_seeds() -> Vec<(&'static str, Seq)> {
                     Opcode::UD_SEND_ONLY,
                     1,
                     req_kind(4),
-                    &req_ids,
+                    &req_ids(0x0772),
                 ),
                 0,
                 1,
@@ -628,7 +633,7 @@ fn endpoint_script_seeds() -> Vec<(&'static str, Seq)> {
                 Opcode::UD_SEND_ONLY,
                 1,
                 req_kind(0),
-                &req_ids,
+                &req_ids(0x0773),
             )
             .chunk(5, &Enc::default().u16(3000).0),
         ),

@@ -802,7 +802,15 @@ fn mad(k: u8, rest: &[u8], from: IpAddr, to: IpAddr, ud_qpn: QpNum) -> Vec<u8> {
 /// service (1: the standard one, else rdma_cm's at its default port) and the private data (2:
 /// a valid `cma_hdr`, 4: one naming another address, neither: `rest` as it is; then
 /// `ipoib_cm_data`).
-fn req(bits: u8, rest: &[u8], from: IpAddr, to: IpAddr, ud_qpn: QpNum, comm_id: u32, qpn: u32) -> Req {
+fn req(
+    bits: u8,
+    rest: &[u8],
+    from: IpAddr,
+    to: IpAddr,
+    ud_qpn: QpNum,
+    comm_id: u32,
+    qpn: u32,
+) -> Req {
     let service_id = if bits & 1 != 0 {
         ipoib_service_id(ud_qpn, true)
     } else {
@@ -813,7 +821,11 @@ fn req(bits: u8, rest: &[u8], from: IpAddr, to: IpAddr, ud_qpn: QpNum, comm_id: 
         mtu: IpoibCmData::LINUX_MTU,
     }
     .to_bytes();
-    let dst = if bits & 4 != 0 { IpAddr::from([198, 18, 0, 99]) } else { to };
+    let dst = if bits & 4 != 0 {
+        IpAddr::from([198, 18, 0, 99])
+    } else {
+        to
+    };
     let data = if bits & 6 != 0 {
         let hdr = CmaHdr {
             src_port: 40000,
