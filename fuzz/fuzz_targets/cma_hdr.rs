@@ -13,9 +13,7 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     if let Ok((h, user)) = CmaHdr::parse(data) {
         assert_eq!(user.len(), data.len() - CMA_HDR_LEN);
-        let pd = h
-            .req_private_data(user)
-            .expect("a parsed header re-encodes");
+        let pd = h.req_private_data(user).expect("a parsed header re-encodes");
         let (back, back_user) = CmaHdr::parse(&pd).expect("re-parse");
         assert_eq!(back, h);
         assert!(user.starts_with(back_user));

@@ -80,28 +80,15 @@ fuzz_target!(|data: &[u8]| {
     // The client: a path query, a join and a leave outstanding, then the input as each
     // one's answer in turn.
     let t0 = Instant::now();
-    let mut cfg = SaConfig::new(
-        Gid([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]),
-        0xFFFF,
-    );
+    let mut cfg = SaConfig::new(Gid([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]), 0xFFFF);
     cfg.max_paths = 2;
     cfg.max_negative = 2;
     cfg.max_outstanding = 4;
     let mut c = SaClient::new(cfg, SmAddress { lid: 1, sl: 0 });
     let bcast = c.broadcast_mgid();
-    c.path(
-        t0,
-        Gid([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]),
-    );
+    c.path(t0, Gid([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]));
     c.join(t0, bcast, GroupOptions::default());
-    c.join(
-        t0,
-        Gid([0xff; 16]),
-        GroupOptions {
-            create: true,
-            ..GroupOptions::default()
-        },
-    );
+    c.join(t0, Gid([0xff; 16]), GroupOptions { create: true, ..GroupOptions::default() });
     let mut tids = Vec::new();
     while let Some(o) = c.pop_transmit() {
         tids.push(u64::from_be_bytes(o.mad[8..16].try_into().unwrap()));
@@ -114,27 +101,7 @@ fuzz_target!(|data: &[u8]| {
         let t = t0 + Duration::from_millis(i as u64 * 300);
         c.handle_mad(t, &buf);
         c.poll_timeout(t);
-        c.path(
-            t,
-            Gid([
-                0xfe,
-                0x80,
-                0,
-                0,
-                0,
-                0,
-                0,
-                0,
-                0,
-                0,
-                0,
-                0,
-                0,
-                0,
-                0,
-                3 + i as u8,
-            ]),
-        );
+        c.path(t, Gid([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3 + i as u8]));
         if i == 1 {
             c.leave(t, bcast);
         }

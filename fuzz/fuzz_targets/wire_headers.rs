@@ -9,9 +9,9 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use ipoib_cm::wire::{
-    append_icrc, compute_icrc, read_icrc, rnr_timer_code_at_least, rnr_timer_duration, verify_icrc,
-    Aeth, Bth, Deth, ImmDt, IpHeaderInfo, NakCode, Psn, Reth, Syndrome, WireError, PSN_MASK,
-    QPN_MASK,
+    append_icrc, compute_icrc, read_icrc, rnr_timer_code_at_least,
+    rnr_timer_duration, verify_icrc, Aeth, Bth, Deth, ImmDt, IpHeaderInfo, NakCode, Reth, Syndrome,
+    Psn, WireError, PSN_MASK, QPN_MASK,
 };
 use libfuzzer_sys::fuzz_target;
 
