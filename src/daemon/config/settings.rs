@@ -142,6 +142,12 @@ with_fault_fields!(settings! {
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub mad_port: Option<Given<i64>> [Shown::example("4792")]
         => mad_port: u16 = int(1..=u16::MAX).or(crate::mad::DEFAULT_MAD_PORT),
+    /// Port of the CM's rdma_cm service (RDMA_PS_IB, service ID 0x13F0000 + port, REQs with
+    /// rdma_cm's cma_hdr), where peers on the kernel's CM connect and are connected to; the
+    /// same on every node [default: 4793].
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub rdma_cm_port: Option<Given<i64>> [Shown::example("4793")]
+        => rdma_cm_port: u16 = int(1..=u16::MAX).or(d.rdma_cm_port),
     /// IB path MTU: 256, 512, 1024, 2048 or 4096; 4096 needs an underlay MTU of at least
     /// 4096 plus the RoCEv2 headers, e.g. 9000 [default: the largest that fits the
     /// underlay link's MTU].

@@ -346,10 +346,12 @@ fn status_from_snapshot_has_the_endpoints_states() {
         "neigh_evicted",
         "neigh_foreign_port",
         "peer_restarts",
+        "rx_bad_cma_hdr",
+        "tx_rdma_cm_retries",
     ] {
         assert_eq!(s.provider[name], 0, "{name}");
     }
-    assert_eq!(s.provider.len(), 18, "{:?}", s.provider);
+    assert_eq!(s.provider.len(), 20, "{:?}", s.provider);
     assert_eq!(
         s.neighbour_table,
         NeighbourTable {
