@@ -66,6 +66,7 @@
 mod endpoint;
 mod event;
 mod icmp;
+mod mcast;
 mod neigh;
 mod qp_conns;
 mod reconfig;
@@ -91,6 +92,7 @@ pub use endpoint::Endpoint;
 pub use event::{
     Event, EventPeer, RxReapReason, RxRejectReason, TxCloseReason, TxFailure, EVENT_QUEUE_CAP,
 };
+pub use mcast::{PortChange, SaRequest, MAX_SA_REQUESTS, MAX_SEND_ONLY};
 pub use neigh::{NeighCounts, NeighState};
 pub use reconfig::LiveTimeouts;
 pub use rx::RxState;

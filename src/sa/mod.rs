@@ -224,7 +224,7 @@ pub struct OutMad {
 }
 
 /// What the client counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 pub struct SaCounters {
     /// MADs sent, first sends and retransmissions.
     pub sent: u64,

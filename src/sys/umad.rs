@@ -163,6 +163,30 @@ impl UmadPort {
     }
 }
 
+/// Whether a kernel ipoib interface runs on port `port` of `ca` in partition `pkey` (either
+/// membership bit): an ARPHRD_INFINIBAND netdev under `net_root` (`/sys/class/net`) whose
+/// device is `ca`, whose `dev_port` is `port - 1` (ipoib's `dev->dev_port = port - 1`) and
+/// whose `pkey` matches. Such an interface holds SA memberships of the port that a DELETE
+/// of ours would remove.
+pub(crate) fn kernel_ipoib_on(net_root: &str, ca: &str, port: u8, pkey: u16) -> bool {
+    let Ok(dir) = std::fs::read_dir(net_root) else {
+        return false;
+    };
+    // Bounded by the host's interfaces.
+    dir.flatten().any(|e| {
+        let base = e.path();
+        let read = |name: &str| {
+            std::fs::read_to_string(base.join(name))
+                .ok()
+                .and_then(|t| parse_num(t.trim()))
+        };
+        read("type") == Some(32)
+            && base.join("device/infiniband").join(ca).exists()
+            && read("dev_port") == Some(u32::from(port.saturating_sub(1)))
+            && read("pkey").is_some_and(|k| k | 0x8000 == u32::from(pkey) | 0x8000)
+    })
+}
+
 /// An open umad device with one SA agent registered.
 #[derive(Debug)]
 pub(crate) struct Umad {
@@ -322,6 +346,27 @@ mod tests {
         assert_eq!(size_of::<RegReq>(), 28);
         assert_eq!(IB_USER_MAD_REGISTER_AGENT, 0xC01C_1B01);
         assert_eq!(IB_USER_MAD_UNREGISTER_AGENT, 0x4004_1B02);
+    }
+
+    #[test]
+    fn a_kernel_ipoib_netdev_of_the_port_and_partition_is_found() {
+        let root = std::env::temp_dir().join(format!("umad-net-{}", std::process::id()));
+        let ib0 = root.join("ib0");
+        std::fs::create_dir_all(ib0.join("device/infiniband/mlx5_0")).unwrap();
+        for (f, v) in [("type", "32\n"), ("dev_port", "0\n"), ("pkey", "0xffff\n")] {
+            std::fs::write(ib0.join(f), v).unwrap();
+        }
+        let eth = root.join("eth0");
+        std::fs::create_dir_all(&eth).unwrap();
+        std::fs::write(eth.join("type"), "1\n").unwrap();
+        let r = root.to_str().unwrap();
+        assert!(kernel_ipoib_on(r, "mlx5_0", 1, 0xffff));
+        assert!(kernel_ipoib_on(r, "mlx5_0", 1, 0x7fff));
+        assert!(!kernel_ipoib_on(r, "mlx5_0", 2, 0xffff));
+        assert!(!kernel_ipoib_on(r, "mlx5_1", 1, 0xffff));
+        assert!(!kernel_ipoib_on(r, "mlx5_0", 1, 0x8001));
+        assert!(!kernel_ipoib_on("/nonexistent", "mlx5_0", 1, 0xffff));
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

@@ -64,6 +64,25 @@ pub enum SaCommand {
         #[arg(long)]
         hold: bool,
     },
+    /// Run the daemon's SA driver (`driver::SaDriver`) for an endpoint on an in-memory
+    /// software device until SIGINT/SIGTERM, printing what the endpoint is told: its groups
+    /// joined and attached, the broadcast group's Q_Key and MTU applied, paths; SIGUSR1 acts
+    /// as the port's CLIENT_REREGISTER (through the endpoint, as the async event would).
+    Node {
+        #[command(flatten)]
+        port: SaPortArgs,
+        /// An interface address (ADDR/PREFIX; repeatable; default 198.19.0.2/24 and
+        /// 2001:db8:19::2/64): the groups follow from it.
+        #[arg(long, value_name = "CIDR")]
+        addr: Vec<String>,
+        /// Once the broadcast group is joined, ask for the path to this GID (repeatable).
+        #[arg(long, value_name = "GID")]
+        dgid: Vec<Ipv6Addr>,
+        /// Once the broadcast group is joined, send a UDP packet to this IPv6 multicast group
+        /// (repeatable): its send-only join goes first, the packet waits for nothing.
+        #[arg(long, value_name = "GROUP")]
+        send: Vec<Ipv6Addr>,
+    },
     /// Leave a multicast group (DELETE the port's full membership).
     Leave {
         #[command(flatten)]
@@ -85,6 +104,12 @@ pub fn run(cmd: &SaCommand) -> Result<(), String> {
         SaCommand::Path { port, .. }
         | SaCommand::Join { port, .. }
         | SaCommand::Leave { port, .. } => port,
+        SaCommand::Node {
+            port,
+            addr,
+            dgid,
+            send,
+        } => return super::sa_node::run(port, addr, dgid, send),
     };
     let port = UmadPort::find(args.ca.as_deref(), args.port).map_err(|e| e.to_string())?;
     if !port.active || port.sm_lid == 0 {
@@ -138,6 +163,7 @@ pub fn run(cmd: &SaCommand) -> Result<(), String> {
             let mgid = mgid.map_or(s.client.broadcast_mgid(), |a| Gid(a.octets()));
             s.leave(mgid)
         }
+        SaCommand::Node { .. } => Ok(()),
     }
 }
 

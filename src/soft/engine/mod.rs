@@ -354,7 +354,7 @@ impl Verbs for SoftVerbs {
         self.qps.len()
     }
 
-    fn attach_mcast(&mut self, qpn: QpNum, mgid: Gid) -> Result<(), VerbsError> {
+    fn attach_mcast(&mut self, qpn: QpNum, mgid: Gid, _mlid: u16) -> Result<(), VerbsError> {
         let qp = self.qps.get(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
         if qp.qp_type != QpType::Ud || mgid.0[0] != 0xFF {
             return Err(VerbsError::InvalidWr(
