@@ -30,7 +30,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::Endpoint;
 use crate::sa::GroupParams;
-use crate::verbs::{Gid, QKey, QpAttr, Verbs};
+use crate::verbs::{Gid, QKey, QpAttr, QpState, Verbs};
 use crate::wire::ipoib::broadcast_mgid;
 use crate::wire::sa::PathRecord;
 
@@ -205,9 +205,10 @@ impl Endpoint {
         self.sa.broadcast = Some(params);
         let qkey = QKey(params.qkey);
         if qkey != self.cfg.qkey {
+            // RTS to RTS with the Q_Key, the one UD attribute that may change there.
             let attr = QpAttr {
                 qkey: Some(qkey),
-                ..QpAttr::default()
+                ..QpAttr::to_state(QpState::Rts)
             };
             match v.modify_qp(self.ud.qp, &attr) {
                 Ok(()) => self.cfg.qkey = qkey,

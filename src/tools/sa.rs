@@ -66,8 +66,8 @@ pub enum SaCommand {
     },
     /// Run the daemon's SA driver (`driver::SaDriver`) for an endpoint on an in-memory
     /// software device until SIGINT/SIGTERM, printing what the endpoint is told: its groups
-    /// joined and attached, the broadcast group's Q_Key and MTU applied, paths; SIGUSR1 acts
-    /// as the port's CLIENT_REREGISTER (through the endpoint, as the async event would).
+    /// joined and attached, the broadcast group's Q_Key and MTU applied, paths; SIGUSR1 raises
+    /// the port's CLIENT_REREGISTER async event on that device (ibsim delivers none).
     Node {
         #[command(flatten)]
         port: SaPortArgs,

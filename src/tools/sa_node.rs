@@ -19,10 +19,10 @@ use mio::{Events, Poll, Token};
 use super::sa::SaPortArgs;
 use crate::daemon::Cidr;
 use crate::driver::SaDriver;
-use crate::ipoib::{Endpoint, EndpointConfig, PortChange};
+use crate::ipoib::{Endpoint, EndpointConfig};
 use crate::sa::SaEvent;
 use crate::soft::{SoftConfig, SoftVerbs};
-use crate::verbs::{Gid, PKey};
+use crate::verbs::{AsyncEvent, Gid, PKey};
 use crate::wire::ipoib::broadcast_mgid;
 
 /// How long the leaves at the end may take.
@@ -160,8 +160,10 @@ pub(super) fn run(
             }
         }
         if rereg.swap(false, Ordering::Relaxed) {
+            // As the verbs provider raises it: an async event the endpoint reads.
             println!("port event CLIENT_REREGISTER");
-            ep.port_changed(&mut v, PortChange::ClientReregister);
+            v.raise_port_event(AsyncEvent::ClientReregister);
+            ep.handle_verbs(now, &mut v);
         }
         // Checked after a pump that followed the leaves being asked for.
         if let Some(by) = leave_by {
