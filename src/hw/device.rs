@@ -178,7 +178,7 @@ impl HwVerbs {
             max_msg_size: pa.max_msg_sz as usize,
             active: pa.state == ffi::ibv_port_state::IBV_PORT_ACTIVE,
         };
-        self.infiniband = u32::from(pa.link_layer) == ffi::IBV_LINK_LAYER_INFINIBAND as u32;
+        self.infiniband = u32::from(pa.link_layer) == ffi::IBV_LINK_LAYER_INFINIBAND;
         // SAFETY: valid context.
         self.channel = unsafe { ffi::ibv_create_comp_channel(self.ctx) };
         if self.channel.is_null() {

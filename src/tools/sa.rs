@@ -109,7 +109,9 @@ pub fn run(cmd: &SaCommand) -> Result<(), String> {
             addr,
             dgid,
             send,
-        } => return super::sa_node::run(port, addr, dgid, send),
+        } => {
+            return super::sa_node::run(port.ca.as_deref(), port.port, port.pkey, addr, dgid, send)
+        }
     };
     let port = UmadPort::find(args.ca.as_deref(), args.port).map_err(|e| e.to_string())?;
     if !port.active || port.sm_lid == 0 {

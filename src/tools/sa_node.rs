@@ -9,15 +9,12 @@
 //! `left` at the end.
 
 use std::net::{IpAddr, Ipv6Addr};
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mio::{Events, Poll, Token};
 
-use super::sa::SaPortArgs;
-use crate::daemon::Cidr;
 use crate::driver::SaDriver;
 use crate::ipoib::{Endpoint, EndpointConfig};
 use crate::sa::SaEvent;
@@ -30,7 +27,9 @@ const LEAVE_LIMIT: Duration = Duration::from_secs(10);
 
 /// Runs until SIGINT/SIGTERM; the error is the line to print.
 pub(super) fn run(
-    args: &SaPortArgs,
+    ca: Option<&str>,
+    port: Option<u8>,
+    pkey: u16,
     addrs: &[String],
     dgids: &[Ipv6Addr],
     sends: &[Ipv6Addr],
@@ -42,15 +41,17 @@ pub(super) fn run(
         addrs.iter().map(String::as_str).collect()
     };
     for a in given {
-        let c = Cidr::from_str(a).map_err(|e| format!("--addr {a}: {e}"))?;
-        cidrs.push((c.addr, c.prefix_len));
+        let bad = || format!("--addr {a}: not ADDR/PREFIX");
+        let (addr, len) = a.split_once('/').ok_or_else(bad)?;
+        let addr: IpAddr = addr.parse().map_err(|_| bad())?;
+        let len: u8 = len.parse().map_err(|_| bad())?;
+        cidrs.push((addr, len));
     }
     let src6 = cidrs.iter().find_map(|(a, _)| match a {
         IpAddr::V6(v) => Some(*v),
         IpAddr::V4(_) => None,
     });
-    let mut sa = SaDriver::open(args.ca.as_deref(), args.port, args.pkey)
-        .map_err(|e| format!("SA driver: {e}"))?;
+    let mut sa = SaDriver::open(ca, port, pkey).map_err(|e| format!("SA driver: {e}"))?;
     let p = sa.port();
     println!(
         "sa port {} {} lid {:#x} sm_lid {:#x} gid {} kernel_ipoib {}",
@@ -59,7 +60,7 @@ pub(super) fn run(
     let now = Instant::now();
     let mut v = SoftVerbs::new(SoftConfig::new(IpAddr::from([198, 18, 0, 2])));
     let mut cfg = EndpointConfig::new(cidrs);
-    cfg.pkey = PKey(args.pkey);
+    cfg.pkey = PKey(pkey);
     // A 4096-byte IB port: the broadcast group's MTU clamps the UD MTU.
     cfg.path_mtu = crate::verbs::PathMtu::Mtu4096;
     let default_qkey = cfg.qkey.0;

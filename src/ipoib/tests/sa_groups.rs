@@ -62,6 +62,15 @@ fn params(mlid: u16, qkey: u32, mtu: PathMtu) -> GroupParams {
     }
 }
 
+/// An SA-held endpoint whose broadcast join was answered (MLID 0xC000, MTU 2048), its
+/// requests taken.
+fn joined() -> (SoftVerbs, Endpoint) {
+    let (mut v, mut ep) = setup(true);
+    requests(&mut ep);
+    ep.set_group_joined(&mut v, bcast(), params(0xC000, 0x0B1B, PathMtu::Mtu2048));
+    (v, ep)
+}
+
 fn requests(ep: &mut Endpoint) -> Vec<SaRequest> {
     std::iter::from_fn(|| ep.poll_sa_request()).collect()
 }
@@ -140,10 +149,8 @@ fn datagram_mode_takes_the_interface_mtu_from_the_broadcast_group() {
 
 #[test]
 fn a_group_only_sent_to_gets_a_send_only_join_before_its_first_send() {
-    let (mut v, mut ep) = setup(true);
+    let (mut v, mut ep) = joined();
     let now = Instant::now();
-    requests(&mut ep);
-    ep.set_group_joined(&mut v, bcast(), params(0xC000, 0x0B1B, PathMtu::Mtu2048));
     let group: Ipv6Addr = "ff0e::1:2".parse().unwrap();
     let mgid = mgid_for_ipv6(group, 0xffff);
     ep.handle_tun_packet(now, &mut v, &udp6_to(group));
@@ -170,10 +177,8 @@ fn a_group_only_sent_to_gets_a_send_only_join_before_its_first_send() {
 
 #[test]
 fn send_only_joins_are_capped() {
-    let (mut v, mut ep) = setup(true);
+    let (mut v, mut ep) = joined();
     let now = Instant::now();
-    requests(&mut ep);
-    ep.set_group_joined(&mut v, bcast(), params(0xC000, 0x0B1B, PathMtu::Mtu2048));
     for i in 0..(MAX_SEND_ONLY as u16 + 10) {
         let g = Ipv6Addr::new(0xff0e, 0, 0, 0, 0, 0, 1, i);
         ep.handle_tun_packet(now, &mut v, &udp6_to(g));
@@ -183,10 +188,8 @@ fn send_only_joins_are_capped() {
 
 #[test]
 fn a_port_event_detaches_everything_and_the_rejoin_reattaches_with_the_new_mlid() {
-    let (mut v, mut ep) = setup(true);
+    let (mut v, mut ep) = joined();
     let now = Instant::now();
-    requests(&mut ep);
-    ep.set_group_joined(&mut v, bcast(), params(0xC000, 0x0B1B, PathMtu::Mtu2048));
     v.raise_port_event(crate::verbs::AsyncEvent::ClientReregister);
     ep.handle_verbs(now, &mut v);
     assert_eq!(
@@ -230,10 +233,8 @@ fn paths_are_asked_for_once_and_kept_for_the_endpoint() {
 
 #[test]
 fn leaving_asks_for_every_group_joined_or_asked_for() {
-    let (mut v, mut ep) = setup(true);
+    let (mut v, mut ep) = joined();
     let now = Instant::now();
-    requests(&mut ep);
-    ep.set_group_joined(&mut v, bcast(), params(0xC000, 0x0B1B, PathMtu::Mtu2048));
     let group: Ipv6Addr = "ff0e::1:2".parse().unwrap();
     ep.handle_tun_packet(now, &mut v, &udp6_to(group));
     requests(&mut ep);
