@@ -2,6 +2,8 @@
 //! at a time, printing what the SA answered: the sans-IO client on its own, so it can be
 //! checked against a real SA (opensm, also on ibsim through `umad2sim`).
 //!
+//! `sa node` (in `sa_node`) runs the daemon's SA driver for an endpoint instead.
+//!
 //! `join --hold` stays a member until SIGINT/SIGTERM (then leaves, unless `--shared`) and
 //! treats SIGUSR1 as the port's `CLIENT_REREGISTER` event (ibsim has no channel for port
 //! events; on hardware they come from the verbs async events).
@@ -165,6 +167,7 @@ pub fn run(cmd: &SaCommand) -> Result<(), String> {
             let mgid = mgid.map_or(s.client.broadcast_mgid(), |a| Gid(a.octets()));
             s.leave(mgid)
         }
+        // Returned from above: it runs without the session.
         SaCommand::Node { .. } => Ok(()),
     }
 }
