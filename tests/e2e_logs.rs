@@ -59,6 +59,8 @@ fn a_two_node_run_explains_itself() {
         "srq=true",
         "cm_transport=qp1",
         "control_socket=",
+        // No SA on the software provider (RoCEv2): nothing of the SA client runs.
+        "sa=none (RoCE)",
     ] {
         assert!(
             start.contains(part),

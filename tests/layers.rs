@@ -34,8 +34,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("hw", &["verbs"]),
     ("cm", &["wire", "verbs", "timer"]),
     ("mad", &["wire", "sys", "verbs", "cm", "choice"]),
-    ("ipoib", &["wire", "verbs", "timer", "cm", "choice"]),
-    ("driver", &["sys", "verbs", "mad", "ipoib"]),
+    ("ipoib", &["wire", "verbs", "timer", "sa", "cm", "choice"]),
+    ("driver", &["wire", "sys", "verbs", "sa", "mad", "ipoib"]),
     ("sim", &["verbs", "soft", "mad", "ipoib"]),
     ("setting", &["wire", "verbs", "soft"]),
     (
@@ -47,7 +47,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "tools",
         &[
-            "wire", "sys", "verbs", "soft", "hw", "sa", "cm", "mad", "driver", "setting",
+            "wire", "sys", "verbs", "soft", "hw", "sa", "cm", "mad", "ipoib", "driver", "setting",
         ],
     ),
 ];

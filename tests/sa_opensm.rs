@@ -191,22 +191,23 @@ fn field<'a>(line: &'a str, name: &str) -> &'a str {
     panic!("no {name} in {line:?}")
 }
 
-#[test]
-fn sa_client_against_opensm_on_ibsim() {
+/// ibsim with `net.2sw2path4hca` and opensm on Hca1 in a fresh two-node lab named `name`;
+/// `None` (skipped, with the reason printed) where the tools or namespaces are missing.
+fn fabric(name: &str) -> Option<Fabric> {
     if let Err(why) = tools_present() {
         assert!(std::env::var("CI").as_deref() != Ok("true"), "CI: {why}");
         println!("skipped: {why}");
-        return;
+        return None;
     }
-    let lab = match Lab::new("saosm", 2, 1500) {
+    let lab = match Lab::new(name, 2, 1500) {
         Ok(lab) => lab,
         Err(skip) => {
             assert!(std::env::var("CI").as_deref() != Ok("true"), "CI: {skip}");
             skip.print();
-            return;
+            return None;
         }
     };
-    let dir = std::env::temp_dir().join(format!("sa-opensm-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("sa-opensm-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("scratch dir");
     std::fs::copy(NET, dir.join("net")).expect("copy topology");
     let mut c = lab.exec(1, &["ibsim", "-s", "net"]);
@@ -228,6 +229,14 @@ fn sa_client_against_opensm_on_ibsim() {
         thread::sleep(Duration::from_millis(200));
     }
     f.start_opensm("osm.log");
+    Some(f)
+}
+
+#[test]
+fn sa_client_against_opensm_on_ibsim() {
+    let Some(mut f) = fabric("saosm") else {
+        return;
+    };
     let (lid2, guid2) = f.port_of("Hca2");
     let (lid3, guid3) = f.port_of("Hca3");
     let (gid2, gid3) = (gid_of(guid2), gid_of(guid3));
@@ -329,4 +338,161 @@ fn sa_client_against_opensm_on_ibsim() {
     let (ok, text) = f.run("Hca2", &[BIN, "sa", "leave"]);
     assert!(ok && text.contains("deleted true"), "sa leave: {text}");
     f.expect_member(&gid2, false, "after sa leave");
+}
+
+/// The broadcast group's MLID as `saquery -g` shows it (lower-case hex).
+fn broadcast_mlid(f: &Fabric) -> String {
+    let groups = f.saquery(&["-g"]);
+    let mut mgid_seen = false;
+    for l in groups.lines().map(str::trim) {
+        if let Some(v) = l.strip_prefix("MGID") {
+            mgid_seen = v.trim_start_matches('.') == "ff12:401b:ffff::ffff:ffff";
+        }
+        if let (true, Some(v)) = (mgid_seen, l.strip_prefix("Mlid")) {
+            return v.trim_start_matches('.').to_lowercase();
+        }
+    }
+    panic!("no broadcast group in {groups}");
+}
+
+/// The daemon's SA driver (`driver::SaDriver`, the code `Node` runs on an InfiniBand port)
+/// between opensm and an endpoint (on an in-memory software device: ibsim has no uverbs),
+/// through `ipoib-cm sa node`.
+#[test]
+fn the_daemons_sa_driver_against_opensm_on_ibsim() {
+    let Some(mut f) = fabric("sadrv") else {
+        return;
+    };
+    let (lid2, guid2) = f.port_of("Hca2");
+    let (lid3, guid3) = f.port_of("Hca3");
+    let (gid2, gid3) = (gid_of(guid2), gid_of(guid3));
+    let mlid = broadcast_mlid(&f);
+    assert!(!f.member(&gid2), "member before the join");
+
+    let mut node = f.on(
+        "Hca2",
+        &[BIN, "sa", "node", "--dgid", &gid3, "--send", "ff0e::1:2"],
+    );
+    node.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut node = node.spawn().expect("spawn sa node");
+    let mut out = Lines::new(node.stdout.take().expect("stdout"));
+    let _err = Lines::new(node.stderr.take().expect("stderr"));
+    // The lines come in the order the SA answers: look among those seen first.
+    let line_with = |out: &mut Lines, prefix: &str, what: &str| -> String {
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            if let Some(l) = out.seen().iter().find(|l| l.starts_with(prefix)) {
+                return l.clone();
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(out.wait_for(prefix, left), "{what}: {:?}", out.seen());
+        }
+    };
+    // The broadcast group first: attached with the SA's MLID, Q_Key and MTU applied.
+    let joined = line_with(
+        &mut out,
+        "joined mgid ff12:401b:ffff::ffff:ffff",
+        "no broadcast join",
+    );
+    println!("{joined}");
+    assert_eq!(field(&joined, "mlid"), mlid);
+    assert_eq!(field(&joined, "attached_mlid"), mlid);
+    assert_eq!(field(&joined, "qkey"), "0xb1b");
+    let bcast = line_with(&mut out, "broadcast ", "no broadcast line");
+    println!("{bcast}");
+    assert_eq!(field(&bcast, "qkey"), "0xb1b");
+    // opensm's group MTU is 2048 (Mtu 0x84): the 4096-byte port's UD MTU is clamped to it.
+    assert_eq!(field(&bcast, "ud_mtu"), "2044");
+    f.expect_member(&gid2, true, "after the node's join");
+
+    // The IPv6 all-nodes and solicited-node groups, created with the broadcast group's
+    // parameters and attached with their own MLIDs.
+    for mgid in ["ff12:601b:ffff::1", "ff12:601b:ffff::1:ff00:2"] {
+        let l = line_with(
+            &mut out,
+            &format!("joined mgid {mgid} "),
+            "no IPv6 group join",
+        );
+        println!("{l}");
+        assert_eq!(field(&l, "send_only"), "false");
+        assert_ne!(field(&l, "attached_mlid"), "none");
+    }
+
+    // The endpoint's path query: the LIDs of the topology.
+    let path = line_with(&mut out, "path dgid", "no path");
+    println!("{path}");
+    assert_eq!(field(&path, "dgid"), gid3);
+    assert_eq!(field(&path, "dlid"), format!("{lid3:#x}"));
+    assert_eq!(field(&path, "slid"), format!("{lid2:#x}"));
+
+    // A group only sent to: the first packet is held back, a send-only join goes out.
+    let held = line_with(
+        &mut out,
+        "held group ff0e::1:2",
+        "first send went out unjoined",
+    );
+    println!("{held}");
+    let so = line_with(
+        &mut out,
+        "joined mgid ff12:601b:ffff::1:2",
+        "no send-only join",
+    );
+    println!("{so}");
+    assert_eq!(field(&so, "send_only"), "true");
+    assert_eq!(field(&so, "attached_mlid"), "none");
+    let groups = f.saquery(&["-g"]);
+    assert!(groups.contains("ff12:601b:ffff::1:2"), "{groups}");
+
+    // opensm restarts: memberships gone until the port's CLIENT_REREGISTER reaches the
+    // endpoint, whose SA driver rejoins.
+    f.stop_opensm();
+    f.start_opensm("osm2.log");
+    f.expect_member(&gid2, false, "after the SM restart");
+    let seen = out.seen().len();
+    let pid = node.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-USR1", &pid])
+        .status()
+        .expect("kill")
+        .success());
+    assert!(
+        out.wait_for("port event CLIENT_REREGISTER", LIMIT),
+        "{:?}",
+        out.seen()
+    );
+    let deadline = Instant::now() + LIMIT;
+    while !out.seen()[seen..]
+        .iter()
+        .any(|l| l.starts_with("broadcast "))
+    {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            out.wait_for("broadcast ", left),
+            "no rejoin: {:?}",
+            out.seen()
+        );
+    }
+    println!("rejoined: {:?}", &out.seen()[seen..]);
+    f.expect_member(&gid2, true, "after the rejoin");
+
+    // Stop: every group left, with a DELETE (no kernel ipoib on this port).
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill")
+        .success());
+    assert!(out.wait_for("stopped", LIMIT), "no stop: {:?}", out.seen());
+    let left: Vec<&String> = out
+        .seen()
+        .iter()
+        .filter(|l| l.starts_with("left "))
+        .collect();
+    println!("{left:?}");
+    assert!(left
+        .iter()
+        .any(|l| l.starts_with("left mgid ff12:401b:ffff::ffff:ffff deleted true")));
+    assert!(wait_within(&mut node, LIMIT).success());
+    f.expect_member(&gid2, false, "after the node's leaves");
 }

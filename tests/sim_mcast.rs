@@ -66,7 +66,7 @@ fn ud_qp(v: &mut SoftVerbs, attach: bool) -> Ud {
         v.post_recv(qp, WrId(1), b).unwrap();
     }
     if attach {
-        v.attach_mcast(qp, mgid()).unwrap();
+        v.attach_mcast(qp, mgid(), 0).unwrap();
     }
     Ud { qp, cq, pool }
 }

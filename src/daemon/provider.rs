@@ -24,6 +24,12 @@ pub trait DaemonProvider: Provider {
     fn take_id_solved_peers(&mut self) -> Vec<IpAddr> {
         Vec::new()
     }
+
+    /// The device and port of a native InfiniBand port, whose groups and paths come from the
+    /// SA; `None` where there is no SA (RoCE, the software provider).
+    fn sa_port(&self) -> Option<(String, u8)> {
+        None
+    }
 }
 
 impl DaemonProvider for SoftProvider {
@@ -69,5 +75,10 @@ impl DaemonProvider for crate::hw::HwVerbs {
 
     fn set_peers(&mut self, _peers: &[IpAddr]) -> bool {
         false
+    }
+
+    fn sa_port(&self) -> Option<(String, u8)> {
+        self.is_infiniband()
+            .then(|| (self.device_name().to_owned(), self.port()))
     }
 }

@@ -24,7 +24,7 @@ use super::metrics::{self, MetricsServer};
 use super::provider::DaemonProvider;
 use super::service::Service;
 use super::status::{add_counters, render_prometheus, Status, Summary};
-use crate::driver::{Node, NodeConfig, NodeError};
+use crate::driver::{Node, NodeConfig, NodeError, SaDriver};
 use crate::soft::provider::{SoftProvider, UdpOffload};
 use crate::soft::SoftConfig;
 use crate::sys::ifaddr;
@@ -91,6 +91,17 @@ pub enum DaemonError {
     /// The endpoint's QPs, CQs and buffers could not be set up on the provider.
     #[error("provider set-up: {0}")]
     Endpoint(#[source] crate::verbs::VerbsError),
+    /// The SA client of an InfiniBand port could not be set up (its umad device).
+    #[error("--ib-dev {ca} port {port}: SA client: {source}")]
+    Sa {
+        /// The device.
+        ca: String,
+        /// The port.
+        port: u8,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
     /// The TUN device could not be created.
     #[error("--ifname: {0}")]
     Tun(#[source] io::Error),
@@ -268,6 +279,7 @@ fn run<P: DaemonProvider>(
         }
         None => Node::new(Instant::now(), prov, node_cfg, poll.registry(), NODE)?,
     };
+    let sa = attach_sa(&mut node, cfg, &poll)?;
     let mut control =
         ControlServer::bind(&cfg.control_socket).map_err(|source| DaemonError::ControlSocket {
             path: cfg.control_socket.clone(),
@@ -288,7 +300,7 @@ fn run<P: DaemonProvider>(
     poll.registry()
         .register(&mut signals, SIGNALS, Interest::READABLE)?;
     let started = Instant::now();
-    log_start(cfg, &node, path_mtu, cm_transport);
+    log_start(cfg, &node, path_mtu, cm_transport, &sa);
     let mut service = Service::new(cfg);
     service.ready(started);
 
@@ -411,12 +423,42 @@ impl From<NodeError> for DaemonError {
     }
 }
 
+/// On a native InfiniBand port, hands the node's groups and paths to an SA client on the
+/// port's umad device; returns what the start-up line says of it.
+fn attach_sa<P: DaemonProvider>(
+    node: &mut Node<P>,
+    cfg: &Config,
+    poll: &Poll,
+) -> Result<String, DaemonError> {
+    let Some((ca, port)) = node.provider().sa_port() else {
+        return Ok("none (RoCE)".to_owned());
+    };
+    let sa = SaDriver::open(Some(&ca), Some(port), cfg.pkey.0)
+        .map_err(|source| DaemonError::Sa { ca, port, source })?;
+    let p = sa.port();
+    let line = format!(
+        "{} port {} lid {:#x} sm_lid {:#x}{}",
+        p.ca,
+        p.port,
+        p.lid,
+        p.sm_lid,
+        if p.kernel_ipoib {
+            " (kernel ipoib on this port: groups shared, never DELETEd)"
+        } else {
+            ""
+        }
+    );
+    node.attach_sa(Instant::now(), sa, poll.registry());
+    Ok(line)
+}
+
 /// The start-up line: what this daemon is and where it listens.
 fn log_start<P: DaemonProvider>(
     cfg: &Config,
     node: &Node<P>,
     path_mtu: crate::verbs::PathMtu,
     cm_transport: CmTransport,
+    sa: &str,
 ) {
     let peers = if cfg.peer.is_empty() {
         "none".to_owned()
@@ -456,6 +498,7 @@ fn log_start<P: DaemonProvider>(
         hwaddr = %node.endpoint().hwaddr(),
         mtu = ep.interface_mtu(),
         path_mtu = path_mtu.bytes(),
+        sa = %sa,
         "started"
     );
 }
@@ -519,6 +562,10 @@ fn status<P: DaemonProvider>(node: &Node<P>, now: Instant, started: Instant) -> 
     prov.counters(&mut status.provider);
     add_counters(&mut status.provider, "cm_", &ep.cm_stats());
     add_counters(&mut status.provider, "mad_", &node.mad_stats());
+    if let Some(sa) = node.sa() {
+        add_counters(&mut status.provider, "sa_", &sa.counters());
+        add_counters(&mut status.provider, "sa_", &sa.stats());
+    }
     let tun = node.tun_stats();
     for (k, v) in [
         ("tun_write_drops", tun.write_drops),

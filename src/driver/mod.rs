@@ -29,9 +29,11 @@
 //! without a node (the tools).
 
 mod node;
+mod sa;
 mod sources;
 mod tun;
 
 pub use node::{Node, NodeConfig, NodeError, EARLY_ACK_BATCH, TUN_BATCH};
+pub use sa::{SaDriver, SaDriverStats, SaPort, POLL_INTERVAL, READ_BATCH};
 pub use sources::ProviderSources;
 pub use tun::TunStats;

@@ -9,7 +9,7 @@ use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 
 use super::tun::{read_tun, write_tun, TunRead, TunStats};
-use super::ProviderSources;
+use super::{ProviderSources, SaDriver};
 use crate::ipoib::{Endpoint, EndpointConfig, EVENT_QUEUE_CAP};
 use crate::mad::{self, CmTransport, Gsi, Mad, MadStats, MadTransport, MadUdp};
 use crate::sys::tun::Tun;
@@ -153,6 +153,11 @@ pub struct Node<P: Provider> {
     /// The TUN device said its interface is gone (deleted under the daemon): it is read no
     /// more.
     interface_removed: bool,
+    /// The SA client of a native InfiniBand port ([`Node::attach_sa`]).
+    sa: Option<SaDriver>,
+    /// The interface MTU set on the TUN device (the broadcast group's record may lower it in
+    /// datagram mode).
+    tun_mtu: u32,
 }
 
 impl<P: Provider> std::fmt::Debug for Node<P> {
@@ -256,7 +261,48 @@ impl<P: Provider> Node<P> {
             drain_buf: vec![0; DRAIN_READ_BYTES],
             stop_deadline: None,
             interface_removed: false,
+            sa: None,
+            tun_mtu: mtu,
         })
+    }
+
+    /// Hands the endpoint's multicast groups and paths to `sa`, the SA client of the
+    /// provider's InfiniBand port, registered on the token [`Node::tokens_end`] had (which
+    /// moves one on). Call it right after [`Node::new`].
+    pub fn attach_sa(&mut self, now: Instant, mut sa: SaDriver, registry: &Registry) {
+        let token = self.tokens.end;
+        self.tokens.end = Token(token.0 + 1);
+        sa.register(registry, token);
+        self.ep.use_sa_groups(self.prov.verbs());
+        self.sa = Some(sa);
+        self.pump_sa(now);
+    }
+
+    /// The SA client, where one runs.
+    #[must_use]
+    pub fn sa(&self) -> Option<&SaDriver> {
+        self.sa.as_ref()
+    }
+
+    /// Runs the SA client's turn, then sets the interface MTU the broadcast group's record
+    /// gave (datagram mode).
+    fn pump_sa(&mut self, now: Instant) {
+        let Some(sa) = &mut self.sa else {
+            return;
+        };
+        sa.pump(now, &mut self.ep, self.prov.verbs(), |ev| {
+            tracing::info!(target: "ipoib_cm::sa", "{ev:?}");
+        });
+        let mtu = self.ep.interface_mtu();
+        if mtu != self.tun_mtu {
+            match self.tun.set_mtu(mtu) {
+                Ok(()) => {
+                    tracing::info!(mtu, "interface MTU from the broadcast group");
+                    self.tun_mtu = mtu;
+                }
+                Err(e) => tracing::warn!(mtu, error = %e, "could not set the interface MTU"),
+            }
+        }
     }
 
     /// One past the last token the node registered: the tokens `first_token..tokens_end()`
@@ -277,6 +323,9 @@ impl<P: Provider> Node<P> {
             self.tun_ready = true;
             return true;
         }
+        if self.sa.as_ref().is_some_and(|s| s.note_readiness(token)) {
+            return true;
+        }
         // The MAD transport is read on every turn (QP1 has no readiness of its own), so the
         // readiness of its own descriptor only needs to wake the loop.
         self.tokens.mad == Some(token)
@@ -290,6 +339,7 @@ impl<P: Provider> Node<P> {
             self.prov.poll_timeout(),
             self.ep.poll_timeout(),
             self.stop_deadline,
+            self.sa.as_ref().and_then(SaDriver::poll_timeout),
         ]
         .into_iter()
         .flatten()
@@ -329,6 +379,8 @@ impl<P: Provider> Node<P> {
         }
         self.ep.handle_timeout(now, self.prov.verbs());
         self.send_mads();
+        // After the TUN reads: a send-only join asked for by a packet leaves this turn.
+        self.pump_sa(now);
         self.write_tun();
         self.log_events();
         Ok(())
@@ -366,6 +418,11 @@ impl<P: Provider> Node<P> {
         }
         self.ep.begin_shutdown(now, self.prov.verbs());
         self.send_mads();
+        if self.sa.is_some() {
+            // The SA leaves go out now, to be answered within the drain bound.
+            self.ep.leave_groups(self.prov.verbs());
+            self.pump_sa(now);
+        }
         self.log_events();
         self.stop_deadline = Some(now + self.ep.config().drain_timeout);
     }
@@ -386,8 +443,9 @@ impl<P: Provider> Node<P> {
     /// has passed. Then call [`Node::finish`].
     #[must_use]
     pub fn should_finish(&self, now: Instant) -> bool {
+        let sa_idle = self.sa.as_ref().is_none_or(SaDriver::is_idle);
         self.stop_deadline
-            .is_some_and(|deadline| self.ep.is_stopped() || now >= deadline)
+            .is_some_and(|deadline| (self.ep.is_stopped() && sa_idle) || now >= deadline)
     }
 
     /// Ends the node: [`Node::wind_up`], then removes the interface (by closing the TUN

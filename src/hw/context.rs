@@ -50,6 +50,8 @@ pub struct HwVerbs {
     pub(super) stats: HwStats,
     /// IPv4 groups joined for multicast attachments on a RoCEv2 IPv4 port.
     pub(super) ipv4_joins: Ipv4Joins,
+    /// The port's link layer is InfiniBand (LIDs, an SM, an SA), not Ethernet (RoCE).
+    pub(super) infiniband: bool,
 }
 
 /// What the libibverbs provider counted, for the daemon's status (serialized field by field,

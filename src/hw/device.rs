@@ -117,6 +117,7 @@ impl HwVerbs {
             wc: Vec::new(),
             stats: HwStats::default(),
             ipv4_joins: Default::default(),
+            infiniband: false,
         };
         v.init(cfg)?;
         Ok(v)
@@ -177,6 +178,7 @@ impl HwVerbs {
             max_msg_size: pa.max_msg_sz as usize,
             active: pa.state == ffi::ibv_port_state::IBV_PORT_ACTIVE,
         };
+        self.infiniband = u32::from(pa.link_layer) == ffi::IBV_LINK_LAYER_INFINIBAND;
         // SAFETY: valid context.
         self.channel = unsafe { ffi::ibv_create_comp_channel(self.ctx) };
         if self.channel.is_null() {
@@ -198,6 +200,11 @@ impl HwVerbs {
     /// The port number in use.
     pub fn port(&self) -> u8 {
         self.port
+    }
+
+    /// Whether the port's link layer is InfiniBand (an SM and an SA serve it), not RoCE.
+    pub fn is_infiniband(&self) -> bool {
+        self.infiniband
     }
 
     /// The GID index in use.

@@ -36,6 +36,10 @@ impl HwVerbs {
                 }
                 ffi::IBV_EVENT_PORT_ACTIVE => Some(AsyncEvent::PortActive),
                 ffi::IBV_EVENT_PORT_ERR => Some(AsyncEvent::PortErr),
+                ffi::IBV_EVENT_LID_CHANGE => Some(AsyncEvent::LidChange),
+                ffi::IBV_EVENT_PKEY_CHANGE => Some(AsyncEvent::PkeyChange),
+                ffi::IBV_EVENT_SM_CHANGE => Some(AsyncEvent::SmChange),
+                ffi::IBV_EVENT_CLIENT_REREGISTER => Some(AsyncEvent::ClientReregister),
                 _ => None,
             };
             // SAFETY: every event from ibv_get_async_event is acked exactly once.

@@ -100,8 +100,8 @@ impl Verbs for HwVerbs {
         self.qps.len()
     }
 
-    fn attach_mcast(&mut self, qp: QpNum, mgid: Gid) -> Result<(), VerbsError> {
-        qp::attach_mcast(self, qp, mgid)
+    fn attach_mcast(&mut self, qp: QpNum, mgid: Gid, mlid: u16) -> Result<(), VerbsError> {
+        qp::attach_mcast(self, qp, mgid, mlid)
     }
 
     fn detach_mcast(&mut self, qp: QpNum, mgid: Gid) -> Result<(), VerbsError> {

@@ -287,7 +287,13 @@ pub(super) fn destroy(v: &mut HwVerbs, qp: QpNum) -> Result<(), VerbsError> {
     Ok(())
 }
 
-pub(super) fn attach_mcast(v: &mut HwVerbs, qp: QpNum, mgid: Gid) -> Result<(), VerbsError> {
+/// `mlid` goes to `ibv_attach_mcast`'s `lid` (the SA's MLID on InfiniBand, 0 on RoCE).
+pub(super) fn attach_mcast(
+    v: &mut HwVerbs,
+    qp: QpNum,
+    mgid: Gid,
+    mlid: u16,
+) -> Result<(), VerbsError> {
     let q = v.qps.get(&qp.get()).ok_or(VerbsError::NoSuchQp(qp))?;
     if q.qp_type == QpType::Rc {
         return Err(VerbsError::InvalidWr("multicast on a non-UD QP"));
@@ -301,7 +307,7 @@ pub(super) fn attach_mcast(v: &mut HwVerbs, qp: QpNum, mgid: Gid) -> Result<(), 
     if !q.mcast.iter().any(|g| v.device_mgid(*g) == dev) {
         let gid = ffi::ibv_gid { raw: dev.0 };
         // SAFETY: a live UD QP and a GID.
-        let rc = unsafe { ffi::ibv_attach_mcast(q.raw, &gid, 0) };
+        let rc = unsafe { ffi::ibv_attach_mcast(q.raw, &gid, mlid) };
         if rc != 0 {
             return Err(errno_err("ibv_attach_mcast", rc));
         }

@@ -9,6 +9,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::event::{EventQueue, TxCloseReason, TxFailure};
+use super::mcast::{PortChange, SaGroups};
 use super::neigh::Neighbours;
 use super::rx::{self, RxTable};
 use super::tun::TunQueue;
@@ -76,6 +77,8 @@ pub struct Endpoint {
     cm_events: Vec<CmEvent>,
     /// Connection events for the driver ([`Endpoint::poll_event`]).
     pub(super) events: EventQueue,
+    /// Groups and paths held through an SA client (inert without one).
+    pub(super) sa: SaGroups,
 }
 
 impl Endpoint {
@@ -192,6 +195,7 @@ impl Endpoint {
             fired: Vec::new(),
             cm_events: Vec::new(),
             events: EventQueue::default(),
+            sa: SaGroups::default(),
             cfg,
         };
         ep.announce(v);
@@ -306,6 +310,12 @@ impl Endpoint {
                     self.fail_tx(now, v, qpn, TxFailure::SendError);
                 }
             }
+            AsyncEvent::PortActive => self.port_changed(v, PortChange::Active),
+            AsyncEvent::PortErr => self.port_changed(v, PortChange::Down),
+            AsyncEvent::LidChange => self.port_changed(v, PortChange::LidChange),
+            AsyncEvent::SmChange => self.port_changed(v, PortChange::SmChange),
+            AsyncEvent::ClientReregister => self.port_changed(v, PortChange::ClientReregister),
+            AsyncEvent::PkeyChange => self.port_changed(v, PortChange::PkeyChange),
             _ => {}
         }
     }

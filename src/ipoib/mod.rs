@@ -73,6 +73,7 @@
 mod endpoint;
 mod event;
 mod icmp;
+mod mcast;
 mod neigh;
 mod qp_conns;
 mod reconfig;
@@ -98,6 +99,7 @@ pub use endpoint::Endpoint;
 pub use event::{
     Event, EventPeer, RxReapReason, RxRejectReason, TxCloseReason, TxFailure, EVENT_QUEUE_CAP,
 };
+pub use mcast::{PortChange, SaRequest, MAX_SA_REQUESTS, MAX_SEND_ONLY};
 pub use neigh::{NeighCounts, NeighState};
 pub use reconfig::LiveTimeouts;
 pub use rx::RxState;

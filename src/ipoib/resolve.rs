@@ -117,6 +117,8 @@ impl Endpoint {
                 if let Some(e) = evicted {
                     self.drop_evicted(e);
                 }
+                // On InfiniBand the peer's LID, SL and rate come from its PathRecord.
+                self.want_path(hw.gid);
                 if !was_resolved {
                     self.push_event(Event::NeighResolved {
                         peer: self.neigh_peer(ip, hw),

@@ -89,7 +89,7 @@ pub(super) fn open_ud<V: Verbs>(
     let (qp, free_send) = (setup.qp, setup.send_bufs);
     let groups = ud_groups(cfg);
     for g in &groups {
-        v.attach_mcast(qp, *g)?;
+        v.attach_mcast(qp, *g, 0)?;
     }
     Ok(UdQp {
         qp,
@@ -104,6 +104,12 @@ impl Endpoint {
     /// leaves them (on an IP multicast underlay, its group sockets close). Nothing arrives
     /// by multicast afterwards; calling it again does nothing.
     pub fn leave_groups<V: Verbs>(&mut self, v: &mut V) {
+        if self.uses_sa_groups() {
+            // Attached only once joined; each group's leave goes to the SA client.
+            self.leave_sa_groups(v);
+            self.ud.groups.clear();
+            return;
+        }
         for g in std::mem::take(&mut self.ud.groups) {
             if let Err(e) = v.detach_mcast(self.ud.qp, g) {
                 tracing::debug!(group = %g, error = %e, "detach_mcast failed");
@@ -119,7 +125,7 @@ impl Endpoint {
         ethertype: u16,
         packet: &[u8],
     ) {
-        let ud_mtu = self.cfg.ud_mtu();
+        let ud_mtu = self.ud_mtu();
         if packet.len() > ud_mtu as usize {
             if !hw.is_multicast() {
                 self.too_big(packet, ud_mtu);
@@ -142,6 +148,11 @@ impl Endpoint {
         ethertype: u16,
         payload: &[u8],
     ) -> bool {
+        if !self.ud_send_ready(hw.is_multicast().then_some(hw.gid)) {
+            // Before the broadcast join, or the group's (send-only) join, was answered.
+            self.counters.tx_dropped += 1;
+            return false;
+        }
         let Some(b) = self.ud.free_send.pop() else {
             self.counters.tx_dropped += 1;
             return false;

@@ -224,7 +224,7 @@ pub struct OutMad {
 }
 
 /// What the client counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 pub struct SaCounters {
     /// MADs sent, first sends and retransmissions.
     pub sent: u64,
@@ -330,10 +330,12 @@ impl SaClient {
         self.counters
     }
 
-    /// The broadcast group of the configured partition.
+    /// The broadcast group of the configured partition: its MGID carries the P_Key with the
+    /// full-member bit whatever the port's membership (limited and full members share the
+    /// partition's groups; the records carry the P_Key as the port holds it).
     #[must_use]
     pub fn broadcast_mgid(&self) -> Gid {
-        broadcast_mgid(self.cfg.pkey)
+        broadcast_mgid(self.cfg.pkey | 0x8000)
     }
 
     /// The parameters of a joined group.

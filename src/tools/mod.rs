@@ -19,6 +19,7 @@ mod rc_qp;
 #[cfg(feature = "verbs")]
 pub mod rdmacm_pingpong;
 pub mod sa;
+mod sa_node;
 mod soft_loop;
 pub mod ud_pingpong;
 

@@ -2,6 +2,8 @@
 //! at a time, printing what the SA answered: the sans-IO client on its own, so it can be
 //! checked against a real SA (opensm, also on ibsim through `umad2sim`).
 //!
+//! `sa node` (in `sa_node`) runs the daemon's SA driver for an endpoint instead.
+//!
 //! `join --hold` stays a member until SIGINT/SIGTERM (then leaves, unless `--shared`) and
 //! treats SIGUSR1 as the port's `CLIENT_REREGISTER` event (ibsim has no channel for port
 //! events; on hardware they come from the verbs async events).
@@ -64,6 +66,25 @@ pub enum SaCommand {
         #[arg(long)]
         hold: bool,
     },
+    /// Run the daemon's SA driver (`driver::SaDriver`) for an endpoint on an in-memory
+    /// software device until SIGINT/SIGTERM, printing what the endpoint is told: its groups
+    /// joined and attached, the broadcast group's Q_Key and MTU applied, paths; SIGUSR1 raises
+    /// the port's CLIENT_REREGISTER async event on that device (ibsim delivers none).
+    Node {
+        #[command(flatten)]
+        port: SaPortArgs,
+        /// An interface address (ADDR/PREFIX; repeatable; default 198.19.0.2/24 and
+        /// 2001:db8:19::2/64): the groups follow from it.
+        #[arg(long, value_name = "CIDR")]
+        addr: Vec<String>,
+        /// Once the broadcast group is joined, ask for the path to this GID (repeatable).
+        #[arg(long, value_name = "GID")]
+        dgid: Vec<Ipv6Addr>,
+        /// Once the broadcast group is joined, send a UDP packet to this IPv6 multicast group
+        /// (repeatable): its send-only join goes first, the packet waits for nothing.
+        #[arg(long, value_name = "GROUP")]
+        send: Vec<Ipv6Addr>,
+    },
     /// Leave a multicast group (DELETE the port's full membership).
     Leave {
         #[command(flatten)]
@@ -85,6 +106,14 @@ pub fn run(cmd: &SaCommand) -> Result<(), String> {
         SaCommand::Path { port, .. }
         | SaCommand::Join { port, .. }
         | SaCommand::Leave { port, .. } => port,
+        SaCommand::Node {
+            port,
+            addr,
+            dgid,
+            send,
+        } => {
+            return super::sa_node::run(port.ca.as_deref(), port.port, port.pkey, addr, dgid, send)
+        }
     };
     let port = UmadPort::find(args.ca.as_deref(), args.port).map_err(|e| e.to_string())?;
     if !port.active || port.sm_lid == 0 {
@@ -138,6 +167,8 @@ pub fn run(cmd: &SaCommand) -> Result<(), String> {
             let mgid = mgid.map_or(s.client.broadcast_mgid(), |a| Gid(a.octets()));
             s.leave(mgid)
         }
+        // Returned from above: it runs without the session.
+        SaCommand::Node { .. } => Ok(()),
     }
 }
 

@@ -115,4 +115,12 @@ pub enum AsyncEvent {
     PortActive,
     /// The port went down.
     PortErr,
+    /// The port's LID changed (`IBV_EVENT_LID_CHANGE`).
+    LidChange,
+    /// The port's P_Key table changed (`IBV_EVENT_PKEY_CHANGE`).
+    PkeyChange,
+    /// The SM of the port changed (`IBV_EVENT_SM_CHANGE`).
+    SmChange,
+    /// The SM asks every client to register again (`IBV_EVENT_CLIENT_REREGISTER`).
+    ClientReregister,
 }

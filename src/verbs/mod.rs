@@ -292,11 +292,13 @@ pub trait Verbs {
 
     /// Attaches a UD QP to the multicast group `mgid` (`ibv_attach_mcast`): packets sent to
     /// the group (destination QPN 0xFFFFFF) are delivered to it. Destroying the QP detaches it.
+    /// `mlid` is the group's multicast LID from the SA's MCMemberRecord on an InfiniBand port
+    /// (0 where there is none, as on RoCE); providers that need it pass it on.
     ///
     /// # Errors
     /// [`VerbsError::NoSuchQp`], or [`VerbsError::InvalidWr`] for a non-UD QP or a GID that is
     /// not multicast.
-    fn attach_mcast(&mut self, qp: QpNum, mgid: Gid) -> Result<(), VerbsError>;
+    fn attach_mcast(&mut self, qp: QpNum, mgid: Gid, mlid: u16) -> Result<(), VerbsError>;
 
     /// Detaches a UD QP from a multicast group (`ibv_detach_mcast`).
     ///

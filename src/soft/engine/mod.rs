@@ -55,6 +55,24 @@ impl SoftVerbs {
         &self.dev.cfg
     }
 
+    /// Queues a port event (`LidChange`, `SmChange`, `ClientReregister`, `PkeyChange`,
+    /// `PortActive`, `PortErr`) as a subnet manager would cause it: the software fabric has
+    /// no SM, so tests and tools stand in for one. Other events are ignored (the engine
+    /// raises those itself).
+    pub fn raise_port_event(&mut self, ev: AsyncEvent) {
+        if matches!(
+            ev,
+            AsyncEvent::LidChange
+                | AsyncEvent::SmChange
+                | AsyncEvent::ClientReregister
+                | AsyncEvent::PkeyChange
+                | AsyncEvent::PortActive
+                | AsyncEvent::PortErr
+        ) {
+            self.dev.events.push_back(ev);
+        }
+    }
+
     /// Sets the underlay addresses that multicast UD sends (a destination GID starting with
     /// `ff`, the IPoIB broadcast group among them) are fanned out to, one unicast copy each.
     /// This is how the software provider carries IB multicast over an underlay without IP
@@ -354,7 +372,7 @@ impl Verbs for SoftVerbs {
         self.qps.len()
     }
 
-    fn attach_mcast(&mut self, qpn: QpNum, mgid: Gid) -> Result<(), VerbsError> {
+    fn attach_mcast(&mut self, qpn: QpNum, mgid: Gid, _mlid: u16) -> Result<(), VerbsError> {
         let qp = self.qps.get(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
         if qp.qp_type != QpType::Ud || mgid.0[0] != 0xFF {
             return Err(VerbsError::InvalidWr(

@@ -1,0 +1,337 @@
+//! Multicast groups joined through a Subnet Administrator (a native InfiniBand port), as
+//! kernel ipoib's `ipoib_multicast.c` holds them.
+//!
+//! Off by default: on RoCE and the software provider there is no SA, the UD QP is attached
+//! to its groups at set-up with MLID 0 and everything below is inert. The driver that owns
+//! an SA client turns it on with [`Endpoint::use_sa_groups`]; from then on:
+//!
+//! - the endpoint asks for joins, leaves and path queries through
+//!   [`Endpoint::poll_sa_request`], and is told the answers through
+//!   [`Endpoint::set_group_joined`] and [`Endpoint::set_path`];
+//! - nothing is sent over UD (multicast, broadcast or unicast) until the broadcast group's
+//!   join is answered, as kernel ipoib keeps its carrier off until then;
+//! - the broadcast group's record sets the UD QP's Q_Key and clamps the UD MTU
+//!   ([`Endpoint::broadcast_group`]);
+//! - the full-member groups of [`ud_groups`](super::ud::ud_groups) are attached with the
+//!   MLID their record gives, once joined; a group only sent to gets a send-only join before
+//!   its first send, and the packets before that join answered are dropped (counted in
+//!   `tx_dropped`);
+//! - a port event (LID, SM, P_Key change, client reregister, port down or up) detaches every
+//!   group and forgets every record, then hands the event on: the SA client rejoins, and
+//!   each answer re-attaches with the new MLID.
+//!
+//! # Bounds
+//! Send-only groups by [`MAX_SEND_ONLY`] (the rest are dropped unjoined), queued requests by
+//! [`MAX_SA_REQUESTS`] (the oldest path query gives way first; joins and leaves are never
+//! dropped, being bounded by the group tables, and a port event already queued is not queued
+//! again), paths by `neigh_max`.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use super::Endpoint;
+use crate::sa::GroupParams;
+use crate::verbs::{Gid, QKey, QpAttr, QpState, Verbs};
+use crate::wire::ipoib::broadcast_mgid;
+use crate::wire::sa::PathRecord;
+
+/// Most groups the endpoint holds send-only joins for at once.
+pub const MAX_SEND_ONLY: usize = 32;
+
+/// Most requests queued for the driver.
+pub const MAX_SA_REQUESTS: usize = 256;
+
+/// A port event the SA client must see (paths and memberships are void).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PortChange {
+    /// `IBV_EVENT_PORT_ACTIVE`.
+    Active,
+    /// `IBV_EVENT_PORT_ERR`.
+    Down,
+    /// `IBV_EVENT_LID_CHANGE`.
+    LidChange,
+    /// `IBV_EVENT_SM_CHANGE`.
+    SmChange,
+    /// `IBV_EVENT_CLIENT_REREGISTER`.
+    ClientReregister,
+    /// `IBV_EVENT_PKEY_CHANGE`.
+    PkeyChange,
+}
+
+/// What the endpoint asks of the SA client ([`Endpoint::poll_sa_request`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SaRequest {
+    /// Join `mgid`: as a full member (the groups the UD QP is attached to), or send-only.
+    Join {
+        /// The group.
+        mgid: Gid,
+        /// A send-only join (a group the endpoint only sends to).
+        send_only: bool,
+    },
+    /// Leave `mgid` (the client sends no DELETE for a group kernel ipoib holds too).
+    Leave {
+        /// The group.
+        mgid: Gid,
+    },
+    /// Ask for the PathRecord to a peer's GID.
+    Path {
+        /// The peer's GID.
+        dgid: Gid,
+    },
+    /// Flush paths and rejoin.
+    Port(PortChange),
+}
+
+/// The endpoint's side of SA-held groups; see the [module docs](self).
+#[derive(Debug, Default)]
+pub(super) struct SaGroups {
+    /// An SA client feeds this endpoint.
+    enabled: bool,
+    /// The broadcast group's record, once joined.
+    broadcast: Option<GroupParams>,
+    /// Groups joined, with their record and whether the join was send-only.
+    joined: BTreeMap<Gid, (GroupParams, bool)>,
+    /// Groups the UD QP is attached to now, with the MLID it was attached with.
+    attached: BTreeMap<Gid, u16>,
+    /// Send-only joins asked for (answered or not), at most [`MAX_SEND_ONLY`].
+    send_only: BTreeSet<Gid>,
+    /// Requests for the driver.
+    requests: VecDeque<SaRequest>,
+    /// The most recent path each peer GID resolved to (bounded by the neighbour table's
+    /// peers: only GIDs the endpoint asked for are kept).
+    paths: BTreeMap<Gid, PathRecord>,
+    /// Path queries asked for and not answered.
+    asked_paths: BTreeSet<Gid>,
+}
+
+impl SaGroups {
+    fn push(&mut self, r: SaRequest) {
+        if matches!(r, SaRequest::Port(_)) && self.requests.contains(&r) {
+            return;
+        }
+        if self.requests.len() >= MAX_SA_REQUESTS {
+            // Path queries are asked again on the next resolution; groups are not.
+            if let Some(i) = self
+                .requests
+                .iter()
+                .position(|q| matches!(q, SaRequest::Path { .. }))
+            {
+                self.requests.remove(i);
+            } else if matches!(r, SaRequest::Path { .. }) {
+                return;
+            }
+        }
+        self.requests.push_back(r);
+    }
+}
+
+impl Endpoint {
+    /// Hands the multicast groups to an SA client (a native InfiniBand port): the UD QP is
+    /// detached from the groups set-up attached it to (with no MLID), one full-member join
+    /// is queued for each, and UD traffic waits for the broadcast group's join. Call it once,
+    /// right after [`Endpoint::new`].
+    pub fn use_sa_groups<V: Verbs>(&mut self, v: &mut V) {
+        if self.sa.enabled {
+            return;
+        }
+        self.sa.enabled = true;
+        for &g in &self.ud.groups {
+            if let Err(e) = v.detach_mcast(self.ud.qp, g) {
+                tracing::debug!(group = %g, error = %e, "detach_mcast failed");
+            }
+            self.sa.push(SaRequest::Join {
+                mgid: g,
+                send_only: false,
+            });
+        }
+    }
+
+    /// Whether an SA client holds the groups ([`Endpoint::use_sa_groups`]).
+    pub fn uses_sa_groups(&self) -> bool {
+        self.sa.enabled
+    }
+
+    /// The next request for the SA client.
+    pub fn poll_sa_request(&mut self) -> Option<SaRequest> {
+        self.sa.requests.pop_front()
+    }
+
+    /// The broadcast group's record, once its join was answered (`None` without an SA).
+    pub fn broadcast_group(&self) -> Option<GroupParams> {
+        self.sa.broadcast
+    }
+
+    /// The group's record, once its join was answered.
+    pub fn group(&self, mgid: Gid) -> Option<GroupParams> {
+        self.sa.joined.get(&mgid).map(|(p, _)| *p)
+    }
+
+    /// The MLID the UD QP is attached to `mgid` with, if it is.
+    pub fn attached_mlid(&self, mgid: Gid) -> Option<u16> {
+        self.sa.attached.get(&mgid).copied()
+    }
+
+    /// The SA answered the join of `mgid` with `params`. The broadcast group's record sets
+    /// the Q_Key of the UD QP and clamps the UD MTU; a full-member group is attached with its
+    /// MLID (again, if the MLID changed).
+    pub fn set_group_joined<V: Verbs>(&mut self, v: &mut V, mgid: Gid, params: GroupParams) {
+        if !self.sa.enabled {
+            return;
+        }
+        let full = self.ud.groups.contains(&mgid);
+        if !full && !self.sa.send_only.contains(&mgid) {
+            // Not ours (any more): nothing to hold.
+            return;
+        }
+        if mgid == broadcast_mgid(self.cfg.mgid_pkey()) {
+            self.apply_broadcast(v, params);
+        }
+        self.sa.joined.insert(mgid, (params, !full));
+        if full && self.sa.attached.get(&mgid) != Some(&params.mlid) {
+            if self.sa.attached.remove(&mgid).is_some() {
+                let _ = v.detach_mcast(self.ud.qp, mgid);
+            }
+            match v.attach_mcast(self.ud.qp, mgid, params.mlid) {
+                Ok(()) => {
+                    self.sa.attached.insert(mgid, params.mlid);
+                }
+                Err(e) => {
+                    tracing::warn!(group = %mgid, mlid = params.mlid, error = %e, "attach_mcast failed");
+                }
+            }
+        }
+    }
+
+    fn apply_broadcast<V: Verbs>(&mut self, v: &mut V, params: GroupParams) {
+        self.sa.broadcast = Some(params);
+        let qkey = QKey(params.qkey);
+        if qkey != self.cfg.qkey {
+            // RTS to RTS with the Q_Key, the one UD attribute that may change there.
+            let attr = QpAttr {
+                qkey: Some(qkey),
+                ..QpAttr::to_state(QpState::Rts)
+            };
+            match v.modify_qp(self.ud.qp, &attr) {
+                Ok(()) => self.cfg.qkey = qkey,
+                Err(e) => {
+                    tracing::warn!(qkey = params.qkey, error = %e, "could not set the broadcast group's Q_Key on the UD QP");
+                }
+            }
+        }
+    }
+
+    /// The path the SA gave for `dgid` (a [`SaRequest::Path`] answered). Kept for the
+    /// address vectors of that peer; replaced by a later answer.
+    pub fn set_path(&mut self, dgid: Gid, path: PathRecord) {
+        if !self.sa.asked_paths.remove(&dgid) && !self.sa.paths.contains_key(&dgid) {
+            return;
+        }
+        if !self.sa.paths.contains_key(&dgid) && self.sa.paths.len() >= self.cfg.neigh_max {
+            // Full: the lowest GID gives way (asked again when its neighbour next resolves).
+            self.sa.paths.pop_first();
+        }
+        self.sa.paths.insert(dgid, path);
+    }
+
+    /// The SA had no path to `dgid`: it may be asked again later.
+    pub fn path_failed(&mut self, dgid: Gid) {
+        self.sa.asked_paths.remove(&dgid);
+    }
+
+    /// The path the SA gave for `dgid`, if any.
+    pub fn path(&self, dgid: Gid) -> Option<PathRecord> {
+        self.sa.paths.get(&dgid).copied()
+    }
+
+    /// Asks the SA for the path to a peer's GID once (while unanswered), when an SA client
+    /// holds the groups; the answer arrives through [`Endpoint::set_path`]. The endpoint asks
+    /// by itself for every neighbour it resolves. Bounded: at most `neigh_max` GIDs.
+    pub fn want_path(&mut self, dgid: Gid) {
+        if !self.sa.enabled || self.sa.paths.contains_key(&dgid) {
+            return;
+        }
+        if self.sa.asked_paths.len() >= self.cfg.neigh_max || !self.sa.asked_paths.insert(dgid) {
+            return;
+        }
+        self.sa.push(SaRequest::Path { dgid });
+    }
+
+    /// A port event: every group is detached and every record forgotten, and the event goes
+    /// on to the SA client, which rejoins (each answer re-attaches).
+    pub fn port_changed<V: Verbs>(&mut self, v: &mut V, change: PortChange) {
+        if !self.sa.enabled {
+            return;
+        }
+        for (g, _) in std::mem::take(&mut self.sa.attached) {
+            let _ = v.detach_mcast(self.ud.qp, g);
+        }
+        self.sa.joined.clear();
+        self.sa.broadcast = None;
+        self.sa.paths.clear();
+        self.sa.asked_paths.clear();
+        self.sa.push(SaRequest::Port(change));
+    }
+
+    /// Whether a UD send to `mgid` (multicast) or to a unicast peer (`None`) may go now: with
+    /// an SA, only after the broadcast group's join, and to a group only once joined. A
+    /// group neither joined nor asked for gets its send-only join asked for here.
+    pub(super) fn ud_send_ready(&mut self, mgid: Option<Gid>) -> bool {
+        if !self.sa.enabled {
+            return true;
+        }
+        if self.sa.broadcast.is_none() {
+            return false;
+        }
+        let Some(mgid) = mgid else {
+            return true;
+        };
+        if self.sa.joined.contains_key(&mgid) {
+            return true;
+        }
+        if !self.ud.groups.contains(&mgid)
+            && self.sa.send_only.len() < MAX_SEND_ONLY
+            && self.sa.send_only.insert(mgid)
+        {
+            self.sa.push(SaRequest::Join {
+                mgid,
+                send_only: true,
+            });
+        }
+        false
+    }
+
+    /// The UD MTU: the configured one, clamped by the broadcast group's MTU when an SA gave
+    /// it (`IPOIB_UD_MTU(mcast_mtu)`).
+    pub fn ud_mtu(&self) -> u32 {
+        let own = self.cfg.ud_mtu();
+        self.sa.broadcast.and_then(|b| b.mtu).map_or(own, |m| {
+            own.min(u32::try_from(m.bytes()).unwrap_or(own) - 4)
+        })
+    }
+
+    /// The interface MTU: 65520 in connected mode, [`ud_mtu`](Self::ud_mtu) in datagram
+    /// mode.
+    pub fn interface_mtu(&self) -> u32 {
+        match self.cfg.mode {
+            super::Mode::Connected => self.cfg.interface_mtu(),
+            super::Mode::Datagram => self.ud_mtu(),
+        }
+    }
+
+    /// Queues a leave for every group joined or asked for (at the end of a shutdown, with
+    /// [`Endpoint::leave_groups`]).
+    pub(super) fn leave_sa_groups<V: Verbs>(&mut self, v: &mut V) {
+        if !self.sa.enabled {
+            return;
+        }
+        for (g, _) in std::mem::take(&mut self.sa.attached) {
+            let _ = v.detach_mcast(self.ud.qp, g);
+        }
+        let mut all: BTreeSet<Gid> = self.ud.groups.iter().copied().collect();
+        all.extend(std::mem::take(&mut self.sa.send_only));
+        self.sa.joined.clear();
+        self.sa.broadcast = None;
+        for mgid in all {
+            self.sa.push(SaRequest::Leave { mgid });
+        }
+    }
+}

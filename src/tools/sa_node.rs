@@ -1,0 +1,199 @@
+//! `ipoib-cm sa node`: the daemon's SA driver ([`SaDriver`]) between a umad port and an
+//! [`Endpoint`], exactly as [`Node`](crate::driver::Node) runs it, on an in-memory software
+//! device (the verbs provider cannot run where the SA is simulated: ibsim has no uverbs).
+//!
+//! It prints one line per thing the endpoint is told or does: `joined` (with the group's
+//! record and the MLID the UD QP is attached with), `broadcast` (the Q_Key and UD MTU the
+//! endpoint took from the broadcast group), `path` (the record the endpoint holds for a
+//! `--dgid`), `sent` / `held` (a `--send` packet before and after its send-only join),
+//! `left` at the end.
+
+use std::net::{IpAddr, Ipv6Addr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mio::{Events, Poll, Token};
+
+use crate::driver::SaDriver;
+use crate::ipoib::{Endpoint, EndpointConfig};
+use crate::sa::SaEvent;
+use crate::soft::{SoftConfig, SoftVerbs};
+use crate::verbs::{AsyncEvent, Gid, PKey};
+use crate::wire::ipoib::broadcast_mgid;
+
+/// How long the leaves at the end may take.
+const LEAVE_LIMIT: Duration = Duration::from_secs(10);
+
+/// Runs until SIGINT/SIGTERM; the error is the line to print.
+pub(super) fn run(
+    ca: Option<&str>,
+    port: Option<u8>,
+    pkey: u16,
+    addrs: &[String],
+    dgids: &[Ipv6Addr],
+    sends: &[Ipv6Addr],
+) -> Result<(), String> {
+    let mut cidrs = Vec::new();
+    let given: Vec<&str> = if addrs.is_empty() {
+        vec!["198.19.0.2/24", "2001:db8:19::2/64"]
+    } else {
+        addrs.iter().map(String::as_str).collect()
+    };
+    for a in given {
+        let bad = || format!("--addr {a}: not ADDR/PREFIX");
+        let (addr, len) = a.split_once('/').ok_or_else(bad)?;
+        let addr: IpAddr = addr.parse().map_err(|_| bad())?;
+        let len: u8 = len.parse().map_err(|_| bad())?;
+        cidrs.push((addr, len));
+    }
+    let src6 = cidrs.iter().find_map(|(a, _)| match a {
+        IpAddr::V6(v) => Some(*v),
+        IpAddr::V4(_) => None,
+    });
+    let mut sa = SaDriver::open(ca, port, pkey).map_err(|e| format!("SA driver: {e}"))?;
+    let p = sa.port();
+    println!(
+        "sa port {} {} lid {:#x} sm_lid {:#x} gid {} kernel_ipoib {}",
+        p.ca, p.port, p.lid, p.sm_lid, p.gid, p.kernel_ipoib
+    );
+    let now = Instant::now();
+    let mut v = SoftVerbs::new(SoftConfig::new(IpAddr::from([198, 18, 0, 2])));
+    let mut cfg = EndpointConfig::new(cidrs);
+    cfg.pkey = PKey(pkey);
+    // A 4096-byte IB port: the broadcast group's MTU clamps the UD MTU.
+    cfg.path_mtu = crate::verbs::PathMtu::Mtu4096;
+    let default_qkey = cfg.qkey.0;
+    let mut ep =
+        Endpoint::new(now, &mut v, cfg, None).map_err(|e| format!("endpoint set-up: {e}"))?;
+    ep.use_sa_groups(&mut v);
+    let mut poll = Poll::new().map_err(|e| e.to_string())?;
+    let registered = sa.register(poll.registry(), Token(0));
+    println!("umad registered with epoll: {registered}");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let rereg = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&stop)).map_err(|e| e.to_string())?;
+    }
+    signal_hook::flag::register(signal_hook::consts::SIGUSR1, Arc::clone(&rereg))
+        .map_err(|e| e.to_string())?;
+
+    let bcast = broadcast_mgid(ep.config().mgid_pkey());
+    let mut asked = false;
+    let mut leave_by: Option<Instant> = None;
+    let mut events = Events::with_capacity(16);
+    loop {
+        let now = Instant::now();
+        let wait = sa
+            .poll_timeout()
+            .map_or(Duration::from_millis(100), |t| {
+                t.saturating_duration_since(now)
+            })
+            .min(Duration::from_millis(100));
+        if let Err(e) = poll.poll(&mut events, Some(wait)) {
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(format!("poll: {e}"));
+            }
+        }
+        let now = Instant::now();
+        let mut told = Vec::new();
+        sa.pump(now, &mut ep, &mut v, |ev| told.push(*ev));
+        for ev in told {
+            match ev {
+                SaEvent::Joined { mgid, params } => {
+                    let group = ep.group(mgid);
+                    println!(
+                        "joined mgid {mgid} mlid {:#x} qkey {:#x} mtu {} sl {} rate {} send_only {} attached_mlid {}",
+                        params.mlid,
+                        params.qkey,
+                        params.mtu.map_or(0, |m| m.bytes()),
+                        params.sl,
+                        params.rate,
+                        group.is_some() && ep.attached_mlid(mgid).is_none(),
+                        ep.attached_mlid(mgid).map_or("none".to_owned(), |m| format!("{m:#x}")),
+                    );
+                    if mgid == bcast {
+                        println!(
+                            "broadcast qkey {:#x} (default {default_qkey:#x}) ud_mtu {} interface_mtu {}",
+                            ep.config().qkey.0,
+                            ep.ud_mtu(),
+                            ep.interface_mtu()
+                        );
+                    }
+                }
+                SaEvent::PathResolved { dgid, .. } => {
+                    if let Some(p) = ep.path(dgid) {
+                        println!(
+                            "path dgid {} sgid {} dlid {:#x} slid {:#x} sl {} mtu {} pkey {:#06x}",
+                            p.dgid,
+                            p.sgid,
+                            p.dlid,
+                            p.slid,
+                            p.sl,
+                            p.mtu().map_or(0, |m| m.bytes()),
+                            p.pkey
+                        );
+                    }
+                }
+                SaEvent::PathFailed { dgid, status } => {
+                    println!("path failed dgid {dgid} status {status:?}");
+                }
+                SaEvent::JoinFailed { mgid, status } => {
+                    println!("join failed mgid {mgid} status {status:?}");
+                }
+                SaEvent::Left { mgid, deleted } => println!("left mgid {mgid} deleted {deleted}"),
+            }
+        }
+        if !asked && ep.broadcast_group().is_some() {
+            asked = true;
+            for d in dgids {
+                ep.want_path(Gid(d.octets()));
+            }
+            for g in sends {
+                let before = ep.counters().tx_dropped;
+                ep.handle_tun_packet(now, &mut v, &udp6(src6.unwrap_or(Ipv6Addr::LOCALHOST), *g));
+                let held = ep.counters().tx_dropped > before;
+                println!(
+                    "{} group {g} (before its join answered)",
+                    if held { "held" } else { "sent" }
+                );
+            }
+        }
+        if rereg.swap(false, Ordering::Relaxed) {
+            // As the verbs provider raises it: an async event the endpoint reads.
+            println!("port event CLIENT_REREGISTER");
+            v.raise_port_event(AsyncEvent::ClientReregister);
+            ep.handle_verbs(now, &mut v);
+        }
+        // Checked after a pump that followed the leaves being asked for.
+        if let Some(by) = leave_by {
+            if sa.is_idle() {
+                println!("stopped");
+                return Ok(());
+            }
+            if now >= by {
+                return Err("leaves unanswered".into());
+            }
+        }
+        if stop.load(Ordering::Relaxed) && leave_by.is_none() {
+            leave_by = Some(now + LEAVE_LIMIT);
+            ep.leave_groups(&mut v);
+        }
+    }
+}
+
+/// An IPv6 UDP packet from `src` to `dst` with no payload.
+fn udp6(src: Ipv6Addr, dst: Ipv6Addr) -> Vec<u8> {
+    let mut p = vec![0u8; 48];
+    p[0] = 0x60;
+    p[4..6].copy_from_slice(&8u16.to_be_bytes());
+    p[6] = 17;
+    p[7] = 1;
+    p[8..24].copy_from_slice(&src.octets());
+    p[24..40].copy_from_slice(&dst.octets());
+    p[40..42].copy_from_slice(&9u16.to_be_bytes());
+    p[42..44].copy_from_slice(&9u16.to_be_bytes());
+    p[44..46].copy_from_slice(&8u16.to_be_bytes());
+    p
+}
