@@ -46,6 +46,14 @@ fn cm_a() -> Cm {
     Cm::new(c)
 }
 
+/// A's CM with `f` applied to its configuration.
+fn cm_a_with(f: impl FnOnce(&mut CmConfig)) -> Cm {
+    let mut c = CmConfig::new(a(), GUID_A);
+    c.timewait = TW;
+    f(&mut c);
+    Cm::new(c)
+}
+
 fn cm_b() -> Cm {
     let mut c = CmConfig::new(b(), GUID_B);
     c.timewait = TW;
@@ -904,23 +912,28 @@ fn owner_api_errors() {
     );
 }
 
+/// A gets B's MRA of A's REQ with `service_timeout`.
+fn mra_of_req(ca: &mut Cm, at: Instant, ida: CommId, idb: CommId, service_timeout: u8) {
+    let mra = Mra {
+        local_comm_id: idb.0,
+        remote_comm_id: ida.0,
+        msg_mraed: TargetMsg::Req,
+        service_timeout,
+        ..Mra::default()
+    };
+    ca.handle_mad(
+        at,
+        b(),
+        &mad(1 << 32 | u64::from(ida.0), CmMessage::Mra(mra)),
+    );
+}
+
 #[test]
 fn mra_extends_the_req_timeout() {
     let t0 = Instant::now();
     let (mut ca, mut cb) = (cm_a(), cm_b());
     let (ida, idb, req) = req_delivered(t0, &mut ca, &mut cb);
-    let mra = Mra {
-        local_comm_id: idb.0,
-        remote_comm_id: ida.0,
-        msg_mraed: TargetMsg::Req,
-        service_timeout: 24,
-        ..Mra::default()
-    };
-    ca.handle_mad(
-        t0 + msec(100),
-        b(),
-        &mad(1 << 32 | u64::from(ida.0), CmMessage::Mra(mra)),
-    );
+    mra_of_req(&mut ca, t0 + msec(100), ida, idb, 24);
     assert_eq!(ca.state(ida), Some(CmState::MraReqRcvd));
     assert_eq!(ca.stats().mra_received, 1);
     // conv(24) + conv(av.timeout = 16 + 1) = 65536 + 512 ms.
@@ -945,9 +958,7 @@ fn mra_extends_the_req_timeout() {
 #[test]
 fn the_kernels_delayed_mra_holds_our_req_until_a_late_rep() {
     let t0 = Instant::now();
-    let mut cfg = CmConfig::new(a(), GUID_A);
-    cfg.cm_response_timeout = 17;
-    let mut ca = Cm::new(cfg);
+    let mut ca = cm_a_with(|c| c.cm_response_timeout = 17);
     let mut cb = cm_b();
     let (ida, idb, req) = req_delivered(t0, &mut ca, &mut cb);
     let first = ca.next_deadline().expect("the REQ's timer");
@@ -956,19 +967,8 @@ fn the_kernels_delayed_mra_holds_our_req_until_a_late_rep() {
     assert_eq!(sent_one(&mut ca, b()), req, "the REQ is resent");
     assert_eq!(ca.stats().retransmits, 1);
     // The kernel answers the duplicate with its MRA (service timeout 24).
-    let mra = Mra {
-        local_comm_id: idb.0,
-        remote_comm_id: ida.0,
-        msg_mraed: TargetMsg::Req,
-        service_timeout: 24,
-        ..Mra::default()
-    };
     let t1 = first + msec(5);
-    ca.handle_mad(
-        t1,
-        b(),
-        &mad(1 << 32 | u64::from(ida.0), CmMessage::Mra(mra)),
-    );
+    mra_of_req(&mut ca, t1, ida, idb, 24);
     assert_eq!(ca.state(ida), Some(CmState::MraReqRcvd));
     assert_eq!(ca.stats().mra_received, 1);
     // Nothing is resent and nothing times out while the user makes us wait (the MRA holds
