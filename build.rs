@@ -16,9 +16,13 @@ mod rdmacm {
     /// `ibv_*` types they reach (their own copies: no pointer crosses into `ibverbs-sys`).
     pub(super) fn generate() {
         println!("cargo:rerun-if-changed=/usr/include/rdma/rdma_cma.h");
+        println!("cargo:rerun-if-changed=/usr/include/infiniband/ib.h");
         println!("cargo:rustc-link-lib=rdmacm");
         let bindings = bindgen::Builder::default()
-            .header_contents("rdmacm.h", "#include <rdma/rdma_cma.h>\n")
+            .header_contents(
+                "rdmacm.h",
+                "#include <rdma/rdma_cma.h>\n#include <infiniband/ib.h>\n",
+            )
             .allowlist_function("rdma_(create|destroy)_event_channel")
             .allowlist_function("rdma_(create|destroy)_id")
             .allowlist_function("rdma_(resolve_addr|resolve_route|bind_addr|listen)")
@@ -29,6 +33,7 @@ mod rdmacm {
             .allowlist_var("RDMA_IB_IP_PS_TCP|RDMA_IB_PS_IB")
             .allowlist_type("rdma_cm_event_type")
             .allowlist_type("rdma_port_space")
+            .allowlist_type("sockaddr_ib")
             .allowlist_type("ibv_qp_attr_mask")
             .allowlist_type("ibv_qp_state")
             .allowlist_type("ibv_mtu")

@@ -38,7 +38,9 @@
 #   rdmacm       (f) `ipoib-cm rc-pingpong --provider verbs --rdma-cm` (our QP, the kernel's CM
 #                through librdmacm) <-> rdma-core's rdma_server / rdma_client (port 7471, 16
 #                bytes each way), our tool client and then server, then against itself; rxe0 <->
-#                rxe1 in the guest; a REQ to no listener must draw REJ 8; after each case
+#                rxe1 in the guest; a REQ to no listener must draw REJ 8; an AF_IB id fails
+#                as native-ib.md section 2 predicts (RESULT afib_negative: the route of an
+#                active one and the bind of a passive one, both ENODEV); after each case
 #                `rdma resource show cm_id` must be empty (and it is seen non-empty while an
 #                rdma_server listens).
 #   softcm       (g) `ipoib-cm rc-pingpong --cm --rdma-cm` on the soft provider (our CM over QP1,
@@ -46,9 +48,14 @@
 #                rdma_cm/ib_cm on rxe0: our side active against `rdma_server` and `ucmatose`,
 #                passive against `rdma_client` and `ucmatose -s`, rdma_server/rdma_client again
 #                with `--fault-loss 20` on our side; no listener -> REJ 8, a REQ without
-#                cma_hdr -> REJ ConsumerDefined (28). After each case the guest's rxe error
-#                counters are zero and `rdma resource show cm_id` is empty; the RoCE traffic
-#                goes to the run's softcm.pcap when tcpdump exists.
+#                cma_hdr -> REJ ConsumerDefined (28), a REQ naming a GID that is not the
+#                guest's -> REJ 12 (invalid GID); our side waits out the kernel's MRA while
+#                the guest's passive user (our rc-pingpong on the kernel's CM,
+#                --accept-delay 3s) accepts late. After each case the guest's rxe error
+#                counters are zero, `rdma resource show cm_id` is empty and ib_cm's counters
+#                are clean (no retries, no duplicates; what that means per case is in
+#                scripts/rxe/guest-softcm/run.sh); the RoCE traffic goes to the run's
+#                softcm.pcap when tcpdump exists (docs/kernel-cm.md decodes it).
 # The conformance boot also runs `rc-pingpong --provider verbs` against ibv_rc_pingpong
 # (rxe1 <-> rxe0), both directions.
 # --quick: 20 round trips instead of 100. Prints `RESULT name@KERNEL PASS|FAIL`, wall times

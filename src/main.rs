@@ -10,7 +10,7 @@ use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use ipoib_cm::daemon::config::{parse_path_mtu, pick_duration, Given, ProviderKind};
 use ipoib_cm::daemon::{self, FaultFlags, Settings};
 use ipoib_cm::tools::perf::{self, PerfArgs};
-use ipoib_cm::tools::rc_pingpong::{self, RcPingpong, RcPingpongOptions};
+use ipoib_cm::tools::rc_pingpong::{self, RcPingpong, RcPingpongOptions, TestAids};
 use ipoib_cm::tools::{PingpongError, RcLink};
 use ipoib_cm::verbs::PathMtu;
 
@@ -481,6 +481,22 @@ struct PingpongArgs {
     /// needs --bind.
     #[arg(long)]
     rdma_cm: bool,
+    /// Test aid (lab negative case): with --cm on the soft provider, the REQ's primary path
+    /// names ADDR's GID as the receiver's port GID instead of the peer's (the MAD still goes
+    /// to the peer; the kernel answers REJ 12, invalid GID).
+    #[arg(long, value_name = "ADDR")]
+    req_dgid: Option<IpAddr>,
+    /// Test aid (lab): with --provider verbs --rdma-cm, the server accepts this long after the
+    /// connection request came (e.g. 3s), so that the kernel's rdma_cm MRAs the peer's
+    /// retransmitted REQ.
+    #[arg(long, value_name = "DURATION")]
+    accept_delay: Option<String>,
+    /// Test aid (lab negative case): with --provider verbs --rdma-cm, no ping-pong: try an
+    /// AF_IB rdma_cm id (client: resolve the peer's GID with IPoIB's service ID of our QPN,
+    /// then the route; server: bind to the --bind address's GID and listen) and report the
+    /// call that fails and its errno (exit 1), or that none did (exit 0).
+    #[arg(long)]
+    af_ib: bool,
     #[command(flatten)]
     faults: FaultFlags,
     /// Provider: soft (default) or verbs (libibverbs).
@@ -499,6 +515,19 @@ fn rc_pingpong_main(a: &PingpongArgs) -> ExitCode {
     let deadline = match pingpong_deadline(a.deadline.as_deref()) {
         Ok(d) => d,
         Err(e) => return fail("rc-pingpong", &e),
+    };
+    let accept_delay = match a.accept_delay.as_deref() {
+        None => Duration::ZERO,
+        Some(d) => match pick_duration(
+            "accept-delay",
+            Some(d),
+            None,
+            Duration::ZERO,
+            Duration::ZERO,
+        ) {
+            Ok(d) => d,
+            Err(e) => return fail("rc-pingpong", &e),
+        },
     };
     let opts = RcPingpongOptions {
         peer: a.peer,
@@ -519,9 +548,27 @@ fn rc_pingpong_main(a: &PingpongArgs) -> ExitCode {
             validate: a.chk,
             cm: a.cm,
             rdma_cm: a.rdma_cm,
+            aids: TestAids {
+                req_dgid: a.req_dgid,
+                accept_delay,
+                af_ib: a.af_ib,
+            },
         },
     };
-    if a.provider == ProviderKind::Verbs {
+    let verbs = a.provider == ProviderKind::Verbs;
+    if (a.accept_delay.is_some() || a.af_ib) && !(verbs && a.rdma_cm) {
+        return fail(
+            "rc-pingpong",
+            &PingpongError::Usage("--accept-delay and --af-ib need --provider verbs --rdma-cm"),
+        );
+    }
+    if a.req_dgid.is_some() && (verbs || !a.cm) {
+        return fail(
+            "rc-pingpong",
+            &PingpongError::Usage("--req-dgid needs --cm on the soft provider"),
+        );
+    }
+    if verbs {
         return verbs_rc_pingpong(a, &opts);
     }
     if a.rdma_cm && !a.cm {

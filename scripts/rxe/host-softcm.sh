@@ -1,8 +1,8 @@
 #!/bin/sh
 # Host side of the softcm check (scripts/rxe/guest-softcm/run.sh), run by the rxe-lab harness
 # in the tap netns (--host-cmd): `ipoib-cm rc-pingpong --cm --rdma-cm` on the soft provider
-# against the guest kernel's rdma_cm, case by case in the guest's order. $IPOIB_CM is the
-# binary. With tcpdump, the RoCE traffic of the whole run is written to $RXE_LAB_RUN/softcm.pcap.
+# against the guest kernel's rdma_cm, case by case in the guest's order (which the guest's
+# run.sh lists). $IPOIB_CM is the binary. With tcpdump, the RoCE traffic of the whole run is written to $RXE_LAB_RUN/softcm.pcap.
 BIN=${IPOIB_CM:?}
 G=$RXE_LAB_GUEST_IP
 PP="$BIN rc-pingpong --cm --deadline 90"
@@ -60,7 +60,18 @@ client rdma_server_loss ok --rdma-cm -p 7471 -s 16 -n 1 $LOSS
 client ucmatose_server ok --rdma-cm -p 7472 -s 100 -n 10
 # Without the cma_hdr the kernel's rdma_cm refuses the REQ: REJ ConsumerDefined (28).
 client no_cma_hdr_rej28 "rejected: ConsumerDefined" -p 7471 -s 16 -n 1
+# A REQ whose primary path names a GID that is not the guest's (the MAD still goes to rxe0):
+# ib_cm's cm_req_handler cannot build the path (cm_init_av_by_path: no route from that
+# source address) and answers REJ 12, invalid GID, before rdma_cm sees the REQ.
+client wrong_gid_rej12 "rejected: InvalidGid" --rdma-cm -p 7471 -s 16 -n 1 --req-dgid 198.51.100.7
 client rdma_server_unframed ok --rdma-cm -p 7471 -s 16 -n 1
+# The guest's passive user (our rc-pingpong on the kernel's CM) accepts 3 s late: the kernel's
+# rdma_cm arms its delayed MRA, our resent REQ draws it (service timeout 24), and our CM
+# waits it out instead of giving up.
+client accept_delay_mra ok --rdma-cm -p 7473 -s 16 -n 1 --stats
+grep "^cm:" "$out"
+ok=FAIL; grep -q "^cm: .* mra_received=[1-9]" "$out" && ok=PASS
+echo "RESULT softcm_accept_delay_mra_waited_out_host $ok"
 server rdma_client --rdma-cm -p 7471 -s 16 -n 1
 server rdma_client_loss --rdma-cm -p 7471 -s 16 -n 1 $LOSS
 server ucmatose_client --rdma-cm -p 7472 -s 100 -n 10

@@ -20,8 +20,12 @@ const HOP_LIMIT: u8 = 64;
 /// Permissive LID (`IB_LID_PERMISSIVE`), what Linux puts in a routed RoCE REQ.
 const LID_PERMISSIVE: u16 = 0xFFFF;
 
-/// Primary Packet Rate of our REQs: IB rate 3, 10 Gb/s (only informative on RoCE).
-const PACKET_RATE: u8 = 3;
+/// Primary Packet Rate of our REQs: 0, `IB_RATE_PORT_CURRENT` ("the port's rate"), what
+/// Linux's rdma_cm puts in a RoCE path (`cma_resolve_iboe_route`) and so in its REQ. A fixed
+/// rate would not be informative only: the passive side takes it as the static rate of its
+/// QP's address vector (`cm_format_paths_from_req` → `ib_init_ah_attr_from_path`), which a
+/// NIC that honours it enforces on what it sends us.
+const PACKET_RATE: u8 = 0;
 
 /// An outstanding MAD, resent until answered.
 #[derive(Debug, Clone)]

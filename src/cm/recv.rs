@@ -198,6 +198,7 @@ impl Cm {
         if let Some(r) = c.retx.as_mut() {
             r.interval = interval;
         }
+        self.stats.mra_received += 1;
         self.set_deadline(id, Some(now + interval));
     }
 

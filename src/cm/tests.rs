@@ -46,6 +46,14 @@ fn cm_a() -> Cm {
     Cm::new(c)
 }
 
+/// A's CM with `f` applied to its configuration.
+fn cm_a_with(f: impl FnOnce(&mut CmConfig)) -> Cm {
+    let mut c = CmConfig::new(a(), GUID_A);
+    c.timewait = TW;
+    f(&mut c);
+    Cm::new(c)
+}
+
 fn cm_b() -> Cm {
     let mut c = CmConfig::new(b(), GUID_B);
     c.timewait = TW;
@@ -904,24 +912,30 @@ fn owner_api_errors() {
     );
 }
 
+/// A gets B's MRA of A's REQ with `service_timeout`.
+fn mra_of_req(ca: &mut Cm, at: Instant, ida: CommId, idb: CommId, service_timeout: u8) {
+    let mra = Mra {
+        local_comm_id: idb.0,
+        remote_comm_id: ida.0,
+        msg_mraed: TargetMsg::Req,
+        service_timeout,
+        ..Mra::default()
+    };
+    ca.handle_mad(
+        at,
+        b(),
+        &mad(1 << 32 | u64::from(ida.0), CmMessage::Mra(mra)),
+    );
+}
+
 #[test]
 fn mra_extends_the_req_timeout() {
     let t0 = Instant::now();
     let (mut ca, mut cb) = (cm_a(), cm_b());
     let (ida, idb, req) = req_delivered(t0, &mut ca, &mut cb);
-    let mra = Mra {
-        local_comm_id: idb.0,
-        remote_comm_id: ida.0,
-        msg_mraed: TargetMsg::Req,
-        service_timeout: 24,
-        ..Mra::default()
-    };
-    ca.handle_mad(
-        t0 + msec(100),
-        b(),
-        &mad(1 << 32 | u64::from(ida.0), CmMessage::Mra(mra)),
-    );
+    mra_of_req(&mut ca, t0 + msec(100), ida, idb, 24);
     assert_eq!(ca.state(ida), Some(CmState::MraReqRcvd));
+    assert_eq!(ca.stats().mra_received, 1);
     // conv(24) + conv(av.timeout = 16 + 1) = 65536 + 512 ms.
     let at = t0 + msec(100 + 65536 + 512);
     assert_eq!(ca.next_deadline(), Some(at));
@@ -934,6 +948,52 @@ fn mra_extends_the_req_timeout() {
     cb.accept(at, idb, accept_params()).unwrap();
     ca.handle_mad(at, b(), &sent_one(&mut cb, a()));
     assert_eq!(ca.state(ida), Some(CmState::RepRcvd));
+}
+
+/// The kernel's rdma_cm arms a delayed MRA (`CMA_CM_MRA_SETTING`: service timeout 24) when
+/// its user has not accepted a REQ by the time its handler returns, and sends it only on a
+/// duplicate REQ (`cm_dup_req_handler`, state MRA_REQ_SENT). A passive user that accepts 3 s
+/// later: our REQ times out (conv(17) + conv(17)), is resent, draws the MRA; no REQ goes out
+/// while the MRA holds; the late REP then completes the connection.
+#[test]
+fn the_kernels_delayed_mra_holds_our_req_until_a_late_rep() {
+    let t0 = Instant::now();
+    let mut ca = cm_a_with(|c| c.cm_response_timeout = 17);
+    let mut cb = cm_b();
+    let (ida, idb, req) = req_delivered(t0, &mut ca, &mut cb);
+    let first = ca.next_deadline().expect("the REQ's timer");
+    assert!(first - t0 < msec(1100), "{:?}", first - t0);
+    ca.handle_timeout(first);
+    assert_eq!(sent_one(&mut ca, b()), req, "the REQ is resent");
+    assert_eq!(ca.stats().retransmits, 1);
+    // The kernel answers the duplicate with its MRA (service timeout 24).
+    let t1 = first + msec(5);
+    mra_of_req(&mut ca, t1, ida, idb, 24);
+    assert_eq!(ca.state(ida), Some(CmState::MraReqRcvd));
+    assert_eq!(ca.stats().mra_received, 1);
+    // Nothing is resent and nothing times out while the user makes us wait (the MRA holds
+    // for conv(24) + conv(17), about 69 s).
+    assert!(ca.next_deadline().unwrap() - t1 > msec(65_000));
+    for n in 1..=20 {
+        ca.handle_timeout(t1 + msec(n * 100));
+        assert!(ca.poll_transmit().is_none(), "a MAD {n}00 ms after the MRA");
+        assert!(
+            events(&mut ca).is_empty(),
+            "an event {n}00 ms after the MRA"
+        );
+    }
+    // The REP comes 3 s after the first REQ: A takes it and the RTU completes.
+    let t2 = t0 + msec(3000);
+    cb.accept(t2, idb, accept_params()).unwrap();
+    ca.handle_mad(t2, b(), &sent_one(&mut cb, a()));
+    assert!(matches!(
+        events(&mut ca).as_slice(),
+        [CmEvent::RepReceived { .. }]
+    ));
+    ca.rtu(t2, ida).unwrap();
+    cb.handle_mad(t2, a(), &sent_one(&mut ca, b()));
+    assert_eq!(ca.state(ida), Some(CmState::Established));
+    assert_eq!(cb.state(idb), Some(CmState::Established));
 }
 
 #[test]

@@ -263,6 +263,8 @@ pub struct CmStats {
     pub mads_received: u64,
     /// REQ, REP and DREQ retransmissions after a timeout.
     pub retransmits: u64,
+    /// MRAs that extended the wait for a REP (of our REQ) or an RTU (of our REP).
+    pub mra_received: u64,
     /// MADs that did not parse as a CM MAD we decode.
     pub dropped_malformed: u64,
     /// MADs naming no live id of ours.

@@ -42,6 +42,7 @@ use crate::soft::provider::UdpOffload;
 use crate::soft::SoftVerbs;
 use crate::verbs::setup::{os_seed, RC_RETRY_CNT, RNR_RETRY_FOREVER};
 use crate::verbs::{AsyncEvent, BufId, CqId, Gid, Provider, Psn, QpAttr, QpNum, QpState, Verbs};
+use crate::wire::cm::{CmMad, CmMessage};
 use crate::wire::cma::{ephemeral_port, CmaHdr, PortSpace, KERNEL_REFUSAL};
 
 /// The TCP port rdma-core's pingpong examples use.
@@ -58,6 +59,23 @@ pub struct RcPingpong {
     pub cm: bool,
     /// With `cm`: rdma_cm's framing (a `cma_hdr` in the REQ, checked by the server).
     pub rdma_cm: bool,
+    /// Test aids (lab negative cases), off by default.
+    pub aids: TestAids,
+}
+
+/// What only the lab's negative cases use (`docs/tools.md`, "Test aids").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TestAids {
+    /// Soft provider, `--cm` client: the REQ's primary path names this address's GID as the
+    /// remote port GID instead of the peer's (the MAD still goes to the peer).
+    pub req_dgid: Option<IpAddr>,
+    /// `--provider verbs --rdma-cm` server: answer the connection request this long after it
+    /// came, to make the kernel's rdma_cm arm its delayed MRA.
+    pub accept_delay: Duration,
+    /// `--provider verbs --rdma-cm`: instead of a ping-pong, try an `AF_IB` id (client:
+    /// resolve the peer's GID with IPoIB's service ID of our QPN; server: bind to its GID)
+    /// and report where it fails.
+    pub af_ib: bool,
 }
 
 /// The options of an rc-pingpong run.
@@ -69,6 +87,8 @@ struct CmCtx {
     gsi: Gsi,
     id: Option<CommId>,
     mads: Vec<(Gid, [u8; crate::mad::MAD_LEN])>,
+    /// [`TestAids::req_dgid`] as a GID.
+    req_dgid: Option<Gid>,
 }
 
 /// Everything the run needs once the provider exists.
@@ -108,7 +128,10 @@ impl Ctx {
             }
         }
         c.cm.handle_timeout(now);
-        while let Some((to, mad)) = c.cm.poll_transmit() {
+        while let Some((to, mut mad)) = c.cm.poll_transmit() {
+            if let Some(g) = c.req_dgid {
+                mad = with_req_dgid(mad, g);
+            }
             c.gsi
                 .send(v, to, &mad)
                 .map_err(PingpongError::verbs("sending a CM MAD"))?;
@@ -196,6 +219,7 @@ fn setup(opts: &RcPingpongOptions, local: IpAddr) -> Result<Ctx, PingpongError> 
             gsi,
             id: None,
             mads: Vec::new(),
+            req_dgid: opts.tool.aids.req_dgid.map(Gid::from_ip),
         })
     } else {
         None
@@ -233,7 +257,8 @@ fn connect_qp(
 pub struct Outcome {
     /// rdma-core's figures.
     pub summary: Summary,
-    /// The provider's counters (`soft-rc: tx_packets=… …`, one line).
+    /// The provider's counters (`soft-rc: tx_packets=… …`, one line), and with `--cm` the CM's
+    /// (`cm: …`, a second line).
     pub stats: String,
 }
 
@@ -261,10 +286,15 @@ pub fn run(opts: &RcPingpongOptions) -> Result<Outcome, PingpongError> {
     if opts.tool.cm {
         disconnect_with_cm(&mut ctx, opts)?;
     }
-    Ok(Outcome {
-        summary,
-        stats: stats_line(ctx.lp.prov.engine()),
-    })
+    let mut stats = stats_line(ctx.lp.prov.engine());
+    if let Some(c) = &ctx.cm {
+        let s = c.cm.stats();
+        stats.push_str(&format!(
+            "\ncm: mads_sent={} mads_received={} retransmits={} mra_received={} duplicates={} rej_received={} timeouts={}",
+            s.mads_sent, s.mads_received, s.retransmits, s.mra_received, s.duplicates, s.rej_received, s.timeouts
+        ));
+    }
+    Ok(Outcome { summary, stats })
 }
 
 /// rdma-core's pingpong set-up: QP info over TCP.
@@ -500,6 +530,25 @@ fn linger_pingpong(ctx: &mut Ctx, opts: &RcPingpongOptions) -> Result<(), Pingpo
         ctx.pump_into(now, &mut evs)?;
         ctx.wait_for(cap)
     })
+}
+
+/// [`TestAids::req_dgid`]: a REQ whose primary path names `dgid` as the remote port GID;
+/// any other MAD as it is.
+fn with_req_dgid(mad: [u8; crate::mad::MAD_LEN], dgid: Gid) -> [u8; crate::mad::MAD_LEN] {
+    match CmMad::parse(&mad) {
+        Ok(CmMad {
+            header,
+            msg: CmMessage::Req(mut r),
+        }) => {
+            r.primary_path.remote_gid = dgid;
+            CmMad {
+                header,
+                msg: CmMessage::Req(r),
+            }
+            .emit()
+        }
+        _ => mad,
+    }
 }
 
 #[cfg(test)]

@@ -28,11 +28,12 @@ use super::rc_qp::{open_rc_qp, RcQpSetup};
 use super::PingpongError;
 use crate::driver::ProviderSources;
 use crate::hw::rdmacm::{
-    ConnParam, PortSpace, RdmaCm, RdmaCmError, RdmaCmEvent, RdmaCmEventKind, RdmaCmId,
+    ConnParam, IbAddr, PortSpace, RdmaCm, RdmaCmError, RdmaCmEvent, RdmaCmEventKind, RdmaCmId,
 };
 use crate::hw::{HwConfig, HwError, HwVerbs};
 use crate::verbs::setup::{os_seed, RC_RETRY_CNT, RNR_RETRY_FOREVER};
 use crate::verbs::{BufId, CqId, Gid, Provider, QpAttr, QpNum, QpState, Verbs};
+use crate::wire::cm::IPOIB_CM_SERVICE_ID_LINUX;
 
 /// The poll token of the CM's event channel (the provider's come first, from 0).
 const CM_TOKEN: Token = Token(1 << 16);
@@ -301,6 +302,14 @@ pub fn run(opts: &RcPingpongOptions, cfg: &HwConfig) -> Result<Summary> {
         ..cfg.clone()
     };
     let mut ctx = setup(opts, &cfg)?;
+    if opts.tool.aids.af_ib {
+        af_ib(&mut ctx, opts.peer, local, deadline)?;
+        return Ok(Summary {
+            bytes: 0,
+            elapsed: Duration::ZERO,
+            iters: 0,
+        });
+    }
     match opts.peer {
         Some(peer) => connect(&mut ctx, opts, local, peer, deadline)?,
         None => accept(&mut ctx, opts, local, deadline)?,
@@ -384,24 +393,88 @@ fn accept(ctx: &mut Ctx, opts: &RcPingpongOptions, local: IpAddr, deadline: Inst
         SocketAddr::new(local, opts.tcp_port),
         PortSpace::Tcp.service_id(opts.tcp_port)
     );
-    ctx.until(deadline, "a REQ", |ctx, e| match e.kind {
+    let (id, remote_qpn) = ctx.until(deadline, "a REQ", |ctx, e| match e.kind {
         RdmaCmEventKind::ConnectRequest(req) if ctx.conn.is_none() => {
             ctx.conn = Some(e.id);
-            ctx.connect_qp(e.id, req.remote_qpn)?;
-            let p = ctx.conn_param();
-            ctx.cm.accept(e.id, &p)?;
-            Ok(Some(()))
+            Ok(Some((e.id, req.remote_qpn)))
         }
-        RdmaCmEventKind::ConnectRequest(_) => {
-            // One connection at a time, like rdma_server.
-            ctx.cm.reject(e.id, &[])?;
-            ctx.cm.destroy(e.id)?;
-            Ok(None)
-        }
-        _ => Ok(None),
+        _ => refuse_more(ctx, e),
     })?;
+    let delay = opts.tool.aids.accept_delay;
+    if !delay.is_zero() {
+        // The kernel's rdma_cm has armed its delayed MRA (no accept when the CONNECT_REQUEST
+        // handler returned); a retransmitted REQ from the peer now draws it.
+        println!("accepting in {delay:?} (--accept-delay)");
+        match ctx.until(
+            Instant::now() + delay,
+            "the accept delay",
+            refuse_more::<()>,
+        ) {
+            Err(RdmaCmPingpongError::Timeout(_)) | Ok(()) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    ctx.connect_qp(id, remote_qpn)?;
+    let p = ctx.conn_param();
+    ctx.cm.accept(id, &p)?;
     // No more REQs: the listener goes now (the connection's id lives on).
     ctx.cm.destroy(listener)?;
+    Ok(())
+}
+
+/// A connection request while one is taken: rejected, like rdma_server does.
+fn refuse_more<T>(ctx: &mut Ctx, e: RdmaCmEvent) -> Result<Option<T>> {
+    if matches!(e.kind, RdmaCmEventKind::ConnectRequest(_)) {
+        ctx.cm.reject(e.id, &[])?;
+        ctx.cm.destroy(e.id)?;
+    }
+    Ok(None)
+}
+
+/// `--af-ib` (a test aid): an `AF_IB` id where rdma_cm's IP ids work. Client: resolve the
+/// peer's GID (its IPv4-mapped or IPv6 address) with IPoIB-CM's service ID of our QPN, then
+/// the route; server: bind to our GID at that service ID and listen. Prints each step; the
+/// first call or event that fails is the error (its errno in the text).
+fn af_ib(ctx: &mut Ctx, peer: Option<IpAddr>, local: IpAddr, deadline: Instant) -> Result<()> {
+    // IPoIB-CM's service ID of our QPN, as kernel ipoib listens on.
+    let service_id = IPOIB_CM_SERVICE_ID_LINUX | u64::from(ctx.qp.get());
+    let id = ctx.cm.create_id(PortSpace::Ib)?;
+    ctx.conn = Some(id);
+    let step_ok = |what: &str| println!("af_ib: {what}: ok");
+    match peer {
+        Some(peer) => {
+            let dst = IbAddr {
+                gid: Gid::from_ip(peer),
+                service_id,
+                pkey: 0xffff,
+            };
+            println!("af_ib: active, sib_addr {peer} sib_sid {service_id:#018x}");
+            ctx.cm.resolve_addr_ib(id, dst, RESOLVE_TIMEOUT)?;
+            ctx.until(deadline, "ADDR_RESOLVED", |_, e| {
+                step(e, id, &RdmaCmEventKind::AddrResolved)
+            })?;
+            step_ok("rdma_resolve_addr, ADDR_RESOLVED");
+            ctx.cm.resolve_route(id, RESOLVE_TIMEOUT)?;
+            ctx.until(deadline, "ROUTE_RESOLVED", |_, e| {
+                step(e, id, &RdmaCmEventKind::RouteResolved)
+            })?;
+            step_ok("rdma_resolve_route, ROUTE_RESOLVED");
+        }
+        None => {
+            let addr = IbAddr {
+                gid: Gid::from_ip(local),
+                service_id,
+                pkey: 0xffff,
+            };
+            println!("af_ib: passive, sib_addr {local} sib_sid {service_id:#018x}");
+            ctx.cm.bind_addr_ib(id, addr)?;
+            step_ok("rdma_bind_addr");
+            ctx.cm.listen(id, 4)?;
+            step_ok("rdma_listen");
+        }
+    }
+    ctx.cm.destroy(id)?;
+    ctx.conn = None;
     Ok(())
 }
 

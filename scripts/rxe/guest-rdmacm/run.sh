@@ -4,7 +4,8 @@
 # rdma_client (port 7471, one 16-byte SEND each way), our tool client and server, then against
 # itself for $ITERS round trips; rxe0 <-> rxe1 (--net none). After each case the kernel must
 # hold no rdma_cm id (`rdma resource show cm_id` empty): RESULT <case>_cm_ids; a listening
-# rdma_server first shows that the check sees ids.
+# rdma_server first shows that the check sees ids. An AF_IB id fails as native-ib.md section 2
+# predicts (RESULT afib_negative).
 . /lib/rxelab.sh
 [ "$NRXE" = 2 ] || { res rdmacm FAIL "needs two rxe devices (--net none)"; exit 1; }
 N=${ITERS:-100}
@@ -69,6 +70,27 @@ case "$rc:$out" in
   *) res rdmacm_no_listener_rej8 FAIL "rc=$rc"; bad=1 ;;
 esac
 no_cm_ids rdmacm_no_listener || bad=1
+# AF_IB on RoCE (native-ib.md section 2, docs/kernel-cm.md): an AF_IB id resolving rxe0's GID
+# with IPoIB-CM's service ID of a QPN resolves the address but not the route
+# (cma_resolve_iboe_route: no bound_dev_if, -ENODEV); binding an AF_IB id to rxe0's GID
+# fails (cma_acquire_dev_by_src_ip -> cma_validate_port refuses ARPHRD_INFINIBAND on a
+# RoCE port, -ENODEV). RESULT afib_negative PASS when both fail that way.
+afib=0
+out=$(timeout 30 $PP -d $RXE1 --bind $IP1 --af-ib -s 16 -n 1 $IP0 2>&1); rc=$?
+echo "$out"
+case "$rc:$out" in
+  1:*"ADDR_RESOLVED: ok"*"rdma_resolve_route: No such device"*) res afib_active_route_enodev PASS ;;
+  *) res afib_active_route_enodev FAIL "rc=$rc"; afib=1 ;;
+esac
+out=$(timeout 30 $PP -d $RXE0 --bind $IP0 --af-ib -s 16 -n 1 2>&1); rc=$?
+echo "$out"
+case "$rc:$out" in
+  1:*"rdma_bind_addr (AF_IB): No such device"*) res afib_passive_bind_enodev PASS ;;
+  *) res afib_passive_bind_enodev FAIL "rc=$rc"; afib=1 ;;
+esac
+res afib_negative "$([ $afib -eq 0 ] && echo PASS || echo FAIL)"
+[ $afib -eq 0 ] || bad=1
+no_cm_ids afib || bad=1
 run_pair rdmacm_client_vs_rdma_server 60 "rdma_server -p $PORT" \
   "$PP -d $RXE1 --bind $IP1 -s 16 -n 1 $IP0" none
 no_cm_ids rdmacm_client_vs_rdma_server || bad=1

@@ -387,6 +387,7 @@ fn serde_counter_names_are_the_provider_map_names() {
         "cm_dropped_spoofed",
         "cm_dropped_unexpected",
         "cm_retransmits",
+        "cm_mra_received",
         "cm_rej_sent",
         "cm_timeouts",
         "cm_req_rate_limited",

@@ -26,6 +26,7 @@
 //!
 //! [`Provider::io_source`]: crate::verbs::Provider::io_source
 
+mod af_ib;
 mod error;
 mod event;
 mod ffi;
@@ -40,6 +41,7 @@ use std::time::Duration;
 
 use crate::verbs::{IoSource, QpNum, QpState};
 
+pub use af_ib::IbAddr;
 pub use error::RdmaCmError;
 pub use event::{ConnectRequest, RdmaCmEvent, RdmaCmEventKind, RdmaCmId};
 pub use qp_attr::CmQpAttr;
@@ -246,6 +248,43 @@ impl RdmaCm {
             )
         };
         check("rdma_resolve_addr", rc)
+    }
+
+    /// [`RdmaCm::resolve_addr`] with an `AF_IB` destination (and no source): the device whose
+    /// GID table holds `dst.gid`, then `AddrResolved` or `AddrError`.
+    ///
+    /// # Errors
+    /// The call's errno.
+    pub fn resolve_addr_ib(
+        &mut self,
+        id: RdmaCmId,
+        dst: IbAddr,
+        timeout: Duration,
+    ) -> Result<(), RdmaCmError> {
+        let raw = self.raw(id)?;
+        let mut dst = dst.to_c();
+        // SAFETY: a live id; `dst` is a valid sockaddr_ib that outlives the call (copied).
+        let rc = unsafe {
+            ffi::rdma_resolve_addr(
+                raw,
+                ptr::null_mut(),
+                ptr::from_mut(&mut dst).cast::<ffi::sockaddr>(),
+                millis(timeout),
+            )
+        };
+        check("rdma_resolve_addr (AF_IB)", rc)
+    }
+
+    /// [`RdmaCm::bind_addr`] to an `AF_IB` address.
+    ///
+    /// # Errors
+    /// The call's errno.
+    pub fn bind_addr_ib(&mut self, id: RdmaCmId, addr: IbAddr) -> Result<(), RdmaCmError> {
+        let raw = self.raw(id)?;
+        let mut a = addr.to_c();
+        // SAFETY: a live id and a valid sockaddr_ib (copied by the call).
+        let rc = unsafe { ffi::rdma_bind_addr(raw, ptr::from_mut(&mut a).cast::<ffi::sockaddr>()) };
+        check("rdma_bind_addr (AF_IB)", rc)
     }
 
     /// Resolves the route of a resolved id; `RouteResolved` or `RouteError` follows.
