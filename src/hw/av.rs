@@ -5,7 +5,9 @@
 //! `is_global = 1` only when the address vector has one (an IB subnet-local route has none;
 //! RoCE ports require it, and the kernel refuses an address handle without it there).
 
-use crate::verbs::{AddressVector, Gid, Grh, Lid, Rate, Sl};
+use crate::verbs::{AddressVector, Gid};
+#[cfg(test)]
+use crate::verbs::{Grh, Lid, Rate, Sl};
 use ibverbs_sys as ffi;
 
 /// The `ibv_ah_attr` of `av` on `port`; a GRH without an SGID index takes `sgid_index`, and

@@ -67,6 +67,7 @@ mod endpoint;
 mod event;
 mod icmp;
 mod neigh;
+mod paths;
 mod qp_conns;
 mod reconfig;
 mod resolve;

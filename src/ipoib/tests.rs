@@ -765,7 +765,7 @@ fn forged_arp(n: &mut Net, sender_ip: std::net::Ipv4Addr, gid: crate::verbs::Gid
         ep.on_arp(
             now,
             &mut f.nodes[0],
-            ud::UdSource { gid, port: None },
+            ud::UdSource::by_gid(gid, None),
             &arp.to_bytes(),
         );
     }

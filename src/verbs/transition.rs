@@ -353,7 +353,7 @@ mod tests {
 
     fn connection() -> RcConnection {
         RcConnection::new(
-            (Gid::default(), QpNum::new(0x12)),
+            (crate::verbs::Gid::default(), QpNum::new(0x12)),
             PathMtu::Mtu1024,
             Psn::new(0),
             Psn::new(0),
