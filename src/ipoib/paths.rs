@@ -145,7 +145,10 @@ mod tests {
         assert_eq!(p.gid_of(Lid(0x10)), Some(gid(1)));
         // The path's LID changes: the old LID no longer names it.
         p.set(gid(1), ib(1, 0x11));
-        assert_eq!((p.gid_of(Lid(0x10)), p.gid_of(Lid(0x11))), (None, Some(gid(1))));
+        assert_eq!(
+            (p.gid_of(Lid(0x10)), p.gid_of(Lid(0x11))),
+            (None, Some(gid(1)))
+        );
         // LID 0x20 moves to gid 3: gid 2's path goes.
         p.set(gid(3), ib(3, 0x20));
         assert_eq!(p.gid_of(Lid(0x20)), Some(gid(3)));
@@ -158,6 +161,9 @@ mod tests {
         }
         assert_eq!(p.len(), 3);
         assert!(p.by_lid.len() <= 3);
-        assert!(p.by_lid.iter().all(|(l, g)| p.get(g).is_some_and(|x| x.dlid == *l)));
+        assert!(p
+            .by_lid
+            .iter()
+            .all(|(l, g)| p.get(g).is_some_and(|x| x.dlid == *l)));
     }
 }

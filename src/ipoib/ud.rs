@@ -246,7 +246,9 @@ impl Endpoint {
 
     fn on_ud_recv<V: Verbs>(&mut self, now: Instant, v: &mut V, b: BufId, r: UdRecv) {
         let Ok(buf) = v.pools().get(b) else { return };
-        let Some(frame) = buf.get(..r.len) else { return };
+        let Some(frame) = buf.get(..r.len) else {
+            return;
+        };
         if let Some((src, ethertype, payload)) = self.classify_ud(frame, r) {
             self.dispatch_ud(now, v, src, ethertype, &payload);
         }

@@ -48,7 +48,10 @@ fn a_subnet_local_path_puts_its_lids_in_the_req_and_the_passive_av_routes_by_lid
     let pp = r.primary_path;
     assert_eq!((pp.local_lid, pp.remote_lid), (0x0004, 0x0012));
     assert_eq!((pp.sl, pp.packet_rate, pp.flow_label), (5, 7, 0x5_4321));
-    assert_eq!((pp.traffic_class, pp.hop_limit, pp.subnet_local), (0x60, 0, true));
+    assert_eq!(
+        (pp.traffic_class, pp.hop_limit, pp.subnet_local),
+        (0x60, 0, true)
+    );
     assert_eq!((pp.local_gid, pp.remote_gid), (a(), b()));
     assert_eq!(r.path_mtu, Some(PathMtu::Mtu2048));
     // The bytes themselves (primary path at MAD offset 24 + 52): LIDs big-endian, then
@@ -69,10 +72,19 @@ fn a_subnet_local_path_puts_its_lids_in_the_req_and_the_passive_av_routes_by_lid
     cb.handle_routed_mad(t0, a(), Some(route), &mad);
     let back = req_received_path(&events(&mut cb));
     assert_eq!((back.dgid, back.sgid), (a(), b()));
-    assert_eq!((back.dlid, back.slid, back.sl.get()), (Lid(0x0004), Lid(0x0012), 5));
-    assert_eq!((back.rate, back.mtu, back.hop_limit), (Rate(7), PathMtu::Mtu2048, 0));
+    assert_eq!(
+        (back.dlid, back.slid, back.sl.get()),
+        (Lid(0x0004), Lid(0x0012), 5)
+    );
+    assert_eq!(
+        (back.rate, back.mtu, back.hop_limit),
+        (Rate(7), PathMtu::Mtu2048, 0)
+    );
     let av = back.av();
-    assert_eq!((av.dlid, av.sl.get(), av.static_rate, av.grh), (Lid(0x0004), 5, Rate(7), None));
+    assert_eq!(
+        (av.dlid, av.sl.get(), av.static_rate, av.grh),
+        (Lid(0x0004), 5, Rate(7), None)
+    );
 }
 
 /// A routed REQ (hop limit above 1) carries permissive LIDs (Linux's work-around); the
@@ -100,7 +112,10 @@ fn a_routed_req_has_permissive_lids_and_the_passive_av_takes_the_completions() {
     };
     cb.handle_routed_mad(t0, a(), Some(route), &mad);
     let back = req_received_path(&events(&mut cb));
-    assert_eq!((back.dlid, back.slid, back.sl.get()), (Lid(0x0033), Lid(1), 2));
+    assert_eq!(
+        (back.dlid, back.slid, back.sl.get()),
+        (Lid(0x0033), Lid(1), 2)
+    );
     let av = back.av();
     assert_eq!(av.dlid, Lid(0x0033));
     let g = av.grh.expect("a routed path is global");
@@ -117,10 +132,19 @@ fn without_a_path_the_req_is_the_roce_one() {
     ca.connect(t0, connect_params()).unwrap();
     let mad = sent_one(&mut ca, b());
     let pp = req_of(&mad).primary_path;
-    assert_eq!((pp.local_lid, pp.remote_lid, pp.hop_limit), (0xFFFF, 0xFFFF, 64));
-    assert_eq!((pp.packet_rate, pp.sl, pp.subnet_local, pp.flow_label), (3, 0, false, 0));
+    assert_eq!(
+        (pp.local_lid, pp.remote_lid, pp.hop_limit),
+        (0xFFFF, 0xFFFF, 64)
+    );
+    assert_eq!(
+        (pp.packet_rate, pp.sl, pp.subnet_local, pp.flow_label),
+        (3, 0, false, 0)
+    );
     cb.handle_mad(t0, a(), &mad);
     let back = req_received_path(&events(&mut cb));
-    assert_eq!((back.dlid, back.slid, back.hop_limit), (Lid::NONE, Lid::NONE, 64));
+    assert_eq!(
+        (back.dlid, back.slid, back.hop_limit),
+        (Lid::NONE, Lid::NONE, 64)
+    );
     assert_eq!(back.av().grh.map(|g| g.dgid), Some(a()));
 }
