@@ -103,6 +103,7 @@ impl Net {
             srq: true,
             local_ack_timeout: 17,
             private_data: vec![],
+            path: None,
         };
         n.cm.connect(now, p).unwrap()
     }

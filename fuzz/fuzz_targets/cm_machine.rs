@@ -553,6 +553,7 @@ impl Harness {
             srq: s.srq,
             local_ack_timeout: s.local_ack_timeout % 32,
             private_data: pad(private_len, 0xC1),
+            path: None,
         };
         let r = self.nodes[i].cm.connect(self.now, p);
         tr!("  -> {r:?}");

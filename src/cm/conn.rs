@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::verbs::{Gid, QpNum};
+use crate::verbs::{Gid, Lid, Path, QpNum};
 use crate::wire::cm::{
     CmMad, CmMessage, CmPath, Dreq, Rej, RejReason, Rep, Req, Rtu, TargetMsg, MAD_LEN,
 };
@@ -13,19 +13,30 @@ use super::types::{
     cm_ack_timeout, own_tid, AcceptParams, CmConfig, CmState, CommId, ConnectParams, CA_ACK_DELAY,
 };
 
-/// Hop limit of our REQ paths; above 1, so LIDs are permissive and Subnet Local is clear
-/// (Linux `cm_format_req` for RoCE).
-const HOP_LIMIT: u8 = 64;
-
-/// Permissive LID (`IB_LID_PERMISSIVE`), what Linux puts in a routed RoCE REQ.
-const LID_PERMISSIVE: u16 = 0xFFFF;
-
-/// Primary Packet Rate of our REQs: 0, `IB_RATE_PORT_CURRENT` ("the port's rate"), what
-/// Linux's rdma_cm puts in a RoCE path (`cma_resolve_iboe_route`) and so in its REQ. A fixed
-/// rate would not be informative only: the passive side takes it as the static rate of its
-/// QP's address vector (`cm_format_paths_from_req` → `ib_init_ah_attr_from_path`), which a
-/// NIC that honours it enforces on what it sends us.
-const PACKET_RATE: u8 = 0;
+/// The primary path of a REQ of ours along `path` (Linux `cm_format_req`): the path's LIDs
+/// when its hop limit is at most 1 (Subnet Local set), else permissive LIDs; its flow label,
+/// rate, traffic class, hop limit and SL. The GIDs are ours and the peer's.
+pub(super) fn req_path(cfg: &CmConfig, peer: Gid, path: &Path, local_ack_timeout: u8) -> CmPath {
+    let subnet_local = !path.is_global();
+    let (local_lid, remote_lid) = if subnet_local {
+        (path.slid.0, path.dlid.0)
+    } else {
+        (Lid::PERMISSIVE.0, Lid::PERMISSIVE.0)
+    };
+    CmPath {
+        local_lid,
+        remote_lid,
+        local_gid: cfg.local_gid,
+        remote_gid: peer,
+        flow_label: path.flow_label & 0x000F_FFFF,
+        packet_rate: path.rate.0 & 0x3F,
+        traffic_class: path.traffic_class,
+        hop_limit: path.hop_limit,
+        sl: path.sl.get(),
+        subnet_local,
+        local_ack_timeout,
+    }
+}
 
 /// An outstanding MAD, resent until answered.
 #[derive(Debug, Clone)]
@@ -158,19 +169,13 @@ impl Conn {
             rnr_retry_count: p.rnr_retry_count,
             max_cm_retries: cfg.max_cm_retries,
             srq: p.srq,
-            primary_path: CmPath {
-                local_lid: LID_PERMISSIVE,
-                remote_lid: LID_PERMISSIVE,
-                local_gid: cfg.local_gid,
-                remote_gid: p.peer,
-                flow_label: 0,
-                packet_rate: PACKET_RATE,
-                traffic_class: 0,
-                hop_limit: HOP_LIMIT,
-                sl: 0,
-                subnet_local: false,
-                local_ack_timeout: p.local_ack_timeout,
-            },
+            primary_path: req_path(
+                cfg,
+                p.peer,
+                &p.path
+                    .unwrap_or_else(|| Path::roce(cfg.local_gid, p.peer, p.path_mtu)),
+                p.local_ack_timeout,
+            ),
             private_data,
             ..Req::default()
         };

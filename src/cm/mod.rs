@@ -64,7 +64,8 @@ pub use admission::{ReqRateLimit, MAX_MADS_PER_REQ, MAX_PASSIVE_CM_RETRIES};
 use conn::{Conn, Retx};
 use types::own_tid;
 pub use types::{
-    AcceptParams, CmConfig, CmEvent, CmState, CmStats, CmUseError, CommId, ConnectParams,
+    passive_path, AcceptParams, CmConfig, CmEvent, CmState, CmStats, CmUseError, CommId,
+    ConnectParams, MadRoute,
 };
 
 /// The most communication ids one [`Cm`] holds at once (all states, TimeWait included). A REQ

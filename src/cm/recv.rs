@@ -10,13 +10,25 @@ use crate::wire::cm::{
 
 use super::admission::MAX_MRA_TIMEOUT_EXP;
 use super::conn::{drep_mad, issue_rej, Conn};
-use super::types::{ms, CmEvent, CmState, CommId};
+use super::types::{ms, passive_path, CmEvent, CmState, CommId, MadRoute};
 use super::Cm;
 
 impl Cm {
     /// A MAD arrived on QP1 from `from` (the source GID of its GRH / IP header). Malformed,
     /// unknown, unexpected and spoofed MADs are dropped and counted; nothing here panics.
     pub fn handle_mad(&mut self, now: Instant, from: Gid, mad: &[u8]) {
+        self.handle_routed_mad(now, from, None, mad);
+    }
+
+    /// [`Cm::handle_mad`] for a MAD that came with LID fields (`route`: a port with LIDs),
+    /// which a routed REQ's passive path takes its LIDs from ([`passive_path`]).
+    pub fn handle_routed_mad(
+        &mut self,
+        now: Instant,
+        from: Gid,
+        route: Option<MadRoute>,
+        mad: &[u8],
+    ) {
         self.start_clock(now);
         self.stats.mads_received += 1;
         let Ok(m) = CmMad::parse(mad) else {
@@ -25,7 +37,7 @@ impl Cm {
         };
         let tid = m.header.transaction_id;
         match m.msg {
-            CmMessage::Req(r) => self.on_req(now, from, tid, &r),
+            CmMessage::Req(r) => self.on_req(now, from, route, tid, &r),
             CmMessage::Mra(r) => self.on_mra(now, from, &r),
             CmMessage::Rej(r) => self.on_rej(now, from, &r),
             CmMessage::Rep(r) => self.on_rep(now, from, &r),
@@ -71,7 +83,7 @@ impl Cm {
 
     /// REQ: rate-limited per source, then a duplicate of a known one, a stale one, or a new
     /// passive id (Linux `cm_req_handler`, `cm_dup_req_handler`).
-    fn on_req(&mut self, now: Instant, from: Gid, tid: u64, r: &Req) {
+    fn on_req(&mut self, now: Instant, from: Gid, route: Option<MadRoute>, tid: u64, r: &Req) {
         let admission = self.limiter.admit(self.cfg.req_rate_limit, now, from);
         if admission.evicted_source {
             self.stats.req_sources_evicted += 1;
@@ -161,6 +173,7 @@ impl Cm {
             remote_qpn: r.local_qpn,
             remote_psn: r.starting_psn,
             path_mtu,
+            path: passive_path(&r.primary_path, path_mtu, route),
             retry_count: r.retry_count,
             rnr_retry_count: r.rnr_retry_count,
             private_data: r.private_data,

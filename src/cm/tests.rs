@@ -4,7 +4,7 @@
 
 use super::types::cm_ack_timeout;
 use super::*;
-use crate::verbs::{PathMtu, Psn, QpNum};
+use crate::verbs::{Lid, Path, PathMtu, Psn, QpNum, Rate, Sl};
 use crate::wire::cm::cm_timeout_ms;
 use crate::wire::cm::{CmMad, CmMessage, Drep, Dreq, Mra, Rej, Rep, Req, Rtu, TargetMsg};
 use core::net::Ipv4Addr;
@@ -74,6 +74,7 @@ fn connect_params() -> ConnectParams {
         srq: true,
         local_ack_timeout: 17,
         private_data: vec![1, 2, 3],
+        path: None,
     }
 }
 
@@ -313,6 +314,7 @@ fn req_creates_req_rcvd_and_accept_sends_rep() {
         remote_qpn,
         remote_psn,
         path_mtu,
+        path,
         retry_count,
         rnr_retry_count,
         private_data,
@@ -326,6 +328,8 @@ fn req_creates_req_rcvd_and_accept_sends_rep() {
     assert_eq!(*service_id, SID);
     assert_eq!(*remote_qpn, QpNum::new(QPN_A));
     assert_eq!(*remote_psn, Psn::new(PSN_A));
+    // RoCE: the passive path is today's address vector back to the peer.
+    assert_eq!(path.av(), Path::roce(b(), a(), PathMtu::Mtu1024).av());
     assert_eq!(*path_mtu, PathMtu::Mtu1024);
     assert_eq!((*retry_count, *rnr_retry_count), (7, 6));
     assert_eq!(private_data[..3], [1, 2, 3]);
@@ -1344,3 +1348,4 @@ proptest! {
 }
 
 mod admission;
+mod paths;

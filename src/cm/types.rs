@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use crate::verbs::{Gid, PathMtu, Psn, QpNum};
+use crate::verbs::{Gid, Lid, Path, PathMtu, Psn, QpNum, Sl};
+use crate::wire::cm::CmPath;
 use crate::wire::cm::{cm_timeout_ms, RejReason};
 
 use super::admission::ReqRateLimit;
@@ -136,6 +137,76 @@ pub struct ConnectParams {
     pub local_ack_timeout: u8,
     /// REQ private data, at most 92 bytes (zero-padded).
     pub private_data: Vec<u8>,
+    /// The primary path's LIDs, SL, rate, flow label, traffic class and hop limit
+    /// (`cm_format_req`: the LIDs only where the hop limit is at most 1, else permissive,
+    /// and Subnet Local then set). `None`: [`Path::roce`] to `peer`, what Linux's RoCE REQs
+    /// carry. The REQ's GIDs are always `CmConfig::local_gid` and `peer`, its MTU
+    /// `path_mtu`.
+    pub path: Option<Path>,
+}
+
+/// How a MAD reached QP1 on a port with LIDs (the receive completion's fields), for a routed
+/// REQ's LIDs (Linux `cm_process_routed_req`). RoCE and the UDP side channel have none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MadRoute {
+    /// The sender's LID (`wc.slid`).
+    pub slid: Lid,
+    /// The SL the MAD came on (`wc.sl`).
+    pub sl: Sl,
+    /// The destination LID's path bits (`wc.dlid_path_bits`).
+    pub dlid_path_bits: u8,
+    /// The MAD had a GRH (`IBV_WC_GRH`): the answer and the connection need one.
+    pub grh: bool,
+}
+
+/// The passive side's primary path from a REQ (Linux `cm_format_paths_from_req`): the REQ's
+/// local port is our destination. On a port with LIDs (`route`), a REQ that is not Subnet
+/// Local has its permissive LIDs replaced from the MAD's completion (`cm_process_routed_req`:
+/// DLID and SL from `slid`/`sl`, SLID from the path bits) and the path is global exactly
+/// when the MAD had a GRH (the kernel takes the hop limit from the response's address
+/// vector: 0xFF with a GRH, 0 without). On RoCE (`route` `None`) there are no LIDs and the
+/// hop limit is [`Path::ROCE_HOP_LIMIT`], as this CM's passive side always used.
+pub fn passive_path(p: &CmPath, path_mtu: PathMtu, route: Option<MadRoute>) -> Path {
+    let mut dlid = Lid(p.local_lid);
+    let mut slid = Lid(p.remote_lid);
+    let mut sl = Sl::from_bits(p.sl);
+    let hop_limit = match route {
+        Some(r) => {
+            if !p.subnet_local {
+                if dlid == Lid::PERMISSIVE {
+                    dlid = r.slid;
+                    sl = r.sl;
+                }
+                if slid == Lid::PERMISSIVE {
+                    slid = Lid(u16::from(r.dlid_path_bits));
+                }
+            }
+            if r.grh {
+                0xFF
+            } else {
+                0
+            }
+        }
+        None => {
+            // A RoCE port has no LIDs: the REQ's (permissive) ones name nothing.
+            dlid = Lid::NONE;
+            slid = Lid::NONE;
+            Path::ROCE_HOP_LIMIT
+        }
+    };
+    Path {
+        dgid: p.local_gid,
+        sgid: p.remote_gid,
+        dlid,
+        slid,
+        sl,
+        mtu: path_mtu,
+        rate: crate::verbs::Rate(p.packet_rate),
+        flow_label: p.flow_label,
+        hop_limit,
+        traffic_class: p.traffic_class,
+        packet_life_time: p.local_ack_timeout.saturating_sub(1),
+    }
 }
 
 /// What [`Cm::accept`] needs to send a REP.
@@ -174,6 +245,9 @@ pub enum CmEvent {
         remote_psn: Psn,
         /// Path MTU.
         path_mtu: PathMtu,
+        /// Our primary path back to the peer, from the REQ ([`passive_path`]): the address
+        /// vector of the RX QP's RTR.
+        path: Path,
         /// Transport retry count for our QP.
         retry_count: u8,
         /// RNR retry count for our QP.

@@ -218,7 +218,7 @@ impl SaDriver {
         while let Some(ev) = self.client.pop_event() {
             match ev {
                 SaEvent::Joined { mgid, params } => ep.set_group_joined(v, mgid, params),
-                SaEvent::PathResolved { dgid, path } => ep.set_path(dgid, path),
+                SaEvent::PathResolved { dgid, path } => ep.set_sa_path(dgid, &path),
                 SaEvent::PathFailed { dgid, .. } => ep.path_failed(dgid),
                 SaEvent::Left { mgid, .. } => {
                     self.leaving.remove(&mgid);
@@ -250,7 +250,7 @@ impl SaDriver {
                 self.client.leave(now, mgid);
             }
             SaRequest::Path { dgid } => match self.client.path(now, dgid) {
-                PathLookup::Known(p) => ep.set_path(dgid, p),
+                PathLookup::Known(p) => ep.set_sa_path(dgid, &p),
                 PathLookup::Pending => {}
                 PathLookup::Negative | PathLookup::Unavailable => ep.path_failed(dgid),
             },

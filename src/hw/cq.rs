@@ -8,7 +8,7 @@ use super::error::errno_err;
 use super::ffi_map::status_from;
 use super::objects::Cq;
 use super::objects::Owner;
-use crate::verbs::{Completion, CqId, QpNum, QpType, VerbsError, WcOpcode, WcStatus};
+use crate::verbs::{Completion, CqId, Lid, QpNum, QpType, Sl, VerbsError, WcOpcode, WcStatus};
 use ibverbs_sys as ffi;
 
 impl HwVerbs {
@@ -130,6 +130,10 @@ impl HwVerbs {
             src_qp: (ok && recv && ud).then(|| QpNum::new(wc.src_qp)),
             src_port: None,
             grh,
+            // An IB port reports the sender's LID; RoCE's is 0, which names no port.
+            slid: (ok && recv && ud && wc.slid != 0).then_some(Lid(wc.slid)),
+            sl: Sl::from_bits(wc.sl),
+            dlid_path_bits: wc.dlid_path_bits,
         })
     }
 }

@@ -49,6 +49,7 @@
 #![allow(unsafe_code)]
 
 mod ah_cache;
+mod av;
 #[doc(hidden)]
 pub mod conformance;
 mod context;

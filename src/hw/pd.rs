@@ -39,17 +39,7 @@ impl HwVerbs {
             Room::Evicted => self.stats.ah_evicted += 1,
             Room::Free => {}
         }
-        // SAFETY: ibv_ah_attr is a plain C struct; all-zero is valid.
-        let mut a: ffi::ibv_ah_attr = unsafe { std::mem::zeroed() };
-        a.is_global = 1;
-        a.port_num = self.port;
-        a.grh.dgid = ffi::ibv_gid {
-            raw: self.device_mgid(av.dgid).0,
-        };
-        a.grh.sgid_index = self.gid_index;
-        a.grh.hop_limit = av.hop_limit;
-        a.grh.traffic_class = av.traffic_class;
-        a.grh.flow_label = av.flow_label;
+        let mut a = super::av::to_ah_attr(&av, self.port, self.gid_index, |g| self.device_mgid(g));
         // SAFETY: valid PD and attribute struct.
         let raw = unsafe { ffi::ibv_create_ah(raw_pd, &mut a) };
         if raw.is_null() {

@@ -171,13 +171,7 @@ pub(super) fn modify(v: &mut HwVerbs, qp: QpNum, attr: &QpAttr) -> Result<(), Ve
         mask |= bit(M::IBV_QP_ACCESS_FLAGS);
     }
     if let Some(av) = attr.av {
-        a.ah_attr.is_global = 1;
-        a.ah_attr.port_num = attr.port.unwrap_or(v.port);
-        a.ah_attr.grh.dgid = ffi::ibv_gid { raw: av.dgid.0 };
-        a.ah_attr.grh.sgid_index = v.gid_index;
-        a.ah_attr.grh.hop_limit = av.hop_limit;
-        a.ah_attr.grh.traffic_class = av.traffic_class;
-        a.ah_attr.grh.flow_label = av.flow_label;
+        a.ah_attr = super::av::to_ah_attr(&av, attr.port.unwrap_or(v.port), v.gid_index, |g| g);
         mask |= bit(M::IBV_QP_AV);
     }
     if let Some(m) = attr.path_mtu {

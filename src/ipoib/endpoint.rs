@@ -52,6 +52,8 @@ pub struct Endpoint {
     pub(super) tx_pool: PoolId,
     /// The neighbour cache: resolution and ageing state per IP address.
     pub(super) neigh: Neighbours,
+    /// The paths set for neighbours' ports ([`Endpoint::set_path`]) and the LIDs they name.
+    pub(super) paths: super::paths::Paths,
     /// The active connections and the send buffers they share.
     pub(super) tx: TxTable,
     /// The passive connections and the reaper's drain WR.
@@ -182,6 +184,7 @@ impl Endpoint {
             tx_cq,
             tx_pool,
             neigh,
+            paths: super::paths::Paths::new(cfg.neigh_max),
             tx: TxTable::new(tx_free),
             rx: RxTable::default(),
             owners: IdMap::default(),
@@ -350,6 +353,7 @@ impl Endpoint {
                 remote_qpn,
                 remote_psn,
                 path_mtu,
+                path,
                 rnr_retry_count,
                 private_data,
                 ..
@@ -361,7 +365,10 @@ impl Endpoint {
                 remote_ca_guid,
                 remote_qpn,
                 remote_psn,
-                path_mtu,
+                crate::verbs::Path {
+                    mtu: path_mtu,
+                    ..path
+                },
                 rnr_retry_count,
                 service_id,
                 &private_data,

@@ -7,7 +7,7 @@
 //!
 //! - the endpoint asks for joins, leaves and path queries through
 //!   [`Endpoint::poll_sa_request`], and is told the answers through
-//!   [`Endpoint::set_group_joined`] and [`Endpoint::set_path`];
+//!   [`Endpoint::set_group_joined`] and [`Endpoint::set_sa_path`];
 //! - nothing is sent over UD (multicast, broadcast or unicast) until the broadcast group's
 //!   join is answered, as kernel ipoib keeps its carrier off until then;
 //! - the broadcast group's record sets the UD QP's Q_Key and clamps the UD MTU
@@ -30,7 +30,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::Endpoint;
 use crate::sa::GroupParams;
-use crate::verbs::{Gid, QKey, QpAttr, QpState, Verbs};
+use crate::verbs::{AddressVector, Gid, Grh, Lid, Path, QKey, QpAttr, QpState, Rate, Sl, Verbs};
 use crate::wire::ipoib::broadcast_mgid;
 use crate::wire::sa::PathRecord;
 
@@ -96,9 +96,6 @@ pub(super) struct SaGroups {
     send_only: BTreeSet<Gid>,
     /// Requests for the driver.
     requests: VecDeque<SaRequest>,
-    /// The most recent path each peer GID resolved to (bounded by the neighbour table's
-    /// peers: only GIDs the endpoint asked for are kept).
-    paths: BTreeMap<Gid, PathRecord>,
     /// Path queries asked for and not answered.
     asked_paths: BTreeSet<Gid>,
 }
@@ -201,6 +198,26 @@ impl Endpoint {
         }
     }
 
+    /// The address vector of a UD send to group `mgid` once the SA answered its join
+    /// (`ipoib_mcast_join_finish`): DLID the MLID, the record's SL and rate, and a GRH to the
+    /// MGID with its flow label, hop limit and traffic class (multicast always carries one).
+    pub(super) fn group_av(&self, mgid: Gid) -> Option<AddressVector> {
+        let (p, _) = self.sa.joined.get(&mgid)?;
+        Some(AddressVector {
+            dlid: Lid(p.mlid),
+            sl: Sl::from_bits(p.sl),
+            src_path_bits: 0,
+            static_rate: Rate(p.rate),
+            grh: Some(Grh {
+                dgid: mgid,
+                sgid_index: None,
+                flow_label: p.flow_label & 0x000F_FFFF,
+                hop_limit: p.hop_limit,
+                traffic_class: p.tclass,
+            }),
+        })
+    }
+
     fn apply_broadcast<V: Verbs>(&mut self, v: &mut V, params: GroupParams) {
         self.sa.broadcast = Some(params);
         let qkey = QKey(params.qkey);
@@ -219,17 +236,14 @@ impl Endpoint {
         }
     }
 
-    /// The path the SA gave for `dgid` (a [`SaRequest::Path`] answered). Kept for the
-    /// address vectors of that peer; replaced by a later answer.
-    pub fn set_path(&mut self, dgid: Gid, path: PathRecord) {
-        if !self.sa.asked_paths.remove(&dgid) && !self.sa.paths.contains_key(&dgid) {
+    /// The path the SA gave for `dgid` (a [`SaRequest::Path`] answered): set as the
+    /// neighbour's [`Path`] ([`Endpoint::set_path`]), which every later address vector and
+    /// REQ towards it uses; replaced by a later answer. An answer nobody asked for is dropped.
+    pub fn set_sa_path(&mut self, dgid: Gid, rec: &PathRecord) {
+        if !self.sa.asked_paths.remove(&dgid) && self.paths.get(&dgid).is_none() {
             return;
         }
-        if !self.sa.paths.contains_key(&dgid) && self.sa.paths.len() >= self.cfg.neigh_max {
-            // Full: the lowest GID gives way (asked again when its neighbour next resolves).
-            self.sa.paths.pop_first();
-        }
-        self.sa.paths.insert(dgid, path);
+        self.set_path(dgid, Path::from_record(rec));
     }
 
     /// The SA had no path to `dgid`: it may be asked again later.
@@ -237,16 +251,16 @@ impl Endpoint {
         self.sa.asked_paths.remove(&dgid);
     }
 
-    /// The path the SA gave for `dgid`, if any.
-    pub fn path(&self, dgid: Gid) -> Option<PathRecord> {
-        self.sa.paths.get(&dgid).copied()
+    /// The path set for `dgid` (by the SA or [`Endpoint::set_path`]), if any.
+    pub fn path(&self, dgid: Gid) -> Option<Path> {
+        self.paths.get(&dgid).copied()
     }
 
     /// Asks the SA for the path to a peer's GID once (while unanswered), when an SA client
-    /// holds the groups; the answer arrives through [`Endpoint::set_path`]. The endpoint asks
+    /// holds the groups; the answer arrives through [`Endpoint::set_sa_path`]. The endpoint asks
     /// by itself for every neighbour it resolves. Bounded: at most `neigh_max` GIDs.
     pub fn want_path(&mut self, dgid: Gid) {
-        if !self.sa.enabled || self.sa.paths.contains_key(&dgid) {
+        if !self.sa.enabled || self.paths.get(&dgid).is_some() {
             return;
         }
         if self.sa.asked_paths.len() >= self.cfg.neigh_max || !self.sa.asked_paths.insert(dgid) {
@@ -266,7 +280,7 @@ impl Endpoint {
         }
         self.sa.joined.clear();
         self.sa.broadcast = None;
-        self.sa.paths.clear();
+        self.paths.clear();
         self.sa.asked_paths.clear();
         self.sa.push(SaRequest::Port(change));
     }

@@ -75,6 +75,7 @@ mod event;
 mod icmp;
 mod mcast;
 mod neigh;
+mod paths;
 mod qp_conns;
 mod reconfig;
 mod resolve;

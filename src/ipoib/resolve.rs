@@ -29,7 +29,7 @@ impl Endpoint {
             return;
         };
         // The sender's hardware address must be the one it sent from.
-        if arp.sender_hw.gid != src.gid {
+        if !src.vouches_for(arp.sender_hw) {
             self.counters.rx_bad_packets += 1;
             return;
         }
@@ -62,7 +62,7 @@ impl Endpoint {
                 };
                 let for_us = self.is_ours(IpAddr::V6(ns.target));
                 if let Some(hw) = ns.source_hw {
-                    if hw.gid == src.gid && !ns.src.is_unspecified() {
+                    if src.vouches_for(hw) && !ns.src.is_unspecified() {
                         self.learn(now, v, IpAddr::V6(ns.src), hw, src.port, for_us);
                     }
                 }
@@ -81,7 +81,7 @@ impl Endpoint {
                     return;
                 };
                 if let Some(hw) = na.target_hw {
-                    if hw.gid == src.gid {
+                    if src.vouches_for(hw) {
                         self.learn(now, v, IpAddr::V6(na.target), hw, src.port, na.solicited);
                     }
                 }

@@ -806,7 +806,7 @@ fn forged_arp(n: &mut Net, sender_ip: std::net::Ipv4Addr, gid: crate::verbs::Gid
         ep.on_arp(
             now,
             &mut f.nodes[0],
-            ud::UdSource { gid, port: None },
+            ud::UdSource::by_gid(gid, None),
             &arp.to_bytes(),
         );
     }
@@ -913,3 +913,94 @@ mod groups;
 mod rdma_cm;
 mod sa_groups;
 mod tx_closed;
+
+/// IB unicast UD: a completion without `IBV_WC_GRH` whose 40-byte area holds garbage (here
+/// a GRH naming a third port) is attributed by its SLID and `src_qp` through the path set for
+/// the sender's GID, not by those bytes: the ARP is learned. The same message from a LID
+/// whose path names another GID, or from another QPN, is refused.
+#[test]
+fn a_grh_less_ud_message_is_attributed_by_slid_and_src_qp() {
+    use crate::verbs::{Lid, Path, PathMtu};
+    use crate::wire::grh::GrhRepr;
+    use crate::wire::ipoib::{ArpOp, IpoibArp, IpoibHeader, ETHERTYPE_ARP};
+    let mut n = Net::new(2, |_, _| {}, |_, _| {});
+    let peer = n.ep(1).hwaddr();
+    let liar = crate::verbs::Gid::from(std::net::Ipv4Addr::new(192, 0, 2, 99));
+    let us = n.ep(0).hwaddr().gid;
+    n.ep(0).set_path(
+        peer.gid,
+        Path {
+            dlid: Lid(0x0021),
+            slid: Lid(0x0001),
+            hop_limit: 0,
+            ..Path::roce(us, peer.gid, PathMtu::Mtu2048)
+        },
+    );
+    let sender_ip = crate::sim::cluster::node_v4(1);
+    let frame = |sender_hw: HwAddr| {
+        let arp = IpoibArp {
+            op: ArpOp::Reply,
+            sender_hw,
+            sender_ip,
+            target_hw: n_hw0(),
+            target_ip: crate::sim::cluster::node_v4(0),
+        };
+        let mut f = vec![0u8; GRH_AREA];
+        // Garbage in the GRH area: a well-formed GRH from `liar`.
+        GrhRepr::rocev2_ud(liar.to_ip(), us.to_ip(), 60).emit(&mut f[..GRH_AREA]);
+        let mut hdr = [0u8; IpoibHeader::LEN];
+        IpoibHeader::new(ETHERTYPE_ARP).emit(&mut hdr);
+        f.extend_from_slice(&hdr);
+        f.extend_from_slice(&arp.to_bytes());
+        f
+    };
+    let recv = |len: usize, slid: u16, qpn: QpNum| ud::UdRecv {
+        len,
+        grh: false,
+        slid: Some(Lid(slid)),
+        src_qp: Some(qpn),
+        src_port: None,
+    };
+    let deliver = |n: &mut Net, f: &[u8], r: ud::UdRecv| {
+        let now = n.now();
+        let Cluster { eps, f: fabric, .. } = &mut n.0;
+        if let Some(ep) = eps[0].as_mut() {
+            ep.on_ud_frame(now, &mut fabric.nodes[0], f, r);
+        }
+        n.run(Duration::from_micros(100));
+    };
+    let ip = IpAddr::V4(sender_ip);
+    let before = n.ep(0).counters().rx_bad_packets;
+    // From another QPN than the ARP's sender: refused.
+    let f = frame(peer);
+    deliver(
+        &mut n,
+        &f,
+        recv(f.len(), 0x0021, QpNum::new(peer.qpn.get() + 1)),
+    );
+    // From the peer's LID claiming the liar's GID: refused.
+    let forged = frame(HwAddr::new(0x80, peer.qpn, liar));
+    deliver(&mut n, &forged, recv(forged.len(), 0x0021, peer.qpn));
+    assert!(n.ep(0).neigh.get(&ip).and_then(|e| e.resolved()).is_none());
+    assert_eq!(n.ep(0).counters().rx_bad_packets, before + 2);
+    // From the peer's LID and UD QPN: learned, whatever the GRH area says.
+    deliver(&mut n, &f, recv(f.len(), 0x0021, peer.qpn));
+    assert_eq!(
+        n.ep(0).neigh.get(&ip).and_then(|e| e.resolved()),
+        Some(peer)
+    );
+    assert_eq!(n.ep(0).counters().rx_bad_packets, before + 2);
+    // The path is what UD sends and connections to the peer use: DLID, no GRH.
+    let av = n.ep(0).av_to(peer.gid);
+    assert_eq!((av.dlid, av.grh), (Lid(0x0021), None));
+}
+
+const GRH_AREA: usize = crate::wire::grh::GRH_LEN;
+
+fn n_hw0() -> HwAddr {
+    HwAddr::new(
+        0,
+        QpNum::new(0),
+        crate::verbs::Gid::from(std::net::Ipv4Addr::UNSPECIFIED),
+    )
+}

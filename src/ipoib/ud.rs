@@ -14,7 +14,7 @@ use std::time::Instant;
 use super::{fill_ipoib, wr, wr_kind, Endpoint, EndpointConfig, CQ_BATCH, WR_RECV, WR_SEND};
 use crate::verbs::setup::open_ud_qp;
 use crate::verbs::{
-    AddressVector, BufId, CqId, Gid, PdId, QpNum, QpType, SendWr, UdDest, Verbs, VerbsError,
+    BufId, Completion, CqId, Gid, Lid, PdId, QpNum, QpType, SendWr, UdDest, Verbs, VerbsError,
     WcOpcode, WcStatus,
 };
 use crate::wire::grh::{grh_source_gid, GRH_LEN};
@@ -24,11 +24,59 @@ use crate::wire::ipoib::{
 };
 
 /// Where a UD message came from, as far as the provider can tell: the source GID of its GRH
-/// (the underlay address) and the UDP source port (where the provider reports it).
+/// (the underlay address on RoCE) or, without a GRH (IB unicast), the GID whose path names
+/// the completion's SLID; the sender's QPN; and the UDP source port (where the provider
+/// reports it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct UdSource {
-    pub(super) gid: Gid,
+    /// `None`: no GRH, and no path names the SLID (a port not talked to yet).
+    pub(super) gid: Option<Gid>,
+    /// The sender's QPN, checked only where there is no GRH (the LID names a port, the QPN
+    /// its UD QP).
+    pub(super) qpn: Option<QpNum>,
     pub(super) port: Option<u16>,
+}
+
+impl UdSource {
+    /// A source known by the GID of its GRH.
+    pub(super) const fn by_gid(gid: Gid, port: Option<u16>) -> Self {
+        Self {
+            gid: Some(gid),
+            qpn: None,
+            port,
+        }
+    }
+
+    /// Whether a message from here may speak for `hw` (an ARP or ND sender's hardware
+    /// address): its GID is the source's where that is known, and without a GRH its QPN is
+    /// the completion's `src_qp`. A GRH-less message from a LID no path names is taken at
+    /// its word, as kernel ipoib takes every ARP (its path is looked up when it is used).
+    pub(super) fn vouches_for(&self, hw: HwAddr) -> bool {
+        self.gid.is_none_or(|g| g == hw.gid) && self.qpn.is_none_or(|q| q == hw.qpn)
+    }
+}
+
+/// What a UD receive completion says about its message, beside the buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct UdRecv {
+    pub(super) len: usize,
+    /// The first 40 bytes are a GRH (`IBV_WC_GRH`).
+    pub(super) grh: bool,
+    pub(super) slid: Option<Lid>,
+    pub(super) src_qp: Option<QpNum>,
+    pub(super) src_port: Option<u16>,
+}
+
+impl UdRecv {
+    pub(super) fn of(wc: &Completion) -> Self {
+        Self {
+            len: wc.byte_len as usize,
+            grh: wc.grh,
+            slid: wc.slid,
+            src_qp: wc.src_qp,
+            src_port: wc.src_port,
+        }
+    }
 }
 
 /// The UD QP and its resources.
@@ -164,7 +212,7 @@ impl Endpoint {
         };
         let mut w = SendWr::send(wr(WR_SEND), b, len);
         w.ud = Some(UdDest {
-            av: AddressVector::to_gid(hw.gid),
+            av: self.av_to(hw.gid),
             remote_qpn: hw.qpn,
             remote_qkey: self.cfg.qkey,
         });
@@ -192,7 +240,7 @@ impl Endpoint {
                     WcOpcode::Send => self.ud.free_send.push(b),
                     WcOpcode::Recv => {
                         if wc.status == WcStatus::Success && wr_kind(wc.wr_id) == WR_RECV {
-                            self.on_ud_recv(now, v, b, wc.byte_len as usize, wc.src_port);
+                            self.on_ud_recv(now, v, b, UdRecv::of(wc));
                         }
                         if v.post_recv(self.ud.qp, wr(WR_RECV), b).is_err() {
                             let _ = v.pools_mut().free(b);
@@ -207,37 +255,72 @@ impl Endpoint {
         }
     }
 
-    fn on_ud_recv<V: Verbs>(
+    fn on_ud_recv<V: Verbs>(&mut self, now: Instant, v: &mut V, b: BufId, r: UdRecv) {
+        let Ok(buf) = v.pools().get(b) else { return };
+        let Some(frame) = buf.get(..r.len) else {
+            return;
+        };
+        if let Some((src, ethertype, payload)) = self.classify_ud(frame, r) {
+            self.dispatch_ud(now, v, src, ethertype, &payload);
+        }
+    }
+
+    /// One UD message: `frame` is the receive buffer's first `r.len` bytes, the 40-byte GRH
+    /// area first (the tests' way in, with a synthetic completion).
+    #[cfg(test)]
+    pub(super) fn on_ud_frame<V: Verbs>(
         &mut self,
         now: Instant,
         v: &mut V,
-        b: BufId,
-        len: usize,
-        src_port: Option<u16>,
+        frame: &[u8],
+        r: UdRecv,
     ) {
-        let Ok(buf) = v.pools().get(b) else { return };
-        let Some(frame) = buf.get(..len) else { return };
-        let (Some(src_gid), Some(data)) = (grh_source_gid(frame), frame.get(GRH_LEN..)) else {
+        if let Some((src, ethertype, payload)) = self.classify_ud(frame, r) {
+            self.dispatch_ud(now, v, src, ethertype, &payload);
+        }
+    }
+
+    /// The source, ethertype and payload of a UD message. With a GRH the source is its
+    /// SGID; without one (IB unicast: the 40-byte area holds nothing meaningful) it is
+    /// (`slid`, `src_qp`), the GID the one whose path names the LID.
+    fn classify_ud(&mut self, frame: &[u8], r: UdRecv) -> Option<(UdSource, u16, Vec<u8>)> {
+        let data = frame.get(GRH_LEN..);
+        let src = if r.grh {
+            grh_source_gid(frame).map(|g| UdSource::by_gid(g, r.src_port))
+        } else {
+            r.src_qp.map(|qpn| UdSource {
+                gid: r.slid.and_then(|l| self.paths.gid_of(l)),
+                qpn: Some(qpn),
+                port: r.src_port,
+            })
+        };
+        let parsed = data.zip(src).and_then(|(d, src)| {
+            let hdr = IpoibHeader::parse(d).ok()?;
+            let payload = d.get(IpoibHeader::LEN..).unwrap_or(&[]).to_vec();
+            Some((src, hdr.ethertype, payload))
+        });
+        if parsed.is_none() {
             self.counters.rx_bad_packets += 1;
-            return;
-        };
-        let Ok(hdr) = IpoibHeader::parse(data) else {
-            self.counters.rx_bad_packets += 1;
-            return;
-        };
-        let payload = data.get(IpoibHeader::LEN..).unwrap_or(&[]).to_vec();
-        let src = UdSource {
-            gid: src_gid,
-            port: src_port,
-        };
-        match hdr.ethertype {
-            ETHERTYPE_ARP => self.on_arp(now, v, src, &payload),
+        }
+        parsed
+    }
+
+    fn dispatch_ud<V: Verbs>(
+        &mut self,
+        now: Instant,
+        v: &mut V,
+        src: UdSource,
+        ethertype: u16,
+        payload: &[u8],
+    ) {
+        match ethertype {
+            ETHERTYPE_ARP => self.on_arp(now, v, src, payload),
             ETHERTYPE_IPV4 | ETHERTYPE_IPV6 => {
-                if let Ok(nd) = NdMessage::parse(&payload) {
-                    self.on_nd(now, v, src, nd.kind, &payload);
+                if let Ok(nd) = NdMessage::parse(payload) {
+                    self.on_nd(now, v, src, nd.kind, payload);
                     return;
                 }
-                self.deliver(&payload);
+                self.deliver(payload);
             }
             _ => self.counters.rx_bad_packets += 1,
         }

@@ -10,7 +10,7 @@ use super::objects::{Objects, RecvInfo};
 use super::qp::{Qp, RecvWqe, Response, SendWqe};
 use super::sched::Scheduler;
 use super::stats::SoftStats;
-use crate::verbs::{AsyncEvent, Completion, CqId, Psn, QpNum, QpState, WcOpcode, WcStatus};
+use crate::verbs::{AsyncEvent, Completion, CqId, Psn, QpNum, QpState, Sl, WcOpcode, WcStatus};
 use crate::wire::bth::{Bth, Opcode};
 use crate::wire::icrc::IpHeaderInfo;
 use crate::wire::roce::RoceRepr;
@@ -100,6 +100,9 @@ impl Device {
                     src_qp: None,
                     src_port: None,
                     grh: false,
+                    slid: None,
+                    sl: Sl::ZERO,
+                    dlid_path_bits: 0,
                 },
             );
         } else if let Some(b) = w.wr.buf {
@@ -128,6 +131,9 @@ impl Device {
                 src_qp: extra.src_qp,
                 src_port: extra.src_port,
                 grh: extra.grh,
+                slid: None,
+                sl: Sl::ZERO,
+                dlid_path_bits: 0,
             },
         );
     }

@@ -414,3 +414,9 @@ impl Responder {
         }
     }
 }
+
+/// The destination GID of a RoCEv2 address vector: its GRH's. `modify_qp` and `post_send`
+/// refuse an address vector without a GRH, so every one stored or posted has it.
+pub(super) fn roce_dgid(av: &AddressVector) -> crate::verbs::Gid {
+    av.dgid().unwrap_or_default()
+}

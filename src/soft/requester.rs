@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use super::device::Device;
 use super::mcast;
-use super::qp::Qp;
+use super::qp::{roce_dgid, Qp};
 use super::sched::TimerKind;
 use crate::verbs::{QpType, WcStatus};
 use crate::wire::bth::Opcode;
@@ -74,7 +74,7 @@ impl Device {
                 .unwrap_or(&[]),
             None => &[],
         };
-        let dst = self.emit(&repr, payload, av.dgid.to_ip(), out);
+        let dst = self.emit(&repr, payload, roce_dgid(&av).to_ip(), out);
         if psn.diff(qp.req.high_psn) < 0 {
             self.stats.tx_retransmits += 1;
         } else {
@@ -139,14 +139,14 @@ impl Device {
                 .unwrap_or(&[]),
             None => &[],
         };
-        let (dst, status) = if ud.av.dgid.0[0] == 0xFF {
+        let (dst, status) = if roce_dgid(&ud.av).0[0] == 0xFF {
             // Multicast: one IP multicast datagram to the group (when on), and one unicast
             // copy per underlay peer; the first goes out now, the rest wait in `fanout`. A
             // group with neither swallows the send, as an empty IB multicast group does.
             let group = self
                 .cfg
                 .multicast
-                .then(|| mcast::group_addr(ud.av.dgid, self.cfg.local_ip))
+                .then(|| mcast::group_addr(roce_dgid(&ud.av), self.cfg.local_ip))
                 .flatten();
             let mut first = None;
             for peer in group.iter().chain(&self.mcast.peers) {
@@ -162,7 +162,7 @@ impl Device {
             }
             (first, WcStatus::Success)
         } else {
-            match self.emit(&repr, payload, ud.av.dgid.to_ip(), out) {
+            match self.emit(&repr, payload, roce_dgid(&ud.av).to_ip(), out) {
                 Some(to) => (Some(to), WcStatus::Success),
                 None => (None, WcStatus::LocQpOpErr),
             }

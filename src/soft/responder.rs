@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use super::device::Device;
 use super::objects::RecvInfo;
-use super::qp::{Filling, Qp, Response};
+use super::qp::{roce_dgid, Filling, Qp, Response};
 use crate::verbs::{AsyncEvent, Psn, QpNum, QpState, WcStatus};
 use crate::wire::bth::Opcode;
 use crate::wire::ext::{Aeth, NakCode, Syndrome};
@@ -204,6 +204,6 @@ impl Device {
             deth: None,
             imm: None,
         };
-        self.emit(&repr, &[], av.dgid.to_ip(), out)
+        self.emit(&repr, &[], roce_dgid(&av).to_ip(), out)
     }
 }

@@ -368,6 +368,7 @@ fn connect_with_cm(opts: &RcPingpongOptions) -> Result<Ctx, PingpongError> {
                 local_qpn: ctx.qp,
                 starting_psn: ctx.my.psn,
                 path_mtu: link.mtu,
+                path: None,
                 retry_count: RC_RETRY_CNT,
                 rnr_retry_count: RNR_RETRY_FOREVER,
                 srq: false,

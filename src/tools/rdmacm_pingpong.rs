@@ -194,7 +194,7 @@ impl Ctx {
             lid: 0,
             qpn: remote_qpn,
             psn: rts.sq_psn.unwrap_or(self.my.psn),
-            gid: rtr.av.map_or(Gid([0; 16]), |av| av.dgid),
+            gid: rtr.av.and_then(|av| av.dgid()).unwrap_or(Gid([0; 16])),
         };
         print_dest("remote", &remote);
         Ok(())

@@ -125,14 +125,13 @@ pub(super) fn run(
                 SaEvent::PathResolved { dgid, .. } => {
                     if let Some(p) = ep.path(dgid) {
                         println!(
-                            "path dgid {} sgid {} dlid {:#x} slid {:#x} sl {} mtu {} pkey {:#06x}",
+                            "path dgid {} sgid {} dlid {:#x} slid {:#x} sl {} mtu {}",
                             p.dgid,
                             p.sgid,
-                            p.dlid,
-                            p.slid,
-                            p.sl,
-                            p.mtu().map_or(0, |m| m.bytes()),
-                            p.pkey
+                            p.dlid.0,
+                            p.slid.0,
+                            p.sl.get(),
+                            p.mtu.bytes(),
                         );
                     }
                 }

@@ -17,8 +17,8 @@ use crate::soft::provider::UdpOffload;
 use crate::soft::{FaultConfig, SoftVerbs};
 use crate::verbs::setup::os_seed;
 use crate::verbs::{
-    AddressVector, BufId, CqId, PathMtu, Provider, QKey, QpAttr, QpInit, QpNum, QpState, QpType,
-    UdDest, Verbs,
+    AddressVector, BufId, CqId, Grh, PathMtu, Provider, QKey, QpAttr, QpInit, QpNum, QpState,
+    QpType, UdDest, Verbs,
 };
 
 /// The Q_Key `ibv_ud_pingpong` uses.
@@ -155,10 +155,10 @@ pub fn run(opts: &Options) -> Result<Summary, PingpongError> {
     let (mut ctx, rem) = exchange(opts)?;
     let run = PingpongRun {
         ud: Some(UdDest {
-            av: AddressVector {
+            av: AddressVector::global(Grh {
                 hop_limit: 1,
-                ..AddressVector::to_gid(rem.gid)
-            },
+                ..Grh::to_gid(rem.gid)
+            }),
             remote_qpn: rem.qpn,
             remote_qkey: UD_PINGPONG_QKEY,
         }),

@@ -1,5 +1,6 @@
 //! Work completions and asynchronous events.
 
+use super::av::{Lid, Sl};
 use super::types::{BufId, QpNum, SrqId, WrId};
 
 /// Completion status (`enum ibv_wc_status`, IBTA names).
@@ -89,8 +90,17 @@ pub struct Completion {
     /// (the software provider; `None` from libibverbs, whose work completion does not carry
     /// it). RoCEv2 makes it an entropy field, which a sender keeps fixed per QP.
     pub src_port: Option<u16>,
-    /// UD receives: the buffer starts with a 40-byte GRH area (`IBV_WC_GRH`).
+    /// UD receives: the buffer starts with a 40-byte GRH area (`IBV_WC_GRH`). Without it
+    /// (IB unicast) those 40 bytes hold nothing meaningful and the sender is
+    /// (`slid`, `src_qp`).
     pub grh: bool,
+    /// UD receives: the sender's LID (`wc.slid`), where the link layer has LIDs (`None` on
+    /// RoCE and from the software provider).
+    pub slid: Option<Lid>,
+    /// UD receives: the service level the message came on (`wc.sl`; 0 on RoCE).
+    pub sl: Sl,
+    /// UD receives: the destination LID's path bits (`wc.dlid_path_bits`; 0 without LMC).
+    pub dlid_path_bits: u8,
 }
 
 /// Asynchronous events (`enum ibv_event_type`).

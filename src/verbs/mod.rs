@@ -45,6 +45,7 @@
 //! that never completes, a missing or duplicated Last WQE event), so the layers above can be
 //! tested against real-world provider bugs.
 
+pub mod av;
 pub mod completion;
 #[doc(hidden)]
 pub mod conformance;
@@ -58,10 +59,11 @@ use std::io;
 use std::os::fd::RawFd;
 use std::time::Instant;
 
+pub use av::{AddressVector, Grh, Lid, Path, Rate, Sl};
 pub use completion::{AsyncEvent, Completion, WcOpcode, WcStatus};
 pub use error::VerbsError;
 pub use pool::BufPools;
-pub use transition::{check_modify, AccessFlags, AddressVector, QpAttr};
+pub use transition::{check_modify, AccessFlags, QpAttr};
 pub use types::{
     BufId, CqId, Gid, PKey, PathMtu, PdId, PoolId, Psn, QKey, QpNum, QpState, QpType, SrqId, WrId,
 };

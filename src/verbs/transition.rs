@@ -6,8 +6,9 @@
 //! requires, and which it allows. Every provider calls it before touching a QP, so an illegal
 //! transition or a missing attribute is rejected the same way on every fabric.
 
+use super::av::AddressVector;
 use super::error::VerbsError;
-use super::types::{Gid, PathMtu, Psn, QKey, QpNum, QpState, QpType};
+use super::types::{PathMtu, Psn, QKey, QpNum, QpState, QpType};
 
 /// Remote access rights of an RC QP (`IBV_ACCESS_*`). IPoIB-CM uses SEND only, so all are
 /// usually false.
@@ -19,31 +20,6 @@ pub struct AccessFlags {
     pub remote_read: bool,
     /// Allow incoming atomics.
     pub remote_atomic: bool,
-}
-
-/// An address vector: where an RC QP's packets go (`ibv_ah_attr` with a GRH, as RoCEv2 needs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct AddressVector {
-    /// Destination GID (the peer's IP address on RoCEv2).
-    pub dgid: Gid,
-    /// IP TTL / hop limit.
-    pub hop_limit: u8,
-    /// IP traffic class (DSCP + ECN).
-    pub traffic_class: u8,
-    /// IPv6 flow label (20 bits).
-    pub flow_label: u32,
-}
-
-impl AddressVector {
-    /// An address vector to `dgid` with hop limit 64 and no traffic class or flow label.
-    pub fn to_gid(dgid: Gid) -> Self {
-        Self {
-            dgid,
-            hop_limit: 64,
-            traffic_class: 0,
-            flow_label: 0,
-        }
-    }
 }
 
 /// Attributes for `modify_qp`. A field that is `Some` is in the attribute mask.
@@ -377,7 +353,7 @@ mod tests {
 
     fn connection() -> RcConnection {
         RcConnection::new(
-            (Gid::default(), QpNum::new(0x12)),
+            (crate::verbs::Gid::default(), QpNum::new(0x12)),
             PathMtu::Mtu1024,
             Psn::new(0),
             Psn::new(0),

@@ -4,7 +4,9 @@
 
 use super::error::RdmaCmError;
 use super::ffi;
-use crate::verbs::{AccessFlags, AddressVector, Gid, PathMtu, Psn, QpAttr, QpNum, QpState};
+use crate::verbs::{
+    AccessFlags, AddressVector, Gid, Grh, Lid, PathMtu, Psn, QpAttr, QpNum, QpState, Rate, Sl,
+};
 
 /// The attributes the kernel's CM gives for a move of our QP: the [`QpAttr`] and, for a
 /// move to RTR, the source GID index the CM's route uses (the provider must send from the
@@ -96,17 +98,28 @@ pub(super) fn from_c(a: &ffi::ibv_qp_attr, mask: i32) -> Result<CmQpAttr, RdmaCm
         out.port = Some(a.port_num);
     }
     if has(ffi::IBV_QP_AV) {
-        let g = &a.ah_attr.grh;
-        // SAFETY: `ibv_gid` is a union of a 16-byte array and two u64s: every bit pattern is
-        // a valid `[u8; 16]`.
-        let dgid = unsafe { g.dgid.raw };
-        out.av = Some(AddressVector {
-            dgid: Gid(dgid),
-            hop_limit: g.hop_limit,
-            traffic_class: g.traffic_class,
-            flow_label: g.flow_label,
+        let h = &a.ah_attr;
+        let grh = (h.is_global != 0).then(|| {
+            // SAFETY: `ibv_gid` is a union of a 16-byte array and two u64s: every bit
+            // pattern is a valid `[u8; 16]`.
+            let dgid = unsafe { h.grh.dgid.raw };
+            sgid_index = Some(h.grh.sgid_index);
+            // The QP's SGID index travels beside the attributes (`sgid_index`).
+            Grh {
+                dgid: Gid(dgid),
+                sgid_index: None,
+                flow_label: h.grh.flow_label & 0x000F_FFFF,
+                hop_limit: h.grh.hop_limit,
+                traffic_class: h.grh.traffic_class,
+            }
         });
-        sgid_index = Some(g.sgid_index);
+        out.av = Some(AddressVector {
+            dlid: Lid(h.dlid),
+            sl: Sl::from_bits(h.sl),
+            src_path_bits: h.src_path_bits,
+            static_rate: Rate(h.static_rate),
+            grh,
+        });
     }
     if has(ffi::IBV_QP_PATH_MTU) {
         let m = u8::try_from(a.path_mtu)
@@ -184,12 +197,10 @@ mod tests {
         let got = from_c(&a, mask).unwrap();
         assert_eq!(got.sgid_index, Some(1));
         let want = QpAttr {
-            av: Some(AddressVector {
-                dgid: Gid([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 2]),
-                hop_limit: 64,
-                traffic_class: 0,
+            av: Some(AddressVector::global(Grh {
                 flow_label: 0xabcde,
-            }),
+                ..Grh::to_gid(Gid([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 2]))
+            })),
             path_mtu: Some(PathMtu::Mtu1024),
             dest_qpn: Some(QpNum::new(0x11)),
             rq_psn: Some(Psn::new(0x12_3456)),

@@ -14,7 +14,7 @@ use super::restart::Incarnation;
 use super::{wr, wr_kind, Endpoint, Owner, Timer, CQ_BATCH, WR_DRAIN, WR_RECV};
 use crate::cm::{AcceptParams, CommId};
 use crate::verbs::setup::{connect_rc, init_rc_qp, RcConnection, RNR_RETRY_FOREVER};
-use crate::verbs::{BufId, Gid, PathMtu, Psn, QpInit, QpNum, QpType, Verbs, WcOpcode, WcStatus};
+use crate::verbs::{BufId, Gid, Path, Psn, QpInit, QpNum, QpType, Verbs, WcOpcode, WcStatus};
 use crate::wire::cm::RejReason;
 use crate::wire::cma::{CmaHdr, KERNEL_REFUSAL};
 use crate::wire::ipoib::{IpoibHeader, ETHERTYPE_IPV4, ETHERTYPE_IPV6};
@@ -121,7 +121,7 @@ impl Endpoint {
         remote_ca_guid: u64,
         remote_qpn: QpNum,
         remote_psn: Psn,
-        path_mtu: PathMtu,
+        path: Path,
         rnr_retry_count: u8,
         service_id: u64,
         private: &[u8],
@@ -181,7 +181,7 @@ impl Endpoint {
                 self.start_rx_teardown(now, v, q, Why::HalfOpenEvicted);
             }
         }
-        match self.build_rx_qp(v, peer, remote_qpn, remote_psn, path_mtu, rnr_retry_count) {
+        match self.build_rx_qp(v, peer, remote_qpn, remote_psn, &path, rnr_retry_count) {
             Some((qpn, our_psn, ring_posted)) => {
                 let params = AcceptParams {
                     local_qpn: qpn,
@@ -257,7 +257,7 @@ impl Endpoint {
         peer: Gid,
         remote_qpn: QpNum,
         remote_psn: Psn,
-        path_mtu: PathMtu,
+        path: &Path,
         rnr_retry_count: u8,
     ) -> Option<(QpNum, Psn, u32)> {
         let qpn = v
@@ -288,12 +288,15 @@ impl Endpoint {
                     ring_posted += 1;
                 }
             }
+            // The RX QP's address vector is the REQ's primary path back to the peer
+            // (`cm_process_routed_req`, `cm_format_paths_from_req`).
             let conn = RcConnection {
+                av: path.av(),
                 timeout: self.cfg.qp_timeout,
                 rnr_retry: rnr_retry_count.min(RNR_RETRY_FOREVER),
                 ..RcConnection::new(
                     (peer, remote_qpn),
-                    path_mtu.min(self.cfg.path_mtu),
+                    path.mtu.min(self.cfg.path_mtu),
                     our_psn,
                     remote_psn,
                 )

@@ -122,6 +122,11 @@ fn with_an_sa_nothing_goes_out_over_ud_before_the_broadcast_join() {
     assert_eq!(ep.config().qkey, QKey(0x1234_5678));
     assert_eq!(ep.ud_mtu(), 2044);
     assert_eq!(ep.broadcast_group().map(|b| b.sl), Some(3));
+    // Sends to the group are addressed by its MLID, with a GRH to the MGID.
+    let av = ep.av_to(bcast());
+    assert_eq!(av.dlid, crate::verbs::Lid(0xC000));
+    assert_eq!(av.sl.get(), 3);
+    assert_eq!(av.dgid(), Some(bcast()));
     ep.handle_tun_packet(now, &mut v, &udp4_to(Ipv4Addr::new(224, 0, 0, 1)));
     assert_eq!(ep.counters().tx_packets, 1);
     // A packet over the broadcast group's MTU is dropped, not sent.
@@ -223,11 +228,11 @@ fn paths_are_asked_for_once_and_kept_for_the_endpoint() {
         slid: 4,
         ..PathRecord::default()
     };
-    ep.set_path(peer, path);
-    assert_eq!(ep.path(peer).map(|p| p.dlid), Some(5));
+    ep.set_sa_path(peer, &path);
+    assert_eq!(ep.path(peer).map(|p| p.dlid), Some(crate::verbs::Lid(5)));
     // An answer nobody asked for is not kept.
     let stranger = Gid::from_ip(ip("fe80::10:9"));
-    ep.set_path(stranger, path);
+    ep.set_sa_path(stranger, &path);
     assert_eq!(ep.path(stranger), None);
 }
 

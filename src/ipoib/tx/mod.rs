@@ -264,7 +264,8 @@ impl Endpoint {
             service_id,
             local_qpn: qpn,
             starting_psn: our_psn,
-            path_mtu: self.cfg.path_mtu,
+            path_mtu: self.path_mtu_to(hw.gid),
+            path: Some(self.path_to(hw.gid)),
             retry_count: RC_RETRY_CNT,
             rnr_retry_count: TX_RNR_RETRY,
             srq: false,
@@ -347,11 +348,12 @@ impl Endpoint {
             }
         };
         let conn = RcConnection {
+            av: self.av_to(peer.gid),
             timeout: self.cfg.qp_timeout,
             rnr_retry: TX_RNR_RETRY,
             ..RcConnection::new(
                 (peer.gid, remote_qpn),
-                self.cfg.path_mtu,
+                self.path_mtu_to(peer.gid),
                 our_psn,
                 remote_psn,
             )

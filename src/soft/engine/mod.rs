@@ -231,11 +231,16 @@ impl Verbs for SoftVerbs {
         if attr.path_mtu.is_some_and(|m| m > port_mtu) {
             return Err(VerbsError::InvalidAttribute("path_mtu"));
         }
-        if attr
-            .av
-            .is_some_and(|av| av.dgid.to_ip().is_ipv4() != local_v4)
-        {
-            return Err(VerbsError::InvalidAttribute("av"));
+        if let Some(av) = attr.av {
+            // RoCEv2 routes by the GRH's destination: an address vector without one (an IB
+            // LID route) names no IP address (rxe: `rdma_check_ah_attr`).
+            match av.dgid() {
+                None => return Err(VerbsError::InvalidAttribute("av without a GRH")),
+                Some(g) if g.to_ip().is_ipv4() != local_v4 => {
+                    return Err(VerbsError::InvalidAttribute("av"))
+                }
+                Some(_) => {}
+            }
         }
         let to = attr.state.unwrap_or(qp.state);
         qp.apply_attrs(attr);
@@ -293,8 +298,12 @@ impl Verbs for SoftVerbs {
         let limit = match qp.qp_type {
             QpType::Rc => MAX_RC_MSG,
             QpType::Ud | QpType::Gsi => {
-                if wr.ud.is_none() {
-                    return Err(VerbsError::InvalidWr("UD send without a destination"));
+                match wr.ud {
+                    None => return Err(VerbsError::InvalidWr("UD send without a destination")),
+                    Some(d) if d.av.grh.is_none() => {
+                        return Err(VerbsError::InvalidWr("UD send without a GRH"))
+                    }
+                    Some(_) => {}
                 }
                 port_mtu
             }

@@ -8,6 +8,7 @@ use super::icrc_peers::Noted;
 use super::SoftVerbs;
 use crate::soft::config::MULTICAST_QPN;
 use crate::soft::device::ip_info;
+use crate::soft::qp::roce_dgid;
 use crate::verbs::{PKey, QpNum, QpType};
 use crate::wire::bth::{Bth, Opcode, Transport};
 use crate::wire::icrc;
@@ -102,7 +103,10 @@ impl SoftVerbs {
         let dev = &mut self.dev;
         match qp.qp_type {
             QpType::Rc => {
-                let peer_ok = qp.attrs.av.is_some_and(|av| av.dgid.to_ip() == src.ip());
+                let peer_ok = qp
+                    .attrs
+                    .av
+                    .is_some_and(|av| roce_dgid(&av).to_ip() == src.ip());
                 if !peer_ok {
                     dev.stats.rx_bad_src += 1;
                     return;

@@ -133,7 +133,11 @@ pub fn check_completion_order<V: Verbs, P: ConformancePair<V>>(
 /// set, `src_qp` is the sender, the payload follows the GRH, and the GRH names the sender's
 /// GID (for an IPv4-mapped GID, the IPv4 source at bytes 32..36; otherwise the IPv6 source
 /// at 8..24). A send with the wrong Q_Key completes at the sender but is dropped by the
-/// receiver: the next receive gets the following good message instead.
+/// receiver: the next receive gets the following good message instead. The completion's
+/// GRH flag agrees with the address vector, which has a GRH; a UD send whose address vector
+/// has none (an IB LID route: DLID, SL 3) is refused by `post_send` on a RoCE port (every
+/// provider here: RoCEv2 routes by the GRH; the kernel's `rdma_check_ah_attr`) and nothing
+/// of it arrives.
 pub fn check_ud_grh_qkey<V: Verbs, P: ConformancePair<V>>(
     pair: &mut P,
 ) -> Result<(), ConformanceError> {
@@ -167,6 +171,25 @@ pub fn check_ud_grh_qkey<V: Verbs, P: ConformancePair<V>>(
         remote_qpn: qb,
         remote_qkey: qkey,
     };
+    let lid_only = UdDest {
+        av: AddressVector::to_lid(Lid(0x0012), Sl::new(3).unwrap_or_default()),
+        ..dest(QK)
+    };
+    let buf = alloc_with(a, ea.pool, &pattern(9, 32))?;
+    let wr = SendWr {
+        ud: Some(lid_only),
+        ..SendWr::send(WrId(99), buf, 32)
+    };
+    match a.post_send(qa, &wr) {
+        Err(_) => {
+            let _ = a.pools_mut().free(buf);
+        }
+        Ok(()) => {
+            return Err(violation!(
+                "a UD send without a GRH was accepted on a RoCE port"
+            ))
+        }
+    }
     let msgs = [pattern(1, 200), pattern(2, 64), pattern(3, 77)];
     let keys = [QK, QKey(QK.0 ^ 1), QK];
     for (i, (m, k)) in msgs.iter().zip(keys).enumerate() {

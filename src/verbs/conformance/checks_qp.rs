@@ -11,7 +11,8 @@ use crate::verbs::setup::{RC_RETRY_CNT, RNR_RETRY_FOREVER};
 /// with [`VerbsError::UnexpectedAttributes`], a wrong `cur_state` with
 /// [`VerbsError::InvalidAttribute`], and none of them changes the state. Legal transitions
 /// walk RESET→INIT→RTR→RTS→RTS→SQD→RTS→ERR→RESET→INIT; `post_recv` works from INIT on and
-/// `post_send` from RTS on. A UD QP needs a Q_Key, not an address vector.
+/// `post_send` from RTS on; the RTR carries a full address vector (static rate, flow label,
+/// traffic class and GRH). A UD QP needs a Q_Key, not an address vector.
 pub fn check_qp_state_machine<V: Verbs, P: ConformancePair<V>>(
     pair: &mut P,
 ) -> Result<(), ConformanceError> {
@@ -100,7 +101,19 @@ pub fn check_qp_state_machine<V: Verbs, P: ConformancePair<V>>(
         a.post_recv(qp, WrId(1), buf).ctx("post_recv in INIT")?;
         illegal(a, QpState::Init, QpState::Rts)?;
         let mtu = a.port_attr().active_mtu.min(b.port_attr().active_mtu);
-        let rtr = rc_rtr_attr((b.port_attr().gid, peer), mtu, Psn::new(5), 14);
+        // A full address vector: static rate, flow label and traffic class besides the GID.
+        let full_av = AddressVector {
+            static_rate: Rate::GBPS_10,
+            ..AddressVector::global(Grh {
+                flow_label: 0x1_2345,
+                traffic_class: 0,
+                ..Grh::to_gid(b.port_attr().gid)
+            })
+        };
+        let rtr = QpAttr {
+            av: Some(full_av),
+            ..rc_rtr_attr((b.port_attr().gid, peer), mtu, Psn::new(5), 14)
+        };
         a.modify_qp(qp, &rtr).ctx("INIT->RTR")?;
         expect_state(a, QpState::Rtr)?;
         let buf2 = a

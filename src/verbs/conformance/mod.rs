@@ -38,9 +38,9 @@
 
 use super::setup::{self, RcConnection};
 use super::{
-    AddressVector, AsyncEvent, BufId, Completion, CqId, Gid, PathMtu, PdId, PoolId, Psn, QKey,
-    QpAttr, QpInit, QpNum, QpState, QpType, SendWr, SrqId, SrqInit, UdDest, Verbs, VerbsError,
-    WcOpcode, WcStatus, WrId,
+    AddressVector, AsyncEvent, BufId, Completion, CqId, Gid, Grh, Lid, PathMtu, PdId, PoolId, Psn,
+    QKey, QpAttr, QpInit, QpNum, QpState, QpType, Rate, SendWr, Sl, SrqId, SrqInit, UdDest, Verbs,
+    VerbsError, WcOpcode, WcStatus, WrId,
 };
 
 /// How a check failed.
