@@ -67,6 +67,7 @@ pub fn plan(running: &Config, new: &Config, sized_qp: u32, log_live: bool) -> Re
         udp_port => "udp_port",
         cm_transport => "cm_transport",
         mad_port => "mad_port",
+        rdma_cm_port => "rdma_cm_port",
         verify_icrc_v4 => "no_icrc_v4",
         udp_offload => "no_udp_offload",
         qp_timeout => "qp_timeout",

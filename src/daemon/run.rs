@@ -85,6 +85,17 @@ pub enum DaemonError {
     /// The endpoint's QPs, CQs and buffers could not be set up on the provider.
     #[error("provider set-up: {0}")]
     Endpoint(#[source] crate::verbs::VerbsError),
+    /// The kernel's CM could not be opened or could not listen (`--cm-transport rdmacm`).
+    #[error("--cm-transport rdmacm (--bind, --rdma-cm-port {}): {message}", addr.port())]
+    RdmaCm {
+        /// The listen address.
+        addr: SocketAddr,
+        /// Why, one line.
+        message: String,
+    },
+    /// `--cm-transport rdmacm` on the software provider (its QPs are not the kernel's).
+    #[error("--cm-transport rdmacm: needs --provider verbs (the kernel's CM connects kernel QPs)")]
+    RdmaCmNeedsVerbs,
     /// The TUN device could not be created.
     #[error("--ifname: {0}")]
     Tun(#[source] io::Error),
@@ -152,6 +163,9 @@ fn path_mtu(cfg: &Config) -> Result<crate::verbs::PathMtu, DaemonError> {
 /// # Errors
 /// A set-up step that failed (one line naming it), or a fatal event-loop error.
 pub fn up(cfg: &Config) -> Result<(), DaemonError> {
+    if cfg.cm_transport == Some(CmTransport::RdmaCm) {
+        return Err(DaemonError::RdmaCmNeedsVerbs);
+    }
     let path_mtu = path_mtu(cfg)?;
     let mut soft = SoftConfig::new(cfg.bind);
     soft.src_port = cfg.udp_port;
@@ -222,6 +236,7 @@ fn run<P: DaemonProvider>(
         endpoint: cfg.endpoint_config(path_mtu, os_seed()),
         cm_transport,
         mad_udp: SocketAddr::new(cfg.bind, cfg.mad_port),
+        rdma_cm: SocketAddr::new(cfg.bind, cfg.rdma_cm_port),
     };
     let mut node = Node::new(Instant::now(), prov, node_cfg, poll.registry(), NODE)?;
     let mut control =
@@ -350,6 +365,7 @@ impl From<NodeError> for DaemonError {
                 source,
             },
             NodeError::Provider(e) => Self::Endpoint(e),
+            NodeError::RdmaCm { addr, message } => Self::RdmaCm { addr, message },
             NodeError::Tun(e) => Self::Tun(e),
             NodeError::InterfaceMtu(e) => Self::InterfaceMtu(e),
             NodeError::Addr {
@@ -397,10 +413,7 @@ fn log_start<P: DaemonProvider>(
         peers = %peers,
         mode = %ep.mode,
         srq = ep.srq,
-        cm_transport = %match cm_transport {
-            CmTransport::Qp1 => "qp1",
-            CmTransport::Udp => "udp",
-        },
+        cm_transport = %cm_transport.as_str(),
         provider = %match cfg.provider {
             super::ProviderKind::Soft => "soft",
             super::ProviderKind::Verbs => "verbs",
@@ -473,6 +486,10 @@ fn status<P: DaemonProvider>(node: &Node<P>, now: Instant, started: Instant) -> 
     prov.counters(&mut status.provider);
     add_counters(&mut status.provider, "cm_", &ep.cm_stats());
     add_counters(&mut status.provider, "mad_", &node.mad_stats());
+    if let Some(k) = node.kcm_stats() {
+        add_counters(&mut status.provider, "rdmacm_", &k);
+    }
+    status.interface.cm_transport = node.cm_transport().as_str().to_owned();
     let tun = node.tun_stats();
     for (k, v) in [
         ("tun_write_drops", tun.write_drops),

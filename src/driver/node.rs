@@ -10,9 +10,9 @@ use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 
 use super::tun::{read_tun, write_tun, TunRead, TunStats};
-use super::ProviderSources;
-use crate::ipoib::{Endpoint, EndpointConfig, EVENT_QUEUE_CAP};
-use crate::mad::{self, CmTransport, Gsi, Mad, MadStats, MadTransport, MadUdp};
+use super::{KcmStats, KernelCmDriver, ProviderSources};
+use crate::ipoib::{Endpoint, EndpointConfig, KernelCmConfig, EVENT_QUEUE_CAP};
+use crate::mad::{self, CmTransport, Gsi, Mad, MadStats, MadTransport, MadUdp, NoMads};
 use crate::sys::tun::Tun;
 use crate::verbs::{Provider, VerbsError};
 
@@ -45,6 +45,15 @@ pub struct NodeConfig {
     pub cm_transport: CmTransport,
     /// Where the UDP side channel binds, with [`CmTransport::Udp`].
     pub mad_udp: SocketAddr,
+    /// The `--bind` address and rdma_cm port the kernel's CM listens on, with
+    /// [`CmTransport::RdmaCm`].
+    pub rdma_cm: SocketAddr,
+}
+
+/// The ids of the kernel's CM an endpoint may hold at once: two per connection its tables
+/// hold (one may be in TimeWait beside its successor).
+fn kernel_cm_ids(ep: &EndpointConfig) -> usize {
+    (2 * (ep.max_conn_qp + ep.max_pending_rx + 1) + ep.neigh_max).min(crate::cm::MAX_LIVE_IDS)
 }
 
 /// Why a [`Node`] could not be set up. Its `Display` names the step.
@@ -62,6 +71,15 @@ pub enum NodeError {
     /// QP1 or the endpoint's QPs, CQs and buffers could not be set up on the provider.
     #[error("provider set-up: {0}")]
     Provider(#[source] VerbsError),
+    /// The kernel's CM could not be opened (no `/dev/infiniband/rdma_cm`, or the listener
+    /// could not bind).
+    #[error("--cm-transport rdmacm on {addr}: {message}")]
+    RdmaCm {
+        /// The address and port it was to listen on.
+        addr: SocketAddr,
+        /// Why, one line.
+        message: String,
+    },
     /// The TUN device could not be created.
     #[error("TUN device: {0}")]
     Tun(#[source] io::Error),
@@ -93,6 +111,8 @@ struct Tokens {
     tun: Token,
     /// The UDP side channel's, when the transport is one.
     mad: Option<Token>,
+    /// The kernel CM's event channel, with [`CmTransport::RdmaCm`].
+    kcm: Option<Token>,
     /// One past the last of the node's tokens.
     end: Token,
 }
@@ -105,6 +125,9 @@ pub struct Node<P: Provider> {
     sources: ProviderSources,
     ep: Endpoint,
     mad: Box<dyn MadTransport<P::Verbs>>,
+    /// The kernel's CM, with [`CmTransport::RdmaCm`].
+    kcm: Option<KernelCmDriver>,
+    cm_transport: CmTransport,
     /// Reused between turns by [`mad::receive`].
     mads: Vec<Mad>,
     tun: Tun,
@@ -148,7 +171,7 @@ impl<P: Provider> Node<P> {
     pub fn new(
         now: Instant,
         mut prov: P,
-        cfg: NodeConfig,
+        mut cfg: NodeConfig,
         registry: &Registry,
         first_token: usize,
     ) -> Result<Self, NodeError> {
@@ -168,6 +191,21 @@ impl<P: Provider> Node<P> {
                 mad_fd = Some(udp.socket_mut().as_raw_fd());
                 Box::new(udp)
             }
+            CmTransport::RdmaCm => Box::new(NoMads),
+        };
+        let kcm = if cfg.cm_transport == CmTransport::RdmaCm {
+            let max_ids = kernel_cm_ids(&cfg.endpoint);
+            cfg.endpoint.kernel_cm.get_or_insert(KernelCmConfig {
+                max_ids,
+                service_id: mad::rdma_ps_ib_service_id(cfg.rdma_cm.port()),
+            });
+            let k = KernelCmDriver::open(cfg.rdma_cm, max_ids).map_err(|e| NodeError::RdmaCm {
+                addr: cfg.rdma_cm,
+                message: e.to_string(),
+            })?;
+            Some(k)
+        } else {
+            None
         };
         let mtu = cfg.endpoint.interface_mtu();
         let addrs = cfg.endpoint.addrs.clone();
@@ -207,16 +245,30 @@ impl<P: Provider> Node<P> {
             }
             None => None,
         };
+        let kcm_token = match &kcm {
+            Some(k) => {
+                let token = end;
+                registry
+                    .register(&mut SourceFd(&k.fd()), token, Interest::READABLE)
+                    .map_err(NodeError::Register)?;
+                end = Token(token.0 + 1);
+                Some(token)
+            }
+            None => None,
+        };
         Ok(Self {
             prov,
             sources,
             ep,
             mad,
+            kcm,
+            cm_transport: cfg.cm_transport,
             mads: Vec::new(),
             tun,
             tokens: Tokens {
                 tun: tun_token,
                 mad: mad_token,
+                kcm: kcm_token,
                 end,
             },
             tun_ready: true,
@@ -247,8 +299,8 @@ impl<P: Provider> Node<P> {
             return true;
         }
         // The MAD transport is read on every turn (QP1 has no readiness of its own), so the
-        // side channel's readiness only needs to wake the loop.
-        self.tokens.mad == Some(token)
+        // side channel's readiness only needs to wake the loop; so is the kernel CM's channel.
+        self.tokens.mad == Some(token) || self.tokens.kcm == Some(token)
     }
 
     /// When the next turn is due even without readiness: the earliest deadline of the
@@ -269,7 +321,7 @@ impl<P: Provider> Node<P> {
     /// them): the next turn should follow at once, without sleeping.
     #[must_use]
     pub fn has_pending_input(&self) -> bool {
-        self.tun_more
+        self.tun_more || self.kcm.as_ref().is_some_and(KernelCmDriver::has_pending)
     }
 
     /// The receive half of a turn: everything that arrived is read and handled, and the
@@ -290,13 +342,13 @@ impl<P: Provider> Node<P> {
         }
         self.receive_mads(now);
         self.ep.handle_verbs(now, self.prov.verbs());
-        self.send_mads();
+        self.send_mads(now);
         self.write_tun();
         if (self.tun_ready || self.tun_more) && !self.interface_removed {
             self.read_tun(now)?;
         }
         self.ep.handle_timeout(now, self.prov.verbs());
-        self.send_mads();
+        self.send_mads(now);
         self.write_tun();
         self.log_events();
         Ok(())
@@ -333,7 +385,7 @@ impl<P: Provider> Node<P> {
             return;
         }
         self.ep.begin_shutdown(now, self.prov.verbs());
-        self.send_mads();
+        self.send_mads(now);
         self.log_events();
         self.stop_deadline = Some(now + self.ep.config().drain_timeout);
     }
@@ -380,7 +432,7 @@ impl<P: Provider> Node<P> {
         self.ep.leave_groups(self.prov.verbs());
         self.receive_mads(now);
         self.ep.handle_verbs(now, self.prov.verbs());
-        self.send_mads();
+        self.send_mads(now);
         self.prov.handle_io(now)?;
         self.log_events();
         Ok(())
@@ -413,7 +465,7 @@ impl<P: Provider> Node<P> {
     ) -> R {
         let r = change(&mut self.ep, self.prov.verbs());
         self.ep.handle_timeout(now, self.prov.verbs());
-        self.send_mads();
+        self.send_mads(now);
         r
     }
 
@@ -453,8 +505,23 @@ impl<P: Provider> Node<P> {
         self.tun_stats
     }
 
-    /// Hands every MAD the transport received to the endpoint.
+    /// How the CM's messages travel.
+    #[must_use]
+    pub fn cm_transport(&self) -> CmTransport {
+        self.cm_transport
+    }
+
+    /// The counters of the kernel CM's driver side, with [`CmTransport::RdmaCm`].
+    #[must_use]
+    pub fn kcm_stats(&self) -> Option<KcmStats> {
+        self.kcm.as_ref().map(KernelCmDriver::stats)
+    }
+
+    /// Hands every MAD the transport received (or what the kernel's CM read) to the endpoint.
     fn receive_mads(&mut self, now: Instant) {
+        if let Some(k) = &mut self.kcm {
+            k.receive(now, &mut self.ep);
+        }
         let ep = &mut self.ep;
         mad::receive(
             self.mad.as_mut(),
@@ -466,8 +533,12 @@ impl<P: Provider> Node<P> {
         );
     }
 
-    /// Sends the endpoint's MADs while the transport has room.
-    fn send_mads(&mut self) {
+    /// Sends the endpoint's MADs while the transport has room (or executes what it asked of
+    /// the kernel's CM).
+    fn send_mads(&mut self, now: Instant) {
+        if let Some(k) = &mut self.kcm {
+            k.execute(now, &mut self.ep);
+        }
         let ep = &mut self.ep;
         mad::send_while_room(self.mad.as_mut(), self.prov.verbs(), || ep.poll_mad());
     }

@@ -181,6 +181,16 @@ impl FromStr for QpBudgetPolicy {
     }
 }
 
+/// Moves an RC QP in INIT to RTR and RTS with the kernel CM's attributes.
+fn move_qp<V: Verbs>(
+    v: &mut V,
+    qpn: QpNum,
+    m: &crate::cm::QpMoves,
+) -> Result<(), crate::verbs::VerbsError> {
+    v.modify_qp(qpn, &m.rtr)?;
+    v.modify_qp(qpn, &m.rts)
+}
+
 /// Configuration of an [`Endpoint`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct EndpointConfig {
@@ -241,6 +251,17 @@ pub struct EndpointConfig {
     pub seed: u64,
     /// CM response timeout exponent.
     pub cm_response_timeout: u8,
+    /// The kernel's CM runs the connections (through the driver), not ours; `None`: ours.
+    pub kernel_cm: Option<KernelCmConfig>,
+}
+
+/// How the endpoint uses the kernel's CM ([`EndpointConfig::kernel_cm`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelCmConfig {
+    /// The most ids at a time (listener aside): the cap of the id map.
+    pub max_ids: usize,
+    /// The service ID of the rdma_cm port the driver listens on.
+    pub service_id: u64,
 }
 
 impl EndpointConfig {
@@ -272,6 +293,7 @@ impl EndpointConfig {
             qp_timeout: 12,
             seed: 0,
             cm_response_timeout: 17,
+            kernel_cm: None,
         }
     }
 

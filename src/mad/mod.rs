@@ -25,6 +25,14 @@ pub use crate::wire::cm::MAD_LEN;
 pub use qp1::{Gsi, GSI_RECV_DEPTH, GSI_SEND_DEPTH};
 pub use udp::{MadUdp, DEFAULT_MAD_PORT};
 
+/// The rdma_cm port (in `RDMA_PS_IB`) of a daemon on the kernel's CM (`--rdma-cm-port`).
+pub const DEFAULT_RDMA_CM_PORT: u16 = 4793;
+
+/// The IB service ID of rdma_cm's `RDMA_PS_IB` port `port` (`RDMA_IB_PS_IB << 16 | port`).
+pub const fn rdma_ps_ib_service_id(port: u16) -> u64 {
+    0x0000_0000_013F_0000 | port as u64
+}
+
 /// How CM MADs travel (`--cm-transport`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CmTransport {
@@ -32,6 +40,8 @@ pub enum CmTransport {
     Qp1,
     /// The UDP side channel ([`MadUdp`]; kernel verbs, whose QP1 the kernel owns).
     Udp,
+    /// No MADs of ours: the kernel's CM through librdmacm (kernel verbs; docs/kernel-cm.md).
+    RdmaCm,
 }
 
 impl FromStr for CmTransport {
@@ -40,8 +50,44 @@ impl FromStr for CmTransport {
         match s {
             "qp1" => Ok(Self::Qp1),
             "udp" => Ok(Self::Udp),
-            _ => Err(ParseChoiceError::new("\"qp1\" or \"udp\"", s)),
+            "rdmacm" => Ok(Self::RdmaCm),
+            _ => Err(ParseChoiceError::new("\"qp1\", \"udp\" or \"rdmacm\"", s)),
         }
+    }
+}
+
+impl CmTransport {
+    /// The name `--cm-transport` takes (start-up line, status).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Qp1 => "qp1",
+            Self::Udp => "udp",
+            Self::RdmaCm => "rdmacm",
+        }
+    }
+}
+
+/// No MAD transport: the kernel's CM carries its own MADs ([`CmTransport::RdmaCm`]).
+#[derive(Debug, Default)]
+pub struct NoMads;
+
+impl<V: Verbs> MadTransport<V> for NoMads {
+    fn can_send(&self) -> bool {
+        false
+    }
+
+    fn send(&mut self, _: &mut V, _: Gid, _: &[u8; MAD_LEN]) -> Result<(), MadSendError> {
+        Ok(())
+    }
+
+    fn poll(&mut self, _: &mut V, _: &mut Vec<Mad>) {}
+
+    fn stats(&self) -> MadStats {
+        MadStats::default()
+    }
+
+    fn provider_qp(&self) -> Option<QpNum> {
+        None
     }
 }
 
@@ -235,6 +281,8 @@ mod tests {
     fn the_transport_choice_parses_from_its_names() {
         assert_eq!("qp1".parse::<CmTransport>(), Ok(CmTransport::Qp1));
         assert_eq!("udp".parse::<CmTransport>(), Ok(CmTransport::Udp));
+        assert_eq!("rdmacm".parse::<CmTransport>(), Ok(CmTransport::RdmaCm));
+        assert_eq!(CmTransport::RdmaCm.as_str(), "rdmacm");
         assert!("umad".parse::<CmTransport>().is_err());
     }
 }

@@ -271,7 +271,11 @@ impl Endpoint {
                 remote_psn,
             )
         };
-        if connect_rc(v, qpn, &conn).is_err() {
+        let moved = match self.cm.qp_moves(id) {
+            Some(m) => super::move_qp(v, qpn, &m),
+            None => connect_rc(v, qpn, &conn),
+        };
+        if moved.is_err() {
             let _ = self.cm.reject(now, id, RejReason::ConsumerDefined);
             self.fail_tx(now, v, qpn, TxFailure::BadReply);
             return;

@@ -37,6 +37,10 @@ impl HwAddr {
     /// `IPOIB_FLAGS_RC`). Linux connects to a peer only if its address carries it.
     pub const FLAG_CONNECTED: u8 = 0x80;
 
+    /// Flag bit (ours, reserved in RFC 4755 and ignored by Linux): the interface's CM is the
+    /// kernel's, reached at the rdma_cm port with `cma_hdr` framing (docs/kernel-cm.md).
+    pub const FLAG_KERNEL_CM: u8 = 0x20;
+
     /// The QPN field of every multicast and broadcast address (`IB_MULTICAST_QPN`).
     pub const MULTICAST_QPN: QpNum = QpNum::new(0x00FF_FFFF);
 
