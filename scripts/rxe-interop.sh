@@ -3,7 +3,7 @@
 # guest (TCG) by the rxe-lab harness. Needs root (apt, tap device, network namespace).
 #
 #   sudo scripts/rxe-interop.sh [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong]
-#                               [hw-pingpong] [daemon] [rdmacm] [softcm]
+#                               [hw-pingpong] [daemon] [rdmacm] [softcm] [kcm-pair]
 #
 # Checks (all by default):
 #   conformance  (a) the provider conformance suite (src/verbs/conformance/) over the
@@ -40,6 +40,10 @@
 #                cma_hdr -> REJ ConsumerDefined (28). After each case the guest's rxe error
 #                counters are zero and `rdma resource show cm_id` is empty; the RoCE traffic
 #                goes to the run's softcm.pcap when tcpdump exists.
+#   kcm-pair     (h) two `ipoib-cm up --provider verbs --cm-transport rdmacm` daemons, rxe0 <->
+#                rxe1 in the guest (TUN devices in netns na/nb): both CMs the kernel's, no side
+#                channel; ping IPv4/IPv6, iperf3, one SIGKILLed (the other reaps its RX QP on
+#                the kernel's DREQ), restarted, ping again, orderly stops, no rdma_cm id left.
 # The conformance boot also runs `rc-pingpong --provider verbs` against ibv_rc_pingpong
 # (rxe1 <-> rxe0), both directions.
 # --quick: 20 round trips instead of 100. Prints `RESULT name@KERNEL PASS|FAIL`, wall times
@@ -64,12 +68,12 @@ while [ $# -gt 0 ]; do
     case $1 in
         --quick) ITERS=20 ;;
         --iters) ITERS=$2; shift ;;
-        conformance|rc-pingpong|ud-pingpong|hw-pingpong|daemon|rdmacm|softcm) CHECKS+=("$1") ;;
-        *) echo "usage: $0 [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong] [hw-pingpong] [daemon] [rdmacm] [softcm]" >&2; exit 2 ;;
+        conformance|rc-pingpong|ud-pingpong|hw-pingpong|daemon|rdmacm|softcm|kcm-pair) CHECKS+=("$1") ;;
+        *) echo "usage: $0 [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong] [hw-pingpong] [daemon] [rdmacm] [softcm] [kcm-pair]" >&2; exit 2 ;;
     esac
     shift
 done
-[ ${#CHECKS[@]} -gt 0 ] || CHECKS=(conformance rc-pingpong ud-pingpong hw-pingpong daemon rdmacm softcm)
+[ ${#CHECKS[@]} -gt 0 ] || CHECKS=(conformance rc-pingpong ud-pingpong hw-pingpong daemon rdmacm softcm kcm-pair)
 
 if [ -n "${RXE_LAB_DIR:-}" ]; then LAB=$RXE_LAB_DIR
 elif [ -x ../shared/rxe-lab/run.sh ]; then LAB=$(cd ../shared/rxe-lab && pwd)
@@ -160,11 +164,19 @@ for c in "${CHECKS[@]}"; do
                 --host-cmd "IPOIB_CM=$BIN ITERS=$ITERS PP=$pp exec $ROOT/scripts/rxe/host-pingpong.sh" ;;
         daemon)
             echo "== (e) daemon: ipoib-cm up on the soft provider (host netns) <-> ipoib-cm up --provider verbs on rxe0"
-            EXTRA_BINS=$(command -v iperf3 || true) run_lab daemon scripts/rxe/guest-daemon --net tap --timeout 400 \
-                --host-cmd "IPOIB_CM=$BIN exec $ROOT/scripts/rxe/host-daemon.sh" ;;
+            # DAEMON_CM: the guest daemon's --cm-transport (udp: the side channel both sides;
+            # rdmacm: the kernel's CM against the host's own CM over QP1).
+            dcm=${DAEMON_CM:-udp}
+            EXTRA_BINS=$(command -v iperf3 || true) run_lab "daemon-$dcm" scripts/rxe/guest-daemon --net tap --timeout 400 \
+                --env "CM=$dcm" \
+                --host-cmd "IPOIB_CM=$BIN CM=$dcm exec $ROOT/scripts/rxe/host-daemon.sh" ;;
         rdmacm)
             echo "== (f) rdmacm: rc-pingpong --provider verbs --rdma-cm <-> rdma_server / rdma_client, rxe0 <-> rxe1 in the guest"
             run_lab rdmacm scripts/rxe/guest-rdmacm --net none --timeout 400 --env "ITERS=$ITERS" ;;
+        kcm-pair)
+            echo "== (h) kcm-pair: ipoib-cm up --cm-transport rdmacm <-> itself, rxe0 <-> rxe1 in the guest"
+            EXTRA_BINS=$(command -v iperf3 || true) run_lab kcm-pair scripts/rxe/guest-kcm-pair \
+                --net none --timeout 300 ;;
         softcm)
             echo "== (g) softcm: rc-pingpong --cm --rdma-cm (soft provider, our CM) <-> the kernel's rdma_cm on rxe0"
             run_lab softcm scripts/rxe/guest-softcm --net tap --timeout 500 \

@@ -1,8 +1,9 @@
 #!/bin/sh
-# Guest side of check (e), `daemon`: `ipoib-cm up --provider verbs --cm-transport udp` on rxe0
-# (kernel rxe through libibverbs; CM MADs over the UDP side channel, port 4792, because the
-# kernel owns QP1) against `ipoib-cm up --cm-transport udp` on the soft provider in the host
-# netns (scripts/rxe/host-daemon.sh).
+# Guest side of check (e), `daemon`: `ipoib-cm up --provider verbs --cm-transport $CM` on rxe0
+# (kernel rxe through libibverbs) against `ipoib-cm up` on the soft provider in the host netns
+# (scripts/rxe/host-daemon.sh). CM=udp (default): CM MADs over the UDP side channel, port
+# 4792, both sides. Any other CM (rdmacm: the kernel's ib_cm through librdmacm, listening on
+# the rdma_cm port) meets the host's own CM over QP1; RESULT names then read daemon_$CM_*.
 #
 # No static neighbours and no --peer either way: ARP and ND cross as IP multicast (the
 # IPoIB groups of P_Key 0xffff as 239.255.255.255, UDP 4791). The soft provider sends and
@@ -11,6 +12,8 @@
 # joins the IP group (rxe sets only the link-layer filter). Our hardware address still goes to
 # the host as a `GUEST_HWADDR` line on the console: host-daemon.sh starts when it sees it.
 . /lib/rxelab.sh
+CM=${CM:-udp}
+P=daemon; [ "$CM" = udp ] || P=daemon_$CM
 B=/extra/ipoib-cm
 SOCK=/tmp/ib0.sock
 A4=10.77.0.2 H4=10.77.0.1 A6=fd77::2 H6=fd77::1
@@ -18,26 +21,31 @@ modprobe tun 2>/dev/null
 [ -c /dev/net/tun ] || { mkdir -p /dev/net; mknod /dev/net/tun c 10 200; }
 el() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN {printf "%.1f", b - a}'; }
 
+# start: the daemon, until its status names its hardware address (hw=); DPID its pid.
+start() {
+  rm -f $SOCK
+  $B up --provider verbs --ib-dev "$RXE0" --bind "$IP0" --cm-transport "$CM" --ifname ib0 \
+    --addr $A4/24 --addr $A6/64 \
+    --control-socket $SOCK --drain-timeout 5s --log info >> /tmp/daemon.log 2>&1 &
+  DPID=$!
+  hw=
+  i=0
+  while [ $i -lt 100 ]; do
+    hw=$($B status --control-socket $SOCK --json 2>/dev/null | grep -o '"hwaddr": *"[^"]*"' | head -1 | sed 's/.*"\([^"]*\)"$/\1/')
+    [ -n "$hw" ] && break
+    kill -0 $DPID 2>/dev/null || break
+    sleep 0.1; i=$((i + 1))
+  done
+}
 t0=$(uptime_s)
-$B up --provider verbs --ib-dev "$RXE0" --bind "$IP0" --cm-transport udp --ifname ib0 \
-  --addr $A4/24 --addr $A6/64 \
-  --control-socket $SOCK --drain-timeout 5s --log info > /tmp/daemon.log 2>&1 &
-DPID=$!
-hw=
-i=0
-while [ $i -lt 100 ]; do
-  hw=$($B status --control-socket $SOCK --json 2>/dev/null | grep -o '"hwaddr": *"[^"]*"' | head -1 | sed 's/.*"\([^"]*\)"$/\1/')
-  [ -n "$hw" ] && break
-  kill -0 $DPID 2>/dev/null || break
-  sleep 0.1; i=$((i + 1))
-done
+start
 if [ -z "$hw" ]; then
   cat /tmp/daemon.log
-  res daemon_guest_up FAIL "$(el "$t0")s"
+  res ${P}_guest_up FAIL "$(el "$t0")s"
   echo "GUEST_DONE"
   exit 1
 fi
-res daemon_guest_up PASS "$(el "$t0")s hwaddr $hw"
+res ${P}_guest_up PASS "$(el "$t0")s hwaddr $hw"
 echo "GUEST_HWADDR $hw"
 ip addr show ib0 | sed 's/^/  /'
 
@@ -49,16 +57,16 @@ while [ $i -lt 90 ]; do
   if ping -c 1 -W 2 $H4 > /dev/null 2>&1; then ok=PASS; break; fi
   i=$((i + 1))
 done
-res daemon_first_ping4 "$ok $(el "$t1")s"
+res ${P}_first_ping4 "$ok $(el "$t1")s"
 first4=$ok
 t1=$(uptime_s)
 if ping -c 10 -i 0.2 -W 3 $H4 > /tmp/ping4.log 2>&1; then ok=PASS; else ok=FAIL; fi
 tail -2 /tmp/ping4.log
-res daemon_ping4 "$ok $(el "$t1")s"
+res ${P}_ping4 "$ok $(el "$t1")s"
 t1=$(uptime_s)
 if ping -6 -c 10 -i 0.2 -W 3 $H6 > /tmp/ping6.log 2>&1; then ok=PASS; else ok=FAIL; fi
 tail -2 /tmp/ping6.log
-res daemon_ping6 "$ok $(el "$t1")s"
+res ${P}_ping6 "$ok $(el "$t1")s"
 p6=$ok
 # Discovery: both neighbours were resolved (no static entries were given), so ARP and ND
 # crossed between rxe and the soft provider through the multicast group.
@@ -70,7 +78,7 @@ else
   ok=FAIL
 fi
 grep 'IPv4 group' /tmp/daemon.log | head -2
-res daemon_discovery_arp_nd "$ok (no --neigh, no --peer: ARP/ND over 239.255.255.255)"
+res ${P}_discovery_arp_nd "$ok (no --neigh, no --peer: ARP/ND over 239.255.255.255)"
 if [ -x /extra/iperf3 ]; then
   t1=$(uptime_s)
   i=0; ok=FAIL
@@ -80,8 +88,8 @@ if [ -x /extra/iperf3 ]; then
     sleep 1; i=$((i + 1))
   done
   grep -E "sender|receiver|error" /tmp/iperf.log
-  echo "PERF daemon_iperf3: $(grep receiver /tmp/iperf.log | awk '{print $7, $8}')"
-  res daemon_iperf3 "$ok $(el "$t1")s"
+  echo "PERF ${P}_iperf3: $(grep receiver /tmp/iperf.log | awk '{print $7, $8}')"
+  res ${P}_iperf3 "$ok $(el "$t1")s"
 fi
 $B status --control-socket $SOCK | sed 's/^/  /'
 echo "hw_counters $RXE0: $(hw_counters "$RXE0")"
@@ -90,7 +98,31 @@ st=$($B status --control-socket $SOCK --json 2>/dev/null)
 num() { printf '%s' "$st" | grep -o "\"$1\": *[0-9]*" | head -1 | grep -o '[0-9]*$'; }
 comp=$(num hw_completions); live=$(num qp_live)
 if [ "${comp:-0}" -gt 0 ] && [ "${live:-0}" -ge 1 ]; then ok=PASS; else ok=FAIL; fi
-res daemon_guest_status "$ok hw_completions=${comp:-none} qp_live=${live:-none}"
+res ${P}_guest_status "$ok hw_completions=${comp:-none} qp_live=${live:-none}"
+
+# The guest daemon dies without a word (SIGKILL); the host must reap the RX QP of its
+# connection (host-daemon.sh: RESULT ${P}_host_rx_reaped, from its status counters; on the
+# kernel's CM the kernel sends the DREQ for the dead process's ids). Then a new incarnation
+# (new QPNs, announced by gratuitous ARP and unsolicited NA) is reached again.
+kill -KILL $DPID; wait $DPID 2>/dev/null
+echo "GUEST_KILLED"
+# The host reports on the console; the guest cannot read it, so it waits a fixed bound
+# (the host's --rx-timeout 8s reaps even without a DREQ, on the side channel).
+sleep "${KILL_WAIT:-14}"
+t1=$(uptime_s)
+start
+[ -n "$hw" ] && ok=PASS || ok=FAIL
+res ${P}_guest_restart "$ok $(el "$t1")s hwaddr $hw"
+echo "GUEST_HWADDR2 $hw"
+t1=$(uptime_s)
+ok=FAIL; i=0
+while [ $i -lt 30 ]; do
+  ping -c 3 -i 0.2 -W 2 $H4 > /dev/null 2>&1 && { ok=PASS; break; }
+  i=$((i + 1))
+done
+res ${P}_ping4_after_restart "$ok $(el "$t1")s"
+if ping -6 -c 3 -i 0.2 -W 3 $H6 > /dev/null 2>&1; then ok=PASS; else ok=FAIL; fi
+res ${P}_ping6_after_restart "$ok"
 
 # Orderly stop. rxe in 6.1 never raises IBV_EVENT_QP_LAST_WQE_REACHED, so SRQ-mode RX
 # teardown ends through the drain watchdog (--drain-timeout 5s); 6.12 raises it (and again on
@@ -100,5 +132,5 @@ kill -TERM $DPID
 wait $DPID; rc=$?
 grep -E "stopped|drain|WARN|ERROR" /tmp/daemon.log | tail -5 | cut -c1-400
 if [ $rc -eq 0 ]; then ok=PASS; else ok=FAIL; fi
-res daemon_guest_stop "$ok rc=$rc $(el "$t1")s"
+res ${P}_guest_stop "$ok rc=$rc $(el "$t1")s"
 echo "GUEST_DONE"
