@@ -35,7 +35,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("cm", &["wire", "verbs", "timer"]),
     ("mad", &["wire", "verbs", "cm", "choice"]),
     ("ipoib", &["wire", "verbs", "timer", "cm", "choice"]),
-    ("driver", &["sys", "verbs", "mad", "ipoib"]),
+    ("driver", &["sys", "verbs", "cm", "hw", "mad", "ipoib"]),
     ("sim", &["verbs", "soft", "mad", "ipoib"]),
     ("setting", &["wire", "verbs", "soft"]),
     (

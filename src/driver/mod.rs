@@ -31,13 +31,15 @@
 #[cfg(feature = "verbs")]
 mod kcm;
 #[cfg(not(feature = "verbs"))]
-#[path = "kcm_stub.rs"]
-mod kcm;
+mod kcm_stub;
 mod node;
 mod sources;
 mod tun;
 
+#[cfg(feature = "verbs")]
 pub use kcm::KernelCmDriver;
+#[cfg(not(feature = "verbs"))]
+pub use kcm_stub::KernelCmDriver;
 
 pub use node::{Node, NodeConfig, NodeError, EARLY_ACK_BATCH, TUN_BATCH};
 pub use sources::ProviderSources;

@@ -213,7 +213,8 @@ fn cmd_name(c: &KcmCommand) -> &'static str {
 fn kernel_cm(_: usize, c: &mut EndpointConfig) {
     c.kernel_cm = Some(KernelCmConfig {
         max_ids: 64,
-        service_id: crate::mad::rdma_ps_ib_service_id(crate::mad::DEFAULT_RDMA_CM_PORT),
+        // RDMA_PS_IB port 4793.
+        service_id: 0x013F_12B9,
     });
 }
 
