@@ -456,9 +456,7 @@ impl KernelCm {
                 }
                 self.set(id, CmState::RepRcvd);
                 self.moves.insert(id, moves);
-                let mut pd = [0u8; 196];
-                let n = private_data.len().min(pd.len());
-                pd[..n].copy_from_slice(&private_data[..n]);
+                let pd = padded::<196>(&private_data);
                 self.events.push_back(CmEvent::RepReceived {
                     id,
                     remote_ca_guid: 0,
@@ -555,9 +553,7 @@ impl KernelCm {
             },
         );
         self.moves.insert(id, moves);
-        let mut pd = [0u8; 92];
-        let n = private_data.len().min(pd.len());
-        pd[..n].copy_from_slice(&private_data[..n]);
+        let pd = padded::<92>(private_data);
         self.events.push_back(CmEvent::ReqReceived {
             id,
             peer,
@@ -571,6 +567,16 @@ impl KernelCm {
             private_data: pd,
         });
     }
+}
+
+/// `data` in `N` bytes, zero-padded (or cut: the kernel never hands more than a CM message
+/// holds).
+fn padded<const N: usize>(data: &[u8]) -> [u8; N] {
+    let mut out = [0u8; N];
+    for (o, d) in out.iter_mut().zip(data) {
+        *o = *d;
+    }
+    out
 }
 
 #[cfg(test)]

@@ -17,6 +17,8 @@ use crate::verbs::Gid;
 use crate::wire::cm::{RejReason, MAD_LEN};
 
 /// The CM of the endpoint's connections. See the [module documentation](self).
+// One per endpoint, never moved after set-up: the size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum ConnectionManager {
     /// Our CM, over a MAD transport.
