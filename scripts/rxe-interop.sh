@@ -16,16 +16,19 @@
 #   ud-pingpong  (c) the same with `ipoib-cm ud-pingpong` <-> `ibv_ud_pingpong -s 512`;
 #   hw-pingpong  (d') the same with `ipoib-cm rc-pingpong --provider verbs` (HwVerbs) on rxe0
 #                instead of ibv_rc_pingpong: our two providers talking over a real wire;
-#   daemon       (e) `ipoib-cm up --provider verbs --cm-transport udp` on rxe0 in the guest <->
-#                `ipoib-cm up --cm-transport udp` on the soft provider in the host
-#                netns (CM MADs over the UDP side channel, port 4792: the guest kernel owns
-#                QP1), no static neighbours and no --peer (ARP and ND cross as IP multicast,
+#   daemon       (e) `ipoib-cm up --provider verbs --cm-transport $DAEMON_CM` on rxe0 in the
+#                guest <-> `ipoib-cm up` on the soft provider in the host netns; DAEMON_CM=udp
+#                (default): CM MADs over the UDP side channel, port 4792, both sides;
+#                DAEMON_CM=rdmacm: the guest on the kernel's CM, the host on our CM over QP1
+#                (RESULT daemon_rdmacm_*; needs branch cmservice on the host side); no static
+#                neighbours and no --peer (ARP and ND cross as IP multicast,
 #                RESULT daemon_discovery_arp_nd); ping IPv4 and IPv6 across, iperf3 (copied
 #                into the guest when the host has it), orderly stop of both daemons (rxe never
 #                raises LAST_WQE_REACHED: the guest's SRQ RX teardown ends by the drain
 #                watchdog on 6.1; 6.12 raises it); RESULT daemon_host_icrc_id_solved: the host
 #                daemon logged once that the guest's ICRCs check only with a nonzero IPv4 ID,
-#                and dropped none.
+#                and dropped none; the guest daemon SIGKILLed, its RX QP reaped on the host
+#                (RESULT daemon_host_rx_reaped, from the host's status), restarted, pings again.
 #   rdmacm       (f) `ipoib-cm rc-pingpong --provider verbs --rdma-cm` (our QP, the kernel's CM
 #                through librdmacm) <-> rdma-core's rdma_server / rdma_client (port 7471, 16
 #                bytes each way), our tool client and then server, then against itself; rxe0 <->
