@@ -115,7 +115,7 @@ impl Endpoint {
         };
         if cfg.kernel_cm.is_some() {
             // Peers reach this CM at the rdma_cm port, with `cma_hdr` (docs/kernel-cm.md).
-            flags |= HwAddr::FLAG_KERNEL_CM;
+            flags |= HwAddr::FLAG_RDMA_CM;
         }
         let hwaddr = HwAddr::new(flags, ud.qp, port.gid);
         let mut cm_cfg = CmConfig::new(port.gid, rng.gen::<u64>() | 1);

@@ -233,7 +233,7 @@ fn connected() -> (Net, FakeKernel) {
 fn the_hardware_address_says_the_cm_is_the_kernels() {
     let mut n = Net::new(1, |_, _| {}, kernel_cm);
     let hw = n.ep(0).hwaddr();
-    assert_eq!(hw.flags, HwAddr::FLAG_CONNECTED | HwAddr::FLAG_KERNEL_CM);
+    assert_eq!(hw.flags, HwAddr::FLAG_CONNECTED | HwAddr::FLAG_RDMA_CM);
     assert!(n.ep(0).kernel_cm());
 }
 

@@ -39,7 +39,7 @@ impl HwAddr {
 
     /// Flag bit (ours, reserved in RFC 4755 and ignored by Linux): the interface's CM is the
     /// kernel's, reached at the rdma_cm port with `cma_hdr` framing (docs/kernel-cm.md).
-    pub const FLAG_KERNEL_CM: u8 = 0x20;
+    pub const FLAG_RDMA_CM: u8 = 0x20;
 
     /// The QPN field of every multicast and broadcast address (`IB_MULTICAST_QPN`).
     pub const MULTICAST_QPN: QpNum = QpNum::new(0x00FF_FFFF);
