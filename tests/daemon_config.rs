@@ -777,6 +777,31 @@ fn cm_transport_mad_port_and_icrc() {
 }
 
 #[test]
+fn rdma_cm_port_reaches_the_endpoint() {
+    let c = ok("", &["--bind", "192.0.2.1"]);
+    assert_eq!(c.rdma_cm_port, 4793);
+    let e = c.endpoint_config(PathMtu::Mtu1024, 1);
+    assert_eq!(e.rdma_cm_port, 4793);
+    assert_eq!(e.rdma_cm_service_id(), 0x013F_12B9);
+    assert!(!e.advertise_rdma_cm && e.listen_ipoib_service);
+    let c = ok("bind = \"192.0.2.1\"\nrdma_cm_port = 7000", &[]);
+    assert_eq!(c.endpoint_config(PathMtu::Mtu1024, 1).rdma_cm_port, 7000);
+    let c = ok(
+        "rdma_cm_port = 7000",
+        &["--bind", "192.0.2.1", "--rdma-cm-port", "65535"],
+    );
+    assert_eq!(c.rdma_cm_port, 65535);
+    assert_eq!(
+        file_err("bind = \"10.0.0.1\"\nrdma_cm_port = 0", &[]),
+        "config: rdma_cm_port: must be between 1 and 65535 (got 0)"
+    );
+    assert_eq!(
+        flag_err(&["--bind", "192.0.2.1", "--rdma-cm-port", "65536"]),
+        "--rdma-cm-port: must be between 1 and 65535 (got 65536)"
+    );
+}
+
+#[test]
 fn udp_offload_flag_and_key() {
     assert!(ok("", &["--bind", "192.0.2.1"]).udp_offload);
     assert!(!ok("", &["--bind", "192.0.2.1", "--no-udp-offload"]).udp_offload);

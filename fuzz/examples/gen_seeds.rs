@@ -487,6 +487,8 @@ struct EpNode {
     max_conn_qp: u8,
     reject_policy: bool,
     rx_timeout_s: u8,
+    advertise_rdma_cm: bool,
+    rdma_cm_only: bool,
 }
 
 /// `endpoint_script` inputs: a set-up chunk, then one chunk per step (tags as in the target).
@@ -507,7 +509,9 @@ fn endpoint_script_seeds() -> Vec<(&'static str, Seq)> {
                 .bool(n.no_srq)
                 .u8(n.max_conn_qp.saturating_sub(1))
                 .bool(n.reject_policy)
-                .u8(n.rx_timeout_s.max(1) - 1);
+                .u8(n.rx_timeout_s.max(1) - 1)
+                .bool(n.advertise_rdma_cm)
+                .bool(n.rdma_cm_only);
         }
         Seq::default().chunk(0, &e.0)
     };
@@ -554,7 +558,80 @@ fn endpoint_script_seeds() -> Vec<(&'static str, Seq)> {
     ids.extend_from_slice(&1u32.to_be_bytes());
     ids.extend_from_slice(&1u32.to_be_bytes());
     ids.extend_from_slice(&0x11u32.to_be_bytes());
+    // Node 1 a kernel-CM stand-in advertising 0x20, node 2 one that does not (REJ 8, retry).
+    let kernel_cm = [
+        plain[0],
+        EpNode {
+            advertise_rdma_cm: true,
+            rdma_cm_only: true,
+            ..plain[1]
+        },
+        EpNode {
+            rdma_cm_only: true,
+            ..plain[2]
+        },
+    ];
+    // CM MAD kind 4 (a REQ), with bits k / 5: 2 a valid cma_hdr, 4 a wrong one, 1 the
+    // standard service.
+    let req_kind = |bits: u8| 4 + 5 * bits;
+    let mut req_ids = Vec::new();
+    req_ids.extend_from_slice(&0u32.to_be_bytes());
+    req_ids.extend_from_slice(&0x0777u32.to_be_bytes());
+    req_ids.extend_from_slice(&0x0123u32.to_be_bytes());
     vec![
+        (
+            "rdma_cm_flag_and_fallback",
+            run(
+                ping(
+                    ping(
+                        ping(setup(true, kernel_cm), 0, false, 0, 1, 100),
+                        0,
+                        true,
+                        0,
+                        2,
+                        100,
+                    ),
+                    1,
+                    false,
+                    0,
+                    0,
+                    100,
+                ),
+                3000,
+            ),
+        ),
+        (
+            "rdma_cm_reqs_crafted",
+            roce(
+                roce(
+                    roce(
+                        setup(false, plain),
+                        0,
+                        1,
+                        1,
+                        Opcode::UD_SEND_ONLY,
+                        1,
+                        req_kind(2),
+                        &req_ids,
+                    ),
+                    0,
+                    1,
+                    1,
+                    Opcode::UD_SEND_ONLY,
+                    1,
+                    req_kind(4),
+                    &req_ids,
+                ),
+                0,
+                1,
+                1,
+                Opcode::UD_SEND_ONLY,
+                1,
+                req_kind(0),
+                &req_ids,
+            )
+            .chunk(5, &Enc::default().u16(3000).0),
+        ),
         (
             "ping_v4_both_ways",
             run(

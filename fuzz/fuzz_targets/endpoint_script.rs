@@ -5,7 +5,9 @@
 //! chunk's body is the set-up (`Setup`, decoded with `arbitrary`; short means defaults): two or
 //! three nodes, and per node the provider's `Quirks`, its transmit faults (loss, duplication,
 //! reordering, corruption, each 0–20 %), SRQ or per-QP rings, `max_conn_qp` 1–4, the budget
-//! policy, `rx_timeout` 1–5 s; `drain_timeout` is 1 s and `neigh_timeout` 3 s. Every later
+//! policy, `rx_timeout` 1–5 s, flag 0x20 advertised or not, and the standard service IDs
+//! listened on or not (a stand-in for a daemon on the kernel's CM, reached only at the rdma_cm
+//! service); `drain_timeout` is 1 s and `neigh_timeout` 3 s. Every later
 //! chunk is one step, picked by `tag % 9`:
 //!
 //! - an IP packet into a node's TUN device: a ping (IPv4 or IPv6, built with etherparse, up to
@@ -17,7 +19,8 @@
 //! - let virtual time pass (0–65 s), running the fabric and every endpoint;
 //! - a raw datagram into a node's `handle_datagram` (optionally with a valid ICRC), or a
 //!   well-formed RoCEv2 packet aimed at one of its real QPs (UD QP, QP1, an RX or TX RC QP)
-//!   from a real peer's address, carrying an IPoIB frame, a CM MAD or raw bytes.
+//!   from a real peer's address, carrying an IPoIB frame, a CM MAD (a REQ at the rdma_cm
+//!   or the standard service with a valid, a wrong or no `cma_hdr` among them) or raw bytes.
 //!
 //! Invariants: no panic; at any time, on every live node, `counters().qp_created -
 //! counters().qp_destroyed == qp_count()` and `qp_count() == 2 + rx_count() + tx_count()` (the
@@ -40,12 +43,18 @@ use std::time::{Duration, Instant};
 
 use arbitrary::{Arbitrary, Unstructured};
 use etherparse::PacketBuilder;
-use ipoib_cm::ipoib::{Endpoint, EndpointConfig, Mode, QpBudgetPolicy, RxState, TxState};
+use ipoib_cm::ipoib::{
+    Endpoint, EndpointConfig, Mode, QpBudgetPolicy, RxState, TxState, DEFAULT_RDMA_CM_PORT,
+};
 use ipoib_cm::mad::{self, Gsi, Mad, MadTransport};
 use ipoib_cm::sim::{self, Fabric};
 use ipoib_cm::soft::{FaultConfig, Quirks, SoftVerbs};
-use ipoib_cm::verbs::{QpNum, Verbs};
-use ipoib_cm::wire::cm::{CmMad, CmMessage, Dreq, Rej, RejReason, Rtu, TargetMsg, MAD_LEN};
+use ipoib_cm::verbs::{Gid, PathMtu, QpNum, Verbs};
+use ipoib_cm::wire::cm::{
+    ipoib_service_id, CmMad, CmMessage, CmPath, Dreq, IpoibCmData, Rej, RejReason, Req, Rtu,
+    TargetMsg, MAD_LEN,
+};
+use ipoib_cm::wire::cma::{CmaHdr, PortSpace};
 use ipoib_cm::wire::{
     compute_icrc, Aeth, Bth, Deth, ImmDt, IpHeaderInfo, Opcode, Reth, RoceRepr, Syndrome, GSI_QKEY,
     ICRC_LEN, ROCEV2_UDP_PORT,
@@ -105,6 +114,11 @@ struct NodeSetup {
     max_conn_qp: u8,
     reject_policy: bool,
     rx_timeout: u8,
+    /// Advertise flag 0x20 (`advertise_rdma_cm`).
+    advertise_rdma_cm: bool,
+    /// Listen on the rdma_cm service only, as a daemon on the kernel's CM
+    /// (`listen_ipoib_service = false`).
+    rdma_cm_only: bool,
 }
 
 #[derive(Arbitrary, Debug, Default)]
@@ -288,6 +302,8 @@ impl Net {
         c.tx_depth = 16;
         c.ud_depth = 16;
         c.seed = (i as u64 + 1) << 32 | self.nodes[i].incarnation;
+        c.advertise_rdma_cm = ns.advertise_rdma_cm;
+        c.listen_ipoib_service = !ns.rdma_cm_only;
         c
     }
 
@@ -533,6 +549,7 @@ impl Net {
             return Ok(());
         };
         let snap = ep.snapshot(self.now());
+        let ud_qpn = ep.hwaddr().qpn;
         let mut from = underlay(self.node(s.from));
         let (dest_qp, qkey) = match s.qp {
             QpSel::Ud => (ep.hwaddr().qpn.get(), UD_QKEY),
@@ -594,7 +611,7 @@ impl Net {
                 p.extend_from_slice(rest);
                 p
             }
-            PayloadSel::Mad(k) => mad(k, rest),
+            PayloadSel::Mad(k) => mad(k, rest, from, underlay(i), ud_qpn),
             PayloadSel::Raw => rest.to_vec(),
         };
         let payload = if op.has_payload() {
@@ -739,9 +756,11 @@ impl Net {
     }
 }
 
-/// A CM MAD for QP1: `k` picks a message built around comm ids read from `rest`, or `rest`
-/// itself (padded to 256 bytes).
-fn mad(k: u8, rest: &[u8]) -> Vec<u8> {
+/// A CM MAD for QP1 of the node at `to` (UD QPN `ud_qpn`) from `from`: `k` picks a message
+/// built around comm ids read from `rest`, a REQ, or `rest` itself (padded to 256 bytes).
+/// The REQ goes to the rdma_cm service (or the standard one) with a `cma_hdr` (valid, naming
+/// another node, or none: the bytes of `rest`) in front of `ipoib_cm_data`.
+fn mad(k: u8, rest: &[u8], from: IpAddr, to: IpAddr, ud_qpn: QpNum) -> Vec<u8> {
     let word = |o: usize| {
         let mut b = [0u8; 4];
         for (d, s) in b.iter_mut().zip(rest.iter().skip(o)) {
@@ -750,7 +769,7 @@ fn mad(k: u8, rest: &[u8]) -> Vec<u8> {
         u32::from_be_bytes(b)
     };
     let (ours, theirs) = (word(0), word(4));
-    let msg = match k % 4 {
+    let msg = match k % 5 {
         0 => CmMessage::Rej(Rej {
             local_comm_id: theirs,
             remote_comm_id: ours,
@@ -769,6 +788,7 @@ fn mad(k: u8, rest: &[u8]) -> Vec<u8> {
             remote_comm_id: ours,
             ..Rtu::default()
         }),
+        4 => CmMessage::Req(req(k / 5, rest, from, to, ud_qpn, theirs, word(8))),
         _ => {
             let mut m = rest.to_vec();
             m.resize(MAD_LEN, 0);
@@ -776,6 +796,59 @@ fn mad(k: u8, rest: &[u8]) -> Vec<u8> {
         }
     };
     CmMad::new(u64::from(word(12)), msg).emit().to_vec()
+}
+
+/// A REQ from `from` to `to` with comm id and QPN `comm_id` and `qpn`; `bits` pick the
+/// service (1: the standard one, else rdma_cm's at its default port) and the private data (2:
+/// a valid `cma_hdr`, 4: one naming another address, neither: `rest` as it is; then
+/// `ipoib_cm_data`).
+fn req(bits: u8, rest: &[u8], from: IpAddr, to: IpAddr, ud_qpn: QpNum, comm_id: u32, qpn: u32) -> Req {
+    let service_id = if bits & 1 != 0 {
+        ipoib_service_id(ud_qpn, true)
+    } else {
+        PortSpace::Ib.service_id(DEFAULT_RDMA_CM_PORT)
+    };
+    let ipoib = IpoibCmData {
+        qpn: QpNum::new(qpn & 0xFF_FFFF),
+        mtu: IpoibCmData::LINUX_MTU,
+    }
+    .to_bytes();
+    let dst = if bits & 4 != 0 { IpAddr::from([198, 18, 0, 99]) } else { to };
+    let data = if bits & 6 != 0 {
+        let hdr = CmaHdr {
+            src_port: 40000,
+            src: from,
+            dst,
+        };
+        hdr.req_private_data(&ipoib).unwrap_or_default()
+    } else {
+        rest.to_vec()
+    };
+    let mut private_data = [0u8; Req::PRIVATE_DATA_LEN];
+    for (d, s) in private_data.iter_mut().zip(data) {
+        *d = s;
+    }
+    Req {
+        local_comm_id: comm_id,
+        service_id,
+        local_ca_guid: 0xF022_0000_0000_0000 | u64::from(comm_id),
+        local_qpn: QpNum::new(qpn & 0xFF_FFFF),
+        transport_service_type: Req::TRANSPORT_RC,
+        local_cm_response_timeout: 16,
+        remote_cm_response_timeout: 16,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        path_mtu: Some(PathMtu::Mtu1024),
+        max_cm_retries: 3,
+        primary_path: CmPath {
+            local_gid: Gid::from_ip(from),
+            remote_gid: Gid::from_ip(to),
+            local_ack_timeout: 14,
+            ..CmPath::default()
+        },
+        private_data,
+        ..Req::default()
+    }
 }
 
 fn chunks(data: &[u8]) -> impl Iterator<Item = (u8, &[u8])> {

@@ -22,7 +22,7 @@ use crate::timer::{TimerId, TimerWheel};
 use crate::verbs::{
     AsyncEvent, Completion, CqId, PdId, PoolId, QpNum, SrqId, SrqInit, Verbs, VerbsError,
 };
-use crate::wire::cm::{ipoib_service_id, IpoibCmData, MAD_LEN};
+use crate::wire::cm::{ipoib_service_id, IpoibCmData, RejReason, MAD_LEN};
 use crate::wire::ipoib::{HwAddr, IPOIB_CM_BUF_SIZE};
 use crate::wire::IdMap;
 
@@ -82,7 +82,8 @@ pub struct Endpoint {
 impl Endpoint {
     /// Sets up the interface on `v`: UD QP attached to its multicast groups (the broadcast
     /// group, and all-nodes and solicited-node groups for IPv6 addresses), the CM listening
-    /// on both IPoIB-CM service IDs, the SRQ (or the pool for per-QP rings), and the send
+    /// on both IPoIB-CM service IDs and on the rdma_cm service
+    /// ([`EndpointConfig::rdma_cm_port`]), the SRQ (or the pool for per-QP rings), and the send
     /// buffers.
     ///
     /// `cm_qp` is the QP the driver's CM MAD transport holds on `v`
@@ -113,8 +114,8 @@ impl Endpoint {
         } else {
             0
         };
-        if cfg.kernel_cm.is_some() {
-            // Peers reach this CM at the rdma_cm port, with `cma_hdr` (docs/kernel-cm.md).
+        if cfg.advertise_rdma_cm || cfg.kernel_cm.is_some() {
+            // Peers reach a kernel CM at the rdma_cm port, with `cma_hdr` (docs/kernel-cm.md).
             flags |= HwAddr::FLAG_RDMA_CM;
         }
         let hwaddr = HwAddr::new(flags, ud.qp, port.gid);
@@ -127,8 +128,12 @@ impl Endpoint {
             None => {
                 let mut cm = Cm::new(cm_cfg);
                 // Linux uses 0x1000…|QPN; RFC 4755 says 0x0100…|QPN. Accept both.
-                cm.listen(ipoib_service_id(ud.qp, true), u64::MAX);
-                cm.listen(ipoib_service_id(ud.qp, false), u64::MAX);
+                if cfg.listen_ipoib_service {
+                    cm.listen(ipoib_service_id(ud.qp, true), u64::MAX);
+                    cm.listen(ipoib_service_id(ud.qp, false), u64::MAX);
+                }
+                // And rdma_cm's, where peers on the kernel's CM connect (`cma_hdr` framing).
+                cm.listen(cfg.rdma_cm_service_id(), u64::MAX);
                 ConnectionManager::Ours(cm)
             }
         };
@@ -357,6 +362,7 @@ impl Endpoint {
                 id,
                 peer,
                 remote_ca_guid,
+                service_id,
                 remote_qpn,
                 remote_psn,
                 path_mtu,
@@ -373,6 +379,7 @@ impl Endpoint {
                 remote_psn,
                 path_mtu,
                 rnr_retry_count,
+                service_id,
                 &private_data,
             ),
             CmEvent::RepReceived {
@@ -404,6 +411,10 @@ impl Endpoint {
                     self.start_rx_teardown(now, v, qpn, rx::Why::HalfOpenTimeout);
                 }
             }
+            CmEvent::Rejected {
+                id,
+                reason: RejReason::InvalidServiceId,
+            } if self.may_retry_at_rdma_cm(id) => self.retry_at_rdma_cm(now, v, id),
             CmEvent::Rejected { id, .. } | CmEvent::TimedOut { id, .. } => {
                 let why = match e {
                     CmEvent::Rejected { .. } => TxFailure::Rejected,
@@ -549,6 +560,11 @@ impl Endpoint {
     /// True if `ip` is one of the interface's addresses.
     pub(super) fn is_ours(&self, ip: IpAddr) -> bool {
         self.cfg.addrs.iter().any(|(a, _)| *a == ip)
+    }
+
+    /// A random number from the endpoint's generator.
+    pub(super) fn rng_u64(&mut self) -> u64 {
+        self.rng.gen()
     }
 
     pub(super) fn random_psn(&mut self) -> crate::verbs::Psn {

@@ -138,6 +138,8 @@ pub enum RxRejectReason {
     NoResources,
     /// The interface is shutting down.
     ShuttingDown,
+    /// A REQ at the rdma_cm service without a `cma_hdr` rdma_cm would take.
+    BadCmaHdr,
 }
 
 impl RxRejectReason {
@@ -147,6 +149,7 @@ impl RxRejectReason {
             Self::QpBudget => "qp-budget",
             Self::NoResources => "no-resources",
             Self::ShuttingDown => "shutting-down",
+            Self::BadCmaHdr => "bad-cma-hdr",
         }
     }
 }

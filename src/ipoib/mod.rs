@@ -24,6 +24,13 @@
 //! through the verbs it is handed, so the same code runs over the deterministic simulated
 //! fabric of the tests.
 //!
+//! # Two services
+//!
+//! The CM listens on the standard IPoIB-CM service IDs (`0x1000…|QPN`, `0x0100…|QPN`) and on
+//! the rdma_cm service of [`EndpointConfig::rdma_cm_port`], where daemons on the kernel's CM
+//! connect: there the REQ carries rdma_cm's `cma_hdr` before `ipoib_cm_data`, checked as the
+//! kernel checks it (`docs/kernel-cm.md`).
+//!
 //! # What a REQ may cost
 //!
 //! A REQ gets a receive QP (its REP must name one) that is half-open until the RTU or data
@@ -253,6 +260,22 @@ pub struct EndpointConfig {
     pub cm_response_timeout: u8,
     /// The kernel's CM runs the connections (through the driver), not ours; `None`: ours.
     pub kernel_cm: Option<KernelCmConfig>,
+    /// The port of the rdma_cm service in `RDMA_PS_IB` (service ID
+    /// `0x0000_0000_013F_0000 | port`, REQs with a `cma_hdr`): where this endpoint listens
+    /// beside the standard IPoIB-CM service IDs, and where it connects to a peer whose
+    /// hardware address has [`HwAddr::FLAG_RDMA_CM`] (or that rejected the standard service
+    /// ID). Both ends need the same value (setting `rdma_cm_port`, default
+    /// [`DEFAULT_RDMA_CM_PORT`]).
+    pub rdma_cm_port: u16,
+    /// Advertise [`HwAddr::FLAG_RDMA_CM`] in our hardware address: set by a daemon whose CM
+    /// is the kernel's (it can be reached only at the rdma_cm port). A daemon on our CM serves
+    /// both services and leaves it clear (the default).
+    pub advertise_rdma_cm: bool,
+    /// Listen on the standard IPoIB-CM service IDs (`0x1000_0000_0000_0000 | QPN` and RFC
+    /// 4755's `0x0100_0000_0000_0000 | QPN`). Always true in a daemon on our CM; false only
+    /// where a test stands in for a daemon on the kernel's CM, which rdma_cm cannot make
+    /// listen there (REQs to them then draw REJ 8, invalid service ID).
+    pub listen_ipoib_service: bool,
 }
 
 /// How the endpoint uses the kernel's CM ([`EndpointConfig::kernel_cm`]).
@@ -263,6 +286,10 @@ pub struct KernelCmConfig {
     /// The service ID of the rdma_cm port the driver listens on.
     pub service_id: u64,
 }
+
+/// The default `rdma_cm_port`: 4791 is RoCEv2's UDP port, 4792 the CM side channel's
+/// (`mad_port`), 4793 the next one.
+pub const DEFAULT_RDMA_CM_PORT: u16 = 4793;
 
 impl EndpointConfig {
     /// Defaults as Linux uses them where that makes sense, with a 60 s RX timeout; the daemon's
@@ -294,6 +321,9 @@ impl EndpointConfig {
             seed: 0,
             cm_response_timeout: 17,
             kernel_cm: None,
+            rdma_cm_port: DEFAULT_RDMA_CM_PORT,
+            advertise_rdma_cm: false,
+            listen_ipoib_service: true,
         }
     }
 
@@ -316,6 +346,12 @@ impl EndpointConfig {
     /// `00:ff:ff:ff:ff:12:40:1b:<P_Key>:00:00:00:00:00:00:ff:ff:ff:ff`.
     pub const fn broadcast_hwaddr(&self) -> HwAddr {
         HwAddr::multicast(broadcast_mgid(self.mgid_pkey()))
+    }
+
+    /// The service ID of the rdma_cm service: `RDMA_PS_IB`'s for
+    /// [`rdma_cm_port`](Self::rdma_cm_port).
+    pub const fn rdma_cm_service_id(&self) -> u64 {
+        crate::wire::cma::PortSpace::Ib.service_id(self.rdma_cm_port)
     }
 
     /// Largest IP packet over UD.
@@ -401,6 +437,13 @@ pub struct Counters {
     pub neigh_source_full: u64,
     /// Neighbour entries evicted to make room for a new one.
     pub neigh_evicted: u64,
+    /// REQs at the rdma_cm service whose `cma_hdr` was missing, malformed or named another
+    /// address: rejected as the kernel's rdma_cm does (REJ ConsumerDefined), nothing
+    /// allocated.
+    pub rx_bad_cma_hdr: u64,
+    /// TX REQs to a peer's standard service ID rejected with reason 8 (invalid service ID)
+    /// and sent again, once, to its rdma_cm service (the peer's kind is then remembered).
+    pub tx_rdma_cm_retries: u64,
 }
 
 /// One TX connection in a [`Snapshot`].

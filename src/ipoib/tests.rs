@@ -53,6 +53,47 @@ impl Net {
     }
 }
 
+/// The MAD of a REQ from `from` to node `to`'s `service_id` carrying `private_data` (at most
+/// 92 bytes), its comm id, CA GUID, QPN and PSN made from `comm_id`: a REQ nobody will
+/// complete unless the test does.
+fn forged_req(
+    n: &mut Net,
+    to: usize,
+    from: crate::verbs::Gid,
+    comm_id: u32,
+    response_timeout: u8,
+    service_id: u64,
+    private_data: &[u8],
+) -> [u8; crate::wire::cm::MAD_LEN] {
+    use crate::wire::cm::{CmMad, CmMessage, CmPath, Req};
+    let hw = n.ep(to).hwaddr();
+    let mut private = [0u8; Req::PRIVATE_DATA_LEN];
+    private[..private_data.len()].copy_from_slice(private_data);
+    let req = Req {
+        local_comm_id: comm_id,
+        service_id,
+        local_ca_guid: 0xBAD0_0000_0000_0000 | u64::from(comm_id),
+        local_qpn: QpNum::new(0x6000 + (comm_id & 0xFFF)),
+        transport_service_type: Req::TRANSPORT_RC,
+        starting_psn: crate::verbs::Psn::new(comm_id & 0xFF_FFFF),
+        local_cm_response_timeout: response_timeout,
+        remote_cm_response_timeout: response_timeout,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        path_mtu: Some(PathMtu::Mtu1024),
+        max_cm_retries: 15,
+        primary_path: CmPath {
+            local_gid: from,
+            remote_gid: hw.gid,
+            local_ack_timeout: 17,
+            ..CmPath::default()
+        },
+        private_data: private,
+        ..Req::default()
+    };
+    CmMad::new(u64::from(comm_id), CmMessage::Req(req)).emit()
+}
+
 #[test]
 fn ipv4_packets_cross_an_rc_connection() {
     let mut n = Net::new(2, |_, _| {}, |_, _| {});
@@ -870,4 +911,5 @@ fn the_snapshot_lists_a_bounded_number_of_neighbours_and_counts_them_all() {
 mod admission;
 mod groups;
 mod kernel_cm;
+mod rdma_cm;
 mod tx_closed;

@@ -213,7 +213,7 @@ impl Endpoint {
                 .neigh
                 .entry(id)?
                 .resolved()
-                .filter(|hw| hw.connected_mode())?;
+                .filter(|hw| hw.connectable())?;
             let qpn = self.tx.established_to(hw, len)?;
             self.neigh.touch(id, now);
             Some((info.version.ethertype(), qpn))
@@ -244,7 +244,7 @@ impl Endpoint {
     }
 
     /// Sends an IP packet to a resolved neighbour: over its RC connection in connected mode
-    /// when the peer supports it, otherwise over UD.
+    /// when the peer takes connections ([`HwAddr::connectable`]), otherwise over UD.
     pub(super) fn send_ip<V: Verbs>(
         &mut self,
         now: Instant,
@@ -253,7 +253,7 @@ impl Endpoint {
         ethertype: u16,
         packet: &[u8],
     ) {
-        if self.cfg.mode == Mode::Connected && hw.connected_mode() {
+        if self.cfg.mode == Mode::Connected && hw.connectable() {
             self.send_rc(now, v, hw, ethertype, packet);
         } else {
             self.send_ud_ip(v, hw, ethertype, packet);

@@ -41,6 +41,21 @@ pub const CMA_REQ_USER_DATA_MAX: usize = 92 - CMA_HDR_LEN;
 /// no listener behind a matching service ID): ConsumerDefined, no ARI, no private data.
 pub const KERNEL_REFUSAL: RejReason = RejReason::ConsumerDefined;
 
+/// The first port of Linux's default `ip_local_port_range` (32768–60999), where rdma_cm
+/// picks the active side's port.
+pub const EPHEMERAL_PORT_FIRST: u16 = 32768;
+
+/// How many ports that range holds.
+pub const EPHEMERAL_PORT_COUNT: u16 = 28232;
+
+/// A port of the ephemeral range chosen by `random`: the source port an active side puts in
+/// its header, as rdma_cm's `cma_alloc_any_port` would pick one (the passive side only
+/// records it).
+#[must_use]
+pub const fn ephemeral_port(random: u64) -> u16 {
+    EPHEMERAL_PORT_FIRST + (random % EPHEMERAL_PORT_COUNT as u64) as u16
+}
+
 /// Byte offsets in the header.
 mod offset {
     /// The version byte.
@@ -126,6 +141,14 @@ pub enum CmaError {
     /// The emit buffer is too short, or the two addresses are of different families.
     #[error("cma_hdr source and destination of different IP versions")]
     MixedFamilies,
+    /// The destination is not the listener's address (or not of its family).
+    #[error("cma_hdr names {dst}, not {listener}")]
+    OtherDestination {
+        /// The header's destination.
+        dst: IpAddr,
+        /// The listener's address.
+        listener: IpAddr,
+    },
 }
 
 /// A `struct cma_hdr`: the addresses and port of an rdma_cm REQ.
@@ -153,6 +176,25 @@ impl CmaHdr {
         let b = head::<CMA_HDR_LEN>(private_data).ok_or(CmaError::Truncated)?;
         let user = private_data.get(CMA_HDR_LEN..).unwrap_or_default();
         Ok((Self::from_bytes(b)?, user))
+    }
+
+    /// What rdma_cm does with a REQ's private data for a listener bound to `listener`: the
+    /// header parses ([`parse`](Self::parse)) and names the listener
+    /// ([`matches_listener`](Self::matches_listener)). On success the header and the user
+    /// data after it; on failure the REQ gets the REJ [`KERNEL_REFUSAL`].
+    ///
+    /// # Errors
+    ///
+    /// Those of [`parse`](Self::parse), and [`CmaError::OtherDestination`].
+    pub fn accept_req(private_data: &[u8], listener: IpAddr) -> Result<(Self, &[u8]), CmaError> {
+        let (hdr, user) = Self::parse(private_data)?;
+        if !hdr.matches_listener(listener) {
+            return Err(CmaError::OtherDestination {
+                dst: hdr.dst,
+                listener,
+            });
+        }
+        Ok((hdr, user))
     }
 
     /// Decodes exactly [`CMA_HDR_LEN`] bytes (see [`parse`](Self::parse)).

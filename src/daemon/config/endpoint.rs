@@ -33,6 +33,7 @@ impl Config {
             qp_timeout: self.qp_timeout,
             path_mtu,
             pkey: self.pkey,
+            rdma_cm_port: self.rdma_cm_port,
             seed,
             ..EndpointConfig::new(self.addr.iter().map(|c| (c.addr, c.prefix_len)).collect())
         }

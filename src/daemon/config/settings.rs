@@ -130,10 +130,9 @@ with_fault_fields!(settings! {
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub udp_port: Option<Given<i64>> [Shown::example("4791")]
         => udp_port: u16 = int(1..=u16::MAX).or(DEFAULT_UDP_PORT),
-    /// How CM MADs travel: qp1 (UD to QP1 through the provider), udp (the side channel
-    /// on mad_port, see docs/verbs.md) or rdmacm (verbs only: the kernel's CM through
-    /// librdmacm, listening on rdma_cm_port, see docs/kernel-cm.md) [default: qp1 on soft,
-    /// udp on verbs].
+    /// How CM MADs travel: qp1 (UD to QP1 through the provider) or udp (the side channel
+    /// on mad_port, see docs/verbs.md; what a soft daemon talking to a verbs one needs
+    /// too) [default: qp1 on soft, udp on verbs].
     #[arg(long, value_name = "TRANSPORT")]
     pub cm_transport: Option<Given<CmTransport>> [Shown::example("\"qp1\"")]
         => /// `None`: the provider's (QP1 on soft, UDP on libibverbs, whose QP1 the kernel owns).
@@ -142,11 +141,12 @@ with_fault_fields!(settings! {
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub mad_port: Option<Given<i64>> [Shown::example("4792")]
         => mad_port: u16 = int(1..=u16::MAX).or(crate::mad::DEFAULT_MAD_PORT),
-    /// rdma_cm port (RDMA_PS_IB, service ID 0x13F0000 | port) a daemon on the kernel's CM
-    /// listens on (--cm-transport rdmacm) and connects to [default: 4793].
+    /// Port of the CM's rdma_cm service (RDMA_PS_IB, service ID 0x13F0000 + port, REQs with
+    /// rdma_cm's cma_hdr), where peers on the kernel's CM connect and are connected to; the
+    /// same on every node [default: 4793].
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub rdma_cm_port: Option<Given<i64>> [Shown::example("4793")]
-        => rdma_cm_port: u16 = int(1..=u16::MAX).or(crate::mad::DEFAULT_RDMA_CM_PORT),
+        => rdma_cm_port: u16 = int(1..=u16::MAX).or(d.rdma_cm_port),
     /// IB path MTU: 256, 512, 1024, 2048 or 4096; 4096 needs an underlay MTU of at least
     /// 4096 plus the RoCEv2 headers, e.g. 9000 [default: the largest that fits the
     /// underlay link's MTU].

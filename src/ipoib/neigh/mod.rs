@@ -234,13 +234,18 @@ pub struct NeighCounts {
 /// Invariants: `index` maps each address to its live slot and back; `learned` counts the
 /// non-static entries (all on the use-order list) and is at most `max`; `by_gid` lists, per
 /// GID, the addresses of the `Reachable` entries with a hardware address of that GID (at most
-/// `per_source` each); `statics` counts the static entries per endpoint.
+/// `per_source` each); `statics` counts the static entries per endpoint; `rdma_cm` holds only
+/// endpoints some entry maps to.
 #[derive(Debug)]
 pub(super) struct Neighbours {
     slots: Slots<Neigh>,
     index: PeerMap<IpAddr, SlotId>,
     by_gid: PeerMap<Gid, Vec<IpAddr>>,
     statics: PeerMap<(Gid, QpNum), usize>,
+    /// The endpoints known to be reached at the rdma_cm service although their hardware
+    /// address lacks [`HwAddr::FLAG_RDMA_CM`] (they rejected the standard service ID): kept
+    /// while some entry maps to the endpoint, so at most one per entry.
+    rdma_cm: PeerMap<(Gid, QpNum), ()>,
     learned: usize,
     /// Packets in the queues of all entries.
     queued: usize,
@@ -256,6 +261,7 @@ impl Neighbours {
             index: PeerMap::default(),
             by_gid: PeerMap::default(),
             statics: PeerMap::default(),
+            rdma_cm: PeerMap::default(),
             learned: 0,
             queued: 0,
             max: max.max(1),
@@ -453,6 +459,7 @@ impl Neighbours {
                     n.src_port = src_port;
                 }
                 self.slots.touch(id);
+                self.forget_kind_unless_used(&h);
                 Learned::Replaced { old: h }
             }
             _ => Learned::Conflict,
@@ -537,7 +544,32 @@ impl Neighbours {
                 }
             }
         }
+        if let Some(h) = n.hw {
+            self.forget_kind_unless_used(&h);
+        }
         Some(n)
+    }
+
+    /// Whether connections to `hw`'s endpoint go to its rdma_cm service with a `cma_hdr`:
+    /// its address says so ([`HwAddr::rdma_cm`]), or it rejected the standard service ID
+    /// once ([`remember_rdma_cm`](Self::remember_rdma_cm)) while an entry maps to it.
+    pub(super) fn reached_by_rdma_cm(&self, hw: &HwAddr) -> bool {
+        hw.rdma_cm() || self.rdma_cm.contains_key(&(hw.gid, hw.qpn))
+    }
+
+    /// `hw`'s endpoint is reached at its rdma_cm service: remembered for as long as an entry
+    /// maps to it (not at all if none does).
+    pub(super) fn remember_rdma_cm(&mut self, hw: &HwAddr) {
+        if self.endpoint_used(hw) {
+            self.rdma_cm.insert((hw.gid, hw.qpn), ());
+        }
+    }
+
+    /// Drops what is remembered of `hw`'s endpoint once no entry maps to it.
+    fn forget_kind_unless_used(&mut self, hw: &HwAddr) {
+        if !self.rdma_cm.is_empty() && !self.endpoint_used(hw) {
+            self.rdma_cm.remove(&(hw.gid, hw.qpn));
+        }
     }
 
     /// An address whose learned entry has a hardware address at `gid` (O(1): the per-GID
@@ -721,6 +753,9 @@ impl Neighbours {
         assert_eq!(listed, charged);
         for ips in self.by_gid.values() {
             assert!(!ips.is_empty() && ips.len() <= self.per_source);
+        }
+        for (gid, qpn) in self.rdma_cm.keys() {
+            assert!(self.endpoint_used(&HwAddr::new(0, *qpn, *gid)));
         }
     }
 }

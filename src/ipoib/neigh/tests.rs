@@ -433,3 +433,54 @@ proptest! {
         }
     }
 }
+
+/// The peer kind learnt from a REJ 8 lives as long as some entry maps to the endpoint: it
+/// survives a refreshed mapping and one of two addresses going, not the last one or a
+/// restart (new UD QPN), and nothing is remembered for an endpoint no entry maps to.
+#[test]
+fn the_rdma_cm_kind_lives_as_long_as_an_entry_for_the_endpoint() {
+    let t = Instant::now();
+    let c = &mut Counters::default();
+    let mut n = table();
+    n.remember_rdma_cm(&hw(5));
+    assert!(!n.reached_by_rdma_cm(&hw(5)), "no entry: nothing kept");
+    let (a, b) = (ip(2), ip(3));
+    let _ = n.learn(a, hw(5), None, t, true, idle, c);
+    let _ = n.learn(b, hw(5), None, t, true, idle, c);
+    assert!(!n.reached_by_rdma_cm(&hw(5)));
+    n.remember_rdma_cm(&hw(5));
+    assert!(n.reached_by_rdma_cm(&hw(5)));
+    // The flags of the address do not matter; a refresh without 0x20 keeps it.
+    assert!(n.reached_by_rdma_cm(&HwAddr { flags: 0, ..hw(5) }));
+    let _ = n.learn(a, hw(5), None, t, true, idle, c);
+    assert!(n.reached_by_rdma_cm(&hw(5)));
+    n.check();
+    n.remove(&a);
+    assert!(n.reached_by_rdma_cm(&hw(5)), "b still maps to it");
+    n.check();
+    // A restart: b now maps to a new UD QPN, and the old endpoint is forgotten.
+    assert!(matches!(
+        n.learn(b, hw(6), None, t, true, idle, c),
+        Learned::Replaced { .. }
+    ));
+    assert!(!n.reached_by_rdma_cm(&hw(5)) && !n.reached_by_rdma_cm(&hw(6)));
+    n.check();
+    // The last entry going forgets it; a flagged address needs no memory.
+    n.remember_rdma_cm(&hw(6));
+    assert!(n.reached_by_rdma_cm(&hw(6)));
+    n.remove(&b);
+    assert!(!n.reached_by_rdma_cm(&hw(6)));
+    assert!(n.reached_by_rdma_cm(&HwAddr {
+        flags: HwAddr::FLAG_RDMA_CM,
+        ..hw(6)
+    }));
+    n.check();
+    // A static entry keeps it for its life.
+    n.add_static(a, hw(7), t);
+    n.remember_rdma_cm(&hw(7));
+    assert_eq!(n.forget_hw(&hw(7)), Vec::<IpAddr>::new());
+    assert!(n.reached_by_rdma_cm(&hw(7)));
+    n.remove(&a);
+    assert!(!n.reached_by_rdma_cm(&hw(7)));
+    n.check();
+}

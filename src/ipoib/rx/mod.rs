@@ -16,6 +16,7 @@ use crate::cm::{AcceptParams, CommId, QpMoves};
 use crate::verbs::setup::{connect_rc, init_rc_qp, RcConnection, RNR_RETRY_FOREVER};
 use crate::verbs::{BufId, Gid, PathMtu, Psn, QpInit, QpNum, QpType, Verbs, WcOpcode, WcStatus};
 use crate::wire::cm::RejReason;
+use crate::wire::cma::{CmaHdr, KERNEL_REFUSAL};
 use crate::wire::ipoib::{IpoibHeader, ETHERTYPE_IPV4, ETHERTYPE_IPV6};
 
 /// State of a passive connection (the kernel's `ipoib_cm_state` plus the end of the road);
@@ -96,6 +97,13 @@ impl Why {
 impl Endpoint {
     /// A REQ for our service: admit it, build the receive QP up to RTS, and accept.
     ///
+    /// At the rdma_cm service ([`EndpointConfig::rdma_cm_service_id`](super::EndpointConfig))
+    /// the private data must start with a `cma_hdr` rdma_cm would accept, naming our GID's
+    /// address; `ipoib_cm_data` follows it at byte 36. A REQ without one is refused as the
+    /// kernel refuses it (REJ ConsumerDefined, no ARI, no private data) and counted in
+    /// `rx_bad_cma_hdr`; one with it goes on as every other REQ. The REP's private data is
+    /// `ipoib_cm_data` at byte 0 at either service (rdma_cm puts no header in a REP).
+    ///
     /// Admission: under the reject policy a REQ finding `max_conn_qp` established connections
     /// is rejected (`NO_QP`). Otherwise it gets a receive QP, which is half-open until the RTU
     /// (or data) arrives: at most `max_pending_rx` are, the oldest is torn down to admit a new
@@ -115,8 +123,29 @@ impl Endpoint {
         remote_psn: Psn,
         path_mtu: PathMtu,
         rnr_retry_count: u8,
+        service_id: u64,
         private: &[u8],
     ) {
+        // At the rdma_cm service, `ipoib_cm_data` follows a `cma_hdr` that rdma_cm would take;
+        // a REQ it would refuse gets its REJ before anything is allocated.
+        // The kernel's CM checked and stripped the header itself.
+        let private = if service_id == self.cfg.rdma_cm_service_id() && !self.cm.is_kernel() {
+            match CmaHdr::accept_req(private, self.hwaddr.gid.to_ip()) {
+                Ok((_, user)) => user,
+                Err(why) => {
+                    tracing::debug!(%peer, error = %why, "REQ at the rdma_cm service refused");
+                    self.counters.rx_bad_cma_hdr += 1;
+                    self.push_event(Event::RxRejected {
+                        peer: self.event_peer(peer, remote_qpn),
+                        reason: RxRejectReason::BadCmaHdr,
+                    });
+                    let _ = self.cm.reject(now, id, KERNEL_REFUSAL);
+                    return;
+                }
+            }
+        } else {
+            private
+        };
         let remote_ud_qpn = crate::wire::cm::IpoibCmData::decode(private)
             .ok()
             .map(|d| d.qpn);

@@ -3,8 +3,8 @@
 //! their half-open receive QPs are capped and reaped at the REP timeout.
 
 use super::*;
-use crate::verbs::{Gid, Psn};
-use crate::wire::cm::{ipoib_service_id, CmMad, CmMessage, CmPath, IpoibCmData, Req};
+use crate::verbs::Gid;
+use crate::wire::cm::{ipoib_service_id, IpoibCmData};
 use proptest::prelude::*;
 use std::net::Ipv4Addr;
 
@@ -16,36 +16,13 @@ fn rogue(k: u32) -> Gid {
 /// Hands node `to` a REQ for its IPoIB-CM service from `from`, never to be completed.
 fn forge_req(n: &mut Net, to: usize, from: Gid, comm_id: u32, response_timeout: u8) {
     let hw = n.ep(to).hwaddr();
-    let mut private_data = [0u8; Req::PRIVATE_DATA_LEN];
     let data = IpoibCmData {
         qpn: QpNum::new(0x5000 + (comm_id & 0xFFF)),
         mtu: IPOIB_CM_BUF_SIZE,
     }
     .to_bytes();
-    private_data[..data.len()].copy_from_slice(&data);
-    let req = Req {
-        local_comm_id: comm_id,
-        service_id: ipoib_service_id(hw.qpn, true),
-        local_ca_guid: 0xBAD0_0000_0000_0000 | u64::from(comm_id),
-        local_qpn: QpNum::new(0x6000 + (comm_id & 0xFFF)),
-        transport_service_type: Req::TRANSPORT_RC,
-        starting_psn: Psn::new(comm_id & 0xFF_FFFF),
-        local_cm_response_timeout: response_timeout,
-        remote_cm_response_timeout: response_timeout,
-        retry_count: 7,
-        rnr_retry_count: 7,
-        path_mtu: Some(PathMtu::Mtu1024),
-        max_cm_retries: 15,
-        primary_path: CmPath {
-            local_gid: from,
-            remote_gid: hw.gid,
-            local_ack_timeout: 17,
-            ..CmPath::default()
-        },
-        private_data,
-        ..Req::default()
-    };
-    let mad = CmMad::new(u64::from(comm_id), CmMessage::Req(req)).emit();
+    let sid = ipoib_service_id(hw.qpn, true);
+    let mad = forged_req(n, to, from, comm_id, response_timeout, sid, &data);
     let now = n.now();
     n.ep(to).handle_mad(now, from, &mad);
 }

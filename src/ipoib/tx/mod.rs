@@ -7,6 +7,12 @@
 //! packet gets an ICMP "too big" written back to the TUN device. A send error, a REJ, a CM
 //! timeout or a DREQ tears the connection down; the next packet builds a new one.
 //!
+//! The REQ goes to the peer's standard service ID, or, for a peer reached at the rdma_cm
+//! service (flag `0x20` in its hardware address, or a REJ 8 from its standard service ID
+//! remembered by the neighbour table), to `RDMA_PS_IB`'s service ID of `rdma_cm_port` with
+//! rdma_cm's `cma_hdr` in front of the same private data. A REJ 8 of a REQ to the standard
+//! service ID draws one such REQ at once from the same QP (`docs/kernel-cm.md`).
+//!
 //! Connections are opened only by our own packets to a resolved neighbour, so there are at
 //! most as many open ones as endpoints in the (bounded) neighbour table, plus closing ones,
 //! each for at most `drain_timeout`; closing one unmaps it from the peer index by one lookup.
@@ -27,6 +33,7 @@ use crate::verbs::{
     BufId, Psn, QpAttr, QpInit, QpNum, QpState, QpType, SendWr, Verbs, WcOpcode, WcStatus,
 };
 use crate::wire::cm::{ipoib_service_id, IpoibCmData, RejReason};
+use crate::wire::cma::{ephemeral_port, CmaHdr};
 use crate::wire::ipoib::{HwAddr, IpoibHeader};
 
 /// RNR retries of a TX connection: for ever. An RNR NAK says the peer is alive and its
@@ -194,25 +201,10 @@ impl Endpoint {
             return None;
         }
         let our_psn = self.random_psn();
-        let params = ConnectParams {
-            peer: hw.gid,
-            service_id: ipoib_service_id(hw.qpn, true),
-            local_qpn: qpn,
-            starting_psn: our_psn,
-            path_mtu: self.cfg.path_mtu,
-            retry_count: RC_RETRY_CNT,
-            rnr_retry_count: TX_RNR_RETRY,
-            srq: false,
-            local_ack_timeout: self.cfg.qp_timeout,
-            private_data: self.cm_private_data(),
-        };
-        let id = match self.cm.connect(now, params) {
-            Ok(id) => id,
-            Err(e) => {
-                tracing::warn!(error = %e, "CM connect failed");
-                self.destroy_qp(v, qpn);
-                return None;
-            }
+        let rdma_cm = self.neigh.reached_by_rdma_cm(&hw);
+        let Some(id) = self.send_req(now, hw, qpn, our_psn, rdma_cm) else {
+            self.destroy_qp(v, qpn);
+            return None;
         };
         self.owners.insert(id, Owner::Tx(qpn));
         self.tx.insert(
@@ -220,6 +212,7 @@ impl Endpoint {
             TxConn {
                 id,
                 peer: hw,
+                rdma_cm,
                 state: TxState::Connecting,
                 mtu: 0,
                 our_psn,
@@ -232,6 +225,99 @@ impl Endpoint {
             },
         );
         Some(qpn)
+    }
+
+    /// Sends the REQ of the TX connection on `qpn` to `hw`: at its standard service ID with
+    /// `ipoib_cm_data` as the private data, or with `rdma_cm` at its rdma_cm service
+    /// ([`EndpointConfig::rdma_cm_port`](super::EndpointConfig), the same on both ends) with
+    /// a `cma_hdr` in front. The header carries the underlay addresses, the IP forms of the
+    /// two GIDs (on RoCE a GID is the IPv4-mapped or IPv6 address of the port), and as the
+    /// source port a random one of Linux's ephemeral range, as rdma_cm would pick one (the
+    /// passive side only records it).
+    fn send_req(
+        &mut self,
+        now: Instant,
+        hw: HwAddr,
+        qpn: QpNum,
+        our_psn: Psn,
+        rdma_cm: bool,
+    ) -> Option<CommId> {
+        let ipoib_data = self.cm_private_data();
+        // The kernel's CM frames its REQs itself.
+        let (service_id, private_data) = if rdma_cm && !self.cm.is_kernel() {
+            let hdr = CmaHdr {
+                src_port: ephemeral_port(self.rng_u64()),
+                src: self.hwaddr.gid.to_ip(),
+                dst: hw.gid.to_ip(),
+            };
+            // Two GIDs of different families have no header: rdma_cm could not connect them
+            // either.
+            let framed = hdr
+                .req_private_data(&ipoib_data)
+                .map_err(|e| tracing::warn!(peer = %hw.gid, error = %e, "no cma_hdr for the REQ"))
+                .ok()?;
+            (self.cfg.rdma_cm_service_id(), framed)
+        } else {
+            (ipoib_service_id(hw.qpn, true), ipoib_data)
+        };
+        let params = ConnectParams {
+            peer: hw.gid,
+            service_id,
+            local_qpn: qpn,
+            starting_psn: our_psn,
+            path_mtu: self.cfg.path_mtu,
+            retry_count: RC_RETRY_CNT,
+            rnr_retry_count: TX_RNR_RETRY,
+            srq: false,
+            local_ack_timeout: self.cfg.qp_timeout,
+            private_data,
+        };
+        self.cm
+            .connect(now, params)
+            .map_err(|e| tracing::warn!(error = %e, "CM connect failed"))
+            .ok()
+    }
+
+    /// Whether a REJ 8 (invalid service ID) for `id` draws the retry at the rdma_cm service:
+    /// the REQ of a TX connection still connecting that went to the standard service ID.
+    pub(super) fn may_retry_at_rdma_cm(&self, id: CommId) -> bool {
+        match self.owners.get(&id) {
+            Some(Owner::Tx(qpn)) => self
+                .tx
+                .get(qpn)
+                .is_some_and(|t| t.id == id && t.state == TxState::Connecting && !t.rdma_cm),
+            _ => false,
+        }
+    }
+
+    /// The peer has no listener at its standard service ID (REJ 8): a daemon on the kernel's
+    /// CM whose flag [`HwAddr::FLAG_RDMA_CM`] we did not see. The same QP (still in INIT,
+    /// same PSN) sends one REQ, at once, to its rdma_cm service with the framing; the
+    /// neighbour table remembers the peer's kind, so later connections go there first. A REJ
+    /// of that REQ, whatever its reason, fails the connection as any REJ does.
+    pub(super) fn retry_at_rdma_cm<V: Verbs>(&mut self, now: Instant, v: &mut V, id: CommId) {
+        let Some(Owner::Tx(qpn)) = self.owners.get(&id).copied() else {
+            return;
+        };
+        // The CM freed the rejected id (ReqSent); no TimeWaitExit follows.
+        if self.cm.state(id).is_none() {
+            self.owners.remove(&id);
+        }
+        let Some((peer, our_psn)) = self.tx.get(&qpn).map(|t| (t.peer, t.our_psn)) else {
+            return;
+        };
+        self.counters.tx_rdma_cm_retries += 1;
+        self.neigh.remember_rdma_cm(&peer);
+        match self.send_req(now, peer, qpn, our_psn, true) {
+            Some(new) => {
+                self.owners.insert(new, Owner::Tx(qpn));
+                if let Some(tx) = self.tx.get_mut(&qpn) {
+                    tx.id = new;
+                    tx.rdma_cm = true;
+                }
+            }
+            None => self.fail_tx(now, v, qpn, TxFailure::Rejected),
+        }
     }
 
     /// The REP arrived: RTR, RTS, RTU, flush the queue.

@@ -16,6 +16,9 @@ use crate::wire::PeerMap;
 pub(in crate::ipoib) struct TxConn {
     pub(in crate::ipoib) id: CommId,
     pub(in crate::ipoib) peer: HwAddr,
+    /// Its REQ went to the peer's rdma_cm service with a `cma_hdr` (not to the standard
+    /// service ID): a REJ 8 then ends it instead of drawing the one retry there.
+    pub(in crate::ipoib) rdma_cm: bool,
     pub(in crate::ipoib) state: TxState,
     /// The peer's receive size minus the IPoIB header: the largest IP packet.
     pub(in crate::ipoib) mtu: u32,

@@ -223,3 +223,67 @@ fn parses_the_header_of_a_kernel_req() {
     assert_eq!(user, &[0u8; 56][..]);
     assert_eq!(h.to_bytes().map(|b| b.to_vec()), Ok(bytes));
 }
+
+/// What rdma_cm checks of a REQ for a listener on 198.18.0.1: the header's version, its IP
+/// version and its destination (the check the rc-pingpong server and the endpoint's rdma_cm
+/// service share).
+#[test]
+fn accept_req_checks_the_header_as_rdma_cm_does() {
+    let me = v4([198, 18, 0, 1]);
+    let other = v4([198, 18, 0, 2]);
+    let hdr = |dst| CmaHdr {
+        src_port: 40000,
+        src: other,
+        dst,
+    };
+    let user = [7u8; 8];
+    let pd = hdr(me).req_private_data(&user).unwrap_or_default();
+    let mut req = [0u8; 92];
+    req[..pd.len()].copy_from_slice(&pd);
+    let (got, rest) = CmaHdr::accept_req(&req, me).unwrap_or((hdr(other), &[]));
+    assert_eq!(got, hdr(me));
+    assert_eq!(rest.len(), CMA_REQ_USER_DATA_MAX);
+    assert_eq!(&rest[..8], &user);
+    // No header at all: IPoIB-style or empty private data.
+    assert_eq!(
+        CmaHdr::accept_req(&[0u8; 92], me).map(|r| r.0),
+        Err(CmaError::BadIpVersion(0))
+    );
+    assert_eq!(
+        CmaHdr::accept_req(&[], me).map(|r| r.0),
+        Err(CmaError::Truncated)
+    );
+    // Another destination.
+    let wrong = hdr(other).req_private_data(&[]).unwrap_or_default();
+    assert_eq!(
+        CmaHdr::accept_req(&wrong, me).map(|r| r.0),
+        Err(CmaError::OtherDestination {
+            dst: other,
+            listener: me
+        })
+    );
+    // Version 1.
+    req[0] = 1;
+    assert_eq!(
+        CmaHdr::accept_req(&req, me).map(|r| r.0),
+        Err(CmaError::BadVersion(1))
+    );
+    // IPv6 header to an IPv4 listener.
+    let six: IpAddr = "2001:db8::1".parse().unwrap_or(me);
+    let v6 = CmaHdr {
+        src_port: 1,
+        src: six,
+        dst: six,
+    }
+    .req_private_data(&[])
+    .unwrap_or_default();
+    assert!(CmaHdr::accept_req(&v6, me).is_err());
+}
+
+#[test]
+fn ephemeral_ports_stay_in_linux_default_range() {
+    assert_eq!(ephemeral_port(0), 32768);
+    assert_eq!(ephemeral_port(u64::from(EPHEMERAL_PORT_COUNT) - 1), 60999);
+    assert_eq!(ephemeral_port(u64::from(EPHEMERAL_PORT_COUNT)), 32768);
+    assert_eq!(ephemeral_port(u64::MAX), 32768 + (u64::MAX % 28232) as u16);
+}

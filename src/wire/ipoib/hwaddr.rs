@@ -2,7 +2,7 @@
 //!
 //! | Bytes | Field |
 //! |---|---|
-//! | 0 | flags: bit 7 ([`HwAddr::FLAG_CONNECTED`], Linux `IPOIB_FLAGS_RC`) = connected mode supported; the other bits are reserved |
+//! | 0 | flags: bit 7 ([`HwAddr::FLAG_CONNECTED`], Linux `IPOIB_FLAGS_RC`) = connected mode supported; bit 5 ([`HwAddr::FLAG_RDMA_CM`], ours) = the CM is reachable at the rdma_cm port with `cma_hdr` framing (a daemon on the kernel's CM, `docs/kernel-cm.md`); the other bits are reserved (Linux ignores every bit but 7) |
 //! | 1..4 | the **UD** QPN of the interface (24 bits, big-endian); `0xFFFFFF` for multicast |
 //! | 4..20 | the port GID (unicast) or the multicast GID |
 //!
@@ -20,8 +20,8 @@ use crate::wire::{Gid, QpNum};
 /// An IPoIB hardware address.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct HwAddr {
-    /// The flags byte. Only [`HwAddr::FLAG_CONNECTED`] is defined; other bits are kept as
-    /// received.
+    /// The flags byte: [`HwAddr::FLAG_CONNECTED`] and [`HwAddr::FLAG_RDMA_CM`]; other bits
+    /// are kept as received.
     pub flags: u8,
     /// The UD QPN ([`HwAddr::MULTICAST_QPN`] for multicast addresses).
     pub qpn: QpNum,
@@ -37,8 +37,12 @@ impl HwAddr {
     /// `IPOIB_FLAGS_RC`). Linux connects to a peer only if its address carries it.
     pub const FLAG_CONNECTED: u8 = 0x80;
 
-    /// Flag bit (ours, reserved in RFC 4755 and ignored by Linux): the interface's CM is the
-    /// kernel's, reached at the rdma_cm port with `cma_hdr` framing (docs/kernel-cm.md).
+    /// Flag bit (ours; reserved in RFC 4755 and ignored by Linux): the node's CM is reachable
+    /// at the rdma_cm port with `cma_hdr` framing: its REQs go to the service ID
+    /// `0x0000_0000_013F_0000 | rdma_cm_port` (`RDMA_PS_IB`) with rdma_cm's 36-byte header in
+    /// front of `ipoib_cm_data`, not to `0x1000_0000_0000_0000 | QPN`. A daemon whose CM is
+    /// the kernel's (librdmacm) sets it, because it cannot listen on the standard service ID;
+    /// a daemon whose CM is ours serves both and leaves it clear.
     pub const FLAG_RDMA_CM: u8 = 0x20;
 
     /// The QPN field of every multicast and broadcast address (`IB_MULTICAST_QPN`).
@@ -64,6 +68,22 @@ impl HwAddr {
     #[must_use]
     pub const fn connected_mode(&self) -> bool {
         self.flags & Self::FLAG_CONNECTED != 0
+    }
+
+    /// True if the flags say the node's CM is reached at the rdma_cm port with `cma_hdr`
+    /// framing ([`HwAddr::FLAG_RDMA_CM`]).
+    #[must_use]
+    pub const fn rdma_cm(&self) -> bool {
+        self.flags & Self::FLAG_RDMA_CM != 0
+    }
+
+    /// True if the node takes IPoIB-CM connections at all: connected mode
+    /// ([`HwAddr::FLAG_CONNECTED`]) or a CM at the rdma_cm port ([`HwAddr::FLAG_RDMA_CM`], which
+    /// a daemon on the kernel's CM over InfiniBand sets without `0x80`, so that kernel ipoib
+    /// peers send it datagrams while daemons of ours connect).
+    #[must_use]
+    pub const fn connectable(&self) -> bool {
+        self.connected_mode() || self.rdma_cm()
     }
 
     /// True for multicast and broadcast addresses: the QPN is [`HwAddr::MULTICAST_QPN`].
@@ -225,6 +245,20 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn rdma_cm_flag_is_bit_5_beside_connected_mode() {
+        // A daemon on the kernel's CM over RoCE: connected mode and the rdma_cm service.
+        let s = "a0:00:00:11:00:00:00:00:00:00:00:00:00:00:ff:ff:c6:12:00:02";
+        let a: HwAddr = s.parse().unwrap();
+        assert_eq!(HwAddr::FLAG_RDMA_CM, 0x20);
+        assert!(a.rdma_cm() && a.connected_mode());
+        // Cleared 0x80 (the kernel-CM daemon on InfiniBand): still reached at rdma_cm.
+        let ib = HwAddr { flags: 0x20, ..a };
+        assert!(ib.rdma_cm() && !ib.connected_mode() && ib.connectable());
+        assert!(!HwAddr { flags: 0x80, ..a }.rdma_cm());
+        assert!(!HwAddr::BROADCAST.rdma_cm());
+    }
+
+    #[test]
     fn from_str_rejects_malformed() {
         let good = "80:00:00:48:fe:80:00:00:00:00:00:00:00:02:c9:03:00:0a:bc:de";
         for bad in [
@@ -257,6 +291,8 @@ pub(crate) mod tests {
             a.emit(&mut buf);
             prop_assert_eq!(HwAddr::parse(&buf)?, a);
             prop_assert_eq!(a.connected_mode(), a.flags & 0x80 != 0);
+            prop_assert_eq!(a.rdma_cm(), a.flags & 0x20 != 0);
+            prop_assert_eq!(a.connectable(), a.flags & 0xA0 != 0);
         }
 
         #[test]
