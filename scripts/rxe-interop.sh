@@ -169,7 +169,7 @@ for c in "${CHECKS[@]}"; do
             echo "== (e) daemon: ipoib-cm up on the soft provider (host netns) <-> ipoib-cm up --provider verbs on rxe0"
             # DAEMON_CM: the guest daemon's --cm-transport (udp: the side channel both sides;
             # rdmacm: the kernel's CM against the host's own CM over QP1).
-            dcm=${DAEMON_CM:-udp}
+            dcm=${DAEMON_CM:-rdmacm}
             EXTRA_BINS=$(command -v iperf3 || true) run_lab "daemon-$dcm" scripts/rxe/guest-daemon --net tap --timeout 400 \
                 --env "CM=$dcm" \
                 --host-cmd "IPOIB_CM=$BIN CM=$dcm exec $ROOT/scripts/rxe/host-daemon.sh" ;;
