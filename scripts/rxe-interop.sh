@@ -3,7 +3,7 @@
 # guest (TCG) by the rxe-lab harness. Needs root (apt, tap device, network namespace).
 #
 #   sudo scripts/rxe-interop.sh [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong]
-#                               [hw-pingpong] [daemon] [daemon-umad] [rdmacm] [softcm]
+#                               [hw-pingpong] [daemon] [daemon-umad] [rdmacm] [softcm] [kcm-pair]
 #
 # Checks (all by default):
 #   conformance  (a) the provider conformance suite (src/verbs/conformance/) over the
@@ -16,25 +16,29 @@
 #   ud-pingpong  (c) the same with `ipoib-cm ud-pingpong` <-> `ibv_ud_pingpong -s 512`;
 #   hw-pingpong  (d') the same with `ipoib-cm rc-pingpong --provider verbs` (HwVerbs) on rxe0
 #                instead of ibv_rc_pingpong: our two providers talking over a real wire;
-#   daemon       (e) `ipoib-cm up --provider verbs --cm-transport udp` on rxe0 in the guest <->
-#                `ipoib-cm up --cm-transport udp` on the soft provider in the host
-#                netns (CM MADs over the UDP side channel, port 4792: the guest kernel owns
-#                QP1), no static neighbours and no --peer (ARP and ND cross as IP multicast,
+#   daemon       (e) `ipoib-cm up --provider verbs --cm-transport $DAEMON_CM` on rxe0 in the
+#                guest <-> `ipoib-cm up` on the soft provider in the host netns; DAEMON_CM=udp
+#                (default): CM MADs over the UDP side channel, port 4792, both sides;
+#                DAEMON_CM=rdmacm: the guest on the kernel's CM, the host on our CM over QP1
+#                (RESULT daemon_rdmacm_*; needs branch cmservice on the host side); no static
+#                neighbours and no --peer (ARP and ND cross as IP multicast,
 #                RESULT daemon_discovery_arp_nd); ping IPv4 and IPv6 across, iperf3 (copied
 #                into the guest when the host has it), orderly stop of both daemons (rxe never
 #                raises LAST_WQE_REACHED: the guest's SRQ RX teardown ends by the drain
 #                watchdog on 6.1; 6.12 raises it); RESULT daemon_host_icrc_id_solved: the host
 #                daemon logged once that the guest's ICRCs check only with a nonzero IPv4 ID,
-#                and dropped none. In this guest ib_cm is loaded, so `--cm-transport umad` must
-#                fail with one line (RESULT daemon_umad_refused_with_ib_cm).
+#                and dropped none; the guest daemon SIGKILLed, its RX QP reaped on the host
+#                (RESULT daemon_host_rx_reaped, from the host's status), restarted, pings again In this guest ib_cm is
+#                loaded, so `--cm-transport umad` must fail with one line
+#                (RESULT daemon_umad_refused_with_ib_cm). DAEMON_CM (default rdmacm) is the guest
+#                daemon's --cm-transport: rdmacm (the kernel's CM, listening on the rdma_cm port,
+#                hwaddr flag 0x20) against the host's own CM over QP1; udp: the side channel on
+#                both sides. RESULT names are daemon_$DAEMON_CM_* (daemon_* for udp).
 #   daemon-umad  (e2) the same in a guest booted without ib_cm/rdma_cm/rdma_ucm (RXE_LAB_MODS,
 #                its own $RXE_LAB_WORK/KERNEL-nocm): the guest daemon's CM on the kernel's QP1
 #                through /dev/infiniband/umadN (`--cm-transport umad`, CM class 0x07 registered:
-#                RESULT daemon_umad_class_registered) <-> the host daemon's CM on QP1
-#                (`--cm-transport qp1`); then the guest daemon is SIGKILLed and started again:
-#                the host retires its RX connections from the old incarnation
-#                (RESULT daemon_host_rx_reaped_after_kill, from its status), ping again, orderly
-#                stop. RESULT names are daemon_umad_*.
+#                RESULT daemon_umad_cm_class_registered) <-> the host daemon's CM on QP1
+#                (`--cm-transport qp1`). RESULT names are daemon_umad_*.
 #   rdmacm       (f) `ipoib-cm rc-pingpong --provider verbs --rdma-cm` (our QP, the kernel's CM
 #                through librdmacm) <-> rdma-core's rdma_server / rdma_client (port 7471, 16
 #                bytes each way), our tool client and then server, then against itself; rxe0 <->
@@ -56,6 +60,10 @@
 #                are clean (no retries, no duplicates; what that means per case is in
 #                scripts/rxe/guest-softcm/run.sh); the RoCE traffic goes to the run's
 #                softcm.pcap when tcpdump exists (docs/kernel-cm.md decodes it).
+#   kcm-pair     (h) two `ipoib-cm up --provider verbs --cm-transport rdmacm` daemons, rxe0 <->
+#                rxe1 in the guest (TUN devices in netns na/nb): both CMs the kernel's, no side
+#                channel; ping IPv4/IPv6, iperf3, one SIGKILLed (the other reaps its RX QP on
+#                the kernel's DREQ), restarted, ping again, orderly stops, no rdma_cm id left.
 # The conformance boot also runs `rc-pingpong --provider verbs` against ibv_rc_pingpong
 # (rxe1 <-> rxe0), both directions.
 # --quick: 20 round trips instead of 100. Prints `RESULT name@KERNEL PASS|FAIL`, wall times
@@ -80,12 +88,12 @@ while [ $# -gt 0 ]; do
     case $1 in
         --quick) ITERS=20 ;;
         --iters) ITERS=$2; shift ;;
-        conformance|rc-pingpong|ud-pingpong|hw-pingpong|daemon|daemon-umad|rdmacm|softcm) CHECKS+=("$1") ;;
-        *) echo "usage: $0 [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong] [hw-pingpong] [daemon] [daemon-umad] [rdmacm] [softcm]" >&2; exit 2 ;;
+        conformance|rc-pingpong|ud-pingpong|hw-pingpong|daemon|daemon-umad|rdmacm|softcm|kcm-pair) CHECKS+=("$1") ;;
+        *) echo "usage: $0 [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong] [hw-pingpong] [daemon] [daemon-umad] [rdmacm] [softcm] [kcm-pair]" >&2; exit 2 ;;
     esac
     shift
 done
-[ ${#CHECKS[@]} -gt 0 ] || CHECKS=(conformance rc-pingpong ud-pingpong hw-pingpong daemon daemon-umad rdmacm softcm)
+[ ${#CHECKS[@]} -gt 0 ] || CHECKS=(conformance rc-pingpong ud-pingpong hw-pingpong daemon daemon-umad rdmacm softcm kcm-pair)
 
 if [ -n "${RXE_LAB_DIR:-}" ]; then LAB=$RXE_LAB_DIR
 elif [ -x ../shared/rxe-lab/run.sh ]; then LAB=$(cd ../shared/rxe-lab && pwd)
@@ -181,17 +189,25 @@ for c in "${CHECKS[@]}"; do
                 --host-cmd "IPOIB_CM=$BIN ITERS=$ITERS PP=$pp exec $ROOT/scripts/rxe/host-pingpong.sh" ;;
         daemon)
             echo "== (e) daemon: ipoib-cm up on the soft provider (host netns) <-> ipoib-cm up --provider verbs on rxe0"
-            EXTRA_BINS=$(command -v iperf3 || true) run_lab daemon scripts/rxe/guest-daemon --net tap --timeout 400 \
-                --host-cmd "IPOIB_CM=$BIN exec $ROOT/scripts/rxe/host-daemon.sh" ;;
+            # DAEMON_CM: the guest daemon's --cm-transport (udp: the side channel both sides;
+            # rdmacm: the kernel's CM against the host's own CM over QP1).
+            dcm=${DAEMON_CM:-rdmacm}
+            EXTRA_BINS=$(command -v iperf3 || true) run_lab "daemon-$dcm" scripts/rxe/guest-daemon --net tap --timeout 400 \
+                --env "CM=$dcm" \
+                --host-cmd "IPOIB_CM=$BIN CM=$dcm exec $ROOT/scripts/rxe/host-daemon.sh" ;;
         daemon-umad)
             echo "== (e2) daemon-umad: ipoib-cm up (soft, our CM on QP1) <-> ipoib-cm up --provider verbs --cm-transport umad on rxe0, a guest without ib_cm"
             EXTRA_BINS=$(command -v iperf3 || true) RXE_LAB_MODS=$NOCM_MODS WORK_SUFFIX=-nocm \
-                RESULT_AS=daemon_umad run_lab daemon-umad scripts/rxe/guest-daemon --net tap --timeout 400 \
-                --env CM=umad --env RESTART=1 \
-                --host-cmd "IPOIB_CM=$BIN CM=umad RESTART=1 exec $ROOT/scripts/rxe/host-daemon.sh" ;;
+                run_lab daemon-umad scripts/rxe/guest-daemon --net tap --timeout 400 \
+                --env CM=umad \
+                --host-cmd "IPOIB_CM=$BIN CM=umad exec $ROOT/scripts/rxe/host-daemon.sh" ;;
         rdmacm)
             echo "== (f) rdmacm: rc-pingpong --provider verbs --rdma-cm <-> rdma_server / rdma_client, rxe0 <-> rxe1 in the guest"
             run_lab rdmacm scripts/rxe/guest-rdmacm --net none --timeout 400 --env "ITERS=$ITERS" ;;
+        kcm-pair)
+            echo "== (h) kcm-pair: ipoib-cm up --cm-transport rdmacm <-> itself, rxe0 <-> rxe1 in the guest"
+            EXTRA_BINS=$(command -v iperf3 || true) run_lab kcm-pair scripts/rxe/guest-kcm-pair \
+                --net none --timeout 300 ;;
         softcm)
             echo "== (g) softcm: rc-pingpong --cm --rdma-cm (soft provider, our CM) <-> the kernel's rdma_cm on rxe0"
             run_lab softcm scripts/rxe/guest-softcm --net tap --timeout 500 \

@@ -763,8 +763,13 @@ fn cm_transport_mad_port_and_icrc() {
     assert!(!c.verify_icrc_v4);
     assert_eq!(
         flag_err(&["--bind", "192.0.2.1", "--cm-transport", "tcp"]),
-        "--cm-transport: must be \"qp1\" or \"udp\" (got \"tcp\")"
+        "--cm-transport: must be \"qp1\", \"udp\", \"umad\" or \"rdmacm\" (got \"tcp\")"
     );
+    let c = ok("", &["--bind", "192.0.2.1", "--cm-transport", "rdmacm"]);
+    assert_eq!(c.cm_transport, Some(CmTransport::RdmaCm));
+    assert_eq!(c.rdma_cm_port, 4793);
+    let c = ok("bind = \"192.0.2.1\"\nrdma_cm_port = 7000", &[]);
+    assert_eq!(c.rdma_cm_port, 7000);
     assert_eq!(
         file_err("bind = \"10.0.0.1\"\nmad_port = 0", &[]),
         "config: mad_port: must be between 1 and 65535 (got 0)"

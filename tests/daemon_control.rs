@@ -32,6 +32,7 @@ fn status() -> Status {
             mtu: 65520,
             mode: Mode::Connected,
             hwaddr: ipoib_cm::wire::ipoib::HwAddr::from([0x11; 20]).to_string(),
+            cm_transport: String::new(),
         },
         neighbours: vec![],
         neighbour_table: Default::default(),

@@ -35,7 +35,10 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("cm", &["wire", "verbs", "timer"]),
     ("mad", &["wire", "sys", "verbs", "cm", "choice"]),
     ("ipoib", &["wire", "verbs", "timer", "sa", "cm", "choice"]),
-    ("driver", &["wire", "sys", "verbs", "sa", "mad", "ipoib"]),
+    (
+        "driver",
+        &["wire", "sys", "verbs", "sa", "cm", "hw", "mad", "ipoib"],
+    ),
     ("sim", &["verbs", "soft", "mad", "ipoib"]),
     ("setting", &["wire", "verbs", "soft"]),
     (

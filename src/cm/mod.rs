@@ -52,7 +52,9 @@ use crate::wire::cm::{RejReason, MAD_LEN};
 
 pub mod admission;
 mod conn;
+pub mod kernel;
 mod recv;
+mod seam;
 mod timers;
 mod types;
 
@@ -62,6 +64,8 @@ mod tests;
 use admission::{RemoteIndex, ReqLimiter};
 pub use admission::{ReqRateLimit, MAX_MADS_PER_REQ, MAX_PASSIVE_CM_RETRIES};
 use conn::{Conn, Retx};
+pub use kernel::{KcmCommand, KcmInput, KernelCm, QpMoves, PASSIVE_ID_BASE};
+pub use seam::ConnectionManager;
 use types::own_tid;
 pub use types::{
     passive_path, AcceptParams, CmConfig, CmEvent, CmState, CmStats, CmUseError, CommId,

@@ -74,6 +74,9 @@ pub enum DaemonError {
     /// The umad CM transport could not be opened (`ib_cm` loaded, no umad device, ...).
     #[error("--cm-transport umad: {0}")]
     Umad(#[source] crate::mad::UmadError),
+    /// `--provider verbs` without `--cm-transport`: neither the kernel's CM nor umad is usable.
+    #[error("no CM transport on this host ({0}): load rdma_ucm, or pass --cm-transport udp (the side channel, for peers that run it too)")]
+    NoCmTransport(String),
     /// `--cm-transport umad` on the software provider, which owns its QP1 itself.
     #[error("--cm-transport umad: needs --provider verbs (the soft provider carries CM MADs on its own QP1: qp1)")]
     UmadNeedsVerbs,
@@ -102,6 +105,17 @@ pub enum DaemonError {
         #[source]
         source: io::Error,
     },
+    /// The kernel's CM could not be opened or could not listen (`--cm-transport rdmacm`).
+    #[error("--cm-transport rdmacm (--bind, --rdma-cm-port {}): {message}", addr.port())]
+    RdmaCm {
+        /// The listen address.
+        addr: SocketAddr,
+        /// Why, one line.
+        message: String,
+    },
+    /// `--cm-transport rdmacm` on the software provider (its QPs are not the kernel's).
+    #[error("--cm-transport rdmacm: needs --provider verbs (the kernel's CM connects kernel QPs)")]
+    RdmaCmNeedsVerbs,
     /// The TUN device could not be created.
     #[error("--ifname: {0}")]
     Tun(#[source] io::Error),
@@ -172,6 +186,9 @@ pub fn up(cfg: &Config) -> Result<(), DaemonError> {
     if cfg.cm_transport == Some(CmTransport::Umad) {
         return Err(DaemonError::UmadNeedsVerbs);
     }
+    if cfg.cm_transport == Some(CmTransport::RdmaCm) {
+        return Err(DaemonError::RdmaCmNeedsVerbs);
+    }
     let path_mtu = path_mtu(cfg)?;
     let mut soft = SoftConfig::new(cfg.bind);
     soft.src_port = cfg.udp_port;
@@ -222,12 +239,52 @@ pub fn up_verbs(cfg: &Config, hw: &crate::hw::HwConfig) -> Result<(), DaemonErro
     let mut hw = hw.clone();
     hw.local_ip = hw.local_ip.or(Some(cfg.bind));
     let mut prov = crate::hw::HwVerbs::open(&hw).map_err(DaemonError::VerbsOpen)?;
-    let cm_transport = cfg.cm_transport.unwrap_or(CmTransport::Udp);
-    let mad: Option<Box<dyn crate::mad::MadTransport<crate::hw::HwVerbs>>> = match cm_transport {
-        CmTransport::Umad => Some(Box::new(open_umad(cfg, &mut prov)?)),
-        _ => None,
+    let (cm_transport, mad): (
+        _,
+        Option<Box<dyn crate::mad::MadTransport<crate::hw::HwVerbs>>>,
+    ) = match cfg.cm_transport {
+        Some(CmTransport::Umad) => (
+            CmTransport::Umad,
+            Some(Box::new(open_umad(cfg, &mut prov)?)),
+        ),
+        Some(t) => (t, None),
+        None => pick_verbs_transport(cfg, &mut prov)?,
     };
     run(cfg, prov, path_mtu, cm_transport, mad)
+}
+
+/// The CM transport of a verbs daemon with no `--cm-transport`: the kernel's CM where
+/// librdmacm's device opens (`/dev/infiniband/rdma_cm`: `rdma_ucm` is loaded), else our CM on
+/// the kernel's QP1 through umad (registering the CM class fails while `ib_cm` is loaded),
+/// else one line naming the side channel. The side channel is never picked: it meets only
+/// daemons that also run it.
+#[cfg(feature = "verbs")]
+#[allow(clippy::type_complexity)]
+fn pick_verbs_transport(
+    cfg: &Config,
+    prov: &mut crate::hw::HwVerbs,
+) -> Result<
+    (
+        CmTransport,
+        Option<Box<dyn crate::mad::MadTransport<crate::hw::HwVerbs>>>,
+    ),
+    DaemonError,
+> {
+    const RDMA_CM_DEV: &str = "/dev/infiniband/rdma_cm";
+    let rdma_cm = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(RDMA_CM_DEV);
+    let Err(rdma_cm_err) = rdma_cm else {
+        return Ok((CmTransport::RdmaCm, None));
+    };
+    match open_umad(cfg, prov) {
+        Ok(u) => Ok((CmTransport::Umad, Some(Box::new(u)))),
+        Err(DaemonError::Umad(e)) => Err(DaemonError::NoCmTransport(format!(
+            "{RDMA_CM_DEV}: {rdma_cm_err}; umad: {e}"
+        ))),
+        Err(e) => Err(e),
+    }
 }
 
 /// Opens the umad CM transport on the verbs device, port and GID index in use, with the
@@ -272,6 +329,7 @@ fn run<P: DaemonProvider>(
         endpoint: cfg.endpoint_config(path_mtu, os_seed()),
         cm_transport,
         mad_udp: SocketAddr::new(cfg.bind, cfg.mad_port),
+        rdma_cm: SocketAddr::new(cfg.bind, cfg.rdma_cm_port),
     };
     let mut node = match mad {
         Some(mad) => {
@@ -406,6 +464,7 @@ impl From<NodeError> for DaemonError {
                 source,
             },
             NodeError::Provider(e) => Self::Endpoint(e),
+            NodeError::RdmaCm { addr, message } => Self::RdmaCm { addr, message },
             NodeError::Tun(e) => Self::Tun(e),
             NodeError::InterfaceMtu(e) => Self::InterfaceMtu(e),
             NodeError::Addr {
@@ -484,11 +543,7 @@ fn log_start<P: DaemonProvider>(
         peers = %peers,
         mode = %ep.mode,
         srq = ep.srq,
-        cm_transport = %match cm_transport {
-            CmTransport::Qp1 => "qp1",
-            CmTransport::Udp => "udp",
-            CmTransport::Umad => "umad",
-        },
+        cm_transport = %cm_transport.as_str(),
         provider = %match cfg.provider {
             super::ProviderKind::Soft => "soft",
             super::ProviderKind::Verbs => "verbs",
@@ -566,6 +621,10 @@ fn status<P: DaemonProvider>(node: &Node<P>, now: Instant, started: Instant) -> 
         add_counters(&mut status.provider, "sa_", &sa.counters());
         add_counters(&mut status.provider, "sa_", &sa.stats());
     }
+    if let Some(k) = node.kcm_stats() {
+        add_counters(&mut status.provider, "rdmacm_", &k);
+    }
+    status.interface.cm_transport = node.cm_transport().as_str().to_owned();
     let tun = node.tun_stats();
     for (k, v) in [
         ("tun_write_drops", tun.write_drops),

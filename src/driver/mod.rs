@@ -28,12 +28,38 @@
 //! [`ProviderSources`] alone is the registration part, for loops that drive a provider
 //! without a node (the tools).
 
+#[cfg(feature = "verbs")]
+mod kcm;
+#[cfg(not(feature = "verbs"))]
+mod kcm_stub;
 mod node;
 mod sa;
 mod sources;
 mod tun;
 
+#[cfg(feature = "verbs")]
+pub use kcm::KernelCmDriver;
+#[cfg(not(feature = "verbs"))]
+pub use kcm_stub::KernelCmDriver;
+
 pub use node::{Node, NodeConfig, NodeError, EARLY_ACK_BATCH, TUN_BATCH};
 pub use sa::{SaDriver, SaDriverStats, SaPort, POLL_INTERVAL, READ_BATCH};
 pub use sources::ProviderSources;
 pub use tun::TunStats;
+
+/// What the driver's side of the kernel's CM counted (`--cm-transport rdmacm`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct KcmStats {
+    /// Events read from the channel.
+    pub events: u64,
+    /// Commands executed.
+    pub commands: u64,
+    /// librdmacm calls that failed (the connection was failed with them).
+    pub call_errors: u64,
+    /// Connection requests refused for a full id table.
+    pub requests_refused: u64,
+    /// Connects that waited for a resolution slot.
+    pub connects_queued: u64,
+    /// Live ids (the listener included).
+    pub ids: u64,
+}

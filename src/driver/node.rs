@@ -9,9 +9,9 @@ use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 
 use super::tun::{read_tun, write_tun, TunRead, TunStats};
-use super::{ProviderSources, SaDriver};
-use crate::ipoib::{Endpoint, EndpointConfig, EVENT_QUEUE_CAP};
-use crate::mad::{self, CmTransport, Gsi, Mad, MadStats, MadTransport, MadUdp};
+use super::{KcmStats, KernelCmDriver, ProviderSources, SaDriver};
+use crate::ipoib::{Endpoint, EndpointConfig, KernelCmConfig, EVENT_QUEUE_CAP};
+use crate::mad::{self, CmTransport, Gsi, Mad, MadStats, MadTransport, MadUdp, NoMads};
 use crate::sys::tun::Tun;
 use crate::verbs::{Provider, VerbsError};
 
@@ -44,6 +44,15 @@ pub struct NodeConfig {
     pub cm_transport: CmTransport,
     /// Where the UDP side channel binds, with [`CmTransport::Udp`].
     pub mad_udp: SocketAddr,
+    /// The `--bind` address and rdma_cm port the kernel's CM listens on, with
+    /// [`CmTransport::RdmaCm`].
+    pub rdma_cm: SocketAddr,
+}
+
+/// The ids of the kernel's CM an endpoint may hold at once: two per connection its tables
+/// hold (one may be in TimeWait beside its successor).
+fn kernel_cm_ids(ep: &EndpointConfig) -> usize {
+    (2 * (ep.max_conn_qp + ep.max_pending_rx + 1) + ep.neigh_max).min(crate::cm::MAX_LIVE_IDS)
 }
 
 /// The transport [`Node::new`] opens for `cfg`; `None` for a transport that needs what only
@@ -70,6 +79,7 @@ fn open_transport<P: Provider>(
             Ok(Box::new(udp))
         }
         CmTransport::Umad => Err(NodeError::TransportNeedsCaller(cfg.cm_transport)),
+        CmTransport::RdmaCm => Ok(Box::new(NoMads)),
     }
 }
 
@@ -88,6 +98,15 @@ pub enum NodeError {
     /// QP1 or the endpoint's QPs, CQs and buffers could not be set up on the provider.
     #[error("provider set-up: {0}")]
     Provider(#[source] VerbsError),
+    /// The kernel's CM could not be opened (no `/dev/infiniband/rdma_cm`, or the listener
+    /// could not bind).
+    #[error("--cm-transport rdmacm on {addr}: {message}")]
+    RdmaCm {
+        /// The address and port it was to listen on.
+        addr: SocketAddr,
+        /// Why, one line.
+        message: String,
+    },
     /// The TUN device could not be created.
     #[error("TUN device: {0}")]
     Tun(#[source] io::Error),
@@ -123,6 +142,8 @@ struct Tokens {
     tun: Token,
     /// The MAD transport's own descriptor's, when it has one.
     mad: Option<Token>,
+    /// The kernel CM's event channel, with [`CmTransport::RdmaCm`].
+    kcm: Option<Token>,
     /// One past the last of the node's tokens.
     end: Token,
 }
@@ -135,6 +156,9 @@ pub struct Node<P: Provider> {
     sources: ProviderSources,
     ep: Endpoint,
     mad: Box<dyn MadTransport<P::Verbs>>,
+    /// The kernel's CM, with [`CmTransport::RdmaCm`].
+    kcm: Option<KernelCmDriver>,
+    cm_transport: CmTransport,
     /// Reused between turns by [`mad::receive`].
     mads: Vec<Mad>,
     tun: Tun,
@@ -199,12 +223,26 @@ impl<P: Provider> Node<P> {
     pub fn with_transport(
         now: Instant,
         mut prov: P,
-        cfg: NodeConfig,
+        mut cfg: NodeConfig,
         mad: Box<dyn MadTransport<P::Verbs>>,
         registry: &Registry,
         first_token: usize,
     ) -> Result<Self, NodeError> {
         let mad_fd = mad.readiness_fd();
+        let kcm = if cfg.cm_transport == CmTransport::RdmaCm {
+            let max_ids = kernel_cm_ids(&cfg.endpoint);
+            cfg.endpoint.kernel_cm.get_or_insert(KernelCmConfig {
+                max_ids,
+                service_id: crate::wire::cma::PortSpace::Ib.service_id(cfg.rdma_cm.port()),
+            });
+            let k = KernelCmDriver::open(cfg.rdma_cm, max_ids).map_err(|e| NodeError::RdmaCm {
+                addr: cfg.rdma_cm,
+                message: e.to_string(),
+            })?;
+            Some(k)
+        } else {
+            None
+        };
         let mtu = cfg.endpoint.interface_mtu();
         let addrs = cfg.endpoint.addrs.clone();
         let ep = Endpoint::new(now, prov.verbs(), cfg.endpoint, mad.provider_qp())
@@ -243,16 +281,30 @@ impl<P: Provider> Node<P> {
             }
             None => None,
         };
+        let kcm_token = match &kcm {
+            Some(k) => {
+                let token = end;
+                registry
+                    .register(&mut SourceFd(&k.fd()), token, Interest::READABLE)
+                    .map_err(NodeError::Register)?;
+                end = Token(token.0 + 1);
+                Some(token)
+            }
+            None => None,
+        };
         Ok(Self {
             prov,
             sources,
             ep,
             mad,
+            kcm,
+            cm_transport: cfg.cm_transport,
             mads: Vec::new(),
             tun,
             tokens: Tokens {
                 tun: tun_token,
                 mad: mad_token,
+                kcm: kcm_token,
                 end,
             },
             tun_ready: true,
@@ -327,8 +379,9 @@ impl<P: Provider> Node<P> {
             return true;
         }
         // The MAD transport is read on every turn (QP1 has no readiness of its own), so the
-        // readiness of its own descriptor only needs to wake the loop.
-        self.tokens.mad == Some(token)
+        // readiness of its own descriptor only needs to wake the loop; so does the kernel
+        // CM's channel.
+        self.tokens.mad == Some(token) || self.tokens.kcm == Some(token)
     }
 
     /// When the next turn is due even without readiness: the earliest deadline of the
@@ -351,7 +404,9 @@ impl<P: Provider> Node<P> {
     /// sleeping.
     #[must_use]
     pub fn has_pending_input(&self) -> bool {
-        self.tun_more || self.mad.has_more()
+        self.tun_more
+            || self.mad.has_more()
+            || self.kcm.as_ref().is_some_and(KernelCmDriver::has_pending)
     }
 
     /// The receive half of a turn: everything that arrived is read and handled, and the
@@ -372,13 +427,13 @@ impl<P: Provider> Node<P> {
         }
         self.receive_mads(now);
         self.ep.handle_verbs(now, self.prov.verbs());
-        self.send_mads();
+        self.send_mads(now);
         self.write_tun();
         if (self.tun_ready || self.tun_more) && !self.interface_removed {
             self.read_tun(now)?;
         }
         self.ep.handle_timeout(now, self.prov.verbs());
-        self.send_mads();
+        self.send_mads(now);
         // After the TUN reads: a send-only join asked for by a packet leaves this turn.
         self.pump_sa(now);
         self.write_tun();
@@ -417,7 +472,7 @@ impl<P: Provider> Node<P> {
             return;
         }
         self.ep.begin_shutdown(now, self.prov.verbs());
-        self.send_mads();
+        self.send_mads(now);
         if self.sa.is_some() {
             // The SA leaves go out now, to be answered within the drain bound.
             self.ep.leave_groups(self.prov.verbs());
@@ -470,7 +525,7 @@ impl<P: Provider> Node<P> {
         self.ep.leave_groups(self.prov.verbs());
         self.receive_mads(now);
         self.ep.handle_verbs(now, self.prov.verbs());
-        self.send_mads();
+        self.send_mads(now);
         self.prov.handle_io(now)?;
         self.log_events();
         Ok(())
@@ -503,7 +558,7 @@ impl<P: Provider> Node<P> {
     ) -> R {
         let r = change(&mut self.ep, self.prov.verbs());
         self.ep.handle_timeout(now, self.prov.verbs());
-        self.send_mads();
+        self.send_mads(now);
         r
     }
 
@@ -543,8 +598,23 @@ impl<P: Provider> Node<P> {
         self.tun_stats
     }
 
-    /// Hands every MAD the transport received to the endpoint.
+    /// How the CM's messages travel.
+    #[must_use]
+    pub fn cm_transport(&self) -> CmTransport {
+        self.cm_transport
+    }
+
+    /// The counters of the kernel CM's driver side, with [`CmTransport::RdmaCm`].
+    #[must_use]
+    pub fn kcm_stats(&self) -> Option<KcmStats> {
+        self.kcm.as_ref().map(KernelCmDriver::stats)
+    }
+
+    /// Hands every MAD the transport received (or what the kernel's CM read) to the endpoint.
     fn receive_mads(&mut self, now: Instant) {
+        if let Some(k) = &mut self.kcm {
+            k.receive(now, &mut self.ep);
+        }
         let ep = &mut self.ep;
         mad::receive(
             self.mad.as_mut(),
@@ -556,8 +626,12 @@ impl<P: Provider> Node<P> {
         );
     }
 
-    /// Sends the endpoint's MADs while the transport has room.
-    fn send_mads(&mut self) {
+    /// Sends the endpoint's MADs while the transport has room (or executes what it asked of
+    /// the kernel's CM).
+    fn send_mads(&mut self, now: Instant) {
+        if let Some(k) = &mut self.kcm {
+            k.execute(now, &mut self.ep);
+        }
         let ep = &mut self.ep;
         mad::send_while_room(self.mad.as_mut(), self.prov.verbs(), || ep.poll_mad());
     }

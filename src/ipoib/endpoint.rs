@@ -18,7 +18,7 @@ use super::ud::{self, UdQp};
 use super::{
     wr, Counters, EndpointConfig, Mode, Owner, Snapshot, Timer, TxSnapshot, CQ_BATCH, WR_RECV,
 };
-use crate::cm::{Cm, CmConfig, CmEvent, CommId};
+use crate::cm::{Cm, CmConfig, CmEvent, CommId, ConnectionManager, KcmCommand, KcmInput, KernelCm};
 use crate::timer::{TimerId, TimerWheel};
 use crate::verbs::{
     AsyncEvent, Completion, CqId, PdId, PoolId, QpNum, SrqId, SrqInit, Verbs, VerbsError,
@@ -37,8 +37,9 @@ pub struct Endpoint {
     pub(super) pd: PdId,
     /// The UD QP: ARP/ND, multicast, datagram mode.
     pub(super) ud: UdQp,
-    /// The CM state machine; its MADs travel over the driver's transport.
-    pub(super) cm: Cm,
+    /// The CM: ours (its MADs travel over the driver's transport) or the kernel's (its
+    /// commands are the driver's to execute).
+    pub(super) cm: ConnectionManager,
     pub(super) hwaddr: HwAddr,
     /// The shared receive queue of every RX connection (SRQ mode).
     pub(super) srq: Option<SrqId>,
@@ -118,7 +119,8 @@ impl Endpoint {
         } else {
             0
         };
-        if cfg.advertise_rdma_cm {
+        if cfg.advertise_rdma_cm || cfg.kernel_cm.is_some() {
+            // Peers reach a kernel CM at the rdma_cm port, with `cma_hdr` (docs/kernel-cm.md).
             flags |= HwAddr::FLAG_RDMA_CM;
         }
         let hwaddr = HwAddr::new(flags, ud.qp, port.gid);
@@ -126,14 +128,20 @@ impl Endpoint {
         cm_cfg.comm_id_seed = rng.gen();
         cm_cfg.cm_response_timeout = cfg.cm_response_timeout;
         cm_cfg.pkey = cfg.mgid_pkey();
-        let mut cm = Cm::new(cm_cfg);
-        // Linux uses 0x1000…|QPN; RFC 4755 says 0x0100…|QPN. Accept both.
-        if cfg.listen_ipoib_service {
-            cm.listen(ipoib_service_id(ud.qp, true), u64::MAX);
-            cm.listen(ipoib_service_id(ud.qp, false), u64::MAX);
-        }
-        // And rdma_cm's, where peers on the kernel's CM connect (`cma_hdr` framing).
-        cm.listen(cfg.rdma_cm_service_id(), u64::MAX);
+        let cm = match cfg.kernel_cm {
+            Some(k) => ConnectionManager::Kernel(KernelCm::new(k.max_ids, k.service_id, rng.gen())),
+            None => {
+                let mut cm = Cm::new(cm_cfg);
+                // Linux uses 0x1000…|QPN; RFC 4755 says 0x0100…|QPN. Accept both.
+                if cfg.listen_ipoib_service {
+                    cm.listen(ipoib_service_id(ud.qp, true), u64::MAX);
+                    cm.listen(ipoib_service_id(ud.qp, false), u64::MAX);
+                }
+                // And rdma_cm's, where peers on the kernel's CM connect (`cma_hdr` framing).
+                cm.listen(cfg.rdma_cm_service_id(), u64::MAX);
+                ConnectionManager::Ours(cm)
+            }
+        };
         let buf_len = IPOIB_CM_BUF_SIZE as usize;
         let rx_qps = (cfg.max_conn_qp + cfg.max_pending_rx) as u32;
         let rx_cq = v.create_cq(cfg.srq_depth + cfg.nonsrq_ring * rx_qps + 16)?;
@@ -237,6 +245,24 @@ impl Endpoint {
     /// once): taking it only to drop it would cost the peer a CM retransmission timeout.
     pub fn poll_mad(&mut self) -> Option<(crate::verbs::Gid, [u8; MAD_LEN])> {
         self.cm.poll_transmit()
+    }
+
+    /// The next command for the driver's kernel CM (never one on our CM). Take them all
+    /// after every call that may act on a connection, as with [`poll_mad`](Self::poll_mad).
+    pub fn poll_kcm_command(&mut self) -> Option<KcmCommand> {
+        self.cm.poll_command()
+    }
+
+    /// Hands the endpoint what the driver read from the kernel's CM. Call it before
+    /// [`handle_verbs`](Self::handle_verbs) on the same turn, which acts on it.
+    pub fn handle_kcm_input(&mut self, now: Instant, input: KcmInput) {
+        self.last_now = self.last_now.max(now);
+        self.cm.handle_input(now, input);
+    }
+
+    /// True when the kernel's CM runs the connections.
+    pub fn kernel_cm(&self) -> bool {
+        self.cm.is_kernel()
     }
 
     /// Live RX connections (any state).

@@ -191,6 +191,16 @@ impl FromStr for QpBudgetPolicy {
     }
 }
 
+/// Moves an RC QP in INIT to RTR and RTS with the kernel CM's attributes.
+fn move_qp<V: Verbs>(
+    v: &mut V,
+    qpn: QpNum,
+    m: &crate::cm::QpMoves,
+) -> Result<(), crate::verbs::VerbsError> {
+    v.modify_qp(qpn, &m.rtr)?;
+    v.modify_qp(qpn, &m.rts)
+}
+
 /// Configuration of an [`Endpoint`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct EndpointConfig {
@@ -251,6 +261,8 @@ pub struct EndpointConfig {
     pub seed: u64,
     /// CM response timeout exponent.
     pub cm_response_timeout: u8,
+    /// The kernel's CM runs the connections (through the driver), not ours; `None`: ours.
+    pub kernel_cm: Option<KernelCmConfig>,
     /// The port of the rdma_cm service in `RDMA_PS_IB` (service ID
     /// `0x0000_0000_013F_0000 | port`, REQs with a `cma_hdr`): where this endpoint listens
     /// beside the standard IPoIB-CM service IDs, and where it connects to a peer whose
@@ -267,6 +279,15 @@ pub struct EndpointConfig {
     /// where a test stands in for a daemon on the kernel's CM, which rdma_cm cannot make
     /// listen there (REQs to them then draw REJ 8, invalid service ID).
     pub listen_ipoib_service: bool,
+}
+
+/// How the endpoint uses the kernel's CM ([`EndpointConfig::kernel_cm`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelCmConfig {
+    /// The most ids at a time (listener aside): the cap of the id map.
+    pub max_ids: usize,
+    /// The service ID of the rdma_cm port the driver listens on.
+    pub service_id: u64,
 }
 
 /// The default `rdma_cm_port`: 4791 is RoCEv2's UDP port, 4792 the CM side channel's
@@ -302,6 +323,7 @@ impl EndpointConfig {
             qp_timeout: 12,
             seed: 0,
             cm_response_timeout: 17,
+            kernel_cm: None,
             rdma_cm_port: DEFAULT_RDMA_CM_PORT,
             advertise_rdma_cm: false,
             listen_ipoib_service: true,

@@ -42,6 +42,8 @@ pub enum CmTransport {
     Udp,
     /// The kernel's QP1 through umad ([`Umad`]; kernel verbs, no `ib_cm` loaded).
     Umad,
+    /// No MADs of ours: the kernel's CM through librdmacm (kernel verbs; docs/kernel-cm.md).
+    RdmaCm,
 }
 
 impl FromStr for CmTransport {
@@ -51,8 +53,48 @@ impl FromStr for CmTransport {
             "qp1" => Ok(Self::Qp1),
             "udp" => Ok(Self::Udp),
             "umad" => Ok(Self::Umad),
-            _ => Err(ParseChoiceError::new("\"qp1\", \"udp\" or \"umad\"", s)),
+            "rdmacm" => Ok(Self::RdmaCm),
+            _ => Err(ParseChoiceError::new(
+                "\"qp1\", \"udp\", \"umad\" or \"rdmacm\"",
+                s,
+            )),
         }
+    }
+}
+
+impl CmTransport {
+    /// The name `--cm-transport` takes (start-up line, status).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Qp1 => "qp1",
+            Self::Udp => "udp",
+            Self::Umad => "umad",
+            Self::RdmaCm => "rdmacm",
+        }
+    }
+}
+
+/// No MAD transport: the kernel's CM carries its own MADs ([`CmTransport::RdmaCm`]).
+#[derive(Debug, Default)]
+pub struct NoMads;
+
+impl<V: Verbs> MadTransport<V> for NoMads {
+    fn can_send(&self) -> bool {
+        false
+    }
+
+    fn send(&mut self, _: &mut V, _: Gid, _: &[u8; MAD_LEN]) -> Result<(), MadSendError> {
+        Ok(())
+    }
+
+    fn poll(&mut self, _: &mut V, _: &mut Vec<Mad>) {}
+
+    fn stats(&self) -> MadStats {
+        MadStats::default()
+    }
+
+    fn provider_qp(&self) -> Option<QpNum> {
+        None
     }
 }
 
@@ -304,6 +346,9 @@ mod tests {
         assert_eq!("qp1".parse::<CmTransport>(), Ok(CmTransport::Qp1));
         assert_eq!("udp".parse::<CmTransport>(), Ok(CmTransport::Udp));
         assert_eq!("umad".parse::<CmTransport>(), Ok(CmTransport::Umad));
+        assert_eq!("rdmacm".parse::<CmTransport>(), Ok(CmTransport::RdmaCm));
+        assert_eq!(CmTransport::RdmaCm.as_str(), "rdmacm");
+        assert_eq!(CmTransport::Umad.as_str(), "umad");
         assert!("rdma".parse::<CmTransport>().is_err());
     }
 }

@@ -1,14 +1,12 @@
 #!/bin/sh
-# Guest side of check (e), `daemon`: `ipoib-cm up --provider verbs --cm-transport udp` on rxe0
-# (kernel rxe through libibverbs; CM MADs over the UDP side channel, port 4792, because the
-# kernel owns QP1) against `ipoib-cm up --cm-transport udp` on the soft provider in the host
-# netns (scripts/rxe/host-daemon.sh).
-#
-# CM=umad (check `daemon-umad`, a guest booted without ib_cm/rdma_cm/rdma_ucm): our CM on the
-# kernel's QP1 through /dev/infiniband/umadN against the host's CM on QP1 (`--cm-transport
-# qp1`), and RESTART=1: after iperf3 the daemon is SIGKILLed (GUEST_PRE_KILL/GUEST_KILLED on
-# the console for the host), started again, pinged again (GUEST_REPINGED), then stopped.
-# With CM=udp in a guest where ib_cm is loaded, `--cm-transport umad` must fail with one line.
+# Guest side of check (e), `daemon`: `ipoib-cm up --provider verbs --cm-transport $CM` on rxe0
+# (kernel rxe through libibverbs) against `ipoib-cm up` on the soft provider in the host netns
+# (scripts/rxe/host-daemon.sh). CM=udp (default): CM MADs over the UDP side channel, port
+# 4792, both sides. Any other CM (rdmacm: the kernel's ib_cm through librdmacm, listening on
+# the rdma_cm port; umad: our CM on the kernel's QP1 through /dev/infiniband/umadN, in a
+# guest booted without ib_cm/rdma_cm/rdma_ucm, check `daemon-umad`) meets the host's own CM
+# over QP1; RESULT names then read daemon_$CM_*. Where ib_cm is loaded, `--cm-transport umad`
+# must fail with one line (RESULT daemon_umad_refused_with_ib_cm).
 #
 # No static neighbours and no --peer either way: ARP and ND cross as IP multicast (the
 # IPoIB groups of P_Key 0xffff as 239.255.255.255, UDP 4791). The soft provider sends and
@@ -17,30 +15,33 @@
 # joins the IP group (rxe sets only the link-layer filter). Our hardware address still goes to
 # the host as a `GUEST_HWADDR` line on the console: host-daemon.sh starts when it sees it.
 . /lib/rxelab.sh
-B=/extra/ipoib-cm
 CM=${CM:-udp}
+P=daemon; [ "$CM" = udp ] || P=daemon_$CM
+B=/extra/ipoib-cm
 SOCK=/tmp/ib0.sock
 A4=10.77.0.2 H4=10.77.0.1 A6=fd77::2 H6=fd77::1
 modprobe tun 2>/dev/null
 [ -c /dev/net/tun ] || { mkdir -p /dev/net; mknod /dev/net/tun c 10 200; }
 el() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN {printf "%.1f", b - a}'; }
 
-if [ "$CM" = udp ] && [ -d /sys/module/ib_cm ]; then
+if [ "$CM" != umad ] && [ -d /sys/module/ib_cm ]; then
   # ib_cm holds CM class 0x07 on every port: the umad transport must refuse in one line.
   $B up --provider verbs --ib-dev "$RXE0" --bind "$IP0" --cm-transport umad --ifname ibx \
     --control-socket /tmp/ibx.sock --log warn > /tmp/umad-neg.log 2>&1
   rc=$?
-  cat /tmp/umad-neg.log | cut -c1-300
+  cut -c1-300 /tmp/umad-neg.log
   n=$(wc -l < /tmp/umad-neg.log)
   if [ $rc -eq 2 ] && [ "$n" -eq 1 ] && grep -q "CM class 0x07 is already served" /tmp/umad-neg.log; then ok=PASS; else ok=FAIL; fi
   res daemon_umad_refused_with_ib_cm "$ok rc=$rc lines=$n"
 fi
 
-start_daemon() {
+# start: the daemon, until its status names its hardware address (hw=); DPID its pid.
+start() {
+  rm -f $SOCK
   $B up --provider verbs --ib-dev "$RXE0" --bind "$IP0" --cm-transport "$CM" --ifname ib0 \
     --addr $A4/24 --addr $A6/64 \
-    --control-socket $SOCK --drain-timeout 5s --log info > "$1" 2>&1 &
-  DPID=$! DLOG=$1
+    --control-socket $SOCK --drain-timeout 5s --log info >> /tmp/daemon.log 2>&1 &
+  DPID=$!
   hw=
   i=0
   while [ $i -lt 100 ]; do
@@ -51,23 +52,23 @@ start_daemon() {
   done
 }
 t0=$(uptime_s)
-start_daemon /tmp/daemon.log
+start
+if [ -z "$hw" ]; then
+  cat /tmp/daemon.log
+  res ${P}_guest_up FAIL "$(el "$t0")s"
+  echo "GUEST_DONE"
+  exit 1
+fi
+res ${P}_guest_up PASS "$(el "$t0")s hwaddr $hw"
+echo "GUEST_HWADDR $hw"
+ip addr show ib0 | sed 's/^/  /'
 if [ "$CM" = umad ]; then
   # No ib_cm in this guest: the CM class registration on rxe0's umad device succeeded.
   grep "umad" /tmp/daemon.log | head -2 | cut -c1-300
   if [ ! -d /sys/module/ib_cm ] && grep -q "through /dev/infiniband/umad" /tmp/daemon.log \
       && grep -q "cm_transport=umad" /tmp/daemon.log; then ok=PASS; else ok=FAIL; fi
-  res daemon_cm_class_registered "$ok (ib_cm loaded: $([ -d /sys/module/ib_cm ] && echo yes || echo no))"
+  res ${P}_cm_class_registered "$ok (ib_cm loaded: $([ -d /sys/module/ib_cm ] && echo yes || echo no))"
 fi
-if [ -z "$hw" ]; then
-  cat /tmp/daemon.log
-  res daemon_guest_up FAIL "$(el "$t0")s"
-  echo "GUEST_DONE"
-  exit 1
-fi
-res daemon_guest_up PASS "$(el "$t0")s hwaddr $hw"
-echo "GUEST_HWADDR $hw"
-ip addr show ib0 | sed 's/^/  /'
 
 # The host starts its daemon when it has read our hardware address: retry for up to ~3 min.
 t1=$(uptime_s)
@@ -77,16 +78,16 @@ while [ $i -lt 90 ]; do
   if ping -c 1 -W 2 $H4 > /dev/null 2>&1; then ok=PASS; break; fi
   i=$((i + 1))
 done
-res daemon_first_ping4 "$ok $(el "$t1")s"
+res ${P}_first_ping4 "$ok $(el "$t1")s"
 first4=$ok
 t1=$(uptime_s)
 if ping -c 10 -i 0.2 -W 3 $H4 > /tmp/ping4.log 2>&1; then ok=PASS; else ok=FAIL; fi
 tail -2 /tmp/ping4.log
-res daemon_ping4 "$ok $(el "$t1")s"
+res ${P}_ping4 "$ok $(el "$t1")s"
 t1=$(uptime_s)
 if ping -6 -c 10 -i 0.2 -W 3 $H6 > /tmp/ping6.log 2>&1; then ok=PASS; else ok=FAIL; fi
 tail -2 /tmp/ping6.log
-res daemon_ping6 "$ok $(el "$t1")s"
+res ${P}_ping6 "$ok $(el "$t1")s"
 p6=$ok
 # Discovery: both neighbours were resolved (no static entries were given), so ARP and ND
 # crossed between rxe and the soft provider through the multicast group.
@@ -98,7 +99,7 @@ else
   ok=FAIL
 fi
 grep 'IPv4 group' /tmp/daemon.log | head -2
-res daemon_discovery_arp_nd "$ok (no --neigh, no --peer: ARP/ND over 239.255.255.255)"
+res ${P}_discovery_arp_nd "$ok (no --neigh, no --peer: ARP/ND over 239.255.255.255)"
 if [ -x /extra/iperf3 ]; then
   t1=$(uptime_s)
   i=0; ok=FAIL
@@ -108,36 +109,8 @@ if [ -x /extra/iperf3 ]; then
     sleep 1; i=$((i + 1))
   done
   grep -E "sender|receiver|error" /tmp/iperf.log
-  echo "PERF daemon_iperf3: $(grep receiver /tmp/iperf.log | awk '{print $7, $8}')"
-  res daemon_iperf3 "$ok $(el "$t1")s"
-fi
-if [ "${RESTART:-0}" = 1 ]; then
-  # SIGKILL: no DREQ leaves; the host retires the old incarnation's connections when the
-  # new one announces itself, and its counters say so (host-daemon.sh).
-  echo "GUEST_PRE_KILL"
-  sleep 2
-  kill -KILL $DPID; wait $DPID 2>/dev/null
-  echo "GUEST_KILLED"
-  sleep 3
-  t1=$(uptime_s)
-  start_daemon /tmp/daemon2.log
-  if [ -n "$hw" ]; then ok=PASS; else ok=FAIL; cat /tmp/daemon2.log; fi
-  res daemon_restart_up "$ok $(el "$t1")s hwaddr $hw"
-  t1=$(uptime_s)
-  ok=FAIL; i=0
-  while [ $i -lt 30 ]; do
-    if ping -c 1 -W 2 $H4 > /dev/null 2>&1; then ok=PASS; break; fi
-    i=$((i + 1))
-  done
-  res daemon_restart_first_ping4 "$ok $(el "$t1")s"
-  if ping -c 10 -i 0.2 -W 3 $H4 > /tmp/ping4.log 2>&1; then ok=PASS; else ok=FAIL; fi
-  tail -1 /tmp/ping4.log
-  res daemon_restart_ping4 "$ok"
-  if ping -6 -c 10 -i 0.2 -W 3 $H6 > /tmp/ping6.log 2>&1; then ok=PASS; else ok=FAIL; fi
-  tail -1 /tmp/ping6.log
-  res daemon_restart_ping6 "$ok"
-  echo "GUEST_REPINGED"
-  sleep 4      # the host reads its status now, before the orderly stop closes everything
+  echo "PERF ${P}_iperf3: $(grep receiver /tmp/iperf.log | awk '{print $7, $8}')"
+  res ${P}_iperf3 "$ok $(el "$t1")s"
 fi
 $B status --control-socket $SOCK | sed 's/^/  /'
 echo "hw_counters $RXE0: $(hw_counters "$RXE0")"
@@ -146,15 +119,39 @@ st=$($B status --control-socket $SOCK --json 2>/dev/null)
 num() { printf '%s' "$st" | grep -o "\"$1\": *[0-9]*" | head -1 | grep -o '[0-9]*$'; }
 comp=$(num hw_completions); live=$(num qp_live)
 if [ "${comp:-0}" -gt 0 ] && [ "${live:-0}" -ge 1 ]; then ok=PASS; else ok=FAIL; fi
-res daemon_guest_status "$ok hw_completions=${comp:-none} qp_live=${live:-none}"
+res ${P}_guest_status "$ok hw_completions=${comp:-none} qp_live=${live:-none}"
 if [ "$CM" = umad ]; then
   # The CM's MADs went both ways through the umad agent, none failed or was malformed.
   ms=$(num mad_sent); mr=$(num mad_received); me=$(num mad_errors); mm=$(num mad_recv_malformed)
   est=$(num tx_established)
   if [ "${ms:-0}" -gt 0 ] && [ "${mr:-0}" -gt 0 ] && [ "${me:-x}" = 0 ] && [ "${mm:-x}" = 0 ] \
       && [ "${est:-0}" -ge 1 ]; then ok=PASS; else ok=FAIL; fi
-  res daemon_cm_mads "$ok mad_sent=${ms:-?} mad_received=${mr:-?} mad_errors=${me:-?} mad_recv_malformed=${mm:-?} tx_established=${est:-?} (restarted daemon)"
+  res ${P}_cm_mads "$ok mad_sent=${ms:-?} mad_received=${mr:-?} mad_errors=${me:-?} mad_recv_malformed=${mm:-?} tx_established=${est:-?}"
 fi
+
+# The guest daemon dies without a word (SIGKILL); the host must reap the RX QP of its
+# connection (host-daemon.sh: RESULT ${P}_host_rx_reaped, from its status counters; on the
+# kernel's CM the kernel sends the DREQ for the dead process's ids). Then a new incarnation
+# (new QPNs, announced by gratuitous ARP and unsolicited NA) is reached again.
+kill -KILL $DPID; wait $DPID 2>/dev/null
+echo "GUEST_KILLED"
+# The host reports on the console; the guest cannot read it, so it waits a fixed bound
+# (the host's --rx-timeout 8s reaps even without a DREQ, on the side channel).
+sleep "${KILL_WAIT:-14}"
+t1=$(uptime_s)
+start
+[ -n "$hw" ] && ok=PASS || ok=FAIL
+res ${P}_guest_restart "$ok $(el "$t1")s hwaddr $hw"
+echo "GUEST_HWADDR2 $hw"
+t1=$(uptime_s)
+ok=FAIL; i=0
+while [ $i -lt 30 ]; do
+  ping -c 3 -i 0.2 -W 2 $H4 > /dev/null 2>&1 && { ok=PASS; break; }
+  i=$((i + 1))
+done
+res ${P}_ping4_after_restart "$ok $(el "$t1")s"
+if ping -6 -c 3 -i 0.2 -W 3 $H6 > /dev/null 2>&1; then ok=PASS; else ok=FAIL; fi
+res ${P}_ping6_after_restart "$ok"
 
 # Orderly stop. rxe in 6.1 never raises IBV_EVENT_QP_LAST_WQE_REACHED, so SRQ-mode RX
 # teardown ends through the drain watchdog (--drain-timeout 5s); 6.12 raises it (and again on
@@ -162,7 +159,7 @@ fi
 t1=$(uptime_s)
 kill -TERM $DPID
 wait $DPID; rc=$?
-grep -E "stopped|drain|WARN|ERROR" "$DLOG" | tail -5 | cut -c1-400
+grep -E "stopped|drain|WARN|ERROR" /tmp/daemon.log | tail -5 | cut -c1-400
 if [ $rc -eq 0 ]; then ok=PASS; else ok=FAIL; fi
-res daemon_guest_stop "$ok rc=$rc $(el "$t1")s"
+res ${P}_guest_stop "$ok rc=$rc $(el "$t1")s"
 echo "GUEST_DONE"

@@ -130,13 +130,16 @@ with_fault_fields!(settings! {
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub udp_port: Option<Given<i64>> [Shown::example("4791")]
         => udp_port: u16 = int(1..=u16::MAX).or(DEFAULT_UDP_PORT),
-    /// How CM MADs travel: qp1 (UD to QP1 through the provider), udp (the side channel
-    /// on mad_port, see docs/verbs.md; what a soft daemon talking to a verbs one needs
-    /// too) or umad (verbs only: the kernel's QP1 through /dev/infiniband/umadN, where
-    /// ib_cm is not loaded; see docs/kernel-cm.md) [default: qp1 on soft, udp on verbs].
+    /// How connections are set up: qp1 (our CM, MADs on QP1 through the provider; soft),
+    /// rdmacm (verbs: the kernel's CM through librdmacm, listening on rdma_cm_port), umad
+    /// (verbs: our CM on the kernel's QP1 through /dev/infiniband/umadN, where ib_cm is not
+    /// loaded) or udp (our CM over the side channel on mad_port; meets only udp peers);
+    /// docs/kernel-cm.md [default: qp1 on soft; on verbs rdmacm where
+    /// /dev/infiniband/rdma_cm opens, else umad].
     #[arg(long, value_name = "TRANSPORT")]
     pub cm_transport: Option<Given<CmTransport>> [Shown::example("\"qp1\"")]
-        => /// `None`: the provider's (QP1 on soft, UDP on libibverbs, whose QP1 the kernel owns).
+        => /// `None`: the provider's (QP1 on soft; on libibverbs, whose QP1 the kernel owns,
+        /// the kernel's CM, else umad).
         cm_transport: Option<CmTransport> = value(),
     /// UDP port of the CM MAD side channel (--cm-transport udp) [default: 4792].
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
@@ -186,7 +189,8 @@ with_fault_fields!(settings! {
             s.udp_offload.as_ref(),
         )),
     /// Provider: soft (the embedded software RoCEv2 provider) or verbs (libibverbs, a build
-    /// with --features verbs; CM MADs over UDP, see --cm-transport) [default: soft].
+    /// with --features verbs; its CM the kernel's or ours on the kernel's QP1, see
+    /// --cm-transport) [default: soft].
     #[arg(long, value_name = "PROVIDER")]
     pub provider: Option<Given<ProviderKind>> [Shown::example("\"soft\"")]
         => provider: ProviderKind = value().or(ProviderKind::default()),

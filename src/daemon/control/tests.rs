@@ -15,6 +15,7 @@ fn status() -> Status {
             mtu: 2044,
             mode: Mode::Datagram,
             hwaddr: HwAddr::from([0; 20]).to_string(),
+            cm_transport: String::new(),
         },
         neighbours: vec![],
         neighbour_table: Default::default(),

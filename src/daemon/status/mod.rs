@@ -57,6 +57,9 @@ pub struct InterfaceStatus {
     pub mode: Mode,
     /// Our IPoIB hardware address (as [`HwAddr`](crate::wire::ipoib::HwAddr) displays it).
     pub hwaddr: String,
+    /// The CM transport (`--cm-transport`: `qp1`, `udp`, `rdmacm`); empty where not known.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cm_transport: String,
 }
 
 /// State of a neighbour entry: the endpoint's [`ipoib::NeighState`].
@@ -238,6 +241,7 @@ impl Status {
                 mtu: snap.mtu,
                 mode: snap.mode,
                 hwaddr: snap.hwaddr.to_string(),
+                cm_transport: String::new(),
             },
             neighbours: snap
                 .neighbours
@@ -356,6 +360,10 @@ pub fn render_text(status: &Status) -> String {
         "{}: mtu {} mode {} hwaddr {}",
         i.name, i.mtu, i.mode, i.hwaddr
     );
+    if !i.cm_transport.is_empty() {
+        out.pop();
+        let _ = writeln!(out, " cm {}", i.cm_transport);
+    }
     let m = &status.summary;
     let t = &m.totals;
     let _ = writeln!(out, "  version {} uptime {}s", m.version, m.uptime_s);

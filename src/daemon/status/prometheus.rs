@@ -301,6 +301,7 @@ mod tests {
                 mtu: 65520,
                 mode: Mode::Connected,
                 hwaddr: "80:00:00:48".into(),
+                cm_transport: String::new(),
             },
             neighbours: Vec::new(),
             tx: Vec::new(),

@@ -33,6 +33,7 @@ fn sample() -> Status {
             mtu: 65520,
             mode: Mode::Connected,
             hwaddr: HwAddr::from(hw).to_string(),
+            cm_transport: String::new(),
         },
         neighbours: vec![NeighbourStatus {
             ip: "198.19.0.2".parse().unwrap(),

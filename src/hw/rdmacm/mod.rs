@@ -385,6 +385,18 @@ impl RdmaCm {
         check("rdma_disconnect", rc)
     }
 
+    /// Tells the kernel's CM that our passive QP received before the RTU (`IB_EVENT_COMM_EST`
+    /// on it): the connection is established (`Established` follows).
+    ///
+    /// # Errors
+    /// The call's errno.
+    pub fn notify_comm_est(&mut self, id: RdmaCmId) -> Result<(), RdmaCmError> {
+        let raw = self.raw(id)?;
+        // SAFETY: a live id.
+        let rc = unsafe { ffi::rdma_notify(raw, ffi::IBV_EVENT_COMM_EST) };
+        check("rdma_notify", rc)
+    }
+
     /// The attributes that move our QP to `state` (RTR or RTS; INIT too) for this connection.
     ///
     /// # Errors

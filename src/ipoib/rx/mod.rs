@@ -11,8 +11,8 @@ pub(super) use table::{Phase, RxConn, RxTable};
 
 use super::event::{Event, RxReapReason, RxRejectReason};
 use super::restart::Incarnation;
-use super::{wr, wr_kind, Endpoint, Owner, Timer, CQ_BATCH, WR_DRAIN, WR_RECV};
-use crate::cm::{AcceptParams, CommId};
+use super::{move_qp, wr, wr_kind, Endpoint, Owner, Timer, CQ_BATCH, WR_DRAIN, WR_RECV};
+use crate::cm::{AcceptParams, CommId, QpMoves};
 use crate::verbs::setup::{connect_rc, init_rc_qp, RcConnection, RNR_RETRY_FOREVER};
 use crate::verbs::{BufId, Gid, Path, Psn, QpInit, QpNum, QpType, Verbs, WcOpcode, WcStatus};
 use crate::wire::cm::RejReason;
@@ -128,7 +128,8 @@ impl Endpoint {
     ) {
         // At the rdma_cm service, `ipoib_cm_data` follows a `cma_hdr` that rdma_cm would take;
         // a REQ it would refuse gets its REJ before anything is allocated.
-        let private = if service_id == self.cfg.rdma_cm_service_id() {
+        // The kernel's CM checked and stripped the header itself.
+        let private = if service_id == self.cfg.rdma_cm_service_id() && !self.cm.is_kernel() {
             match CmaHdr::accept_req(private, self.hwaddr.gid.to_ip()) {
                 Ok((_, user)) => user,
                 Err(why) => {
@@ -181,7 +182,17 @@ impl Endpoint {
                 self.start_rx_teardown(now, v, q, Why::HalfOpenEvicted);
             }
         }
-        match self.build_rx_qp(v, peer, remote_qpn, remote_psn, &path, rnr_retry_count) {
+        let moves = self.cm.qp_moves(id);
+        let built = self.build_rx_qp(
+            v,
+            peer,
+            remote_qpn,
+            remote_psn,
+            &path,
+            rnr_retry_count,
+            moves,
+        );
+        match built {
             Some((qpn, our_psn, ring_posted)) => {
                 let params = AcceptParams {
                     local_qpn: qpn,
@@ -250,6 +261,7 @@ impl Endpoint {
 
     /// Creates a receive QP and brings it to RTS. RTS, although the QP never sends data, so the
     /// drain WR can be posted on it later (the kernel does the same for Mellanox firmware).
+    /// With the kernel's CM, `moves` are its attributes (its PSNs); else the REQ's fields.
     #[allow(clippy::too_many_arguments)]
     fn build_rx_qp<V: Verbs>(
         &mut self,
@@ -259,6 +271,7 @@ impl Endpoint {
         remote_psn: Psn,
         path: &Path,
         rnr_retry_count: u8,
+        moves: Option<QpMoves>,
     ) -> Option<(QpNum, Psn, u32)> {
         let qpn = v
             .create_qp(&QpInit {
@@ -274,7 +287,10 @@ impl Endpoint {
             .map_err(|e| tracing::warn!(error = %e, "creating an RX QP failed"))
             .ok()?;
         self.counters.qp_created += 1;
-        let our_psn = self.random_psn();
+        let our_psn = match moves.and_then(|m| m.rtr.rq_psn) {
+            Some(psn) => psn,
+            None => self.random_psn(),
+        };
         let mut ring_posted = 0;
         let ok = (|| {
             init_rc_qp(v, qpn, self.pkey_index).ok()?;
@@ -301,7 +317,10 @@ impl Endpoint {
                     remote_psn,
                 )
             };
-            connect_rc(v, qpn, &conn).ok()?;
+            match moves {
+                Some(m) => move_qp(v, qpn, &m).ok()?,
+                None => connect_rc(v, qpn, &conn).ok()?,
+            }
             Some(())
         })();
         if ok.is_none() {

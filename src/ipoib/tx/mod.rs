@@ -243,7 +243,8 @@ impl Endpoint {
         rdma_cm: bool,
     ) -> Option<CommId> {
         let ipoib_data = self.cm_private_data();
-        let (service_id, private_data) = if rdma_cm {
+        // The kernel's CM frames its REQs itself.
+        let (service_id, private_data) = if rdma_cm && !self.cm.is_kernel() {
             let hdr = CmaHdr {
                 src_port: ephemeral_port(self.rng_u64()),
                 src: self.hwaddr.gid.to_ip(),
@@ -358,7 +359,11 @@ impl Endpoint {
                 remote_psn,
             )
         };
-        if connect_rc(v, qpn, &conn).is_err() {
+        let moved = match self.cm.qp_moves(id) {
+            Some(m) => super::move_qp(v, qpn, &m),
+            None => connect_rc(v, qpn, &conn),
+        };
+        if moved.is_err() {
             let _ = self.cm.reject(now, id, RejReason::ConsumerDefined);
             self.fail_tx(now, v, qpn, TxFailure::BadReply);
             return;

@@ -1,0 +1,482 @@
+//! The kernel's CM on the driver's side: executes the endpoint's [`KcmCommand`]s on
+//! [`RdmaCm`] and feeds what the event channel reads back as [`KcmInput`]s
+//! (`--cm-transport rdmacm`, docs/kernel-cm.md).
+//!
+//! One listener, an `RDMA_PS_IB` id bound to the `--bind` address and the rdma_cm port; TX
+//! connections are `RDMA_PS_IB` ids that resolve the peer's address (its GID's IPv4 or IPv6
+//! address) and route by events, at most [`MAX_RESOLVING`] at a time (the rest wait, in
+//! order). Every id of a connection is mapped to the endpoint's [`CommId`] both ways; the map
+//! holds what [`RdmaCm`]'s table holds (capped by `max_ids`: connection requests beyond it are
+//! rejected there and counted in `requests_refused`). As a request or response arrives, the
+//! RTR and RTS attributes are read with `rdma_init_qp_attr` and handed in with it: the
+//! endpoint moves its own QP. An id ends with `REJECTED`, an error event, `DEVICE_REMOVAL` or
+//! `TIMEWAIT_EXIT` (after `DISCONNECTED`); it is destroyed then, or when the endpoint lets go of
+//! a connection not yet established.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use crate::cm::{CommId, KcmCommand, KcmInput, QpMoves, PASSIVE_ID_BASE};
+use crate::hw::rdmacm::{
+    ConnParam, PortSpace, RdmaCm, RdmaCmError, RdmaCmEvent, RdmaCmEventKind, RdmaCmId,
+};
+use crate::ipoib::Endpoint;
+use crate::verbs::setup::{RC_RETRY_CNT, RNR_RETRY_FOREVER};
+use crate::verbs::{Gid, QpNum, QpState};
+
+use super::KcmStats;
+
+/// Events read from the channel per turn; beyond it the next turn comes at once.
+const EVENTS_PER_TURN: usize = 64;
+
+/// Address and route resolutions in flight at once.
+const MAX_RESOLVING: usize = 16;
+
+/// How long one address or route resolution may take.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Backlog of the listener (REQs the kernel holds before we read them).
+const BACKLOG: i32 = 64;
+
+/// Where a connection's id is.
+#[derive(Debug)]
+enum Stage {
+    /// `rdma_resolve_addr` issued.
+    Addr { qpn: QpNum, private_data: Vec<u8> },
+    /// `rdma_resolve_route` issued.
+    Route { qpn: QpNum, private_data: Vec<u8> },
+    /// REQ sent or received: the kernel's CM runs it.
+    Cm,
+}
+
+#[derive(Debug)]
+struct Slot {
+    id: RdmaCmId,
+    stage: Stage,
+    /// `rdma_disconnect` was called (our DREQ, or the DREP of the peer's).
+    disconnected: bool,
+}
+
+/// The kernel's CM of one node. See the [module documentation](self).
+#[derive(Debug)]
+pub struct KernelCmDriver {
+    cm: RdmaCm,
+    listener: RdmaCmId,
+    /// The `--bind` address: the source of our connections.
+    bind: IpAddr,
+    port: u16,
+    slots: HashMap<CommId, Slot>,
+    by_id: HashMap<RdmaCmId, CommId>,
+    next_passive: u32,
+    resolving: usize,
+    waiting: VecDeque<(CommId, Gid, QpNum, Vec<u8>)>,
+    max_ids: usize,
+    stats: KcmStats,
+    /// The last turn stopped at [`EVENTS_PER_TURN`], or fed inputs the endpoint has not
+    /// seen: the next turn comes at once.
+    more: bool,
+}
+
+impl KernelCmDriver {
+    /// Opens the event channel for `max_ids` connection ids and listens on `bind`'s rdma_cm
+    /// port.
+    ///
+    /// # Errors
+    /// [`RdmaCmError::Unavailable`] without an RDMA CM (`/dev/infiniband/rdma_cm`), else the
+    /// failing call.
+    pub fn open(bind: SocketAddr, max_ids: usize) -> Result<Self, RdmaCmError> {
+        let mut cm = RdmaCm::open(max_ids + 1)?;
+        let listener = cm.create_id(PortSpace::Ib)?;
+        cm.bind_addr(listener, bind)?;
+        cm.listen(listener, BACKLOG)?;
+        Ok(Self {
+            cm,
+            listener,
+            bind: bind.ip(),
+            port: bind.port(),
+            slots: HashMap::new(),
+            by_id: HashMap::new(),
+            next_passive: 0,
+            resolving: 0,
+            waiting: VecDeque::new(),
+            max_ids,
+            stats: KcmStats::default(),
+            more: false,
+        })
+    }
+
+    /// The event channel's fd, for the poller (read on every turn; readiness only wakes).
+    pub fn fd(&self) -> i32 {
+        self.cm.io_source().fd
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> KcmStats {
+        KcmStats {
+            requests_refused: self.cm.stats().requests_refused,
+            ids: self.cm.id_count() as u64,
+            ..self.stats
+        }
+    }
+
+    /// True when the next turn should come at once.
+    pub fn has_pending(&self) -> bool {
+        self.more
+    }
+
+    /// Reads up to [`EVENTS_PER_TURN`] events into the endpoint.
+    pub fn receive(&mut self, now: Instant, ep: &mut Endpoint) {
+        self.more = false;
+        for _ in 0..EVENTS_PER_TURN {
+            match self.cm.poll_event() {
+                Ok(Some(e)) => {
+                    self.stats.events += 1;
+                    self.on_event(now, ep, e);
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the rdma_cm event channel failed");
+                    self.stats.call_errors += 1;
+                    return;
+                }
+            }
+        }
+        self.more = true;
+    }
+
+    /// Executes every command the endpoint queued.
+    pub fn execute(&mut self, now: Instant, ep: &mut Endpoint) {
+        while let Some(c) = ep.poll_kcm_command() {
+            self.stats.commands += 1;
+            self.command(now, ep, c);
+        }
+    }
+
+    fn feed(&mut self, now: Instant, ep: &mut Endpoint, input: KcmInput) {
+        ep.handle_kcm_input(now, input);
+        self.more = true;
+    }
+
+    /// Destroys the id of `comm` and forgets it.
+    fn drop_slot(&mut self, comm: CommId) {
+        self.waiting.retain(|w| w.0 != comm);
+        let Some(s) = self.slots.remove(&comm) else {
+            return;
+        };
+        if matches!(s.stage, Stage::Addr { .. } | Stage::Route { .. }) {
+            self.resolving = self.resolving.saturating_sub(1);
+        }
+        self.by_id.remove(&s.id);
+        let _ = self.cm.destroy(s.id);
+    }
+
+    /// A call on `comm` failed: the id goes, the endpoint hears `UNREACHABLE`.
+    fn fail(&mut self, now: Instant, ep: &mut Endpoint, comm: CommId, e: &RdmaCmError) {
+        tracing::debug!(id = comm.0, error = %e, "rdma_cm call failed");
+        self.stats.call_errors += 1;
+        self.drop_slot(comm);
+        self.feed(now, ep, KcmInput::Unreachable { id: comm });
+        self.start_waiting(now, ep);
+    }
+
+    fn id_of(&self, comm: CommId) -> Option<RdmaCmId> {
+        self.slots.get(&comm).map(|s| s.id)
+    }
+
+    fn command(&mut self, now: Instant, ep: &mut Endpoint, c: KcmCommand) {
+        let comm = c.id();
+        match c {
+            KcmCommand::Connect {
+                peer,
+                qpn,
+                private_data,
+                ..
+            } => {
+                if self.resolving >= MAX_RESOLVING {
+                    if self.waiting.len() >= self.max_ids {
+                        self.feed(now, ep, KcmInput::Unreachable { id: comm });
+                        return;
+                    }
+                    self.stats.connects_queued += 1;
+                    self.waiting.push_back((comm, peer, qpn, private_data));
+                    return;
+                }
+                self.start_connect(now, ep, comm, peer, qpn, private_data);
+            }
+            KcmCommand::Accept {
+                qpn,
+                srq,
+                private_data,
+                ..
+            } => {
+                let Some(id) = self.id_of(comm) else { return };
+                let p = conn_param(qpn, srq, &private_data);
+                if let Err(e) = self.cm.accept(id, &p) {
+                    self.fail(now, ep, comm, &e);
+                }
+            }
+            KcmCommand::Reject { .. } => {
+                if let Some(id) = self.id_of(comm) {
+                    let _ = self.cm.reject(id, &[]);
+                }
+                self.drop_slot(comm);
+            }
+            KcmCommand::Establish { .. } => {
+                let Some(id) = self.id_of(comm) else { return };
+                if let Err(e) = self.cm.establish(id) {
+                    self.fail(now, ep, comm, &e);
+                }
+            }
+            KcmCommand::Disconnect { .. } => {
+                let Some(s) = self.slots.get_mut(&comm) else {
+                    return;
+                };
+                if s.disconnected {
+                    return;
+                }
+                s.disconnected = true;
+                let id = s.id;
+                if let Err(e) = self.cm.disconnect(id) {
+                    // No DREQ left: the connection is over here; the peer's CM times out.
+                    tracing::debug!(id = comm.0, error = %e, "rdma_disconnect failed");
+                    self.stats.call_errors += 1;
+                    self.drop_slot(comm);
+                    self.feed(now, ep, KcmInput::Disconnected { id: comm });
+                    self.feed(now, ep, KcmInput::TimewaitExit { id: comm });
+                }
+            }
+            KcmCommand::Destroy { .. } => {
+                self.drop_slot(comm);
+                self.start_waiting(now, ep);
+            }
+            KcmCommand::Notify { .. } => {
+                let Some(id) = self.id_of(comm) else { return };
+                if let Err(e) = self.cm.notify_comm_est(id) {
+                    tracing::debug!(id = comm.0, error = %e, "rdma_notify failed");
+                    self.stats.call_errors += 1;
+                }
+            }
+        }
+    }
+
+    /// Starts the connects that waited for a resolution slot.
+    fn start_waiting(&mut self, now: Instant, ep: &mut Endpoint) {
+        while self.resolving < MAX_RESOLVING {
+            let Some((comm, peer, qpn, pd)) = self.waiting.pop_front() else {
+                break;
+            };
+            self.start_connect(now, ep, comm, peer, qpn, pd);
+        }
+    }
+
+    fn start_connect(
+        &mut self,
+        now: Instant,
+        ep: &mut Endpoint,
+        comm: CommId,
+        peer: Gid,
+        qpn: QpNum,
+        private_data: Vec<u8>,
+    ) {
+        let id = match self.cm.create_id(PortSpace::Ib) {
+            Ok(id) => id,
+            Err(e) => {
+                tracing::debug!(error = %e, "rdma_create_id failed");
+                self.stats.call_errors += 1;
+                self.feed(now, ep, KcmInput::Unreachable { id: comm });
+                return;
+            }
+        };
+        self.slots.insert(
+            comm,
+            Slot {
+                id,
+                stage: Stage::Addr { qpn, private_data },
+                disconnected: false,
+            },
+        );
+        self.by_id.insert(id, comm);
+        self.resolving += 1;
+        let dst_ip = peer.to_ip();
+        let src = (dst_ip.is_ipv4() == self.bind.is_ipv4()).then(|| SocketAddr::new(self.bind, 0));
+        let dst = SocketAddr::new(dst_ip, self.port);
+        if let Err(e) = self.cm.resolve_addr(id, src, dst, RESOLVE_TIMEOUT) {
+            self.fail(now, ep, comm, &e);
+        }
+    }
+
+    /// The RTR and RTS attributes of `id`'s connection.
+    fn moves(&mut self, id: RdmaCmId) -> Result<QpMoves, RdmaCmError> {
+        let rtr = self.cm.init_qp_attr(id, QpState::Rtr)?.attr;
+        let rts = self.cm.init_qp_attr(id, QpState::Rts)?.attr;
+        Ok(QpMoves { rtr, rts })
+    }
+
+    fn new_passive_id(&mut self) -> CommId {
+        loop {
+            let id = CommId(PASSIVE_ID_BASE | (self.next_passive & !PASSIVE_ID_BASE));
+            self.next_passive = self.next_passive.wrapping_add(1);
+            if !self.slots.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    fn on_event(&mut self, now: Instant, ep: &mut Endpoint, e: RdmaCmEvent) {
+        if let RdmaCmEventKind::ConnectRequest(req) = e.kind {
+            self.on_request(now, ep, e.id, req);
+            return;
+        }
+        if e.id == self.listener {
+            if e.kind == RdmaCmEventKind::DeviceRemoval {
+                tracing::error!("rdma_cm: the device was removed; no more connection requests");
+            }
+            return;
+        }
+        let Some(&comm) = self.by_id.get(&e.id) else {
+            return;
+        };
+        match e.kind {
+            RdmaCmEventKind::AddrResolved => {
+                let Some(s) = self.slots.get_mut(&comm) else {
+                    return;
+                };
+                if let Stage::Addr { qpn, private_data } =
+                    std::mem::replace(&mut s.stage, Stage::Cm)
+                {
+                    s.stage = Stage::Route { qpn, private_data };
+                    if let Err(err) = self.cm.resolve_route(e.id, RESOLVE_TIMEOUT) {
+                        self.fail(now, ep, comm, &err);
+                    }
+                }
+            }
+            RdmaCmEventKind::RouteResolved => {
+                let Some(s) = self.slots.get_mut(&comm) else {
+                    return;
+                };
+                if let Stage::Route { qpn, private_data } =
+                    std::mem::replace(&mut s.stage, Stage::Cm)
+                {
+                    self.resolving = self.resolving.saturating_sub(1);
+                    let p = conn_param(qpn, false, &private_data);
+                    if let Err(err) = self.cm.connect(e.id, &p) {
+                        self.fail(now, ep, comm, &err);
+                    }
+                    self.start_waiting(now, ep);
+                }
+            }
+            RdmaCmEventKind::ConnectResponse {
+                remote_qpn,
+                private_data,
+            } => match self.moves(e.id) {
+                Ok(moves) => self.feed(
+                    now,
+                    ep,
+                    KcmInput::Response {
+                        id: comm,
+                        remote_qpn,
+                        private_data,
+                        moves,
+                    },
+                ),
+                Err(err) => {
+                    let _ = self.cm.reject(e.id, &[]);
+                    self.fail(now, ep, comm, &err);
+                }
+            },
+            RdmaCmEventKind::Established => {
+                self.feed(now, ep, KcmInput::Established { id: comm });
+            }
+            RdmaCmEventKind::Rejected { reason, .. } => {
+                self.drop_slot(comm);
+                let reason = u16::try_from(reason).unwrap_or(u16::MAX);
+                self.feed(now, ep, KcmInput::Rejected { id: comm, reason });
+                self.start_waiting(now, ep);
+            }
+            RdmaCmEventKind::Failed { what, status } => {
+                tracing::debug!(id = comm.0, what, status, "rdma_cm connection failed");
+                self.drop_slot(comm);
+                self.feed(now, ep, KcmInput::Unreachable { id: comm });
+                self.start_waiting(now, ep);
+            }
+            RdmaCmEventKind::Disconnected => {
+                if let Some(s) = self.slots.get_mut(&comm) {
+                    if !s.disconnected {
+                        // The peer's DREQ: the DREP.
+                        s.disconnected = true;
+                        let _ = self.cm.disconnect(e.id);
+                    }
+                }
+                self.feed(now, ep, KcmInput::Disconnected { id: comm });
+            }
+            RdmaCmEventKind::TimewaitExit => {
+                self.drop_slot(comm);
+                self.feed(now, ep, KcmInput::TimewaitExit { id: comm });
+            }
+            RdmaCmEventKind::DeviceRemoval => {
+                self.drop_slot(comm);
+                self.feed(now, ep, KcmInput::DeviceRemoval { id: comm });
+            }
+            RdmaCmEventKind::ConnectRequest(_) | RdmaCmEventKind::Other(_) => {}
+        }
+    }
+
+    fn on_request(
+        &mut self,
+        now: Instant,
+        ep: &mut Endpoint,
+        id: RdmaCmId,
+        req: crate::hw::rdmacm::ConnectRequest,
+    ) {
+        let peer = req.peer.map(|a| Gid::from_ip(a.ip()));
+        let (Some(peer), true) = (peer, req.listener == self.listener) else {
+            let _ = self.cm.reject(id, &[]);
+            let _ = self.cm.destroy(id);
+            return;
+        };
+        let moves = match self.moves(id) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::debug!(error = %e, "rdma_init_qp_attr of a request failed");
+                self.stats.call_errors += 1;
+                let _ = self.cm.reject(id, &[]);
+                let _ = self.cm.destroy(id);
+                return;
+            }
+        };
+        let comm = self.new_passive_id();
+        self.slots.insert(
+            comm,
+            Slot {
+                id,
+                stage: Stage::Cm,
+                disconnected: false,
+            },
+        );
+        self.by_id.insert(id, comm);
+        self.feed(
+            now,
+            ep,
+            KcmInput::Request {
+                id: comm,
+                peer,
+                remote_qpn: req.remote_qpn,
+                private_data: req.private_data,
+                moves,
+            },
+        );
+    }
+}
+
+fn conn_param(qpn: QpNum, srq: bool, private_data: &[u8]) -> ConnParam<'_> {
+    ConnParam {
+        qp_num: qpn,
+        srq,
+        private_data,
+        responder_resources: 0,
+        initiator_depth: 0,
+        retry_count: RC_RETRY_CNT,
+        rnr_retry_count: RNR_RETRY_FOREVER,
+    }
+}
