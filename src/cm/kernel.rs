@@ -36,6 +36,49 @@ pub struct QpMoves {
     pub rts: QpAttr,
 }
 
+/// The link layer of the port the kernel's CM runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkLayer {
+    /// RoCE: a GID is the port's IPv4-mapped or IPv6 address; rdma_cm takes only `AF_INET` and
+    /// `AF_INET6` ids there (an `AF_IB` id fails route resolution with `ENODEV`).
+    Ethernet,
+    /// Native InfiniBand: `AF_IB` ids name a GID and a raw service ID.
+    InfiniBand,
+}
+
+/// Where a TX connection on the kernel's CM goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KcmTarget {
+    /// The peer's rdma_cm port: an `AF_INET`/`AF_INET6` id to the IP form of its GID (rdma_cm
+    /// puts its `cma_hdr` before `ipoib_cm_data`).
+    RdmaCmPort,
+    /// A raw service ID through an `AF_IB` id (`sockaddr_ib`: the peer's GID, `sib_sid`, mask
+    /// all ones, `sib_pkey`); rdma_cm puts no header before `ipoib_cm_data` for `AF_IB`.
+    IbService {
+        /// `sib_sid`: the peer's standard IPoIB-CM service ID.
+        service_id: u64,
+        /// `sib_pkey`: the full P_Key of the partition.
+        pkey: u16,
+    },
+}
+
+impl KcmTarget {
+    /// How to reach the service `service_id` a connection asks for, from a port with link
+    /// layer `link` whose rdma_cm service (the same port on every daemon) is `rdma_cm_service`:
+    /// that service at the peer's rdma_cm port; any other (a peer without flag `0x20`: kernel
+    /// `ipoib_cm` or our CM at its standard service ID) through `AF_IB` on InfiniBand, and on
+    /// RoCE, where there is no other kind of id, the rdma_cm port too.
+    #[must_use]
+    pub const fn choose(link: LinkLayer, rdma_cm_service: u64, service_id: u64, pkey: u16) -> Self {
+        match link {
+            LinkLayer::InfiniBand if service_id != rdma_cm_service => {
+                Self::IbService { service_id, pkey }
+            }
+            LinkLayer::InfiniBand | LinkLayer::Ethernet => Self::RdmaCmPort,
+        }
+    }
+}
+
 /// What the driver does on the kernel's CM for the endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KcmCommand {
@@ -45,9 +88,11 @@ pub enum KcmCommand {
         id: CommId,
         /// The peer's GID (an IPv4-mapped or IPv6 address on RoCE).
         peer: Gid,
+        /// Which id and destination address ([`KcmTarget::choose`]).
+        target: KcmTarget,
         /// Our QP.
         qpn: QpNum,
-        /// `ipoib_cm_data` (after the kernel's `cma_hdr`).
+        /// `ipoib_cm_data` (after the kernel's `cma_hdr`, or alone for `AF_IB`).
         private_data: Vec<u8>,
     },
     /// Send the REP of a request for our QP `qpn` (already in RTS).
@@ -201,14 +246,17 @@ pub struct KernelCm {
     max_ids: usize,
     /// The service ID of the rdma_cm port the REQs came to (what `ReqReceived` names).
     service_id: u64,
+    link: LinkLayer,
+    /// The full P_Key of `AF_IB` destinations.
+    pkey: u16,
     stats: CmStats,
 }
 
 impl KernelCm {
     /// A kernel CM for at most `max_ids` ids at a time, listening (the driver's listener) on
-    /// `service_id`.
+    /// `service_id`, on a port of link layer `link` and the partition of full P_Key `pkey`.
     #[must_use]
-    pub fn new(max_ids: usize, service_id: u64, seed: u32) -> Self {
+    pub fn new(max_ids: usize, service_id: u64, link: LinkLayer, pkey: u16, seed: u32) -> Self {
         Self {
             conns: HashMap::new(),
             moves: HashMap::new(),
@@ -217,6 +265,8 @@ impl KernelCm {
             next_id: (seed % (PASSIVE_ID_BASE - 1)).max(1),
             max_ids,
             service_id,
+            link,
+            pkey,
             stats: CmStats::default(),
         }
     }
@@ -247,7 +297,8 @@ impl KernelCm {
         self.conns.remove(&id)
     }
 
-    /// Queues the REQ of our QP (state ReqSent).
+    /// Queues the REQ of our QP (state ReqSent), to `p.service_id` as [`KcmTarget::choose`]
+    /// reaches it.
     ///
     /// # Errors
     /// [`CmUseError::PrivateDataTooLong`] beyond 56 bytes, [`CmUseError::NoResources`] when
@@ -271,6 +322,7 @@ impl KernelCm {
         self.commands.push_back(KcmCommand::Connect {
             id,
             peer: p.peer,
+            target: KcmTarget::choose(self.link, self.service_id, p.service_id, self.pkey),
             qpn: p.local_qpn,
             private_data: p.private_data,
         });
@@ -622,7 +674,7 @@ mod tests {
     #[test]
     fn an_active_connection_runs_connect_response_establish_disconnect_timewait() {
         let now = Instant::now();
-        let mut k = KernelCm::new(8, 0x13F_12B9, 7);
+        let mut k = KernelCm::new(8, 0x13F_12B9, LinkLayer::Ethernet, 0xffff, 7);
         let id = k.connect(now, params(0x20)).unwrap();
         assert!(id.0 < PASSIVE_ID_BASE);
         assert!(
@@ -657,10 +709,51 @@ mod tests {
         assert_eq!(k.state(id), None);
     }
 
+    /// Link layer × the service a connection asks for (the rdma_cm service for a peer with
+    /// flag `0x20`, its standard IPoIB-CM service ID for any other).
+    #[test]
+    fn the_target_is_af_ib_only_on_infiniband_and_only_off_the_rdma_cm_service() {
+        const RDMA_CM: u64 = 0x13F_12B9;
+        let standard = crate::wire::cm::ipoib_service_id(QpNum::new(0x48), true);
+        assert_eq!(standard, 0x1000_0000_0000_0048);
+        let cases = [
+            (LinkLayer::Ethernet, RDMA_CM, KcmTarget::RdmaCmPort),
+            (LinkLayer::Ethernet, standard, KcmTarget::RdmaCmPort),
+            (LinkLayer::InfiniBand, RDMA_CM, KcmTarget::RdmaCmPort),
+            (
+                LinkLayer::InfiniBand,
+                standard,
+                KcmTarget::IbService {
+                    service_id: standard,
+                    pkey: 0xffff,
+                },
+            ),
+        ];
+        for (link, sid, want) in cases {
+            assert_eq!(
+                KcmTarget::choose(link, RDMA_CM, sid, 0xffff),
+                want,
+                "{link:?} {sid:#x}"
+            );
+            let mut k = KernelCm::new(4, RDMA_CM, link, 0xffff, 1);
+            k.connect(
+                Instant::now(),
+                ConnectParams {
+                    service_id: sid,
+                    ..params(0x20)
+                },
+            )
+            .unwrap();
+            assert!(
+                matches!(k.poll_command(), Some(KcmCommand::Connect { target, .. }) if target == want)
+            );
+        }
+    }
+
     #[test]
     fn requests_beyond_the_cap_are_rejected_and_counted() {
         let now = Instant::now();
-        let mut k = KernelCm::new(1, 0, 1);
+        let mut k = KernelCm::new(1, 0, LinkLayer::Ethernet, 0xffff, 1);
         let req = |n| KcmInput::Request {
             id: CommId(PASSIVE_ID_BASE + n),
             peer: Gid::from(Ipv4Addr::new(10, 0, 0, 2)),
@@ -688,7 +781,7 @@ mod tests {
     #[test]
     fn a_response_for_an_id_let_go_is_rejected() {
         let now = Instant::now();
-        let mut k = KernelCm::new(4, 0, 1);
+        let mut k = KernelCm::new(4, 0, LinkLayer::Ethernet, 0xffff, 1);
         let id = k.connect(now, params(0x20)).unwrap();
         k.disconnect(now, id).unwrap();
         let _ = k.poll_command();

@@ -64,7 +64,7 @@ mod tests;
 use admission::{RemoteIndex, ReqLimiter};
 pub use admission::{ReqRateLimit, MAX_MADS_PER_REQ, MAX_PASSIVE_CM_RETRIES};
 use conn::{Conn, Retx};
-pub use kernel::{KcmCommand, KcmInput, KernelCm, QpMoves, PASSIVE_ID_BASE};
+pub use kernel::{KcmCommand, KcmInput, KcmTarget, KernelCm, LinkLayer, QpMoves, PASSIVE_ID_BASE};
 pub use seam::ConnectionManager;
 use types::own_tid;
 pub use types::{

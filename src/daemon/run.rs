@@ -330,6 +330,12 @@ fn run<P: DaemonProvider>(
         cm_transport,
         mad_udp: SocketAddr::new(cfg.bind, cfg.mad_port),
         rdma_cm: SocketAddr::new(cfg.bind, cfg.rdma_cm_port),
+        // Only a native InfiniBand port has an SA.
+        link_layer: if prov.sa_port().is_some() {
+            crate::cm::LinkLayer::InfiniBand
+        } else {
+            crate::cm::LinkLayer::Ethernet
+        },
     };
     let mut node = match mad {
         Some(mad) => {

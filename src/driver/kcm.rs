@@ -4,8 +4,9 @@
 //!
 //! One listener, an `RDMA_PS_IB` id bound to the `--bind` address and the rdma_cm port; TX
 //! connections are `RDMA_PS_IB` ids that resolve the peer's address (its GID's IPv4 or IPv6
-//! address) and route by events, at most [`MAX_RESOLVING`] at a time (the rest wait, in
-//! order). Every id of a connection is mapped to the endpoint's [`CommId`] both ways; the map
+//! address at the rdma_cm port, or on InfiniBand an `AF_IB` address at its standard service
+//! ID, [`KcmTarget`]) and route by events, at most [`MAX_RESOLVING`] at a time (the rest wait,
+//! in order). Every id of a connection is mapped to the endpoint's [`CommId`] both ways; the map
 //! holds what [`RdmaCm`]'s table holds (capped by `max_ids`: connection requests beyond it are
 //! rejected there and counted in `requests_refused`). As a request or response arrives, the
 //! RTR and RTS attributes are read with `rdma_init_qp_attr` and handed in with it: the
@@ -17,9 +18,9 @@ use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use crate::cm::{CommId, KcmCommand, KcmInput, QpMoves, PASSIVE_ID_BASE};
+use crate::cm::{CommId, KcmCommand, KcmInput, KcmTarget, QpMoves, PASSIVE_ID_BASE};
 use crate::hw::rdmacm::{
-    ConnParam, PortSpace, RdmaCm, RdmaCmError, RdmaCmEvent, RdmaCmEventKind, RdmaCmId,
+    ConnParam, IbAddr, PortSpace, RdmaCm, RdmaCmError, RdmaCmEvent, RdmaCmEventKind, RdmaCmId,
 };
 use crate::ipoib::Endpoint;
 use crate::verbs::setup::{RC_RETRY_CNT, RNR_RETRY_FOREVER};
@@ -70,7 +71,7 @@ pub struct KernelCmDriver {
     by_id: HashMap<RdmaCmId, CommId>,
     next_passive: u32,
     resolving: usize,
-    waiting: VecDeque<(CommId, Gid, QpNum, Vec<u8>)>,
+    waiting: VecDeque<(CommId, Gid, KcmTarget, QpNum, Vec<u8>)>,
     max_ids: usize,
     stats: KcmStats,
     /// The last turn stopped at [`EVENTS_PER_TURN`], or fed inputs the endpoint has not
@@ -189,6 +190,7 @@ impl KernelCmDriver {
         match c {
             KcmCommand::Connect {
                 peer,
+                target,
                 qpn,
                 private_data,
                 ..
@@ -199,10 +201,11 @@ impl KernelCmDriver {
                         return;
                     }
                     self.stats.connects_queued += 1;
-                    self.waiting.push_back((comm, peer, qpn, private_data));
+                    self.waiting
+                        .push_back((comm, peer, target, qpn, private_data));
                     return;
                 }
-                self.start_connect(now, ep, comm, peer, qpn, private_data);
+                self.start_connect(now, ep, comm, (peer, target), qpn, private_data);
             }
             KcmCommand::Accept {
                 qpn,
@@ -263,19 +266,22 @@ impl KernelCmDriver {
     /// Starts the connects that waited for a resolution slot.
     fn start_waiting(&mut self, now: Instant, ep: &mut Endpoint) {
         while self.resolving < MAX_RESOLVING {
-            let Some((comm, peer, qpn, pd)) = self.waiting.pop_front() else {
+            let Some((comm, peer, target, qpn, pd)) = self.waiting.pop_front() else {
                 break;
             };
-            self.start_connect(now, ep, comm, peer, qpn, pd);
+            self.start_connect(now, ep, comm, (peer, target), qpn, pd);
         }
     }
 
+    /// Resolves the address of `peer`: the IP form of its GID at our rdma_cm port, or for
+    /// [`KcmTarget::IbService`] an `AF_IB` address (its GID, the service ID, the P_Key; the
+    /// kernel picks the device whose GID table reaches it and adds no `cma_hdr`).
     fn start_connect(
         &mut self,
         now: Instant,
         ep: &mut Endpoint,
         comm: CommId,
-        peer: Gid,
+        (peer, target): (Gid, KcmTarget),
         qpn: QpNum,
         private_data: Vec<u8>,
     ) {
@@ -298,10 +304,24 @@ impl KernelCmDriver {
         );
         self.by_id.insert(id, comm);
         self.resolving += 1;
-        let dst_ip = peer.to_ip();
-        let src = (dst_ip.is_ipv4() == self.bind.is_ipv4()).then(|| SocketAddr::new(self.bind, 0));
-        let dst = SocketAddr::new(dst_ip, self.port);
-        if let Err(e) = self.cm.resolve_addr(id, src, dst, RESOLVE_TIMEOUT) {
+        let r = match target {
+            KcmTarget::RdmaCmPort => {
+                let dst_ip = peer.to_ip();
+                let src = (dst_ip.is_ipv4() == self.bind.is_ipv4())
+                    .then(|| SocketAddr::new(self.bind, 0));
+                let dst = SocketAddr::new(dst_ip, self.port);
+                self.cm.resolve_addr(id, src, dst, RESOLVE_TIMEOUT)
+            }
+            KcmTarget::IbService { service_id, pkey } => {
+                let dst = IbAddr {
+                    gid: peer,
+                    service_id,
+                    pkey,
+                };
+                self.cm.resolve_addr_ib(id, dst, RESOLVE_TIMEOUT)
+            }
+        };
+        if let Err(e) = r {
             self.fail(now, ep, comm, &e);
         }
     }

@@ -10,6 +10,7 @@ use mio::{Interest, Registry, Token};
 
 use super::tun::{read_tun, write_tun, TunRead, TunStats};
 use super::{KcmStats, KernelCmDriver, ProviderSources, SaDriver};
+use crate::cm::LinkLayer;
 use crate::ipoib::{Endpoint, EndpointConfig, KernelCmConfig, EVENT_QUEUE_CAP};
 use crate::mad::{self, CmTransport, Gsi, Mad, MadStats, MadTransport, MadUdp, NoMads};
 use crate::sys::tun::Tun;
@@ -47,6 +48,9 @@ pub struct NodeConfig {
     /// The `--bind` address and rdma_cm port the kernel's CM listens on, with
     /// [`CmTransport::RdmaCm`].
     pub rdma_cm: SocketAddr,
+    /// The link layer of the provider's port (what the kernel's CM does differs on
+    /// InfiniBand, [`KernelCmConfig::link`]).
+    pub link_layer: LinkLayer,
 }
 
 /// The ids of the kernel's CM an endpoint may hold at once: two per connection its tables
@@ -234,6 +238,7 @@ impl<P: Provider> Node<P> {
             cfg.endpoint.kernel_cm.get_or_insert(KernelCmConfig {
                 max_ids,
                 service_id: crate::wire::cma::PortSpace::Ib.service_id(cfg.rdma_cm.port()),
+                link: cfg.link_layer,
             });
             let k = KernelCmDriver::open(cfg.rdma_cm, max_ids).map_err(|e| NodeError::RdmaCm {
                 addr: cfg.rdma_cm,

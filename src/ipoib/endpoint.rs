@@ -15,9 +15,7 @@ use super::rx::{self, RxTable};
 use super::tun::TunQueue;
 use super::tx::TxTable;
 use super::ud::{self, UdQp};
-use super::{
-    wr, Counters, EndpointConfig, Mode, Owner, Snapshot, Timer, TxSnapshot, CQ_BATCH, WR_RECV,
-};
+use super::{wr, Counters, EndpointConfig, Owner, Snapshot, Timer, TxSnapshot, CQ_BATCH, WR_RECV};
 use crate::cm::{Cm, CmConfig, CmEvent, CommId, ConnectionManager, KcmCommand, KcmInput, KernelCm};
 use crate::timer::{TimerId, TimerWheel};
 use crate::verbs::{
@@ -114,22 +112,19 @@ impl Endpoint {
             counters.qp_created += 1;
         }
         let port = v.port_attr();
-        let mut flags = if cfg.mode == Mode::Connected {
-            HwAddr::FLAG_CONNECTED
-        } else {
-            0
-        };
-        if cfg.advertise_rdma_cm || cfg.kernel_cm.is_some() {
-            // Peers reach a kernel CM at the rdma_cm port, with `cma_hdr` (docs/kernel-cm.md).
-            flags |= HwAddr::FLAG_RDMA_CM;
-        }
-        let hwaddr = HwAddr::new(flags, ud.qp, port.gid);
+        let hwaddr = HwAddr::new(cfg.hwaddr_flags(), ud.qp, port.gid);
         let mut cm_cfg = CmConfig::new(port.gid, rng.gen::<u64>() | 1);
         cm_cfg.comm_id_seed = rng.gen();
         cm_cfg.cm_response_timeout = cfg.cm_response_timeout;
         cm_cfg.pkey = cfg.mgid_pkey();
         let cm = match cfg.kernel_cm {
-            Some(k) => ConnectionManager::Kernel(KernelCm::new(k.max_ids, k.service_id, rng.gen())),
+            Some(k) => ConnectionManager::Kernel(KernelCm::new(
+                k.max_ids,
+                k.service_id,
+                k.link,
+                cfg.mgid_pkey(),
+                rng.gen(),
+            )),
             None => {
                 let mut cm = Cm::new(cm_cfg);
                 // Linux uses 0x1000…|QPN; RFC 4755 says 0x0100…|QPN. Accept both.

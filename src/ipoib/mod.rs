@@ -92,6 +92,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::cm::LinkLayer;
 use crate::verbs::{BufId, PKey, PathMtu, QKey, QpNum, Verbs};
 use crate::wire::ipoib::{broadcast_mgid, HwAddr, IpoibHeader, IPOIB_CM_BUF_SIZE};
 
@@ -288,6 +289,11 @@ pub struct KernelCmConfig {
     pub max_ids: usize,
     /// The service ID of the rdma_cm port the driver listens on.
     pub service_id: u64,
+    /// The port's link layer. On InfiniBand our hardware address drops
+    /// [`HwAddr::FLAG_CONNECTED`] (kernel ipoib peers, which cannot reach the rdma_cm port,
+    /// send us UD datagrams) and TX connections to peers without [`HwAddr::FLAG_RDMA_CM`] go
+    /// to their standard service ID through `AF_IB` ([`crate::cm::KcmTarget`]).
+    pub link: LinkLayer,
 }
 
 /// The default `rdma_cm_port`: 4791 is RoCEv2's UDP port, 4792 the CM side channel's
@@ -349,6 +355,29 @@ impl EndpointConfig {
     /// `00:ff:ff:ff:ff:12:40:1b:<P_Key>:00:00:00:00:00:00:ff:ff:ff:ff`.
     pub const fn broadcast_hwaddr(&self) -> HwAddr {
         HwAddr::multicast(broadcast_mgid(self.mgid_pkey()))
+    }
+
+    /// The flags byte of our hardware address: [`HwAddr::FLAG_CONNECTED`] in connected mode,
+    /// except on the kernel's CM over InfiniBand, where kernel ipoib peers (which test only
+    /// that bit) cannot reach our CM and must use UD datagrams; [`HwAddr::FLAG_RDMA_CM`] on
+    /// the kernel's CM or where [`advertise_rdma_cm`](Self::advertise_rdma_cm) asks.
+    pub const fn hwaddr_flags(&self) -> u8 {
+        let on_kernel_cm_over_ib = matches!(
+            self.kernel_cm,
+            Some(KernelCmConfig {
+                link: LinkLayer::InfiniBand,
+                ..
+            })
+        );
+        let mut flags = 0;
+        if matches!(self.mode, Mode::Connected) && !on_kernel_cm_over_ib {
+            flags |= HwAddr::FLAG_CONNECTED;
+        }
+        if self.advertise_rdma_cm || self.kernel_cm.is_some() {
+            // Peers reach a kernel CM at the rdma_cm port, with `cma_hdr` (docs/kernel-cm.md).
+            flags |= HwAddr::FLAG_RDMA_CM;
+        }
+        flags
     }
 
     /// The service ID of the rdma_cm service: `RDMA_PS_IB`'s for

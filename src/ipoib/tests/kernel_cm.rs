@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 use super::*;
-use crate::cm::{CommId, KcmCommand, KcmInput, QpMoves, PASSIVE_ID_BASE};
+use crate::cm::{CommId, KcmCommand, KcmInput, KcmTarget, LinkLayer, QpMoves, PASSIVE_ID_BASE};
 use crate::verbs::setup::RcConnection;
 use crate::verbs::{Gid, PathMtu, Psn, QpNum, Verbs};
 
@@ -30,6 +30,8 @@ struct FakeKernel {
     log: Vec<String>,
     /// Nodes whose kernel answers every REQ with a REJ of this reason (no listener: 8).
     rejects: HashMap<usize, u16>,
+    /// The target of every connect, by node.
+    targets: Vec<(usize, KcmTarget)>,
 }
 
 fn gid(n: &mut Net, i: usize) -> Gid {
@@ -80,10 +82,12 @@ impl FakeKernel {
         match c {
             KcmCommand::Connect {
                 peer,
+                target,
                 qpn,
                 private_data,
                 ..
             } => {
+                self.targets.push((node, target));
                 let Some(b) = Self::node_of(n, peer) else {
                     self.feed(n, node, KcmInput::Unreachable { id });
                     return;
@@ -210,12 +214,21 @@ fn cmd_name(c: &KcmCommand) -> &'static str {
     }
 }
 
-fn kernel_cm(_: usize, c: &mut EndpointConfig) {
+fn kernel_cm_on(c: &mut EndpointConfig, link: LinkLayer) {
     c.kernel_cm = Some(KernelCmConfig {
         max_ids: 64,
         // RDMA_PS_IB port 4793.
         service_id: 0x013F_12B9,
+        link,
     });
+}
+
+fn kernel_cm(_: usize, c: &mut EndpointConfig) {
+    kernel_cm_on(c, LinkLayer::Ethernet);
+}
+
+fn kernel_cm_ib(_: usize, c: &mut EndpointConfig) {
+    kernel_cm_on(c, LinkLayer::InfiniBand);
 }
 
 /// Two kernel-CM nodes, node 0 connected to node 1 by one ping.
@@ -235,6 +248,92 @@ fn the_hardware_address_says_the_cm_is_the_kernels() {
     let hw = n.ep(0).hwaddr();
     assert_eq!(hw.flags, HwAddr::FLAG_CONNECTED | HwAddr::FLAG_RDMA_CM);
     assert!(n.ep(0).kernel_cm());
+}
+
+/// On InfiniBand `0x80` goes (kernel ipoib peers then use UD datagrams), `0x20` stays; on RoCE
+/// both stay; a datagram-mode or our-CM endpoint is as before.
+#[test]
+fn the_hardware_address_flags_follow_the_link_layer() {
+    let mut n = Net::new(1, |_, _| {}, kernel_cm_ib);
+    assert_eq!(n.ep(0).hwaddr().flags, HwAddr::FLAG_RDMA_CM);
+    assert!(
+        n.ep(0).hwaddr().connectable(),
+        "our daemons still connect to it"
+    );
+    let mut c = EndpointConfig::new(Vec::new());
+    let flags = |c: &EndpointConfig| c.hwaddr_flags();
+    assert_eq!(flags(&c), HwAddr::FLAG_CONNECTED);
+    c.advertise_rdma_cm = true;
+    assert_eq!(flags(&c), HwAddr::FLAG_CONNECTED | HwAddr::FLAG_RDMA_CM);
+    c.advertise_rdma_cm = false;
+    kernel_cm_on(&mut c, LinkLayer::Ethernet);
+    assert_eq!(flags(&c), HwAddr::FLAG_CONNECTED | HwAddr::FLAG_RDMA_CM);
+    kernel_cm_on(&mut c, LinkLayer::InfiniBand);
+    assert_eq!(flags(&c), HwAddr::FLAG_RDMA_CM);
+    c.mode = Mode::Datagram;
+    assert_eq!(flags(&c), HwAddr::FLAG_RDMA_CM);
+    kernel_cm_on(&mut c, LinkLayer::Ethernet);
+    assert_eq!(flags(&c), HwAddr::FLAG_RDMA_CM);
+}
+
+/// Two kernel-CM daemons on InfiniBand: both advertise `0x20`, so the connection goes to the
+/// rdma_cm port (not `AF_IB`) and carries data though neither has `0x80`.
+#[test]
+fn on_infiniband_a_peer_with_the_flag_is_reached_at_its_rdma_cm_port() {
+    let mut n = Net::new(2, |_, _| {}, kernel_cm_ib);
+    let mut k = FakeKernel::default();
+    let p = ping4(0, 1, 100);
+    n.inject(0, &p);
+    k.run(&mut n, Duration::from_millis(50));
+    assert_eq!(n.tun[1], vec![p], "{:?}", k.log);
+    assert_eq!(k.targets, [(0, KcmTarget::RdmaCmPort)]);
+}
+
+/// A kernel-CM daemon on InfiniBand towards a peer without `0x20` (here our CM; kernel
+/// `ipoib_cm` alike): `AF_IB` at its standard service ID, with raw `ipoib_cm_data`. Where that
+/// draws REJ 8 (a kernel-CM daemon whose flag was lost), the retry goes to the rdma_cm port.
+/// On RoCE both go to the rdma_cm port, as before.
+#[test]
+fn on_infiniband_a_peer_without_the_flag_is_reached_through_af_ib_at_its_standard_service() {
+    for (link, first) in [
+        (LinkLayer::InfiniBand, None),
+        (LinkLayer::Ethernet, Some(KcmTarget::RdmaCmPort)),
+    ] {
+        let mut n = Net::new(
+            2,
+            |_, _| {},
+            |i, c| {
+                if i == 0 {
+                    kernel_cm_on(c, link);
+                }
+            },
+        );
+        let peer = n.ep(1).hwaddr();
+        assert_eq!(peer.flags, HwAddr::FLAG_CONNECTED);
+        let sid = crate::wire::cm::ipoib_service_id(peer.qpn, true);
+        let first = first.unwrap_or(KcmTarget::IbService {
+            service_id: sid,
+            pkey: 0xffff,
+        });
+        let mut k = FakeKernel::default();
+        k.rejects.insert(1, 8);
+        n.inject(0, &ping4(0, 1, 64));
+        k.run(&mut n, Duration::from_millis(20));
+        assert_eq!(
+            k.targets,
+            [(0, first), (0, KcmTarget::RdmaCmPort)],
+            "{link:?}: {:?}",
+            k.log
+        );
+        let c = n.ep(0).counters();
+        assert_eq!((c.tx_rdma_cm_retries, c.tx_failed), (1, 1), "{link:?}");
+        let req = k
+            .log
+            .iter()
+            .filter(|l| l.as_str() == "0 -> connect")
+            .count();
+        assert_eq!(req, 2);
+    }
 }
 
 #[test]

@@ -243,8 +243,11 @@ impl Endpoint {
         rdma_cm: bool,
     ) -> Option<CommId> {
         let ipoib_data = self.cm_private_data();
-        // The kernel's CM frames its REQs itself.
-        let (service_id, private_data) = if rdma_cm && !self.cm.is_kernel() {
+        // The kernel's CM frames its REQs itself (and reaches the standard service ID through
+        // `AF_IB` on InfiniBand, `cm::KcmTarget`).
+        let (service_id, private_data) = if rdma_cm && self.cm.is_kernel() {
+            (self.cfg.rdma_cm_service_id(), ipoib_data)
+        } else if rdma_cm {
             let hdr = CmaHdr {
                 src_port: ephemeral_port(self.rng_u64()),
                 src: self.hwaddr.gid.to_ip(),
