@@ -169,6 +169,7 @@ fn node_child() {
         cm_transport: transport,
         mad_udp: SocketAddr::new(bind, DEFAULT_MAD_PORT),
         rdma_cm: SocketAddr::new(bind, ipoib_cm::ipoib::DEFAULT_RDMA_CM_PORT),
+        link_layer: ipoib_cm::cm::LinkLayer::Ethernet,
     };
 
     let mut poll = Poll::new().expect("poll");
