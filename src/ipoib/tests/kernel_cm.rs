@@ -233,7 +233,12 @@ fn kernel_cm_ib(_: usize, c: &mut EndpointConfig) {
 
 /// Two kernel-CM nodes, node 0 connected to node 1 by one ping.
 fn connected() -> (Net, FakeKernel) {
-    let mut n = Net::new(2, |_, _| {}, kernel_cm);
+    connected_with(kernel_cm)
+}
+
+/// [`connected`] with the nodes' configuration `cfg`.
+fn connected_with(cfg: fn(usize, &mut EndpointConfig)) -> (Net, FakeKernel) {
+    let mut n = Net::new(2, |_, _| {}, cfg);
     let mut k = FakeKernel::default();
     let p = ping4(0, 1, 100);
     n.inject(0, &p);
@@ -280,13 +285,9 @@ fn the_hardware_address_flags_follow_the_link_layer() {
 /// rdma_cm port (not `AF_IB`) and carries data though neither has `0x80`.
 #[test]
 fn on_infiniband_a_peer_with_the_flag_is_reached_at_its_rdma_cm_port() {
-    let mut n = Net::new(2, |_, _| {}, kernel_cm_ib);
-    let mut k = FakeKernel::default();
-    let p = ping4(0, 1, 100);
-    n.inject(0, &p);
-    k.run(&mut n, Duration::from_millis(50));
-    assert_eq!(n.tun[1], vec![p], "{:?}", k.log);
+    let (mut n, k) = connected_with(kernel_cm_ib);
     assert_eq!(k.targets, [(0, KcmTarget::RdmaCmPort)]);
+    assert_eq!(n.ep(0).counters().tx_established, 1);
 }
 
 /// A kernel-CM daemon on InfiniBand towards a peer without `0x20` (here our CM; kernel
