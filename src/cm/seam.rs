@@ -16,7 +16,7 @@ use super::{AcceptParams, Cm, CmEvent, CmState, CmStats, CmUseError, CommId, Con
 use crate::verbs::Gid;
 use crate::wire::cm::{RejReason, MAD_LEN};
 
-/// The CM of the endpoint's connections. See the [module documentation](self).
+/// The CM of the endpoint's connections: our [`Cm`] or the kernel's ([`KernelCm`]).
 // One per endpoint, never moved after set-up: the size difference costs nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]

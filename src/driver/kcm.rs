@@ -59,7 +59,7 @@ struct Slot {
     disconnected: bool,
 }
 
-/// The kernel's CM of one node. See the [module documentation](self).
+/// The kernel's CM of one node: the rdma_cm event channel and its ids.
 #[derive(Debug)]
 pub struct KernelCmDriver {
     cm: RdmaCm,
@@ -126,7 +126,7 @@ impl KernelCmDriver {
         self.more
     }
 
-    /// Reads up to [`EVENTS_PER_TURN`] events into the endpoint.
+    /// Reads up to `EVENTS_PER_TURN` (64) events into the endpoint.
     pub fn receive(&mut self, now: Instant, ep: &mut Endpoint) {
         self.more = false;
         for _ in 0..EVENTS_PER_TURN {

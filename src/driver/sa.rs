@@ -71,7 +71,7 @@ pub struct SaPort {
     pub kernel_ipoib: bool,
 }
 
-/// The SA client of one port in the event loop; see the [module docs](self).
+/// The SA client of one port in the event loop: the umad agent and an [`SaClient`].
 #[derive(Debug)]
 pub struct SaDriver {
     port: UmadPort,
