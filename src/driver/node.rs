@@ -13,6 +13,7 @@ use super::{KcmStats, KernelCmDriver, ProviderSources, SaDriver};
 use crate::cm::LinkLayer;
 use crate::ipoib::{Endpoint, EndpointConfig, KernelCmConfig, EVENT_QUEUE_CAP};
 use crate::mad::{self, CmTransport, Gsi, Mad, MadStats, MadTransport, MadUdp, NoMads};
+use crate::sa::SaEvent;
 use crate::sys::tun::Tun;
 use crate::verbs::{Provider, VerbsError};
 
@@ -347,9 +348,17 @@ impl<P: Provider> Node<P> {
         let Some(sa) = &mut self.sa else {
             return;
         };
+        let mut lids = Vec::new();
         sa.pump(now, &mut self.ep, self.prov.verbs(), |ev| {
             tracing::info!(target: "ipoib_cm::sa", "{ev:?}");
+            if let SaEvent::PathResolved { dgid, path } = ev {
+                lids.push((*dgid, path.dlid));
+            }
         });
+        // A CM on the kernel's QP1 (umad) addresses its MADs by the peers' LIDs.
+        for (gid, lid) in lids {
+            self.mad.set_peer_lid(gid, lid);
+        }
         let mtu = self.ep.interface_mtu();
         if mtu != self.tun_mtu {
             match self.tun.set_mtu(mtu) {

@@ -74,6 +74,9 @@ pub struct SaPort {
 /// The SA client of one port in the event loop: the umad agent and an [`SaClient`].
 #[derive(Debug)]
 pub struct SaDriver {
+    /// Paths a request found in the client's cache this turn (at most one per request,
+    /// handed out and cleared in the same [`SaDriver::pump`]).
+    cached: Vec<(Gid, crate::wire::sa::PathRecord)>,
     port: UmadPort,
     umad: Umad,
     client: SaClient,
@@ -112,6 +115,7 @@ impl SaDriver {
         let kernel_ipoib = kernel_ipoib_on(net, &p.ca, p.port, pkey);
         let client = SaClient::new(SaConfig::new(Gid(p.gid), pkey), sm);
         Ok(Self {
+            cached: Vec::new(),
             port: p,
             umad,
             client,
@@ -211,6 +215,10 @@ impl SaDriver {
             };
             self.request(now, ep, r);
         }
+        // Paths answered from the cache are handed out like answered queries.
+        for (dgid, path) in self.cached.drain(..) {
+            on_event(&SaEvent::PathResolved { dgid, path });
+        }
         self.read(now);
         if self.client.next_deadline().is_some_and(|d| d <= now) {
             self.client.poll_timeout(now);
@@ -250,7 +258,10 @@ impl SaDriver {
                 self.client.leave(now, mgid);
             }
             SaRequest::Path { dgid } => match self.client.path(now, dgid) {
-                PathLookup::Known(p) => ep.set_sa_path(dgid, &p),
+                PathLookup::Known(p) => {
+                    ep.set_sa_path(dgid, &p);
+                    self.cached.push((dgid, p));
+                }
                 PathLookup::Pending => {}
                 PathLookup::Negative | PathLookup::Unavailable => ep.path_failed(dgid),
             },

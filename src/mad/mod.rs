@@ -159,6 +159,10 @@ pub trait MadTransport<V: Verbs> {
         None
     }
 
+    /// InfiniBand: the peer at `gid` is reached at `lid` (from its PathRecord). Transports
+    /// that address peers by GID alone ignore it.
+    fn set_peer_lid(&mut self, _gid: Gid, _lid: u16) {}
+
     /// True when the last [`MadTransport::poll`] stopped at its bound with MADs left: the
     /// next turn should follow at once.
     fn has_more(&self) -> bool {
@@ -191,7 +195,7 @@ impl<V: Verbs> MadTransport<V> for Gsi {
 /// [`MadTransport`] for a transport that owns a descriptor of its own and no provider QP
 /// (its inherent `send`, `poll`, `stats`, `readiness_fd` and `has_more` do the work).
 macro_rules! fd_transport {
-    ($t:ty) => {
+    ($t:ty { $($extra:tt)* }) => {
         impl<V: Verbs> MadTransport<V> for $t {
             fn can_send(&self) -> bool {
                 true
@@ -225,11 +229,19 @@ macro_rules! fd_transport {
             fn has_more(&self) -> bool {
                 Self::has_more(self)
             }
+
+            $($extra)*
         }
     };
 }
-fd_transport!(MadUdp);
-fd_transport!(Umad);
+fd_transport!(MadUdp {});
+fd_transport!(Umad {
+    fn set_peer_lid(&mut self, gid: Gid, lid: u16) {
+        if !Self::set_peer_lid(self, gid, lid) {
+            tracing::debug!(peer = %gid, lid, "umad: peer LID table full; its MADs are not sent");
+        }
+    }
+});
 
 /// Counts the outcome of one send on a descriptor: sent, dropped when `dropped` says the
 /// kernel had no room (the CM retransmits), or an error (returned).

@@ -18,8 +18,8 @@
 //!   the kernel resolves the peer's MAC from the GID. A received MAD's sender is the GRH's
 //!   source GID (`ib_umad`'s `recv_handler` copies it into the header).
 //! - **InfiniBand** (unverified: no HCA here): subnet-local CM MADs carry no GRH, only LIDs.
-//!   The LID of each peer comes from [`Umad::set_peer_lid`] (the SA PathRecord work supplies
-//!   it; nothing does yet), and a received MAD without a GRH is attributed to the GID whose LID
+//!   The LID of each peer comes from [`Umad::set_peer_lid`], which the driver calls with the
+//!   DLID of every PathRecord the SA client resolves for a neighbour, and a received MAD without a GRH is attributed to the GID whose LID
 //!   it came from. A send to a GID whose LID is unknown, and a GRH-less MAD from an unknown
 //!   LID, are dropped and counted (`errors`, `recv_malformed`).
 //!
