@@ -168,7 +168,7 @@ fn node_child() {
         endpoint,
         cm_transport: transport,
         mad_udp: SocketAddr::new(bind, DEFAULT_MAD_PORT),
-        rdma_cm: SocketAddr::new(bind, ipoib_cm::ipoib::DEFAULT_RDMA_CM_PORT),
+        rdma_cm_bind: bind,
         link_layer: ipoib_cm::cm::LinkLayer::Ethernet,
     };
 

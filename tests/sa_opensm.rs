@@ -163,6 +163,24 @@ impl Fabric {
             thread::sleep(Duration::from_millis(300));
         }
     }
+
+    /// Restarts opensm and waits until port `gid` is no member any more.
+    fn restart_opensm(&mut self, gid: &str) {
+        self.stop_opensm();
+        self.start_opensm("osm2.log");
+        self.expect_member(gid, false, "after the SM restart");
+    }
+
+    /// Raises CLIENT_REREGISTER in the client process `pid` (SIGUSR1) and waits until `out`
+    /// shows the port event.
+    fn reregister(pid: u32, out: &mut Lines) {
+        signal(pid, "-USR1");
+        assert!(
+            out.wait_for("port event CLIENT_REREGISTER", LIMIT),
+            "{:?}",
+            out.seen()
+        );
+    }
 }
 
 impl Drop for Fabric {
@@ -174,6 +192,15 @@ impl Drop for Fabric {
         wait_within(&mut self.ibsim, LIMIT);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Sends signal `sig` (`-USR1`, `-TERM`) to our child `pid`.
+fn signal(pid: u32, sig: &str) {
+    assert!(Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill")
+        .success());
 }
 
 fn gid_of(guid: u64) -> String {
@@ -298,20 +325,8 @@ fn sa_client_against_opensm_on_ibsim() {
     f.expect_member(&gid2, true, "after the join");
 
     // opensm restarts: the membership is gone until the client reregisters.
-    f.stop_opensm();
-    f.start_opensm("osm2.log");
-    f.expect_member(&gid2, false, "after the SM restart");
-    let pid = hold.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-USR1", &pid])
-        .status()
-        .expect("kill")
-        .success());
-    assert!(
-        out.wait_for("port event CLIENT_REREGISTER", LIMIT),
-        "{:?}",
-        out.seen()
-    );
+    f.restart_opensm(&gid2);
+    Fabric::reregister(hold.id(), &mut out);
     assert!(
         out.wait_for("joined ", LIMIT),
         "no rejoin: {:?}",
@@ -321,11 +336,7 @@ fn sa_client_against_opensm_on_ibsim() {
     f.expect_member(&gid2, true, "after the rejoin");
 
     // SIGTERM leaves.
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill")
-        .success());
+    signal(hold.id(), "-TERM");
     assert!(out.wait_for("left ", LIMIT), "no leave: {:?}", out.seen());
     assert!(out.seen().last().expect("line").ends_with("deleted true"));
     assert!(wait_within(&mut hold, LIMIT).success());
@@ -447,21 +458,9 @@ fn the_daemons_sa_driver_against_opensm_on_ibsim() {
 
     // opensm restarts: memberships gone until the port's CLIENT_REREGISTER reaches the
     // endpoint, whose SA driver rejoins.
-    f.stop_opensm();
-    f.start_opensm("osm2.log");
-    f.expect_member(&gid2, false, "after the SM restart");
+    f.restart_opensm(&gid2);
     let seen = out.seen().len();
-    let pid = node.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-USR1", &pid])
-        .status()
-        .expect("kill")
-        .success());
-    assert!(
-        out.wait_for("port event CLIENT_REREGISTER", LIMIT),
-        "{:?}",
-        out.seen()
-    );
+    Fabric::reregister(node.id(), &mut out);
     let deadline = Instant::now() + LIMIT;
     while !out.seen()[seen..]
         .iter()
@@ -478,11 +477,7 @@ fn the_daemons_sa_driver_against_opensm_on_ibsim() {
     f.expect_member(&gid2, true, "after the rejoin");
 
     // Stop: every group left, with a DELETE (no kernel ipoib on this port).
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill")
-        .success());
+    signal(node.id(), "-TERM");
     assert!(out.wait_for("stopped", LIMIT), "no stop: {:?}", out.seen());
     let left: Vec<&String> = out
         .seen()

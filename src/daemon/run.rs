@@ -329,7 +329,7 @@ fn run<P: DaemonProvider>(
         endpoint: cfg.endpoint_config(path_mtu, os_seed()),
         cm_transport,
         mad_udp: SocketAddr::new(cfg.bind, cfg.mad_port),
-        rdma_cm: SocketAddr::new(cfg.bind, cfg.rdma_cm_port),
+        rdma_cm_bind: cfg.bind,
         // Only a native InfiniBand port has an SA.
         link_layer: if prov.sa_port().is_some() {
             crate::cm::LinkLayer::InfiniBand

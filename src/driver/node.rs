@@ -46,9 +46,9 @@ pub struct NodeConfig {
     pub cm_transport: CmTransport,
     /// Where the UDP side channel binds, with [`CmTransport::Udp`].
     pub mad_udp: SocketAddr,
-    /// The `--bind` address and rdma_cm port the kernel's CM listens on, with
-    /// [`CmTransport::RdmaCm`].
-    pub rdma_cm: SocketAddr,
+    /// The `--bind` address the kernel's CM listens on, with [`CmTransport::RdmaCm`] (at the
+    /// endpoint's `rdma_cm_port`, the service its peers connect to).
+    pub rdma_cm_bind: IpAddr,
     /// The link layer of the provider's port (what the kernel's CM does differs on
     /// InfiniBand, [`KernelCmConfig::link`]).
     pub link_layer: LinkLayer,
@@ -236,13 +236,14 @@ impl<P: Provider> Node<P> {
         let mad_fd = mad.readiness_fd();
         let kcm = if cfg.cm_transport == CmTransport::RdmaCm {
             let max_ids = kernel_cm_ids(&cfg.endpoint);
+            let listen = SocketAddr::new(cfg.rdma_cm_bind, cfg.endpoint.rdma_cm_port);
             cfg.endpoint.kernel_cm.get_or_insert(KernelCmConfig {
                 max_ids,
-                service_id: crate::wire::cma::PortSpace::Ib.service_id(cfg.rdma_cm.port()),
+                service_id: cfg.endpoint.rdma_cm_service_id(),
                 link: cfg.link_layer,
             });
-            let k = KernelCmDriver::open(cfg.rdma_cm, max_ids).map_err(|e| NodeError::RdmaCm {
-                addr: cfg.rdma_cm,
+            let k = KernelCmDriver::open(listen, max_ids).map_err(|e| NodeError::RdmaCm {
+                addr: listen,
                 message: e.to_string(),
             })?;
             Some(k)
