@@ -11,6 +11,7 @@
 use std::net::IpAddr;
 use std::time::Instant;
 
+use super::path_wait::Held;
 use super::{fill_ipoib, wr, wr_kind, Endpoint, EndpointConfig, CQ_BATCH, WR_RECV, WR_SEND};
 use crate::verbs::setup::open_ud_qp;
 use crate::verbs::{
@@ -182,13 +183,19 @@ impl Endpoint {
             }
             return;
         }
+        if !hw.is_multicast() && self.ud_send_ready(None) && self.must_wait_for_path(hw.gid) {
+            self.hold_for_path(hw, Held::Ip, ethertype, packet);
+            return;
+        }
         if self.send_ud(v, hw, ethertype, packet) {
             self.counters.tx_packets += 1;
             self.counters.tx_bytes += packet.len() as u64;
         }
     }
 
-    /// Posts one UD send of `payload` behind an IPoIB header; false if it could not be posted.
+    /// Posts one UD send of `payload` behind an IPoIB header; false if it could not be posted
+    /// now. A unicast one with no path yet where an SA holds the paths (an ARP or ND reply;
+    /// IP packets wait before they get here) is held for the path (`path_wait.rs`).
     pub(super) fn send_ud<V: Verbs>(
         &mut self,
         v: &mut V,
@@ -199,6 +206,10 @@ impl Endpoint {
         if !self.ud_send_ready(hw.is_multicast().then_some(hw.gid)) {
             // Before the broadcast join, or the group's (send-only) join, was answered.
             self.counters.tx_dropped += 1;
+            return false;
+        }
+        if !hw.is_multicast() && self.must_wait_for_path(hw.gid) {
+            self.hold_for_path(hw, Held::Reply, ethertype, payload);
             return false;
         }
         let Some(b) = self.ud.free_send.pop() else {

@@ -349,10 +349,13 @@ fn status_from_snapshot_has_the_endpoints_states() {
         "peer_restarts",
         "rx_bad_cma_hdr",
         "tx_rdma_cm_retries",
+        "path_wait_held",
+        "path_wait_drops",
+        "path_failed_drops",
     ] {
         assert_eq!(s.provider[name], 0, "{name}");
     }
-    assert_eq!(s.provider.len(), 20, "{:?}", s.provider);
+    assert_eq!(s.provider.len(), 23, "{:?}", s.provider);
     assert_eq!(
         s.neighbour_table,
         NeighbourTable {
