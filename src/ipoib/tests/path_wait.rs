@@ -84,7 +84,12 @@ fn a_slow_sa_holds_a_new_neighbours_packets_and_its_req_then_sends_them_in_order
         n.inject(0, p);
     }
     n.run(Duration::from_millis(100));
-    let resolved = n.ep(0).neigh.get(&IpAddr::V4(node_v4(1))).unwrap().resolved();
+    let resolved = n
+        .ep(0)
+        .neigh
+        .get(&IpAddr::V4(node_v4(1)))
+        .unwrap()
+        .resolved();
     assert_eq!(resolved, Some(n.ep(1).hwaddr()), "ARP crossed");
     let query = path_query(&mut n, 1);
     assert_eq!(sa_requests(&mut n), [query]);
@@ -187,7 +192,7 @@ fn datagram_mode_packets_wait_for_the_path_and_a_port_event_drops_them() {
     assert!(n.tun[1].is_empty());
     answer(&mut n, 1);
     n.run(Duration::from_millis(10));
-    assert_eq!(n.tun[1], [first.clone()]);
+    assert_eq!(n.tun[1], std::slice::from_ref(&first));
     // A port event voids every path: packets wait again; the event drops them, counted.
     let now = n.now();
     let c = &mut n.0;
