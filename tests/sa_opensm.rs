@@ -491,3 +491,68 @@ fn the_daemons_sa_driver_against_opensm_on_ibsim() {
     assert!(wait_within(&mut node, LIMIT).success());
     f.expect_member(&gid2, false, "after the node's leaves");
 }
+
+/// First contact through the daemon's SA driver and opensm (`ipoib-cm sa node --connect`): a
+/// packet to a static neighbour waits for its PathRecord, and the REQ of its connection is
+/// made only once the path is known, with the LIDs opensm gave; a packet to a GID the SA has
+/// no path to is dropped when the query fails, and counted.
+#[test]
+fn first_contact_waits_for_the_path_from_opensm() {
+    let Some(f) = fabric("sapath") else {
+        return;
+    };
+    let (lid2, _) = f.port_of("Hca2");
+    let (lid4, guid4) = f.port_of("Hca4");
+    let gid4 = gid_of(guid4);
+    let nobody = gid_of(0x0002_c903_dead_beef);
+    let mut node = f.on(
+        "Hca2",
+        &[BIN, "sa", "node", "--connect", &gid4, "--connect", &nobody],
+    );
+    node.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut node = node.spawn().expect("spawn sa node");
+    let mut out = Lines::new(node.stdout.take().expect("stdout"));
+    let _err = Lines::new(node.stderr.take().expect("stderr"));
+    // The lines come in the order the SA answers: each looked for among those seen first.
+    for want in ["waiting connect", "req dgid", "dropped path_failed_drops"] {
+        let deadline = Instant::now() + LIMIT;
+        while !out.seen().iter().any(|l| l.starts_with(want)) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(out.wait_for(want, left), "no {want:?}: {:?}", out.seen());
+        }
+    }
+    let seen = out.seen().to_vec();
+    println!("{seen:#?}");
+    let line = |prefix: &str| {
+        seen.iter()
+            .find(|l| l.starts_with(prefix))
+            .cloned()
+            .unwrap_or_default()
+    };
+    // Both packets were held (no TX connection, so no REQ) before any path was known.
+    let waiting = seen
+        .iter()
+        .filter(|l| l.starts_with("waiting connect"))
+        .cloned()
+        .collect::<Vec<_>>();
+    assert_eq!(waiting.len(), 2, "{seen:?}");
+    assert_eq!(field(&waiting[1], "path_waiting"), "2");
+    assert_eq!(field(&waiting[1], "tx_connections"), "0");
+    let at = |prefix: &str| seen.iter().position(|l| l.starts_with(prefix));
+    assert!(at("waiting connect") < at("req dgid"), "{seen:?}");
+    // The REQ: to Hca4, subnet-local with the LIDs opensm assigned.
+    let req = line("req dgid");
+    assert_eq!(field(&req, "dgid"), gid4);
+    assert_eq!(field(&req, "dlid"), format!("{lid4:#x}"));
+    assert_eq!(field(&req, "slid"), format!("{lid2:#x}"));
+    assert_eq!(field(&req, "subnet_local"), "true");
+    assert_eq!(seen.iter().filter(|l| l.starts_with("req ")).count(), 1);
+    // The GID nobody has: opensm has no path, the held packet is dropped and counted.
+    assert!(line("path failed dgid").contains(&nobody), "{seen:?}");
+    assert_eq!(field(&line("dropped"), "path_failed_drops"), "1");
+    signal(node.id(), "-TERM");
+    assert!(out.wait_for("stopped", LIMIT), "no stop: {:?}", out.seen());
+    assert!(wait_within(&mut node, LIMIT).success());
+}
