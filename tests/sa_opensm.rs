@@ -70,6 +70,19 @@ impl Fabric {
         c
     }
 
+    /// `args` on node `host`, running: the child, its output's lines, and its error output's
+    /// (read so that it never blocks).
+    fn spawn(&self, host: &str, args: &[&str]) -> (Child, Lines, Lines) {
+        let mut c = self.on(host, args);
+        c.stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = c.spawn().expect("spawn");
+        let out = Lines::new(child.stdout.take().expect("stdout"));
+        let err = Lines::new(child.stderr.take().expect("stderr"));
+        (child, out, err)
+    }
+
     fn run(&self, host: &str, args: &[&str]) -> (bool, String) {
         let out = output_within(self.on(host, args), LIMIT);
         let text = String::from_utf8_lossy(&out.stdout).to_string()
@@ -309,13 +322,7 @@ fn sa_client_against_opensm_on_ibsim() {
     assert!(!f.member(&gid2), "member before the join");
 
     // Join and hold.
-    let mut hold = f.on("Hca2", &[BIN, "sa", "join", "--hold"]);
-    hold.stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let mut hold = hold.spawn().expect("spawn sa join --hold");
-    let mut out = Lines::new(hold.stdout.take().expect("stdout"));
-    let _err = Lines::new(hold.stderr.take().expect("stderr"));
+    let (mut hold, mut out, _err) = f.spawn("Hca2", &[BIN, "sa", "join", "--hold"]);
     assert!(out.wait_for("joined ", LIMIT), "no join: {:?}", out.seen());
     let joined = out.seen().last().expect("line").clone();
     println!("{joined}");
@@ -352,6 +359,19 @@ fn sa_client_against_opensm_on_ibsim() {
 }
 
 /// The broadcast group's MLID as `saquery -g` shows it (lower-case hex).
+/// The first line that starts with `prefix`, among those seen or arriving within [`LIMIT`]
+/// (the lines come in the order the SA answers); `what` names its absence.
+fn line_with(out: &mut Lines, prefix: &str, what: &str) -> String {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        if let Some(l) = out.seen().iter().find(|l| l.starts_with(prefix)) {
+            return l.clone();
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(out.wait_for(prefix, left), "{what}: {:?}", out.seen());
+    }
+}
+
 fn broadcast_mlid(f: &Fabric) -> String {
     let groups = f.saquery(&["-g"]);
     let mut mgid_seen = false;
@@ -380,27 +400,10 @@ fn the_daemons_sa_driver_against_opensm_on_ibsim() {
     let mlid = broadcast_mlid(&f);
     assert!(!f.member(&gid2), "member before the join");
 
-    let mut node = f.on(
+    let (mut node, mut out, _err) = f.spawn(
         "Hca2",
         &[BIN, "sa", "node", "--dgid", &gid3, "--send", "ff0e::1:2"],
     );
-    node.stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let mut node = node.spawn().expect("spawn sa node");
-    let mut out = Lines::new(node.stdout.take().expect("stdout"));
-    let _err = Lines::new(node.stderr.take().expect("stderr"));
-    // The lines come in the order the SA answers: look among those seen first.
-    let line_with = |out: &mut Lines, prefix: &str, what: &str| -> String {
-        let deadline = Instant::now() + LIMIT;
-        loop {
-            if let Some(l) = out.seen().iter().find(|l| l.starts_with(prefix)) {
-                return l.clone();
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            assert!(out.wait_for(prefix, left), "{what}: {:?}", out.seen());
-        }
-    };
     // The broadcast group first: attached with the SA's MLID, Q_Key and MTU applied.
     let joined = line_with(
         &mut out,
@@ -505,23 +508,12 @@ fn first_contact_waits_for_the_path_from_opensm() {
     let (lid4, guid4) = f.port_of("Hca4");
     let gid4 = gid_of(guid4);
     let nobody = gid_of(0x0002_c903_dead_beef);
-    let mut node = f.on(
+    let (mut node, mut out, _err) = f.spawn(
         "Hca2",
         &[BIN, "sa", "node", "--connect", &gid4, "--connect", &nobody],
     );
-    node.stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let mut node = node.spawn().expect("spawn sa node");
-    let mut out = Lines::new(node.stdout.take().expect("stdout"));
-    let _err = Lines::new(node.stderr.take().expect("stderr"));
-    // The lines come in the order the SA answers: each looked for among those seen first.
     for want in ["waiting connect", "req dgid", "dropped path_failed_drops"] {
-        let deadline = Instant::now() + LIMIT;
-        while !out.seen().iter().any(|l| l.starts_with(want)) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            assert!(out.wait_for(want, left), "no {want:?}: {:?}", out.seen());
-        }
+        line_with(&mut out, want, "missing");
     }
     let seen = out.seen().to_vec();
     println!("{seen:#?}");

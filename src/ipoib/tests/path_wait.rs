@@ -21,8 +21,15 @@ fn sa_net(cfg: impl FnMut(usize, &mut EndpointConfig)) -> Net {
     let c = &mut n.0;
     let (ep, v) = (c.eps[0].as_mut().unwrap(), &mut c.f.nodes[0]);
     ep.use_sa_groups(v);
-    let params = GroupParams {
-        mlid: 0xC000,
+    ep.set_group_joined(v, broadcast_mgid(0xffff), broadcast(0xC000));
+    sa_requests(&mut n);
+    n
+}
+
+/// The broadcast group's record, with MLID `mlid` and MTU 2048.
+fn broadcast(mlid: u16) -> GroupParams {
+    GroupParams {
+        mlid,
         qkey: 0x0B1B,
         mtu: Some(PathMtu::Mtu2048),
         sl: 0,
@@ -30,10 +37,7 @@ fn sa_net(cfg: impl FnMut(usize, &mut EndpointConfig)) -> Net {
         tclass: 0,
         flow_label: 0,
         hop_limit: 0,
-    };
-    ep.set_group_joined(v, broadcast_mgid(0xffff), params);
-    sa_requests(&mut n);
-    n
+    }
 }
 
 fn sa_requests(n: &mut Net) -> Vec<SaRequest> {
@@ -202,18 +206,7 @@ fn datagram_mode_packets_wait_for_the_path_and_a_port_event_drops_them() {
     assert_eq!(params, None);
     // Rejoined (the SA answered the broadcast join again): the next packet waits for its
     // path, and the next port event drops it.
-    let bcast = broadcast_mgid(0xffff);
-    let joined = GroupParams {
-        mlid: 0xC001,
-        qkey: 0x0B1B,
-        mtu: Some(PathMtu::Mtu2048),
-        sl: 0,
-        rate: 0,
-        tclass: 0,
-        flow_label: 0,
-        hop_limit: 0,
-    };
-    ep.set_group_joined(v, bcast, joined);
+    ep.set_group_joined(v, broadcast_mgid(0xffff), broadcast(0xC001));
     ep.handle_tun_packet(now, v, &ping4(0, 1, 101));
     assert_eq!(ep.path_waiting(), 1);
     ep.port_changed(v, PortChange::ClientReregister);
