@@ -242,7 +242,8 @@ pub struct EndpointConfig {
     pub addrs: Vec<(IpAddr, u8)>,
     /// Static neighbours.
     pub static_neighbours: Vec<(IpAddr, HwAddr)>,
-    /// Path MTU of connections and of the UD QP.
+    /// Path MTU of connections (each at most its path's) and of UD sends; the UD receive
+    /// buffers hold the port's largest MTU whatever this is.
     pub path_mtu: PathMtu,
     /// Partition key of the UD and RC QPs (looked up in the port's P_Key table); a limited
     /// member (bit 15 clear) talks to full members only. The MGIDs and the broadcast address
