@@ -64,6 +64,13 @@
 #                rxe1 in the guest (TUN devices in netns na/nb): both CMs the kernel's, no side
 #                channel; ping IPv4/IPv6, iperf3, one SIGKILLed (the other reaps its RX QP on
 #                the kernel's DREQ), restarted, ping again, orderly stops, no rdma_cm id left.
+#   ud-mtu       (i) a datagram-mode `ipoib-cm up --provider verbs` on rxe0 (the link at MTU 9000:
+#                active_mtu 4096, interface MTU 4092) sends IP packets of 2044 and 4092 bytes as UD
+#                datagrams to `ipoib-cm up` on the soft provider in the host netns, whose --bind
+#                link (the tap, 1500) gives it a path MTU of 1024: all delivered, none dropped
+#                for want of buffer room (the UD buffers hold GRH + the port's largest MTU);
+#                the start-up lines name where each path MTU came from. RXE_HOST_BIN runs
+#                another build's binary on the host side (to compare with main).
 # The conformance boot also runs `rc-pingpong --provider verbs` against ibv_rc_pingpong
 # (rxe1 <-> rxe0), both directions.
 # --quick: 20 round trips instead of 100. Prints `RESULT name@KERNEL PASS|FAIL`, wall times
@@ -88,12 +95,12 @@ while [ $# -gt 0 ]; do
     case $1 in
         --quick) ITERS=20 ;;
         --iters) ITERS=$2; shift ;;
-        conformance|rc-pingpong|ud-pingpong|hw-pingpong|daemon|daemon-umad|rdmacm|softcm|kcm-pair) CHECKS+=("$1") ;;
-        *) echo "usage: $0 [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong] [hw-pingpong] [daemon] [daemon-umad] [rdmacm] [softcm] [kcm-pair]" >&2; exit 2 ;;
+        conformance|rc-pingpong|ud-pingpong|hw-pingpong|daemon|daemon-umad|rdmacm|softcm|kcm-pair|ud-mtu) CHECKS+=("$1") ;;
+        *) echo "usage: $0 [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong] [hw-pingpong] [daemon] [daemon-umad] [rdmacm] [softcm] [kcm-pair] [ud-mtu]" >&2; exit 2 ;;
     esac
     shift
 done
-[ ${#CHECKS[@]} -gt 0 ] || CHECKS=(conformance rc-pingpong ud-pingpong hw-pingpong daemon daemon-umad rdmacm softcm kcm-pair)
+[ ${#CHECKS[@]} -gt 0 ] || CHECKS=(conformance rc-pingpong ud-pingpong hw-pingpong daemon daemon-umad rdmacm softcm kcm-pair ud-mtu)
 
 if [ -n "${RXE_LAB_DIR:-}" ]; then LAB=$RXE_LAB_DIR
 elif [ -x ../shared/rxe-lab/run.sh ]; then LAB=$(cd ../shared/rxe-lab && pwd)
@@ -208,6 +215,10 @@ for c in "${CHECKS[@]}"; do
             echo "== (h) kcm-pair: ipoib-cm up --cm-transport rdmacm <-> itself, rxe0 <-> rxe1 in the guest"
             EXTRA_BINS=$(command -v iperf3 || true) run_lab kcm-pair scripts/rxe/guest-kcm-pair \
                 --net none --timeout 300 ;;
+        ud-mtu)
+            echo "== (i) ud-mtu: datagram-mode ipoib-cm up --provider verbs on rxe0 (MTU 9000) -> ipoib-cm up (soft, --bind link 1500): 2044/4092-byte UD datagrams"
+            run_lab ud-mtu scripts/rxe/guest-udmtu --net tap --mtu 9000 --timeout 300 \
+                --host-cmd "IPOIB_CM=${RXE_HOST_BIN:-$BIN} exec $ROOT/scripts/rxe/host-udmtu.sh" ;;
         softcm)
             echo "== (g) softcm: rc-pingpong --cm --rdma-cm (soft provider, our CM) <-> the kernel's rdma_cm on rxe0"
             run_lab softcm scripts/rxe/guest-softcm --net tap --timeout 500 \

@@ -81,9 +81,22 @@ fn defaults() {
     assert_eq!(c.quirks, Default::default());
     assert_eq!(c.control_socket, Path::new("@ipoib-cm/ib0"));
     assert_eq!(c.log, "info");
-    assert_eq!(c.effective_path_mtu(None), PathMtu::Mtu1024);
-    assert_eq!(c.effective_path_mtu(Some(9000)), PathMtu::Mtu4096);
-    assert_eq!(c.effective_path_mtu(Some(1500)), PathMtu::Mtu1024);
+    // No cap: the port's active MTU, on RoCE at most what the --bind link carries.
+    let mtu = |c: &ipoib_cm::daemon::Config, link| c.path_mtu_choice(&port_4k(), link).path_mtu;
+    assert_eq!(mtu(&c, None), PathMtu::Mtu4096);
+    assert_eq!(mtu(&c, Some(9000)), PathMtu::Mtu4096);
+    assert_eq!(mtu(&c, Some(1500)), PathMtu::Mtu1024);
+}
+
+/// A port whose active and largest MTU are 4096 (InfiniBand, or RoCE on a 9000-byte link).
+fn port_4k() -> ipoib_cm::verbs::PortAttr {
+    ipoib_cm::verbs::PortAttr {
+        gid: ipoib_cm::verbs::Gid([0; 16]),
+        active_mtu: PathMtu::Mtu4096,
+        max_mtu: PathMtu::Mtu4096,
+        max_msg_size: 1 << 31,
+        active: true,
+    }
 }
 
 #[test]
@@ -133,7 +146,19 @@ log = "debug"
     assert_eq!(c.qp_budget_policy, QpBudgetPolicy::Reject);
     assert_eq!(c.tx_queue_len, 10);
     assert_eq!(c.path_mtu, Some(PathMtu::Mtu2048));
-    assert_eq!(c.effective_path_mtu(Some(1500)), PathMtu::Mtu2048);
+    // A cap: it lowers the port's MTU, and never raises what the --bind link carries.
+    assert_eq!(
+        c.path_mtu_choice(&port_4k(), None).path_mtu,
+        PathMtu::Mtu2048
+    );
+    assert_eq!(
+        c.path_mtu_choice(&port_4k(), Some(9000)).path_mtu,
+        PathMtu::Mtu2048
+    );
+    assert_eq!(
+        c.path_mtu_choice(&port_4k(), Some(1500)).path_mtu,
+        PathMtu::Mtu1024
+    );
     assert_eq!(c.fault.loss_pct, 5.0);
     assert_eq!(c.fault.reorder_pct, 1.5);
     assert_eq!(c.fault.dup_pct, 2.0);

@@ -33,6 +33,8 @@ fn status() -> Status {
             mode: Mode::Connected,
             hwaddr: ipoib_cm::wire::ipoib::HwAddr::from([0x11; 20]).to_string(),
             cm_transport: String::new(),
+            path_mtu: 0,
+            path_mtu_from: String::new(),
         },
         neighbours: vec![],
         neighbour_table: Default::default(),

@@ -70,6 +70,19 @@ impl Fabric {
         c
     }
 
+    /// `args` on node `host`, running: the child, its output's lines, and its error output's
+    /// (read so that it never blocks).
+    fn spawn(&self, host: &str, args: &[&str]) -> (Child, Lines, Lines) {
+        let mut c = self.on(host, args);
+        c.stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = c.spawn().expect("spawn");
+        let out = Lines::new(child.stdout.take().expect("stdout"));
+        let err = Lines::new(child.stderr.take().expect("stderr"));
+        (child, out, err)
+    }
+
     fn run(&self, host: &str, args: &[&str]) -> (bool, String) {
         let out = output_within(self.on(host, args), LIMIT);
         let text = String::from_utf8_lossy(&out.stdout).to_string()
@@ -309,13 +322,7 @@ fn sa_client_against_opensm_on_ibsim() {
     assert!(!f.member(&gid2), "member before the join");
 
     // Join and hold.
-    let mut hold = f.on("Hca2", &[BIN, "sa", "join", "--hold"]);
-    hold.stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let mut hold = hold.spawn().expect("spawn sa join --hold");
-    let mut out = Lines::new(hold.stdout.take().expect("stdout"));
-    let _err = Lines::new(hold.stderr.take().expect("stderr"));
+    let (mut hold, mut out, _err) = f.spawn("Hca2", &[BIN, "sa", "join", "--hold"]);
     assert!(out.wait_for("joined ", LIMIT), "no join: {:?}", out.seen());
     let joined = out.seen().last().expect("line").clone();
     println!("{joined}");
@@ -352,6 +359,19 @@ fn sa_client_against_opensm_on_ibsim() {
 }
 
 /// The broadcast group's MLID as `saquery -g` shows it (lower-case hex).
+/// The first line that starts with `prefix`, among those seen or arriving within [`LIMIT`]
+/// (the lines come in the order the SA answers); `what` names its absence.
+fn line_with(out: &mut Lines, prefix: &str, what: &str) -> String {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        if let Some(l) = out.seen().iter().find(|l| l.starts_with(prefix)) {
+            return l.clone();
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(out.wait_for(prefix, left), "{what}: {:?}", out.seen());
+    }
+}
+
 fn broadcast_mlid(f: &Fabric) -> String {
     let groups = f.saquery(&["-g"]);
     let mut mgid_seen = false;
@@ -380,27 +400,10 @@ fn the_daemons_sa_driver_against_opensm_on_ibsim() {
     let mlid = broadcast_mlid(&f);
     assert!(!f.member(&gid2), "member before the join");
 
-    let mut node = f.on(
+    let (mut node, mut out, _err) = f.spawn(
         "Hca2",
         &[BIN, "sa", "node", "--dgid", &gid3, "--send", "ff0e::1:2"],
     );
-    node.stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let mut node = node.spawn().expect("spawn sa node");
-    let mut out = Lines::new(node.stdout.take().expect("stdout"));
-    let _err = Lines::new(node.stderr.take().expect("stderr"));
-    // The lines come in the order the SA answers: look among those seen first.
-    let line_with = |out: &mut Lines, prefix: &str, what: &str| -> String {
-        let deadline = Instant::now() + LIMIT;
-        loop {
-            if let Some(l) = out.seen().iter().find(|l| l.starts_with(prefix)) {
-                return l.clone();
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            assert!(out.wait_for(prefix, left), "{what}: {:?}", out.seen());
-        }
-    };
     // The broadcast group first: attached with the SA's MLID, Q_Key and MTU applied.
     let joined = line_with(
         &mut out,
@@ -490,4 +493,58 @@ fn the_daemons_sa_driver_against_opensm_on_ibsim() {
         .any(|l| l.starts_with("left mgid ff12:401b:ffff::ffff:ffff deleted true")));
     assert!(wait_within(&mut node, LIMIT).success());
     f.expect_member(&gid2, false, "after the node's leaves");
+}
+
+/// First contact through the daemon's SA driver and opensm (`ipoib-cm sa node --connect`): a
+/// packet to a static neighbour waits for its PathRecord, and the REQ of its connection is
+/// made only once the path is known, with the LIDs opensm gave; a packet to a GID the SA has
+/// no path to is dropped when the query fails, and counted.
+#[test]
+fn first_contact_waits_for_the_path_from_opensm() {
+    let Some(f) = fabric("sapath") else {
+        return;
+    };
+    let (lid2, _) = f.port_of("Hca2");
+    let (lid4, guid4) = f.port_of("Hca4");
+    let gid4 = gid_of(guid4);
+    let nobody = gid_of(0x0002_c903_dead_beef);
+    let (mut node, mut out, _err) = f.spawn(
+        "Hca2",
+        &[BIN, "sa", "node", "--connect", &gid4, "--connect", &nobody],
+    );
+    for want in ["waiting connect", "req dgid", "dropped path_failed_drops"] {
+        line_with(&mut out, want, "missing");
+    }
+    let seen = out.seen().to_vec();
+    println!("{seen:#?}");
+    let line = |prefix: &str| {
+        seen.iter()
+            .find(|l| l.starts_with(prefix))
+            .cloned()
+            .unwrap_or_default()
+    };
+    // Both packets were held (no TX connection, so no REQ) before any path was known.
+    let waiting = seen
+        .iter()
+        .filter(|l| l.starts_with("waiting connect"))
+        .cloned()
+        .collect::<Vec<_>>();
+    assert_eq!(waiting.len(), 2, "{seen:?}");
+    assert_eq!(field(&waiting[1], "path_waiting"), "2");
+    assert_eq!(field(&waiting[1], "tx_connections"), "0");
+    let at = |prefix: &str| seen.iter().position(|l| l.starts_with(prefix));
+    assert!(at("waiting connect") < at("req dgid"), "{seen:?}");
+    // The REQ: to Hca4, subnet-local with the LIDs opensm assigned.
+    let req = line("req dgid");
+    assert_eq!(field(&req, "dgid"), gid4);
+    assert_eq!(field(&req, "dlid"), format!("{lid4:#x}"));
+    assert_eq!(field(&req, "slid"), format!("{lid2:#x}"));
+    assert_eq!(field(&req, "subnet_local"), "true");
+    assert_eq!(seen.iter().filter(|l| l.starts_with("req ")).count(), 1);
+    // The GID nobody has: opensm has no path, the held packet is dropped and counted.
+    assert!(line("path failed dgid").contains(&nobody), "{seen:?}");
+    assert_eq!(field(&line("dropped"), "path_failed_drops"), "1");
+    signal(node.id(), "-TERM");
+    assert!(out.wait_for("stopped", LIMIT), "no stop: {:?}", out.seen());
+    assert!(wait_within(&mut node, LIMIT).success());
 }

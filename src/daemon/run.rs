@@ -17,7 +17,7 @@ use mio::{Events, Interest, Poll, Token};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 
-use super::config::{Cidr, CmTransport, Config};
+use super::config::{path_mtu_for_link_mtu, Cidr, CmTransport, Config, PathMtuChoice};
 use super::control::{ControlServer, Reply, Request, MAX_CLIENTS};
 use super::floods::{FloodWarnings, FLOOD_WARN_INTERVAL};
 use super::metrics::{self, MetricsServer};
@@ -29,7 +29,7 @@ use crate::soft::provider::{SoftProvider, UdpOffload};
 use crate::soft::SoftConfig;
 use crate::sys::ifaddr;
 use crate::verbs::setup::os_seed;
-use crate::verbs::Provider;
+use crate::verbs::{Provider, Verbs};
 
 const SIGNALS: Token = Token(0);
 const CONTROL: Token = Token(1);
@@ -168,13 +168,9 @@ impl DaemonError {
     }
 }
 
-/// The underlay link MTU of `--bind` and the path MTU to use.
-fn path_mtu(cfg: &Config) -> Result<crate::verbs::PathMtu, DaemonError> {
-    let link_mtu = ifaddr::link_mtu_for(cfg.bind);
-    if link_mtu.is_none() {
-        return Err(DaemonError::NoBindInterface(cfg.bind));
-    }
-    Ok(cfg.effective_path_mtu(link_mtu))
+/// The MTU of the link that carries `--bind`.
+fn bind_link_mtu(cfg: &Config) -> Result<u32, DaemonError> {
+    ifaddr::link_mtu_for(cfg.bind).ok_or(DaemonError::NoBindInterface(cfg.bind))
 }
 
 /// Runs the daemon on the software provider until SIGINT or SIGTERM. CM MADs travel over QP1
@@ -189,11 +185,12 @@ pub fn up(cfg: &Config) -> Result<(), DaemonError> {
     if cfg.cm_transport == Some(CmTransport::RdmaCm) {
         return Err(DaemonError::RdmaCmNeedsVerbs);
     }
-    let path_mtu = path_mtu(cfg)?;
+    let link_mtu = bind_link_mtu(cfg)?;
     let mut soft = SoftConfig::new(cfg.bind);
     soft.src_port = cfg.udp_port;
     soft.dst_port = cfg.udp_port;
-    soft.port_mtu = path_mtu;
+    // The soft port's active MTU is what its underlay carries; --path-mtu caps the path.
+    soft.port_mtu = path_mtu_for_link_mtu(link_mtu);
     soft.pkey = cfg.pkey;
     soft.verify_icrc_v4 = cfg.verify_icrc_v4;
     soft.faults = cfg.fault;
@@ -221,7 +218,7 @@ pub fn up(cfg: &Config) -> Result<(), DaemonError> {
     run(
         cfg,
         prov,
-        path_mtu,
+        link_mtu,
         cfg.cm_transport.unwrap_or(CmTransport::Qp1),
         None,
     )
@@ -235,7 +232,7 @@ pub fn up(cfg: &Config) -> Result<(), DaemonError> {
 /// A set-up step that failed (one line naming it), or a fatal event-loop error.
 #[cfg(feature = "verbs")]
 pub fn up_verbs(cfg: &Config, hw: &crate::hw::HwConfig) -> Result<(), DaemonError> {
-    let path_mtu = path_mtu(cfg)?;
+    let link_mtu = bind_link_mtu(cfg)?;
     let mut hw = hw.clone();
     hw.local_ip = hw.local_ip.or(Some(cfg.bind));
     let mut prov = crate::hw::HwVerbs::open(&hw).map_err(DaemonError::VerbsOpen)?;
@@ -250,7 +247,7 @@ pub fn up_verbs(cfg: &Config, hw: &crate::hw::HwConfig) -> Result<(), DaemonErro
         Some(t) => (t, None),
         None => pick_verbs_transport(cfg, &mut prov)?,
     };
-    run(cfg, prov, path_mtu, cm_transport, mad)
+    run(cfg, prov, link_mtu, cm_transport, mad)
 }
 
 /// The CM transport of a verbs daemon with no `--cm-transport`: the kernel's CM where
@@ -315,18 +312,22 @@ fn open_umad(cfg: &Config, prov: &mut crate::hw::HwVerbs) -> Result<crate::mad::
 }
 
 /// The event loop over any provider, with the CM transport `mad` the caller opened, else the
-/// one the node opens for `cm_transport`.
+/// one the node opens for `cm_transport`; `link_mtu` is the `--bind` link's MTU, which bounds
+/// the path MTU on RoCE.
 fn run<P: DaemonProvider>(
     cfg: &Config,
-    prov: P,
-    path_mtu: crate::verbs::PathMtu,
+    mut prov: P,
+    link_mtu: u32,
     cm_transport: CmTransport,
     mad: Option<Box<dyn crate::mad::MadTransport<P::Verbs>>>,
 ) -> Result<(), DaemonError> {
     let mut poll = Poll::new()?;
+    // On InfiniBand the port is its own link: --bind is no bound there.
+    let underlay = prov.sa_port().is_none().then_some(link_mtu);
+    let path_mtu = cfg.path_mtu_choice(&prov.verbs().port_attr(), underlay);
     let node_cfg = NodeConfig {
         ifname: cfg.ifname.clone(),
-        endpoint: cfg.endpoint_config(path_mtu, os_seed()),
+        endpoint: cfg.endpoint_config(path_mtu.path_mtu, os_seed()),
         cm_transport,
         mad_udp: SocketAddr::new(cfg.bind, cfg.mad_port),
         rdma_cm_bind: cfg.bind,
@@ -364,7 +365,7 @@ fn run<P: DaemonProvider>(
     poll.registry()
         .register(&mut signals, SIGNALS, Interest::READABLE)?;
     let started = Instant::now();
-    log_start(cfg, &node, path_mtu, cm_transport, &sa);
+    log_start(cfg, &node, &path_mtu, cm_transport, &sa);
     let mut service = Service::new(cfg);
     service.ready(started);
 
@@ -423,14 +424,18 @@ fn run<P: DaemonProvider>(
         }
         node.turn(now)?;
         control.serve(now, |req| match req {
-            Request::Status { .. } => Reply::Status(Box::new(status(&node, now, started))),
+            Request::Status { .. } => {
+                Reply::Status(Box::new(status(&node, &path_mtu, now, started)))
+            }
             _ => service.command(&mut node, now, req),
         });
         if let Some(m) = &mut metrics {
-            m.handle(now, || render_prometheus(&status(&node, now, started)));
+            m.handle(now, || {
+                render_prometheus(&status(&node, &path_mtu, now, started))
+            });
         }
         if floods.due(now) {
-            warn_floods(&mut floods, &status(&node, now, started), now);
+            warn_floods(&mut floods, &status(&node, &path_mtu, now, started), now);
             log_id_solved_peers(node.provider_mut().take_id_solved_peers());
         }
         if signalled {
@@ -452,7 +457,7 @@ fn run<P: DaemonProvider>(
         node.flush(now, poll.registry())?;
         if node.should_finish(now) {
             node.wind_up(now)?;
-            log_stop(&status(&node, now, started));
+            log_stop(&status(&node, &path_mtu, now, started));
             // Dropping the node closes the TUN device, which removes the interface.
             drop(node);
             return Ok(());
@@ -521,7 +526,7 @@ fn attach_sa<P: DaemonProvider>(
 fn log_start<P: DaemonProvider>(
     cfg: &Config,
     node: &Node<P>,
-    path_mtu: crate::verbs::PathMtu,
+    path_mtu: &PathMtuChoice,
     cm_transport: CmTransport,
     sa: &str,
 ) {
@@ -558,7 +563,9 @@ fn log_start<P: DaemonProvider>(
         metrics_listen = %cfg.metrics_listen.map_or_else(|| "off".to_owned(), |a| a.to_string()),
         hwaddr = %node.endpoint().hwaddr(),
         mtu = ep.interface_mtu(),
-        path_mtu = path_mtu.bytes(),
+        path_mtu = path_mtu.path_mtu.bytes(),
+        path_mtu_from = %path_mtu,
+        port_max_mtu = path_mtu.port_max.bytes(),
         sa = %sa,
         "started"
     );
@@ -612,7 +619,12 @@ fn log_id_solved_peers(peers: Vec<IpAddr>) {
 }
 
 /// The status snapshot served on the control socket.
-fn status<P: DaemonProvider>(node: &Node<P>, now: Instant, started: Instant) -> Status {
+fn status<P: DaemonProvider>(
+    node: &Node<P>,
+    path_mtu: &PathMtuChoice,
+    now: Instant,
+    started: Instant,
+) -> Status {
     let ep = node.endpoint();
     let snap = ep.snapshot(now);
     let mut status = Status::from_snapshot(node.ifname(), &snap);
@@ -631,6 +643,8 @@ fn status<P: DaemonProvider>(node: &Node<P>, now: Instant, started: Instant) -> 
         add_counters(&mut status.provider, "rdmacm_", &k);
     }
     status.interface.cm_transport = node.cm_transport().as_str().to_owned();
+    status.interface.path_mtu = u32::try_from(path_mtu.path_mtu.bytes()).unwrap_or(0);
+    status.interface.path_mtu_from = path_mtu.to_string();
     let tun = node.tun_stats();
     for (k, v) in [
         ("tun_write_drops", tun.write_drops),

@@ -343,8 +343,8 @@ impl<P: Provider> Node<P> {
         self.sa.as_ref()
     }
 
-    /// Runs the SA client's turn, then sets the interface MTU the broadcast group's record
-    /// gave (datagram mode).
+    /// Runs the SA client's turn, sends the MADs of what waited for the paths it answered,
+    /// then sets the interface MTU the broadcast group's record gave (datagram mode).
     fn pump_sa(&mut self, now: Instant) {
         let Some(sa) = &mut self.sa else {
             return;
@@ -356,10 +356,12 @@ impl<P: Provider> Node<P> {
                 lids.push((*dgid, path.dlid));
             }
         });
-        // A CM on the kernel's QP1 (umad) addresses its MADs by the peers' LIDs.
+        // A CM on the kernel's QP1 (umad) addresses its MADs by the peers' LIDs; then the REQs
+        // of connections that waited for these paths leave.
         for (gid, lid) in lids {
             self.mad.set_peer_lid(gid, lid);
         }
+        self.send_mads(now);
         let mtu = self.ep.interface_mtu();
         if mtu != self.tun_mtu {
             match self.tun.set_mtu(mtu) {

@@ -213,7 +213,7 @@ impl SaDriver {
             let Some(r) = ep.poll_sa_request() else {
                 break;
             };
-            self.request(now, ep, r);
+            self.request(now, ep, v, r);
         }
         // Paths answered from the cache are handed out like answered queries.
         for (dgid, path) in self.cached.drain(..) {
@@ -226,7 +226,7 @@ impl SaDriver {
         while let Some(ev) = self.client.pop_event() {
             match ev {
                 SaEvent::Joined { mgid, params } => ep.set_group_joined(v, mgid, params),
-                SaEvent::PathResolved { dgid, path } => ep.set_sa_path(dgid, &path),
+                SaEvent::PathResolved { dgid, path } => ep.set_sa_path(now, v, dgid, &path),
                 SaEvent::PathFailed { dgid, .. } => ep.path_failed(dgid),
                 SaEvent::Left { mgid, .. } => {
                     self.leaving.remove(&mgid);
@@ -240,7 +240,7 @@ impl SaDriver {
         self.last_now = Some(now);
     }
 
-    fn request(&mut self, now: Instant, ep: &mut Endpoint, r: SaRequest) {
+    fn request<V: Verbs>(&mut self, now: Instant, ep: &mut Endpoint, v: &mut V, r: SaRequest) {
         let bcast = self.client.broadcast_mgid();
         match r {
             SaRequest::Join { mgid, send_only } => {
@@ -259,7 +259,7 @@ impl SaDriver {
             }
             SaRequest::Path { dgid } => match self.client.path(now, dgid) {
                 PathLookup::Known(p) => {
-                    ep.set_sa_path(dgid, &p);
+                    ep.set_sa_path(now, v, dgid, &p);
                     self.cached.push((dgid, p));
                 }
                 PathLookup::Pending => {}

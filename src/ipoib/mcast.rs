@@ -17,17 +17,23 @@
 //!   its first send, and the packets before that join answered are dropped (counted in
 //!   `tx_dropped`);
 //! - a port event (LID, SM, P_Key change, client reregister, port down or up) detaches every
-//!   group and forgets every record, then hands the event on: the SA client rejoins, and
-//!   each answer re-attaches with the new MLID.
+//!   group and forgets every record and path, then hands the event on: the SA client rejoins,
+//!   and each answer re-attaches with the new MLID;
+//! - unicast UD messages and new TX connections wait for their destination's PathRecord
+//!   (`path_wait.rs`).
 //!
 //! # Bounds
 //! Send-only groups by [`MAX_SEND_ONLY`] (the rest are dropped unjoined), queued requests by
-//! [`MAX_SA_REQUESTS`] (the oldest path query gives way first; joins and leaves are never
-//! dropped, being bounded by the group tables, and a port event already queued is not queued
-//! again), paths by `neigh_max`.
+//! [`MAX_SA_REQUESTS`] (the oldest path query gives way first, failing what waited for it;
+//! joins and leaves are never dropped, being bounded by the group tables, and a port event
+//! already queued is not queued again), paths asked for by `neigh_max`, messages waiting for
+//! paths by `path_wait.rs`'s bounds.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use std::time::Instant;
+
+use super::path_wait::PathWait;
 use super::Endpoint;
 use crate::sa::GroupParams;
 use crate::verbs::{AddressVector, Gid, Grh, Lid, Path, QKey, QpAttr, QpState, Rate, Sl, Verbs};
@@ -98,26 +104,41 @@ pub(super) struct SaGroups {
     requests: VecDeque<SaRequest>,
     /// Path queries asked for and not answered.
     asked_paths: BTreeSet<Gid>,
+    /// Messages waiting for their destination's path.
+    pub(super) waiting: PathWait,
 }
 
 impl SaGroups {
-    fn push(&mut self, r: SaRequest) {
+    /// Queues `r`; returns the destination of a path query that did not fit (the oldest
+    /// queued one, or `r` itself), which is no longer asked for.
+    fn push(&mut self, r: SaRequest) -> Option<Gid> {
         if matches!(r, SaRequest::Port(_)) && self.requests.contains(&r) {
-            return;
+            return None;
         }
+        let mut dropped = None;
+        let mut keep = true;
         if self.requests.len() >= MAX_SA_REQUESTS {
-            // Path queries are asked again on the next resolution; groups are not.
+            // Path queries are asked again by the next message to the peer; groups are not.
             if let Some(i) = self
                 .requests
                 .iter()
                 .position(|q| matches!(q, SaRequest::Path { .. }))
             {
-                self.requests.remove(i);
-            } else if matches!(r, SaRequest::Path { .. }) {
-                return;
+                if let Some(SaRequest::Path { dgid }) = self.requests.remove(i) {
+                    dropped = Some(dgid);
+                }
+            } else if let SaRequest::Path { dgid } = r {
+                dropped = Some(dgid);
+                keep = false;
             }
         }
-        self.requests.push_back(r);
+        if let Some(d) = dropped {
+            self.asked_paths.remove(&d);
+        }
+        if keep {
+            self.requests.push_back(r);
+        }
+        dropped
     }
 }
 
@@ -131,14 +152,21 @@ impl Endpoint {
             return;
         }
         self.sa.enabled = true;
-        for &g in &self.ud.groups {
+        for g in self.ud.groups.clone() {
             if let Err(e) = v.detach_mcast(self.ud.qp, g) {
                 tracing::debug!(group = %g, error = %e, "detach_mcast failed");
             }
-            self.sa.push(SaRequest::Join {
+            self.push_sa(SaRequest::Join {
                 mgid: g,
                 send_only: false,
             });
+        }
+    }
+
+    /// Queues a request for the SA client; a path query pushed out fails what waited for it.
+    fn push_sa(&mut self, r: SaRequest) {
+        if let Some(dgid) = self.sa.push(r) {
+            self.fail_path_wait(dgid);
         }
     }
 
@@ -238,17 +266,22 @@ impl Endpoint {
 
     /// The path the SA gave for `dgid` (a [`SaRequest::Path`] answered): set as the
     /// neighbour's [`Path`] ([`Endpoint::set_path`]), which every later address vector and
-    /// REQ towards it uses; replaced by a later answer. An answer nobody asked for is dropped.
-    pub fn set_sa_path(&mut self, dgid: Gid, rec: &PathRecord) {
+    /// REQ towards it uses; replaced by a later answer. What waited for it goes out now, in
+    /// order (`path_wait.rs`): the driver sends the CM's MADs after this. An answer nobody
+    /// asked for is dropped.
+    pub fn set_sa_path<V: Verbs>(&mut self, now: Instant, v: &mut V, dgid: Gid, rec: &PathRecord) {
         if !self.sa.asked_paths.remove(&dgid) && self.paths.get(&dgid).is_none() {
             return;
         }
         self.set_path(dgid, Path::from_record(rec));
+        self.release_path_wait(now, v, dgid);
     }
 
-    /// The SA had no path to `dgid`: it may be asked again later.
+    /// The SA had no path to `dgid`: what waited for it is dropped (counted in
+    /// `path_failed_drops`), and the next message to it asks again.
     pub fn path_failed(&mut self, dgid: Gid) {
         self.sa.asked_paths.remove(&dgid);
+        self.fail_path_wait(dgid);
     }
 
     /// The path set for `dgid` (by the SA or [`Endpoint::set_path`]), if any.
@@ -258,15 +291,22 @@ impl Endpoint {
 
     /// Asks the SA for the path to a peer's GID once (while unanswered), when an SA client
     /// holds the groups; the answer arrives through [`Endpoint::set_sa_path`]. The endpoint asks
-    /// by itself for every neighbour it resolves. Bounded: at most `neigh_max` GIDs.
-    pub fn want_path(&mut self, dgid: Gid) {
+    /// by itself for every neighbour it resolves and for every message that waits for a path.
+    /// Bounded: at most `neigh_max` GIDs. Returns whether a query for `dgid` is outstanding
+    /// (false with a path known, without an SA, or at the bound).
+    pub fn want_path(&mut self, dgid: Gid) -> bool {
         if !self.sa.enabled || self.paths.get(&dgid).is_some() {
-            return;
+            return false;
         }
-        if self.sa.asked_paths.len() >= self.cfg.neigh_max || !self.sa.asked_paths.insert(dgid) {
-            return;
+        if self.sa.asked_paths.contains(&dgid) {
+            return true;
         }
-        self.sa.push(SaRequest::Path { dgid });
+        if self.sa.asked_paths.len() >= self.cfg.neigh_max {
+            return false;
+        }
+        self.sa.asked_paths.insert(dgid);
+        self.push_sa(SaRequest::Path { dgid });
+        self.sa.asked_paths.contains(&dgid)
     }
 
     /// A port event: every group is detached and every record forgotten, and the event goes
@@ -282,7 +322,9 @@ impl Endpoint {
         self.sa.broadcast = None;
         self.paths.clear();
         self.sa.asked_paths.clear();
-        self.sa.push(SaRequest::Port(change));
+        // The client voids its outstanding queries: nothing answers for what waited.
+        self.fail_every_path_wait();
+        self.push_sa(SaRequest::Port(change));
     }
 
     /// Whether a UD send to `mgid` (multicast) or to a unicast peer (`None`) may go now: with
@@ -305,7 +347,7 @@ impl Endpoint {
             && self.sa.send_only.len() < MAX_SEND_ONLY
             && self.sa.send_only.insert(mgid)
         {
-            self.sa.push(SaRequest::Join {
+            self.push_sa(SaRequest::Join {
                 mgid,
                 send_only: true,
             });
@@ -345,7 +387,7 @@ impl Endpoint {
         self.sa.joined.clear();
         self.sa.broadcast = None;
         for mgid in all {
-            self.sa.push(SaRequest::Leave { mgid });
+            self.push_sa(SaRequest::Leave { mgid });
         }
     }
 }

@@ -75,6 +75,7 @@ mod event;
 mod icmp;
 mod mcast;
 mod neigh;
+mod path_wait;
 mod paths;
 mod qp_conns;
 mod reconfig;
@@ -103,6 +104,7 @@ pub use event::{
 };
 pub use mcast::{PortChange, SaRequest, MAX_SA_REQUESTS, MAX_SEND_ONLY};
 pub use neigh::{NeighCounts, NeighState};
+pub use path_wait::{PATH_QUEUE_LEN, PATH_WAIT_MAX};
 pub use reconfig::LiveTimeouts;
 pub use rx::RxState;
 pub use tun::TUN_BUFFER_OFFSET;
@@ -240,7 +242,8 @@ pub struct EndpointConfig {
     pub addrs: Vec<(IpAddr, u8)>,
     /// Static neighbours.
     pub static_neighbours: Vec<(IpAddr, HwAddr)>,
-    /// Path MTU of connections and of the UD QP.
+    /// Path MTU of connections (each at most its path's) and of UD sends; the UD receive
+    /// buffers hold the port's largest MTU whatever this is.
     pub path_mtu: PathMtu,
     /// Partition key of the UD and RC QPs (looked up in the port's P_Key table); a limited
     /// member (bit 15 clear) talks to full members only. The MGIDs and the broadcast address
@@ -476,6 +479,15 @@ pub struct Counters {
     /// TX REQs to a peer's standard service ID rejected with reason 8 (invalid service ID)
     /// and sent again, once, to its rdma_cm service (the peer's kind is then remembered).
     pub tx_rdma_cm_retries: u64,
+    /// Messages (IP packets, ARP/ND replies) held until their destination's PathRecord
+    /// arrived (an SA in use: InfiniBand).
+    pub path_wait_held: u64,
+    /// Messages not held for a PathRecord: [`PATH_QUEUE_LEN`] of their kind waited for the
+    /// path already, or [`PATH_WAIT_MAX`] in all (also in `tx_queue_drops`).
+    pub path_wait_drops: u64,
+    /// Held messages dropped because their path query failed, could not be asked, or was
+    /// voided by a port event (also in `tx_dropped`).
+    pub path_failed_drops: u64,
 }
 
 /// One TX connection in a [`Snapshot`].

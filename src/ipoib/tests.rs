@@ -911,6 +911,7 @@ fn the_snapshot_lists_a_bounded_number_of_neighbours_and_counts_them_all() {
 mod admission;
 mod groups;
 mod kernel_cm;
+mod path_wait;
 mod rdma_cm;
 mod sa_groups;
 mod tx_closed;

@@ -11,11 +11,12 @@
 use std::net::IpAddr;
 use std::time::Instant;
 
+use super::path_wait::Held;
 use super::{fill_ipoib, wr, wr_kind, Endpoint, EndpointConfig, CQ_BATCH, WR_RECV, WR_SEND};
 use crate::verbs::setup::open_ud_qp;
 use crate::verbs::{
-    BufId, Completion, CqId, Gid, Lid, PdId, QpNum, QpType, SendWr, UdDest, Verbs, VerbsError,
-    WcOpcode, WcStatus,
+    BufId, Completion, CqId, Gid, Lid, PathMtu, PdId, QpNum, QpType, SendWr, UdDest, Verbs,
+    VerbsError, WcOpcode, WcStatus,
 };
 use crate::wire::grh::{grh_source_gid, GRH_LEN};
 use crate::wire::ipoib::{
@@ -111,8 +112,18 @@ pub(super) fn ud_groups(cfg: &EndpointConfig) -> Vec<Gid> {
     groups
 }
 
+/// Bytes of a UD buffer on a port whose largest MTU is `port_max` (kernel ipoib's
+/// `IPOIB_UD_BUF_SIZE(max_ib_mtu)`): the GRH area and the largest datagram the port can
+/// deliver, whatever the path MTU, so that a peer whose path MTU is larger than ours (a kernel
+/// peer in datagram mode sends 2044 or 4092 bytes of IP on a 2K or 4K fabric) is received,
+/// not refused with a local length error.
+pub(super) const fn ud_buf_len(port_max: PathMtu) -> usize {
+    GRH_LEN + port_max.bytes()
+}
+
 /// Creates the UD QP, brings it to RTS, posts its receives and attaches it to its multicast
 /// groups ([`ud_groups`]); `pkey_index` is [`EndpointConfig::pkey`]'s in the port's table.
+/// Its buffers hold [`ud_buf_len`] of the port's largest MTU (or of the path MTU, if larger).
 pub(super) fn open_ud<V: Verbs>(
     v: &mut V,
     pd: PdId,
@@ -121,7 +132,8 @@ pub(super) fn open_ud<V: Verbs>(
 ) -> Result<UdQp, VerbsError> {
     let depth = cfg.ud_depth;
     let cq = v.create_cq(depth * 2 + 8)?;
-    let pool = v.create_pool(pd, GRH_LEN + cfg.path_mtu.bytes(), depth as usize * 2)?;
+    let port_max = v.port_attr().max_mtu.max(cfg.path_mtu);
+    let pool = v.create_pool(pd, ud_buf_len(port_max), depth as usize * 2)?;
     let setup = open_ud_qp(
         v,
         pd,
@@ -182,13 +194,19 @@ impl Endpoint {
             }
             return;
         }
+        if !hw.is_multicast() && self.ud_send_ready(None) && self.must_wait_for_path(hw.gid) {
+            self.hold_for_path(hw, Held::Ip, ethertype, packet);
+            return;
+        }
         if self.send_ud(v, hw, ethertype, packet) {
             self.counters.tx_packets += 1;
             self.counters.tx_bytes += packet.len() as u64;
         }
     }
 
-    /// Posts one UD send of `payload` behind an IPoIB header; false if it could not be posted.
+    /// Posts one UD send of `payload` behind an IPoIB header; false if it could not be posted
+    /// now. A unicast one with no path yet where an SA holds the paths (an ARP or ND reply;
+    /// IP packets wait before they get here) is held for the path (`path_wait.rs`).
     pub(super) fn send_ud<V: Verbs>(
         &mut self,
         v: &mut V,
@@ -199,6 +217,10 @@ impl Endpoint {
         if !self.ud_send_ready(hw.is_multicast().then_some(hw.gid)) {
             // Before the broadcast join, or the group's (send-only) join, was answered.
             self.counters.tx_dropped += 1;
+            return false;
+        }
+        if !hw.is_multicast() && self.must_wait_for_path(hw.gid) {
+            self.hold_for_path(hw, Held::Reply, ethertype, payload);
             return false;
         }
         let Some(b) = self.ud.free_send.pop() else {

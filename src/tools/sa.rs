@@ -84,6 +84,11 @@ pub enum SaCommand {
         /// (repeatable): its send-only join goes first, the packet waits for nothing.
         #[arg(long, value_name = "GROUP")]
         send: Vec<Ipv6Addr>,
+        /// Once the broadcast group is joined, send a UDP packet to a static neighbour at this
+        /// GID (repeatable; connected mode, so it opens a connection): it waits for the GID's
+        /// PathRecord, and the connection's REQ (printed, never sent) carries its LIDs.
+        #[arg(long, value_name = "GID")]
+        connect: Vec<Ipv6Addr>,
     },
     /// Leave a multicast group (DELETE the port's full membership).
     Leave {
@@ -111,8 +116,14 @@ pub fn run(cmd: &SaCommand) -> Result<(), String> {
             addr,
             dgid,
             send,
+            connect,
         } => {
-            return super::sa_node::run(port.ca.as_deref(), port.port, port.pkey, addr, dgid, send)
+            let targets = super::sa_node::Targets {
+                dgids: dgid,
+                sends: send,
+                connects: connect,
+            };
+            return super::sa_node::run(port.ca.as_deref(), port.port, port.pkey, addr, &targets);
         }
     };
     let port = UmadPort::find(args.ca.as_deref(), args.port).map_err(|e| e.to_string())?;

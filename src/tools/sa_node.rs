@@ -6,7 +6,9 @@
 //! record and the MLID the UD QP is attached with), `broadcast` (the Q_Key and UD MTU the
 //! endpoint took from the broadcast group), `path` (the record the endpoint holds for a
 //! `--dgid`), `sent` / `held` (a `--send` packet before and after its send-only join),
-//! `left` at the end.
+//! `waiting` (a `--connect` packet held for its path), `req` (the REQ of its connection, with
+//! the path's LIDs), `dropped` (held packets dropped when the path query failed), `left` at
+//! the end.
 
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,11 +21,31 @@ use crate::driver::SaDriver;
 use crate::ipoib::{Endpoint, EndpointConfig};
 use crate::sa::SaEvent;
 use crate::soft::{SoftConfig, SoftVerbs};
-use crate::verbs::{AsyncEvent, Gid, PKey};
-use crate::wire::ipoib::broadcast_mgid;
+use crate::verbs::{AsyncEvent, Gid, PKey, QpNum};
+use crate::wire::cm::{CmMad, CmMessage};
+use crate::wire::ipoib::{broadcast_mgid, HwAddr};
 
 /// How long the leaves at the end may take.
 const LEAVE_LIMIT: Duration = Duration::from_secs(10);
+
+/// What the node does once the broadcast group is joined.
+pub(super) struct Targets<'a> {
+    /// Ask for the path to each.
+    pub(super) dgids: &'a [Ipv6Addr],
+    /// Send a packet to each multicast group.
+    pub(super) sends: &'a [Ipv6Addr],
+    /// Send a packet to a static neighbour at each GID (opening a connection).
+    pub(super) connects: &'a [Ipv6Addr],
+}
+
+/// The static neighbour standing for `--connect` GID number `i`: an address of the second
+/// default prefix, and a connected-mode hardware address with that GID.
+fn connect_neighbour(i: usize, gid: Ipv6Addr) -> (IpAddr, HwAddr) {
+    let n = u16::try_from(i).unwrap_or(u16::MAX);
+    let ip = Ipv6Addr::new(0x2001, 0xdb8, 0x19, 0, 0, 0, 1, n);
+    let hw = HwAddr::new(HwAddr::FLAG_CONNECTED, QpNum::new(0x48), Gid(gid.octets()));
+    (IpAddr::V6(ip), hw)
+}
 
 /// Runs until SIGINT/SIGTERM; the error is the line to print.
 pub(super) fn run(
@@ -31,9 +53,9 @@ pub(super) fn run(
     port: Option<u8>,
     pkey: u16,
     addrs: &[String],
-    dgids: &[Ipv6Addr],
-    sends: &[Ipv6Addr],
+    targets: &Targets<'_>,
 ) -> Result<(), String> {
+    let (dgids, sends) = (targets.dgids, targets.sends);
     let mut cidrs = Vec::new();
     let given: Vec<&str> = if addrs.is_empty() {
         vec!["198.19.0.2/24", "2001:db8:19::2/64"]
@@ -63,6 +85,12 @@ pub(super) fn run(
     cfg.pkey = PKey(pkey);
     // A 4096-byte IB port: the broadcast group's MTU clamps the UD MTU.
     cfg.path_mtu = crate::verbs::PathMtu::Mtu4096;
+    cfg.static_neighbours = targets
+        .connects
+        .iter()
+        .enumerate()
+        .map(|(i, g)| connect_neighbour(i, *g))
+        .collect();
     let default_qkey = cfg.qkey.0;
     let mut ep =
         Endpoint::new(now, &mut v, cfg, None).map_err(|e| format!("endpoint set-up: {e}"))?;
@@ -81,6 +109,7 @@ pub(super) fn run(
 
     let bcast = broadcast_mgid(ep.config().mgid_pkey());
     let mut asked = false;
+    let mut path_failed_drops = 0;
     let mut leave_by: Option<Instant> = None;
     let mut events = Events::with_capacity(16);
     loop {
@@ -158,6 +187,39 @@ pub(super) fn run(
                     if held { "held" } else { "sent" }
                 );
             }
+            for (i, g) in targets.connects.iter().enumerate() {
+                let (ip, _) = connect_neighbour(i, *g);
+                let IpAddr::V6(dst) = ip else { continue };
+                ep.handle_tun_packet(now, &mut v, &udp6(src6.unwrap_or(Ipv6Addr::LOCALHOST), dst));
+                println!(
+                    "waiting connect {g} path_waiting {} tx_connections {}",
+                    ep.path_waiting(),
+                    ep.tx_count()
+                );
+            }
+        }
+        // The REQs of connections whose path arrived (this tool has no CM transport).
+        while let Some((to, mad)) = ep.poll_mad() {
+            if let Ok(CmMad {
+                msg: CmMessage::Req(r),
+                ..
+            }) = CmMad::parse(&mad)
+            {
+                let p = r.primary_path;
+                println!(
+                    "req dgid {to} dlid {:#x} slid {:#x} sl {} subnet_local {} mtu {}",
+                    p.remote_lid,
+                    p.local_lid,
+                    p.sl,
+                    p.subnet_local,
+                    r.path_mtu.map_or(0, |m| m.bytes()),
+                );
+            }
+        }
+        let failed = ep.counters().path_failed_drops;
+        if failed > path_failed_drops {
+            path_failed_drops = failed;
+            println!("dropped path_failed_drops {failed}");
         }
         if rereg.swap(false, Ordering::Relaxed) {
             // As the verbs provider raises it: an async event the endpoint reads.

@@ -35,6 +35,7 @@ mod types;
 
 use std::path::Path;
 
+pub use self::endpoint::{PathMtuChoice, PathMtuSource};
 pub use self::file::parse_config_file;
 pub use self::generate::{
     example_config, settings_table, with_settings_table, write_settings, EXAMPLE_CONFIG,

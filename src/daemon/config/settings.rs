@@ -151,12 +151,12 @@ with_fault_fields!(settings! {
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub rdma_cm_port: Option<Given<i64>> [Shown::example("4793")]
         => rdma_cm_port: u16 = int(1..=u16::MAX).or(d.rdma_cm_port),
-    /// IB path MTU: 256, 512, 1024, 2048 or 4096; 4096 needs an underlay MTU of at least
-    /// 4096 plus the RoCEv2 headers, e.g. 9000 [default: the largest that fits the
-    /// underlay link's MTU].
+    /// Cap on the IB path MTU: 256, 512, 1024, 2048 or 4096; it lowers the path MTU, never
+    /// raises it [default: no cap: the port's active MTU, on RoCE and the soft provider at
+    /// most what the --bind link carries (1500 carries 1024, 9000 carries 4096)].
     #[arg(long, value_name = "BYTES", allow_negative_numbers = true)]
     pub path_mtu: Option<Given<PathMtu>> [Shown::example("4096")]
-        => /// `None`: derive it from the underlay link MTU ([`Config::effective_path_mtu`]).
+        => /// `None`: no cap ([`Config::path_mtu_choice`]).
         path_mtu: Option<PathMtu> = value(),
     /// Don't verify the ICRC of IPv4 packets at all. Not needed with the kernel's rxe: the
     /// IPv4 ID it picks is solved for from each ICRC (a 2^-16 false-accept chance per corrupted

@@ -44,11 +44,6 @@ pub const MAX_MAX_PENDING_RX: u32 = 4096;
 pub const MAX_TX_QUEUE_LEN: u32 = 65536;
 /// Default log filter.
 pub const DEFAULT_LOG: &str = "info";
-/// Path MTU when none is configured and the underlay link MTU is unknown.
-pub const FALLBACK_PATH_MTU: PathMtu = PathMtu::Mtu1024;
-/// Headroom a RoCEv2 packet needs on the underlay link beyond its IB payload (what Linux rxe
-/// reserves: `RXE_MAX_HDR_LENGTH`).
-pub const ROCE_MAX_HDR_BYTES: u32 = 80;
 /// The endpoint's defaults, which are the daemon's.
 pub(crate) fn endpoint_defaults() -> EndpointConfig {
     EndpointConfig::new(Vec::new())
@@ -70,16 +65,13 @@ pub const MAX_STATIC_NEIGHBOURS: usize = 4096;
 /// Most peers (`peer`, in the file, the flags and added at run time).
 pub const MAX_PEERS: usize = 1024;
 
-/// The largest IB path MTU whose RoCEv2 packets fit an underlay link of `link_mtu` bytes (as
-/// Linux rxe derives it), at most 4096 and at least 256.
+/// The largest IB path MTU whose RoCEv2 packets fit an underlay link of `link_mtu` bytes
+/// ([`PathMtu::for_link_mtu`], as Linux rxe derives it), at least 256.
 pub fn path_mtu_for_link_mtu(link_mtu: u32) -> PathMtu {
-    match link_mtu.saturating_sub(ROCE_MAX_HDR_BYTES) {
-        4096.. => PathMtu::Mtu4096,
-        2048..=4095 => PathMtu::Mtu2048,
-        1024..=2047 => PathMtu::Mtu1024,
-        512..=1023 => PathMtu::Mtu512,
-        _ => PathMtu::Mtu256,
-    }
+    usize::try_from(link_mtu)
+        .ok()
+        .and_then(PathMtu::for_link_mtu)
+        .unwrap_or(PathMtu::Mtu256)
 }
 
 /// Which provider a command runs on (`--provider`).

@@ -16,6 +16,8 @@ fn status() -> Status {
             mode: Mode::Datagram,
             hwaddr: HwAddr::from([0; 20]).to_string(),
             cm_transport: String::new(),
+            path_mtu: 0,
+            path_mtu_from: String::new(),
         },
         neighbours: vec![],
         neighbour_table: Default::default(),

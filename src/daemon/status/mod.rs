@@ -60,6 +60,19 @@ pub struct InterfaceStatus {
     /// The CM transport (`--cm-transport`: `qp1`, `udp`, `rdmacm`); empty where not known.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub cm_transport: String,
+    /// The path MTU in bytes (of UD sends, and of connections unless their PathRecord's is
+    /// lower); 0 where not known.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub path_mtu: u32,
+    /// Where the path MTU came from (`port active_mtu 4096`, `--bind link mtu 1500`,
+    /// `--path-mtu 2048`); empty where not known.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub path_mtu_from: String,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's `skip_serializing_if` passes a reference
+const fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// State of a neighbour entry: the endpoint's [`ipoib::NeighState`].
@@ -242,6 +255,8 @@ impl Status {
                 mode: snap.mode,
                 hwaddr: snap.hwaddr.to_string(),
                 cm_transport: String::new(),
+                path_mtu: 0,
+                path_mtu_from: String::new(),
             },
             neighbours: snap
                 .neighbours
@@ -363,6 +378,10 @@ pub fn render_text(status: &Status) -> String {
     if !i.cm_transport.is_empty() {
         out.pop();
         let _ = writeln!(out, " cm {}", i.cm_transport);
+    }
+    if i.path_mtu != 0 {
+        out.pop();
+        let _ = writeln!(out, " path_mtu {} ({})", i.path_mtu, i.path_mtu_from);
     }
     let m = &status.summary;
     let t = &m.totals;

@@ -302,6 +302,8 @@ mod tests {
                 mode: Mode::Connected,
                 hwaddr: "80:00:00:48".into(),
                 cm_transport: String::new(),
+                path_mtu: 0,
+                path_mtu_from: String::new(),
             },
             neighbours: Vec::new(),
             tx: Vec::new(),

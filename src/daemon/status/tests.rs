@@ -34,6 +34,8 @@ fn sample() -> Status {
             mode: Mode::Connected,
             hwaddr: HwAddr::from(hw).to_string(),
             cm_transport: String::new(),
+            path_mtu: 0,
+            path_mtu_from: String::new(),
         },
         neighbours: vec![NeighbourStatus {
             ip: "198.19.0.2".parse().unwrap(),
@@ -349,10 +351,13 @@ fn status_from_snapshot_has_the_endpoints_states() {
         "peer_restarts",
         "rx_bad_cma_hdr",
         "tx_rdma_cm_retries",
+        "path_wait_held",
+        "path_wait_drops",
+        "path_failed_drops",
     ] {
         assert_eq!(s.provider[name], 0, "{name}");
     }
-    assert_eq!(s.provider.len(), 20, "{:?}", s.provider);
+    assert_eq!(s.provider.len(), 23, "{:?}", s.provider);
     assert_eq!(
         s.neighbour_table,
         NeighbourTable {
@@ -451,4 +456,28 @@ fn a_truncated_neighbour_list_says_how_many_there_are() {
     let v = serde_json::to_value(&s).unwrap();
     assert_eq!(v["neighbour_table"]["truncated"], true);
     assert_eq!(v["neighbour_table"]["total"], 1024);
+}
+
+/// The path MTU and where it came from, in JSON and on the interface line, where the daemon
+/// set them; a status without them (an older daemon) reads as before.
+#[test]
+fn the_path_mtu_and_its_source_are_shown() {
+    let mut s = sample();
+    let v = serde_json::to_value(&s).unwrap();
+    assert!(v["interface"].get("path_mtu").is_none());
+    s.interface.cm_transport = "qp1".into();
+    s.interface.path_mtu = 4096;
+    s.interface.path_mtu_from = "port active_mtu 4096".into();
+    let v = serde_json::to_value(&s).unwrap();
+    assert_eq!(v["interface"]["path_mtu"], 4096);
+    assert_eq!(v["interface"]["path_mtu_from"], "port active_mtu 4096");
+    let back: Status = serde_json::from_value(v).unwrap();
+    assert_eq!(back.interface, s.interface);
+    let text = render_text(&s);
+    assert!(
+        text.starts_with(
+            "ib0: mtu 65520 mode connected hwaddr 80:00:00:48:fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:01 cm qp1 path_mtu 4096 (port active_mtu 4096)\n"
+        ),
+        "{text}"
+    );
 }

@@ -217,7 +217,8 @@ fn a_port_event_detaches_everything_and_the_rejoin_reattaches_with_the_new_mlid(
 
 #[test]
 fn paths_are_asked_for_once_and_kept_for_the_endpoint() {
-    let (_v, mut ep) = setup(true);
+    let (mut v, mut ep) = setup(true);
+    let now = Instant::now();
     requests(&mut ep);
     let peer = Gid::from_ip(ip("fe80::10:7"));
     ep.want_path(peer);
@@ -228,11 +229,11 @@ fn paths_are_asked_for_once_and_kept_for_the_endpoint() {
         slid: 4,
         ..PathRecord::default()
     };
-    ep.set_sa_path(peer, &path);
+    ep.set_sa_path(now, &mut v, peer, &path);
     assert_eq!(ep.path(peer).map(|p| p.dlid), Some(crate::verbs::Lid(5)));
     // An answer nobody asked for is not kept.
     let stranger = Gid::from_ip(ip("fe80::10:9"));
-    ep.set_sa_path(stranger, &path);
+    ep.set_sa_path(now, &mut v, stranger, &path);
     assert_eq!(ep.path(stranger), None);
 }
 

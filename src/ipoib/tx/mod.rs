@@ -25,6 +25,7 @@ use std::time::Instant;
 pub(super) use table::{TxConn, TxTable};
 
 use super::event::{Event, TxCloseReason, TxFailure};
+use super::path_wait::Held;
 use super::{wr, wr_kind, Endpoint, Owner, Timer, CQ_BATCH, WR_SEND};
 use crate::cm::{CommId, ConnectParams};
 use crate::timer::TimerId;
@@ -88,6 +89,11 @@ impl Endpoint {
             // arrives now are dropped).
             None if self.stopping => {
                 self.counters.tx_dropped += 1;
+                return;
+            }
+            // On InfiniBand the REQ carries the path's LIDs: the connection waits for it.
+            None if self.must_wait_for_path(hw.gid) => {
+                self.hold_for_path(hw, Held::Ip, ethertype, packet);
                 return;
             }
             None => match self.open_tx(now, v, hw) {
