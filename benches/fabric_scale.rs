@@ -28,8 +28,15 @@
 //!   the hub runs until its RX connection count and its provider's QP count are back to the
 //!   baseline. CPU time is this thread's utime+stime from `/proc/thread-self/stat` (10 ms
 //!   resolution), wall time from `Instant`.
+//! - **a cluster**: a hub with the daemon's defaults (`max_conn_qp`, `max_pending_rx`,
+//!   `neigh_max`, `ud_depth` as `ipoib-cm up` runs) and `FABRIC_CLUSTER_N` clients that
+//!   resolve it by ARP (their broadcast group reaches the hub alone, so the hub learns each
+//!   of them) and send it one packet, `FABRIC_CLUSTER_BATCH` at a time; then the hub answers
+//!   each, opening a TX connection to each. Figures: how many got through each way, the
+//!   hub's QPs, neighbours and evictions, CPU and virtual time, and the hub's heap per peer.
 //!
-//! Settings (environment): `FABRIC_SETUP_N` (default 1000), `FABRIC_REAP_N` (default 10000).
+//! Settings (environment): `FABRIC_SETUP_N` (default 1000), `FABRIC_REAP_N` (default 10000),
+//! `FABRIC_CLUSTER_N` (default 4000), `FABRIC_CLUSTER_BATCH` (default 64).
 //! The last line printed is a JSON object with every figure.
 
 // The counting allocator is the only unsafe code: a `GlobalAlloc` forwarding to `System`.
