@@ -28,8 +28,15 @@
 //!   the hub runs until its RX connection count and its provider's QP count are back to the
 //!   baseline. CPU time is this thread's utime+stime from `/proc/thread-self/stat` (10 ms
 //!   resolution), wall time from `Instant`.
+//! - **a cluster**: a hub with the daemon's defaults (`max_conn_qp`, `max_pending_rx`,
+//!   `neigh_max`, `ud_depth` as `ipoib-cm up` runs) and `FABRIC_CLUSTER_N` clients that
+//!   resolve it by ARP (their broadcast group reaches the hub alone, so the hub learns each
+//!   of them) and send it one packet, `FABRIC_CLUSTER_BATCH` at a time; then the hub answers
+//!   each, opening a TX connection to each. Figures: how many got through each way, the
+//!   hub's QPs, neighbours and evictions, CPU and virtual time, and the hub's heap per peer.
 //!
-//! Settings (environment): `FABRIC_SETUP_N` (default 1000), `FABRIC_REAP_N` (default 10000).
+//! Settings (environment): `FABRIC_SETUP_N` (default 1000), `FABRIC_REAP_N` (default 10000),
+//! `FABRIC_CLUSTER_N` (default 4000), `FABRIC_CLUSTER_BATCH` (default 64).
 //! The last line printed is a JSON object with every figure.
 
 // The counting allocator is the only unsafe code: a `GlobalAlloc` forwarding to `System`.
@@ -100,6 +107,8 @@ fn as_hub<R>(f: impl FnOnce() -> R) -> R {
     r
 }
 
+/// Clients that contact the hub together in the cluster run.
+const CLUSTER_BATCH: usize = 64;
 /// Clients that start connecting together in a paced set-up (a batch runs to completion
 /// before the next starts).
 const PACED_BATCH: usize = 32;
@@ -138,8 +147,23 @@ struct Sim {
     tun_rx: Vec<u64>,
 }
 
+/// How the hub of a [`Sim`] is configured.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Hub {
+    /// Sized for the run (`max_conn_qp` and `max_pending_rx` above the client count), and
+    /// every client has the hub as a static neighbour: the handshake alone is measured.
+    Sized,
+    /// The daemon's defaults; clients resolve the hub by ARP (their broadcast group reaches
+    /// the hub alone), so the hub learns every client as a neighbour, as in a cluster.
+    Defaults,
+}
+
 impl Sim {
     fn new(clients: usize) -> Self {
+        Self::with_hub(clients, Hub::Sized)
+    }
+
+    fn with_hub(clients: usize, hub_kind: Hub) -> Self {
         let now = Instant::now();
         let n = clients + 1;
         let mut nodes = Vec::with_capacity(n);
@@ -156,7 +180,14 @@ impl Sim {
             // Long enough that no RX connection goes stale during set-up.
             c.rx_timeout = Duration::from_secs(600);
             c.drain_timeout = Duration::from_secs(1);
-            if i == 0 {
+            if i == 0 && hub_kind == Hub::Defaults {
+                // The daemon's defaults, but for the path MTU and the seed.
+                c = EndpointConfig {
+                    seed: c.seed,
+                    path_mtu: c.path_mtu,
+                    ..EndpointConfig::new(c.addrs)
+                };
+            } else if i == 0 {
                 c.max_conn_qp = clients + 16;
                 // Every client's REQ arrives at once (no fabric latency) and is half-open until
                 // its RTU: with the default cap of 16 a REQ beyond it would tear down an older
@@ -168,11 +199,15 @@ impl Sim {
                 c.srq_depth = 2;
                 c.tx_depth = 2;
                 c.ud_depth = 2;
-                if let Some(hw) = hub_hw {
+                if let (Hub::Sized, Some(hw)) = (hub_kind, hub_hw) {
                     c.static_neighbours = vec![(IpAddr::V4(overlay(0)), hw)];
                 }
             }
             let mut v = SoftVerbs::new(sc);
+            if hub_kind == Hub::Defaults && i > 0 {
+                // The broadcast group (ARP) reaches the hub alone.
+                v.set_mcast_peers(vec![IpAddr::V4(underlay(0))]);
+            }
             let open = |v: &mut SoftVerbs| {
                 let gsi = Gsi::open_for_cm(v)?;
                 let qp1 = MadTransport::<SoftVerbs>::provider_qp(&gsi);
@@ -420,6 +455,106 @@ fn reap(sim: &mut Sim, n: usize) -> Reap {
     }
 }
 
+/// What a node with the daemon's defaults does when `n` peers reach it at once and it
+/// answers each.
+struct Cluster {
+    n: usize,
+    /// Peers whose packet reached the hub's TUN, and peers the hub's answer reached.
+    inbound: u64,
+    outbound: u64,
+    virt_s: f64,
+    cpu_s: f64,
+    hub_qps: usize,
+    rx_conns: usize,
+    tx_conns: usize,
+    neighbours: usize,
+    rx_evicted: u64,
+    half_open_evicted: u64,
+    neigh_evicted: u64,
+    tx_failed: u64,
+    cm_retransmits: u64,
+    peer_bytes: f64,
+}
+
+/// `n` clients resolve the hub by ARP and send it one packet each, `batch` at a time (each
+/// batch given up to 30 s of virtual time); then the hub answers each, in batches
+/// as well (opening a TX connection to each). The hub runs with the daemon's defaults.
+fn cluster(sim: &mut Sim, n: usize, batch: usize) -> Cluster {
+    let active: Vec<usize> = (0..=n).collect();
+    let udp = |from: usize, to: usize| {
+        let mut p = Vec::new();
+        PacketBuilder::ipv4(overlay(from).octets(), overlay(to).octets(), 64)
+            .udp(40000, 5201)
+            .write(&mut p, &[0x5A; 36])
+            .expect("packet");
+        p
+    };
+    let heap0 = HUB_LIVE.load(Ordering::Relaxed);
+    let cpu0 = thread_cpu_s();
+    let v0 = sim.now;
+    let reached = |s: &Sim, upto: usize| s.tun_rx[1..=upto].iter().filter(|r| **r > 0).count();
+    for start in (1..=n).step_by(batch) {
+        let end = (start + batch - 1).min(n);
+        for i in start..=end {
+            let (now, p) = (sim.now, udp(i, 0));
+            if let Some(ep) = sim.eps[i].as_mut() {
+                ep.handle_tun_packet(now, &mut sim.nodes[i], &p);
+            }
+        }
+        sim.run(&active, Duration::from_secs(30), |s| {
+            s.tun_rx[0] >= end as u64
+        });
+    }
+    let inbound = sim.tun_rx[0];
+    for start in (1..=n).step_by(batch) {
+        let end = (start + batch - 1).min(n);
+        for i in start..=end {
+            let (now, p) = (sim.now, udp(0, i));
+            as_hub(|| {
+                if let Some(ep) = sim.eps[0].as_mut() {
+                    ep.handle_tun_packet(now, &mut sim.nodes[0], &p);
+                }
+            });
+        }
+        sim.run(&active, Duration::from_secs(30), |s| reached(s, end) >= end);
+    }
+    let outbound = reached(sim, n) as u64;
+    let virt_s = (sim.now - v0).as_secs_f64();
+    let cpu_s = thread_cpu_s() - cpu0;
+    sim.run(&active, Duration::from_millis(10), |_| false);
+    let heap = HUB_LIVE.load(Ordering::Relaxed) - heap0;
+    let hub = sim.hub();
+    let c = hub.counters();
+    let nc = hub.snapshot(sim.now).neigh_counts;
+    Cluster {
+        n,
+        inbound,
+        outbound,
+        virt_s,
+        cpu_s,
+        hub_qps: sim.nodes[0].qp_count(),
+        rx_conns: hub.rx_count(),
+        tx_conns: hub.tx_count(),
+        neighbours: nc.incomplete + nc.reachable + nc.permanent,
+        rx_evicted: c.rx_evicted,
+        half_open_evicted: c.rx_half_open_evicted,
+        neigh_evicted: c.neigh_evicted,
+        tx_failed: sim
+            .eps
+            .iter()
+            .flatten()
+            .map(|e| e.counters().tx_failed)
+            .sum(),
+        cm_retransmits: sim
+            .eps
+            .iter()
+            .flatten()
+            .map(|e| e.cm_stats().retransmits)
+            .sum(),
+        peer_bytes: heap as f64 / n as f64,
+    }
+}
+
 fn env_n(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
@@ -467,6 +602,37 @@ fn main() {
         r.virt_s,
         r.reaped as f64 / r.wall_s
     );
+    let cluster_n = env_n("FABRIC_CLUSTER_N", 4000);
+    let t = Instant::now();
+    let mut sim = Sim::with_hub(cluster_n, Hub::Defaults);
+    println!(
+        "{cluster_n} clients + hub (daemon defaults) created in {:.3} s",
+        t.elapsed().as_secs_f64()
+    );
+    let cluster_batch = env_n("FABRIC_CLUSTER_BATCH", CLUSTER_BATCH);
+    let cl = cluster(&mut sim, cluster_n, cluster_batch);
+    drop(sim);
+    println!(
+        "cluster: {} peers, {} at a time, to a node with the defaults: {}/{} reached it, it reached {}/{}, in {:.3} s virtual ({:.2} s CPU); hub QPs {}, RX {}, TX {}, neighbours {}; evicted: RX {}, half-open {}, neighbours {}; TX failed {}, CM retransmits {}; hub heap {:.0} B per peer",
+        cl.n,
+        cluster_batch,
+        cl.inbound,
+        cl.n,
+        cl.outbound,
+        cl.n,
+        cl.virt_s,
+        cl.cpu_s,
+        cl.hub_qps,
+        cl.rx_conns,
+        cl.tx_conns,
+        cl.neighbours,
+        cl.rx_evicted,
+        cl.half_open_evicted,
+        cl.neigh_evicted,
+        cl.tx_failed,
+        cl.cm_retransmits,
+        cl.peer_bytes
+    );
     let json = serde_json::json!({
         "setup_conns": setup_n,
         "setup_wall_s": s.wall_s,
@@ -491,6 +657,22 @@ fn main() {
         "reap_wall_s": r.wall_s,
         "reap_cpu_s": r.cpu_s,
         "reap_qps_per_s": r.reaped as f64 / r.wall_s,
+        "cluster_peers": cl.n,
+        "cluster_batch": cluster_batch,
+        "cluster_inbound": cl.inbound,
+        "cluster_outbound": cl.outbound,
+        "cluster_virtual_s": cl.virt_s,
+        "cluster_cpu_s": cl.cpu_s,
+        "cluster_hub_qps": cl.hub_qps,
+        "cluster_rx_conns": cl.rx_conns,
+        "cluster_tx_conns": cl.tx_conns,
+        "cluster_neighbours": cl.neighbours,
+        "cluster_rx_evicted": cl.rx_evicted,
+        "cluster_half_open_evicted": cl.half_open_evicted,
+        "cluster_neigh_evicted": cl.neigh_evicted,
+        "cluster_tx_failed": cl.tx_failed,
+        "cluster_cm_retransmits": cl.cm_retransmits,
+        "cluster_peer_bytes": cl.peer_bytes,
     });
     println!("{json}");
 }

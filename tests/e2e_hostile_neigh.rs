@@ -33,7 +33,8 @@ const OUT_OF_PREFIX: u32 = 20_000;
 const SOURCES: u8 = 80;
 /// Neighbor Solicitations per extra source, each for another in-prefix sender address.
 const NS_PER_SOURCE: u16 = 24;
-/// The daemon's default `neigh_max` and per-source cap (what the daemon runs with here).
+/// The `neigh_max` the daemon runs with here (below the flood's in-prefix senders, so that
+/// the table fills) and the per-source cap (the default).
 const NEIGH_MAX: u64 = 1024;
 const PER_SOURCE_MAX: usize = 16;
 
@@ -96,7 +97,12 @@ fn total_entries(s: &serde_json::Value) -> u64 {
 
 #[test]
 fn neighbour_flood_is_bounded_and_expiry_does_not_stall() {
-    let Some(lab) = Lab::up(PREFIX, 3, &["--neigh-timeout", "5s"]) else {
+    let neigh_max = NEIGH_MAX.to_string();
+    let Some(lab) = Lab::up(
+        PREFIX,
+        3,
+        &["--neigh-timeout", "5s", "--neigh-max", &neigh_max],
+    ) else {
         return;
     };
     assert!(lab.sh(&["stop", "3"]).status.success());

@@ -163,6 +163,13 @@ print(f"simulated fabric: {fab.get('reap_qps', '?')} stale RX QPs reaped in "
       f"{fmt(fab.get('reap_cpu_s'))} s CPU / {fmt(fab.get('reap_wall_s'))} s wall = "
       f"{fmt(doc['tunnel_reap_qps_per_s'])} QP/s; hub heap per idle RX connection (SRQ) "
       f"{fmt(doc['tunnel_rx_conn_bytes'])} B")
+print(f"simulated fabric: a node with the defaults and {fab.get('cluster_peers', '?')} peers "
+      f"({fab.get('cluster_batch', '?')} at a time): {fab.get('cluster_inbound', '?')} reached it, "
+      f"it reached {fab.get('cluster_outbound', '?')}, in {fmt(fab.get('cluster_virtual_s'))} s virtual "
+      f"({fmt(fab.get('cluster_cpu_s'))} s CPU, all nodes); its QPs {fab.get('cluster_hub_qps', '?')}, "
+      f"neighbours {fab.get('cluster_neighbours', '?')}, heap {fmt(fab.get('cluster_peer_bytes'))} B per peer "
+      f"(RX + TX connection + neighbour); evicted {fab.get('cluster_rx_evicted', '?')} RX, "
+      f"{fab.get('cluster_half_open_evicted', '?')} half-open, {fab.get('cluster_neigh_evicted', '?')} neighbours")
 for name, v in prov.items():
     if not v:
         print(f"provider alone (ipoib-cm perf {name}): no result")

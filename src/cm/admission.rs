@@ -47,7 +47,7 @@ pub const MAX_MADS_PER_REQ: u64 = 2 + MAX_PASSIVE_CM_RETRIES as u64;
 pub const MAX_MRA_TIMEOUT_EXP: u8 = 24;
 
 /// Source GIDs whose REQ rate is tracked at once.
-pub const MAX_REQ_SOURCES: usize = 1024;
+pub const MAX_REQ_SOURCES: usize = 8192;
 
 /// The token bucket of every source GID's REQs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

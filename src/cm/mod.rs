@@ -75,7 +75,7 @@ pub use types::{
 /// The most communication ids one [`Cm`] holds at once (all states, TimeWait included). A REQ
 /// beyond it is rejected with [`RejReason::NoResources`]; [`Cm::connect`] fails with
 /// [`CmUseError::NoResources`]; both count in [`CmStats::ids_exhausted`].
-pub const MAX_LIVE_IDS: usize = 16_384;
+pub const MAX_LIVE_IDS: usize = 32_768;
 
 /// The most MADs waiting in the transmit queue. Beyond it a MAD is dropped (as the network
 /// might drop it) and counted in [`CmStats::tx_queue_overflow`].

@@ -14,17 +14,19 @@
 //! used it (only UD QPs do, and their number is set by the configuration, not by the wire).
 //!
 //! Bound: a retired handle with a send still pending needs one of the QP's send queue slots;
-//! after a [`AhCache::reap`] at most the sum of the UD QPs' send queue depths (64 by default)
-//! are pending, below [`MAX_RETIRED_AHS`]. When the list is full anyway, a new destination is
+//! after a [`AhCache::reap`] at most the sum of the UD QPs' send queue depths (`ud_depth`, 256
+//! by default) are pending, below [`MAX_RETIRED_AHS`]. When the list is full anyway, a new destination is
 //! refused ([`Room::Full`]) rather than grown past the bound.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 
-/// Address handles kept for reuse (one per (PD, destination) sent to).
-pub(super) const MAX_CACHED_AHS: usize = 1024;
-/// Evicted address handles waiting for their posted sends to complete.
-pub(super) const MAX_RETIRED_AHS: usize = 256;
+/// Address handles kept for reuse (one per (PD, destination) sent to): every node of an
+/// 8,192-node partition, so that datagram mode in a cluster of that size creates each once.
+pub(super) const MAX_CACHED_AHS: usize = 8192;
+/// Evicted address handles waiting for their posted sends to complete: above the UD send
+/// queue's default depth.
+pub(super) const MAX_RETIRED_AHS: usize = 512;
 
 /// A provider QP number, as the cache records it.
 pub(super) type QpKey = u32;

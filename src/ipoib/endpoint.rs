@@ -138,8 +138,15 @@ impl Endpoint {
             }
         };
         let buf_len = IPOIB_CM_BUF_SIZE as usize;
+        // Room for every completion that can be waiting at once: one per receive buffer in
+        // circulation (the SRQ's, or every ring's) and one per RX QP for its drain WR.
         let rx_qps = (cfg.max_conn_qp + cfg.max_pending_rx) as u32;
-        let rx_cq = v.create_cq(cfg.srq_depth + cfg.nonsrq_ring * rx_qps + 16)?;
+        let recv_bufs = if cfg.srq {
+            cfg.srq_depth
+        } else {
+            cfg.nonsrq_ring * rx_qps
+        };
+        let rx_cq = v.create_cq(recv_bufs + rx_qps + 16)?;
         let tx_cq = v.create_cq(cfg.tx_depth + 16)?;
         let (srq, rx_pool) = if cfg.srq {
             let pool = v.create_pool(pd, buf_len, cfg.srq_depth as usize)?;

@@ -299,6 +299,28 @@ pub struct KernelCmConfig {
     pub link: LinkLayer,
 }
 
+/// The default QP budget (`max_conn_qp`) with a shared receive queue (`srq`) and without.
+///
+/// With an SRQ an RX connection costs a QP and no receive buffers, and Linux caps nothing
+/// (`ipoib_cm_req_handler` checks `ipoib_max_conn_qp` only without one): 8192 is room for
+/// every peer of a 4,000-node cluster in two incarnations at once, with each peer's share
+/// bounded apart ([`MAX_CONN_QP_PER_SOURCE`]). Without an SRQ each connection pins a ring
+/// of receive buffers, and the default is Linux's `ipoib_max_conn_qp`, 128.
+pub const fn default_max_conn_qp(srq: bool) -> usize {
+    if srq {
+        8192
+    } else {
+        128
+    }
+}
+
+/// Most established RX connections from one peer GID (one port): a peer holds one per
+/// incarnation of each of its interfaces on our partition, so this is never reached but by a
+/// peer that opens connections to hold them; beyond it, that peer's own least recently
+/// active connection is evicted (or, under the reject policy, the new one refused), so that
+/// no single peer can spend the QP budget of a node's other peers.
+pub const MAX_CONN_QP_PER_SOURCE: usize = 16;
+
 /// The default `rdma_cm_port`: 4791 is RoCEv2's UDP port, 4792 the CM side channel's
 /// (`mad_port`), 4793 the next one.
 pub const DEFAULT_RDMA_CM_PORT: u16 = 4793;
@@ -313,12 +335,12 @@ impl EndpointConfig {
             rx_timeout: Duration::from_secs(60),
             drain_timeout: Duration::from_secs(5),
             tx_stall_timeout: Duration::from_secs(1),
-            max_conn_qp: 128,
+            max_conn_qp: default_max_conn_qp(true),
             budget_policy: QpBudgetPolicy::Evict,
-            max_pending_rx: 16,
+            max_pending_rx: 256,
             tx_queue_len: 3,
             neigh_timeout: Duration::from_secs(300),
-            neigh_max: 1024,
+            neigh_max: 16_384,
             neigh_max_per_source: 16,
             addrs,
             static_neighbours: Vec::new(),
@@ -328,7 +350,7 @@ impl EndpointConfig {
             srq_depth: 256,
             nonsrq_ring: 16,
             tx_depth: 128,
-            ud_depth: 64,
+            ud_depth: 256,
             qp_timeout: 12,
             seed: 0,
             cm_response_timeout: 17,
@@ -421,6 +443,11 @@ pub struct Counters {
     /// REQs rejected for lack of QP budget (or of a QP), and connections established beyond
     /// it under the reject policy.
     pub rx_rejected: u64,
+    /// RX connections established beyond [`MAX_CONN_QP_PER_SOURCE`] from one peer GID: that
+    /// peer's least recently active other one was evicted (counted in `rx_evicted` too), or
+    /// under the reject policy this one (and REQs while the peer holds that many: counted in
+    /// `rx_rejected` too).
+    pub rx_source_full: u64,
     /// Active connections established.
     pub tx_established: u64,
     /// Active connections that failed (REJ, timeout, send error, stall).

@@ -914,6 +914,7 @@ mod kernel_cm;
 mod path_wait;
 mod rdma_cm;
 mod sa_groups;
+mod scale;
 mod tx_closed;
 
 /// IB unicast UD: a completion without `IBV_WC_GRH` whose 40-byte area holds garbage (here

@@ -246,20 +246,23 @@ with_fault_fields!(settings! {
         => neigh_timeout: Duration = duration(MIN_NEIGH_TIMEOUT).or(d.neigh_timeout),
     /// Most learned neighbour entries (resolving ones too, static ones not counted), at
     /// most 2^20; one more evicts the least recently used entry without a connection, and
-    /// at most 16 come from one source GID [default: 1024].
+    /// at most 16 come from one source GID. The default holds an IPv4, a global IPv6 and a
+    /// link-local IPv6 entry for each node of a 5,000-node partition [default: 16384].
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
-    pub neigh_max: Option<Given<i64>> [Shown::example("1024")]
+    pub neigh_max: Option<Given<i64>> [Shown::example("16384")]
         => neigh_max: u32 = int(1..=MAX_NEIGH_MAX).or(d.neigh_max as u32),
-    /// Connected-mode QP budget: most established RX connections, SRQ or not, at most
-    /// 65536 [default: 128].
+    /// Connected-mode QP budget: most established RX connections, at most 65536; at most
+    /// 16 of them from one peer GID [default: 8192 with an SRQ (room for a 4,000-node
+    /// cluster), 128 without, as Linux's ipoib_max_conn_qp].
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
-    pub max_conn_qp: Option<Given<i64>> [Shown::example("128")]
-        => max_conn_qp: u32 = int(1..=MAX_MAX_CONN_QP).or(d.max_conn_qp as u32),
+    pub max_conn_qp: Option<Given<i64>> [Shown::example("8192")]
+        => max_conn_qp: u32 = int(1..=MAX_MAX_CONN_QP)
+            .or(crate::ipoib::default_max_conn_qp(srq) as u32),
     /// Half-open RX connections (REP sent, no RTU yet) held at once, at most 4096; a REQ
     /// beyond them tears down the oldest. They are reaped when their REP retries run out
-    /// and never count against max_conn_qp [default: 16].
+    /// and never count against max_conn_qp [default: 256].
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
-    pub max_pending_rx: Option<Given<i64>> [Shown::example("16")]
+    pub max_pending_rx: Option<Given<i64>> [Shown::example("256")]
         => max_pending_rx: u32 = int(1..=MAX_MAX_PENDING_RX).or(d.max_pending_rx as u32),
     /// When the QP budget is spent, evict the least recently active RX connection; set one
     /// of evict, reject and qp_budget_policy, not two that disagree (the default).

@@ -11,7 +11,10 @@ pub(super) use table::{Phase, RxConn, RxTable};
 
 use super::event::{Event, RxReapReason, RxRejectReason};
 use super::restart::Incarnation;
-use super::{move_qp, wr, wr_kind, Endpoint, Owner, Timer, CQ_BATCH, WR_DRAIN, WR_RECV};
+use super::{
+    move_qp, wr, wr_kind, Endpoint, Owner, Timer, CQ_BATCH, MAX_CONN_QP_PER_SOURCE, WR_DRAIN,
+    WR_RECV,
+};
 use crate::cm::{AcceptParams, CommId, QpMoves};
 use crate::verbs::setup::{connect_rc, init_rc_qp, RcConnection, RNR_RETRY_FOREVER};
 use crate::verbs::{BufId, Gid, Path, Psn, QpInit, QpNum, QpType, Verbs, WcOpcode, WcStatus};
@@ -166,10 +169,12 @@ impl Endpoint {
             let _ = self.cm.reject(now, id, RejReason::NoQp);
             return;
         }
+        let source_full = self.rx.established_from(peer) >= MAX_CONN_QP_PER_SOURCE;
         if self.cfg.budget_policy == super::QpBudgetPolicy::Reject
-            && self.rx.established_count() >= self.cfg.max_conn_qp
+            && (self.rx.established_count() >= self.cfg.max_conn_qp || source_full)
         {
             self.counters.rx_rejected += 1;
+            self.counters.rx_source_full += u64::from(source_full);
             self.push_event(Event::RxRejected {
                 peer: self.event_peer(peer, remote_qpn),
                 reason: RxRejectReason::QpBudget,
@@ -239,16 +244,26 @@ impl Endpoint {
         }
     }
 
-    /// The RX connection on `qpn` is established: charge it to the QP budget. Beyond
-    /// `max_conn_qp`, the evict policy tears down the least recently active other one, the
-    /// reject policy this one (counted in `rx_rejected`).
+    /// The RX connection on `qpn` is established: charge it to the QP budget and to its
+    /// peer's share of it. Beyond [`MAX_CONN_QP_PER_SOURCE`] from its peer, the evict policy
+    /// tears down that peer's least recently active other connection; beyond `max_conn_qp`,
+    /// the least recently active other one of any peer. The reject policy tears down this
+    /// one instead (counted in `rx_rejected`). Each call adds one connection, so one
+    /// teardown brings both counts back within their bounds.
     pub(super) fn charge_rx_budget<V: Verbs>(&mut self, now: Instant, v: &mut V, qpn: QpNum) {
-        if self.rx.established_count() <= self.cfg.max_conn_qp {
+        let source_full = self
+            .rx
+            .get(&qpn)
+            .map(|r| r.peer)
+            .filter(|p| self.rx.established_from(*p) > MAX_CONN_QP_PER_SOURCE);
+        if source_full.is_some() {
+            self.counters.rx_source_full += 1;
+        } else if self.rx.established_count() <= self.cfg.max_conn_qp {
             return;
         }
         match self.cfg.budget_policy {
             super::QpBudgetPolicy::Evict => {
-                if let Some(q) = self.rx.least_recently_active_except(qpn) {
+                if let Some(q) = self.rx.least_recently_active_except(qpn, source_full) {
                     self.start_rx_teardown(now, v, q, Why::Evicted);
                 }
             }

@@ -1,7 +1,7 @@
 //! The RX table: every passive connection, each with the reaper state that belongs to it, and
 //! the one drain WR the table allows in flight.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::{Deref, DerefMut};
 use std::time::Instant;
 
@@ -127,30 +127,44 @@ enum Class {
 
 /// The admission counts of the live connections, kept as they change.
 ///
-/// Invariant: `established` is the number of connections of [`Class::Established`], and
-/// `half_open` holds `(last_rx, qpn)` of exactly the connections of [`Class::HalfOpen`].
+/// Invariant: `established` is the number of connections of [`Class::Established`],
+/// `established_from` that number per peer GID (no zero entries), and `half_open` holds
+/// `(last_rx, qpn)` of exactly the connections of [`Class::HalfOpen`].
 #[derive(Debug, Default)]
 struct LiveCounts {
     established: usize,
+    established_from: BTreeMap<Gid, usize>,
     /// Ordered by activity stamp, then QP number: the first is the oldest.
     half_open: BTreeSet<(Instant, QpNum)>,
 }
 
 impl LiveCounts {
-    /// Connection `qpn` went from class `from` to `to` (`None`: not in the table).
-    fn moved(&mut self, qpn: QpNum, from: Option<Class>, to: Option<Class>) {
+    /// Connection `qpn` from `peer` went from class `from` to `to` (`None`: not in the
+    /// table).
+    fn moved(&mut self, qpn: QpNum, peer: Gid, from: Option<Class>, to: Option<Class>) {
         if from == to {
             return;
         }
         match from {
-            Some(Class::Established) => self.established -= 1,
+            Some(Class::Established) => {
+                self.established -= 1;
+                if let Some(n) = self.established_from.get_mut(&peer) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.established_from.remove(&peer);
+                    }
+                }
+            }
             Some(Class::HalfOpen { last_rx }) => {
                 self.half_open.remove(&(last_rx, qpn));
             }
             Some(Class::Closing) | None => {}
         }
         match to {
-            Some(Class::Established) => self.established += 1,
+            Some(Class::Established) => {
+                self.established += 1;
+                *self.established_from.entry(peer).or_default() += 1;
+            }
             Some(Class::HalfOpen { last_rx }) => {
                 self.half_open.insert((last_rx, qpn));
             }
@@ -185,7 +199,8 @@ impl DerefMut for RxConnMut<'_> {
 impl Drop for RxConnMut<'_> {
     fn drop(&mut self) {
         let after = self.conn.class();
-        self.counts.moved(self.qpn, Some(self.before), Some(after));
+        self.counts
+            .moved(self.qpn, self.conn.peer, Some(self.before), Some(after));
     }
 }
 
@@ -223,15 +238,29 @@ impl RxTable {
     /// Adds (or replaces) the connection on `qpn`.
     pub(in crate::ipoib) fn insert(&mut self, qpn: QpNum, conn: RxConn) {
         let to = conn.class();
-        let from = self.conns.get(&qpn).map(RxConn::class);
+        let peer = conn.peer;
+        if let Some(old) = self.conns.get(&qpn) {
+            let (old_peer, old_class) = (old.peer, old.class());
+            self.counts.moved(qpn, old_peer, Some(old_class), None);
+        }
         self.conns.insert(qpn, conn);
-        self.counts.moved(qpn, from, Some(to));
+        self.counts.moved(qpn, peer, None, Some(to));
     }
 
     /// Established connections receiving now (what counts against `max_conn_qp`). O(1).
     pub(in crate::ipoib) fn established_count(&self) -> usize {
         self.check_counts();
         self.counts.established
+    }
+
+    /// Established connections receiving now from `peer` (what counts against
+    /// [`MAX_CONN_QP_PER_SOURCE`](crate::ipoib::MAX_CONN_QP_PER_SOURCE)). O(1).
+    pub(in crate::ipoib) fn established_from(&self, peer: Gid) -> usize {
+        self.counts
+            .established_from
+            .get(&peer)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Half-open connections: REP sent, no RTU (or data) yet (what counts against
@@ -281,15 +310,26 @@ impl RxTable {
                 self.scan_counts(),
                 "the RX table's counts differ from its connections"
             );
+            debug_assert_eq!(
+                self.counts.established_from.values().sum::<usize>(),
+                self.counts.established,
+                "the per-source counts differ from the established count"
+            );
         }
     }
 
-    /// The established connection other than `keep` that received least recently (the
-    /// eviction victim).
-    pub(in crate::ipoib) fn least_recently_active_except(&self, keep: QpNum) -> Option<QpNum> {
+    /// The established connection other than `keep` (and from `peer`, if given) that
+    /// received least recently: the eviction victim. O(n).
+    pub(in crate::ipoib) fn least_recently_active_except(
+        &self,
+        keep: QpNum,
+        peer: Option<Gid>,
+    ) -> Option<QpNum> {
         self.conns
             .iter()
-            .filter(|(q, r)| r.is_live() && r.established && **q != keep)
+            .filter(|(q, r)| {
+                r.is_live() && r.established && **q != keep && peer.is_none_or(|p| p == r.peer)
+            })
             .min_by_key(|(_, r)| r.last_rx)
             .map(|(q, _)| *q)
     }
@@ -372,7 +412,7 @@ impl RxTable {
     /// wait for the next one, after those already waiting, in their order.
     pub(in crate::ipoib) fn remove(&mut self, qpn: QpNum) -> Option<RxConn> {
         let r = self.conns.remove(&qpn)?;
-        self.counts.moved(qpn, Some(r.class()), None);
+        self.counts.moved(qpn, r.peer, Some(r.class()), None);
         if self.drain_carrier == Some(qpn) {
             self.drain_carrier = None;
             let mut orphans: Vec<(u64, QpNum)> = self
