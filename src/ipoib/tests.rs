@@ -228,7 +228,10 @@ fn stale_reap(srq: bool, quirks: Quirks) -> (Counters, usize, usize) {
                 c.quirks = quirks;
             }
         },
-        |_, c| c.srq = srq,
+        |_, c| {
+            c.srq = srq;
+            c.max_conn_qp = default_max_conn_qp(srq);
+        },
     );
     n.inject(1, &ping4(1, 0, 64));
     n.run(Duration::from_millis(100));

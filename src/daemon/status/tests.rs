@@ -354,10 +354,11 @@ fn status_from_snapshot_has_the_endpoints_states() {
         "path_wait_held",
         "path_wait_drops",
         "path_failed_drops",
+        "rx_source_full",
     ] {
         assert_eq!(s.provider[name], 0, "{name}");
     }
-    assert_eq!(s.provider.len(), 23, "{:?}", s.provider);
+    assert_eq!(s.provider.len(), 24, "{:?}", s.provider);
     assert_eq!(
         s.neighbour_table,
         NeighbourTable {
