@@ -71,8 +71,9 @@ fn defaults() {
     assert_eq!(c.drain_timeout, Duration::from_secs(5));
     assert_eq!(c.tx_stall_timeout, Duration::from_secs(1));
     assert_eq!(c.neigh_timeout, Duration::from_secs(300));
-    assert_eq!(c.max_conn_qp, 128);
-    assert_eq!(c.max_pending_rx, 16);
+    assert_eq!(c.max_conn_qp, 8192);
+    assert_eq!(c.max_pending_rx, 256);
+    assert_eq!(c.neigh_max, 16384);
     assert_eq!(c.qp_budget_policy, QpBudgetPolicy::Evict);
     assert_eq!(c.tx_queue_len, 3);
     assert_eq!(c.path_mtu, None);
@@ -86,6 +87,19 @@ fn defaults() {
     assert_eq!(mtu(&c, None), PathMtu::Mtu4096);
     assert_eq!(mtu(&c, Some(9000)), PathMtu::Mtu4096);
     assert_eq!(mtu(&c, Some(1500)), PathMtu::Mtu1024);
+    // Without an SRQ the budget is Linux's non-SRQ one (a connection pins a receive ring).
+    assert_eq!(
+        ok("", &["--bind", "192.0.2.1", "--no-srq"]).max_conn_qp,
+        128
+    );
+    assert_eq!(
+        ok(
+            "",
+            &["--bind", "192.0.2.1", "--no-srq", "--max-conn-qp", "300"]
+        )
+        .max_conn_qp,
+        300
+    );
 }
 
 /// A port whose active and largest MTU are 4096 (InfiniBand, or RoCE on a 9000-byte link).
