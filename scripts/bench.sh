@@ -53,7 +53,7 @@ T=5; PINGS=1000; TCP_RUNS=3; UDP_RUNS=3
 [ "$QUICK" -eq 1 ] && { T=2; PINGS=200; TCP_RUNS=1; UDP_RUNS=1; }
 
 # shellcheck source=scripts/setup.sh
-source scripts/setup.sh
+source scripts/setup.sh demo
 extra=()
 for p in openvpn python3 jq; do
     [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" = 'install ok installed' ] \
@@ -61,11 +61,7 @@ for p in openvpn python3 jq; do
 done
 if [ ${#extra[@]} -gt 0 ]; then
     echo "[bench] installing: ${extra[*]}"
-    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y \
-        --no-install-recommends "${extra[@]}" \
-        || { DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update \
-            && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y \
-                --no-install-recommends "${extra[@]}"; }
+    setup_apt_install "${extra[@]}"
 fi
 
 section() { printf '\n==== %s (load %s) ====\n' "$1" "$(cut -d' ' -f1-3 /proc/loadavg)"; }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Two-node demo on the software fabric (README: `sudo scripts/demo.sh`).
 #
-# Installs what a fresh Debian 12 machine lacks, builds the release binary, brings up a
+# Installs what a fresh Debian 12 machine lacks for it (scripts/setup.sh demo: a compiler,
+# iproute2, ping, iperf3, Rust), builds the release binary, brings up a
 # two-node lab (network namespaces demo1 and demo2 on a bridge, underlay 198.18.0.K, an
 # ipoib-cm daemon in each with interface ib0 = 198.19.0.K/24 and 2001:db8:19::K/64), pings
 # over IPv4 and IPv6, runs a short iperf3, prints both nodes' status, and tears everything
@@ -10,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # shellcheck source=scripts/setup.sh
-source scripts/setup.sh
+source scripts/setup.sh demo
 
 section() { printf '\n==== %s ====\n' "$*"; }
 
@@ -50,4 +51,5 @@ section "status, node 2"
 section "tear down"
 lab down
 trap - EXIT
+setup_host_unchanged
 echo "demo done"

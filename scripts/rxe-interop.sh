@@ -77,11 +77,13 @@
 # and a summary; exits non-zero if anything failed.
 #
 # Kernels: every check runs on each guest kernel in $RXE_KERNELS (space-separated `uname -r`
-# releases, newest first), by default every /boot/vmlinuz-* whose modules have rdma_rxe
-# (scripts/setup.sh installs 6.1 and 6.12). Each kernel gets its own $RXE_LAB_WORK/KERNEL.
+# releases, newest first), by default Debian 12's current 6.12 and 6.1, which the harness
+# unpacks into its own cache (`scripts/rxe/run.sh kernels`, $RXE_LAB_KERNELS, default
+# /var/cache/ipoib-cm/rxe-kernels): nothing is installed into the host's /boot or /lib/modules.
+# Each kernel gets its own $RXE_LAB_WORK/KERNEL.
 #
-# Harness: $RXE_LAB_DIR, else ../shared/rxe-lab beside the checkout when it exists, else the
-# project's copy in scripts/rxe/ (guest-side scripts always come from scripts/rxe/).
+# Harness: $RXE_LAB_DIR, else the project's copy in scripts/rxe/ (guest-side scripts always
+# come from scripts/rxe/).
 # Where each kernel's rxe departs from the verbs contract is a table (RXE_KERNELS in
 # src/hw/conformance.rs, chosen by `uname -r` in the guest); a behaviour other than its row
 # fails, and a kernel not in the table is held to the contract.
@@ -103,7 +105,6 @@ done
 [ ${#CHECKS[@]} -gt 0 ] || CHECKS=(conformance rc-pingpong ud-pingpong hw-pingpong daemon daemon-umad rdmacm softcm kcm-pair ud-mtu)
 
 if [ -n "${RXE_LAB_DIR:-}" ]; then LAB=$RXE_LAB_DIR
-elif [ -x ../shared/rxe-lab/run.sh ]; then LAB=$(cd ../shared/rxe-lab && pwd)
 else LAB=$ROOT/scripts/rxe
 fi
 LAB_WORK=${RXE_LAB_WORK:-/tmp/rxe-lab-work}
@@ -115,17 +116,18 @@ T0=$(now)
 LOG=$(mktemp -d /tmp/rxe-interop.XXXXXX)
 echo "rxe-interop: harness $LAB, logs $LOG"
 
-# Build deps (scripts/setup.sh) + the lab's packages (the harness's `deps` list).
+# Build deps (scripts/setup.sh) + the lab's packages (the harness's `deps` list, through
+# setup.sh's installer: no service started or left enabled); the guest kernels come below.
 # shellcheck source=scripts/setup.sh
-source scripts/setup.sh > "$LOG/setup.log" 2>&1 || { cat "$LOG/setup.log"; exit 1; }
+source scripts/setup.sh test > "$LOG/setup.log" 2>&1 || { cat "$LOG/setup.log"; exit 1; }
 set +e   # setup.sh turns on errexit; this script counts failures itself
-missing=0
-for p in qemu-system-x86 linux-image-amd64 busybox-static rdma-core ibverbs-utils \
+missing=()
+for p in qemu-system-x86 busybox-static rdma-core ibverbs-utils \
          ibverbs-providers perftest rdmacm-utils iproute2 kmod cpio python3; do
-    [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" = 'install ok installed' ] || missing=1
+    [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" = 'install ok installed' ] || missing+=("$p")
 done
-if [ $missing -eq 1 ]; then
-    t=$(now); bash "$LAB/run.sh" deps > "$LOG/deps.log" 2>&1 || { tail -20 "$LOG/deps.log"; exit 1; }
+if [ ${#missing[@]} -gt 0 ]; then
+    t=$(now); setup_apt_install "${missing[@]}" > "$LOG/deps.log" 2>&1 || { tail -20 "$LOG/deps.log"; exit 1; }
     echo "rxe-interop: lab packages installed in $(dt "$t") s"
 fi
 
@@ -144,14 +146,12 @@ echo "rxe-interop: cargo build ($PROFILE) --features verbs in $(dt "$t") s"
 RESULTS=$LOG/results
 : > "$RESULTS"
 if [ -z "${RXE_KERNELS:-}" ]; then
-    for d in $(ls -1 /lib/modules 2>/dev/null | sort -rV); do
-        if [ -r "/boot/vmlinuz-$d" ] &&
-            compgen -G "/lib/modules/$d/kernel/drivers/infiniband/sw/rxe/rdma_rxe.ko*" >/dev/null; then
-            RXE_KERNELS="${RXE_KERNELS:-}${RXE_KERNELS:+ }$d"
-        fi
-    done
+    t=$(now)
+    RXE_KERNELS=$(bash "$LAB/run.sh" kernels 2> "$LOG/kernels.log" | tr '\n' ' ' | sed 's/ $//') ||
+        { tail -20 "$LOG/kernels.log"; exit 1; }
+    echo "rxe-interop: guest kernels unpacked into the lab's cache in $(dt "$t") s"
 fi
-[ -n "${RXE_KERNELS:-}" ] || { echo "rxe-interop: no guest kernel with rdma_rxe (scripts/setup.sh)" >&2; exit 1; }
+[ -n "${RXE_KERNELS:-}" ] || { echo "rxe-interop: no guest kernel with rdma_rxe (scripts/rxe/run.sh kernels)" >&2; exit 1; }
 echo "rxe-interop: guest kernels: $RXE_KERNELS"
 # Guest modules without any kernel CM (no rdma_ucm, so no rdma_cm and no ib_cm).
 NOCM_MODS="crc32_generic crc32-pclmul veth tun virtio_pci virtio_net rdma_rxe ib_umad ib_uverbs"

@@ -10,7 +10,7 @@ section() { printf '\n==== %s ====\n' "$*"; }
 
 section "setup"
 # shellcheck source=scripts/setup.sh
-source scripts/setup.sh
+source scripts/setup.sh test
 if [ "$(id -u)" -ne 0 ]; then
     echo "note: not root, so the network-namespace tests will skip; run with sudo for all of them"
 fi
@@ -85,6 +85,9 @@ fi
 
 section "fuzz targets (${FUZZ_SECONDS:-10} s each)"
 bash scripts/fuzz.sh "${FUZZ_SECONDS:-10}"
+
+section "host untouched (set-up installed no kernel, /boot as before)"
+setup_host_unchanged
 
 section "all checks passed"
 # One closing line over every test binary (cargo prints one `test result:` per binary).
