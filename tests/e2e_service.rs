@@ -10,7 +10,11 @@
 //! - the default control socket is per network namespace, `status` without a name finds
 //!   every daemon of the namespace, and `status IFNAME --control-socket X` refuses another
 //!   interface;
-//! - the systemd notification protocol against a fake `NOTIFY_SOCKET`.
+//! - the systemd notification protocol against a fake `NOTIFY_SOCKET`;
+//! - no one locks root out of the (abstract, default) control socket: 200 idle connections of
+//!   an unprivileged user reconnecting every 0.9 s, then 200 idle connections of root, while
+//!   root's `status`, `reload` and `down` are answered every time within
+//!   [`CONTROL_ANSWER`] (the figures print with `--nocapture`).
 //!
 //! Without root every test prints `skipped: ...` and passes. Every wait is bounded.
 
@@ -528,4 +532,164 @@ fn systemd_notifications_reach_a_fake_notify_socket() {
     assert!(hit, "{seen:?}");
     assert!(d.exit(CMD).success(), "{}", d.text());
     assert!(Path::new(&sock_path).exists());
+}
+
+/// Debian's python3 (scripts/setup.sh installs it).
+const SYSTEM_PYTHON: &str = "/usr/bin/python3";
+
+/// How long root's control request may take to be answered while others crowd the socket.
+const CONTROL_ANSWER: Duration = Duration::from_millis(100);
+
+/// Python: holds N connections to the abstract socket `@ipoib-cm/ib0`, closes and reopens all
+/// of them every EVERY seconds for SECS seconds; prints how many it made.
+const CROWD: &str = r#"
+import socket, sys, time
+n, every, secs = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+end, held, made = time.monotonic() + secs, [], 0
+while time.monotonic() < end:
+    for s in held:
+        s.close()
+    held = []
+    for _ in range(n):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect("\0ipoib-cm/ib0")
+            held.append(s)
+        except OSError:
+            s.close()
+    made += len(held)
+    time.sleep(min(every, max(0.0, end - time.monotonic())))
+print(made)
+"#;
+
+/// Python: sends each request (one argument each) to `@ipoib-cm/ib0` on a new connection,
+/// 100 ms apart (a crowd's reconnects fall between some of them), reads the answer to EOF (at
+/// most 5 s) and prints `MILLISECONDS ANSWER` per request.
+const ASK: &str = r#"
+import socket, sys, time
+for req in sys.argv[1:]:
+    t0 = time.monotonic()
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5)
+    out = b""
+    try:
+        s.connect("\0ipoib-cm/ib0")
+        s.sendall(req.encode() + b"\n")
+        while len(out) < 1 << 20:
+            b = s.recv(65536)
+            if not b:
+                break
+            out += b
+    except OSError as e:
+        out = repr(e).encode()
+    s.close()
+    line = out.decode(errors="replace").splitlines()[0] if out else "(nothing)"
+    print("%.1f %s" % ((time.monotonic() - t0) * 1e3, line[:60]), flush=True)
+    time.sleep(0.1)
+"#;
+
+/// Runs [`ASK`] in node `k` as root; the (milliseconds, first line of the answer) per request.
+fn ask(lab: &Lab, k: usize, requests: &[&str]) -> Vec<(f64, String)> {
+    let mut a = vec![SYSTEM_PYTHON, "-c", ASK];
+    a.extend_from_slice(requests);
+    let out = output_within(lab.exec(k, &a), CMD);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (ms, answer) = l.split_once(' ')?;
+            Some((ms.parse().ok()?, answer.to_owned()))
+        })
+        .collect()
+}
+
+/// Starts [`CROWD`] in node `k`, as user nobody when `nobody`.
+fn crowd(lab: &Lab, k: usize, nobody: bool, secs: u32) -> Child {
+    let secs = secs.to_string();
+    let mut a: Vec<&str> = Vec::new();
+    if nobody {
+        a.extend([
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ]);
+    }
+    // The system's python3: one under root's home (pyenv) is not nobody's to run.
+    a.extend([SYSTEM_PYTHON, "-c", CROWD, "200", "0.9", &secs]);
+    lab.exec(k, &a)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn crowd")
+}
+
+/// Waits for a [`crowd`] to end; how many connections it made.
+fn crowd_made(c: &mut Child) -> u64 {
+    let _ = wait_within(c, Duration::from_secs(10));
+    let mut out = String::new();
+    if let Some(mut o) = c.stdout.take() {
+        let _ = std::io::Read::read_to_string(&mut o, &mut out);
+    }
+    out.trim().parse().unwrap_or(0)
+}
+
+/// Checks that every request was answered by the daemon within [`CONTROL_ANSWER`]; returns
+/// the failures and prints the figures.
+fn answered_in_time(what: &str, got: &[(f64, String)], want: usize) -> Vec<String> {
+    let max = got.iter().map(|(ms, _)| *ms).fold(0.0, f64::max);
+    println!(
+        "{what}: {} of {want} got an answer, max {max:.1} ms",
+        got.len()
+    );
+    let mut failures = Vec::new();
+    if got.len() != want {
+        failures.push(format!("{what}: {} of {want} requests answered", got.len()));
+    }
+    for (ms, answer) in got {
+        let refused = answer.contains("too many control clients") || answer.contains("Error");
+        if refused || !answer.starts_with('{') || *ms > CONTROL_ANSWER.as_secs_f64() * 1e3 {
+            failures.push(format!("{what}: {ms:.1} ms: {answer}"));
+        }
+    }
+    failures
+}
+
+#[test]
+fn no_one_locks_root_out_of_the_control_socket() {
+    let lab = lab_or_skip!("ectl", 2, 1500);
+    if Command::new("setpriv").arg("--version").output().is_err()
+        || Command::new(SYSTEM_PYTHON)
+            .arg("--version")
+            .output()
+            .is_err()
+    {
+        println!("skipped: needs setpriv and python3");
+        return;
+    }
+    let scratch = Scratch::new("ctl");
+    let config = scratch.file("ib0.conf", "");
+    let mut args = node_args(1);
+    args.extend(["--config".into(), config.display().to_string()]);
+    let mut d = Daemon::start(&lab, 1, &refs(&args), &[]);
+    let mut failures = Vec::new();
+    for (what, nobody) in [
+        ("200 idle clients of nobody", true),
+        ("200 idle clients of root", false),
+    ] {
+        let mut c = crowd(&lab, 1, nobody, 6);
+        std::thread::sleep(Duration::from_secs(1));
+        let mut requests = vec!["status json"; 20];
+        requests.extend(["reload"; 5]);
+        let got = ask(&lab, 1, &requests);
+        failures.extend(answered_in_time(what, &got, requests.len()));
+        println!("{what}: {} connections made", crowd_made(&mut c));
+    }
+    let mut c = crowd(&lab, 1, true, 3);
+    std::thread::sleep(Duration::from_secs(1));
+    let got = ask(&lab, 1, &["down"]);
+    failures.extend(answered_in_time("down, nobody crowding", &got, 1));
+    crowd_made(&mut c);
+    let exit = d.exit(CMD);
+    assert!(exit.success(), "{exit:?}: {}", d.text());
+    assert!(failures.is_empty(), "{failures:#?}\n{}", d.text());
 }

@@ -4,8 +4,11 @@
 //!
 //! What one turn does is bounded: at most the caller's `per_turn` accepts, and one step per
 //! client that readiness, a bound or its deadline made due. What a client holds is bounded:
-//! one of a fixed number of slots (a connection beyond them is handed back to be refused) and
-//! a deadline per phase of its exchange. The slots read no clock (`now` comes in with every
+//! one of a fixed number of slots and a deadline per phase of its exchange. Who may hold one
+//! is decided at `accept`: a connection the server turns away ([`Admission::admit`] says no)
+//! is answered and closed at once, and when every slot is taken the client that has waited
+//! longest without sending anything gives its slot up to the newcomer, so idle connections
+//! can delay no one (a connection finds a slot unless every client is mid-exchange). The slots read no clock (`now` comes in with every
 //! turn) and never block; what an exchange reads and writes is the caller's step.
 
 use std::io;
@@ -27,6 +30,8 @@ pub(crate) struct Slot<S, E> {
     writable: bool,
     /// Where the exchange is, the server's own.
     pub(crate) exchange: E,
+    /// When it was accepted: the oldest idle client gives way first.
+    accepted_at: Instant,
 }
 
 /// What one step left a client in.
@@ -161,7 +166,7 @@ impl<S: Source, E> ClientSlots<S, E> {
         }
         for _ in 0..per_turn {
             match accept() {
-                Ok(stream) => self.admit(stream, now + timeout, admission),
+                Ok(stream) => self.admit(stream, now, timeout, admission),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     self.listener_ready = false;
                     return Ok(());
@@ -210,12 +215,44 @@ impl<S: Source, E> ClientSlots<S, E> {
         }
     }
 
-    /// Gives an accepted connection a free slot and its token, or hands it to `refuse` if
-    /// none is free.
-    fn admit(&mut self, mut stream: S, deadline: Instant, admission: &mut impl Admission<S, E>) {
-        let Some(slot) = self.slots.iter().position(Option::is_none) else {
-            admission.refuse(stream);
+    /// Gives an accepted connection the server lets in a slot and its token: a free one, else
+    /// the one of the client that has waited longest without sending anything (closed), else
+    /// none (the connection goes to `refuse`). A connection the server turns away goes to
+    /// `deny` and never holds a slot.
+    fn admit<A: Admission<S, E>>(
+        &mut self,
+        mut stream: S,
+        now: Instant,
+        timeout: Duration,
+        admission: &mut A,
+    ) {
+        if !admission.allowed(&stream) {
+            admission.deny(stream);
             return;
+        }
+        let slot = match self.slots.iter().position(Option::is_none) {
+            Some(free) => free,
+            None => {
+                let oldest_idle = self
+                    .slots
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, c)| c.as_ref().map(|c| (i, c)))
+                    .filter(|(_, c)| A::idle(&c.exchange))
+                    .min_by_key(|(_, c)| c.accepted_at)
+                    .map(|(i, _)| i);
+                let Some(idle) = oldest_idle else {
+                    admission.refuse(stream);
+                    return;
+                };
+                tracing::debug!(
+                    "{} client idle since its accept gives its slot up",
+                    self.label
+                );
+                admission.evicted();
+                self.close(idle);
+                idle
+            }
         };
         if let Some((registry, _, first)) = &self.registration {
             if let Err(e) = registry.register(&mut stream, Token(first + slot), Interest::READABLE)
@@ -228,7 +265,8 @@ impl<S: Source, E> ClientSlots<S, E> {
         if let Some(s) = self.slots.get_mut(slot) {
             *s = Some(Slot {
                 stream,
-                deadline,
+                deadline: now + timeout,
+                accepted_at: now,
                 // The request may have arrived before the accept.
                 ready: true,
                 writable: false,
@@ -266,10 +304,19 @@ impl<S: Source, E> ClientSlots<S, E> {
 
 /// What a server does with the connections it accepts.
 pub(crate) trait Admission<S, E> {
-    /// No slot is free for `stream`: answer it briefly (never waiting), count it, drop it.
-    fn refuse(&mut self, stream: S);
+    /// Whether `stream` may talk to the server (if not, [`Admission::deny`] gets it).
+    fn allowed(&mut self, stream: &S) -> bool;
     /// `stream` got a slot (and its token): its exchange; count it.
     fn admit(&mut self, stream: &S) -> E;
+    /// `stream` may not talk to the server: answer it briefly (never waiting), count it, drop it.
+    fn deny(&mut self, stream: S);
+    /// No slot is free for `stream`, and no client is idle: answer it briefly (never waiting),
+    /// count it, drop it.
+    fn refuse(&mut self, stream: S);
+    /// A client that had sent nothing gave its slot up to a newcomer: count it.
+    fn evicted(&mut self);
+    /// The client of `exchange` has sent nothing yet.
+    fn idle(exchange: &E) -> bool;
 }
 
 /// Most bytes a client sent beyond its request that are read and discarded before its socket

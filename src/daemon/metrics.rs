@@ -41,8 +41,10 @@ const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 pub struct MetricsCounters {
     /// Connections given a slot.
     pub accepted: u64,
-    /// Connections closed at once because every slot was taken.
+    /// Connections closed at once because every slot was taken by a client mid-exchange.
     pub over_limit: u64,
+    /// Clients that had sent nothing and gave their slot up to a newcomer.
+    pub evicted_idle: u64,
     /// Clients that did not send a whole request head, or read their whole answer, in time.
     pub timed_out: u64,
     /// Answers written in full (`200` and errors alike).
@@ -250,11 +252,25 @@ impl Admission<TcpStream, Phase> for MetricsCounters {
         discard_input(&mut stream);
     }
 
+    fn allowed(&mut self, _: &TcpStream) -> bool {
+        true
+    }
+
     fn admit(&mut self, _: &TcpStream) -> Phase {
         self.accepted += 1;
         Phase::Request {
             buf: Vec::with_capacity(MAX_REQUEST_BYTES),
         }
+    }
+
+    fn deny(&mut self, _: TcpStream) {}
+
+    fn evicted(&mut self) {
+        self.evicted_idle += 1;
+    }
+
+    fn idle(phase: &Phase) -> bool {
+        matches!(phase, Phase::Request { buf } if buf.is_empty())
     }
 }
 

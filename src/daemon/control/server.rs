@@ -4,9 +4,12 @@
 //! Every client is non-blocking and has its own mio token (`first_client + slot`). What one
 //! turn does is bounded: at most [`ACCEPTS_PER_TURN`] accepts, at most
 //! [`MAX_REQUEST_BYTES`] read and at most [`WRITE_PER_TURN`] written per client. What a client
-//! holds is bounded: a slot among [`MAX_CLIENTS`] (a connection beyond them is answered
-//! `{"error":"too many control clients"}` without being read, and closed) and
-//! [`CLIENT_TIMEOUT`] to send its request and again to read its answer. The server never reads
+//! holds is bounded: a slot among [`MAX_CLIENTS`] and [`CLIENT_TIMEOUT`] to send its request
+//! and again to read its answer. Credentials are checked at `accept`: a peer that is neither
+//! root nor the daemon's user is answered `{"error":"permission denied"}` and closed at once,
+//! never holding a slot. With every slot taken, the client that has waited longest without
+//! sending anything is closed to make room; only when every client is mid-exchange is a
+//! connection answered `{"error":"too many control clients"}` without being read, and closed. The server never reads
 //! the clock and never blocks.
 
 use std::io::{self, Read, Write};
@@ -43,8 +46,12 @@ pub const WRITE_PER_TURN: usize = 256 << 10;
 pub struct ControlCounters {
     /// Connections given a slot.
     pub accepted: u64,
-    /// Connections closed at once because every slot was taken.
+    /// Connections closed at once because every slot was taken by a client mid-exchange.
     pub over_limit: u64,
+    /// Connections from a user that may not talk to the daemon, answered and closed at accept.
+    pub denied: u64,
+    /// Clients that had sent nothing and gave their slot up to a newcomer.
+    pub evicted_idle: u64,
     /// Clients that did not send a whole request, or read their whole answer, in time.
     pub timed_out: u64,
     /// Answers written in full.
@@ -60,11 +67,10 @@ enum Phase {
     Answer { answer: Arc<[u8]>, sent: usize },
 }
 
-/// What the server keeps of one client's exchange.
+/// What the server keeps of one client's exchange (its peer is root or the daemon's user:
+/// no one else gets a slot).
 #[derive(Debug)]
 struct Exchange {
-    /// The peer is root or the daemon's user.
-    allowed: bool,
     phase: Phase,
 }
 
@@ -300,31 +306,52 @@ struct Admit<'a> {
 }
 
 impl Admission<UnixStream, Exchange> for Admit<'_> {
-    fn refuse(&mut self, mut stream: UnixStream) {
-        self.counters.over_limit += 1;
-        tracing::debug!(
-            clients = MAX_CLIENTS,
-            "control socket: too many clients, connection closed"
-        );
-        // One short line into an empty socket buffer; best effort, never waited for.
-        let _ = stream.write(format_error("too many control clients").as_bytes());
-        let _ = stream.shutdown(std::net::Shutdown::Write);
-        discard_input(&mut stream);
-    }
-
-    fn admit(&mut self, stream: &UnixStream) -> Exchange {
-        let allowed = match peercred::peer_cred(stream) {
+    fn allowed(&mut self, stream: &UnixStream) -> bool {
+        match peercred::peer_cred(stream) {
             Ok(cred) => (self.allow)(cred.uid, self.own_euid),
             Err(_) => false,
-        };
+        }
+    }
+
+    fn admit(&mut self, _: &UnixStream) -> Exchange {
         self.counters.accepted += 1;
         Exchange {
-            allowed,
             phase: Phase::Request {
                 buf: Vec::with_capacity(MAX_REQUEST_BYTES),
             },
         }
     }
+
+    fn deny(&mut self, stream: UnixStream) {
+        self.counters.denied += 1;
+        tracing::debug!("control socket: peer is neither root nor the daemon's user, closed");
+        answer_and_close(stream, "permission denied");
+    }
+
+    fn refuse(&mut self, stream: UnixStream) {
+        self.counters.over_limit += 1;
+        tracing::debug!(
+            clients = MAX_CLIENTS,
+            "control socket: too many clients mid-exchange, connection closed"
+        );
+        answer_and_close(stream, "too many control clients");
+    }
+
+    fn evicted(&mut self) {
+        self.counters.evicted_idle += 1;
+    }
+
+    fn idle(exchange: &Exchange) -> bool {
+        matches!(&exchange.phase, Phase::Request { buf } if buf.is_empty())
+    }
+}
+
+/// Writes one error line into a connection's empty socket buffer and closes it; best effort,
+/// never waited for.
+fn answer_and_close(mut stream: UnixStream, error: &str) {
+    let _ = stream.write(format_error(error).as_bytes());
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    discard_input(&mut stream);
 }
 
 /// Moves client `c`'s exchange on as far as the socket allows without blocking.
@@ -337,9 +364,6 @@ fn step(
 ) -> io::Result<Step> {
     if let Phase::Request { buf } = &mut c.exchange.phase {
         let reply = match read_request(&mut c.stream, buf)? {
-            Some(()) if !c.exchange.allowed => {
-                Arc::from(format_error("permission denied").as_bytes())
-            }
             Some(()) => match parse_request(buf) {
                 Ok(req @ Request::Status { .. }) => match status {
                     Some(shared) => shared.clone(),
@@ -351,12 +375,9 @@ fn step(
             None if now < c.deadline => return Ok(Step::Reading),
             None => {
                 counters.timed_out += 1;
-                let msg = if c.exchange.allowed {
-                    format!("no request within {CLIENT_TIMEOUT:?}")
-                } else {
-                    "permission denied".to_owned()
-                };
-                Arc::from(format_error(&msg).into_bytes())
+                Arc::from(
+                    format_error(&format!("no request within {CLIENT_TIMEOUT:?}")).into_bytes(),
+                )
             }
         };
         c.exchange.phase = Phase::Answer {

@@ -233,16 +233,44 @@ fn a_request_sent_a_byte_at_a_time_is_answered_once_whole() {
     assert_eq!(parse_response(&text), Ok(status()));
 }
 
-#[test]
-fn clients_beyond_the_limit_are_closed_at_once() {
-    let mut b = Bound::new("limit");
-    let now = Instant::now();
-    let mut held: Vec<UnixStream> = (0..MAX_CLIENTS).map(|_| b.connect()).collect();
-    // Accepted ACCEPTS_PER_TURN a turn.
+/// Fills every slot with clients that connected (at `now`, ACCEPTS_PER_TURN a turn).
+fn fill_slots(b: &mut Bound, now: Instant) -> Vec<UnixStream> {
+    let held: Vec<UnixStream> = (0..MAX_CLIENTS).map(|_| b.connect()).collect();
     for _ in 0..MAX_CLIENTS.div_ceil(ACCEPTS_PER_TURN) {
         b.server.handle(now, status);
     }
     assert_eq!(b.server.clients(), MAX_CLIENTS);
+    held
+}
+
+#[test]
+fn an_idle_client_gives_its_slot_to_a_newcomer_oldest_first() {
+    let mut b = Bound::new("idle");
+    let t0 = Instant::now();
+    let mut held = fill_slots(&mut b, t0);
+    let mut newcomer = b.connect();
+    newcomer.write_all(b"status json\n").unwrap();
+    b.server.handle(t0 + Duration::from_millis(1), status);
+    let (text, closed) = received(&mut newcomer);
+    assert!(closed);
+    assert_eq!(parse_response(&text), Ok(status()));
+    // The first accepted, idle since, was closed without an answer; the others wait on.
+    assert_eq!(received(&mut held[0]), (String::new(), true));
+    assert_eq!(received(&mut held[1]), (String::new(), false));
+    let n = b.server.counters();
+    assert_eq!((n.evicted_idle, n.over_limit), (1, 0));
+    assert_eq!(b.server.clients(), MAX_CLIENTS - 1);
+}
+
+#[test]
+fn a_newcomer_is_refused_only_when_every_client_is_mid_exchange() {
+    let mut b = Bound::new("limit");
+    let now = Instant::now();
+    let mut held = fill_slots(&mut b, now);
+    for c in &mut held {
+        c.write_all(b"stat").unwrap();
+    }
+    b.server.handle(now, status);
     let mut extra = b.connect();
     b.server.handle(now, status);
     assert_eq!(
@@ -253,8 +281,9 @@ fn clients_beyond_the_limit_are_closed_at_once() {
         )
     );
     assert_eq!(b.server.counters().over_limit, 1);
+    assert_eq!(b.server.counters().evicted_idle, 0);
     // A slot freed is a slot given.
-    held[0].write_all(b"status\n").unwrap();
+    held[0].write_all(b"us\n").unwrap();
     b.server.handle(now, status);
     assert!(received(&mut held[0]).1);
     assert_eq!(b.server.clients(), MAX_CLIENTS - 1);
@@ -262,6 +291,31 @@ fn clients_beyond_the_limit_are_closed_at_once() {
     b.server.handle(now, status);
     assert_eq!(b.server.clients(), MAX_CLIENTS);
     assert_eq!(b.server.counters().accepted, MAX_CLIENTS as u64 + 1);
+}
+
+#[test]
+fn a_peer_that_may_not_talk_is_answered_at_accept_and_never_holds_a_slot() {
+    let mut b = Bound::new("denied");
+    b.server.set_policy(|_, _| false);
+    let mut denied: Vec<UnixStream> = (0..2 * MAX_CLIENTS).map(|_| b.connect()).collect();
+    let now = Instant::now();
+    for _ in 0..(2 * MAX_CLIENTS).div_ceil(ACCEPTS_PER_TURN) {
+        b.server
+            .handle(now, || unreachable!("status computed for a denied peer"));
+        assert_eq!(b.server.clients(), 0);
+    }
+    for c in &mut denied {
+        assert_eq!(
+            received(c),
+            ("{\"error\":\"permission denied\"}\n".to_owned(), true)
+        );
+    }
+    let n = b.server.counters();
+    assert_eq!(
+        (n.denied, n.accepted, n.over_limit),
+        (2 * MAX_CLIENTS as u64, 0, 0)
+    );
+    assert_eq!(b.server.poll_timeout(), None);
 }
 
 #[test]

@@ -122,9 +122,9 @@ fn a_silent_client_is_answered_408_and_closed_at_its_deadline() {
 }
 
 #[test]
-fn connections_beyond_the_slots_are_refused_and_counted() {
+fn connections_beyond_busy_slots_are_refused_and_counted() {
     let mut s = server();
-    let _held: Vec<_> = (0..MAX_CLIENTS).map(|_| client(&s, b"")).collect();
+    let _held: Vec<_> = (0..MAX_CLIENTS).map(|_| client(&s, b"GET /met")).collect();
     let t0 = Instant::now();
     s.handle(t0, String::new);
     assert_eq!(s.clients(), MAX_CLIENTS);
@@ -136,6 +136,20 @@ fn connections_beyond_the_slots_are_refused_and_counted() {
     // Their deadline frees the slots.
     s.handle(t0 + CLIENT_TIMEOUT, String::new);
     assert_eq!(s.clients(), 0);
+}
+
+#[test]
+fn an_idle_client_gives_its_slot_to_a_newcomer() {
+    let mut s = server();
+    let mut held: Vec<_> = (0..MAX_CLIENTS).map(|_| client(&s, b"")).collect();
+    let t0 = Instant::now();
+    s.handle(t0, String::new);
+    assert_eq!(s.clients(), MAX_CLIENTS);
+    let mut newcomer = client(&s, b"GET /metrics HTTP/1.0\r\n\r\n");
+    s.handle(t0 + Duration::from_millis(1), || BODY.to_owned());
+    assert!(answer(&mut newcomer).starts_with("HTTP/1.0 200 "));
+    assert_eq!(answer(&mut held[0]), "");
+    assert_eq!((s.counters().evicted_idle, s.counters().over_limit), (1, 0));
 }
 
 #[test]
