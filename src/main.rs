@@ -416,6 +416,10 @@ struct StatusArgs {
     /// Print the Prometheus text exposition (for node_exporter's textfile collector).
     #[arg(long)]
     prometheus: bool,
+    /// Show every counter, zero or not, endpoint and provider apart (the tables show only
+    /// those that are not zero, grouped).
+    #[arg(long, short = 'v', conflicts_with_all = ["json", "prometheus"])]
+    all: bool,
     /// Control socket of the daemon: a path, or @NAME for an abstract socket (default:
     /// @ipoib-cm/IFNAME).
     #[arg(long, value_name = "PATH")]
@@ -669,7 +673,15 @@ fn status_main(a: &StatusArgs) -> ExitCode {
             ),
         }
     } else {
-        let texts: Vec<String> = shown.iter().map(daemon::render_text).collect();
+        let detail = if a.all {
+            daemon::Shown::All
+        } else {
+            daemon::Shown::NonZero
+        };
+        let texts: Vec<String> = shown
+            .iter()
+            .map(|s| daemon::render_text(s, detail))
+            .collect();
         print!("{}", texts.join("\n"));
     }
     ExitCode::SUCCESS

@@ -31,5 +31,5 @@ pub use config::{
 pub use control::{command, namespace_daemons, query, ControlError, ControlServer, Request};
 pub use status::{
     render_json, render_prometheus, render_prometheus_all, render_text, Counters, InterfaceStatus,
-    NeighbourState, NeighbourStatus, RxState, RxStatus, Status, TxState, TxStatus,
+    NeighbourState, NeighbourStatus, RxState, RxStatus, Shown, Status, TxState, TxStatus,
 };

@@ -364,10 +364,98 @@ fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
     }
 }
 
-/// The human-readable status (`ipoib-cm status` without `--json`): the interface line and its
-/// totals, then the neighbour, TX and RX tables, then the counters (and provider counters, if
-/// any).
-pub fn render_text(status: &Status) -> String {
+/// Which counters the human-readable status shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shown {
+    /// Those that are not zero, grouped (`ipoib-cm status`).
+    NonZero,
+    /// Every one, endpoint and provider counters apart (`ipoib-cm status --all`).
+    All,
+}
+
+/// What an operator reads a counter as: the group it is listed under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Group {
+    Connections,
+    Reaping,
+    Cm,
+    Drops,
+    Other,
+}
+
+impl Group {
+    const ALL: [Self; 5] = [
+        Self::Connections,
+        Self::Reaping,
+        Self::Cm,
+        Self::Drops,
+        Self::Other,
+    ];
+
+    const fn label(self) -> &'static str {
+        match self {
+            Self::Connections => "connections",
+            Self::Reaping => "reaping",
+            Self::Cm => "cm",
+            Self::Drops => "drops",
+            Self::Other => "other",
+        }
+    }
+
+    /// The group of the counter `name` (endpoint or provider), by the words in it.
+    fn of(name: &str) -> Self {
+        let has = |words: &[&str]| words.iter().any(|w| name.contains(w));
+        if has(&[
+            "reap", "drain", "last_wqe", "evict", "stale", "flush", "watchdog",
+        ]) {
+            Self::Reaping
+        } else if has(&[
+            "drop", "bad", "fail", "err", "reject", "invalid", "full", "lost",
+        ]) {
+            Self::Drops
+        } else if name.starts_with("cm_")
+            || has(&["req", "rep_", "_rep", "mra", "rtu", "rej", "sidr", "mad"])
+        {
+            Self::Cm
+        } else if name.starts_with("qp_") || name.starts_with("tx_") || name.starts_with("rx_") {
+            Self::Connections
+        } else {
+            Self::Other
+        }
+    }
+}
+
+/// Appends `  LABEL: a 1, b 2, ...` wrapped before [`TEXT_WIDTH`] columns.
+fn counter_line<'a>(out: &mut String, label: &str, items: impl Iterator<Item = (&'a str, u64)>) {
+    let head = format!("  {label}: ");
+    let indent = " ".repeat(head.len());
+    let mut line = head.clone();
+    for (i, (name, v)) in items.enumerate() {
+        let item = format!("{name} {v}");
+        if i > 0 {
+            if line.len() + 2 + item.len() > TEXT_WIDTH {
+                line.push(',');
+                out.push_str(&line);
+                out.push('\n');
+                line.clone_from(&indent);
+            } else {
+                line.push_str(", ");
+            }
+        }
+        line.push_str(&item);
+    }
+    out.push_str(&line);
+    out.push('\n');
+}
+
+/// Where the grouped counter lines wrap.
+const TEXT_WIDTH: usize = 100;
+
+/// The human-readable status (`ipoib-cm status` without `--json`): the interface line, its
+/// totals and what the drops were, then the neighbour, TX and RX tables, then the counters:
+/// with [`Shown::NonZero`] those that are not zero, grouped (connections, reaping, CM, drops,
+/// other), with [`Shown::All`] every endpoint and provider counter.
+pub fn render_text(status: &Status, shown: Shown) -> String {
     let mut out = String::new();
     let i = &status.interface;
     let _ = writeln!(
@@ -396,6 +484,16 @@ pub fn render_text(status: &Status) -> String {
         "  TX: packets {} bytes {} dropped {} errors {}",
         t.tx_packets, t.tx_bytes, t.tx_dropped, t.tx_errors
     );
+    for (dir, reasons) in [("RX", &m.drops.rx), ("TX", &m.drops.tx)] {
+        let mut why = reasons.iter().filter(|(_, &v)| v != 0).peekable();
+        if why.peek().is_some() {
+            counter_line(
+                &mut out,
+                &format!("{dir} dropped"),
+                why.map(|(n, &v)| (n.as_str(), v)),
+            );
+        }
+    }
 
     let _ = write!(out, "\nneighbours ({}", status.neighbours.len());
     if status.neighbour_table.truncated {
@@ -466,13 +564,21 @@ pub fn render_text(status: &Status) -> String {
         table(&mut out, &["PEER", "QPN", "STATE", "IDLE"], &rows);
     }
 
+    match shown {
+        Shown::All => all_counters(&mut out, status),
+        Shown::NonZero => grouped_counters(&mut out, status),
+    }
+    out
+}
+
+/// Every endpoint counter, then every provider counter, one a line.
+fn all_counters(out: &mut String, status: &Status) {
     out.push_str("\ncounters:\n");
     let fields = status.counters.fields();
     let w = fields.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
     for (name, v) in fields {
         let _ = writeln!(out, "  {name:<w$}  {v}");
     }
-
     if !status.provider.is_empty() {
         out.push_str("\nprovider:\n");
         let w = status.provider.keys().map(String::len).max().unwrap_or(0);
@@ -480,7 +586,32 @@ pub fn render_text(status: &Status) -> String {
             let _ = writeln!(out, "  {name:<w$}  {v}");
         }
     }
-    out
+}
+
+/// The counters that are not zero (endpoint's, then provider's), a line per group.
+fn grouped_counters(out: &mut String, status: &Status) {
+    let fields = status.counters.fields();
+    let nonzero: Vec<(&str, u64)> = fields
+        .iter()
+        .map(|&(n, v)| (n, v))
+        .chain(status.provider.iter().map(|(n, &v)| (n.as_str(), v)))
+        .filter(|&(_, v)| v != 0)
+        .collect();
+    out.push_str("\ncounters (not zero; --all for every one):");
+    if nonzero.is_empty() {
+        out.push_str(" none\n");
+        return;
+    }
+    out.push('\n');
+    for group in Group::ALL {
+        let mut items = nonzero
+            .iter()
+            .filter(|(n, _)| Group::of(n) == group)
+            .peekable();
+        if items.peek().is_some() {
+            counter_line(out, group.label(), items.copied());
+        }
+    }
 }
 
 #[cfg(test)]

@@ -232,8 +232,8 @@ fn hwaddr_parse_rejects_junk() {
 }
 
 #[test]
-fn text_rendering() {
-    let text = render_text(&sample());
+fn text_rendering_of_every_counter() {
+    let text = render_text(&sample(), Shown::All);
     let want = "\
 ib0: mtu 65520 mode connected hwaddr 80:00:00:48:fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:01
   version VERSION uptime 12s
@@ -432,6 +432,38 @@ fn serde_counter_names_are_the_provider_map_names() {
     assert!(!m.contains_key("faults"), "nested structs are left out");
 }
 
+/// The view an operator reads first: the tables as with `--all`, then only the counters that
+/// are not zero, a line per group, and what the drops were under the totals.
+#[test]
+fn text_rendering_shows_what_is_not_zero_grouped() {
+    let mut s = sample();
+    s.provider.insert("cm_req_sent".into(), 4);
+    s.provider.insert("tun_queue_drops".into(), 0);
+    s.summary.drops.rx.insert("rx_buffer_drops".into(), 2);
+    s.summary.drops.rx.insert("tun_queue_drops".into(), 0);
+    let text = render_text(&s, Shown::NonZero);
+    let all = render_text(&s, Shown::All);
+    let tables = all.split("\ncounters:\n").next().unwrap();
+    assert!(
+        text.starts_with(tables.split("\nneighbours").next().unwrap()),
+        "{text}"
+    );
+    assert!(text.contains("  RX dropped: rx_buffer_drops 2\n"), "{text}");
+    assert!(!text.contains("TX dropped"), "{text}");
+    assert!(text.ends_with(
+        "\ncounters (not zero; --all for every one):
+  connections: qp_live 3, qp_created 5, qp_destroyed 2, rx_accepted 3
+  reaping: rx_stale_reaped 1
+  cm: cm_req_sent 4
+  other: retransmits 7
+"
+    ), "{text}");
+    s.provider.clear();
+    s.counters = Counters::default();
+    let quiet = render_text(&s, Shown::NonZero);
+    assert!(quiet.ends_with("\ncounters (not zero; --all for every one): none\n"), "{quiet}");
+}
+
 #[test]
 fn text_rendering_empty_tables() {
     let mut s = sample();
@@ -439,7 +471,7 @@ fn text_rendering_empty_tables() {
     s.tx.clear();
     s.rx.clear();
     s.provider.clear();
-    let text = render_text(&s);
+    let text = render_text(&s, Shown::All);
     assert!(text.contains("\nneighbours (0): none\n"));
     assert!(text.contains("\ntx (0): none\n"));
     assert!(text.contains("\nrx (0): none\n"));
@@ -452,7 +484,7 @@ fn a_truncated_neighbour_list_says_how_many_there_are() {
     let mut s = sample();
     s.neighbour_table.total = 1024;
     s.neighbour_table.truncated = true;
-    let text = render_text(&s);
+    let text = render_text(&s, Shown::NonZero);
     assert!(text.contains("\nneighbours (1 of 1024):\n"), "{text}");
     let v = serde_json::to_value(&s).unwrap();
     assert_eq!(v["neighbour_table"]["truncated"], true);
@@ -474,7 +506,7 @@ fn the_path_mtu_and_its_source_are_shown() {
     assert_eq!(v["interface"]["path_mtu_from"], "port active_mtu 4096");
     let back: Status = serde_json::from_value(v).unwrap();
     assert_eq!(back.interface, s.interface);
-    let text = render_text(&s);
+    let text = render_text(&s, Shown::NonZero);
     assert!(
         text.starts_with(
             "ib0: mtu 65520 mode connected hwaddr 80:00:00:48:fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:01 cm qp1 path_mtu 4096 (port active_mtu 4096)\n"
