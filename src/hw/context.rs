@@ -78,6 +78,36 @@ pub struct HwStats {
     pub ah_destroyed: u64,
     /// Address handles evicted from the full cache, least recently used first.
     pub ah_evicted: u64,
+    /// The data path's verbs calls.
+    #[serde(flatten)]
+    pub calls: HwCalls,
+}
+
+/// The verbs calls of the data path, counted (counts, unlike times, do not move from run to
+/// run): doorbells (post calls) and the work requests they carry, CQ polls, completion
+/// events and their acks, and the QP commands that go to the device's firmware.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct HwCalls {
+    /// `ibv_post_send` calls (one doorbell each).
+    pub post_send_calls: u64,
+    /// Send work requests posted.
+    pub send_wrs: u64,
+    /// Of those, sends whose payload went inline in the work request (`IBV_SEND_INLINE`).
+    pub inline_sends: u64,
+    /// `ibv_post_recv` and `ibv_post_srq_recv` calls (one doorbell each).
+    pub post_recv_calls: u64,
+    /// Receive work requests posted.
+    pub recv_wrs: u64,
+    /// `ibv_poll_cq` calls, empty ones included.
+    pub poll_cq_calls: u64,
+    /// Completion events read from the channel.
+    pub cq_events: u64,
+    /// `ibv_ack_cq_events` calls.
+    pub cq_event_acks: u64,
+    /// `ibv_query_qp` calls made around `ibv_modify_qp` (the caller's own state queries aside).
+    pub query_qp_calls: u64,
+    /// `ibv_modify_qp` calls.
+    pub modify_qp_calls: u64,
 }
 
 impl HwStats {

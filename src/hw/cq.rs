@@ -37,6 +37,8 @@ impl HwVerbs {
             if unsafe { ffi::ibv_get_cq_event(self.channel, &mut cq, &mut cq_ctx) } != 0 {
                 break;
             }
+            self.stats.calls.cq_events += 1;
+            self.stats.calls.cq_event_acks += 1;
             // SAFETY: `cq` was returned by the channel and is still live (we destroy CQs only
             // after draining the channel).
             unsafe {
@@ -190,6 +192,7 @@ pub(super) fn poll(v: &mut HwVerbs, cq: CqId, out: &mut Vec<Completion>, max: us
             // SAFETY: ibv_wc is plain C data; all-zero is valid.
             v.wc.resize(want, unsafe { std::mem::zeroed() });
         }
+        v.stats.calls.poll_cq_calls += 1;
         // SAFETY: a live CQ and room for `want` entries.
         let n = unsafe { poll(raw, want as i32, v.wc.as_mut_ptr()) };
         if n <= 0 {

@@ -68,7 +68,7 @@ pub mod rdmacm;
 mod srq;
 mod wr;
 
-pub use context::{HwConfig, HwStats, HwVerbs};
+pub use context::{HwCalls, HwConfig, HwStats, HwVerbs};
 pub use error::HwError;
 
 #[cfg(test)]
@@ -102,6 +102,18 @@ mod tests {
             ah_created: 7,
             ah_destroyed: 8,
             ah_evicted: 9,
+            calls: HwCalls {
+                post_send_calls: 10,
+                send_wrs: 11,
+                inline_sends: 12,
+                post_recv_calls: 13,
+                recv_wrs: 14,
+                poll_cq_calls: 15,
+                cq_events: 16,
+                cq_event_acks: 17,
+                query_qp_calls: 18,
+                modify_qp_calls: 19,
+            },
         };
         assert_eq!(
             serde_json::to_value(s).unwrap(),
@@ -115,6 +127,16 @@ mod tests {
                 "ah_created": 7,
                 "ah_destroyed": 8,
                 "ah_evicted": 9,
+                "post_send_calls": 10,
+                "send_wrs": 11,
+                "inline_sends": 12,
+                "post_recv_calls": 13,
+                "recv_wrs": 14,
+                "poll_cq_calls": 15,
+                "cq_events": 16,
+                "cq_event_acks": 17,
+                "query_qp_calls": 18,
+                "modify_qp_calls": 19,
             })
         );
     }

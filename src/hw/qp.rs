@@ -14,7 +14,8 @@ use ibverbs_sys as ffi;
 
 impl HwVerbs {
     /// Whether the QP is in SQD and still draining (`ibv_qp_attr.sq_draining`).
-    fn sq_draining(&self, raw: *mut ffi::ibv_qp) -> bool {
+    fn sq_draining(&mut self, raw: *mut ffi::ibv_qp) -> bool {
+        self.stats.calls.query_qp_calls += 1;
         // SAFETY: plain C structs; all-zero is valid.
         let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
         // SAFETY: as above.
@@ -120,7 +121,9 @@ pub(super) fn create(v: &mut HwVerbs, init: &QpInit) -> Result<QpNum, VerbsError
 pub(super) fn modify(v: &mut HwVerbs, qp: QpNum, attr: &QpAttr) -> Result<(), VerbsError> {
     let q = v.qps.get(&qp.get()).ok_or(VerbsError::NoSuchQp(qp))?;
     let (raw, qp_type) = (q.raw, q.qp_type);
-    let current = v.query_state(raw).unwrap_or(q.state);
+    let tracked = q.state;
+    v.stats.calls.query_qp_calls += 1;
+    let current = v.query_state(raw).unwrap_or(tracked);
     check_modify(qp_type, current, attr)?;
     if current == QpState::Sqd && !matches!(attr.state, Some(QpState::Err | QpState::Reset)) {
         // A device may refuse to leave SQD while the send queue is still draining (rxe
@@ -218,6 +221,7 @@ pub(super) fn modify(v: &mut HwVerbs, qp: QpNum, attr: &QpAttr) -> Result<(), Ve
         a.en_sqd_async_notify = u8::from(v);
         mask |= bit(M::IBV_QP_EN_SQD_ASYNC_NOTIFY);
     }
+    v.stats.calls.modify_qp_calls += 1;
     // SAFETY: a live QP and a filled attribute struct whose mask names the set fields.
     let rc = unsafe { ffi::ibv_modify_qp(raw, &mut a, mask) };
     if rc != 0 {

@@ -87,6 +87,7 @@ impl HwVerbs {
             num_sge: 1,
         };
         let mut bad = ptr::null_mut();
+        self.stats.calls.post_recv_calls += 1;
         // SAFETY: the QP/SRQ pointers are live objects of this context; `wr` and `sge` outlive
         // the call (the device copies them); the SGE lies inside the pool's registered MR.
         let rc = unsafe {
@@ -116,6 +117,7 @@ impl HwVerbs {
                 errno_err("post_recv", rc)
             });
         }
+        self.stats.calls.recv_wrs += 1;
         Ok(())
     }
 }
@@ -194,6 +196,7 @@ pub(super) fn post_send(v: &mut HwVerbs, qp: QpNum, wr: &SendWr) -> Result<(), V
         };
     }
     let mut bad = ptr::null_mut();
+    v.stats.calls.post_send_calls += 1;
     // SAFETY: a live QP of this context; `w` and `sge` outlive the call (the device copies
     // them); the SGE lies inside the pool's registered MR and the buffer is now lent.
     let rc = unsafe {
@@ -213,6 +216,7 @@ pub(super) fn post_send(v: &mut HwVerbs, qp: QpNum, wr: &SendWr) -> Result<(), V
             errno_err("post_send", rc)
         });
     }
+    v.stats.calls.send_wrs += 1;
     if let Some(q) = v.qps.get_mut(&qp.get()) {
         q.sends.push_back(id);
         q.sends_posted += 1;

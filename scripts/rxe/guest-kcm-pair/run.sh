@@ -76,6 +76,11 @@ if [ -x /extra/iperf3 ]; then
   grep -E "sender|receiver|error" /tmp/iperf
   echo "PERF kcm_pair_iperf3: $(grep receiver /tmp/iperf | awk '{print $7, $8}')"
   res kcm_pair_iperf3 "$ok $(el "$t1")s"
+  # The verbs calls of each daemon so far (mostly the iperf3 run), with the bytes moved: what
+  # docs/verbs.md divides into calls per GB.
+  for n in a b; do
+    echo "CALLS kcm_pair_$n: $(st $n | grep -o '"\(hw_[a-z_]*\|rx_bytes\|tx_bytes\)":[0-9]*' | tr -d '"' | tr '\n' ' ')"
+  done
 fi
 sa=$(st a)
 echo "a: rdmacm_events=$(num "$sa" rdmacm_events) rdmacm_ids=$(num "$sa" rdmacm_ids) cm_mads_sent=$(num "$sa" cm_mads_sent) mad_sent=$(num "$sa" mad_sent)"
