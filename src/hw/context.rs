@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use ibverbs_sys as ffi;
 
 use super::ah_cache::AhCache;
-use super::objects::{Ah, Cq, Ipv4Joins, Pd, Qp, Srq, Wr};
+use super::objects::{Ah, Cq, Ipv4Joins, Pd, Qp, Srq, WrTable};
 use crate::verbs::{
     AddressVector, AsyncEvent, BufPools, PdId, PoolId, PortAttr, WcOpcode, WcStatus,
 };
@@ -42,8 +42,9 @@ pub struct HwVerbs {
     pub(super) srqs: HashMap<u32, Srq>,
     pub(super) qps: HashMap<u32, Qp>,
     pub(super) ahs: AhCache<(PdId, AddressVector), Ah>,
-    pub(super) wrs: HashMap<u64, Wr>,
-    pub(super) next_wr: u64,
+    pub(super) wrs: WrTable,
+    /// The completion vector the next CQ gets: CQs take the device's vectors in turn.
+    pub(super) next_comp_vector: i32,
     pub(super) next_id: u32,
     pub(super) events: VecDeque<AsyncEvent>,
     pub(super) wc: Vec<ffi::ibv_wc>,
@@ -104,7 +105,8 @@ pub struct HwCalls {
     pub cq_events: u64,
     /// `ibv_ack_cq_events` calls.
     pub cq_event_acks: u64,
-    /// `ibv_query_qp` calls made around `ibv_modify_qp` (the caller's own state queries aside).
+    /// `ibv_query_qp` calls made for `ibv_modify_qp`: only when a modify from the tracked
+    /// state failed, and to wait out an SQD drain (the caller's own state queries aside).
     pub query_qp_calls: u64,
     /// `ibv_modify_qp` calls.
     pub modify_qp_calls: u64,

@@ -6,8 +6,8 @@ use std::ptr;
 use super::context::HwVerbs;
 use super::error::errno_err;
 use super::ffi_map::status_from;
-use super::objects::Cq;
 use super::objects::Owner;
+use super::objects::{Cq, CQ_EVENT_ACK_BATCH};
 use crate::verbs::{Completion, CqId, Lid, QpNum, QpType, Sl, VerbsError, WcOpcode, WcStatus};
 use ibverbs_sys as ffi;
 
@@ -25,7 +25,8 @@ impl HwVerbs {
         }
     }
 
-    /// Reads every pending completion-channel event, acks it and re-arms its CQ.
+    /// Reads every pending completion-channel event and re-arms its CQ; the events are acked
+    /// [`CQ_EVENT_ACK_BATCH`] at a time (and all before the CQ is destroyed).
     pub(super) fn drain_channel(&mut self) {
         if self.channel.is_null() {
             return;
@@ -38,15 +39,39 @@ impl HwVerbs {
                 break;
             }
             self.stats.calls.cq_events += 1;
-            self.stats.calls.cq_event_acks += 1;
+            let ack = match self.cqs.values_mut().find(|c| c.raw == cq) {
+                Some(c) => {
+                    c.unacked_events += 1;
+                    (c.unacked_events >= CQ_EVENT_ACK_BATCH)
+                        .then(|| std::mem::take(&mut c.unacked_events))
+                }
+                // Not one of ours (cannot happen): ack it at once.
+                None => Some(1),
+            };
             // SAFETY: `cq` was returned by the channel and is still live (we destroy CQs only
-            // after draining the channel).
+            // after draining the channel and acking what was read).
             unsafe {
-                ffi::ibv_ack_cq_events(cq, 1);
+                if let Some(n) = ack {
+                    self.stats.calls.cq_event_acks += 1;
+                    ffi::ibv_ack_cq_events(cq, n);
+                }
                 if let Some(arm) = (*self.ctx).ops.req_notify_cq {
                     arm(cq, 0);
                 }
             }
+        }
+    }
+
+    /// Acks the events read for `cq` and not acked yet.
+    fn ack_events(&mut self, cq: CqId) {
+        let Some(c) = self.cqs.get_mut(&cq.0) else {
+            return;
+        };
+        let n = std::mem::take(&mut c.unacked_events);
+        if n > 0 {
+            self.stats.calls.cq_event_acks += 1;
+            // SAFETY: a live CQ; these events were read from the channel.
+            unsafe { ffi::ibv_ack_cq_events(c.raw, n) };
         }
     }
 
@@ -142,8 +167,14 @@ impl HwVerbs {
 
 pub(super) fn create(v: &mut HwVerbs, depth: u32) -> Result<CqId, VerbsError> {
     let n = i32::try_from(depth.max(1)).map_err(|_| VerbsError::OutOfResources("CQ"))?;
-    // SAFETY: valid context and channel.
-    let raw = unsafe { ffi::ibv_create_cq(v.ctx, n, ptr::null_mut(), v.channel, 0) };
+    // CQs take the device's completion vectors in turn, so that their interrupts spread
+    // over the vectors' CPUs rather than all landing on vector 0's.
+    // SAFETY: valid context.
+    let vectors = unsafe { (*v.ctx).num_comp_vectors }.max(1);
+    let vector = v.next_comp_vector % vectors;
+    v.next_comp_vector = (vector + 1) % vectors;
+    // SAFETY: valid context and channel; `vector` is below the device's count.
+    let raw = unsafe { ffi::ibv_create_cq(v.ctx, n, ptr::null_mut(), v.channel, vector) };
     if raw.is_null() {
         return Err(errno_err("ibv_create_cq", -1));
     }
@@ -153,7 +184,14 @@ pub(super) fn create(v: &mut HwVerbs, depth: u32) -> Result<CqId, VerbsError> {
         unsafe { arm(raw, 0) };
     }
     let id = v.id();
-    v.cqs.insert(id, Cq { raw, users: 0 });
+    v.cqs.insert(
+        id,
+        Cq {
+            raw,
+            users: 0,
+            unacked_events: 0,
+        },
+    );
     Ok(CqId(id))
 }
 
@@ -165,6 +203,7 @@ pub(super) fn destroy(v: &mut HwVerbs, cq: CqId) -> Result<(), VerbsError> {
     let raw = c.raw;
     // ibv_destroy_cq waits until every event it reported was acked.
     v.drain_channel();
+    v.ack_events(cq);
     // SAFETY: a live CQ no QP uses, with all its events acked.
     let rc = unsafe { ffi::ibv_destroy_cq(raw) };
     if rc != 0 {

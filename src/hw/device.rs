@@ -9,6 +9,7 @@ use std::ptr;
 
 use super::ah_cache::{AhCache, MAX_CACHED_AHS, MAX_RETIRED_AHS};
 use super::ffi_map::mtu_from;
+use super::objects::WrTable;
 use super::{HwConfig, HwError, HwStats, HwVerbs};
 use crate::verbs::{BufPools, Gid, PathMtu, PortAttr};
 use ibverbs_sys as ffi;
@@ -110,8 +111,8 @@ impl HwVerbs {
             srqs: HashMap::new(),
             qps: HashMap::new(),
             ahs: AhCache::new(MAX_CACHED_AHS, MAX_RETIRED_AHS),
-            wrs: HashMap::new(),
-            next_wr: 1,
+            wrs: WrTable::default(),
+            next_comp_vector: 0,
             next_id: 1,
             events: VecDeque::new(),
             wc: Vec::new(),
@@ -243,6 +244,10 @@ impl Drop for HwVerbs {
         }
         self.drain_channel();
         for (_, c) in self.cqs.drain() {
+            if c.unacked_events > 0 {
+                // SAFETY: live CQ; these events were read from the channel.
+                unsafe { ffi::ibv_ack_cq_events(c.raw, c.unacked_events) };
+            }
             // SAFETY: live CQ with no QPs left and all events acked.
             unsafe { ffi::ibv_destroy_cq(c.raw) };
         }

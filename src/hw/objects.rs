@@ -25,12 +25,19 @@ pub(super) struct Pd {
     pub(super) users: usize,
 }
 
-/// A CQ and how many QPs use it.
+/// A CQ, how many QPs use it, and the completion events read for it and not acked yet.
 #[derive(Debug)]
 pub(super) struct Cq {
     pub(super) raw: *mut ffi::ibv_cq,
     pub(super) users: usize,
+    /// Acked in one `ibv_ack_cq_events` call once [`CQ_EVENT_ACK_BATCH`] of them were read,
+    /// and before the CQ is destroyed (which waits for every event to be acked).
+    pub(super) unacked_events: u32,
 }
+
+/// Completion events read for one CQ before they are acked with one call (an ack takes a lock
+/// in libibverbs; `ipoib_cm` and rdma-core's examples batch it the same way).
+pub(super) const CQ_EVENT_ACK_BATCH: u32 = 64;
 
 /// An SRQ: its PD, its depth, how many QPs use it and how many receives are posted.
 #[derive(Debug)]
@@ -55,6 +62,8 @@ pub(super) struct Qp {
     pub(super) max_send_wr: u32,
     pub(super) max_recv_wr: u32,
     pub(super) sq_sig_all: bool,
+    /// The largest payload a send may carry inline (what the device granted at creation).
+    pub(super) max_inline: u32,
     /// Internal ids of outstanding send WRs, oldest first.
     pub(super) sends: VecDeque<u64>,
     /// Sends posted on the device so far, and of those, how many completed (in order,
@@ -80,6 +89,88 @@ pub(super) struct Wr {
     pub(super) buf: Option<BufId>,
     pub(super) send: bool,
     pub(super) signaled: bool,
+}
+
+/// The outstanding WRs by the `wr_id` the device carries: a slot table, so that posting and
+/// completing a WR costs an index and no hashing. A `wr_id` is the slot's index (low 32 bits)
+/// and its generation (high 32 bits), bumped at each reuse: a completion that names a slot
+/// freed since (its WR released by a destroy or a RESET) finds nothing.
+#[derive(Debug, Default)]
+pub(super) struct WrTable {
+    slots: Vec<(u32, Option<Wr>)>,
+    free: Vec<u32>,
+}
+
+impl WrTable {
+    /// Stores `wr`; its `wr_id`.
+    pub(super) fn insert(&mut self, wr: Wr) -> u64 {
+        if let Some(i) = self.free.pop() {
+            if let Some((gen, slot)) = self.slots.get_mut(i as usize) {
+                *gen = gen.wrapping_add(1);
+                *slot = Some(wr);
+                return u64::from(*gen) << 32 | u64::from(i);
+            }
+        }
+        let i = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
+        self.slots.push((0, Some(wr)));
+        u64::from(i)
+    }
+
+    /// Takes the WR of `id` out; `None` if the id names no outstanding WR.
+    pub(super) fn remove(&mut self, id: &u64) -> Option<Wr> {
+        let (index, gen) = ((*id & 0xffff_ffff) as u32, (*id >> 32) as u32);
+        let (g, slot) = self.slots.get_mut(index as usize)?;
+        if *g != gen {
+            return None;
+        }
+        let wr = slot.take()?;
+        self.free.push(index);
+        Some(wr)
+    }
+
+    /// The outstanding WRs with their ids.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (u64, &Wr)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (gen, slot))| {
+                slot.as_ref().map(|w| (u64::from(*gen) << 32 | i as u64, w))
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wr(user: u64) -> Wr {
+        Wr {
+            owner: Owner::Srq(SrqId(1)),
+            user: WrId(user),
+            buf: None,
+            send: false,
+            signaled: true,
+        }
+    }
+
+    #[test]
+    fn a_wr_id_finds_its_wr_once_and_a_reused_slot_not_its_old_id() {
+        let mut t = WrTable::default();
+        let a = t.insert(wr(1));
+        let b = t.insert(wr(2));
+        assert_eq!(t.iter().count(), 2);
+        assert_eq!(t.remove(&a).map(|w| w.user), Some(WrId(1)));
+        assert!(t.remove(&a).is_none());
+        let c = t.insert(wr(3));
+        assert_eq!(c & 0xffff_ffff, a & 0xffff_ffff, "the freed slot is reused");
+        assert!(t.remove(&a).is_none(), "a stale id misses the reused slot");
+        let ids: Vec<u64> = t.iter().map(|(i, _)| i).collect();
+        assert_eq!(ids, vec![c, b]);
+        assert_eq!(t.remove(&c).map(|w| w.user), Some(WrId(3)));
+        assert_eq!(t.remove(&b).map(|w| w.user), Some(WrId(2)));
+        assert_eq!(t.iter().count(), 0);
+        assert!(t.remove(&u64::MAX).is_none());
+    }
 }
 
 /// The IPv4 groups joined for attachments, each with its socket and how many attachments use

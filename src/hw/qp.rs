@@ -50,6 +50,10 @@ impl HwVerbs {
     }
 }
 
+/// The payload bytes a send QP asks to carry inline (the device may grant more): an IP
+/// packet up to this size (TCP ACKs, ARP and ND, small UDP) is copied into the WQE.
+pub(super) const MAX_INLINE_DATA: u32 = 128;
+
 pub(super) fn create(v: &mut HwVerbs, init: &QpInit) -> Result<QpNum, VerbsError> {
     let qp_type = match init.qp_type {
         QpType::Rc => ffi::ibv_qp_type::IBV_QPT_RC,
@@ -77,16 +81,24 @@ pub(super) fn create(v: &mut HwVerbs, init: &QpInit) -> Result<QpNum, VerbsError
             },
             max_send_sge: 1,
             max_recv_sge: 1,
-            max_inline_data: 0,
+            max_inline_data: MAX_INLINE_DATA,
         },
         qp_type,
         sq_sig_all: i32::from(init.sq_sig_all),
     };
     // SAFETY: valid PD, CQs, SRQ (or null) and attribute struct.
-    let raw = unsafe { ffi::ibv_create_qp(raw_pd, &mut a) };
+    let mut raw = unsafe { ffi::ibv_create_qp(raw_pd, &mut a) };
+    if raw.is_null() {
+        // A device that cannot put MAX_INLINE_DATA bytes in a WQE: no inline sends.
+        a.cap.max_inline_data = 0;
+        // SAFETY: as above.
+        raw = unsafe { ffi::ibv_create_qp(raw_pd, &mut a) };
+    }
     if raw.is_null() {
         return Err(errno_err("ibv_create_qp", -1));
     }
+    // ibv_create_qp wrote back what the device granted.
+    let max_inline = a.cap.max_inline_data;
     // SAFETY: a live QP.
     let qpn = unsafe { (*raw).qp_num };
     v.qps.insert(
@@ -102,6 +114,7 @@ pub(super) fn create(v: &mut HwVerbs, init: &QpInit) -> Result<QpNum, VerbsError
             max_send_wr: init.max_send_wr.max(1),
             max_recv_wr: init.max_recv_wr.max(1),
             sq_sig_all: init.sq_sig_all,
+            max_inline,
             sends: VecDeque::new(),
             sends_posted: 0,
             sends_completed: 0,
@@ -118,12 +131,34 @@ pub(super) fn create(v: &mut HwVerbs, init: &QpInit) -> Result<QpNum, VerbsError
     Ok(QpNum::new(qpn))
 }
 
+/// Moves `qp` as `attr` says, checked against the state this wrapper tracks (no
+/// `ibv_query_qp`, a firmware command on most devices); only when the check or the device
+/// refuses is the device asked for its state, which it may have changed on its own (to ERR
+/// or SQE, after an error completion), and the modify tried once more from there.
 pub(super) fn modify(v: &mut HwVerbs, qp: QpNum, attr: &QpAttr) -> Result<(), VerbsError> {
     let q = v.qps.get(&qp.get()).ok_or(VerbsError::NoSuchQp(qp))?;
+    let (raw, tracked) = (q.raw, q.state);
+    match modify_from(v, qp, tracked, attr) {
+        Err(e) => {
+            v.stats.calls.query_qp_calls += 1;
+            match v.query_state(raw) {
+                Some(device) if device != tracked => modify_from(v, qp, device, attr),
+                _ => Err(e),
+            }
+        }
+        ok => ok,
+    }
+}
+
+/// [`modify`] from the state `current`.
+fn modify_from(
+    v: &mut HwVerbs,
+    qp: QpNum,
+    current: QpState,
+    attr: &QpAttr,
+) -> Result<(), VerbsError> {
+    let q = v.qps.get(&qp.get()).ok_or(VerbsError::NoSuchQp(qp))?;
     let (raw, qp_type) = (q.raw, q.qp_type);
-    let tracked = q.state;
-    v.stats.calls.query_qp_calls += 1;
-    let current = v.query_state(raw).unwrap_or(tracked);
     check_modify(qp_type, current, attr)?;
     if current == QpState::Sqd && !matches!(attr.state, Some(QpState::Err | QpState::Reset)) {
         // A device may refuse to leave SQD while the send queue is still draining (rxe

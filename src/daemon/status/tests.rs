@@ -450,18 +450,24 @@ fn text_rendering_shows_what_is_not_zero_grouped() {
     );
     assert!(text.contains("  RX dropped: rx_buffer_drops 2\n"), "{text}");
     assert!(!text.contains("TX dropped"), "{text}");
-    assert!(text.ends_with(
-        "\ncounters (not zero; --all for every one):
+    assert!(
+        text.ends_with(
+            "\ncounters (not zero; --all for every one):
   connections: qp_live 3, qp_created 5, qp_destroyed 2, rx_accepted 3
   reaping: rx_stale_reaped 1
   cm: cm_req_sent 4
   other: retransmits 7
 "
-    ), "{text}");
+        ),
+        "{text}"
+    );
     s.provider.clear();
     s.counters = Counters::default();
     let quiet = render_text(&s, Shown::NonZero);
-    assert!(quiet.ends_with("\ncounters (not zero; --all for every one): none\n"), "{quiet}");
+    assert!(
+        quiet.ends_with("\ncounters (not zero; --all for every one): none\n"),
+        "{quiet}"
+    );
 }
 
 #[test]
