@@ -43,6 +43,8 @@ pub struct HwVerbs {
     pub(super) qps: HashMap<u32, Qp>,
     pub(super) ahs: AhCache<(PdId, AddressVector), Ah>,
     pub(super) wrs: WrTable,
+    /// The QPs with sends waiting for their doorbell (`Qp::pending`), each once.
+    pub(super) chained: Vec<u32>,
     /// The completion vector the next CQ gets: CQs take the device's vectors in turn.
     pub(super) next_comp_vector: i32,
     pub(super) next_id: u32,
@@ -101,6 +103,10 @@ pub struct HwCalls {
     pub recv_wrs: u64,
     /// `ibv_poll_cq` calls, empty ones included.
     pub poll_cq_calls: u64,
+    /// Work completions the device wrote (what `ibv_poll_cq` returned); `completions` counts
+    /// those handed out, which a signaled send's completion stands in for in its QP's earlier
+    /// sends.
+    pub cqes: u64,
     /// Completion events read from the channel.
     pub cq_events: u64,
     /// `ibv_ack_cq_events` calls.

@@ -1,13 +1,15 @@
 //! Completion queues on the one completion channel: creation, polling (each device completion
 //! mapped back to the caller's WR and buffer), and the channel's events.
 
+use std::collections::VecDeque;
 use std::ptr;
 
 use super::context::HwVerbs;
 use super::error::errno_err;
 use super::ffi_map::status_from;
-use super::objects::Owner;
 use super::objects::{Cq, CQ_EVENT_ACK_BATCH};
+use super::objects::{Owner, Wr};
+use super::wr;
 use crate::verbs::{Completion, CqId, Lid, QpNum, QpType, Sl, VerbsError, WcOpcode, WcStatus};
 use ibverbs_sys as ffi;
 
@@ -75,33 +77,31 @@ impl HwVerbs {
         }
     }
 
-    /// Maps one work completion; `None` for a WR this wrapper no longer tracks.
-    fn map_wc(&mut self, wc: &ffi::ibv_wc) -> Option<Completion> {
+    /// Maps one work completion of `cq` onto the caller's WRs, into the CQ's backlog: for a
+    /// send, first the earlier sends of its QP that it shows done (sends complete in order),
+    /// then its own. A WR this wrapper no longer tracks maps to nothing.
+    fn map_wc(&mut self, cq: CqId, wc: &ffi::ibv_wc) {
         let id = wc.wr_id();
-        let w = self.wrs.remove(&id)?;
+        let Some(w) = self.wrs.remove(&id) else {
+            return;
+        };
         let status = status_from(
             wc.error()
                 .map_or(ffi::ibv_wc_status::IBV_WC_SUCCESS, |e| e.0),
         );
         let qp = QpNum::new(wc.qp_num);
         if w.send {
-            // Sends complete in order: earlier unsignaled sends of this QP are done too.
             if let Owner::Qp(q) = w.owner {
-                let mut done = Vec::new();
-                if let Some(x) = self.qps.get_mut(&q.get()) {
-                    while let Some(front) = x.sends.pop_front() {
-                        x.sends_completed += 1;
-                        if front == id {
-                            break;
-                        }
-                        done.push(front);
+                while let Some(x) = self.qps.get_mut(&q.get()) {
+                    let Some(front) = x.sends.pop_front() else {
+                        break;
+                    };
+                    x.sends_completed += 1;
+                    if front == id {
+                        break;
                     }
-                }
-                for d in done {
-                    if let Some(e) = self.wrs.remove(&d) {
-                        if let Some(b) = e.buf {
-                            self.pools.release(b);
-                        }
+                    if let Some(e) = self.wrs.remove(&front) {
+                        self.send_done(cq, q, e);
                     }
                 }
             }
@@ -120,12 +120,11 @@ impl HwVerbs {
             }
         }
         let ok = status == WcStatus::Success;
-        if w.send && ok && !w.signaled {
-            // An unsignaled send that succeeded: nobody is told, its buffer goes back.
-            if let Some(b) = w.buf {
-                self.pools.release(b);
+        if w.send && ok {
+            if let Owner::Qp(q) = w.owner {
+                self.send_done(cq, q, w);
             }
-            return None;
+            return;
         }
         if let Some(b) = w.buf {
             self.pools.reclaim(b);
@@ -139,7 +138,7 @@ impl HwVerbs {
             .qps
             .get(&wc.qp_num)
             .is_some_and(|x| x.qp_type != QpType::Rc);
-        Some(Completion {
+        let c = Completion {
             wr_id: w.user,
             status,
             opcode: if recv { WcOpcode::Recv } else { WcOpcode::Send },
@@ -161,7 +160,41 @@ impl HwVerbs {
             slid: (ok && recv && ud && wc.slid != 0).then_some(Lid(wc.slid)),
             sl: Sl::from_bits(wc.sl),
             dlid_path_bits: wc.dlid_path_bits,
-        })
+        };
+        if let Some(x) = self.cqs.get_mut(&cq.0) {
+            x.backlog.push_back(c);
+        }
+    }
+
+    /// A send of `qp` that the device processed successfully: a completion into `cq`'s
+    /// backlog if its caller asked for one (the buffer goes with it), else its buffer back.
+    fn send_done(&mut self, cq: CqId, qp: QpNum, w: Wr) {
+        if !w.signaled {
+            if let Some(b) = w.buf {
+                self.pools.release(b);
+            }
+            return;
+        }
+        if let Some(b) = w.buf {
+            self.pools.reclaim(b);
+        }
+        if let Some(x) = self.cqs.get_mut(&cq.0) {
+            x.backlog
+                .push_back(Completion::of_send(w.user, qp, w.buf, WcStatus::Success));
+        }
+    }
+
+    /// Hands out up to `max` completions of `cq`'s backlog; how many.
+    fn drain_backlog(&mut self, cq: CqId, out: &mut Vec<Completion>, max: usize) -> usize {
+        let Some(x) = self.cqs.get_mut(&cq.0) else {
+            return 0;
+        };
+        let n = x.backlog.len().min(max);
+        for c in x.backlog.drain(..n) {
+            self.stats.count_completion(c.opcode, c.status);
+            out.push(c);
+        }
+        n
     }
 }
 
@@ -190,6 +223,7 @@ pub(super) fn create(v: &mut HwVerbs, depth: u32) -> Result<CqId, VerbsError> {
             raw,
             users: 0,
             unacked_events: 0,
+            backlog: VecDeque::new(),
         },
     );
     Ok(CqId(id))
@@ -213,7 +247,11 @@ pub(super) fn destroy(v: &mut HwVerbs, cq: CqId) -> Result<(), VerbsError> {
     Ok(())
 }
 
+/// Polls `cq` for at most `max` completions: first the sends posted since the last doorbell
+/// go to the device (a caller that polls for what it posted is never left waiting), then the
+/// backlog, then the device's CQ, 64 entries a call.
 pub(super) fn poll(v: &mut HwVerbs, cq: CqId, out: &mut Vec<Completion>, max: usize) -> usize {
+    wr::flush_all(v);
     let Ok(raw) = v.cq_raw(cq) else {
         return 0;
     };
@@ -223,7 +261,7 @@ pub(super) fn poll(v: &mut HwVerbs, cq: CqId, out: &mut Vec<Completion>, max: us
     ) else {
         return 0;
     };
-    let mut got = 0;
+    let mut got = v.drain_backlog(cq, out, max);
     let mut polled = false;
     while got < max {
         let want = (max - got).min(64);
@@ -238,14 +276,12 @@ pub(super) fn poll(v: &mut HwVerbs, cq: CqId, out: &mut Vec<Completion>, max: us
             break;
         }
         polled = true;
+        v.stats.calls.cqes += n as u64;
         for i in 0..n as usize {
             let wc = v.wc[i];
-            if let Some(c) = v.map_wc(&wc) {
-                v.stats.count_completion(c.opcode, c.status);
-                out.push(c);
-                got += 1;
-            }
+            v.map_wc(cq, &wc);
         }
+        got += v.drain_backlog(cq, out, max - got);
         if (n as usize) < want {
             break;
         }

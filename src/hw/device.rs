@@ -112,6 +112,7 @@ impl HwVerbs {
             qps: HashMap::new(),
             ahs: AhCache::new(MAX_CACHED_AHS, MAX_RETIRED_AHS),
             wrs: WrTable::default(),
+            chained: Vec::new(),
             next_comp_vector: 0,
             next_id: 1,
             events: VecDeque::new(),

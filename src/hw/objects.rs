@@ -5,7 +5,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, UdpSocket};
 
-use crate::verbs::{BufId, CqId, Gid, PdId, QpNum, QpState, QpType, SrqId, WrId};
+use crate::verbs::{BufId, Completion, CqId, Gid, PdId, QpNum, QpState, QpType, SrqId, WrId};
 use ibverbs_sys as ffi;
 
 #[cfg(doc)]
@@ -33,6 +33,10 @@ pub(super) struct Cq {
     /// Acked in one `ibv_ack_cq_events` call once [`CQ_EVENT_ACK_BATCH`] of them were read,
     /// and before the CQ is destroyed (which waits for every event to be acked).
     pub(super) unacked_events: u32,
+    /// Completions made by this wrapper and not handed out yet, oldest first: of the sends
+    /// that a later signaled send's completion showed done, and of sends the device
+    /// refused. Bounded by the send queues of the CQ's QPs.
+    pub(super) backlog: VecDeque<Completion>,
 }
 
 /// Completion events read for one CQ before they are acked with one call (an ack takes a lock
@@ -64,6 +68,8 @@ pub(super) struct Qp {
     pub(super) sq_sig_all: bool,
     /// The largest payload a send may carry inline (what the device granted at creation).
     pub(super) max_inline: u32,
+    /// Sends posted since the last doorbell, in order; at most `wr::MAX_CHAIN`.
+    pub(super) pending: Vec<PendingSend>,
     /// Internal ids of outstanding send WRs, oldest first.
     pub(super) sends: VecDeque<u64>,
     /// Sends posted on the device so far, and of those, how many completed (in order,
@@ -72,6 +78,20 @@ pub(super) struct Qp {
     pub(super) sends_completed: u64,
     pub(super) recvs: usize,
     pub(super) mcast: Vec<Gid>,
+}
+
+/// A send posted by the caller and not yet given to the device: what its `ibv_send_wr` is
+/// built from when its chain is.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PendingSend {
+    /// The internal `wr_id`.
+    pub(super) id: u64,
+    pub(super) sge: Option<ffi::ibv_sge>,
+    pub(super) imm: Option<u32>,
+    pub(super) solicited: bool,
+    pub(super) inline: bool,
+    /// UD: the AH, the remote QPN and Q_Key.
+    pub(super) ud: Option<(*mut ffi::ibv_ah, u32, u32)>,
 }
 
 /// Who an outstanding WR belongs to.

@@ -137,8 +137,21 @@ impl Provider for HwVerbs {
     }
 
     fn handle_io(&mut self, _now: Instant) -> io::Result<()> {
+        wr::flush_all(self);
         self.drain_channel();
         self.drain_async();
+        Ok(())
+    }
+
+    fn handle_input(&mut self, _now: Instant) -> io::Result<usize> {
+        self.drain_channel();
+        self.drain_async();
+        Ok(0)
+    }
+
+    /// Rings the doorbell of every QP with sends posted since its last one.
+    fn flush(&mut self, _now: Instant) -> io::Result<()> {
+        wr::flush_all(self);
         Ok(())
     }
 

@@ -84,7 +84,9 @@ pub(super) fn create(v: &mut HwVerbs, init: &QpInit) -> Result<QpNum, VerbsError
             max_inline_data: MAX_INLINE_DATA,
         },
         qp_type,
-        sq_sig_all: i32::from(init.sq_sig_all),
+        // The device signals only what `wr::flush_sends` asks; `sq_sig_all` is this
+        // wrapper's: every send then completes towards the caller.
+        sq_sig_all: 0,
     };
     // SAFETY: valid PD, CQs, SRQ (or null) and attribute struct.
     let mut raw = unsafe { ffi::ibv_create_qp(raw_pd, &mut a) };
@@ -115,6 +117,7 @@ pub(super) fn create(v: &mut HwVerbs, init: &QpInit) -> Result<QpNum, VerbsError
             max_recv_wr: init.max_recv_wr.max(1),
             sq_sig_all: init.sq_sig_all,
             max_inline,
+            pending: Vec::new(),
             sends: VecDeque::new(),
             sends_posted: 0,
             sends_completed: 0,
@@ -136,6 +139,8 @@ pub(super) fn create(v: &mut HwVerbs, init: &QpInit) -> Result<QpNum, VerbsError
 /// refuses is the device asked for its state, which it may have changed on its own (to ERR
 /// or SQE, after an error completion), and the modify tried once more from there.
 pub(super) fn modify(v: &mut HwVerbs, qp: QpNum, attr: &QpAttr) -> Result<(), VerbsError> {
+    // What was posted before the modify reaches the device before it.
+    super::wr::flush_sends(v, qp);
     let q = v.qps.get(&qp.get()).ok_or(VerbsError::NoSuchQp(qp))?;
     let (raw, tracked) = (q.raw, q.state);
     match modify_from(v, qp, tracked, attr) {
@@ -267,6 +272,7 @@ fn modify_from(
         if to == QpState::Reset {
             // RESET discards every outstanding WR without completions: none will be
             // processed, so they count as completed.
+            q.pending.clear();
             q.sends.clear();
             q.sends_completed = q.sends_posted;
             q.recvs = 0;

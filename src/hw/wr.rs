@@ -5,8 +5,10 @@ use std::ptr;
 
 use super::context::HwVerbs;
 use super::error::errno_err;
-use super::objects::{Owner, Wr};
-use crate::verbs::{BufId, QpNum, QpState, QpType, SendWr, VerbsError, WrId};
+use super::objects::{Owner, PendingSend, Wr};
+use crate::verbs::{
+    BufId, Completion, CqId, QpNum, QpState, QpType, SendWr, VerbsError, WcStatus, WrId,
+};
 use ibverbs_sys as ffi;
 
 impl HwVerbs {
@@ -127,8 +129,7 @@ pub(super) fn post_send(v: &mut HwVerbs, qp: QpNum, wr: &SendWr) -> Result<(), V
     if q.sends.len() >= q.max_send_wr as usize {
         return Err(VerbsError::QueueFull);
     }
-    let (raw, qp_type, pd, sig_all, max_inline) =
-        (q.raw, q.qp_type, q.pd, q.sq_sig_all, q.max_inline);
+    let (qp_type, pd, sig_all, max_inline) = (q.qp_type, q.pd, q.sq_sig_all, q.max_inline);
     if qp_type != QpType::Rc {
         let mtu = v.attr.active_mtu.bytes();
         if wr.len > mtu {
@@ -148,7 +149,7 @@ pub(super) fn post_send(v: &mut HwVerbs, qp: QpNum, wr: &SendWr) -> Result<(), V
         (_, Some(d)) => Some((v.ah_for(pd, d.av)?.raw, d)),
         (_, None) => return Err(VerbsError::InvalidWr("UD send without a destination")),
     };
-    let mut sge = match wr.buf {
+    let sge = match wr.buf {
         Some(b) => Some(v.sge(b, wr.len)?),
         None if wr.len > 0 => return Err(VerbsError::InvalidWr("length without a buffer")),
         None => None,
@@ -164,72 +165,172 @@ pub(super) fn post_send(v: &mut HwVerbs, qp: QpNum, wr: &SendWr) -> Result<(), V
         send: true,
         signaled,
     });
-    // SAFETY: ibv_send_wr is a plain C struct; all-zero is valid.
-    let mut w: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
-    w.wr_id = id;
-    if let Some(s) = sge.as_mut() {
-        w.sg_list = s;
-        w.num_sge = 1;
-    }
-    w.opcode = if wr.imm.is_some() {
-        ffi::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM
-    } else {
-        ffi::ibv_wr_opcode::IBV_WR_SEND
-    };
-    if let Some(imm) = wr.imm {
-        w.__bindgen_anon_1.imm_data = imm.to_be();
-    }
-    // Every send is signaled on the device, so that an unsignaled WR (whose completion
-    // the caller never sees) still tells us when its buffer is free again.
-    let mut flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
-    if wr.solicited {
-        flags |= ffi::ibv_send_flags::IBV_SEND_SOLICITED.0;
-    }
     // A small payload goes in the WQE itself: the device does not read the buffer (one DMA
     // read fewer per packet); the buffer stays lent until the completion all the same.
     let inline = wr.len > 0 && wr.len <= max_inline as usize;
-    if inline {
-        flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+    let Some(q) = v.qps.get_mut(&qp.get()) else {
+        return Err(VerbsError::NoSuchQp(qp));
+    };
+    q.sends.push_back(id);
+    q.sends_posted += 1;
+    q.pending.push(PendingSend {
+        id,
+        sge,
+        imm: wr.imm,
+        solicited: wr.solicited,
+        inline,
+        ud: ah.map(|(ah, d)| (ah, d.remote_qpn.get(), d.remote_qkey.0)),
+    });
+    if let (Some(d), true) = (wr.ud, ah.is_some()) {
+        v.ahs.note_post(&(pd, d.av), qp.get(), q.sends_posted);
     }
-    w.send_flags = flags;
-    if let Some((ah, d)) = ah {
-        w.wr.ud = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
-            ah,
-            remote_qpn: d.remote_qpn.get(),
-            remote_qkey: d.remote_qkey.0,
+    let full = q.pending.len() >= MAX_CHAIN;
+    if q.pending.len() == 1 {
+        v.chained.push(qp.get());
+    }
+    if full {
+        flush_sends(v, qp);
+    }
+    Ok(())
+}
+
+/// The most sends one doorbell carries: a chain this long is posted at once.
+pub(super) const MAX_CHAIN: usize = 32;
+
+/// One send in `SIGNAL_EVERY` of a chain asks the device for a completion, and so does the
+/// last: the completion of a send tells that every earlier send of its QP is done (sends
+/// complete in order), which is how the others are reclaimed and reported.
+pub(super) const SIGNAL_EVERY: usize = 16;
+
+/// Posts the sends chained on `qp` since its last doorbell: one `ibv_post_send` for all of
+/// them, every [`SIGNAL_EVERY`]th and the last signaled on the device. A send the device
+/// refuses (with those after it) completes with [`WcStatus::LocQpOpErr`] if its caller asked
+/// for a completion; its buffer is given back either way.
+pub(super) fn flush_sends(v: &mut HwVerbs, qp: QpNum) {
+    let Some(q) = v.qps.get_mut(&qp.get()) else {
+        return;
+    };
+    let chain = std::mem::take(&mut q.pending);
+    if chain.is_empty() {
+        return;
+    }
+    let (raw, send_cq) = (q.raw, q.send_cq);
+    let mut sges: Vec<ffi::ibv_sge> = chain
+        .iter()
+        .map(|p| {
+            p.sge.unwrap_or(ffi::ibv_sge {
+                addr: 0,
+                length: 0,
+                lkey: 0,
+            })
+        })
+        .collect();
+    // SAFETY: ibv_send_wr is a plain C struct; all-zero is valid.
+    let mut wrs: Vec<ffi::ibv_send_wr> = vec![unsafe { std::mem::zeroed() }; chain.len()];
+    let last = chain.len() - 1;
+    for (i, (p, w)) in chain.iter().zip(wrs.iter_mut()).enumerate() {
+        w.wr_id = p.id;
+        w.opcode = if p.imm.is_some() {
+            ffi::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM
+        } else {
+            ffi::ibv_wr_opcode::IBV_WR_SEND
         };
+        if let Some(imm) = p.imm {
+            w.__bindgen_anon_1.imm_data = imm.to_be();
+        }
+        let mut flags = 0;
+        if i == last || (i + 1) % SIGNAL_EVERY == 0 {
+            flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
+        if p.solicited {
+            flags |= ffi::ibv_send_flags::IBV_SEND_SOLICITED.0;
+        }
+        if p.inline {
+            flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+        }
+        w.send_flags = flags;
+        if let Some((ah, remote_qpn, remote_qkey)) = p.ud {
+            w.wr.ud = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+                ah,
+                remote_qpn,
+                remote_qkey,
+            };
+        }
     }
-    let mut bad = ptr::null_mut();
+    // Link the chain now that neither vector moves any more.
+    let base = wrs.as_mut_ptr();
+    for (i, p) in chain.iter().enumerate() {
+        // SAFETY: `i` and `i + 1` are within `wrs` (checked by the range); the pointers stay
+        // valid until both vectors drop after the post.
+        unsafe {
+            let w = base.add(i);
+            if p.sge.is_some() {
+                (*w).sg_list = sges.as_mut_ptr().add(i);
+                (*w).num_sge = 1;
+            }
+            if i < last {
+                (*w).next = base.add(i + 1);
+            }
+        }
+    }
+    let mut bad: *mut ffi::ibv_send_wr = ptr::null_mut();
     v.stats.calls.post_send_calls += 1;
-    // SAFETY: a live QP of this context; `w` and `sge` outlive the call (the device copies
-    // them); the SGE lies inside the pool's registered MR and the buffer is now lent.
+    // SAFETY: a live QP of this context; the chain and its SGEs outlive the call (the device
+    // copies them); each SGE lies inside its pool's registered MR over a lent buffer.
     let rc = unsafe {
         match (*v.ctx).ops.post_send {
-            Some(f) => f(raw, &mut w, &mut bad),
+            Some(f) => f(raw, base, &mut bad),
             None => libc::ENOSYS,
         }
     };
-    if rc != 0 {
-        v.wrs.remove(&id);
-        if let Some(b) = wr.buf {
+    let posted = if rc == 0 {
+        chain.len()
+    } else if bad.is_null() {
+        0
+    } else {
+        // SAFETY: `bad` points into `wrs` (the provider names the first WR it refused).
+        usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
+    };
+    v.stats.calls.send_wrs += posted as u64;
+    v.stats.calls.inline_sends += chain.iter().take(posted).filter(|p| p.inline).count() as u64;
+    if posted < chain.len() {
+        tracing::debug!(qp = %qp, refused = chain.len() - posted, rc, "post_send refused a chain's tail");
+        refuse_sends(v, qp, send_cq, chain.get(posted..).unwrap_or_default());
+    }
+}
+
+/// The sends of `refused` never reached the device: out of the QP's send queue, their
+/// buffers back, a [`WcStatus::LocQpOpErr`] completion for those whose caller asked for one.
+fn refuse_sends(v: &mut HwVerbs, qp: QpNum, cq: CqId, refused: &[PendingSend]) {
+    if let Some(q) = v.qps.get_mut(&qp.get()) {
+        q.sends.retain(|id| !refused.iter().any(|p| p.id == *id));
+        q.sends_posted = q.sends_posted.saturating_sub(refused.len() as u64);
+    }
+    for p in refused {
+        let Some(w) = v.wrs.remove(&p.id) else {
+            continue;
+        };
+        if !w.signaled {
+            if let Some(b) = w.buf {
+                v.pools.release(b);
+            }
+            continue;
+        }
+        if let Some(b) = w.buf {
             v.pools.reclaim(b);
         }
-        return Err(if rc == libc::ENOMEM {
-            VerbsError::QueueFull
-        } else {
-            errno_err("post_send", rc)
-        });
-    }
-    v.stats.calls.send_wrs += 1;
-    v.stats.calls.inline_sends += u64::from(inline);
-    if let Some(q) = v.qps.get_mut(&qp.get()) {
-        q.sends.push_back(id);
-        q.sends_posted += 1;
-        if let (Some(d), true) = (wr.ud, ah.is_some()) {
-            v.ahs.note_post(&(pd, d.av), qp.get(), q.sends_posted);
+        let c = Completion::of_send(w.user, qp, w.buf, WcStatus::LocQpOpErr);
+        if let Some(x) = v.cqs.get_mut(&cq.0) {
+            x.backlog.push_back(c);
         }
     }
-    Ok(())
+}
+
+/// Posts every chain waiting for its doorbell.
+pub(super) fn flush_all(v: &mut HwVerbs) {
+    for qpn in std::mem::take(&mut v.chained) {
+        flush_sends(v, QpNum::new(qpn));
+    }
 }
 
 pub(super) fn post_recv(

@@ -103,6 +103,27 @@ pub struct Completion {
     pub dlid_path_bits: u8,
 }
 
+impl Completion {
+    /// A send WR's completion: `status`, and none of the fields only receives have.
+    pub fn of_send(wr_id: WrId, qp: QpNum, buf: Option<BufId>, status: WcStatus) -> Self {
+        Self {
+            wr_id,
+            status,
+            opcode: WcOpcode::Send,
+            byte_len: 0,
+            qp,
+            buf,
+            imm: None,
+            src_qp: None,
+            src_port: None,
+            grh: false,
+            slid: None,
+            sl: Sl::default(),
+            dlid_path_bits: 0,
+        }
+    }
+}
+
 /// Asynchronous events (`enum ibv_event_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
