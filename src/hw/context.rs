@@ -45,6 +45,10 @@ pub struct HwVerbs {
     pub(super) wrs: WrTable,
     /// The QPs with sends waiting for their doorbell (`Qp::pending`), each once.
     pub(super) chained: Vec<u32>,
+    /// Which of the completion channel (0) and the async descriptor (1) reported readiness
+    /// since they were last read; `None` until a driver reports any (then every call reads
+    /// both, for callers that poll without an event loop).
+    pub(super) readiness: Option<[bool; 2]>,
     /// The completion vector the next CQ gets: CQs take the device's vectors in turn.
     pub(super) next_comp_vector: i32,
     pub(super) next_id: u32,
@@ -107,8 +111,14 @@ pub struct HwCalls {
     /// those handed out, which a signaled send's completion stands in for in its QP's earlier
     /// sends.
     pub cqes: u64,
+    /// Reads of the completion channel (`ibv_get_cq_event`), the one that finds it empty
+    /// included.
+    pub channel_reads: u64,
     /// Completion events read from the channel.
     pub cq_events: u64,
+    /// Reads of the async-event descriptor (`ibv_get_async_event`), the one that finds it
+    /// empty included.
+    pub async_fd_reads: u64,
     /// `ibv_ack_cq_events` calls.
     pub cq_event_acks: u64,
     /// `ibv_query_qp` calls made for `ibv_modify_qp`: only when a modify from the tracked

@@ -36,6 +36,7 @@ impl HwVerbs {
         loop {
             let mut cq = ptr::null_mut();
             let mut cq_ctx = ptr::null_mut();
+            self.stats.calls.channel_reads += 1;
             // SAFETY: valid channel (non-blocking fd) and out pointers.
             if unsafe { ffi::ibv_get_cq_event(self.channel, &mut cq, &mut cq_ctx) } != 0 {
                 break;

@@ -113,6 +113,7 @@ impl HwVerbs {
             ahs: AhCache::new(MAX_CACHED_AHS, MAX_RETIRED_AHS),
             wrs: WrTable::default(),
             chained: Vec::new(),
+            readiness: None,
             next_comp_vector: 0,
             next_id: 1,
             events: VecDeque::new(),

@@ -11,6 +11,7 @@ impl HwVerbs {
         loop {
             // SAFETY: ibv_async_event is plain C data; all-zero is valid.
             let mut ev: ffi::ibv_async_event = unsafe { std::mem::zeroed() };
+            self.stats.calls.async_fd_reads += 1;
             // SAFETY: valid context (non-blocking async fd) and out pointer.
             if unsafe { ffi::ibv_get_async_event(self.ctx, &mut ev) } != 0 {
                 break;

@@ -109,7 +109,9 @@ impl Verbs for HwVerbs {
     }
 
     fn poll_async_event(&mut self) -> Option<AsyncEvent> {
-        self.drain_async();
+        if self.readiness.is_none() {
+            self.drain_async();
+        }
         self.events.pop_front()
     }
 }
@@ -136,16 +138,32 @@ impl Provider for HwVerbs {
         })
     }
 
-    fn handle_io(&mut self, _now: Instant) -> io::Result<()> {
-        wr::flush_all(self);
-        self.drain_channel();
-        self.drain_async();
-        Ok(())
+    fn note_readiness(&mut self, index: usize) {
+        let r = self.readiness.get_or_insert([false; 2]);
+        if let Some(ready) = r.get_mut(index) {
+            *ready = true;
+        }
     }
 
+    fn handle_io(&mut self, now: Instant) -> io::Result<()> {
+        wr::flush_all(self);
+        self.handle_input(now).map(|_| ())
+    }
+
+    /// Reads the descriptors that reported readiness since they were last read (both, for a
+    /// caller that reports none): each is read until it would block, so an edge-triggered
+    /// registration reports the next event again.
     fn handle_input(&mut self, _now: Instant) -> io::Result<usize> {
-        self.drain_channel();
-        self.drain_async();
+        let [channel, async_fd] = match &mut self.readiness {
+            Some(r) => std::mem::take(r),
+            None => [true; 2],
+        };
+        if channel {
+            self.drain_channel();
+        }
+        if async_fd {
+            self.drain_async();
+        }
         Ok(0)
     }
 
