@@ -1216,3 +1216,42 @@ fn pkey_rules() {
     let e = file_err("bind = \"192.0.2.1\"\npkey = \"0x8001\"\n", &[]);
     assert!(e.contains("pkey"), "{e}");
 }
+
+/// The configuration file is read without waiting on anything but its bytes: a FIFO (with no
+/// writer), a device, a directory or an oversized file there is refused at once with one line,
+/// also behind a symlink.
+#[test]
+fn only_a_regular_file_of_bounded_size_is_read() {
+    use ipoib_cm::daemon::config::{read_config_text, MAX_CONFIG_BYTES};
+    let dir = std::env::temp_dir().join(format!("ipoib-cm-readcfg-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("fifo");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    let link = dir.join("link.toml");
+    let big = dir.join("big.toml");
+    std::fs::write(&big, vec![b'#'; MAX_CONFIG_BYTES as usize + 1]).unwrap();
+    let good = dir.join("good.toml");
+    std::fs::write(&good, "bind = \"198.18.0.1\"\n").unwrap();
+    let err = |p: &Path| read_config_text(p).unwrap_err().to_string();
+    if made.is_ok_and(|s| s.success()) {
+        let t0 = std::time::Instant::now();
+        assert!(
+            err(&fifo).ends_with(": not a regular file"),
+            "{}",
+            err(&fifo)
+        );
+        std::os::unix::fs::symlink(&fifo, &link).unwrap();
+        assert!(
+            err(&link).ends_with(": not a regular file"),
+            "{}",
+            err(&link)
+        );
+        assert!(t0.elapsed() < Duration::from_secs(5), "waited on the FIFO");
+    }
+    assert!(err(Path::new("/dev/zero")).ends_with(": not a regular file"));
+    assert!(err(&dir).ends_with(": not a regular file"));
+    assert!(err(&big).ends_with(&format!(": longer than {MAX_CONFIG_BYTES} bytes")));
+    assert_eq!(read_config_text(&good).unwrap(), "bind = \"198.18.0.1\"\n");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -11,6 +11,10 @@
 //!   every daemon of the namespace, and `status IFNAME --control-socket X` refuses another
 //!   interface;
 //! - the systemd notification protocol against a fake `NOTIFY_SOCKET`;
+//! - a reload never stalls the loop: the config path a symlink to a FIFO, then to
+//!   `/dev/zero` (refused at once, one line each), and a 4,096-neighbour file under a storm of
+//!   200 SIGHUPs a second for 4 s, while node 1 pings node 2 every 10 ms: no ping lost,
+//!   `status` and SIGTERM answered;
 //! - no one locks root out of the (abstract, default) control socket: 200 idle connections of
 //!   an unprivileged user reconnecting every 0.9 s, then 200 idle connections of root, while
 //!   root's `status`, `reload` and `down` are answered every time within
@@ -692,4 +696,146 @@ fn no_one_locks_root_out_of_the_control_socket() {
     let exit = d.exit(CMD);
     assert!(exit.success(), "{exit:?}: {}", d.text());
     assert!(failures.is_empty(), "{failures:#?}\n{}", d.text());
+}
+
+/// `ping -q -c COUNT -i 0.01 -W 1 IP` in node `k`, started; see [`ping_outcome`].
+fn ping_flood(lab: &Lab, k: usize, ip: &str, count: u32) -> Child {
+    let count = count.to_string();
+    lab.exec(
+        k,
+        &[
+            "ping", "-n", "-q", "-c", &count, "-i", "0.01", "-W", "1", ip,
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("spawn ping")
+}
+
+/// A [`ping_flood`]'s (sent, received, max RTT in ms), once it ended.
+fn ping_outcome(mut p: Child) -> (u32, u32, f64) {
+    let _ = wait_within(&mut p, Duration::from_secs(60));
+    let mut out = String::new();
+    if let Some(mut o) = p.stdout.take() {
+        let _ = std::io::Read::read_to_string(&mut o, &mut out);
+    }
+    let num = |s: &str| s.trim().split(' ').next().and_then(|n| n.parse().ok());
+    let mut sent_received = (0, 0);
+    let mut max = f64::NAN;
+    for line in out.lines() {
+        if let Some((a, b)) = line.split_once(" packets transmitted, ") {
+            sent_received = (num(a).unwrap_or(0), num(b).unwrap_or(0));
+        }
+        if let Some(rtt) = line.split(" = ").nth(1) {
+            max = rtt
+                .split('/')
+                .nth(2)
+                .and_then(|m| m.parse().ok())
+                .unwrap_or(f64::NAN);
+        }
+    }
+    (sent_received.0, sent_received.1, max)
+}
+
+/// A static neighbour line for the config file: 198.19.(100 + i / 250).(i % 250 + 1), a soft
+/// daemon's hardware address for underlay 198.18.(100 + i / 250).(i % 250 + 1).
+fn neigh_line(i: usize) -> String {
+    let (a, b) = (100 + i / 250, i % 250 + 1);
+    format!("  \"198.19.{a}.{b}=80:00:00:11:00:00:00:00:00:00:00:00:00:00:ff:ff:c6:12:{a:02x}:{b:02x}\",\n")
+}
+
+#[test]
+fn a_reload_never_stalls_the_loop() {
+    let lab = lab_or_skip!("erld", 2, 1500);
+    let scratch = Scratch::new("stall");
+    let base = "bind = \"198.18.0.1\"\naddr = [\"198.19.0.1/24\"]\npeer = [\"198.18.0.2\"]\n";
+    let real = scratch.file("real.toml", base);
+    let conf = scratch.0.join("node1.toml");
+    std::os::unix::fs::symlink(&real, &conf).expect("symlink");
+    let conf_arg = conf.to_string_lossy().into_owned();
+    let mut d1 = Daemon::start(&lab, 1, &["--config", &conf_arg], &[]);
+    let mut a2 = node_args(2);
+    a2.extend(["--peer".into(), "198.18.0.1".into()]);
+    let _d2 = Daemon::start(&lab, 2, &refs(&a2), &[]);
+    assert!(ping_within(&lab, 1, "198.19.0.2", 5), "{}", d1.text());
+
+    let mut failures = Vec::new();
+    // The path turns into a symlink to a FIFO (no writer), then to /dev/zero.
+    let fifo = scratch.0.join("fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status();
+    let mut targets = vec![(Path::new("/dev/zero").to_owned(), "/dev/zero")];
+    if made.is_ok_and(|s| s.success()) {
+        targets.insert(0, (fifo.clone(), "a FIFO"));
+    }
+    for (target, what) in &targets {
+        let _ = std::fs::remove_file(&conf);
+        std::os::unix::fs::symlink(target, &conf).expect("symlink");
+        let p = ping_flood(&lab, 1, "198.19.0.2", 200);
+        d1.signal("HUP");
+        let st = cli(&lab, 1, &["status", "--json"]);
+        let (sent, got, max) = ping_outcome(p);
+        println!("config -> {what}: {got} of {sent} pings answered, max {max:.1} ms");
+        if !st.status.success() || got != sent || sent == 0 {
+            failures.push(format!(
+                "config -> {what}: {got} of {sent} pings, status answered: {}",
+                st.status.success()
+            ));
+        }
+        if !d1.wait_log("not a regular file", CMD) {
+            failures.push(format!("config -> {what}: no one-line refusal"));
+        }
+    }
+
+    // A 4,096-neighbour file under 200 SIGHUPs a second for 4 s.
+    let mut big = String::from(base);
+    big.push_str("neigh = [\n");
+    for i in 0..4096 {
+        big.push_str(&neigh_line(i));
+    }
+    big.push_str("]\n");
+    let real = scratch.file("real.toml", &big);
+    let _ = std::fs::remove_file(&conf);
+    std::os::unix::fs::symlink(&real, &conf).expect("symlink");
+    let p = ping_flood(&lab, 1, "198.19.0.2", 400);
+    let t0 = Instant::now();
+    // 800 SIGHUPs 5 ms apart, from the shell's own `kill` (no process per signal).
+    let storm = output_within(
+        {
+            let mut c = Command::new("sh");
+            c.args([
+                "-c",
+                "i=0; while [ $i -lt 800 ]; do kill -HUP $0 || exit 1; i=$((i+1)); sleep 0.005; done",
+                &d1.child.id().to_string(),
+            ]);
+            c
+        },
+        Duration::from_secs(30),
+    );
+    let storm_s = t0.elapsed().as_secs_f64();
+    let st = cli(&lab, 1, &["status", "--json"]);
+    let (sent, got, max) = ping_outcome(p);
+    let reloaded = d1.wait_log("configuration reloaded", CMD);
+    let reloads = d1.text().matches("configuration reloaded").count();
+    println!(
+        "4,096 neighbours, 800 SIGHUPs in {storm_s:.1} s: {got} of {sent} pings answered, max {max:.1} ms, {reloads} reloads logged"
+    );
+    if !storm.status.success() {
+        failures.push(format!("SIGHUP storm: kill failed: {storm:?}"));
+    }
+    if !st.status.success() || got != sent || sent == 0 {
+        failures.push(format!(
+            "SIGHUP storm: {got} of {sent} pings, max {max:.1} ms, status answered: {}",
+            st.status.success()
+        ));
+    }
+    if !reloaded {
+        failures.push("SIGHUP storm: no reload applied".to_owned());
+    }
+    d1.signal("TERM");
+    let exit = d1.exit(CMD);
+    if !exit.success() {
+        failures.push(format!("SIGTERM: {exit:?}"));
+    }
+    assert!(failures.is_empty(), "{failures:#?}\n{}", d1.text());
 }

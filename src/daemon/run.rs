@@ -441,8 +441,7 @@ fn run<P: DaemonProvider>(
         if signalled {
             for sig in signals.pending() {
                 if sig == SIGHUP {
-                    // Its outcome is logged.
-                    let _ = service.reload(&mut node, now, "SIGHUP");
+                    service.request_reload(now);
                 } else {
                     tracing::info!(signal = sig, "shutting down");
                     service.stop(&mut node, now);
@@ -454,6 +453,7 @@ fn run<P: DaemonProvider>(
             service.stop(&mut node, now);
         }
         service.turn(now);
+        service.reload_step(&mut node, now);
         node.flush(now, poll.registry())?;
         if node.should_finish(now) {
             node.wind_up(now)?;

@@ -2,16 +2,24 @@
 //! runs (a reload on SIGHUP or `reload`, the control socket's commands), shutdown requests,
 //! and the systemd notifications (`READY=1`, `RELOADING=1`, `STOPPING=1`, `WATCHDOG=1`).
 //!
-//! Everything here runs inside a turn of the event loop with the turn's `now`. A reload is the
-//! one exception to "no blocking call, one clock read per turn": it reads the configuration
-//! file (at most [`MAX_CONFIG_BYTES`]) and `CLOCK_MONOTONIC` for `RELOADING=1`'s
-//! `MONOTONIC_USEC`, which systemd's `Type=notify-reload` requires. Notifications go out on a
-//! non-blocking datagram socket and are dropped when the manager has no room.
+//! Everything here runs inside a turn of the event loop with the turn's `now`. A SIGHUP
+//! reload reads and resolves the configuration file on a thread of its own ([`ReloadJob`]) and
+//! applies the result in a later turn; SIGHUPs coalesce (one reload reading, at most one more
+//! pending) and start at most one reload per [`RELOAD_MIN_INTERVAL`], so a storm of them costs
+//! the loop one apply per interval. The control socket's `reload` answers with the outcome, so
+//! it reads in the turn, through [`read_config_text`] (non-blocking open, a regular file of at
+//! most [`MAX_CONFIG_BYTES`]: a FIFO or a device there cannot stall the loop). Both read
+//! `CLOCK_MONOTONIC` for `RELOADING=1`'s `MONOTONIC_USEC`, which systemd's
+//! `Type=notify-reload` requires. Notifications go out on a non-blocking datagram socket and
+//! are dropped when the manager has no room.
 
 use std::net::IpAddr;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use super::config::{resolve_parsed, Config, MAX_PEERS, MAX_STATIC_NEIGHBOURS};
+use super::config::{
+    read_config_text, resolve_parsed, Config, ConfigSource, MAX_PEERS, MAX_STATIC_NEIGHBOURS,
+};
 use super::control::{Reply, Request};
 use super::logging;
 use super::provider::DaemonProvider;
@@ -21,8 +29,30 @@ use crate::ipoib::LiveTimeouts;
 use crate::sys::notify::{self, Notifier};
 use crate::wire::ipoib::HwAddr;
 
-/// Largest configuration file a reload reads.
-pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+pub use super::config::MAX_CONFIG_BYTES;
+
+/// SIGHUP reloads start at most this often; those in between coalesce into one.
+pub const RELOAD_MIN_INTERVAL: Duration = Duration::from_millis(500);
+
+/// How often a turn looks for the outcome of a reload being read.
+const RELOAD_POLL: Duration = Duration::from_millis(5);
+
+/// Most static-neighbour changes of a reload applied in one turn (the rest wait for the next
+/// turns, in order): a file of thousands of neighbours does not hold the loop.
+pub const NEIGH_CHANGES_PER_TURN: usize = 256;
+
+/// A static-neighbour change a reload made and the loop has not applied yet.
+#[derive(Debug, Clone, Copy)]
+enum NeighChange {
+    Remove(IpAddr),
+    Add(IpAddr, HwAddr),
+}
+
+/// A configuration file being read and resolved on a thread of its own.
+#[derive(Debug)]
+struct ReloadJob {
+    outcome: mpsc::Receiver<Result<Config, String>>,
+}
 
 /// The running configuration and the service manager's side of the daemon.
 #[derive(Debug)]
@@ -34,6 +64,16 @@ pub struct Service {
     /// `WATCHDOG=1` every this long, when systemd asked for it.
     watchdog: Option<Duration>,
     next_watchdog: Option<Instant>,
+    /// A SIGHUP reload is wanted and not started yet.
+    reload_pending: bool,
+    /// The SIGHUP reload being read.
+    reload_job: Option<ReloadJob>,
+    /// When the last SIGHUP reload started.
+    reload_started: Option<Instant>,
+    /// When the next turn has reload work: the job's next look, or the pending one's start.
+    reload_due: Option<Instant>,
+    /// Static-neighbour changes of reloads still to apply, oldest first.
+    neigh_backlog: std::collections::VecDeque<NeighChange>,
 }
 
 impl Service {
@@ -56,6 +96,11 @@ impl Service {
             notifier,
             watchdog,
             next_watchdog: None,
+            reload_pending: false,
+            reload_job: None,
+            reload_started: None,
+            reload_due: None,
+            neigh_backlog: std::collections::VecDeque::new(),
         }
     }
 
@@ -79,9 +124,98 @@ impl Service {
         self.next_watchdog = self.watchdog.map(|w| now + w);
     }
 
-    /// When [`Service::turn`] has work next: the next `WATCHDOG=1`.
+    /// When [`Service::turn`] or [`Service::reload_step`] has work next: the next
+    /// `WATCHDOG=1`, a look for the reload being read, the start of a pending one.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.next_watchdog
+        [self.next_watchdog, self.reload_due]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// SIGHUP: a reload is wanted. It starts in [`Service::reload_step`] once no other is
+    /// being read and [`RELOAD_MIN_INTERVAL`] has passed since the last started; until then
+    /// every further request is the same one.
+    pub fn request_reload(&mut self, now: Instant) {
+        self.reload_pending = true;
+        self.reload_due = Some(self.reload_due.map_or(now, |d| d.min(now)));
+    }
+
+    /// The SIGHUP reload's work of a turn: applies the outcome of the one read, and starts the
+    /// pending one when it may.
+    pub fn reload_step<P: DaemonProvider>(&mut self, node: &mut Node<P>, now: Instant) {
+        self.apply_neigh_changes(node, now);
+        self.reload_due = self.reload_work(node, now);
+        if !self.neigh_backlog.is_empty() {
+            // More neighbour changes wait: the next turn at once.
+            self.reload_due = Some(now);
+        }
+    }
+
+    /// [`Service::reload_step`] but the neighbour changes; when it has work next.
+    fn reload_work<P: DaemonProvider>(
+        &mut self,
+        node: &mut Node<P>,
+        now: Instant,
+    ) -> Option<Instant> {
+        const WHY: &str = "SIGHUP";
+        if let Some(job) = &self.reload_job {
+            match job.outcome.try_recv() {
+                Err(mpsc::TryRecvError::Empty) => return Some(now + RELOAD_POLL),
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    self.reload_job = None;
+                    tracing::warn!(
+                        "{WHY}: reload failed, keeping the running configuration: the reading \
+                         thread ended"
+                    );
+                    self.notify("READY=1");
+                }
+                Ok(outcome) => {
+                    self.reload_job = None;
+                    // Its outcome is logged.
+                    let _ = self.finish_reload(node, now, outcome, WHY);
+                }
+            }
+        }
+        if !self.reload_pending {
+            return None;
+        }
+        let may_start = self.reload_started.map_or(now, |t| t + RELOAD_MIN_INTERVAL);
+        if now < may_start {
+            return Some(may_start);
+        }
+        self.reload_pending = false;
+        let Some(source) = self.running.source.clone() else {
+            tracing::info!("{WHY}: no --config file, nothing to reload");
+            return None;
+        };
+        self.reload_started = Some(now);
+        self.notify_reloading();
+        let (tx, outcome) = mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("ipoib-cm-reload".into())
+            .spawn(move || {
+                let _ = tx.send(read_and_resolve(&source));
+            });
+        match spawned {
+            Ok(_) => {
+                self.reload_job = Some(ReloadJob { outcome });
+                Some(now + RELOAD_POLL)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    "{WHY}: reload failed, keeping the running configuration: no thread to read it"
+                );
+                self.notify("READY=1");
+                None
+            }
+        }
+    }
+
+    fn notify_reloading(&self) {
+        let usec = notify::monotonic_usec();
+        self.notify(&format!("RELOADING=1\nMONOTONIC_USEC={usec}"));
     }
 
     /// Sends `WATCHDOG=1` when due.
@@ -122,21 +256,26 @@ impl Service {
             tracing::info!("{msg}");
             return Err(msg);
         };
-        let usec = notify::monotonic_usec();
-        self.notify(&format!("RELOADING=1\nMONOTONIC_USEC={usec}"));
-        let result = read_config(&source.file)
-            .and_then(|text| {
-                super::config::parse_config_file(&source.file, &text).map_err(|e| e.to_string())
-            })
-            .and_then(|file| resolve_parsed(&file, &source.flags).map_err(|e| e.to_string()));
-        let outcome = match result {
+        self.notify_reloading();
+        let outcome = read_and_resolve(&source);
+        self.finish_reload(node, now, outcome, why)
+    }
+
+    /// Applies a reload's `outcome` (or logs why there is none), then `READY=1`.
+    fn finish_reload<P: DaemonProvider>(
+        &mut self,
+        node: &mut Node<P>,
+        now: Instant,
+        outcome: Result<Config, String>,
+        why: &str,
+    ) -> Result<String, String> {
+        let outcome = match outcome {
             Err(e) => {
                 let msg = format!("{why}: reload failed, keeping the running configuration: {e}");
                 tracing::warn!("{msg}");
                 Err(msg)
             }
-            Ok(mut new) => {
-                new.source = Some(source);
+            Ok(new) => {
                 let plan = reload::plan(
                     &self.running,
                     &new,
@@ -150,7 +289,27 @@ impl Service {
         outcome
     }
 
-    /// Applies a reload plan; returns its one-line summary.
+    /// Applies up to [`NEIGH_CHANGES_PER_TURN`] of the static-neighbour changes reloads left.
+    fn apply_neigh_changes<P: DaemonProvider>(&mut self, node: &mut Node<P>, now: Instant) {
+        if self.neigh_backlog.is_empty() {
+            return;
+        }
+        let n = self.neigh_backlog.len().min(NEIGH_CHANGES_PER_TURN);
+        let batch: Vec<NeighChange> = self.neigh_backlog.drain(..n).collect();
+        node.reconfigure(now, |ep, v| {
+            for change in batch {
+                match change {
+                    NeighChange::Remove(ip) => {
+                        ep.remove_static_neighbour(now, v, ip);
+                    }
+                    NeighChange::Add(ip, hw) => ep.add_static_neighbour(now, v, ip, hw),
+                }
+            }
+        });
+    }
+
+    /// Applies a reload plan (its static-neighbour changes [`NEIGH_CHANGES_PER_TURN`] a turn,
+    /// from this one on); returns its one-line summary.
     fn apply<P: DaemonProvider>(
         &mut self,
         node: &mut Node<P>,
@@ -171,17 +330,16 @@ impl Service {
             neigh_timeout: next.neigh_timeout,
         };
         let sized = self.sized_qp as usize;
-        node.reconfigure(now, |ep, v| {
+        node.reconfigure(now, |ep, _| {
             ep.set_timeouts(timeouts);
             ep.set_tx_queue_len(next.tx_queue_len as usize);
             ep.set_qp_budget(next.max_conn_qp as usize, sized, next.qp_budget_policy);
-            for ip in removed {
-                ep.remove_static_neighbour(now, v, ip);
-            }
-            for (ip, hw) in added {
-                ep.add_static_neighbour(now, v, ip, hw);
-            }
         });
+        self.neigh_backlog
+            .extend(removed.into_iter().map(NeighChange::Remove));
+        self.neigh_backlog
+            .extend(added.into_iter().map(|(ip, hw)| NeighChange::Add(ip, hw)));
+        self.apply_neigh_changes(node, now);
         if next.peer != self.running.peer && !node.provider_mut().set_peers(&next.peer) {
             tracing::warn!("{why}: this provider has no peer list; peer ignored");
         }
@@ -330,26 +488,12 @@ impl Service {
     }
 }
 
-/// Reads a configuration file of at most [`MAX_CONFIG_BYTES`].
-fn read_config(path: &std::path::Path) -> Result<String, String> {
-    use std::io::Read;
-    let fail = |e: std::io::Error| {
-        format!(
-            "config file {}: {}",
-            path.display(),
-            super::config::os_message(&e)
-        )
-    };
-    let file = std::fs::File::open(path).map_err(fail)?;
-    let mut text = String::new();
-    file.take(MAX_CONFIG_BYTES + 1)
-        .read_to_string(&mut text)
-        .map_err(fail)?;
-    if text.len() as u64 > MAX_CONFIG_BYTES {
-        return Err(format!(
-            "config file {}: longer than {MAX_CONFIG_BYTES} bytes",
-            path.display()
-        ));
-    }
-    Ok(text)
+/// Reads the configuration file of `source` and resolves it with its flags; the
+/// [`Config`] (with `source` kept) or the one-line reason why not.
+fn read_and_resolve(source: &ConfigSource) -> Result<Config, String> {
+    let text = read_config_text(&source.file).map_err(|e| e.to_string())?;
+    let file = super::config::parse_config_file(&source.file, &text).map_err(|e| e.to_string())?;
+    let mut new = resolve_parsed(&file, &source.flags).map_err(|e| e.to_string())?;
+    new.source = Some(source.clone());
+    Ok(new)
 }

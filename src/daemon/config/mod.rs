@@ -53,6 +53,44 @@ pub use crate::setting::{
     TEST_HELP_HEADING,
 };
 
+/// Largest configuration file read.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// Reads the configuration file at `path` without waiting on anything but the file's own
+/// bytes: it is opened non-blocking (a FIFO or a device there cannot hold the caller) and must
+/// be a regular file (after symlinks) of at most [`MAX_CONFIG_BYTES`].
+///
+/// # Errors
+/// [`ConfigError::Read`]: the OS error, `not a regular file`, or `longer than N bytes`.
+pub fn read_config_text(path: &Path) -> Result<String, ConfigError> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let fail = |message: String| ConfigError::Read {
+        path: path.to_owned(),
+        message,
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| fail(os_message(&e)))?;
+    let meta = file.metadata().map_err(|e| fail(os_message(&e)))?;
+    if !meta.is_file() {
+        return Err(fail("not a regular file".to_owned()));
+    }
+    if meta.len() > MAX_CONFIG_BYTES {
+        return Err(fail(format!("longer than {MAX_CONFIG_BYTES} bytes")));
+    }
+    let mut text = String::new();
+    file.take(MAX_CONFIG_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| fail(os_message(&e)))?;
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(fail(format!("longer than {MAX_CONFIG_BYTES} bytes")));
+    }
+    Ok(text)
+}
+
 /// Reads `file` (if any), applies `flags` over it, validates and returns the [`Config`].
 ///
 /// Pass `flags.config.as_deref()` as `file`.
@@ -61,13 +99,7 @@ pub use crate::setting::{
 /// A one-line [`ConfigError`] naming the field; exit with [`ConfigError::EXIT_CODE`].
 pub fn resolve(file: Option<&Path>, flags: &Settings) -> Result<Config, ConfigError> {
     let parsed = match file {
-        Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
-                path: path.to_owned(),
-                message: os_message(&e),
-            })?;
-            parse_config_file(path, &text)?
-        }
+        Some(path) => parse_config_file(path, &read_config_text(path)?)?,
         None => Settings::default(),
     };
     let mut cfg = resolve_parsed(&parsed, flags)?;
