@@ -1,6 +1,7 @@
 //! What an operator reads: the log lines of a two-node run (start-up, connections, a peer
-//! SIGKILLed and reaped, its restart, shutdown) and the totals of the status document, in labs
-//! of network namespaces built by `scripts/lab.sh`. Without root the tests print `skipped: ...`
+//! SIGKILLed and reaped, its restart, shutdown) and the totals of the status document, and that
+//! a burst of one kind of event writes a bounded number of lines, in labs of network
+//! namespaces built by `scripts/lab.sh`. Without root the tests print `skipped: ...`
 //! and pass. Every wait is bounded.
 
 mod common;
@@ -317,4 +318,49 @@ fn a_fatal_error_is_one_error_line_and_the_journal_gets_no_timestamp() {
         "no timestamp under the journal: {journal}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// 240 addresses of the subnet that nobody answers, pinged at once: 240 "neighbour failed"
+/// events. The log has at most 20 lines of that kind in its 10 s window, then one line that
+/// counts the rest (before: one line per event, 240).
+#[test]
+fn a_burst_of_one_kind_of_event_writes_a_bounded_number_of_lines() {
+    let Some(lab) = Lab::up("e2eb", 2, &["--neigh-max", "1024"]) else {
+        return;
+    };
+    lab.ping_ok(1, "198.19.0.2", &[]);
+    let burst = lab.exec(
+        1,
+        &[
+            "sh",
+            "-c",
+            "for i in $(seq 10 249); do ping -n -c 1 -W 1 198.19.0.$i >/dev/null 2>&1 & done; wait",
+        ],
+        Duration::from_secs(60),
+    );
+    assert!(burst.status.code().is_some(), "{burst:?}");
+    let counted = lab.wait_for(Duration::from_secs(30), |l| {
+        !lines_with(
+            l,
+            1,
+            &["neighbour failed: ", "more not logged in the last 10s"],
+        )
+        .is_empty()
+    });
+    let each = lines_with(&lab, 1, &["neighbour failed peer="]).len();
+    let summary = lines_with(&lab, 1, &["neighbour failed: ", "more not logged"]);
+    println!("240 failed resolutions: {each} lines of their own, summary {summary:?}");
+    assert!(counted, "no summary line:\n{}", lab.log(1));
+    assert!(
+        each <= 20,
+        "{each} lines of one kind in one window:\n{}",
+        lab.log(1)
+    );
+    let more: u64 = summary[0]
+        .split("neighbour failed: ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(more > 0 && each as u64 + more <= 240, "{summary:?}");
 }

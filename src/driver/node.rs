@@ -1,6 +1,7 @@
 //! [`Node`]: one IPoIB interface (its TUN device, endpoint, provider and CM MAD transport)
 //! driven a turn at a time.
 
+use super::event_log::{EventLog, Verdict};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
@@ -171,6 +172,8 @@ pub struct Node<P: Provider> {
     /// The TUN device reported readability that has not been read to exhaustion since (or a
     /// TUN write may have produced a local reply): read it this turn.
     tun_ready: bool,
+    /// The per-kind budgets of the event log lines.
+    event_log: EventLog,
     /// The last turn stopped reading the TUN at [`TUN_BATCH`]: the next turn comes at once.
     tun_more: bool,
     /// Packets written to the TUN device, and those it refused.
@@ -315,6 +318,7 @@ impl<P: Provider> Node<P> {
                 end,
             },
             tun_ready: true,
+            event_log: EventLog::default(),
             tun_more: false,
             tun_stats: TunStats::default(),
             drain_buf: vec![0; DRAIN_READ_BYTES],
@@ -410,6 +414,7 @@ impl<P: Provider> Node<P> {
             self.ep.poll_timeout(),
             self.stop_deadline,
             self.sa.as_ref().and_then(SaDriver::poll_timeout),
+            self.event_log.poll_timeout(),
         ]
         .into_iter()
         .flatten()
@@ -454,18 +459,31 @@ impl<P: Provider> Node<P> {
         // After the TUN reads: a send-only join asked for by a packet leaves this turn.
         self.pump_sa(now);
         self.write_tun();
-        self.log_events();
+        self.log_events(now);
         Ok(())
     }
 
     /// Logs the endpoint's connection events, one info line each, at most
-    /// [`EVENT_QUEUE_CAP`] per call (the queue holds no more).
-    fn log_events(&mut self) {
+    /// [`EVENT_QUEUE_CAP`] per call (the queue holds no more) and
+    /// [`EVENT_LINES_PER_WINDOW`](super::event_log::EVENT_LINES_PER_WINDOW) per kind per
+    /// [`EVENT_LOG_WINDOW`](super::event_log::EVENT_LOG_WINDOW); what a kind had beyond that
+    /// is one line with its count when its window ends.
+    fn log_events(&mut self, now: Instant) {
+        let suppressed = |what: &str, n: u64| {
+            tracing::info!(
+                target: "ipoib_cm::event",
+                "{what}: {n} more not logged in the last {:?}",
+                super::event_log::EVENT_LOG_WINDOW
+            );
+        };
+        self.event_log.roll(now, suppressed);
         for _ in 0..EVENT_QUEUE_CAP {
             let Some(e) = self.ep.poll_event() else {
                 break;
             };
-            tracing::info!(target: "ipoib_cm::event", "{e}");
+            if self.event_log.admit(now, e.what(), suppressed) == Verdict::Log {
+                tracing::info!(target: "ipoib_cm::event", "{e}");
+            }
         }
     }
 
@@ -495,7 +513,7 @@ impl<P: Provider> Node<P> {
             self.ep.leave_groups(self.prov.verbs());
             self.pump_sa(now);
         }
-        self.log_events();
+        self.log_events(now);
         self.stop_deadline = Some(now + self.ep.config().drain_timeout);
     }
 
@@ -544,7 +562,7 @@ impl<P: Provider> Node<P> {
         self.ep.handle_verbs(now, self.prov.verbs());
         self.send_mads(now);
         self.prov.handle_io(now)?;
-        self.log_events();
+        self.log_events(now);
         Ok(())
     }
 
