@@ -3,7 +3,7 @@
 //! and the systemd notifications (`READY=1`, `RELOADING=1`, `STOPPING=1`, `WATCHDOG=1`).
 //!
 //! Everything here runs inside a turn of the event loop with the turn's `now`. A SIGHUP
-//! reload reads and resolves the configuration file on a thread of its own ([`ReloadJob`]) and
+//! reload reads and resolves the configuration file on a thread of its own and
 //! applies the result in a later turn; SIGHUPs coalesce (one reload reading, at most one more
 //! pending) and start at most one reload per [`RELOAD_MIN_INTERVAL`], so a storm of them costs
 //! the loop one apply per interval. The control socket's `reload` answers with the outcome, so
