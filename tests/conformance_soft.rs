@@ -60,6 +60,7 @@ checks!(
     flush_on_err,
     drain_wr_after_err,
     srq_last_wqe_once,
+    destroy_keeps_srq,
     rnr_then_success,
     rnr_retry_exceeded,
     retry_exceeded_peer_gone,
@@ -196,4 +197,18 @@ fn described_behaviours_are_held_both_ways() {
     .unwrap();
     // And the contract is what a pair is held to unless told otherwise.
     assert_eq!(pair().expected(), spec);
+}
+
+/// mlx5's destroy, which cleans the QP's completions from its CQs and gives their SRQ WQEs
+/// back to the SRQ, keeps the SRQ whole too: [`WATCHDOG_DESTROYS`] destroys with a receive
+/// queued leave its posted count where it started.
+///
+/// [`WATCHDOG_DESTROYS`]: ipoib_cm::verbs::conformance::WATCHDOG_DESTROYS
+#[test]
+fn destroy_keeps_srq_when_the_cq_is_cleaned() {
+    let quirks = Quirks {
+        clean_cq_on_destroy: true,
+        ..Quirks::default()
+    };
+    run_expecting(quirks, "destroy_keeps_srq", Behaviours::SPEC).unwrap();
 }

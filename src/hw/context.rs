@@ -85,6 +85,9 @@ pub struct HwStats {
     pub ah_destroyed: u64,
     /// Address handles evicted from the full cache, least recently used first.
     pub ah_evicted: u64,
+    /// Completions of a QP about to be destroyed, swept from the device's CQs into the
+    /// wrapper's backlog first (and handed out by later polls, as their buffers must be).
+    pub destroy_swept_completions: u64,
     /// The data path's verbs calls.
     #[serde(flatten)]
     pub calls: HwCalls,

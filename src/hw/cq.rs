@@ -248,6 +248,49 @@ pub(super) fn destroy(v: &mut HwVerbs, cq: CqId) -> Result<(), VerbsError> {
     Ok(())
 }
 
+/// Moves every completion the device holds on `cq` into its backlog, where they wait for
+/// [`poll`] in order; returns how many of them were `qp`'s. Done before `qp` is destroyed:
+/// some providers (mlx5) clean a destroyed QP's completions from its CQs and hand the SRQ
+/// WQEs they name back to the SRQ, which would leave this wrapper's records of those
+/// receives (and the caller's buffers) outstanding forever. Bounded by the CQ's depth.
+pub(super) fn sweep(v: &mut HwVerbs, cq: CqId, qp: QpNum) -> u64 {
+    let Ok(raw) = v.cq_raw(cq) else {
+        return 0;
+    };
+    let Some(poll) = (
+        // SAFETY: valid context.
+        unsafe { (*v.ctx).ops.poll_cq }
+    ) else {
+        return 0;
+    };
+    const BATCH: usize = 64;
+    if v.wc.len() < BATCH {
+        // SAFETY: ibv_wc is plain C data; all-zero is valid.
+        v.wc.resize(BATCH, unsafe { std::mem::zeroed() });
+    }
+    let mut of_qp = 0;
+    loop {
+        v.stats.calls.poll_cq_calls += 1;
+        // SAFETY: a live CQ and room for BATCH entries.
+        let n = unsafe { poll(raw, BATCH as i32, v.wc.as_mut_ptr()) };
+        if n <= 0 {
+            break;
+        }
+        v.stats.calls.cqes += n as u64;
+        for i in 0..n as usize {
+            let wc = v.wc[i];
+            if wc.qp_num == qp.get() {
+                of_qp += 1;
+            }
+            v.map_wc(cq, &wc);
+        }
+        if (n as usize) < BATCH {
+            break;
+        }
+    }
+    of_qp
+}
+
 /// Polls `cq` for at most `max` completions: first the sends posted since the last doorbell
 /// go to the device (a caller that polls for what it posted is never left waiting), then the
 /// backlog, then the device's CQ, 64 entries a call.

@@ -102,6 +102,7 @@ mod tests {
             ah_created: 7,
             ah_destroyed: 8,
             ah_evicted: 9,
+            destroy_swept_completions: 23,
             calls: HwCalls {
                 post_send_calls: 10,
                 send_wrs: 11,
@@ -130,6 +131,7 @@ mod tests {
                 "ah_created": 7,
                 "ah_destroyed": 8,
                 "ah_evicted": 9,
+                "destroy_swept_completions": 23,
                 "post_send_calls": 10,
                 "send_wrs": 11,
                 "inline_sends": 12,

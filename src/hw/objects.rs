@@ -35,7 +35,8 @@ pub(super) struct Cq {
     pub(super) unacked_events: u32,
     /// Completions made by this wrapper and not handed out yet, oldest first: of the sends
     /// that a later signaled send's completion showed done, and of sends the device
-    /// refused. Bounded by the send queues of the CQ's QPs.
+    /// refused, and the device's completions swept before a QP's destroy ([`super::cq::sweep`]).
+    /// Bounded by the send queues of the CQ's QPs and the CQ's depth.
     pub(super) backlog: VecDeque<Completion>,
 }
 

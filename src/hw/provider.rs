@@ -72,6 +72,10 @@ impl Verbs for HwVerbs {
         srq::destroy(self, srq)
     }
 
+    fn srq_posted(&self, srq: SrqId) -> Result<usize, VerbsError> {
+        srq::posted(self, srq)
+    }
+
     fn create_qp(&mut self, init: &QpInit) -> Result<QpNum, VerbsError> {
         qp::create(self, init)
     }

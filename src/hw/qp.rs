@@ -293,6 +293,7 @@ pub(super) fn query_qp_state(v: &HwVerbs, qp: QpNum) -> Result<QpState, VerbsErr
 pub(super) fn destroy(v: &mut HwVerbs, qp: QpNum) -> Result<(), VerbsError> {
     let q = v.qps.get(&qp.get()).ok_or(VerbsError::NoSuchQp(qp))?;
     let raw = q.raw;
+    let q_cqs = (q.send_cq, q.recv_cq);
     let mut detached = Vec::new();
     for g in q.mcast.clone() {
         let dev = v.device_mgid(g);
@@ -304,6 +305,14 @@ pub(super) fn destroy(v: &mut HwVerbs, qp: QpNum) -> Result<(), VerbsError> {
         }
         v.leave_ipv4(dev);
     }
+    // What the device completed for the QP reaches the backlog before the destroy can clean
+    // it from the CQs.
+    let (send_cq, recv_cq) = q_cqs;
+    let mut swept = super::cq::sweep(v, recv_cq, qp);
+    if send_cq != recv_cq {
+        swept += super::cq::sweep(v, send_cq, qp);
+    }
+    v.stats.destroy_swept_completions += swept;
     // SAFETY: a live QP; nothing else refers to it.
     let rc = unsafe { ffi::ibv_destroy_qp(raw) };
     if rc != 0 {

@@ -71,6 +71,11 @@ pub(super) fn post_recv(
     Ok(())
 }
 
+pub(super) fn posted(v: &HwVerbs, srq: SrqId) -> Result<usize, VerbsError> {
+    let s = v.srqs.get(&srq.0).ok_or(VerbsError::NoSuchObject("SRQ"))?;
+    Ok(s.posted)
+}
+
 pub(super) fn destroy(v: &mut HwVerbs, srq: SrqId) -> Result<(), VerbsError> {
     let s = v.srqs.get(&srq.0).ok_or(VerbsError::NoSuchObject("SRQ"))?;
     if s.users > 0 {

@@ -69,6 +69,10 @@ pub struct Quirks {
     pub dup_last_wqe: bool,
     /// `QpLastWqeReached` is raised again on every later move to ERR (rxe in Linux 6.12).
     pub last_wqe_again: bool,
+    /// Destroying a QP removes its completions still queued on its CQs, as mlx5's rdma-core
+    /// does (`mlx5_cq_clean`): the receives among them that came from an SRQ go back onto the
+    /// SRQ, posted again (`mlx5_free_srq_wqe`), the buffers of the others are freed.
+    pub clean_cq_on_destroy: bool,
 }
 
 /// Counters of injected faults.

@@ -7,7 +7,7 @@ use super::config::MULTICAST_QPN;
 use super::qp::{Qp, RecvWqe};
 use crate::verbs::{
     BufId, BufPools, Completion, CqId, PdId, PoolId, QpInit, QpNum, SrqId, SrqInit, VerbsError,
-    WrId,
+    WcOpcode, WrId,
 };
 use crate::wire::IdMap;
 
@@ -178,6 +178,12 @@ impl Objects {
         Ok(())
     }
 
+    /// How many receive WQEs `srq` holds.
+    pub(super) fn srq_posted(&self, srq: SrqId) -> Result<usize, VerbsError> {
+        let s = self.srqs.get(&srq).ok_or(VerbsError::NoSuchObject("SRQ"))?;
+        Ok(s.wqes.len())
+    }
+
     pub(super) fn destroy_srq(&mut self, srq: SrqId) -> Result<(), VerbsError> {
         let s = self.srqs.get(&srq).ok_or(VerbsError::NoSuchObject("SRQ"))?;
         if s.attached > 0 {
@@ -237,6 +243,45 @@ impl Objects {
         if let Some(u) = self.pds.get_mut(&qp.pd.0) {
             *u = u.saturating_sub(1);
         }
+    }
+
+    /// Removes the completions of the destroyed `qp` from its CQs (the
+    /// [`clean_cq_on_destroy`](super::super::fault::Quirks::clean_cq_on_destroy) quirk): a
+    /// receive taken from an SRQ goes back onto it, posted again under its `wr_id` (or, with
+    /// the SRQ full, freed); every other buffer is freed. Returns how many were removed.
+    pub(super) fn clean_cqs_of(&mut self, qp: &Qp) -> usize {
+        let mut removed = Vec::new();
+        for cq in [qp.send_cq, qp.recv_cq] {
+            if let Some(q) = self.cqs.get_mut(&cq) {
+                let mut kept = VecDeque::with_capacity(q.entries.len());
+                for c in q.entries.drain(..) {
+                    if c.qp == qp.num {
+                        removed.push(c);
+                    } else {
+                        kept.push_back(c);
+                    }
+                }
+                q.entries = kept;
+            }
+        }
+        let n = removed.len();
+        for c in removed {
+            let Some(buf) = c.buf else { continue };
+            let recv = c.opcode == WcOpcode::Recv;
+            let srq = qp.srq.filter(|_| recv).and_then(|s| self.srqs.get_mut(&s));
+            match srq {
+                Some(s) if s.wqes.len() < s.max_wr as usize && self.pools.lend(buf).is_ok() => {
+                    s.wqes.push_back(RecvWqe {
+                        wr_id: c.wr_id,
+                        buf,
+                    });
+                }
+                _ => {
+                    let _ = self.pools.free(buf);
+                }
+            }
+        }
+        n
     }
 
     /// Queues `c` on `cq` (a buffer it carries is the consumer's again); returns true when

@@ -15,7 +15,11 @@
 //! **Buffers.** Memory lives in registered pools ([`BufPools`]). A work request names a
 //! [`BufId`]; posting lends the buffer to the provider, and the completion that ends the WR
 //! returns it (its `buf` field). Destroying a QP frees the buffers of WRs still posted on it
-//! (no completions are generated for them). No safe call can observe a posted buffer.
+//! (no completions are generated for them). Completions already queued for a QP survive its
+//! destroy and are polled as any other: their buffers, receives taken from an SRQ among them,
+//! come back to the caller (the hardware provider sweeps a QP's CQs before `ibv_destroy_qp`,
+//! since mlx5's rdma-core cleans them from the CQ and hands their SRQ WQEs back to the SRQ,
+//! where the caller would never see them again). No safe call can observe a posted buffer.
 //!
 //! **QP states.** [`Verbs::modify_qp`] follows the IBTA state machine checked by
 //! [`check_modify`]: illegal transitions and missing or extra attributes are rejected before
@@ -244,6 +248,13 @@ pub trait Verbs {
     /// # Errors
     /// [`VerbsError::QueueFull`], [`VerbsError::BufferNotHeld`] or [`VerbsError::NoSuchObject`].
     fn post_srq_recv(&mut self, srq: SrqId, wr_id: WrId, buf: BufId) -> Result<(), VerbsError>;
+
+    /// How many receive WRs `srq` holds: posted and not yet completed (a provider may leave
+    /// out one that a QP has taken and is still filling).
+    ///
+    /// # Errors
+    /// [`VerbsError::NoSuchObject`].
+    fn srq_posted(&self, srq: SrqId) -> Result<usize, VerbsError>;
 
     /// Destroys an SRQ no QP uses; its posted buffers are freed.
     ///

@@ -197,6 +197,10 @@ impl Verbs for SoftVerbs {
         self.dev.objects.destroy_srq(srq)
     }
 
+    fn srq_posted(&self, srq: SrqId) -> Result<usize, VerbsError> {
+        self.dev.objects.srq_posted(srq)
+    }
+
     fn create_qp(&mut self, init: &QpInit) -> Result<QpNum, VerbsError> {
         self.dev.objects.check_qp_init(init)?;
         if self.qps.len() >= self.dev.cfg.max_qps {
@@ -372,6 +376,9 @@ impl Verbs for SoftVerbs {
 
     fn destroy_qp(&mut self, qpn: QpNum) -> Result<(), VerbsError> {
         let qp = self.qps.remove(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
+        if self.dev.cfg.quirks.clean_cq_on_destroy {
+            self.dev.objects.clean_cqs_of(&qp);
+        }
         self.dev.objects.release_qp(&qp);
         self.dev.mcast.forget(qpn);
         Ok(())

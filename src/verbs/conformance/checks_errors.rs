@@ -396,3 +396,87 @@ pub fn check_comm_est<V: Verbs, P: ConformancePair<V>>(
     teardown(pair, (&ea, &eb), (&[qa], &[qb]), &seen);
     Ok(())
 }
+
+/// Watchdog destroys in [`check_destroy_keeps_srq`].
+pub const WATCHDOG_DESTROYS: usize = 1000;
+
+/// **Destroys keep the SRQ whole.** [`WATCHDOG_DESTROYS`] times, `a` sends one message to a
+/// fresh QP of `b` that takes its receives from an SRQ; once `a`'s send completed (the
+/// receive is queued on `b`'s CQ), `b` moves the QP to ERR and destroys it without polling,
+/// as IPoIB-CM's drain watchdog does, then polls its CQ and reposts every buffer that came
+/// back. The SRQ's posted count ([`Verbs::srq_posted`]) is where it started after each
+/// round: a provider either delivers a destroyed QP's queued completions, or (as mlx5 does)
+/// cleans them from the CQ and gives their WQEs back to the SRQ, but never loses one.
+pub fn check_destroy_keeps_srq<V: Verbs, P: ConformancePair<V>>(
+    pair: &mut P,
+) -> Result<(), ConformanceError> {
+    const DEPTH: usize = 16;
+    let (ea, eb) = endpoints(pair, 2048, 64)?;
+    let (_, b) = pair.providers();
+    let srq = b
+        .create_srq(&SrqInit {
+            pd: eb.pd,
+            max_wr: DEPTH as u32,
+            limit: 0,
+        })
+        .ctx("create_srq")?;
+    post_recvs(b, RecvTarget::Srq(srq), eb.pool, 0, DEPTH)?;
+    let start = b.srq_posted(srq).ctx("srq_posted")?;
+    ensure!(start == DEPTH, "srq_posted {start} after posting {DEPTH}");
+    let posted_bufs = b.pools().posted_count();
+    let p = RcParams {
+        srq_b: Some(srq),
+        ..RcParams::default()
+    };
+    let msg = pattern(23, 256);
+    let mut next_id = DEPTH as u64;
+    for round in 0..WATCHDOG_DESTROYS {
+        let (a, b) = pair.providers();
+        let (qa, qb) = connect_rc(a, &ea, b, &eb, &p).ctx("connect")?;
+        post_send_data(a, qa, ea.pool, round as u64, &msg)?;
+        let mut sent = Vec::new();
+        for _ in 0..MAX_SETTLES {
+            pair.settle();
+            let (a, _) = pair.providers();
+            poll_into(a, ea.send_cq, &mut sent);
+            if !sent.is_empty() {
+                break;
+            }
+        }
+        let (a, b) = pair.providers();
+        free_bufs(a, &sent);
+        ensure!(
+            sent.first().is_some_and(|c| c.status == WcStatus::Success),
+            "round {round}: the send completed {:?} (SRQ posted {:?} of {start})",
+            statuses(&sent),
+            b.srq_posted(srq)
+        );
+        b.modify_qp(qb, &QpAttr::to_state(QpState::Err))
+            .ctx("to ERR")?;
+        b.destroy_qp(qb).ctx("destroy with a completion queued")?;
+        a.destroy_qp(qa).ctx("destroy the sender")?;
+        drain_events(b);
+        let mut back = Vec::new();
+        poll_into(b, eb.recv_cq, &mut back);
+        poll_into(b, eb.send_cq, &mut back);
+        for buf in back.iter().filter_map(|c| c.buf) {
+            b.post_srq_recv(srq, WrId(next_id), buf)
+                .ctx("repost a returned buffer")?;
+            next_id += 1;
+        }
+        let now = b.srq_posted(srq).ctx("srq_posted")?;
+        let bufs = b.pools().posted_count();
+        ensure!(
+            now == start && bufs == posted_bufs,
+            "after destroy {}: SRQ posted {now} (buffers posted {bufs}), started at {start} \
+             ({posted_bufs})",
+            round + 1
+        );
+    }
+    let (a, b) = pair.providers();
+    drain_events(a);
+    b.destroy_srq(srq).ctx("destroy_srq")?;
+    close_endpoint(a, &ea);
+    close_endpoint(b, &eb);
+    Ok(())
+}
