@@ -149,11 +149,13 @@ impl Endpoint {
         let rx_cq = v.create_cq(recv_bufs + rx_qps + 16)?;
         let tx_cq = v.create_cq(cfg.tx_depth + 16)?;
         let (srq, rx_pool) = if cfg.srq {
-            let pool = v.create_pool(pd, buf_len, cfg.srq_depth as usize)?;
+            // The SRQ's buffers and the spares that take the place of those whose packets
+            // wait for the TUN device.
+            let pool = v.create_pool(pd, buf_len, (cfg.srq_depth + cfg.rx_spare) as usize)?;
             let srq = v.create_srq(&SrqInit {
                 pd,
                 max_wr: cfg.srq_depth,
-                limit: 0,
+                limit: super::srq_limit(cfg.srq_depth),
             })?;
             for _ in 0..cfg.srq_depth {
                 let b = v
@@ -329,6 +331,7 @@ impl Endpoint {
     fn on_async_event<V: Verbs>(&mut self, now: Instant, v: &mut V, ev: AsyncEvent) {
         match ev {
             AsyncEvent::QpLastWqeReached(qpn) => self.on_last_wqe(v, qpn),
+            AsyncEvent::SrqLimitReached(srq) if Some(srq) == self.srq => self.on_srq_limit(v),
             AsyncEvent::CommEst(qpn) => {
                 if let Some(id) = self.rx.get(&qpn).map(|r| r.id) {
                     self.cm.notify_comm_est(now, id);

@@ -251,8 +251,16 @@ pub struct EndpointConfig {
     pub pkey: PKey,
     /// Q_Key of the UD QP and the broadcast group.
     pub qkey: QKey,
-    /// Receive WRs on the SRQ (SRQ mode).
+    /// Receive WRs on the SRQ (SRQ mode): a power of two in
+    /// [`MIN_SRQ_DEPTH`]..=[`MAX_SRQ_DEPTH`], Linux's range.
     pub srq_depth: u32,
+    /// Receive buffers beyond the SRQ's (SRQ mode): a packet goes to the TUN queue only once
+    /// a spare buffer took its place on the SRQ, so the SRQ never runs dry while packets
+    /// wait for the TUN device; with no spare free the packet is dropped
+    /// (`rx_buffer_drops`) and its buffer posted again, as Linux's `ipoib_cm_handle_rx_wc`
+    /// drops a packet it has no replacement skb for. A peer is never RNR-NAKed for a slow
+    /// TUN device.
+    pub rx_spare: u32,
     /// Receive WRs per RX QP (non-SRQ mode).
     pub nonsrq_ring: u32,
     /// Send buffers shared by all TX connections.
@@ -261,6 +269,17 @@ pub struct EndpointConfig {
     pub ud_depth: u32,
     /// Local ACK timeout exponent of RC QPs (4.096 µs · 2^n; 12 ≈ 17 ms).
     pub qp_timeout: u8,
+    /// RNR retries of TX connections (7: for ever, the default). An RNR NAK says the peer is alive and its
+    /// receive queue momentarily empty (an overloaded receiver), so a counted budget would fail
+    /// and rebuild connections to a peer that is only busy, flushing what was in flight. A peer
+    /// whose receive queue stays dry completes nothing, and the stall watchdog
+    /// (`tx_stall_timeout`) fails that connection and gives its send buffers back, so it cannot
+    /// lock the node out. Linux uses 0, as the IPoIB-CM draft warns against retries, and keeps
+    /// its receive queue filled from interrupt context; a daemon on a busy CPU can be off it for
+    /// longer than a few RNR timer periods.
+    pub tx_rnr_retry: u8,
+    /// Transport retries of TX connections (`retry_count` of the REQ; Linux: 0).
+    pub tx_retry_count: u8,
     /// Seed for PSNs and CM ids (the daemon passes entropy; tests a constant).
     pub seed: u64,
     /// CM response timeout exponent.
@@ -297,6 +316,22 @@ pub struct KernelCmConfig {
     /// send us UD datagrams) and TX connections to peers without [`HwAddr::FLAG_RDMA_CM`] go
     /// to their standard service ID through `AF_IB` ([`crate::cm::KcmTarget`]).
     pub link: LinkLayer,
+}
+
+/// Smallest `srq_depth` (Linux's `ipoib_recvq_size` floor, `IPOIB_MIN_QUEUE_SIZE`).
+pub const MIN_SRQ_DEPTH: u32 = 2;
+/// Largest `srq_depth` (`IPOIB_MAX_QUEUE_SIZE`).
+pub const MAX_SRQ_DEPTH: u32 = 8192;
+
+/// The SRQ limit armed for an SRQ of `depth` receives: a quarter of it. Each packet's
+/// buffer is replaced on the SRQ before the packet goes up, so the SRQ falls below this only
+/// when completions wait unpolled or a post failed; the event refills it from the pool.
+pub(crate) const fn srq_limit(depth: u32) -> u32 {
+    if depth / 4 > 0 {
+        depth / 4
+    } else {
+        1
+    }
 }
 
 /// The default QP budget (`max_conn_qp`) with a shared receive queue (`srq`) and without.
@@ -348,10 +383,13 @@ impl EndpointConfig {
             pkey: PKey::DEFAULT,
             qkey: QKey(0x0B1B),
             srq_depth: 256,
+            rx_spare: 256,
             nonsrq_ring: 16,
             tx_depth: 128,
             ud_depth: 256,
             qp_timeout: 12,
+            tx_rnr_retry: crate::verbs::setup::RNR_RETRY_FOREVER,
+            tx_retry_count: crate::verbs::setup::RC_RETRY_CNT,
             seed: 0,
             cm_response_timeout: 17,
             kernel_cm: None,
@@ -469,6 +507,13 @@ pub struct Counters {
     pub rx_bytes: u64,
     /// IP packets that arrived on an RX connection being torn down (dropped).
     pub rx_closing_drops: u64,
+    /// RC packets dropped because no spare receive buffer was free to take their place on
+    /// the SRQ (the TUN device is behind by `rx_spare` packets); the peer is not RNR-NAKed.
+    pub rx_buffer_drops: u64,
+    /// SRQ limit events answered (the SRQ fell below a quarter of `srq_depth`).
+    pub srq_limit_events: u64,
+    /// Receive buffers posted on the SRQ by those answers.
+    pub srq_refills: u64,
     /// IP packets sent (RC and UD).
     #[serde(rename = "tx_ip_packets")]
     pub tx_packets: u64,

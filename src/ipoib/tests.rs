@@ -590,8 +590,8 @@ fn no_connection_is_opened_after_shutdown_began() {
     assert!(n.tun[0].is_empty());
 }
 
-/// A peer whose receive queue runs dry and stays dry (here: it never reads its TUN device,
-/// so no receive buffer comes back) answers with RNR NAKs for ever, and TX connections retry
+/// A peer whose receive queue runs dry and stays dry (here: its endpoint stops running, so
+/// no receive buffer comes back) answers with RNR NAKs for ever, and TX connections retry
 /// RNR for ever. Nothing completes, so the stall watchdog fails the connection after
 /// `tx_stall_timeout`, its send buffers come back, and traffic to every other node goes on;
 /// without the watchdog the buffers stayed with that connection and the node reached nobody.
@@ -616,7 +616,7 @@ fn a_peer_stuck_in_rnr_does_not_lock_the_node_out() {
     n.run(Duration::from_millis(200));
     assert_eq!(n.tun[1].len(), 1);
     assert_eq!(n.tun[2].len(), 1);
-    n.tun_stalled[1] = true;
+    n.ep_frozen[1] = true;
     // Far more than node 1 has receives for, and than node 0 has send buffers, read as the
     // daemon reads its TUN device: only while a send buffer is free.
     let mut sent = 0;
@@ -639,6 +639,8 @@ fn a_peer_stuck_in_rnr_does_not_lock_the_node_out() {
         tx_depth,
         "every send buffer came back"
     );
+    n.ep_frozen[1] = false;
+    n.run(Duration::from_secs(2));
     // The failed connection was closed with a DREQ: no RX QP piles up on the stuck peer.
     let c1 = n.ep(1).counters();
     assert!(c1.rx_accepted <= c1.rx_dreq_reaped + 1, "{c1:?}");
@@ -650,8 +652,8 @@ fn a_peer_stuck_in_rnr_does_not_lock_the_node_out() {
     assert_eq!(n.tun[2].len(), before + 1, "node 0 can still reach node 2");
 }
 
-/// An overloaded receiver (its TUN device read only now and then, so its shared receive
-/// queue keeps running dry) answers two senders with RNR NAKs, yet delivers everything in the
+/// An overloaded receiver (its endpoint run only now and then, so its shared receive queue
+/// keeps running dry) answers two senders with RNR NAKs, yet delivers everything in the
 /// end: their connections ride it out instead of failing and reconnecting, which would flush
 /// what was in flight. With 6 RNR retries instead of for ever, connections failed here.
 #[test]
@@ -672,8 +674,8 @@ fn an_overloaded_receiver_costs_rnr_naks_not_connections() {
     assert_eq!(n.tun[1].len(), 2);
     let mut sent = 2;
     for round in 0..200 {
-        // The receiver reads its TUN one turn in five.
-        n.tun_stalled[1] = round % 5 != 0;
+        // The receiver runs one turn in five.
+        n.ep_frozen[1] = round % 5 != 0;
         for from in [0, 2] {
             for _ in 0..8 {
                 if n.read_tun(from, &ping4(from, 1, 1000)) {
@@ -683,7 +685,7 @@ fn an_overloaded_receiver_costs_rnr_naks_not_connections() {
         }
         n.run(Duration::from_millis(2));
     }
-    n.tun_stalled[1] = false;
+    n.ep_frozen[1] = false;
     n.run(Duration::from_millis(500));
     assert!(
         n.f.nodes[1].stats().tx_rnr_naks > 0,
@@ -694,6 +696,69 @@ fn an_overloaded_receiver_costs_rnr_naks_not_connections() {
         assert_eq!((c.tx_failed, c.tx_dropped), (0, 0), "node {from}: {c:?}");
     }
     assert_eq!(n.tun[1].len(), sent, "everything arrived");
+    // The SRQ fell below its limit while the endpoint was off; the event refilled it.
+    let c1 = n.ep(1).counters();
+    assert!(
+        c1.srq_limit_events > 0 && c1.srq_refills > 0 && c1.rx_buffer_drops == 0,
+        "{c1:?}"
+    );
+}
+
+/// A sender configured as Linux's (`rnr_retry` 0, `retry_count` 0: the first RNR NAK fails
+/// its QP and `ipoib_cm_handle_tx_wc` tears the connection down) into a receiver whose TUN
+/// device is read one turn in five: the receiver posts a spare buffer before a packet goes
+/// to the TUN queue and drops the packet when it has none, so its SRQ never runs dry, the
+/// sender sees no RNR NAK and its connection lives; the overload is counted as drops.
+#[test]
+fn a_linux_sender_into_a_slow_tun_loses_packets_not_its_connection() {
+    let mut n = Net::new(
+        2,
+        |_, _| {},
+        |i, c| {
+            if i == 0 {
+                c.tx_rnr_retry = 0;
+                c.tx_retry_count = 0;
+            } else {
+                c.srq_depth = 16;
+                c.rx_spare = 16;
+            }
+        },
+    );
+    n.inject(0, &ping4(0, 1, 100));
+    n.run(Duration::from_millis(200));
+    assert_eq!(n.tun[1].len(), 1);
+    let mut sent = 1;
+    for round in 0..100 {
+        n.tun_stalled[1] = round % 5 != 0;
+        for _ in 0..8 {
+            if n.read_tun(0, &ping4(0, 1, 1000)) {
+                sent += 1;
+            }
+        }
+        n.run(Duration::from_millis(2));
+    }
+    n.tun_stalled[1] = false;
+    n.run(Duration::from_millis(500));
+    let c0 = n.ep(0).counters();
+    let c1 = n.ep(1).counters();
+    let naks = n.f.nodes[1].stats().tx_rnr_naks;
+    println!(
+        "sent {sent}, delivered {}, rx_buffer_drops {}, RNR NAKs {naks}, sender: tx_failed {} \
+         tx_established {} tx_dropped {}",
+        n.tun[1].len(),
+        c1.rx_buffer_drops,
+        c0.tx_failed,
+        c0.tx_established,
+        c0.tx_dropped
+    );
+    assert_eq!(naks, 0, "the receiver RNR-NAKed the sender");
+    assert_eq!((c0.tx_failed, c0.tx_established), (0, 1), "{c0:?}");
+    assert!(c1.rx_buffer_drops > 0, "{c1:?}");
+    assert_eq!(
+        n.tun[1].len() as u64 + c1.rx_buffer_drops,
+        sent as u64,
+        "every packet delivered or counted"
+    );
 }
 
 /// A peer that vanishes without a DREQ while every send buffer is in flight to it holds them

@@ -66,9 +66,13 @@ pub struct Cluster {
     pub eps: Vec<Option<Endpoint>>,
     /// Packets each node's TUN device received.
     pub tun: Vec<Vec<Vec<u8>>>,
-    /// Nodes whose TUN device is not read while set: what the endpoint delivers stays queued,
-    /// holding its receive buffers (a peer whose receive queue runs dry).
+    /// Nodes whose TUN device is not read while set: what the endpoint delivers stays queued
+    /// (up to the endpoint's spare receive buffers; later packets are dropped and counted).
     pub tun_stalled: Vec<bool>,
+    /// Nodes whose endpoint is not run while set (a daemon off the CPU): their provider
+    /// still answers on the wire, but no completion is polled and no receive buffer comes
+    /// back, so their receive queue runs dry (a peer that RNR-NAKs).
+    pub ep_frozen: Vec<bool>,
     /// Each node's CM MAD transport (QP1); `None` while the node is down.
     mads: Vec<Option<Gsi>>,
     /// Scratch for received MADs.
@@ -109,6 +113,7 @@ impl Cluster {
             eps: (0..n).map(|_| None).collect(),
             tun: vec![Vec::new(); n],
             tun_stalled: vec![false; n],
+            ep_frozen: vec![false; n],
             mads: (0..n).map(|_| None).collect(),
             mad_scratch: Vec::new(),
             configs,
@@ -157,6 +162,9 @@ impl Cluster {
     pub fn service(&mut self) {
         let now = self.f.now();
         for i in 0..self.eps.len() {
+            if self.ep_frozen.get(i).copied().unwrap_or(false) {
+                continue;
+            }
             if let (Some(ep), Some(gsi)) = (self.eps[i].as_mut(), self.mads[i].as_mut()) {
                 let v = &mut self.f.nodes[i];
                 super::endpoint_turn(ep, gsi, v, &mut self.mad_scratch, now);

@@ -342,6 +342,9 @@ fn status_from_snapshot_has_the_endpoints_states() {
         "rx_ip_bytes",
         "tx_ip_bytes",
         "rx_closing_drops",
+        "rx_buffer_drops",
+        "srq_limit_events",
+        "srq_refills",
         "events_dropped",
         "neigh_out_of_prefix",
         "neigh_table_full",
@@ -358,7 +361,7 @@ fn status_from_snapshot_has_the_endpoints_states() {
     ] {
         assert_eq!(s.provider[name], 0, "{name}");
     }
-    assert_eq!(s.provider.len(), 24, "{:?}", s.provider);
+    assert_eq!(s.provider.len(), 27, "{:?}", s.provider);
     assert_eq!(
         s.neighbour_table,
         NeighbourTable {

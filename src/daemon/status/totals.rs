@@ -62,6 +62,7 @@ pub const RX_DROPPED: &[&str] = &[
     "rx_bad_packets",
     "neigh_conflicts",
     "rx_closing_drops",
+    "rx_buffer_drops",
     // TUN device: refused the write.
     "tun_write_drops",
 ];

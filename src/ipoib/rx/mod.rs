@@ -17,7 +17,9 @@ use super::{
 };
 use crate::cm::{AcceptParams, CommId, QpMoves};
 use crate::verbs::setup::{connect_rc, init_rc_qp, RcConnection, RNR_RETRY_FOREVER};
-use crate::verbs::{BufId, Gid, Path, Psn, QpInit, QpNum, QpType, Verbs, WcOpcode, WcStatus};
+use crate::verbs::{
+    BufId, Gid, Path, Psn, QpInit, QpNum, QpType, Verbs, VerbsError, WcOpcode, WcStatus,
+};
 use crate::wire::cm::RejReason;
 use crate::wire::cma::{CmaHdr, KERNEL_REFUSAL};
 use crate::wire::ipoib::{IpoibHeader, ETHERTYPE_IPV4, ETHERTYPE_IPV6};
@@ -385,7 +387,7 @@ impl Endpoint {
             _ => false,
         };
         // The IP packet stays in the receive buffer until the driver writes it to the TUN
-        // device (`drain_tun`), which then gives the buffer back.
+        // device (`drain_tun`), which then gives the buffer back (to the pool with an SRQ).
         let payload = v.pools().get(b).ok().and_then(|buf| {
             let frame = buf.get(..len)?;
             let h = IpoibHeader::parse(frame).ok()?;
@@ -405,14 +407,71 @@ impl Endpoint {
             }
         };
         match accepted {
-            Some(len) => self.tun.push_received(qpn, b, len),
+            // With an SRQ, the packet waits for the TUN device only once a spare buffer took
+            // its place: the SRQ holds `srq_depth` receives whatever the TUN device does.
+            Some(len) if self.srq.is_none() || self.post_spare_rx(v) => {
+                self.tun.push_received(qpn, b, len);
+            }
+            Some(_) => {
+                self.counters.rx_buffer_drops += 1;
+                self.repost_rx(v, qpn, b, live);
+            }
             None => self.repost_rx(v, qpn, b, live),
         }
     }
 
-    /// Gives back a receive buffer whose packet went to the TUN device: as
+    /// Posts a free buffer of the receive pool on the SRQ, in place of one whose packet goes
+    /// to the TUN queue; false when none is free (or the SRQ refused it).
+    fn post_spare_rx<V: Verbs>(&mut self, v: &mut V) -> bool {
+        let Some(srq) = self.srq else { return false };
+        let Some(spare) = v.pools_mut().alloc(self.rx_pool) else {
+            return false;
+        };
+        match v.post_srq_recv(srq, wr(WR_RECV), spare) {
+            Ok(()) => true,
+            // Full already (a refill came first): nothing to replace.
+            Err(VerbsError::QueueFull) => {
+                let _ = v.pools_mut().free(spare);
+                true
+            }
+            Err(_) => {
+                let _ = v.pools_mut().free(spare);
+                false
+            }
+        }
+    }
+
+    /// The SRQ fell below its limit ([`srq_limit`](super::srq_limit)): fills it back to
+    /// `srq_depth` from the free buffers of the pool (at most `srq_depth` posts) and arms the
+    /// limit again. Counted: `srq_limit_events`, and each buffer posted in `srq_refills`.
+    pub(super) fn on_srq_limit<V: Verbs>(&mut self, v: &mut V) {
+        let Some(srq) = self.srq else { return };
+        self.counters.srq_limit_events += 1;
+        let depth = self.cfg.srq_depth as usize;
+        let posted = v.srq_posted(srq).unwrap_or(depth);
+        for _ in posted..depth {
+            let Some(b) = v.pools_mut().alloc(self.rx_pool) else {
+                break;
+            };
+            if v.post_srq_recv(srq, wr(WR_RECV), b).is_err() {
+                let _ = v.pools_mut().free(b);
+                break;
+            }
+            self.counters.srq_refills += 1;
+        }
+        if let Err(e) = v.modify_srq(srq, super::srq_limit(self.cfg.srq_depth)) {
+            tracing::warn!(error = %e, "arming the SRQ limit failed");
+        }
+    }
+
+    /// Gives back a receive buffer whose packet went to the TUN device: with an SRQ to the
+    /// pool (a spare took its place on the SRQ when the packet was queued), else as
     /// [`repost_rx`](Self::repost_rx), with the connection's state as it is now.
     pub(super) fn release_rx_buf<V: Verbs>(&mut self, v: &mut V, qpn: QpNum, b: BufId) {
+        if self.srq.is_some() {
+            let _ = v.pools_mut().free(b);
+            return;
+        }
         let live = self.rx.get(&qpn).is_some_and(RxConn::is_live);
         self.repost_rx(v, qpn, b, live);
     }

@@ -29,23 +29,13 @@ use super::path_wait::Held;
 use super::{wr, wr_kind, Endpoint, Owner, Timer, CQ_BATCH, WR_SEND};
 use crate::cm::{CommId, ConnectParams};
 use crate::timer::TimerId;
-use crate::verbs::setup::{connect_rc, init_rc_qp, RcConnection, RC_RETRY_CNT, RNR_RETRY_FOREVER};
+use crate::verbs::setup::{connect_rc, init_rc_qp, RcConnection};
 use crate::verbs::{
     BufId, Psn, QpAttr, QpInit, QpNum, QpState, QpType, SendWr, Verbs, WcOpcode, WcStatus,
 };
 use crate::wire::cm::{ipoib_service_id, IpoibCmData, RejReason};
 use crate::wire::cma::{ephemeral_port, CmaHdr};
 use crate::wire::ipoib::{HwAddr, IpoibHeader};
-
-/// RNR retries of a TX connection: for ever. An RNR NAK says the peer is alive and its
-/// receive queue momentarily empty (an overloaded receiver), so a counted budget would fail
-/// and rebuild connections to a peer that is only busy, flushing what was in flight. A peer
-/// whose receive queue stays dry completes nothing, and the stall watchdog
-/// (`tx_stall_timeout`) fails that connection and gives its send buffers back, so it cannot
-/// lock the node out. Linux uses 0, as the IPoIB-CM draft warns against retries, and keeps
-/// its receive queue filled from interrupt context; a daemon on a busy CPU can be off it for
-/// longer than a few RNR timer periods.
-const TX_RNR_RETRY: u8 = RNR_RETRY_FOREVER;
 
 /// State of an active connection; `ipoib-cm status` shows it by [`TxState::as_str`], in
 /// JSON as the same name (`connecting`, `live`, `closing`).
@@ -276,8 +266,8 @@ impl Endpoint {
             starting_psn: our_psn,
             path_mtu: self.path_mtu_to(hw.gid),
             path: Some(self.path_to(hw.gid)),
-            retry_count: RC_RETRY_CNT,
-            rnr_retry_count: TX_RNR_RETRY,
+            retry_count: self.cfg.tx_retry_count,
+            rnr_retry_count: self.cfg.tx_rnr_retry,
             srq: false,
             local_ack_timeout: self.cfg.qp_timeout,
             private_data,
@@ -360,7 +350,8 @@ impl Endpoint {
         let conn = RcConnection {
             av: self.av_to(peer.gid),
             timeout: self.cfg.qp_timeout,
-            rnr_retry: TX_RNR_RETRY,
+            retry_cnt: self.cfg.tx_retry_count,
+            rnr_retry: self.cfg.tx_rnr_retry,
             ..RcConnection::new(
                 (peer.gid, remote_qpn),
                 self.path_mtu_to(peer.gid),
