@@ -488,6 +488,21 @@ fn integer_rules() {
             "--max-pending-rx: must be between 1 and 4096 (got 0)",
         ),
         (
+            "--srq-depth",
+            "100",
+            "--srq-depth: must be a power of two from 2 to 8192 (got 100)",
+        ),
+        (
+            "--srq-depth",
+            "16384",
+            "--srq-depth: must be a power of two from 2 to 8192 (got 16384)",
+        ),
+        (
+            "--tx-rnr-retry",
+            "8",
+            "--tx-rnr-retry: must be between 0 and 7 (got 8)",
+        ),
+        (
             "--max-conn-qp",
             "lots",
             "--max-conn-qp: invalid number \"lots\"",
@@ -1254,4 +1269,23 @@ fn only_a_regular_file_of_bounded_size_is_read() {
     assert!(err(&big).ends_with(&format!(": longer than {MAX_CONFIG_BYTES} bytes")));
     assert_eq!(read_config_text(&good).unwrap(), "bind = \"198.18.0.1\"\n");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The receive-side sizes and the send-side retry counts reach the endpoint.
+#[test]
+fn srq_depth_rx_spare_and_tx_retries_reach_the_endpoint() {
+    let c = ok(
+        "bind = \"10.0.0.1\"\nsrq_depth = 1024\nrx_spare = 0",
+        &["--tx-rnr-retry", "0", "--tx-retry-count", "0"],
+    );
+    let e = c.endpoint_config(PathMtu::Mtu1024, 0);
+    assert_eq!(
+        (e.srq_depth, e.rx_spare, e.tx_rnr_retry, e.tx_retry_count),
+        (1024, 0, 0, 0)
+    );
+    let d = ok("bind = \"10.0.0.1\"", &[]).endpoint_config(PathMtu::Mtu1024, 0);
+    assert_eq!(
+        (d.srq_depth, d.rx_spare, d.tx_rnr_retry, d.tx_retry_count),
+        (256, 256, 7, 7)
+    );
 }

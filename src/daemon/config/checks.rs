@@ -10,7 +10,7 @@ use super::types::{
     check_ifname, check_log, default_control_socket, Quirk, DEFAULT_IFNAME, DEFAULT_LOG,
     TX_STALL_ACK_TIMEOUTS,
 };
-use crate::ipoib::QpBudgetPolicy;
+use crate::ipoib::{QpBudgetPolicy, MAX_SRQ_DEPTH, MIN_SRQ_DEPTH};
 use crate::setting::{
     duration_at_least, format_duration, origin_of, parse, parse_list, switch, ConfigError, Given,
     Origin,
@@ -180,4 +180,21 @@ pub(super) fn ib_dev(given: Option<&Given<String>>) -> Result<Option<String>, Co
         Some(dev) if dev.is_empty() => Err(origin_of(given).err("ib_dev", "must not be empty")),
         dev => Ok(dev),
     }
+}
+
+/// The SRQ depth: a power of two in [`MIN_SRQ_DEPTH`]..=[`MAX_SRQ_DEPTH`]; `default` when
+/// not given.
+pub(super) fn srq_depth(given: Option<&Given<i64>>, default: u32) -> Result<u32, ConfigError> {
+    let Some(n) = parse("srq_depth", given)? else {
+        return Ok(default);
+    };
+    u32::try_from(n)
+        .ok()
+        .filter(|n| (MIN_SRQ_DEPTH..=MAX_SRQ_DEPTH).contains(n) && n.is_power_of_two())
+        .ok_or_else(|| {
+            origin_of(given).err(
+                "srq_depth",
+                format!("must be a power of two from {MIN_SRQ_DEPTH} to {MAX_SRQ_DEPTH} (got {n})"),
+            )
+        })
 }

@@ -18,8 +18,8 @@ use super::declare::settings;
 use super::rules::{duration, int, list, switch, value, Computed, RuleExt};
 use super::types::{
     endpoint_defaults, Cidr, ProviderKind, Quirk, DEFAULT_UDP_PORT, MAX_BUSY_POLL, MAX_MAX_CONN_QP,
-    MAX_MAX_PENDING_RX, MAX_NEIGH_MAX, MAX_PEERS, MAX_STATIC_NEIGHBOURS, MAX_TX_QUEUE_LEN,
-    MIN_NEIGH_TIMEOUT, MIN_RX_TIMEOUT, QP_TIMEOUT_RANGE,
+    MAX_MAX_PENDING_RX, MAX_NEIGH_MAX, MAX_PEERS, MAX_RX_SPARE, MAX_STATIC_NEIGHBOURS,
+    MAX_TX_QUEUE_LEN, MIN_NEIGH_TIMEOUT, MIN_RX_TIMEOUT, QP_TIMEOUT_RANGE,
 };
 use crate::daemon::logging::LogFormat;
 use crate::ipoib::{Mode, QpBudgetPolicy};
@@ -213,6 +213,26 @@ with_fault_fields!(settings! {
     pub srq: Option<Given<bool>> [Shown::example("true").alias_of("no_srq")]
         => /// Receive on a shared receive queue (`no_srq`, or this alias).
         srq: bool = Computed(checks::on_unless("no_srq", s.no_srq.as_ref(), "srq", s.srq.as_ref())),
+    /// Receive WRs on the shared receive queue, a power of two from 2 to 8192 (Linux's
+    /// recv_queue_size range); its limit event is armed at a quarter of it [default: 256].
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub srq_depth: Option<Given<i64>> [Shown::example("256")]
+        => srq_depth: u32 = Computed(checks::srq_depth(s.srq_depth.as_ref(), d.srq_depth)),
+    /// Receive buffers beyond the SRQ's, at most 65536: a packet waits for the TUN device
+    /// only once a spare took its place on the SRQ, and is dropped (rx_buffer_drops) when
+    /// none is free, so a slow TUN device never RNR-NAKs a peer [default: 256].
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub rx_spare: Option<Given<i64>> [Shown::example("256")]
+        => rx_spare: u32 = int(0..=MAX_RX_SPARE).or(d.rx_spare),
+    /// RNR retries of TX connections, 0 to 7 (7: for ever; Linux's ipoib_cm sends 0)
+    /// [default: 7].
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub tx_rnr_retry: Option<Given<i64>> [Shown::example("7")]
+        => tx_rnr_retry: u8 = int(0..=7u8).or(d.tx_rnr_retry),
+    /// Transport retries of TX connections, 0 to 7 (Linux's ipoib_cm sends 0) [default: 7].
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub tx_retry_count: Option<Given<i64>> [Shown::example("7")]
+        => tx_retry_count: u8 = int(0..=7u8).or(d.tx_retry_count),
     /// Reap RX connections idle this long, at least 1s (Linux: 4.3-21 min) [default: 60s].
     #[arg(long, value_name = "DURATION", allow_negative_numbers = true)]
     pub rx_timeout: Option<Given<Duration>> [Shown::example("\"60s\"")]

@@ -38,6 +38,8 @@ pub const MIN_NEIGH_TIMEOUT: Duration = Duration::from_secs(1);
 pub const MAX_NEIGH_MAX: u32 = 1 << 20;
 /// Largest accepted QP budget.
 pub const MAX_MAX_CONN_QP: u32 = 65536;
+/// Largest accepted `rx_spare`.
+pub const MAX_RX_SPARE: u32 = 65536;
 /// Largest accepted `max_pending_rx`.
 pub const MAX_MAX_PENDING_RX: u32 = 4096;
 /// Largest accepted per-neighbour queue.
