@@ -68,6 +68,10 @@ impl Verbs for HwVerbs {
         srq::post_recv(self, srq, wr_id, buf)
     }
 
+    fn post_srq_recvs(&mut self, srq: SrqId, wrs: &[(WrId, BufId)]) -> Result<usize, VerbsError> {
+        wr::post_srq_chain(self, srq, wrs)
+    }
+
     fn destroy_srq(&mut self, srq: SrqId) -> Result<(), VerbsError> {
         srq::destroy(self, srq)
     }

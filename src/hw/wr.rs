@@ -7,7 +7,7 @@ use super::context::HwVerbs;
 use super::error::errno_err;
 use super::objects::{Owner, PendingSend, Wr};
 use crate::verbs::{
-    BufId, Completion, CqId, QpNum, QpState, QpType, SendWr, VerbsError, WcStatus, WrId,
+    BufId, Completion, CqId, QpNum, QpState, QpType, SendWr, SrqId, VerbsError, WcStatus, WrId,
 };
 use ibverbs_sys as ffi;
 
@@ -119,6 +119,84 @@ impl HwVerbs {
         self.stats.calls.recv_wrs += 1;
         Ok(())
     }
+}
+
+/// Posts `wrs` on `srq` as one chain of `ibv_recv_wr` (one `ibv_post_srq_recv`, one
+/// doorbell): at most the room the SRQ has, up to the first buffer that cannot be lent;
+/// returns how many the device took (those before the one it reported bad).
+pub(super) fn post_srq_chain(
+    v: &mut HwVerbs,
+    srq: SrqId,
+    wrs: &[(WrId, BufId)],
+) -> Result<usize, VerbsError> {
+    let s = v.srqs.get(&srq.0).ok_or(VerbsError::NoSuchObject("SRQ"))?;
+    let (raw, room) = (s.raw, (s.max_wr as usize).saturating_sub(s.posted));
+    let mut sges = Vec::with_capacity(wrs.len().min(room));
+    let mut taken = Vec::with_capacity(sges.capacity());
+    for &(wr_id, buf) in wrs.iter().take(room) {
+        let Ok(blen) = v.pools.buf_len(buf.pool) else {
+            break;
+        };
+        let Ok(sge) = v.sge(buf, blen) else { break };
+        if v.pools.lend(buf).is_err() {
+            break;
+        }
+        let id = v.new_wr(Wr {
+            owner: Owner::Srq(srq),
+            user: wr_id,
+            buf: Some(buf),
+            send: false,
+            signaled: true,
+        });
+        sges.push(sge);
+        taken.push((id, buf));
+    }
+    let n = taken.len();
+    if n == 0 {
+        return Ok(0);
+    }
+    let mut chain: Vec<ffi::ibv_recv_wr> = taken
+        .iter()
+        .zip(sges.iter_mut())
+        .map(|(&(id, _), sge)| ffi::ibv_recv_wr {
+            wr_id: id,
+            next: ptr::null_mut(),
+            sg_list: sge,
+            num_sge: 1,
+        })
+        .collect();
+    let base = chain.as_mut_ptr();
+    for i in 1..n {
+        // SAFETY: `i - 1` and `i` are below `chain.len()`; the vector is not resized while the
+        // pointers live.
+        unsafe { (*base.add(i - 1)).next = base.add(i) };
+    }
+    let mut bad: *mut ffi::ibv_recv_wr = ptr::null_mut();
+    v.stats.calls.post_recv_calls += 1;
+    // SAFETY: a live SRQ of this context; the chain and its SGEs outlive the call (the device
+    // copies them); each SGE lies inside its pool's registered MR.
+    let rc = unsafe {
+        match (*v.ctx).ops.post_srq_recv {
+            Some(f) if !raw.is_null() => f(raw, base, &mut bad),
+            _ => libc::EINVAL,
+        }
+    };
+    let posted = if rc == 0 {
+        n
+    } else if bad.is_null() {
+        0
+    } else {
+        ((bad as usize).saturating_sub(base as usize) / size_of::<ffi::ibv_recv_wr>()).min(n)
+    };
+    for &(id, buf) in taken.get(posted..).unwrap_or(&[]) {
+        v.wrs.remove(&id);
+        v.pools.reclaim(buf);
+    }
+    if let Some(s) = v.srqs.get_mut(&srq.0) {
+        s.posted += posted;
+    }
+    v.stats.calls.recv_wrs += posted as u64;
+    Ok(posted)
 }
 
 pub(super) fn post_send(v: &mut HwVerbs, qp: QpNum, wr: &SendWr) -> Result<(), VerbsError> {

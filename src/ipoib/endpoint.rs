@@ -19,7 +19,8 @@ use super::{wr, Counters, EndpointConfig, Owner, Snapshot, Timer, TxSnapshot, CQ
 use crate::cm::{Cm, CmConfig, CmEvent, CommId, ConnectionManager, KcmCommand, KcmInput, KernelCm};
 use crate::timer::{TimerId, TimerWheel};
 use crate::verbs::{
-    AsyncEvent, Completion, CqId, PdId, PoolId, QpNum, SrqId, SrqInit, Verbs, VerbsError,
+    AsyncEvent, BufId, Completion, CqId, PdId, PoolId, QpNum, SrqId, SrqInit, Verbs, VerbsError,
+    WrId,
 };
 use crate::wire::cm::{ipoib_service_id, IpoibCmData, RejReason, MAD_LEN};
 use crate::wire::ipoib::{HwAddr, IPOIB_CM_BUF_SIZE};
@@ -72,6 +73,12 @@ pub struct Endpoint {
     last_now: Instant,
     /// Scratch for completions, shared by the CQ polls.
     pub(super) wcs: Vec<Completion>,
+    /// RC packets of the RX completions being handled, waiting for the spare buffers that
+    /// take their places on the SRQ (posted as one chain) before they go to the TUN queue:
+    /// connection, buffer, IP length. At most [`CQ_BATCH`].
+    pub(super) rx_up: Vec<(QpNum, BufId, usize)>,
+    /// The receive WRs of one chain being built (at most [`CQ_BATCH`]).
+    pub(super) rx_chain: Vec<(WrId, BufId)>,
     /// Scratch for fired timers.
     fired: Vec<(TimerId, Timer)>,
     /// Scratch for CM events, trimmed to [`crate::cm::QUEUE_KEEP`] after each batch.
@@ -157,12 +164,22 @@ impl Endpoint {
                 max_wr: cfg.srq_depth,
                 limit: super::srq_limit(cfg.srq_depth),
             })?;
-            for _ in 0..cfg.srq_depth {
-                let b = v
-                    .pools_mut()
-                    .alloc(pool)
-                    .ok_or(VerbsError::OutOfResources("SRQ buffers"))?;
-                v.post_srq_recv(srq, wr(WR_RECV), b)?;
+            // Filled in chains of CQ_BATCH receives, one doorbell each.
+            let mut chain = Vec::with_capacity(CQ_BATCH);
+            let mut left = cfg.srq_depth as usize;
+            while left > 0 {
+                chain.clear();
+                for _ in 0..left.min(CQ_BATCH) {
+                    let b = v
+                        .pools_mut()
+                        .alloc(pool)
+                        .ok_or(VerbsError::OutOfResources("SRQ buffers"))?;
+                    chain.push((wr(WR_RECV), b));
+                }
+                if v.post_srq_recvs(srq, &chain)? < chain.len() {
+                    return Err(VerbsError::OutOfResources("SRQ receives"));
+                }
+                left -= chain.len();
             }
             (Some(srq), pool)
         } else {
@@ -207,6 +224,8 @@ impl Endpoint {
             stopping: false,
             last_now: now,
             wcs: Vec::with_capacity(CQ_BATCH),
+            rx_up: Vec::with_capacity(CQ_BATCH),
+            rx_chain: Vec::with_capacity(CQ_BATCH),
             fired: Vec::new(),
             cm_events: Vec::new(),
             events: EventQueue::default(),

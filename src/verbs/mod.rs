@@ -249,6 +249,24 @@ pub trait Verbs {
     /// [`VerbsError::QueueFull`], [`VerbsError::BufferNotHeld`] or [`VerbsError::NoSuchObject`].
     fn post_srq_recv(&mut self, srq: SrqId, wr_id: WrId, buf: BufId) -> Result<(), VerbsError>;
 
+    /// Posts receive WRs to an SRQ as one chain (one `ibv_post_srq_recv`, one doorbell, on
+    /// providers that chain), in order; returns how many were posted: all of them, or those
+    /// before the first the SRQ refused (full, or a buffer not held), which and whose
+    /// successors stay with the caller. The default posts them one by one.
+    ///
+    /// # Errors
+    /// [`VerbsError::NoSuchObject`].
+    fn post_srq_recvs(&mut self, srq: SrqId, wrs: &[(WrId, BufId)]) -> Result<usize, VerbsError> {
+        for (i, &(wr_id, buf)) in wrs.iter().enumerate() {
+            match self.post_srq_recv(srq, wr_id, buf) {
+                Ok(()) => {}
+                Err(e @ VerbsError::NoSuchObject(_)) if i == 0 => return Err(e),
+                Err(_) => return Ok(i),
+            }
+        }
+        Ok(wrs.len())
+    }
+
     /// How many receive WRs `srq` holds: posted and not yet completed (a provider may leave
     /// out one that a QP has taken and is still filling).
     ///

@@ -17,9 +17,7 @@ use super::{
 };
 use crate::cm::{AcceptParams, CommId, QpMoves};
 use crate::verbs::setup::{connect_rc, init_rc_qp, RcConnection, RNR_RETRY_FOREVER};
-use crate::verbs::{
-    BufId, Gid, Path, Psn, QpInit, QpNum, QpType, Verbs, VerbsError, WcOpcode, WcStatus,
-};
+use crate::verbs::{BufId, Gid, Path, Psn, QpInit, QpNum, QpType, Verbs, WcOpcode, WcStatus};
 use crate::wire::cm::RejReason;
 use crate::wire::cma::{CmaHdr, KERNEL_REFUSAL};
 use crate::wire::ipoib::{IpoibHeader, ETHERTYPE_IPV4, ETHERTYPE_IPV6};
@@ -372,6 +370,7 @@ impl Endpoint {
                 }
             }
             self.wcs = wcs;
+            self.send_rx_up(v);
             if n < CQ_BATCH {
                 break;
             }
@@ -408,37 +407,56 @@ impl Endpoint {
         };
         match accepted {
             // With an SRQ, the packet waits for the TUN device only once a spare buffer took
-            // its place: the SRQ holds `srq_depth` receives whatever the TUN device does.
-            Some(len) if self.srq.is_none() || self.post_spare_rx(v) => {
-                self.tun.push_received(qpn, b, len);
-            }
-            Some(_) => {
-                self.counters.rx_buffer_drops += 1;
-                self.repost_rx(v, qpn, b, live);
-            }
+            // its place (`send_rx_up`, after the batch): the SRQ holds `srq_depth` receives
+            // whatever the TUN device does.
+            Some(len) if self.srq.is_some() => self.rx_up.push((qpn, b, len)),
+            Some(len) => self.tun.push_received(qpn, b, len),
             None => self.repost_rx(v, qpn, b, live),
         }
     }
 
-    /// Posts a free buffer of the receive pool on the SRQ, in place of one whose packet goes
-    /// to the TUN queue; false when none is free (or the SRQ refused it).
-    fn post_spare_rx<V: Verbs>(&mut self, v: &mut V) -> bool {
-        let Some(srq) = self.srq else { return false };
-        let Some(spare) = v.pools_mut().alloc(self.rx_pool) else {
-            return false;
+    /// Sends the packets of [`rx_up`](Endpoint::rx_up) to the TUN queue, each once a free
+    /// buffer of the pool took its place on the SRQ (the spares posted as one chain); those
+    /// left without one are dropped (`rx_buffer_drops`) and their own buffers posted again.
+    fn send_rx_up<V: Verbs>(&mut self, v: &mut V) {
+        let Some(srq) = self.srq else { return };
+        if self.rx_up.is_empty() {
+            return;
+        }
+        let mut chain = std::mem::take(&mut self.rx_chain);
+        chain.clear();
+        for _ in 0..self.rx_up.len() {
+            let Some(spare) = v.pools_mut().alloc(self.rx_pool) else {
+                break;
+            };
+            chain.push((wr(WR_RECV), spare));
+        }
+        let posted = if chain.is_empty() {
+            0
+        } else {
+            v.post_srq_recvs(srq, &chain).unwrap_or(0)
         };
-        match v.post_srq_recv(srq, wr(WR_RECV), spare) {
-            Ok(()) => true,
-            // Full already (a refill came first): nothing to replace.
-            Err(VerbsError::QueueFull) => {
-                let _ = v.pools_mut().free(spare);
-                true
-            }
-            Err(_) => {
-                let _ = v.pools_mut().free(spare);
-                false
+        for &(_, spare) in chain.get(posted..).unwrap_or(&[]) {
+            let _ = v.pools_mut().free(spare);
+        }
+        // Refused for want of room: the SRQ is full already (a refill came first), so those
+        // packets need no replacement.
+        let full = posted < chain.len()
+            && v.srq_posted(srq)
+                .is_ok_and(|p| p >= self.cfg.srq_depth as usize);
+        let up = if full { self.rx_up.len() } else { posted };
+        for (i, (qpn, b, len)) in self.rx_up.drain(..).enumerate() {
+            if i < up {
+                self.tun.push_received(qpn, b, len);
+            } else {
+                self.counters.rx_buffer_drops += 1;
+                if v.post_srq_recv(srq, wr(WR_RECV), b).is_err() {
+                    let _ = v.pools_mut().free(b);
+                }
             }
         }
+        chain.clear();
+        self.rx_chain = chain;
     }
 
     /// The SRQ fell below its limit ([`srq_limit`](super::srq_limit)): fills it back to
@@ -448,17 +466,28 @@ impl Endpoint {
         let Some(srq) = self.srq else { return };
         self.counters.srq_limit_events += 1;
         let depth = self.cfg.srq_depth as usize;
-        let posted = v.srq_posted(srq).unwrap_or(depth);
-        for _ in posted..depth {
-            let Some(b) = v.pools_mut().alloc(self.rx_pool) else {
-                break;
-            };
-            if v.post_srq_recv(srq, wr(WR_RECV), b).is_err() {
+        let mut missing = depth.saturating_sub(v.srq_posted(srq).unwrap_or(depth));
+        let mut chain = std::mem::take(&mut self.rx_chain);
+        while missing > 0 {
+            chain.clear();
+            for _ in 0..missing.min(CQ_BATCH) {
+                let Some(b) = v.pools_mut().alloc(self.rx_pool) else {
+                    break;
+                };
+                chain.push((wr(WR_RECV), b));
+            }
+            let posted = v.post_srq_recvs(srq, &chain).unwrap_or(0);
+            for &(_, b) in chain.get(posted..).unwrap_or(&[]) {
                 let _ = v.pools_mut().free(b);
+            }
+            self.counters.srq_refills += posted as u64;
+            if posted < CQ_BATCH.min(missing) {
                 break;
             }
-            self.counters.srq_refills += 1;
+            missing -= posted;
         }
+        chain.clear();
+        self.rx_chain = chain;
         if let Err(e) = v.modify_srq(srq, super::srq_limit(self.cfg.srq_depth)) {
             tracing::warn!(error = %e, "arming the SRQ limit failed");
         }
