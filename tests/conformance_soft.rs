@@ -61,6 +61,7 @@ checks!(
     drain_wr_after_err,
     srq_last_wqe_once,
     destroy_keeps_srq,
+    srq_recv_chain,
     rnr_then_success,
     rnr_retry_exceeded,
     retry_exceeded_peer_gone,

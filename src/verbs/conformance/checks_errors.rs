@@ -480,3 +480,61 @@ pub fn check_destroy_keeps_srq<V: Verbs, P: ConformancePair<V>>(
     close_endpoint(b, &eb);
     Ok(())
 }
+
+/// **Receive chains.** [`Verbs::post_srq_recvs`] posts a chain in order up to the SRQ's room:
+/// 12 receives on an SRQ of 8 post the first 8 (the count returned), the other 4 buffers stay
+/// the caller's; 8 messages then land in the chained receives in their order.
+pub fn check_srq_recv_chain<V: Verbs, P: ConformancePair<V>>(
+    pair: &mut P,
+) -> Result<(), ConformanceError> {
+    let (ea, eb) = endpoints(pair, 2048, 32)?;
+    let mut seen = Seen::default();
+    let (a, b) = pair.providers();
+    let srq = b
+        .create_srq(&SrqInit {
+            pd: eb.pd,
+            max_wr: 8,
+            limit: 0,
+        })
+        .ctx("create_srq")?;
+    let mut chain = Vec::new();
+    for i in 0..12u64 {
+        let buf = b
+            .pools_mut()
+            .alloc(eb.pool)
+            .ok_or(ConformanceError::PoolExhausted(eb.pool))?;
+        chain.push((WrId(100 + i), buf));
+    }
+    let posted = b.post_srq_recvs(srq, &chain).ctx("post_srq_recvs")?;
+    ensure!(posted == 8, "a chain of 12 on an SRQ of 8 posted {posted}");
+    ensure!(
+        b.srq_posted(srq).ctx("srq_posted")? == 8,
+        "srq_posted {:?} after the chain",
+        b.srq_posted(srq)
+    );
+    for &(_, buf) in &chain[8..] {
+        b.pools().get(buf).ctx("a refused buffer is still held")?;
+        let _ = b.pools_mut().free(buf);
+    }
+    let p = RcParams {
+        srq_b: Some(srq),
+        ..RcParams::default()
+    };
+    let (qa, qb) = connect_rc(a, &ea, b, &eb, &p).ctx("connect")?;
+    let msgs: Vec<Vec<u8>> = (0..8u64)
+        .map(|i| pattern(40 + i, 500 + i as usize))
+        .collect();
+    for (i, m) in msgs.iter().enumerate() {
+        post_send_data(a, qa, ea.pool, i as u64, m)?;
+    }
+    let ok = wait(pair, &ea, &eb, &mut seen, |s| s.b_recv.len() >= 8);
+    ensure!(ok, "{} of 8 chained receives completed", seen.b_recv.len());
+    let (_, b) = pair.providers();
+    for (i, m) in msgs.iter().enumerate() {
+        expect_recv(b, &seen.b_recv[i], 100 + i as u64, m, 0)?;
+    }
+    teardown(pair, (&ea, &eb), (&[qa], &[qb]), &seen);
+    let (_, b) = pair.providers();
+    b.destroy_srq(srq).ctx("destroy_srq")?;
+    Ok(())
+}

@@ -29,6 +29,7 @@
 //! | `drain_wr_after_err` | [`check_drain_wr_after_err`] |
 //! | `srq_last_wqe_once` | [`check_srq_last_wqe_once`] |
 //! | `destroy_keeps_srq` | [`check_destroy_keeps_srq`] |
+//! | `srq_recv_chain` | [`check_srq_recv_chain`] |
 //! | `rnr_then_success` | [`check_rnr_then_success`] |
 //! | `rnr_retry_exceeded` | [`check_rnr_retry_exceeded`] |
 //! | `retry_exceeded_peer_gone` | [`check_retry_exceeded_peer_gone`] |
@@ -105,7 +106,7 @@ pub use checks_data::{
 pub use checks_errors::{
     check_comm_est, check_destroy_keeps_srq, check_drain_wr_after_err, check_flush_on_err,
     check_retry_exceeded_peer_gone, check_rnr_retry_exceeded, check_rnr_then_success,
-    check_srq_last_wqe_once, WATCHDOG_DESTROYS,
+    check_srq_last_wqe_once, check_srq_recv_chain, WATCHDOG_DESTROYS,
 };
 pub use checks_qp::{check_object_rules, check_qp_state_machine};
 pub use expect::{Behaviours, CommEst, LastWqe, RecvInErr};
@@ -168,6 +169,7 @@ pub fn checks<V: Verbs, P: ConformancePair<V>>() -> Vec<Check<P>> {
         ("drain_wr_after_err", check_drain_wr_after_err::<V, P>),
         ("srq_last_wqe_once", check_srq_last_wqe_once::<V, P>),
         ("destroy_keeps_srq", check_destroy_keeps_srq::<V, P>),
+        ("srq_recv_chain", check_srq_recv_chain::<V, P>),
         ("rnr_then_success", check_rnr_then_success::<V, P>),
         ("rnr_retry_exceeded", check_rnr_retry_exceeded::<V, P>),
         (
