@@ -337,8 +337,9 @@ with_fault_fields!(settings! {
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub qpn_seed: Option<Given<i64>> [Shown::example("0")]
         => qpn_seed: Option<u64> = int(0..=i64::MAX as u64),
-    /// Provider contract violation, to test the watchdogs: drain-never, no-last-wqe or
-    /// dup-last-wqe (repeatable).
+    /// Provider contract violation, to test the watchdogs: drain-never, no-last-wqe,
+    /// dup-last-wqe, or clean-cq-on-destroy (a destroy cleans the QP's completions from its
+    /// CQs and returns their SRQ receives to the SRQ, as mlx5 does) (repeatable).
     #[arg(long, value_name = "QUIRK", help_heading = TEST_HELP_HEADING)]
     #[serde(default)]
     pub quirk: Vec<Given<Quirk>> [Shown::example("[\"drain-never\"]")]

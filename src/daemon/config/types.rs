@@ -151,6 +151,9 @@ pub enum Quirk {
     NoLastWqe,
     /// `dup-last-wqe`: [`Quirks::dup_last_wqe`](crate::soft::Quirks::dup_last_wqe).
     DupLastWqe,
+    /// `clean-cq-on-destroy`:
+    /// [`Quirks::clean_cq_on_destroy`](crate::soft::Quirks::clean_cq_on_destroy).
+    CleanCqOnDestroy,
 }
 
 impl FromStr for Quirk {
@@ -160,8 +163,10 @@ impl FromStr for Quirk {
             "drain-never" => Ok(Self::DrainNever),
             "no-last-wqe" => Ok(Self::NoLastWqe),
             "dup-last-wqe" => Ok(Self::DupLastWqe),
+            "clean-cq-on-destroy" => Ok(Self::CleanCqOnDestroy),
             _ => Err(InvalidValue::new(format!(
-                "unknown quirk {s:?} (known: drain-never, no-last-wqe, dup-last-wqe)"
+                "unknown quirk {s:?} (known: drain-never, no-last-wqe, dup-last-wqe, \
+                 clean-cq-on-destroy)"
             ))),
         }
     }
@@ -174,6 +179,7 @@ impl Quirk {
             Self::DrainNever => q.drain_never = true,
             Self::NoLastWqe => q.no_last_wqe = true,
             Self::DupLastWqe => q.dup_last_wqe = true,
+            Self::CleanCqOnDestroy => q.clean_cq_on_destroy = true,
         }
     }
 }
