@@ -248,43 +248,55 @@ pub(super) fn destroy(v: &mut HwVerbs, cq: CqId) -> Result<(), VerbsError> {
     Ok(())
 }
 
-/// Moves every completion the device holds on `cq` into its backlog, where they wait for
-/// [`poll`] in order; returns how many of them were `qp`'s. Done before `qp` is destroyed:
-/// some providers (mlx5) clean a destroyed QP's completions from its CQs and hand the SRQ
-/// WQEs they name back to the SRQ, which would leave this wrapper's records of those
-/// receives (and the caller's buffers) outstanding forever. Bounded by the CQ's depth.
-pub(super) fn sweep(v: &mut HwVerbs, cq: CqId, qp: QpNum) -> u64 {
+/// Reads up to `want` completions from the device's `cq` into the CQ's backlog; how many,
+/// and how many of them were `qp`'s.
+fn poll_device(v: &mut HwVerbs, cq: CqId, want: usize, qp: Option<QpNum>) -> (usize, u64) {
     let Ok(raw) = v.cq_raw(cq) else {
-        return 0;
+        return (0, 0);
     };
     let Some(poll) = (
         // SAFETY: valid context.
         unsafe { (*v.ctx).ops.poll_cq }
     ) else {
-        return 0;
+        return (0, 0);
     };
-    const BATCH: usize = 64;
-    if v.wc.len() < BATCH {
+    if v.wc.len() < want {
         // SAFETY: ibv_wc is plain C data; all-zero is valid.
-        v.wc.resize(BATCH, unsafe { std::mem::zeroed() });
+        v.wc.resize(want, unsafe { std::mem::zeroed() });
     }
+    v.stats.calls.poll_cq_calls += 1;
+    // SAFETY: a live CQ and room for `want` entries.
+    let n = unsafe { poll(raw, want as i32, v.wc.as_mut_ptr()) };
+    if n <= 0 {
+        return (0, 0);
+    }
+    v.stats.calls.cqes += n as u64;
     let mut of_qp = 0;
-    loop {
-        v.stats.calls.poll_cq_calls += 1;
-        // SAFETY: a live CQ and room for BATCH entries.
-        let n = unsafe { poll(raw, BATCH as i32, v.wc.as_mut_ptr()) };
-        if n <= 0 {
-            break;
+    for i in 0..n as usize {
+        let wc = v.wc[i];
+        if qp.is_some_and(|q| wc.qp_num == q.get()) {
+            of_qp += 1;
         }
-        v.stats.calls.cqes += n as u64;
-        for i in 0..n as usize {
-            let wc = v.wc[i];
-            if wc.qp_num == qp.get() {
-                of_qp += 1;
-            }
-            v.map_wc(cq, &wc);
-        }
-        if (n as usize) < BATCH {
+        v.map_wc(cq, &wc);
+    }
+    (n as usize, of_qp)
+}
+
+/// Completions one device poll reads at most.
+const POLL_BATCH: usize = 64;
+
+/// Moves every completion the device holds on `cq` into its backlog, where they wait for
+/// [`poll`] in order; returns how many of them were `qp`'s. Done before `qp` is destroyed:
+/// some providers (mlx5) clean a destroyed QP's completions from its CQs and hand the SRQ
+/// WQEs they name back to the SRQ, which would leave this wrapper's records of those
+/// receives (and the caller's buffers) outstanding forever. Bounded by the CQ's depth (and
+/// at most 1024 polls).
+pub(super) fn sweep(v: &mut HwVerbs, cq: CqId, qp: QpNum) -> u64 {
+    let mut of_qp = 0;
+    for _ in 0..1024 {
+        let (n, mine) = poll_device(v, cq, POLL_BATCH, Some(qp));
+        of_qp += mine;
+        if n < POLL_BATCH {
             break;
         }
     }
@@ -296,37 +308,20 @@ pub(super) fn sweep(v: &mut HwVerbs, cq: CqId, qp: QpNum) -> u64 {
 /// backlog, then the device's CQ, 64 entries a call.
 pub(super) fn poll(v: &mut HwVerbs, cq: CqId, out: &mut Vec<Completion>, max: usize) -> usize {
     wr::flush_all(v);
-    let Ok(raw) = v.cq_raw(cq) else {
+    if v.cq_raw(cq).is_err() {
         return 0;
-    };
-    let Some(poll) = (
-        // SAFETY: valid context.
-        unsafe { (*v.ctx).ops.poll_cq }
-    ) else {
-        return 0;
-    };
+    }
     let mut got = v.drain_backlog(cq, out, max);
     let mut polled = false;
     while got < max {
-        let want = (max - got).min(64);
-        if v.wc.len() < want {
-            // SAFETY: ibv_wc is plain C data; all-zero is valid.
-            v.wc.resize(want, unsafe { std::mem::zeroed() });
-        }
-        v.stats.calls.poll_cq_calls += 1;
-        // SAFETY: a live CQ and room for `want` entries.
-        let n = unsafe { poll(raw, want as i32, v.wc.as_mut_ptr()) };
-        if n <= 0 {
+        let want = (max - got).min(POLL_BATCH);
+        let (n, _) = poll_device(v, cq, want, None);
+        if n == 0 {
             break;
         }
         polled = true;
-        v.stats.calls.cqes += n as u64;
-        for i in 0..n as usize {
-            let wc = v.wc[i];
-            v.map_wc(cq, &wc);
-        }
         got += v.drain_backlog(cq, out, max - got);
-        if (n as usize) < want {
+        if n < want {
             break;
         }
     }
