@@ -16,6 +16,9 @@ export PATH=/usr/sbin:/usr/bin:/sbin:/bin SYSTEMD_PAGER= SYSTEMD_COLORS=0
 UNIT=ipoib-cm@$IFNAME.service
 CONF=/etc/ipoib-cm/$IFNAME.toml
 fails=0
+# How long the first ping may take (a connection to set up; slower in qemu without KVM).
+PING_WAIT=30
+[ "$RDMA" = none ] || PING_WAIT=90
 
 result() {   # result NAME PASS|FAIL [WHY]
     echo "RESULT $1 $2${3:+ ($3)}"
@@ -87,11 +90,13 @@ fi
 # --- RDMA: an rxe device on the underlay for --provider verbs
 provider_lines=()
 if [ "$RDMA" = rxe ]; then
-    modprobe rdma_rxe 2>/dev/null
+    # First our CM on the kernel's QP1 (umad: /dev/infiniband/umad0), which needs ib_cm not
+    # loaded; rdma_ucm (the kernel's CM, /dev/infiniband/rdma_cm) comes after the bad file.
+    modprobe -a rdma_rxe ib_umad
     if rdma link add rxe0 type rxe netdev "$UNDERLAY_IF" &&
        wait_for 10 test -e /dev/infiniband/uverbs0; then
         say "rxe0 on $UNDERLAY_IF: $(ls /dev/infiniband | tr '\n' ' ')"
-        provider_lines=('provider = "verbs"' 'ib_dev = "rxe0"')
+        provider_lines=('provider = "verbs"' 'ib_dev = "rxe0"' 'cm_transport = "umad"')
     else
         result rxe_setup FAIL "rdma link add rxe0"
     fi
@@ -108,10 +113,10 @@ else
     echo "=== SYSTEMD-CHECK done: the unit did not start, nothing else checked"
     exit 1
 fi
-if wait_for 30 pings; then
+if wait_for "$PING_WAIT" pings; then
     result traffic PASS "ping $PEER_ADDR over $IFNAME"
 else
-    result traffic FAIL "no answer from $PEER_ADDR in 30 s"
+    result traffic FAIL "no answer from $PEER_ADDR in $PING_WAIT s"
 fi
 ipoib-cm status 2>&1 | sed 's/^/status| /'
 
@@ -143,10 +148,10 @@ else
     [ "$pid" -le 1 ] || kill -CONT "$pid" 2>/dev/null
     result watchdog_restart FAIL "not restarted in 60 s: $(prop ActiveState)/$(prop SubState)"
 fi
-if wait_for 30 pings; then
+if wait_for "$PING_WAIT" pings; then
     result traffic_after_restart PASS
 else
-    result traffic_after_restart FAIL "no answer from $PEER_ADDR in 30 s"
+    result traffic_after_restart FAIL "no answer from $PEER_ADDR in $PING_WAIT s"
 fi
 
 # --- stop: the orderly teardown (DREQs; the peer counts them), exit 0, the interface gone
@@ -190,6 +195,20 @@ if [ "$RDMA" = none ]; then
         result verbs_no_device FAIL "status $(prop ExecMainStatus), $(prop ActiveState); lines: $lines"
     fi
     systemctl reset-failed "$UNIT"
+fi
+
+# --- --provider verbs on the kernel's CM (rdma_cm): start, traffic, stop
+if [ "$RDMA" = rxe ]; then
+    modprobe rdma_ucm
+    write_conf 'provider = "verbs"' 'ib_dev = "rxe0"' 'cm_transport = "rdmacm"'
+    c=$(cursor)
+    if timeout 60 systemctl start "$UNIT" && [ "$(prop ActiveState)/$(prop SubState)" = active/running ] &&
+       wait_for "$PING_WAIT" pings && timeout 60 systemctl stop "$UNIT" && [ "$(prop Result)" = success ]; then
+        result verbs_rdmacm PASS "$(daemon_lines "$c" | grep -o 'cm_transport=[a-z]* provider=[a-z]*' | head -1), ping, stop"
+    else
+        result verbs_rdmacm FAIL "$(prop ActiveState)/$(prop SubState) $(prop Result)"
+        systemctl stop "$UNIT" 2>/dev/null
+    fi
 fi
 
 journalctl -q -o short-monotonic -u "$UNIT" --no-pager | tail -n 80 | sed 's/^/journal| /'
