@@ -47,9 +47,13 @@ write_conf() {   # write_conf [EXTRA LINE...]
     mkdir -p /etc/ipoib-cm
     {
         echo "bind = \"$BIND\""
-        echo "peer = [\"$PEER_BIND\"]"
         echo "addr = [\"$ADDR/$PREFIX\"]"
-        echo "no_multicast = true"
+        # The soft provider reaches the peer by its address; the verbs provider has no peer
+        # list, and ARP crosses to the peer as IP multicast (rxe's broadcast group).
+        if [ "$RDMA" = none ]; then
+            echo "peer = [\"$PEER_BIND\"]"
+            echo "no_multicast = true"
+        fi
         printf '%s\n' "$@"
     } > "$CONF"
     chmod 600 "$CONF"
@@ -57,7 +61,10 @@ write_conf() {   # write_conf [EXTRA LINE...]
 
 say "systemd $(systemctl --version | head -1 | cut -d' ' -f2) as PID 1 ($(cat /proc/1/comm)), $(uname -r), virtualization $(systemd-detect-virt || true)"
 
-# --- the underlay: an address on UNDERLAY_IF where the host did not set one
+# --- the underlay: an address on UNDERLAY_IF where the host did not set one (in qemu the NIC's
+# driver and TUN first: this tree has no udev to load them)
+[ "$RDMA" = none ] || modprobe -a virtio_net tun crc32_generic crc32-pclmul
+wait_for 10 ip link show "$UNDERLAY_IF" > /dev/null 2>&1
 if ! ip -o addr show | grep -q " $BIND/"; then
     ip link set "$UNDERLAY_IF" up && ip addr add "$BIND/24" dev "$UNDERLAY_IF"
 fi
@@ -95,7 +102,7 @@ if [ "$RDMA" = rxe ]; then
     modprobe -a rdma_rxe ib_umad
     if rdma link add rxe0 type rxe netdev "$UNDERLAY_IF" &&
        wait_for 10 test -e /dev/infiniband/uverbs0; then
-        say "rxe0 on $UNDERLAY_IF: $(ls /dev/infiniband | tr '\n' ' ')"
+        say "rxe0 on $UNDERLAY_IF: $(ls /dev/infiniband | tr '\n' ' '); /proc/devices: $(grep infiniband /proc/devices | tr '\n' ' ')"
         provider_lines=('provider = "verbs"' 'ib_dev = "rxe0"' 'cm_transport = "umad"')
     else
         result rxe_setup FAIL "rdma link add rxe0"
@@ -194,6 +201,29 @@ if [ "$RDMA" = none ]; then
     else
         result verbs_no_device FAIL "status $(prop ExecMainStatus), $(prop ActiveState); lines: $lines"
     fi
+    systemctl reset-failed "$UNIT"
+fi
+
+# --- the device allowances count: with only uverbs0 and TUN allowed (a drop-in), our CM on
+# umad cannot open /dev/infiniband/umad0 and the daemon stops at start in one line
+if [ "$RDMA" = rxe ]; then
+    mkdir -p "/run/systemd/system/$UNIT.d"
+    printf '[Service]\nDeviceAllow=\nDeviceAllow=/dev/net/tun rw\nDeviceAllow=/dev/infiniband/uverbs0 rw\n' \
+        > "/run/systemd/system/$UNIT.d/no-umad.conf"
+    systemctl daemon-reload
+    write_conf "${provider_lines[@]}"
+    c=$(cursor)
+    timeout 60 systemctl start "$UNIT" > /dev/null 2>&1
+    lines=$(daemon_lines "$c")
+    if [ "$(prop ExecMainStatus)" = 2 ] && [ "$(prop ActiveState)" = failed ] &&
+       [ "$(echo "$lines" | grep -c .)" = 1 ] && [[ $lines == *umad0* ]]; then
+        result umad_needs_allowance PASS "without it: $lines"
+    else
+        result umad_needs_allowance FAIL "status $(prop ExecMainStatus), $(prop ActiveState); lines: $lines"
+        systemctl stop "$UNIT" 2>/dev/null
+    fi
+    rm -r "/run/systemd/system/$UNIT.d"
+    systemctl daemon-reload
     systemctl reset-failed "$UNIT"
 fi
 
