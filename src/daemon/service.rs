@@ -19,6 +19,7 @@ use super::reload::{self, neighbour_changes, ReloadPlan};
 use crate::driver::Node;
 use crate::ipoib::LiveTimeouts;
 use crate::sys::notify::{self, Notifier};
+use crate::verbs::Gid;
 use crate::wire::ipoib::HwAddr;
 
 /// Largest configuration file a reload reads.
@@ -182,8 +183,11 @@ impl Service {
                 ep.add_static_neighbour(now, v, ip, hw);
             }
         });
-        if next.peer != self.running.peer && !node.provider_mut().set_peers(&next.peer) {
-            tracing::warn!("{why}: this provider has no peer list; peer ignored");
+        if next.peer != self.running.peer {
+            set_endpoint_peers(node, &next.peer);
+            if !node.provider_mut().set_peers(&next.peer) {
+                tracing::warn!("{why}: this provider has no peer list; peer ignored");
+            }
         }
         if next.log != self.running.log {
             if let Err(e) = logging::set_filter(&next.log) {
@@ -301,6 +305,7 @@ impl Service {
         if !node.provider_mut().set_peers(&peers) {
             return Err("this provider has no peer list".to_owned());
         }
+        set_endpoint_peers(node, &peers);
         self.running.peer = peers;
         tracing::info!(%addr, "peer added");
         Ok(format!("peer {addr} added"))
@@ -324,10 +329,17 @@ impl Service {
         if !node.provider_mut().set_peers(&peers) {
             return Err("this provider has no peer list".to_owned());
         }
+        set_endpoint_peers(node, &peers);
         self.running.peer = peers;
         tracing::info!(%addr, "peer removed");
         Ok(format!("peer {addr} removed"))
     }
+}
+
+/// The endpoint's peers (senders it knows, bindings it may pin) are the provider's.
+fn set_endpoint_peers<P: DaemonProvider>(node: &mut Node<P>, peers: &[IpAddr]) {
+    let gids: Vec<Gid> = peers.iter().map(|p| Gid::from_ip(*p)).collect();
+    node.endpoint_mut().set_peers(&gids);
 }
 
 /// Reads a configuration file of at most [`MAX_CONFIG_BYTES`].
