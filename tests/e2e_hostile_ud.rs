@@ -260,6 +260,14 @@ fn a_rogue_claim_costs_seconds_not_the_address() {
     let rogue = Rogue::attach(&lab);
     let before = lab.status(1);
     let hw1 = hwaddr(&before);
+    rogue.run(
+        &format!("advertise {}", hw1.qpn.get()),
+        Duration::from_secs(10),
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    let v6_bound = lab.status(1)["neighbours"]
+        .as_array()
+        .is_some_and(|a| a.iter().any(|e| e["ip"] == "2001:db8:19::3"));
     let child = rogue.spawn(&format!("claim {} 22", hw1.qpn.get()));
     std::thread::sleep(Duration::from_millis(500));
     let start = epoch_secs();
@@ -289,9 +297,6 @@ fn a_rogue_claim_costs_seconds_not_the_address() {
     let first = replies.first().map(|t| t - start);
     let after = lab.status(1);
     let d = |name: &str| counter(&after, name) - counter(&before, name);
-    let v6_bound = after["neighbours"]
-        .as_array()
-        .is_some_and(|a| a.iter().any(|e| e["ip"] == "2001:db8:19::3"));
     println!(
         "poisoning: rogue sent {} claims; pings {}/200, first reply after {first:?} s; \
          unsolicited drops {}, conflicts {}, probes {}, bindings failed {}, v6 bound {v6_bound}",
@@ -445,9 +450,8 @@ fn ud_rogue_child() {
             }
             received += drain(&sock, Duration::from_secs(2));
         }
-        Some("claim") => {
+        Some("advertise") => {
             let ud = qpn(1);
-            let secs: u64 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(20);
             let na = NeighborAdvertisement {
                 src: v6(3),
                 dst: v6(1),
@@ -457,7 +461,14 @@ fn ud_rogue_child() {
                 override_flag: true,
                 target_hw: Some(rogue_hw()),
             };
-            send(ud_datagram(ud, 0, ETHERTYPE_IPV6, &na.to_packet()));
+            for _ in 0..3 {
+                send(ud_datagram(ud, 0, ETHERTYPE_IPV6, &na.to_packet()));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        Some("claim") => {
+            let ud = qpn(1);
+            let secs: u64 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(20);
             let claim = IpoibArp {
                 op: ArpOp::Request,
                 sender_hw: rogue_hw(),
