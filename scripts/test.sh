@@ -80,6 +80,10 @@ elif ! { [ -c /dev/net/tun ] && ip netns add ipoib-tapprobe-$$ 2>/dev/null &&
 else
     ip netns del ipoib-tapprobe-$$ 2>/dev/null || true
     bash scripts/rxe-interop.sh --quick
+    section "the package under systemd in qemu, --provider verbs on rxe (scripts/systemd-check.sh --qemu)"
+    rc=0
+    bash scripts/systemd-check.sh --qemu || rc=$?
+    [ "$rc" -eq 0 ] || [ "$rc" -eq 77 ] || exit "$rc"
 fi
 
 section "benchmark smoke (scripts/bench.sh --quick; root only; SKIP_BENCH=1 skips)"
