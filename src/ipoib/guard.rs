@@ -56,7 +56,7 @@ use crate::verbs::{Gid, QpNum};
 use crate::wire::ipoib::{classify, HwAddr};
 
 /// How the source of an IP packet that arrives over UD is checked (setting
-/// `ud_source_check`); see the [module documentation](self).
+/// `ud_source_check`); see the `ipoib::guard` module in the source.
 ///
 /// Its name (`strict`, `loose`) is the same in flags and the config file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
