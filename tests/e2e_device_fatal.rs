@@ -1,0 +1,94 @@
+//! A device context lost under a running daemon (`IBV_EVENT_DEVICE_FATAL`, as a firmware reset
+//! raises it), against daemons in namespaces made by `scripts/lab.sh` (removed by the test;
+//! without root it is skipped): node 2 runs with `--fault-device-fatal-after`, its software
+//! device reports the fatal event and fails every verb from then on. The daemon tears
+//! everything down and opens the device again; node 1 sees a peer that restarted, and pings
+//! carry on both ways. Node 2 counts one fatal event and one reopen.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::lab::Lab;
+
+/// How long after its start node 2's device fails.
+const FATAL_AFTER: Duration = Duration::from_secs(3);
+/// How long pings may take to come back after the fatal event.
+const RECOVERY_LIMIT: Duration = Duration::from_secs(20);
+
+fn provider(status: &serde_json::Value, name: &str) -> u64 {
+    status["provider"][name].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn a_fatal_device_event_is_survived_by_reopening_the_device() {
+    let Some(lab) = Lab::up("e2efa", 2, &[]) else {
+        return;
+    };
+    lab.ping_ok(1, "198.19.0.2", &[]);
+    assert!(lab.sh(&["kill", "2"]).status.success());
+    std::thread::sleep(Duration::from_millis(300));
+    let start = lab.sh(&["start", "2", "--", "--fault-device-fatal-after", "3s"]);
+    let started = Instant::now();
+    assert!(
+        start.status.success(),
+        "start 2: {}",
+        String::from_utf8_lossy(&start.stderr)
+    );
+    lab.ping_ok(1, "198.19.0.2", &[]);
+    // The fatal event, and a little more.
+    std::thread::sleep(
+        (FATAL_AFTER + Duration::from_millis(500)).saturating_sub(started.elapsed()),
+    );
+    let fatal = Instant::now();
+    let mut tries = 0;
+    let back = lab.wait_for(RECOVERY_LIMIT, |lab| {
+        tries += 1;
+        lab.exec(
+            1,
+            &["ping", "-n", "-c", "1", "-W", "1", "198.19.0.2"],
+            Duration::from_secs(5),
+        )
+        .status
+        .success()
+    });
+    let took = fatal.elapsed();
+    let s2 = lab.status(2);
+    println!(
+        "device fatal: pings back {back} after {took:?} ({tries} single pings); node 2 \
+         device_fatal_events {} device_reopens {} device_reopen_failures {} \
+         device_down_drops {} rx_device_lost {}",
+        provider(&s2, "device_fatal_events"),
+        provider(&s2, "device_reopens"),
+        provider(&s2, "device_reopen_failures"),
+        provider(&s2, "device_down_drops"),
+        provider(&s2, "rx_device_lost"),
+    );
+    assert!(
+        back,
+        "no ping answered within {RECOVERY_LIMIT:?} of the fatal event\n{}",
+        lab.log(2)
+    );
+    lab.ping_ok(1, "198.19.0.2", &[]);
+    lab.ping_ok(2, "198.19.0.1", &[]);
+    let s2 = lab.status(2);
+    assert_eq!(
+        provider(&s2, "device_fatal_events"),
+        1,
+        "{}",
+        s2["provider"]
+    );
+    assert_eq!(provider(&s2, "device_reopens"), 1, "{}", s2["provider"]);
+    assert_eq!(
+        provider(&s2, "device_reopen_failures"),
+        0,
+        "{}",
+        s2["provider"]
+    );
+    // Everything was built again: one TX and one live RX connection to node 1.
+    let live_rx = s2["rx"]
+        .as_array()
+        .map_or(0, |r| r.iter().filter(|c| c["state"] == "live").count());
+    assert_eq!(live_rx, 1, "{}", s2["rx"]);
+    assert_eq!(s2["tx"].as_array().map_or(0, Vec::len), 1, "{}", s2["tx"]);
+}
