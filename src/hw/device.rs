@@ -103,7 +103,7 @@ impl HwVerbs {
                 max_msg_size: 1 << 31,
                 active: false,
             },
-            name,
+            name: name.clone(),
             pools: BufPools::new(),
             mrs: HashMap::new(),
             pds: HashMap::new(),
@@ -121,6 +121,10 @@ impl HwVerbs {
             stats: HwStats::default(),
             ipv4_joins: Default::default(),
             infiniband: false,
+            cfg: HwConfig {
+                device: Some(name.clone()),
+                ..cfg.clone()
+            },
         };
         v.init(cfg)?;
         Ok(v)

@@ -2,7 +2,7 @@
 //! [`AsyncEvent`] and acked one by one.
 
 use super::context::HwVerbs;
-use crate::verbs::{AsyncEvent, QpNum, SrqId};
+use crate::verbs::{AsyncEvent, CqId, QpNum, SrqId};
 use ibverbs_sys as ffi;
 
 impl HwVerbs {
@@ -35,6 +35,24 @@ impl HwVerbs {
                         .find(|(_, s)| s.raw == raw)
                         .map(|(id, _)| AsyncEvent::SrqLimitReached(SrqId(*id)))
                 }
+                ffi::IBV_EVENT_SRQ_ERR => {
+                    // SAFETY: as above, an SRQ event names an SRQ.
+                    let raw = unsafe { ev.element.srq };
+                    self.srqs
+                        .iter()
+                        .find(|(_, s)| s.raw == raw)
+                        .map(|(id, _)| AsyncEvent::SrqErr(SrqId(*id)))
+                }
+                ffi::IBV_EVENT_CQ_ERR => {
+                    // SAFETY: a CQ event names a CQ.
+                    let raw = unsafe { ev.element.cq };
+                    self.cqs
+                        .iter()
+                        .find(|(_, c)| c.raw == raw)
+                        .map(|(id, _)| AsyncEvent::CqErr(CqId(*id)))
+                }
+                ffi::IBV_EVENT_DEVICE_FATAL => Some(AsyncEvent::DeviceFatal),
+                ffi::IBV_EVENT_GID_CHANGE => Some(AsyncEvent::GidChange),
                 ffi::IBV_EVENT_PORT_ACTIVE => Some(AsyncEvent::PortActive),
                 ffi::IBV_EVENT_PORT_ERR => Some(AsyncEvent::PortErr),
                 ffi::IBV_EVENT_LID_CHANGE => Some(AsyncEvent::LidChange),

@@ -173,6 +173,16 @@ impl Provider for HwVerbs {
         Ok(())
     }
 
+    /// Opens the same device and port again ([`HwVerbs::open`]) and, once that worked,
+    /// closes the old context (its objects destroyed first, as on drop); the counters carry
+    /// over.
+    fn reopen(&mut self) -> Result<(), String> {
+        let mut new = Self::open(&self.cfg).map_err(|e| e.to_string())?;
+        new.stats = self.stats;
+        *self = new;
+        Ok(())
+    }
+
     fn poll_timeout(&self) -> Option<Instant> {
         None
     }
