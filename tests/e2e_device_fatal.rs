@@ -98,6 +98,10 @@ fn a_fatal_device_event_is_survived_by_reopening_the_device() {
     );
     lab.ping_ok(1, "198.19.0.2", &[]);
     lab.ping_ok(2, "198.19.0.1", &[]);
+    let log = lab.log(2);
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("device")).collect();
+    println!("node 2 log of the device:\n{}", lines.join("\n"));
+    assert_eq!(lines.len(), 2, "one line for the loss, one for the reopen");
     let s2 = lab.status(2);
     assert_eq!(
         provider(&s2, "device_fatal_events"),

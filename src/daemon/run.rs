@@ -719,6 +719,19 @@ mod tests {
     }
 
     #[test]
+    fn a_device_lost_for_good_exits_3_with_its_line() {
+        let e = DaemonError::DeviceLost(
+            "device context lost and 64 reopens failed; last: no device".to_owned(),
+        );
+        assert_eq!(
+            e.to_string(),
+            "device context lost and 64 reopens failed; last: no device"
+        );
+        assert_eq!(e.exit_code(), DaemonError::DEVICE_LOST_EXIT);
+        assert_eq!(DaemonError::DEVICE_LOST_EXIT, 3);
+    }
+
+    #[test]
     fn a_metrics_address_that_cannot_be_bound_names_the_flag() {
         let held = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
         let addr = held.local_addr().unwrap();

@@ -569,6 +569,11 @@ impl<P: Provider> Node<P> {
         if self.stop_deadline.is_some() {
             return;
         }
+        if self.down.is_some() {
+            // No connection is left to close, nor a device to close them on.
+            self.stop_deadline = Some(now);
+            return;
+        }
         self.ep.begin_shutdown(now, self.prov.verbs());
         self.send_mads(now);
         if self.sa.is_some() {
@@ -617,6 +622,11 @@ impl<P: Provider> Node<P> {
     /// # Errors
     /// A fatal I/O error of the provider.
     pub fn wind_up(&mut self, now: Instant) -> io::Result<()> {
+        if self.down.is_some() {
+            // The lost context goes with the provider.
+            self.log_events(now);
+            return Ok(());
+        }
         if !self.ep.is_stopped() {
             self.ep.force_stop(self.prov.verbs());
         }

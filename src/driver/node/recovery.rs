@@ -141,7 +141,7 @@ impl<P: Provider> Node<P> {
         let Some(mut backoff) = self.down else {
             return;
         };
-        if now < backoff.next_at() || self.gave_up.is_some() {
+        if now < backoff.next_at() || self.gave_up.is_some() || self.stop_deadline.is_some() {
             return;
         }
         if self.kcm.is_some() {
