@@ -7,10 +7,9 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::lab::Lab;
+use common::lab::{ping_received as received, provider_of as provider, Lab};
 
 /// How long after its start node 2's device fails.
 const FATAL_AFTER: Duration = Duration::from_secs(3);
@@ -19,20 +18,6 @@ const RECOVERY_LIMIT: Duration = Duration::from_secs(20);
 
 /// Pings sent every 100 ms from before the fatal event to well after it.
 const ACROSS_PINGS: u32 = 60;
-
-/// Replies a finished ping got (from its "N received" summary; 0 if there is none).
-fn received(child: std::process::Child) -> u32 {
-    let out = child.wait_with_output().expect("ping output");
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.split(',')
-        .find_map(|part| part.trim().strip_suffix(" received"))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0)
-}
-
-fn provider(status: &serde_json::Value, name: &str) -> u64 {
-    status["provider"][name].as_u64().unwrap_or(0)
-}
 
 #[test]
 fn a_fatal_device_event_is_survived_by_reopening_the_device() {
@@ -51,16 +36,7 @@ fn a_fatal_device_event_is_survived_by_reopening_the_device() {
     );
     lab.ping_ok(1, "198.19.0.2", &[]);
     // Pings every 100 ms across the fatal event, for the figure of what it costs.
-    let across = Command::new("ip")
-        .args(["netns", "exec", &format!("{}1", lab.prefix)])
-        .args(["timeout", "20", "ping", "-n", "-i", "0.1", "-W", "1", "-c"])
-        .arg(ACROSS_PINGS.to_string())
-        .arg("198.19.0.2")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("ping");
+    let across = lab.start_ping(1, "198.19.0.2", ACROSS_PINGS);
     // The fatal event, and a little more.
     std::thread::sleep(
         (FATAL_AFTER + Duration::from_millis(500)).saturating_sub(started.elapsed()),

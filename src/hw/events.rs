@@ -28,23 +28,11 @@ impl HwVerbs {
                 ffi::IBV_EVENT_COMM_EST => Some(AsyncEvent::CommEst(qpn(&ev))),
                 ffi::IBV_EVENT_SQ_DRAINED => Some(AsyncEvent::SqDrained(qpn(&ev))),
                 ffi::IBV_EVENT_SRQ_LIMIT_REACHED => {
-                    // SAFETY: as above, an SRQ event names an SRQ.
-                    let raw = unsafe { ev.element.srq };
-                    self.srqs
-                        .iter()
-                        .find(|(_, s)| s.raw == raw)
-                        .map(|(id, _)| AsyncEvent::SrqLimitReached(SrqId(*id)))
+                    self.srq_of(&ev).map(AsyncEvent::SrqLimitReached)
                 }
-                ffi::IBV_EVENT_SRQ_ERR => {
-                    // SAFETY: as above, an SRQ event names an SRQ.
-                    let raw = unsafe { ev.element.srq };
-                    self.srqs
-                        .iter()
-                        .find(|(_, s)| s.raw == raw)
-                        .map(|(id, _)| AsyncEvent::SrqErr(SrqId(*id)))
-                }
+                ffi::IBV_EVENT_SRQ_ERR => self.srq_of(&ev).map(AsyncEvent::SrqErr),
                 ffi::IBV_EVENT_CQ_ERR => {
-                    // SAFETY: a CQ event names a CQ.
+                    // SAFETY: as above, a CQ event names a CQ.
                     let raw = unsafe { ev.element.cq };
                     self.cqs
                         .iter()
@@ -72,5 +60,16 @@ impl HwVerbs {
                 }
             }
         }
+    }
+
+    /// The SRQ an SRQ event names (`None`: not one of ours).
+    fn srq_of(&self, ev: &ffi::ibv_async_event) -> Option<SrqId> {
+        // SAFETY: the caller passes an SRQ event, whose element union names an SRQ (read, as
+        // a pointer value only).
+        let raw = unsafe { ev.element.srq };
+        self.srqs
+            .iter()
+            .find(|(_, s)| s.raw == raw)
+            .map(|(id, _)| SrqId(*id))
     }
 }
