@@ -197,6 +197,8 @@ pub struct Node<P: Provider> {
     tun_mtu: u32,
     /// The provider's first token (its descriptors are registered again after a reopen).
     first_token: usize,
+    /// How many descriptors the provider had at the start (a reopened one must have as many).
+    source_count: usize,
     /// The device context is lost: when to try opening it again.
     down: Option<ReopenBackoff>,
     /// Why the node stopped trying to reopen its device (the daemon exits with it).
@@ -287,7 +289,8 @@ impl<P: Provider> Node<P> {
 
         let sources =
             ProviderSources::register(registry, &prov, first_token).map_err(NodeError::Register)?;
-        let tun_token = Token(first_token + sources.len());
+        let source_count = sources.len();
+        let tun_token = Token(first_token + source_count);
         registry
             .register(&mut tun, tun_token, Interest::READABLE)
             .map_err(NodeError::Register)?;
@@ -339,6 +342,7 @@ impl<P: Provider> Node<P> {
             sa: None,
             tun_mtu: mtu,
             first_token,
+            source_count,
             down: None,
             gave_up: None,
             device_stats: DeviceStats::default(),

@@ -8,6 +8,9 @@ use ibverbs_sys as ffi;
 impl HwVerbs {
     /// Reads every pending async event and queues it.
     pub(super) fn drain_async(&mut self) {
+        if self.ctx.is_null() {
+            return;
+        }
         loop {
             // SAFETY: ibv_async_event is plain C data; all-zero is valid.
             let mut ev: ffi::ibv_async_event = unsafe { std::mem::zeroed() };

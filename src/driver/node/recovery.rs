@@ -184,16 +184,17 @@ impl<P: Provider> Node<P> {
     }
 
     fn reopen(&mut self, now: Instant, registry: &Registry) -> Result<(), String> {
-        let before = self.sources.len();
         self.sources.deregister(registry);
         let reopened = self.prov.reopen();
         self.sources = ProviderSources::register(registry, &self.prov, self.first_token)
             .map_err(|e| format!("event loop registration: {e}"))?;
         reopened?;
-        if self.sources.len() != before {
+        if self.sources.len() != self.source_count {
+            // The tokens after the provider's are the node's others.
             return Err(format!(
-                "the reopened device has {} descriptors, not {before}",
-                self.sources.len()
+                "the reopened device has {} descriptors, not {}",
+                self.sources.len(),
+                self.source_count
             ));
         }
         if self.cm_transport == CmTransport::Qp1 {
