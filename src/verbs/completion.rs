@@ -175,3 +175,22 @@ impl AsyncEvent {
         matches!(self, Self::DeviceFatal | Self::CqErr(_) | Self::SrqErr(_))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_device_and_shared_queue_errors_lose_the_context() {
+        assert!(AsyncEvent::DeviceFatal.loses_context());
+        assert!(AsyncEvent::CqErr(CqId(1)).loses_context());
+        assert!(AsyncEvent::SrqErr(SrqId(1)).loses_context());
+        for ev in [
+            AsyncEvent::GidChange,
+            AsyncEvent::QpFatal(QpNum::new(5)),
+            AsyncEvent::PortErr,
+        ] {
+            assert!(!ev.loses_context(), "{ev:?}");
+        }
+    }
+}

@@ -111,9 +111,9 @@ impl SoftVerbs {
     }
 
     /// Queues a port event (`LidChange`, `SmChange`, `ClientReregister`, `PkeyChange`,
-    /// `PortActive`, `PortErr`) as a subnet manager would cause it: the software fabric has
-    /// no SM, so tests and tools stand in for one. Other events are ignored (the engine
-    /// raises those itself).
+    /// `PortActive`, `PortErr`, `GidChange`) as a subnet manager (or an address change)
+    /// would cause it: the software fabric has no SM, so tests and tools stand in for one.
+    /// Other events are ignored (the engine raises those itself).
     pub fn raise_port_event(&mut self, ev: AsyncEvent) {
         if matches!(
             ev,
@@ -123,6 +123,7 @@ impl SoftVerbs {
                 | AsyncEvent::PkeyChange
                 | AsyncEvent::PortActive
                 | AsyncEvent::PortErr
+                | AsyncEvent::GidChange
         ) {
             self.dev.events.push_back(ev);
         }
