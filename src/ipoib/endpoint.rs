@@ -9,6 +9,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::event::{EventQueue, TxCloseReason, TxFailure};
+use super::guard::AnswerBudget;
 use super::mcast::{PortChange, SaGroups};
 use super::neigh::Neighbours;
 use super::rx::{self, RxTable};
@@ -23,7 +24,7 @@ use crate::verbs::{
 };
 use crate::wire::cm::{ipoib_service_id, IpoibCmData, RejReason, MAD_LEN};
 use crate::wire::ipoib::{HwAddr, IPOIB_CM_BUF_SIZE};
-use crate::wire::IdMap;
+use crate::wire::{Gid, IdMap, PeerMap};
 
 /// The IPoIB-CM endpoint. See the [module documentation](super).
 #[derive(Debug)]
@@ -78,6 +79,10 @@ pub struct Endpoint {
     cm_events: Vec<CmEvent>,
     /// Connection events for the driver ([`Endpoint::poll_event`]).
     pub(super) events: EventQueue,
+    /// The `--peer`s' GIDs ([`EndpointConfig::peers`], [`Endpoint::set_peers`]).
+    pub(super) peers: PeerMap<Gid, ()>,
+    /// Per-sender budgets of ARP/ND answers.
+    pub(super) answers: AnswerBudget,
     /// Groups and paths held through an SA client (inert without one).
     pub(super) sa: SaGroups,
     /// Device events for the driver ([`Endpoint::take_device_event`]), at most
@@ -192,6 +197,11 @@ impl Endpoint {
         for (ip, hw) in &cfg.static_neighbours {
             neigh.add_static(*ip, *hw, now);
         }
+        if cfg.pin_peer_neighbours {
+            neigh.set_pinned(&cfg.peers);
+        }
+        let peers = cfg.peers.iter().map(|g| (*g, ())).collect();
+        let answers = AnswerBudget::new(cfg.seed ^ 0x0061_6e73_7765_7273);
         let mut ep = Self {
             pkey_index,
             pd,
@@ -221,6 +231,8 @@ impl Endpoint {
             sa: SaGroups::default(),
             device_events: Vec::new(),
             context_lost: false,
+            peers,
+            answers,
             cfg,
         };
         ep.announce(v);
@@ -235,6 +247,16 @@ impl Endpoint {
     /// The configuration.
     pub fn config(&self) -> &EndpointConfig {
         &self.cfg
+    }
+
+    /// The `--peer`s' GIDs from now on: senders the node knows, and with
+    /// [`EndpointConfig::pin_peer_neighbours`] the sources whose bindings are pinned.
+    pub fn set_peers(&mut self, peers: &[Gid]) {
+        self.peers = peers.iter().map(|g| (*g, ())).collect();
+        if self.cfg.pin_peer_neighbours {
+            self.neigh.set_pinned(peers);
+        }
+        self.cfg.peers = peers.to_vec();
     }
 
     /// Counters.
@@ -270,7 +292,7 @@ impl Endpoint {
 
     /// Hands the CM a MAD that the driver's transport received from `from`. Call it before
     /// [`handle_verbs`](Self::handle_verbs) on the same turn, which acts on what it brought.
-    pub fn handle_mad(&mut self, now: Instant, from: crate::verbs::Gid, mad: &[u8; MAD_LEN]) {
+    pub fn handle_mad(&mut self, now: Instant, from: Gid, mad: &[u8; MAD_LEN]) {
         self.last_now = self.last_now.max(now);
         self.cm.handle_mad(now, from, mad);
     }
@@ -278,7 +300,7 @@ impl Endpoint {
     /// The next CM MAD to send, with its destination. A MAD the transport has no room for
     /// stays here until the next turn ([`poll_timeout`](Self::poll_timeout) asks for one at
     /// once): taking it only to drop it would cost the peer a CM retransmission timeout.
-    pub fn poll_mad(&mut self) -> Option<(crate::verbs::Gid, [u8; MAD_LEN])> {
+    pub fn poll_mad(&mut self) -> Option<(Gid, [u8; MAD_LEN])> {
         self.cm.poll_transmit()
     }
 
