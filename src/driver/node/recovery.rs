@@ -5,7 +5,8 @@
 //! endpoint anew, with the configuration the old endpoint had. Peers see a node that restarted
 //! and reconnect. After [`REOPEN_MAX_FAILURES`] failed tries in a row the node gives up
 //! ([`Node::device_gave_up`]): the daemon exits with one line and its own code, for the
-//! service manager to restart it.
+//! service manager to restart it. So it does at once with a CM transport that belongs to the
+//! device (the kernel's CM, umad), which is not reopened in place.
 
 use std::time::{Duration, Instant};
 
@@ -144,11 +145,13 @@ impl<P: Provider> Node<P> {
         if now < backoff.next_at() || self.gave_up.is_some() || self.stop_deadline.is_some() {
             return;
         }
-        if self.kcm.is_some() {
-            // Its ids belong to the lost device, and it is not rebuilt in place.
-            self.gave_up = Some(
-                "device context lost; --cm-transport rdmacm does not reopen it in place".into(),
-            );
+        if matches!(self.cm_transport, CmTransport::RdmaCm | CmTransport::Umad) {
+            // The kernel's CM ids, or the umad agent, belong to the lost device and are not
+            // opened again in place: the service manager's restart opens everything anew.
+            self.gave_up = Some(format!(
+                "device context lost; --cm-transport {} is not reopened in place",
+                self.cm_transport.as_str()
+            ));
             return;
         }
         let result = self.reopen(now, registry);
