@@ -5,8 +5,8 @@
 //! endpoint anew, with the configuration the old endpoint had. Peers see a node that restarted
 //! and reconnect. After [`REOPEN_MAX_FAILURES`] failed tries in a row the node gives up
 //! ([`Node::device_gave_up`]): the daemon exits with one line and its own code, for the
-//! service manager to restart it. So it does at once with a CM transport that belongs to the
-//! device (the kernel's CM, umad), which is not reopened in place.
+//! service manager to restart it. So it does at once with a CM transport or an SA client that
+//! belongs to the device (the kernel's CM, umad), which is not reopened in place.
 
 use std::time::{Duration, Instant};
 
@@ -154,6 +154,12 @@ impl<P: Provider> Node<P> {
             ));
             return;
         }
+        if self.sa.is_some() {
+            // So does the SA client's umad agent.
+            self.gave_up =
+                Some("device context lost; the SA client is not reopened in place".into());
+            return;
+        }
         let result = self.reopen(now, registry);
         match result {
             Ok(()) => {
@@ -212,10 +218,6 @@ impl<P: Provider> Node<P> {
         self.log_events(now);
         ep.carry_counters(self.ep.counters());
         self.ep = ep;
-        if self.sa.is_some() {
-            self.ep.use_sa_groups(self.prov.verbs());
-            self.pump_sa(now);
-        }
         Ok(())
     }
 }
