@@ -85,7 +85,17 @@ pub struct Endpoint {
     pub(super) answers: AnswerBudget,
     /// Groups and paths held through an SA client (inert without one).
     pub(super) sa: SaGroups,
+    /// Device events for the driver ([`Endpoint::take_device_event`]), at most
+    /// [`DEVICE_EVENT_CAP`].
+    device_events: Vec<AsyncEvent>,
+    /// An event lost the device context ([`AsyncEvent::loses_context`]): the endpoint touches
+    /// the verbs no more; the driver reopens the device and builds a new endpoint.
+    context_lost: bool,
 }
+
+/// Most device events held for the driver; more are dropped (the driver reads them every
+/// turn, and after a context-losing one the endpoint reads no more).
+const DEVICE_EVENT_CAP: usize = 16;
 
 impl Endpoint {
     /// Sets up the interface on `v`: UD QP attached to its multicast groups (the broadcast
@@ -219,6 +229,8 @@ impl Endpoint {
             cm_events: Vec::new(),
             events: EventQueue::default(),
             sa: SaGroups::default(),
+            device_events: Vec::new(),
+            context_lost: false,
             peers,
             answers,
             cfg,
@@ -250,6 +262,27 @@ impl Endpoint {
     /// Counters.
     pub fn counters(&self) -> Counters {
         self.counters
+    }
+
+    /// Continues the counters of `old`, the endpoint this one replaces on a reopened device:
+    /// the old one's QPs went with its device context (counted destroyed), this one's are
+    /// added.
+    pub fn carry_counters(&mut self, old: Counters) {
+        let mine = self.counters;
+        self.counters = old;
+        self.counters.qp_destroyed = old.qp_created + mine.qp_destroyed;
+        self.counters.qp_created += mine.qp_created;
+    }
+
+    /// The next device event the driver acts on: one that lost the device context
+    /// ([`AsyncEvent::loses_context`]), or [`AsyncEvent::GidChange`].
+    pub fn take_device_event(&mut self) -> Option<AsyncEvent> {
+        (!self.device_events.is_empty()).then(|| self.device_events.remove(0))
+    }
+
+    /// An event lost the device context: the endpoint no longer touches the verbs.
+    pub fn context_lost(&self) -> bool {
+        self.context_lost
     }
 
     /// The CM's counters.
@@ -337,10 +370,16 @@ impl Endpoint {
     pub fn handle_verbs<V: Verbs>(&mut self, now: Instant, v: &mut V) {
         self.last_now = self.last_now.max(now);
         for _ in 0..1024 {
+            if self.context_lost {
+                return;
+            }
             let Some(ev) = v.poll_async_event() else {
                 break;
             };
             self.on_async_event(now, v, ev);
+        }
+        if self.context_lost {
+            return;
         }
         self.poll_ud(now, v);
         self.poll_rx_cq(now, v);
@@ -369,7 +408,18 @@ impl Endpoint {
             AsyncEvent::SmChange => self.port_changed(v, PortChange::SmChange),
             AsyncEvent::ClientReregister => self.port_changed(v, PortChange::ClientReregister),
             AsyncEvent::PkeyChange => self.port_changed(v, PortChange::PkeyChange),
+            AsyncEvent::GidChange => self.push_device_event(ev),
+            e if e.loses_context() => {
+                self.context_lost = true;
+                self.push_device_event(ev);
+            }
             _ => {}
+        }
+    }
+
+    fn push_device_event(&mut self, ev: AsyncEvent) {
+        if self.device_events.len() < DEVICE_EVENT_CAP {
+            self.device_events.push(ev);
         }
     }
 

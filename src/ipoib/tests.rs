@@ -912,6 +912,7 @@ fn the_snapshot_lists_a_bounded_number_of_neighbours_and_counts_them_all() {
 }
 
 mod admission;
+mod device_events;
 mod groups;
 mod kernel_cm;
 mod path_wait;
