@@ -9,7 +9,8 @@
 # - test: those, and tshark tcpdump ethtool python3 curl; for the `verbs` feature (libibverbs
 #   provider, librdmacm CM) cmake libclang-dev libibverbs-dev librdmacm-dev libnl-3-dev
 #   libnl-route-3-dev; for tests/sa_opensm.rs (an SA on a simulated fabric) opensm ibsim-utils
-#   infiniband-diags. The rxe lab's guest kernels are never installed on the host:
+#   infiniband-diags; for scripts/systemd-check.sh (the package under systemd in a container)
+#   debootstrap systemd-container. The rxe lab's guest kernels are never installed on the host:
 #   scripts/rxe/run.sh unpacks them into a cache of its own (`run.sh kernels`);
 # - both: a Rust toolchain >= 1.85 with rustfmt and clippy (rustup; installed when there is none).
 #
@@ -25,7 +26,7 @@ case $IPOIB_SETUP_PURPOSE in
     demo) ;;
     test) IPOIB_APT_PACKAGES+=(tshark tcpdump ethtool python3 curl
               cmake libclang-dev libibverbs-dev librdmacm-dev libnl-3-dev libnl-route-3-dev
-              opensm ibsim-utils infiniband-diags) ;;
+              opensm ibsim-utils infiniband-diags debootstrap systemd-container) ;;
     *) printf '[setup] unknown purpose %s (demo or test)\n' "$IPOIB_SETUP_PURPOSE" >&2; return 2 2>/dev/null || exit 2 ;;
 esac
 IPOIB_MIN_RUST_MINOR=85

@@ -53,6 +53,21 @@ section "cargo test --features verbs (libibverbs provider; without RDMA: the no-
 cargo test --features verbs --lib hw:: 2>&1 | tee -a "$log"
 cargo test --features verbs --test hw_no_device 2>&1 | tee -a "$log"
 
+section "Debian package (scripts/deb.sh: release build with --features verbs, cargo-deb)"
+bash scripts/deb.sh
+
+section "the package under systemd (scripts/systemd-check.sh; root only; SKIP_SYSTEMD_CHECK=1 skips)"
+if [ "$(id -u)" -ne 0 ]; then
+    echo "skipped: scripts/systemd-check.sh needs root (debootstrap, network namespaces, a container)"
+elif [ -n "${SKIP_SYSTEMD_CHECK:-}" ]; then
+    echo "skipped: SKIP_SYSTEMD_CHECK is set"
+else
+    # 77: this machine cannot run it, and the script said why in one line.
+    rc=0
+    bash scripts/systemd-check.sh || rc=$?
+    [ "$rc" -eq 0 ] || [ "$rc" -eq 77 ] || exit "$rc"
+fi
+
 section "rxe interop (kernel Soft-RoCE in qemu; root only; SKIP_RXE_INTEROP=1 skips)"
 if [ "$(id -u)" -ne 0 ]; then
     echo "skipped: scripts/rxe-interop.sh needs root (tap device, netns)"
@@ -65,6 +80,10 @@ elif ! { [ -c /dev/net/tun ] && ip netns add ipoib-tapprobe-$$ 2>/dev/null &&
 else
     ip netns del ipoib-tapprobe-$$ 2>/dev/null || true
     bash scripts/rxe-interop.sh --quick
+    section "the package under systemd in qemu, --provider verbs on rxe (scripts/systemd-check.sh --qemu)"
+    rc=0
+    bash scripts/systemd-check.sh --qemu || rc=$?
+    [ "$rc" -eq 0 ] || [ "$rc" -eq 77 ] || exit "$rc"
 fi
 
 section "benchmark smoke (scripts/bench.sh --quick; root only; SKIP_BENCH=1 skips)"

@@ -160,7 +160,14 @@ fn documented_defaults_are_the_defaults() {
     assert!(checked.len() >= 20, "only {checked:?}");
     // A one-word default that its example does not show is one of these, whose default is no
     // value a file would hold.
-    assert_eq!(other_example, ["control_socket", "metrics_listen"]);
+    assert_eq!(
+        other_example,
+        [
+            "control_socket",
+            "metrics_listen",
+            "fault_device_fatal_after"
+        ]
+    );
 }
 
 const UNIT: &str = "systemd/ipoib-cm@.service";

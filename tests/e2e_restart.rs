@@ -12,10 +12,10 @@
 mod common;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::lab::Lab;
+use common::lab::{ping_received as received, provider_of as provider, Lab};
 use ipoib_cm::verbs::{Gid, PathMtu, Psn, QpNum};
 use ipoib_cm::wire::bth::{Bth, Opcode};
 use ipoib_cm::wire::cm::{ipoib_service_id, CmMad, CmMessage, CmPath, IpoibCmData, Req};
@@ -27,34 +27,6 @@ use ipoib_cm::wire::ipoib::{
 use ipoib_cm::wire::roce::RoceRepr;
 
 const ROLE: &str = "IPOIB_CM_RESTART_SPOOFER";
-
-/// Starts `ping -c COUNT -i 0.1` from node `from` to `to` (bounded by `timeout`).
-fn start_ping(lab: &Lab, from: usize, to: &str, count: u32) -> std::process::Child {
-    Command::new("ip")
-        .args(["netns", "exec", &format!("{}{from}", lab.prefix)])
-        .args(["timeout", "30", "ping", "-n", "-i", "0.1", "-W", "2", "-c"])
-        .arg(count.to_string())
-        .arg(to)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("ping")
-}
-
-/// Replies a finished ping got (from its "N received" summary; 0 if there is none).
-fn received(child: std::process::Child) -> u32 {
-    let out = child.wait_with_output().expect("ping output");
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.split(',')
-        .find_map(|part| part.trim().strip_suffix(" received"))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0)
-}
-
-fn provider(status: &serde_json::Value, name: &str) -> u64 {
-    status["provider"][name].as_u64().unwrap_or(0)
-}
 
 #[test]
 fn five_sigkill_restarts_lose_no_ping_after_ready() {
@@ -75,8 +47,8 @@ fn five_sigkill_restarts_lose_no_ping_after_ready() {
             String::from_utf8_lossy(&start.stderr)
         );
         // Ready (it answers status): both ways at once from now on.
-        let to2 = start_ping(&lab, 1, "198.19.0.2", PINGS);
-        let to1 = start_ping(&lab, 2, "198.19.0.1", PINGS);
+        let to2 = lab.start_ping(1, "198.19.0.2", PINGS);
+        let to1 = lab.start_ping(2, "198.19.0.1", PINGS);
         let (got2, got1) = (received(to2), received(to1));
         lost.push((PINGS - got2, PINGS - got1));
     }
@@ -137,7 +109,7 @@ fn forged_restarts_from_a_third_namespace_change_nothing() {
         .and_then(|s| s.parse().ok())
         .expect("hwaddr");
     let seen = view(&before);
-    let pings = start_ping(&lab, 1, "198.19.0.2", 40);
+    let pings = lab.start_ping(1, "198.19.0.2", 40);
     std::thread::sleep(Duration::from_millis(300));
     let exe = std::env::current_exe().expect("test binary");
     let out = Command::new("ip")

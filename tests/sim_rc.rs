@@ -89,6 +89,7 @@ fn faults(loss: f64, dup: f64, reorder: f64, corrupt: f64, seed: u64) -> FaultCo
         reorder_pct: reorder,
         corrupt_pct: corrupt,
         seed,
+        device_fatal_after: None,
     }
 }
 

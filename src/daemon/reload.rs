@@ -93,6 +93,8 @@ pub fn plan(running: &Config, new: &Config, sized_qp: u32, log_live: bool) -> Re
         metrics_listen => "metrics_listen",
         provider => "provider",
         ib_dev => "ib_dev",
+        ud_source_check => "ud_source_check",
+        pin_peer_neighbours => "pin_peer_neighbours",
     );
     if new.max_conn_qp > sized_qp {
         if running.max_conn_qp != new.max_conn_qp {

@@ -155,14 +155,25 @@ pub enum DaemonError {
     /// The event loop failed.
     #[error("event loop: {0}")]
     Io(#[from] io::Error),
+    /// The device context was lost and could not be opened again
+    /// ([`REOPEN_MAX_FAILURES`](crate::driver::REOPEN_MAX_FAILURES) tries in a row failed);
+    /// the service manager's restart is the next try.
+    #[error("{0}")]
+    DeviceLost(String),
 }
 
 impl DaemonError {
+    /// [`DaemonError::exit_code`] of a device lost for good: `Restart=on-failure` restarts
+    /// the daemon.
+    pub const DEVICE_LOST_EXIT: u8 = 3;
+
     /// The process exit code: 2 for a set-up step that failed (the configuration does not fit
-    /// this host), 1 for a failure of the running loop.
+    /// this host), 1 for a failure of the running loop, [`Self::DEVICE_LOST_EXIT`] for a
+    /// device lost for good.
     pub const fn exit_code(&self) -> u8 {
         match self {
             Self::Io(_) => 1,
+            Self::DeviceLost(_) => Self::DEVICE_LOST_EXIT,
             _ => 2,
         }
     }
@@ -455,6 +466,12 @@ fn run<P: DaemonProvider>(
         service.turn(now);
         service.reload_step(&mut node, now);
         node.flush(now, poll.registry())?;
+        if let Some(why) = node.device_gave_up() {
+            let why = why.to_owned();
+            log_stop(&status(&node, &path_mtu, now, started));
+            drop(node);
+            return Err(DaemonError::DeviceLost(why));
+        }
         if node.should_finish(now) {
             node.wind_up(now)?;
             log_stop(&status(&node, &path_mtu, now, started));
@@ -635,6 +652,7 @@ fn status<P: DaemonProvider>(
     prov.counters(&mut status.provider);
     add_counters(&mut status.provider, "cm_", &ep.cm_stats());
     add_counters(&mut status.provider, "mad_", &node.mad_stats());
+    add_counters(&mut status.provider, "", &node.device_stats());
     if let Some(sa) = node.sa() {
         add_counters(&mut status.provider, "sa_", &sa.counters());
         add_counters(&mut status.provider, "sa_", &sa.stats());
@@ -698,6 +716,19 @@ mod tests {
             assert_eq!(e.to_string(), line);
             assert_eq!(e.exit_code(), code, "{line}");
         }
+    }
+
+    #[test]
+    fn a_device_lost_for_good_exits_3_with_its_line() {
+        let e = DaemonError::DeviceLost(
+            "device context lost and 64 reopens failed; last: no device".to_owned(),
+        );
+        assert_eq!(
+            e.to_string(),
+            "device context lost and 64 reopens failed; last: no device"
+        );
+        assert_eq!(e.exit_code(), DaemonError::DEVICE_LOST_EXIT);
+        assert_eq!(DaemonError::DEVICE_LOST_EXIT, 3);
     }
 
     #[test]

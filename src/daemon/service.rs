@@ -27,6 +27,7 @@ use super::reload::{self, neighbour_changes, ReloadPlan};
 use crate::driver::Node;
 use crate::ipoib::LiveTimeouts;
 use crate::sys::notify::{self, Notifier};
+use crate::verbs::Gid;
 use crate::wire::ipoib::HwAddr;
 
 pub use super::config::MAX_CONFIG_BYTES;
@@ -340,8 +341,11 @@ impl Service {
         self.neigh_backlog
             .extend(added.into_iter().map(|(ip, hw)| NeighChange::Add(ip, hw)));
         self.apply_neigh_changes(node, now);
-        if next.peer != self.running.peer && !node.provider_mut().set_peers(&next.peer) {
-            tracing::warn!("{why}: this provider has no peer list; peer ignored");
+        if next.peer != self.running.peer {
+            set_endpoint_peers(node, &next.peer);
+            if !node.provider_mut().set_peers(&next.peer) {
+                tracing::warn!("{why}: this provider has no peer list; peer ignored");
+            }
         }
         if next.log != self.running.log {
             if let Err(e) = logging::set_filter(&next.log) {
@@ -459,6 +463,7 @@ impl Service {
         if !node.provider_mut().set_peers(&peers) {
             return Err("this provider has no peer list".to_owned());
         }
+        set_endpoint_peers(node, &peers);
         self.running.peer = peers;
         tracing::info!(%addr, "peer added");
         Ok(format!("peer {addr} added"))
@@ -482,6 +487,7 @@ impl Service {
         if !node.provider_mut().set_peers(&peers) {
             return Err("this provider has no peer list".to_owned());
         }
+        set_endpoint_peers(node, &peers);
         self.running.peer = peers;
         tracing::info!(%addr, "peer removed");
         Ok(format!("peer {addr} removed"))
@@ -496,4 +502,10 @@ fn read_and_resolve(source: &ConfigSource) -> Result<Config, String> {
     let mut new = resolve_parsed(&file, &source.flags).map_err(|e| e.to_string())?;
     new.source = Some(source.clone());
     Ok(new)
+}
+
+/// The endpoint's peers (senders it knows, bindings it may pin) are the provider's.
+fn set_endpoint_peers<P: DaemonProvider>(node: &mut Node<P>, peers: &[IpAddr]) {
+    let gids: Vec<Gid> = peers.iter().map(|p| Gid::from_ip(*p)).collect();
+    node.endpoint_mut().set_peers(&gids);
 }

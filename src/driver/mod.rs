@@ -43,7 +43,10 @@ pub use kcm::KernelCmDriver;
 #[cfg(not(feature = "verbs"))]
 pub use kcm_stub::KernelCmDriver;
 
-pub use node::{Node, NodeConfig, NodeError, EARLY_ACK_BATCH, TUN_BATCH};
+pub use node::{
+    DeviceStats, Node, NodeConfig, NodeError, ReopenBackoff, EARLY_ACK_BATCH, REOPEN_FIRST_DELAY,
+    REOPEN_MAX_DELAY, REOPEN_MAX_FAILURES, TUN_BATCH,
+};
 pub use sa::{SaDriver, SaDriverStats, SaPort, POLL_INTERVAL, READ_BATCH};
 pub use sources::ProviderSources;
 pub use tun::TunStats;

@@ -1,7 +1,12 @@
 //! [`Node`]: one IPoIB interface (its TUN device, endpoint, provider and CM MAD transport)
 //! driven a turn at a time.
 
+mod recovery;
+
 use super::event_log::{EventLog, Verdict};
+pub use recovery::{
+    DeviceStats, ReopenBackoff, REOPEN_FIRST_DELAY, REOPEN_MAX_DELAY, REOPEN_MAX_FAILURES,
+};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
@@ -190,6 +195,15 @@ pub struct Node<P: Provider> {
     /// The interface MTU set on the TUN device (the broadcast group's record may lower it in
     /// datagram mode).
     tun_mtu: u32,
+    /// The provider's first token (its descriptors are registered again after a reopen).
+    first_token: usize,
+    /// How many descriptors the provider had at the start (a reopened one must have as many).
+    source_count: usize,
+    /// The device context is lost: when to try opening it again.
+    down: Option<ReopenBackoff>,
+    /// Why the node stopped trying to reopen its device (the daemon exits with it).
+    gave_up: Option<String>,
+    device_stats: DeviceStats,
 }
 
 impl<P: Provider> std::fmt::Debug for Node<P> {
@@ -275,7 +289,8 @@ impl<P: Provider> Node<P> {
 
         let sources =
             ProviderSources::register(registry, &prov, first_token).map_err(NodeError::Register)?;
-        let tun_token = Token(first_token + sources.len());
+        let source_count = sources.len();
+        let tun_token = Token(first_token + source_count);
         registry
             .register(&mut tun, tun_token, Interest::READABLE)
             .map_err(NodeError::Register)?;
@@ -326,6 +341,11 @@ impl<P: Provider> Node<P> {
             interface_removed: false,
             sa: None,
             tun_mtu: mtu,
+            first_token,
+            source_count,
+            down: None,
+            gave_up: None,
+            device_stats: DeviceStats::default(),
         })
     }
 
@@ -409,6 +429,17 @@ impl<P: Provider> Node<P> {
     /// provider, the endpoint and the shutdown bound.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
+        if let Some(b) = &self.down {
+            // Nothing but the reopen, the shutdown bound and the log windows runs meanwhile.
+            return [
+                Some(b.next_at()),
+                self.stop_deadline,
+                self.event_log.poll_timeout(),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+        }
         [
             self.prov.poll_timeout(),
             self.ep.poll_timeout(),
@@ -426,6 +457,9 @@ impl<P: Provider> Node<P> {
     /// sleeping.
     #[must_use]
     pub fn has_pending_input(&self) -> bool {
+        if self.down.is_some() {
+            return self.tun_more;
+        }
         self.tun_more
             || self.mad.has_more()
             || self.kcm.as_ref().is_some_and(KernelCmDriver::has_pending)
@@ -437,6 +471,10 @@ impl<P: Provider> Node<P> {
     /// # Errors
     /// A fatal I/O error of the provider or the TUN device.
     pub fn turn(&mut self, now: Instant) -> io::Result<()> {
+        if self.down.is_some() {
+            self.turn_down(now);
+            return Ok(());
+        }
         // Read, pass what arrived on to the TUN, then read the TUN (a local reply to what was
         // just written may already be there), and transmit once at the end: the ACKs of what
         // was read leave with the replies, after the data was delivered.
@@ -449,6 +487,10 @@ impl<P: Provider> Node<P> {
         }
         self.receive_mads(now);
         self.ep.handle_verbs(now, self.prov.verbs());
+        if self.take_device_events(now) {
+            self.log_events(now);
+            return Ok(());
+        }
         self.send_mads(now);
         self.write_tun();
         if (self.tun_ready || self.tun_more) && !self.interface_removed {
@@ -494,8 +536,33 @@ impl<P: Provider> Node<P> {
     /// # Errors
     /// A fatal I/O error of the provider, or the registry's.
     pub fn flush(&mut self, now: Instant, registry: &Registry) -> io::Result<()> {
+        if self.down.is_some() {
+            self.try_reopen(now, registry);
+            if self.down.is_some() {
+                return Ok(());
+            }
+        }
         self.prov.flush(now)?;
         self.sources.sync(registry, &self.prov)
+    }
+
+    /// The device context is lost and not open again yet: packets for peers are dropped.
+    #[must_use]
+    pub fn device_down(&self) -> bool {
+        self.down.is_some()
+    }
+
+    /// Why the node gave up reopening its lost device ([`REOPEN_MAX_FAILURES`] tries failed
+    /// in a row, or a CM transport that cannot follow a reopen): the caller exits with it.
+    #[must_use]
+    pub fn device_gave_up(&self) -> Option<&str> {
+        self.gave_up.as_deref()
+    }
+
+    /// What the node counted of its device: fatal events, reopens, drops while down.
+    #[must_use]
+    pub fn device_stats(&self) -> DeviceStats {
+        self.device_stats
     }
 
     /// Starts an orderly shutdown: no new connections, a DREQ for every one, and from now on
@@ -504,6 +571,11 @@ impl<P: Provider> Node<P> {
     /// nothing.
     pub fn begin_shutdown(&mut self, now: Instant) {
         if self.stop_deadline.is_some() {
+            return;
+        }
+        if self.down.is_some() {
+            // No connection is left to close, nor a device to close them on.
+            self.stop_deadline = Some(now);
             return;
         }
         self.ep.begin_shutdown(now, self.prov.verbs());
@@ -554,6 +626,11 @@ impl<P: Provider> Node<P> {
     /// # Errors
     /// A fatal I/O error of the provider.
     pub fn wind_up(&mut self, now: Instant) -> io::Result<()> {
+        if self.down.is_some() {
+            // The lost context goes with the provider.
+            self.log_events(now);
+            return Ok(());
+        }
         if !self.ep.is_stopped() {
             self.ep.force_stop(self.prov.verbs());
         }

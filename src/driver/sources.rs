@@ -80,6 +80,14 @@ impl ProviderSources {
         }
         Ok(())
     }
+
+    /// Takes every descriptor off `registry` (errors ignored: a descriptor of a closed device
+    /// context has left the registry with it); the tokens may then be registered again.
+    pub fn deregister(&mut self, registry: &Registry) {
+        for src in self.registered.drain(..) {
+            let _ = registry.deregister(&mut SourceFd(&src.fd));
+        }
+    }
 }
 
 fn interest(src: IoSource) -> Interest {

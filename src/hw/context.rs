@@ -59,6 +59,8 @@ pub struct HwVerbs {
     pub(super) ipv4_joins: Ipv4Joins,
     /// The port's link layer is InfiniBand (LIDs, an SM, an SA), not Ethernet (RoCE).
     pub(super) infiniband: bool,
+    /// What the device was opened with (a reopen opens the same device and port again).
+    pub(super) cfg: HwConfig,
 }
 
 /// What the libibverbs provider counted, for the daemon's status (serialized field by field,

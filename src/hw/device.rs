@@ -103,7 +103,7 @@ impl HwVerbs {
                 max_msg_size: 1 << 31,
                 active: false,
             },
-            name,
+            name: name.clone(),
             pools: BufPools::new(),
             mrs: HashMap::new(),
             pds: HashMap::new(),
@@ -121,6 +121,10 @@ impl HwVerbs {
             stats: HwStats::default(),
             ipv4_joins: Default::default(),
             infiniband: false,
+            cfg: HwConfig {
+                device: Some(name.clone()),
+                ..cfg.clone()
+            },
         };
         v.init(cfg)?;
         Ok(v)
@@ -234,6 +238,30 @@ impl HwVerbs {
 
 impl Drop for HwVerbs {
     fn drop(&mut self) {
+        self.close_context();
+    }
+}
+
+impl HwVerbs {
+    /// `Err(DeviceLost)` while the context is closed ([`HwVerbs::close_context`]).
+    pub(super) fn open_context(&self) -> Result<(), crate::verbs::VerbsError> {
+        if self.ctx.is_null() {
+            Err(crate::verbs::VerbsError::DeviceLost)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Destroys every object and closes the context (nothing when it is closed already); the
+    /// provider then holds no object, reads no descriptor ([`Provider::io_source`] names
+    /// none) and fails the verbs that need a context with [`VerbsError::DeviceLost`].
+    ///
+    /// [`Provider::io_source`]: crate::verbs::Provider::io_source
+    /// [`VerbsError::DeviceLost`]: crate::verbs::VerbsError::DeviceLost
+    pub(super) fn close_context(&mut self) {
+        self.chained.clear();
+        self.events.clear();
+        self.readiness = None;
         // Order matters: QPs, SRQs, CQs (events acked first), AHs, MRs, PDs, channel, context.
         // Errors are ignored: nothing can be done about them here.
         for (_, q) in self.qps.drain() {
@@ -268,10 +296,12 @@ impl Drop for HwVerbs {
         if !self.channel.is_null() {
             // SAFETY: live channel with no CQs left.
             unsafe { ffi::ibv_destroy_comp_channel(self.channel) };
+            self.channel = ptr::null_mut();
         }
         if !self.ctx.is_null() {
             // SAFETY: live context with no objects left.
             unsafe { ffi::ibv_close_device(self.ctx) };
+            self.ctx = ptr::null_mut();
         }
     }
 }

@@ -2,12 +2,15 @@
 //! [`AsyncEvent`] and acked one by one.
 
 use super::context::HwVerbs;
-use crate::verbs::{AsyncEvent, QpNum, SrqId};
+use crate::verbs::{AsyncEvent, CqId, QpNum, SrqId};
 use ibverbs_sys as ffi;
 
 impl HwVerbs {
     /// Reads every pending async event and queues it.
     pub(super) fn drain_async(&mut self) {
+        if self.ctx.is_null() {
+            return;
+        }
         loop {
             // SAFETY: ibv_async_event is plain C data; all-zero is valid.
             let mut ev: ffi::ibv_async_event = unsafe { std::mem::zeroed() };
@@ -28,13 +31,19 @@ impl HwVerbs {
                 ffi::IBV_EVENT_COMM_EST => Some(AsyncEvent::CommEst(qpn(&ev))),
                 ffi::IBV_EVENT_SQ_DRAINED => Some(AsyncEvent::SqDrained(qpn(&ev))),
                 ffi::IBV_EVENT_SRQ_LIMIT_REACHED => {
-                    // SAFETY: as above, an SRQ event names an SRQ.
-                    let raw = unsafe { ev.element.srq };
-                    self.srqs
-                        .iter()
-                        .find(|(_, s)| s.raw == raw)
-                        .map(|(id, _)| AsyncEvent::SrqLimitReached(SrqId(*id)))
+                    self.srq_of(&ev).map(AsyncEvent::SrqLimitReached)
                 }
+                ffi::IBV_EVENT_SRQ_ERR => self.srq_of(&ev).map(AsyncEvent::SrqErr),
+                ffi::IBV_EVENT_CQ_ERR => {
+                    // SAFETY: as above, a CQ event names a CQ.
+                    let raw = unsafe { ev.element.cq };
+                    self.cqs
+                        .iter()
+                        .find(|(_, c)| c.raw == raw)
+                        .map(|(id, _)| AsyncEvent::CqErr(CqId(*id)))
+                }
+                ffi::IBV_EVENT_DEVICE_FATAL => Some(AsyncEvent::DeviceFatal),
+                ffi::IBV_EVENT_GID_CHANGE => Some(AsyncEvent::GidChange),
                 ffi::IBV_EVENT_PORT_ACTIVE => Some(AsyncEvent::PortActive),
                 ffi::IBV_EVENT_PORT_ERR => Some(AsyncEvent::PortErr),
                 ffi::IBV_EVENT_LID_CHANGE => Some(AsyncEvent::LidChange),
@@ -54,5 +63,16 @@ impl HwVerbs {
                 }
             }
         }
+    }
+
+    /// The SRQ an SRQ event names (`None`: not one of ours).
+    fn srq_of(&self, ev: &ffi::ibv_async_event) -> Option<SrqId> {
+        // SAFETY: the caller passes an SRQ event, whose element union names an SRQ (read, as
+        // a pointer value only).
+        let raw = unsafe { ev.element.srq };
+        self.srqs
+            .iter()
+            .find(|(_, s)| s.raw == raw)
+            .map(|(id, _)| SrqId(*id))
     }
 }

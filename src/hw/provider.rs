@@ -16,10 +16,12 @@ impl Verbs for HwVerbs {
     }
 
     fn pkey_index(&self, pkey: PKey) -> Result<u16, VerbsError> {
+        self.open_context()?;
         pkey::find(self, pkey)
     }
 
     fn alloc_pd(&mut self) -> Result<PdId, VerbsError> {
+        self.open_context()?;
         pd::alloc(self)
     }
 
@@ -45,6 +47,7 @@ impl Verbs for HwVerbs {
     }
 
     fn create_cq(&mut self, depth: u32) -> Result<CqId, VerbsError> {
+        self.open_context()?;
         cq::create(self, depth)
     }
 
@@ -53,10 +56,14 @@ impl Verbs for HwVerbs {
     }
 
     fn poll_cq(&mut self, cq: CqId, out: &mut Vec<Completion>, max: usize) -> usize {
+        if self.ctx.is_null() {
+            return 0;
+        }
         cq::poll(self, cq, out, max)
     }
 
     fn create_srq(&mut self, init: &SrqInit) -> Result<SrqId, VerbsError> {
+        self.open_context()?;
         srq::create(self, init)
     }
 
@@ -65,6 +72,7 @@ impl Verbs for HwVerbs {
     }
 
     fn post_srq_recv(&mut self, srq: SrqId, wr_id: WrId, buf: BufId) -> Result<(), VerbsError> {
+        self.open_context()?;
         srq::post_recv(self, srq, wr_id, buf)
     }
 
@@ -81,6 +89,7 @@ impl Verbs for HwVerbs {
     }
 
     fn create_qp(&mut self, init: &QpInit) -> Result<QpNum, VerbsError> {
+        self.open_context()?;
         qp::create(self, init)
     }
 
@@ -93,10 +102,12 @@ impl Verbs for HwVerbs {
     }
 
     fn post_send(&mut self, qp: QpNum, wr: &SendWr) -> Result<(), VerbsError> {
+        self.open_context()?;
         wr::post_send(self, qp, wr)
     }
 
     fn post_recv(&mut self, qp: QpNum, wr_id: WrId, buf: BufId) -> Result<(), VerbsError> {
+        self.open_context()?;
         wr::post_recv(self, qp, wr_id, buf)
     }
 
@@ -131,8 +142,12 @@ impl Provider for HwVerbs {
         self
     }
 
-    /// The completion channel (0) and the async-event descriptor (1), both read only.
+    /// The completion channel (0) and the async-event descriptor (1), both read only; none
+    /// while the context is closed (a lost device not opened again yet).
     fn io_source(&self, index: usize) -> Option<IoSource> {
+        if self.ctx.is_null() || self.channel.is_null() {
+            return None;
+        }
         let fd = match index {
             // SAFETY: the channel is live while `self` is.
             0 => unsafe { (*self.channel).fd },
@@ -178,6 +193,18 @@ impl Provider for HwVerbs {
     /// Rings the doorbell of every QP with sends posted since its last one.
     fn flush(&mut self, _now: Instant) -> io::Result<()> {
         wr::flush_all(self);
+        Ok(())
+    }
+
+    /// Closes the lost context first (its objects destroyed, as on drop: the kernel may be
+    /// waiting for that to finish removing the device, as `rdma link delete` of rxe does),
+    /// then opens the same device and port again ([`HwVerbs::open`]); the counters carry
+    /// over. On failure the context stays closed.
+    fn reopen(&mut self) -> Result<(), String> {
+        self.close_context();
+        let mut new = Self::open(&self.cfg).map_err(|e| e.to_string())?;
+        new.stats = self.stats;
+        *self = new;
         Ok(())
     }
 

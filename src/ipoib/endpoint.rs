@@ -9,6 +9,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::event::{EventQueue, TxCloseReason, TxFailure};
+use super::guard::AnswerBudget;
 use super::mcast::{PortChange, SaGroups};
 use super::neigh::Neighbours;
 use super::rx::{self, RxTable};
@@ -24,7 +25,7 @@ use crate::verbs::{
 };
 use crate::wire::cm::{ipoib_service_id, IpoibCmData, RejReason, MAD_LEN};
 use crate::wire::ipoib::{HwAddr, IPOIB_CM_BUF_SIZE};
-use crate::wire::IdMap;
+use crate::wire::{Gid, IdMap, PeerMap};
 
 /// The IPoIB-CM endpoint. See the [module documentation](super).
 #[derive(Debug)]
@@ -85,9 +86,23 @@ pub struct Endpoint {
     cm_events: Vec<CmEvent>,
     /// Connection events for the driver ([`Endpoint::poll_event`]).
     pub(super) events: EventQueue,
+    /// The `--peer`s' GIDs ([`EndpointConfig::peers`], [`Endpoint::set_peers`]).
+    pub(super) peers: PeerMap<Gid, ()>,
+    /// Per-sender budgets of ARP/ND answers.
+    pub(super) answers: AnswerBudget,
     /// Groups and paths held through an SA client (inert without one).
     pub(super) sa: SaGroups,
+    /// Device events for the driver ([`Endpoint::take_device_event`]), at most
+    /// [`DEVICE_EVENT_CAP`].
+    device_events: Vec<AsyncEvent>,
+    /// An event lost the device context ([`AsyncEvent::loses_context`]): the endpoint touches
+    /// the verbs no more; the driver reopens the device and builds a new endpoint.
+    context_lost: bool,
 }
+
+/// Most device events held for the driver; more are dropped (the driver reads them every
+/// turn, and after a context-losing one the endpoint reads no more).
+const DEVICE_EVENT_CAP: usize = 16;
 
 impl Endpoint {
     /// Sets up the interface on `v`: UD QP attached to its multicast groups (the broadcast
@@ -201,6 +216,11 @@ impl Endpoint {
         for (ip, hw) in &cfg.static_neighbours {
             neigh.add_static(*ip, *hw, now);
         }
+        if cfg.pin_peer_neighbours {
+            neigh.set_pinned(&cfg.peers);
+        }
+        let peers = cfg.peers.iter().map(|g| (*g, ())).collect();
+        let answers = AnswerBudget::new(cfg.seed ^ 0x0061_6e73_7765_7273);
         let mut ep = Self {
             pkey_index,
             pd,
@@ -230,6 +250,10 @@ impl Endpoint {
             cm_events: Vec::new(),
             events: EventQueue::default(),
             sa: SaGroups::default(),
+            device_events: Vec::new(),
+            context_lost: false,
+            peers,
+            answers,
             cfg,
         };
         ep.announce(v);
@@ -246,9 +270,40 @@ impl Endpoint {
         &self.cfg
     }
 
+    /// The `--peer`s' GIDs from now on: senders the node knows, and with
+    /// [`EndpointConfig::pin_peer_neighbours`] the sources whose bindings are pinned.
+    pub fn set_peers(&mut self, peers: &[Gid]) {
+        self.peers = peers.iter().map(|g| (*g, ())).collect();
+        if self.cfg.pin_peer_neighbours {
+            self.neigh.set_pinned(peers);
+        }
+        self.cfg.peers = peers.to_vec();
+    }
+
     /// Counters.
     pub fn counters(&self) -> Counters {
         self.counters
+    }
+
+    /// Continues the counters of `old`, the endpoint this one replaces on a reopened device:
+    /// the old one's QPs went with its device context (counted destroyed), this one's are
+    /// added.
+    pub fn carry_counters(&mut self, old: Counters) {
+        let mine = self.counters;
+        self.counters = old;
+        self.counters.qp_destroyed = old.qp_created + mine.qp_destroyed;
+        self.counters.qp_created += mine.qp_created;
+    }
+
+    /// The next device event the driver acts on: one that lost the device context
+    /// ([`AsyncEvent::loses_context`]), or [`AsyncEvent::GidChange`].
+    pub fn take_device_event(&mut self) -> Option<AsyncEvent> {
+        (!self.device_events.is_empty()).then(|| self.device_events.remove(0))
+    }
+
+    /// An event lost the device context: the endpoint no longer touches the verbs.
+    pub fn context_lost(&self) -> bool {
+        self.context_lost
     }
 
     /// The CM's counters.
@@ -258,7 +313,7 @@ impl Endpoint {
 
     /// Hands the CM a MAD that the driver's transport received from `from`. Call it before
     /// [`handle_verbs`](Self::handle_verbs) on the same turn, which acts on what it brought.
-    pub fn handle_mad(&mut self, now: Instant, from: crate::verbs::Gid, mad: &[u8; MAD_LEN]) {
+    pub fn handle_mad(&mut self, now: Instant, from: Gid, mad: &[u8; MAD_LEN]) {
         self.last_now = self.last_now.max(now);
         self.cm.handle_mad(now, from, mad);
     }
@@ -266,7 +321,7 @@ impl Endpoint {
     /// The next CM MAD to send, with its destination. A MAD the transport has no room for
     /// stays here until the next turn ([`poll_timeout`](Self::poll_timeout) asks for one at
     /// once): taking it only to drop it would cost the peer a CM retransmission timeout.
-    pub fn poll_mad(&mut self) -> Option<(crate::verbs::Gid, [u8; MAD_LEN])> {
+    pub fn poll_mad(&mut self) -> Option<(Gid, [u8; MAD_LEN])> {
         self.cm.poll_transmit()
     }
 
@@ -336,10 +391,16 @@ impl Endpoint {
     pub fn handle_verbs<V: Verbs>(&mut self, now: Instant, v: &mut V) {
         self.last_now = self.last_now.max(now);
         for _ in 0..1024 {
+            if self.context_lost {
+                return;
+            }
             let Some(ev) = v.poll_async_event() else {
                 break;
             };
             self.on_async_event(now, v, ev);
+        }
+        if self.context_lost {
+            return;
         }
         self.poll_ud(now, v);
         self.poll_rx_cq(now, v);
@@ -369,7 +430,18 @@ impl Endpoint {
             AsyncEvent::SmChange => self.port_changed(v, PortChange::SmChange),
             AsyncEvent::ClientReregister => self.port_changed(v, PortChange::ClientReregister),
             AsyncEvent::PkeyChange => self.port_changed(v, PortChange::PkeyChange),
+            AsyncEvent::GidChange => self.push_device_event(ev),
+            e if e.loses_context() => {
+                self.context_lost = true;
+                self.push_device_event(ev);
+            }
             _ => {}
+        }
+    }
+
+    fn push_device_event(&mut self, ev: AsyncEvent) {
+        if self.device_events.len() < DEVICE_EVENT_CAP {
+            self.device_events.push(ev);
         }
     }
 

@@ -72,6 +72,7 @@
 
 mod endpoint;
 mod event;
+mod guard;
 mod icmp;
 mod mcast;
 mod neigh;
@@ -102,6 +103,7 @@ pub use endpoint::Endpoint;
 pub use event::{
     Event, EventPeer, RxReapReason, RxRejectReason, TxCloseReason, TxFailure, EVENT_QUEUE_CAP,
 };
+pub use guard::{SourceCheck, ANSWER_BURST, ANSWER_RATE};
 pub use mcast::{PortChange, SaRequest, MAX_SA_REQUESTS, MAX_SEND_ONLY};
 pub use neigh::{NeighCounts, NeighState};
 pub use path_wait::{PATH_QUEUE_LEN, PATH_WAIT_MAX};
@@ -238,6 +240,12 @@ pub struct EndpointConfig {
     /// Most resolved learned neighbour entries with the hardware address of one GID; one more
     /// evicts that GID's least recently used entry without a connection.
     pub neigh_max_per_source: usize,
+    /// How the source of an IP packet arriving over UD is checked (`guard.rs`).
+    pub ud_source_check: SourceCheck,
+    /// The GIDs of the `--peer`s: senders the node knows (`guard.rs`); at most `MAX_PEERS`.
+    pub peers: Vec<crate::verbs::Gid>,
+    /// Pin bindings to `peers`: an address bound to a peer is bound again only to a peer.
+    pub pin_peer_neighbours: bool,
     /// Interface addresses with prefix lengths.
     pub addrs: Vec<(IpAddr, u8)>,
     /// Static neighbours.
@@ -377,6 +385,9 @@ impl EndpointConfig {
             neigh_timeout: Duration::from_secs(300),
             neigh_max: 16_384,
             neigh_max_per_source: 16,
+            ud_source_check: SourceCheck::Strict,
+            peers: Vec::new(),
+            pin_peer_neighbours: false,
             addrs,
             static_neighbours: Vec::new(),
             path_mtu: PathMtu::Mtu1024,
@@ -500,6 +511,15 @@ pub struct Counters {
     pub icmp_too_big_sent: u64,
     /// Received packets that were malformed or not for us.
     pub rx_bad_packets: u64,
+    /// IP packets over UD whose source address is bound to another sender than theirs
+    /// (dropped).
+    pub rx_ud_spoofed_drops: u64,
+    /// IP packets over UD whose source address is bound to no one (dropped; in loose mode
+    /// only on-link sources).
+    pub rx_ud_unbound_drops: u64,
+    /// IP packets over UD from a sender the node does not know: the unspecified source, and
+    /// in loose mode off-link sources (dropped).
+    pub rx_ud_unknown_sender_drops: u64,
     /// IP packets delivered to the TUN device.
     pub rx_packets: u64,
     /// Bytes of the IP packets counted in `rx_packets`.
@@ -536,6 +556,20 @@ pub struct Counters {
     /// ARP/ND senders not learned: outside the interface's prefixes (and not link-local
     /// IPv6).
     pub neigh_out_of_prefix: u64,
+    /// ARP/ND messages whose sender hardware address (source link-layer option) is not the
+    /// address they came from: neither learned nor answered.
+    pub neigh_unvouched_drops: u64,
+    /// ARP replies and Neighbor Advertisements for addresses the node was not resolving:
+    /// discarded (RFC 4861 §7.2.5).
+    pub neigh_unsolicited_drops: u64,
+    /// ARP/ND answers not sent: the asker's budget was spent.
+    pub neigh_answer_budget_drops: u64,
+    /// Unicast probes sent to a bound neighbour because another sender claimed its address.
+    pub neigh_probes: u64,
+    /// Bindings that failed: their TX connection failed, or they did not answer the probes
+    /// of a contest. Each is resolved again, the node that failed barred from that
+    /// resolution.
+    pub neigh_bindings_failed: u64,
     /// New neighbour entries that found `neigh_max` entries (one was evicted, or the new one
     /// refused).
     pub neigh_table_full: u64,

@@ -7,11 +7,11 @@
 //! a packet the host routed to the interface) is learned wherever the address is. The caps of
 //! the table are the neighbour module's.
 
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::IpAddr;
 use std::time::Instant;
 
 use super::event::{Event, TxCloseReason};
-use super::neigh::{Ageing, Evicted, Learned, NeighState, Retry, Started};
+use super::neigh::{Ageing, Claim, Contest, Evicted, Learned, NeighState, Retry, Started};
 use super::restart::Incarnation;
 use super::ud::UdSource;
 use super::{Endpoint, Timer, RESOLVE_INTERVAL, RESOLVE_RETRIES};
@@ -19,7 +19,7 @@ use crate::timer::TimerId;
 use crate::verbs::Verbs;
 use crate::wire::ipoib::{
     mgid_for_ipv6, ArpOp, HwAddr, IpoibArp, NdType, NeighborAdvertisement, NeighborSolicitation,
-    ALL_NODES_MULTICAST, ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6,
+    ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6,
 };
 
 impl Endpoint {
@@ -30,19 +30,24 @@ impl Endpoint {
         };
         // The sender's hardware address must be the one it sent from.
         if !src.vouches_for(arp.sender_hw) {
-            self.counters.rx_bad_packets += 1;
+            self.counters.neigh_unvouched_drops += 1;
             return;
         }
         let for_us = self.is_ours(IpAddr::V4(arp.target_ip));
         let sender = IpAddr::V4(arp.sender_ip);
         if !arp.sender_ip.is_unspecified() && !self.is_ours(sender) {
-            self.learn(now, v, sender, arp.sender_hw, src.port, for_us);
+            let claim = match (arp.op, for_us) {
+                (ArpOp::Request, true) => Claim::Request,
+                (ArpOp::Reply, true) => Claim::Answer,
+                _ => Claim::Other,
+            };
+            self.learn(now, v, sender, arp.sender_hw, src, claim);
         }
         if arp.op == ArpOp::Request && for_us {
             let reply = arp.reply_to(self.hwaddr);
             let mut bytes = [0u8; IpoibArp::LEN];
             reply.emit(&mut bytes);
-            self.send_ud(v, arp.sender_hw, ETHERTYPE_ARP, &bytes);
+            self.answer(now, v, src, arp.sender_hw, ETHERTYPE_ARP, &bytes);
         }
     }
 
@@ -61,19 +66,38 @@ impl Endpoint {
                     return;
                 };
                 let for_us = self.is_ours(IpAddr::V6(ns.target));
-                if let Some(hw) = ns.source_hw {
-                    if src.vouches_for(hw) && !ns.src.is_unspecified() {
-                        self.learn(now, v, IpAddr::V6(ns.src), hw, src.port, for_us);
+                // The answer goes to the solicitation's sender: the address its source
+                // link-layer option names, which must be the one it came from, or without
+                // the option (duplicate address detection) the one it came from.
+                let to = match ns.source_hw {
+                    Some(hw) if !src.vouches_for(hw) => {
+                        self.counters.neigh_unvouched_drops += 1;
+                        return;
                     }
+                    // RFC 4861 §7.1.1: no source link-layer option from the unspecified
+                    // address.
+                    Some(_) if ns.src.is_unspecified() => {
+                        self.counters.rx_bad_packets += 1;
+                        return;
+                    }
+                    Some(hw) => {
+                        let claim = if for_us { Claim::Request } else { Claim::Other };
+                        self.learn(now, v, IpAddr::V6(ns.src), hw, src, claim);
+                        Some(hw)
+                    }
+                    None => src.hwaddr(),
+                };
+                if !for_us {
+                    return;
                 }
-                if for_us {
-                    let na = NeighborAdvertisement::answer(&ns, self.hwaddr).to_packet();
-                    let to = ns.source_hw.unwrap_or(HwAddr::multicast(mgid_for_ipv6(
-                        na_dst(&ns),
-                        self.cfg.mgid_pkey(),
-                    )));
-                    self.send_ud(v, to, ETHERTYPE_IPV6, &na);
-                }
+                let Some(to) = to else {
+                    // A GRH-less message from a port no path names, without the option:
+                    // there is no one to answer.
+                    self.counters.rx_bad_packets += 1;
+                    return;
+                };
+                let na = NeighborAdvertisement::answer(&ns, self.hwaddr).to_packet();
+                self.answer(now, v, src, to, ETHERTYPE_IPV6, &na);
             }
             NdType::NeighborAdvertisement => {
                 let Ok(na) = NeighborAdvertisement::parse(packet) else {
@@ -81,9 +105,11 @@ impl Endpoint {
                     return;
                 };
                 if let Some(hw) = na.target_hw {
-                    if src.vouches_for(hw) {
-                        self.learn(now, v, IpAddr::V6(na.target), hw, src.port, na.solicited);
+                    if !src.vouches_for(hw) {
+                        self.counters.neigh_unvouched_drops += 1;
+                        return;
                     }
+                    self.learn(now, v, IpAddr::V6(na.target), hw, src, Claim::Answer);
                 }
             }
             // Router discovery and redirects have no meaning on this point-to-point fabric.
@@ -91,18 +117,38 @@ impl Endpoint {
         }
     }
 
-    /// Learns a mapping and sends what waited for it; a restart of the node (a new UD QPN
-    /// from its own address and port) closes its old incarnation's connections.
+    /// Sends an ARP/ND answer to `to`, the asker `src`'s own address, if its budget allows
+    /// (`guard.rs`).
+    fn answer<V: Verbs>(
+        &mut self,
+        now: Instant,
+        v: &mut V,
+        src: UdSource,
+        to: HwAddr,
+        ethertype: u16,
+        payload: &[u8],
+    ) {
+        if !self.answers.take(src.gid.unwrap_or(to.gid), now) {
+            self.counters.neigh_answer_budget_drops += 1;
+            return;
+        }
+        self.send_ud(v, to, ethertype, payload);
+    }
+
+    /// Learns a mapping from a message of kind `claim` and sends what waited for it; a
+    /// restart of the node (a new UD QPN from its own address and port) closes its old
+    /// incarnation's connections; another node's claim to a bound address contests it
+    /// ([`Neighbours::contest`](super::neigh::Neighbours::contest)).
     fn learn<V: Verbs>(
         &mut self,
         now: Instant,
         v: &mut V,
         ip: IpAddr,
         hw: HwAddr,
-        src_port: Option<u16>,
-        for_us: bool,
+        src: UdSource,
+        claim: Claim,
     ) {
-        if for_us && !self.neigh.contains(&ip) && !self.on_link(ip) {
+        if claim == Claim::Request && !self.neigh.contains(&ip) && !self.on_link(ip) {
             self.counters.neigh_out_of_prefix += 1;
             return;
         }
@@ -111,7 +157,7 @@ impl Endpoint {
         let in_use = |h: HwAddr| tx.to_peer(h).is_some();
         match self
             .neigh
-            .learn(ip, hw, src_port, now, for_us, in_use, &mut self.counters)
+            .learn(ip, hw, src.port, now, claim, in_use, &mut self.counters)
         {
             Learned::Resolved { queued, evicted } => {
                 if let Some(e) = evicted {
@@ -153,9 +199,90 @@ impl Endpoint {
                 };
                 self.retire_old_incarnations(now, v, old.gid, inc, None);
             }
-            Learned::Conflict => self.counters.neigh_conflicts += 1,
+            Learned::Conflict => {
+                self.counters.neigh_conflicts += 1;
+                match self.neigh.contest(&ip, hw.gid, now) {
+                    Contest::Probe(bound) => self.probe(v, ip, bound),
+                    Contest::Failed => {
+                        self.binding_failed(now, v, ip, false);
+                        // The claim that found the binding failed may take it now.
+                        if self.neigh.get(&ip).is_some_and(|n| n.resolved().is_none()) {
+                            self.learn(now, v, ip, hw, src, claim);
+                            if self.neigh.get(&ip).is_some_and(|n| n.resolved().is_none()) {
+                                self.give_up(ip);
+                            }
+                        }
+                    }
+                    Contest::Wait => {}
+                }
+            }
+            Learned::Unsolicited => self.counters.neigh_unsolicited_drops += 1,
             Learned::ForeignPort => self.counters.neigh_foreign_port += 1,
             Learned::Ignored | Learned::Refused => {}
+        }
+    }
+
+    /// A packet goes to `ip`, bound: a binding learned from a claim is probed until it
+    /// answers ([`Neighbours::verify`](super::neigh::Neighbours::verify)); false when it
+    /// failed (the address is being resolved again).
+    pub(super) fn verify_binding<V: Verbs>(&mut self, now: Instant, v: &mut V, ip: IpAddr) -> bool {
+        match self.neigh.verify(&ip, now) {
+            Contest::Probe(hw) => self.probe(v, ip, hw),
+            Contest::Failed => {
+                self.binding_failed(now, v, ip, true);
+                return false;
+            }
+            Contest::Wait => {}
+        }
+        true
+    }
+
+    /// Sends one unicast probe for `ip` to `hw`, the node it is bound to: an ARP request or a
+    /// Neighbor Solicitation (to the address itself, as NUD's), not broadcast.
+    fn probe<V: Verbs>(&mut self, v: &mut V, ip: IpAddr, hw: HwAddr) {
+        self.counters.neigh_probes += 1;
+        match (ip, self.our_addr_for(ip)) {
+            (IpAddr::V4(t), Some(IpAddr::V4(src))) => {
+                let req = IpoibArp::request(self.hwaddr, src, t);
+                let mut bytes = [0u8; IpoibArp::LEN];
+                req.emit(&mut bytes);
+                self.send_ud(v, hw, ETHERTYPE_ARP, &bytes);
+            }
+            (IpAddr::V6(t), Some(IpAddr::V6(src))) => {
+                let mut ns = NeighborSolicitation::new(src, self.hwaddr, t);
+                ns.dst = t;
+                let packet = ns.to_packet();
+                self.send_ud(v, hw, ETHERTYPE_IPV6, &packet);
+            }
+            _ => {}
+        }
+    }
+
+    /// The learned binding of `ip` failed (its TX connection failed, or it did not answer
+    /// the probes of a contest): counted; the address is resolved again (at once when
+    /// `resolve`), the node that failed barred from that resolution; the failed node's TX
+    /// connection is closed if no entry maps to it any more.
+    pub(super) fn binding_failed<V: Verbs>(
+        &mut self,
+        now: Instant,
+        v: &mut V,
+        ip: IpAddr,
+        resolve: bool,
+    ) {
+        let Some((hw, timer)) = self.neigh.fail_bound(&ip, now, RESOLVE_RETRIES) else {
+            return;
+        };
+        self.counters.neigh_bindings_failed += 1;
+        if let Some(t) = timer {
+            self.wheel.cancel(t);
+        }
+        if !self.neigh.endpoint_used(&hw) {
+            if let Some(qpn) = self.tx.to_peer(hw) {
+                self.close_tx(now, v, qpn, TxCloseReason::AgedOut, Some(ip));
+            }
+        }
+        if resolve {
+            self.resolve(now, v, ip);
         }
     }
 
@@ -296,14 +423,4 @@ pub(super) fn same_prefix(a: IpAddr, b: IpAddr, prefix: u8) -> bool {
     let host_bits = width - u32::from(prefix).min(width);
     let mask = u128::MAX.checked_shl(host_bits).unwrap_or(0);
     a & mask == b & mask
-}
-
-/// Where a Neighbor Advertisement answering `ns` goes when the solicitation carried no source
-/// link-layer address: all-nodes.
-fn na_dst(ns: &NeighborSolicitation) -> Ipv6Addr {
-    if ns.src.is_unspecified() {
-        ALL_NODES_MULTICAST
-    } else {
-        ns.src
-    }
 }

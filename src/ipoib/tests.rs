@@ -977,6 +977,7 @@ fn the_snapshot_lists_a_bounded_number_of_neighbours_and_counts_them_all() {
 }
 
 mod admission;
+mod device_events;
 mod groups;
 mod kernel_cm;
 mod path_wait;
@@ -984,6 +985,7 @@ mod rdma_cm;
 mod sa_groups;
 mod scale;
 mod tx_closed;
+mod underlay;
 
 /// IB unicast UD: a completion without `IBV_WC_GRH` whose 40-byte area holds garbage (here
 /// a GRH naming a third port) is attributed by its SLID and `src_qp` through the path set for
@@ -1010,7 +1012,7 @@ fn a_grh_less_ud_message_is_attributed_by_slid_and_src_qp() {
     let sender_ip = crate::sim::cluster::node_v4(1);
     let frame = |sender_hw: HwAddr| {
         let arp = IpoibArp {
-            op: ArpOp::Reply,
+            op: ArpOp::Request,
             sender_hw,
             sender_ip,
             target_hw: n_hw0(),
@@ -1041,7 +1043,7 @@ fn a_grh_less_ud_message_is_attributed_by_slid_and_src_qp() {
         n.run(Duration::from_micros(100));
     };
     let ip = IpAddr::V4(sender_ip);
-    let before = n.ep(0).counters().rx_bad_packets;
+    let before = n.ep(0).counters().neigh_unvouched_drops;
     // From another QPN than the ARP's sender: refused.
     let f = frame(peer);
     deliver(
@@ -1053,14 +1055,14 @@ fn a_grh_less_ud_message_is_attributed_by_slid_and_src_qp() {
     let forged = frame(HwAddr::new(0x80, peer.qpn, liar));
     deliver(&mut n, &forged, recv(forged.len(), 0x0021, peer.qpn));
     assert!(n.ep(0).neigh.get(&ip).and_then(|e| e.resolved()).is_none());
-    assert_eq!(n.ep(0).counters().rx_bad_packets, before + 2);
+    assert_eq!(n.ep(0).counters().neigh_unvouched_drops, before + 2);
     // From the peer's LID and UD QPN: learned, whatever the GRH area says.
     deliver(&mut n, &f, recv(f.len(), 0x0021, peer.qpn));
     assert_eq!(
         n.ep(0).neigh.get(&ip).and_then(|e| e.resolved()),
         Some(peer)
     );
-    assert_eq!(n.ep(0).counters().rx_bad_packets, before + 2);
+    assert_eq!(n.ep(0).counters().neigh_unvouched_drops, before + 2);
     // The path is what UD sends and connections to the peer use: DLID, no GRH.
     let av = n.ep(0).av_to(peer.gid);
     assert_eq!((av.dlid, av.grh), (Lid(0x0021), None));

@@ -168,6 +168,13 @@ impl Endpoint {
                 return;
             }
         };
+        if !self.verify_binding(now, v, dst) {
+            // It failed: resolved again, the packet waits for that.
+            if !self.neigh.enqueue(&dst, packet, self.cfg.tx_queue_len) {
+                self.counters.tx_queue_drops += 1;
+            }
+            return;
+        }
         self.send_ip(now, v, hw, ethertype, packet);
     }
 

@@ -35,6 +35,9 @@ pub(super) struct UdSource {
     /// The sender's QPN, checked only where there is no GRH (the LID names a port, the QPN
     /// its UD QP).
     pub(super) qpn: Option<QpNum>,
+    /// The completion's `src_qp` whatever the GRH (where the provider reports it): the QP
+    /// the message came from, which an IP packet's source is checked against (`guard.rs`).
+    pub(super) sender_qp: Option<QpNum>,
     pub(super) port: Option<u16>,
 }
 
@@ -44,8 +47,21 @@ impl UdSource {
         Self {
             gid: Some(gid),
             qpn: None,
+            sender_qp: None,
             port,
         }
+    }
+
+    /// Whether the message came from `hw`'s endpoint: its GID (known), and its QPN where the
+    /// provider reports the sender's QP.
+    pub(super) fn is(&self, hw: HwAddr) -> bool {
+        self.gid == Some(hw.gid) && self.sender_qp.is_none_or(|q| q == hw.qpn)
+    }
+
+    /// The sender's own address, to answer it (flags unknown: none), where the provider
+    /// names both its GID and its QP.
+    pub(super) fn hwaddr(&self) -> Option<HwAddr> {
+        Some(HwAddr::new(0, self.sender_qp?, self.gid?))
     }
 
     /// Whether a message from here may speak for `hw` (an ARP or ND sender's hardware
@@ -308,11 +324,15 @@ impl Endpoint {
     fn classify_ud(&mut self, frame: &[u8], r: UdRecv) -> Option<(UdSource, u16, Vec<u8>)> {
         let data = frame.get(GRH_LEN..);
         let src = if r.grh {
-            grh_source_gid(frame).map(|g| UdSource::by_gid(g, r.src_port))
+            grh_source_gid(frame).map(|g| UdSource {
+                sender_qp: r.src_qp,
+                ..UdSource::by_gid(g, r.src_port)
+            })
         } else {
             r.src_qp.map(|qpn| UdSource {
                 gid: r.slid.and_then(|l| self.paths.gid_of(l)),
                 qpn: Some(qpn),
+                sender_qp: Some(qpn),
                 port: r.src_port,
             })
         };
@@ -342,7 +362,9 @@ impl Endpoint {
                     self.on_nd(now, v, src, nd.kind, payload);
                     return;
                 }
-                self.deliver(payload);
+                if self.ud_source_ok(src, payload) {
+                    self.deliver(payload);
+                }
             }
             _ => self.counters.rx_bad_packets += 1,
         }

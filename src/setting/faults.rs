@@ -3,7 +3,7 @@
 //! the `fault_*` fields of the daemon's settings are both made of that declaration.
 
 use super::error::ConfigError;
-use super::read::{int_in, percentage};
+use super::read::{int_in, parse, percentage};
 use crate::soft::FaultConfig;
 
 /// The `--help` heading of the flags only tests use (fault injection, provider quirks), kept
@@ -14,7 +14,7 @@ pub const TEST_HELP_HEADING: &str =
 /// The section of the example config that holds the settings only tests use.
 pub const TEST_SECTION: &str = "Testing only: fault injection and provider quirks";
 
-/// Hands the declaration of the five `fault_*` settings to `$callback!` between `$before`
+/// Hands the declaration of the six `fault_*` settings to `$callback!` between `$before`
 /// and `$after`: `$callback! { $before FIELDS $after }`, each field in the form of the
 /// daemon's settings list (`doc, attributes, pub NAME: TYPE [how it is shown],`).
 macro_rules! with_fault_fields {
@@ -43,6 +43,11 @@ macro_rules! with_fault_fields {
             #[arg(long, value_name = "N", allow_negative_numbers = true, help_heading = $crate::setting::TEST_HELP_HEADING)]
             pub fault_seed: Option<$crate::setting::Given<i64>>
                 [$crate::setting::Shown::example("1")],
+            /// The software device reports IBV_EVENT_DEVICE_FATAL this long after it starts,
+            /// once, and fails every verb until it is opened again [default: never].
+            #[arg(long, value_name = "DURATION", allow_negative_numbers = true, help_heading = $crate::setting::TEST_HELP_HEADING)]
+            pub fault_device_fatal_after: Option<$crate::setting::Given<std::time::Duration>>
+                [$crate::setting::Shown::example("\"10s\"")],
             $($($after)*)?
         }
     };
@@ -93,6 +98,10 @@ impl FaultFlags {
             corrupt_pct: percentage("fault_corrupt", self.fault_corrupt.as_ref())?,
             seed: int_in("fault_seed", self.fault_seed.as_ref(), 0, i64::MAX)?
                 .map_or(1, |v| v as u64),
+            device_fatal_after: parse(
+                "fault_device_fatal_after",
+                self.fault_device_fatal_after.as_ref(),
+            )?,
         })
     }
 }

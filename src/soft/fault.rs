@@ -8,6 +8,7 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -26,6 +27,10 @@ pub struct FaultConfig {
     pub corrupt_pct: f64,
     /// RNG seed.
     pub seed: u64,
+    /// The device context is lost this long after the engine's first timer turn, once
+    /// ([`SoftVerbs::fail_device`](super::SoftVerbs::fail_device): the injected
+    /// `IBV_EVENT_DEVICE_FATAL`); `None`: never.
+    pub device_fatal_after: Option<Duration>,
 }
 
 impl FaultConfig {
@@ -123,6 +128,11 @@ impl FaultInjector {
         self.stats
     }
 
+    /// Starts from `old`'s counters (an injector that replaces it).
+    pub fn carry_stats(&mut self, old: &Self) {
+        self.stats = old.stats;
+    }
+
     fn roll(&mut self, pct: f64) -> bool {
         pct > 0.0 && self.rng.gen::<f64>() * 100.0 < pct
     }
@@ -198,6 +208,7 @@ mod tests {
             reorder_pct: 5.0,
             corrupt_pct: 5.0,
             seed: 7,
+            device_fatal_after: None,
         };
         let run = || {
             let mut f = FaultInjector::new(cfg);

@@ -460,6 +460,16 @@ impl Provider for SoftProvider {
         Ok(packets)
     }
 
+    /// A new engine for the same socket ([`SoftVerbs::reopened`]: no objects, new QPNs);
+    /// the multicast groups are joined again as the new QPs attach.
+    fn reopen(&mut self) -> Result<(), String> {
+        self.verbs = self.verbs.reopened(crate::verbs::setup::os_seed());
+        if let Some(g) = self.groups.as_mut() {
+            g.synced = None;
+        }
+        Ok(())
+    }
+
     fn poll_timeout(&self) -> Option<Instant> {
         let group_more = self.groups.as_ref().and_then(|g| g.more);
         [self.rx_more, group_more, self.verbs.poll_timeout()]

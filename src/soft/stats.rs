@@ -69,6 +69,8 @@ pub struct SoftStats {
     pub retransmit_timeouts: u64,
     /// Completions pushed onto a CQ already at its depth.
     pub cq_overflows: u64,
+    /// Datagrams dropped because the device context was lost (until it is opened again).
+    pub rx_device_lost: u64,
     /// Injected faults.
     pub faults: FaultStats,
 }

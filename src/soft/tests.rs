@@ -427,3 +427,64 @@ fn no_icrc_v4_checks_nothing_on_ipv4_and_ipv6_stays_exact() {
     assert_eq!(v.stats().rx_unknown_qpn, 1);
     assert_eq!(v.stats().rx_bad_icrc, 1);
 }
+
+/// The injected fatal event: `DeviceFatal` is raised, every verb that can fail fails with
+/// `DeviceLost` and nothing more is sent or received; the reopened engine has no objects,
+/// works, and continues the counters.
+#[test]
+fn a_lost_device_fails_every_verb_until_reopened() {
+    use crate::verbs::{AsyncEvent, SendWr, VerbsError, WrId};
+    let (mut fab, ea, _eb, qa, _qb) = rc_pair(256, 4, 64, &RcParams::default());
+    let v = &mut fab.nodes[0];
+    let sent = v.stats().tx_packets;
+    v.raise_port_event(AsyncEvent::PortActive);
+    v.fail_device();
+    assert!(v.is_lost());
+    assert_eq!(v.poll_async_event(), Some(AsyncEvent::DeviceFatal));
+    assert_eq!(v.poll_async_event(), None, "what was queued before is gone");
+    let buf = v.pools_mut().alloc(ea.pool).unwrap();
+    assert_eq!(
+        v.post_send(qa, &SendWr::send(WrId(1), buf, 10)),
+        Err(VerbsError::DeviceLost)
+    );
+    assert_eq!(v.alloc_pd(), Err(VerbsError::DeviceLost));
+    assert_eq!(v.create_cq(16), Err(VerbsError::DeviceLost));
+    let mut cs = Vec::new();
+    assert_eq!(v.poll_cq(ea.send_cq, &mut cs, 16), 0);
+    let now = Instant::now();
+    let mut out = Vec::new();
+    assert_eq!(v.poll_transmit(now, &mut out), None);
+    assert_eq!(v.poll_timeout(), None);
+    let peer = fab.nodes[1].peer_addr(fab.nodes[1].port_attr().gid);
+    fab.nodes[0].handle_datagram(now, peer, peer.ip(), &[0; 64]);
+    assert_eq!(fab.nodes[0].stats().rx_device_lost, 1);
+
+    let mut v = fab.nodes[0].reopened(7);
+    assert!(!v.is_lost());
+    assert_eq!(v.qp_count(), 0);
+    assert!(v.alloc_pd().is_ok());
+    assert_eq!(v.stats().tx_packets, sent, "counters carry over");
+    assert_eq!(v.stats().rx_device_lost, 1);
+}
+
+/// `device_fatal_after` loses the device that long after the first timer turn, once.
+#[test]
+fn the_fatal_knob_fires_once_after_its_delay() {
+    use crate::soft::{SoftConfig, SoftVerbs};
+    use crate::verbs::AsyncEvent;
+    let mut cfg = SoftConfig::new("198.18.0.1".parse().unwrap());
+    cfg.faults.device_fatal_after = Some(Duration::from_secs(1));
+    let mut v = SoftVerbs::new(cfg);
+    let t0 = Instant::now();
+    v.handle_timeout(t0);
+    assert_eq!(v.poll_timeout(), Some(t0 + Duration::from_secs(1)));
+    v.handle_timeout(t0 + Duration::from_millis(999));
+    assert!(!v.is_lost());
+    v.handle_timeout(t0 + Duration::from_secs(1));
+    assert!(v.is_lost());
+    assert_eq!(v.poll_async_event(), Some(AsyncEvent::DeviceFatal));
+    let mut v = v.reopened(1);
+    v.handle_timeout(t0 + Duration::from_secs(5));
+    assert!(!v.is_lost(), "a reopened device is not armed again");
+    assert_eq!(v.poll_timeout(), None);
+}

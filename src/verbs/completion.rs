@@ -1,7 +1,7 @@
 //! Work completions and asynchronous events.
 
 use super::av::{Lid, Sl};
-use super::types::{BufId, QpNum, SrqId, WrId};
+use super::types::{BufId, CqId, QpNum, SrqId, WrId};
 
 /// Completion status (`enum ibv_wc_status`, IBTA names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -154,4 +154,43 @@ pub enum AsyncEvent {
     SmChange,
     /// The SM asks every client to register again (`IBV_EVENT_CLIENT_REREGISTER`).
     ClientReregister,
+    /// The port's GID table changed (`IBV_EVENT_GID_CHANGE`): on RoCE an address came or went.
+    GidChange,
+    /// The CQ overran or failed (`IBV_EVENT_CQ_ERR`): completions were lost, so the state of
+    /// every work queue that reports to it is unknown.
+    CqErr(CqId),
+    /// The SRQ failed (`IBV_EVENT_SRQ_ERR`): it takes and completes no more receives.
+    SrqErr(SrqId),
+    /// The device context is lost (`IBV_EVENT_DEVICE_FATAL`, a firmware reset or the device
+    /// removed): every object of it is dead and every later verb fails, until the device is
+    /// opened again ([`Provider::reopen`](crate::verbs::Provider::reopen)).
+    DeviceFatal,
+}
+
+impl AsyncEvent {
+    /// The event leaves the device context unusable for IPoIB-CM: the device is lost, or a
+    /// CQ or SRQ that every connection shares failed. The driver tears everything down and
+    /// opens the device again.
+    pub const fn loses_context(&self) -> bool {
+        matches!(self, Self::DeviceFatal | Self::CqErr(_) | Self::SrqErr(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_device_and_shared_queue_errors_lose_the_context() {
+        assert!(AsyncEvent::DeviceFatal.loses_context());
+        assert!(AsyncEvent::CqErr(CqId(1)).loses_context());
+        assert!(AsyncEvent::SrqErr(SrqId(1)).loses_context());
+        for ev in [
+            AsyncEvent::GidChange,
+            AsyncEvent::QpFatal(QpNum::new(5)),
+            AsyncEvent::PortErr,
+        ] {
+            assert!(!ev.loses_context(), "{ev:?}");
+        }
+    }
 }

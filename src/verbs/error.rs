@@ -82,6 +82,10 @@ pub enum VerbsError {
     /// for).
     #[error("the port has no P_Key of partition {0:#06x} in its P_Key table (is the port a member of it?)")]
     NoSuchPKey(u16),
+    /// The device context is lost ([`AsyncEvent::DeviceFatal`](super::AsyncEvent)): nothing
+    /// works until the device is opened again.
+    #[error("the device context is lost (a fatal device event); it must be opened again")]
+    DeviceLost,
     /// The provider failed at the OS level.
     #[error("provider I/O error: {0}")]
     Io(String),

@@ -45,6 +45,11 @@
 //! **Events.** Asynchronous events are queued and read with [`Verbs::poll_async_event`].
 //! `CommEst` is raised when the first request arrives on an RC QP in RTR.
 //!
+//! **Fatal events.** After [`AsyncEvent::DeviceFatal`] every verb that can fail fails
+//! ([`VerbsError::DeviceLost`] from the software provider, an I/O error from libibverbs),
+//! no completion comes any more, and the objects are dead: the driver reopens the device
+//! ([`Provider::reopen`]) and builds everything again.
+//!
 //! Providers may be configured with *quirks* that break this contract on purpose (a drain WR
 //! that never completes, a missing or duplicated Last WQE event), so the layers above can be
 //! tested against real-world provider bugs.
@@ -411,4 +416,17 @@ pub trait Provider {
 
     /// When [`Provider::handle_io`] must next run even without readiness.
     fn poll_timeout(&self) -> Option<Instant>;
+
+    /// Opens the device again after its context was lost ([`AsyncEvent::loses_context`]):
+    /// every PD, CQ, SRQ, QP, buffer pool and pending event of the old context is gone (their
+    /// handles name nothing, or objects of the new context), and the provider's descriptors
+    /// ([`Provider::io_source`]) may have changed, so the driver registers them again. On
+    /// failure the old, dead context stays in place and the call may be retried. The default
+    /// cannot reopen.
+    ///
+    /// # Errors
+    /// Why the device could not be opened (one line).
+    fn reopen(&mut self) -> Result<(), String> {
+        Err("this provider cannot reopen its device".to_owned())
+    }
 }

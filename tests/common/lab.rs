@@ -136,6 +136,21 @@ impl Lab {
         Some(serde_json::from_slice(&out.stdout).expect("iperf3 JSON"))
     }
 
+    /// Starts `ping -c COUNT -i 0.1 -W 2` from node `from` to `to` (bounded by 30 s); its
+    /// replies are read with [`ping_received`].
+    pub(crate) fn start_ping(&self, from: usize, to: &str, count: u32) -> std::process::Child {
+        Command::new("ip")
+            .args(["netns", "exec", &format!("{}{from}", self.prefix)])
+            .args(["timeout", "30", "ping", "-n", "-i", "0.1", "-W", "2", "-c"])
+            .arg(count.to_string())
+            .arg(to)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("ping")
+    }
+
     pub(crate) fn status(&self, k: usize) -> serde_json::Value {
         let out = self.sh(&["status", &k.to_string()]);
         assert!(
@@ -176,6 +191,22 @@ impl Lab {
         }
         cond(self)
     }
+}
+
+/// Replies a finished [`Lab::start_ping`] got (from its "N received" summary; 0 if there is
+/// none).
+pub(crate) fn ping_received(child: std::process::Child) -> u32 {
+    let out = child.wait_with_output().expect("ping output");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split(',')
+        .find_map(|part| part.trim().strip_suffix(" received"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A provider counter of a status (0 when it has none).
+pub(crate) fn provider_of(status: &serde_json::Value, name: &str) -> u64 {
+    status["provider"][name].as_u64().unwrap_or(0)
 }
 
 impl Drop for Lab {

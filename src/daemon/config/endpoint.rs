@@ -5,7 +5,7 @@ use std::fmt;
 use super::settings::Config;
 use super::types::path_mtu_for_link_mtu;
 use crate::ipoib::EndpointConfig;
-use crate::verbs::{PathMtu, PortAttr};
+use crate::verbs::{Gid, PathMtu, PortAttr};
 
 /// Which bound set the path MTU ([`PathMtuChoice::source`]): the smallest of them, naming
 /// `--path-mtu` first, then the underlay, then the port where two are equal.
@@ -111,6 +111,9 @@ impl Config {
             max_pending_rx: self.max_pending_rx as usize,
             tx_queue_len: self.tx_queue_len as usize,
             static_neighbours: self.neigh.clone(),
+            ud_source_check: self.ud_source_check,
+            peers: self.peer.iter().map(|p| Gid::from_ip(*p)).collect(),
+            pin_peer_neighbours: self.pin_peer_neighbours,
             qp_timeout: self.qp_timeout,
             srq_depth: self.srq_depth,
             rx_spare: self.rx_spare,

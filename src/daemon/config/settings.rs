@@ -22,7 +22,7 @@ use super::types::{
     MAX_TX_QUEUE_LEN, MIN_NEIGH_TIMEOUT, MIN_RX_TIMEOUT, QP_TIMEOUT_RANGE,
 };
 use crate::daemon::logging::LogFormat;
-use crate::ipoib::{Mode, QpBudgetPolicy};
+use crate::ipoib::{Mode, QpBudgetPolicy, SourceCheck};
 use crate::mad::CmTransport;
 use crate::setting::{fault_flags_of, with_fault_fields, Given, Shown, TEST_HELP_HEADING};
 use crate::soft::{FaultConfig, Quirks};
@@ -271,6 +271,21 @@ with_fault_fields!(settings! {
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub neigh_max: Option<Given<i64>> [Shown::example("16384")]
         => neigh_max: u32 = int(1..=MAX_NEIGH_MAX).or(d.neigh_max as u32),
+    /// How the source of an IP packet arriving over the UD QP (datagram mode, multicast) is
+    /// checked: strict (its source address must be bound, by ARP/ND or a static neighbour,
+    /// to the node that sent it, as rp_filter strict or WireGuard's allowed IPs) or loose
+    /// (for routers: a source outside the interface's prefixes is also taken from any node
+    /// the daemon knows, a bound neighbour or a --peer); the rest is dropped and counted
+    /// (rx_ud_*_drops). Fixed at start [default: strict].
+    #[arg(long, value_name = "CHECK")]
+    pub ud_source_check: Option<Given<SourceCheck>> [Shown::example("\"strict\"")]
+        => ud_source_check: SourceCheck = value().or(d.ud_source_check),
+    /// Pin the neighbours bound to a --peer: such an address is bound again only to a
+    /// --peer, never to another node that claims it, even once the peer stopped answering
+    /// (static neighbours are always pinned). Fixed at start.
+    #[arg(long, num_args = 0, default_missing_value = "true")]
+    pub pin_peer_neighbours: Option<Given<bool>> [Shown::example("false")]
+        => pin_peer_neighbours: bool = switch(),
     /// Connected-mode QP budget: most established RX connections, at most 65536; at most
     /// 16 of them from one peer GID [default: 8192 with an SRQ (room for a 4,000-node
     /// cluster), 128 without, as Linux's ipoib_max_conn_qp].

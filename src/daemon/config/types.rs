@@ -12,7 +12,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::daemon::logging::LogFormat;
-use crate::ipoib::{EndpointConfig, Mode, ParseChoiceError, QpBudgetPolicy};
+use crate::ipoib::{EndpointConfig, Mode, ParseChoiceError, QpBudgetPolicy, SourceCheck};
 use crate::mad::CmTransport;
 #[cfg(test)]
 use crate::setting::Setting;
@@ -188,6 +188,7 @@ text_setting!(
     Cidr,
     Mode,
     QpBudgetPolicy,
+    SourceCheck,
     CmTransport,
     ProviderKind,
     Quirk,

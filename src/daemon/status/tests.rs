@@ -358,10 +358,18 @@ fn status_from_snapshot_has_the_endpoints_states() {
         "path_wait_drops",
         "path_failed_drops",
         "rx_source_full",
+        "rx_ud_spoofed_drops",
+        "rx_ud_unbound_drops",
+        "rx_ud_unknown_sender_drops",
+        "neigh_unvouched_drops",
+        "neigh_unsolicited_drops",
+        "neigh_answer_budget_drops",
+        "neigh_probes",
+        "neigh_bindings_failed",
     ] {
         assert_eq!(s.provider[name], 0, "{name}");
     }
-    assert_eq!(s.provider.len(), 27, "{:?}", s.provider);
+    assert_eq!(s.provider.len(), 35, "{:?}", s.provider);
     assert_eq!(
         s.neighbour_table,
         NeighbourTable {

@@ -58,9 +58,15 @@ pub const RX_DROPPED: &[&str] = &[
     "cm_dropped_unknown",
     "cm_dropped_spoofed",
     "cm_dropped_unexpected",
-    // Endpoint: malformed or not for us, ARP/ND conflicts, packets on a closing connection.
+    // Endpoint: malformed or not for us, IP over UD from a source not its sender's, ARP/ND
+    // conflicts, unvouched or unsolicited, packets on a closing connection.
     "rx_bad_packets",
+    "rx_ud_spoofed_drops",
+    "rx_ud_unbound_drops",
+    "rx_ud_unknown_sender_drops",
     "neigh_conflicts",
+    "neigh_unvouched_drops",
+    "neigh_unsolicited_drops",
     "rx_closing_drops",
     "rx_buffer_drops",
     // TUN device: refused the write.

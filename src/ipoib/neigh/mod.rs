@@ -54,6 +54,13 @@ use crate::wire::PeerMap;
 /// moves to the most recently used end) before it refuses the new entry.
 pub(super) const EVICT_SCAN: usize = 16;
 
+/// Unanswered unicast probes after which a contested binding has failed.
+pub(super) const PROBES: u8 = 3;
+
+/// At most one probe of a binding per this long, however many claims contest it (Linux's
+/// `locktime` is 1 s), and the time a probe has to be answered.
+pub(super) const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Most packets waiting for resolution on all entries together (each entry holds at most
 /// `tx_queue_len`): with the table full of resolving entries, the copies held stay within
 /// this many packets rather than `neigh_max` times `tx_queue_len`.
@@ -101,6 +108,19 @@ pub(super) struct Neigh {
     /// The UDP source port of the message the mapping was learned from (where the provider
     /// reports it): a restart may replace the mapping only from this port.
     pub(super) src_port: Option<u16>,
+    /// While it is resolved again after its binding failed (its TX connection failed, or it
+    /// did not answer a probe): the GID that failed, which may not bind it in this resolution.
+    failed_gid: Option<Gid>,
+    /// While it is resolved again after a binding to a pinned source failed: only a pinned
+    /// source may bind it.
+    pinned_only: bool,
+    /// Its binding answered us (it was learned from an answer to our resolution or to a
+    /// probe): a binding learned from a claim is probed on its first use ([`Neighbours::verify`]).
+    confirmed: bool,
+    /// Probes sent since its binding last answered one (or was learned).
+    unanswered: u8,
+    /// When the last probe was sent: at most one per [`PROBE_INTERVAL`].
+    probed_at: Option<Instant>,
 }
 
 impl Neigh {
@@ -112,6 +132,11 @@ impl Neigh {
             last_used: now,
             timer: None,
             src_port: None,
+            failed_gid: None,
+            pinned_only: false,
+            confirmed: false,
+            unanswered: 0,
+            probed_at: None,
         }
     }
 
@@ -141,6 +166,23 @@ impl Neigh {
             NeighState::Incomplete { .. } => None,
             _ => self.hw,
         }
+    }
+
+    /// A probe of its binding to `hw`, if one is due: at most one per [`PROBE_INTERVAL`];
+    /// failed after [`PROBES`] unanswered ones.
+    fn probe_due(&mut self, hw: HwAddr, now: Instant) -> Contest {
+        let due = self
+            .probed_at
+            .is_none_or(|at| now.saturating_duration_since(at) >= PROBE_INTERVAL);
+        if !due {
+            return Contest::Wait;
+        }
+        if self.unanswered >= PROBES {
+            return Contest::Failed;
+        }
+        self.unanswered += 1;
+        self.probed_at = Some(now);
+        Contest::Probe(hw)
     }
 
     /// A learned entry with a hardware address: one its source GID is charged for.
@@ -178,10 +220,38 @@ pub(super) enum Learned {
     /// A restart of the same node, but not from the UDP source port the mapping was learned
     /// from: ignored.
     ForeignPort,
+    /// An answer (ARP reply, Neighbor Advertisement) for an address that has no entry: we
+    /// did not ask, so it is discarded (RFC 4861 §7.2.5; Linux's `arp_accept=0`).
+    Unsolicited,
     /// Nothing to learn (not a neighbour we asked about, and not addressed to us).
     Ignored,
     /// A cap was reached and no entry could be evicted: not learned.
     Refused,
+}
+
+/// What an ARP/ND message that names a sender's (or target's) hardware address is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Claim {
+    /// A request to us (ARP request for our address, Neighbor Solicitation for one): its
+    /// sender gets an entry if it has none (RFC 826's merge, RFC 4861 §7.2.3), so that the
+    /// answer and the traffic that follows need no resolution of ours.
+    Request,
+    /// An answer (ARP reply to us, Neighbor Advertisement): it binds only an address we are
+    /// resolving (or refreshes a binding to the same sender).
+    Answer,
+    /// Anything else (a request to another node): it binds only an address we are resolving.
+    Other,
+}
+
+/// What another sender's claim to a bound address does ([`Neighbours::contest`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Contest {
+    /// Probe the binding: send a unicast request for the address to this hardware address.
+    Probe(HwAddr),
+    /// The binding did not answer [`PROBES`] probes: it failed ([`Neighbours::fail_bound`]).
+    Failed,
+    /// A probe is in flight, the binding is static or pinned, or the entry is not resolved.
+    Wait,
 }
 
 /// What starting a resolution did.
@@ -251,6 +321,10 @@ pub(super) struct Neighbours {
     queued: usize,
     max: usize,
     per_source: usize,
+    /// The GIDs whose bindings are pinned (the `--peer`s, with `pin_peer_neighbours`): an
+    /// address bound to one is bound again only to one of them. Set by configuration, at
+    /// most `MAX_PEERS`.
+    pinned: PeerMap<Gid, ()>,
 }
 
 impl Neighbours {
@@ -266,7 +340,18 @@ impl Neighbours {
             queued: 0,
             max: max.max(1),
             per_source: per_source.max(1),
+            pinned: PeerMap::default(),
         }
+    }
+
+    /// The GIDs whose bindings are pinned from now on (none: no pinning).
+    pub(super) fn set_pinned(&mut self, gids: &[Gid]) {
+        self.pinned = gids.iter().map(|g| (*g, ())).collect();
+    }
+
+    /// Whether bindings to `gid` are pinned.
+    pub(super) fn is_pinned(&self, gid: &Gid) -> bool {
+        self.pinned.contains_key(gid)
     }
 
     /// Learned (non-static) entries.
@@ -372,10 +457,11 @@ impl Neighbours {
         Started::New(evicted)
     }
 
-    /// Learns `ip` → `hw` from a message that came from UDP source port `src_port` (`None`
-    /// where the provider does not say). `solicited_or_for_us` says the message answered our
-    /// request or was addressed to us (only then is a new entry created); `in_use` and the
-    /// counting as for [`start`](Self::start).
+    /// Learns `ip` → `hw` from a message of kind `claim` that came from UDP source port
+    /// `src_port` (`None` where the provider does not say): only a [`Claim::Request`] creates
+    /// an entry; an entry being resolved again after a failure refuses the GID that failed
+    /// (and, if that was pinned, every GID not pinned); a resolved one is never rebound to
+    /// another node. `in_use` and the counting as for [`start`](Self::start).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn learn(
         &mut self,
@@ -383,13 +469,15 @@ impl Neighbours {
         hw: HwAddr,
         src_port: Option<u16>,
         now: Instant,
-        solicited_or_for_us: bool,
+        claim: Claim,
         in_use: impl Fn(HwAddr) -> bool,
         c: &mut Counters,
     ) -> Learned {
         let Some(id) = self.find(&ip) else {
-            if !solicited_or_for_us {
-                return Learned::Ignored;
+            match claim {
+                Claim::Request => {}
+                Claim::Answer => return Learned::Unsolicited,
+                Claim::Other => return Learned::Ignored,
             }
             let Some(evicted) = self.room(Some(hw.gid), &in_use, c) else {
                 return Learned::Refused;
@@ -407,6 +495,11 @@ impl Neighbours {
             return Learned::Ignored;
         };
         match (n.state, n.hw) {
+            (NeighState::Incomplete { .. }, _)
+                if n.failed_gid == Some(hw.gid) || (n.pinned_only && !self.is_pinned(&hw.gid)) =>
+            {
+                Learned::Conflict
+            }
             (NeighState::Incomplete { .. }, _) => {
                 // Ours to resolve: its source is charged from now on.
                 let evicted = if self.source_full(hw.gid) {
@@ -425,6 +518,9 @@ impl Neighbours {
                 n.state = NeighState::Reachable;
                 n.last_used = now;
                 n.src_port = src_port;
+                n.failed_gid = None;
+                n.pinned_only = false;
+                n.confirmed = claim == Claim::Answer;
                 let queued: Vec<_> = n.queue.drain(..).collect();
                 self.queued = self.queued.saturating_sub(queued.len());
                 self.slots.touch(id);
@@ -433,10 +529,15 @@ impl Neighbours {
             }
             (state, Some(h)) if same_endpoint(&h, &hw) => {
                 if state == NeighState::Reachable {
-                    // The peer may have switched CM support on or off.
+                    // The peer may have switched CM support on or off; an answer answers
+                    // the probes (its own claims do not).
                     if let Some(n) = self.slots.get_mut(id) {
                         n.hw = Some(hw);
                         n.src_port = n.src_port.or(src_port);
+                        if claim == Claim::Answer {
+                            n.unanswered = 0;
+                            n.confirmed = true;
+                        }
                     }
                 }
                 Learned::Resolved {
@@ -463,6 +564,91 @@ impl Neighbours {
                 Learned::Replaced { old: h }
             }
             _ => Learned::Conflict,
+        }
+    }
+
+    /// The learned binding of `ip` failed (its TX connection failed, or it did not answer
+    /// a probe): the entry is resolved again, `retries` requests, and the GID that failed
+    /// may not bind it in that resolution (if that GID was pinned, only pinned ones may).
+    /// Returns the hardware address that failed and the entry's timer to cancel; `None`
+    /// (nothing changed) for a static entry or one not resolved.
+    pub(super) fn fail_bound(
+        &mut self,
+        ip: &IpAddr,
+        now: Instant,
+        retries: u8,
+    ) -> Option<(HwAddr, Option<TimerId>)> {
+        let id = self.find(ip)?;
+        let n = self.slots.get(id)?;
+        let hw = n.resolved().filter(|_| n.state == NeighState::Reachable)?;
+        self.uncharge(hw.gid, ip);
+        let pinned_only = self.is_pinned(&hw.gid);
+        let n = self.slots.get_mut(id)?;
+        n.hw = None;
+        n.state = NeighState::Incomplete {
+            retries_left: retries,
+        };
+        n.last_used = now;
+        n.failed_gid = Some(hw.gid);
+        n.pinned_only = pinned_only;
+        n.unanswered = 0;
+        n.probed_at = None;
+        let timer = n.timer.take();
+        self.forget_kind_unless_used(&hw);
+        Some((hw, timer))
+    }
+
+    /// The learned addresses bound to `hw`'s endpoint (static ones not among them).
+    pub(super) fn bound_to(&self, hw: &HwAddr) -> Vec<IpAddr> {
+        self.by_gid
+            .get(&hw.gid)
+            .into_iter()
+            .flatten()
+            .filter(|ip| {
+                self.get(ip)
+                    .and_then(|n| n.hw)
+                    .is_some_and(|h| same_endpoint(&h, hw))
+            })
+            .copied()
+            .collect()
+    }
+
+    /// A sender at `claimant`'s GID claims `ip`, bound to another node: the binding is probed
+    /// (one unicast request, at most one per [`PROBE_INTERVAL`], each paid by a claim), and
+    /// fails once [`PROBES`] probes went unanswered for a [`PROBE_INTERVAL`] each. Static
+    /// bindings are never contested, nor pinned ones by a GID that is not pinned.
+    pub(super) fn contest(&mut self, ip: &IpAddr, claimant: Gid, now: Instant) -> Contest {
+        let claimant_pinned = self.is_pinned(&claimant);
+        let pinned = |g: &Gid| self.pinned.contains_key(g);
+        let Some(id) = self.find(ip) else {
+            return Contest::Wait;
+        };
+        let Some(n) = self.slots.get(id) else {
+            return Contest::Wait;
+        };
+        let Some(hw) = n.hw.filter(|_| n.state == NeighState::Reachable) else {
+            return Contest::Wait;
+        };
+        if pinned(&hw.gid) && !claimant_pinned {
+            return Contest::Wait;
+        }
+        match self.slots.get_mut(id) {
+            Some(n) => n.probe_due(hw, now),
+            None => Contest::Wait,
+        }
+    }
+
+    /// A packet goes to `ip` now: a binding learned from a claim, not yet confirmed by an
+    /// answer, is probed as a contested one is ([`contest`](Self::contest)), so that a node
+    /// that claimed an address without answering for it loses it within [`PROBES`] probe
+    /// intervals of its first use.
+    pub(super) fn verify(&mut self, ip: &IpAddr, now: Instant) -> Contest {
+        let Some(n) = self.get_mut(ip) else {
+            return Contest::Wait;
+        };
+        match n.hw {
+            Some(hw) if n.state == NeighState::Reachable && !n.confirmed => n.probe_due(hw, now),
+            _ => Contest::Wait,
         }
     }
 
@@ -581,18 +767,7 @@ impl Neighbours {
     /// Forgets every learned (non-static) entry whose hardware address is `hw`'s endpoint;
     /// returns their addresses.
     pub(super) fn forget_hw(&mut self, hw: &HwAddr) -> Vec<IpAddr> {
-        let ips: Vec<IpAddr> = self
-            .by_gid
-            .get(&hw.gid)
-            .into_iter()
-            .flatten()
-            .filter(|ip| {
-                self.get(ip)
-                    .and_then(|n| n.hw)
-                    .is_some_and(|h| same_endpoint(&h, hw))
-            })
-            .copied()
-            .collect();
+        let ips = self.bound_to(hw);
         for ip in &ips {
             self.remove(ip);
         }
@@ -618,7 +793,7 @@ impl Neighbours {
     }
 
     /// True if some entry still maps to `hw`'s endpoint.
-    fn endpoint_used(&self, hw: &HwAddr) -> bool {
+    pub(super) fn endpoint_used(&self, hw: &HwAddr) -> bool {
         self.statics.contains_key(&(hw.gid, hw.qpn))
             || self.by_gid.get(&hw.gid).is_some_and(|ips| {
                 ips.iter().any(|ip| {

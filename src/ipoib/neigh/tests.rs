@@ -44,17 +44,17 @@ fn resolve_then_conflict_is_ignored() {
     assert!(matches!(n.start(ip, t, 3, idle, c), Started::New(None)));
     assert!(n.enqueue(&ip, &[1], 3));
     assert_eq!(
-        resolved(n.learn(ip, hw(5), None, t, true, idle, c)),
+        resolved(n.learn(ip, hw(5), None, t, Claim::Request, idle, c)),
         vec![vec![1]]
     );
     assert!(matches!(
-        n.learn(ip, hw(6), None, t, true, idle, c),
+        n.learn(ip, hw(6), None, t, Claim::Request, idle, c),
         Learned::Replaced { old } if old == hw(5)
     ));
     assert_eq!(n.get(&ip).unwrap().hw(), Some(hw(6)));
     let other_node = hw_at(9, 6);
     assert!(matches!(
-        n.learn(ip, other_node, None, t, true, idle, c),
+        n.learn(ip, other_node, None, t, Claim::Request, idle, c),
         Learned::Conflict
     ));
     assert_eq!(n.get(&ip).unwrap().hw(), Some(hw(6)));
@@ -70,12 +70,12 @@ fn unsolicited_unknown_is_ignored_and_static_never_replaced() {
     let ip = ip(3);
     let mut n = table();
     assert!(matches!(
-        n.learn(ip, hw(5), None, t, false, idle, c),
+        n.learn(ip, hw(5), None, t, Claim::Other, idle, c),
         Learned::Ignored
     ));
     n.add_static(ip, hw(7), t);
     assert!(matches!(
-        n.learn(ip, hw(5), None, t, true, idle, c),
+        n.learn(ip, hw(5), None, t, Claim::Request, idle, c),
         Learned::Conflict
     ));
     assert!(n.forget_hw(&hw(7)).is_empty(), "static entries stay");
@@ -99,7 +99,7 @@ fn resolution_retries_run_out_and_a_used_entry_is_rechecked() {
     assert_eq!(n.resolve_timer_fired(&ip, second), Retry::GiveUp);
 
     let timeout = Duration::from_secs(3);
-    assert!(resolved(n.learn(ip, hw(5), None, t, true, idle, c)).is_empty());
+    assert!(resolved(n.learn(ip, hw(5), None, t, Claim::Request, idle, c)).is_empty());
     let age = timer();
     n.set_timer(&ip, age);
     n.get_mut(&ip).unwrap().last_used = t + Duration::from_secs(1);
@@ -128,7 +128,7 @@ fn ageing_out_reports_the_endpoint_unused_only_after_its_last_entry() {
     let mut n = table();
     let timeout = Duration::from_secs(1);
     for k in [10, 11] {
-        resolved(n.learn(ip(k), hw(5), None, t, true, idle, c));
+        resolved(n.learn(ip(k), hw(5), None, t, Claim::Request, idle, c));
         n.set_timer(&ip(k), wheel.insert(t, ()));
     }
     let later = t + timeout;
@@ -153,14 +153,22 @@ fn a_full_table_evicts_the_least_recently_used_entry() {
     let mut n = Neighbours::new(4, 16);
     for k in 0..4u16 {
         let at = t + Duration::from_secs(u64::from(k));
-        resolved(n.learn(ip(k), hw_at(k as u8 + 10, 5), None, at, true, idle, c));
+        resolved(n.learn(
+            ip(k),
+            hw_at(k as u8 + 10, 5),
+            None,
+            at,
+            Claim::Request,
+            idle,
+            c,
+        ));
     }
     // Entry 0 is used again: entry 1 is now the least recently used.
     n.use_entry(&ip(0), t + Duration::from_secs(9));
     let Learned::Resolved {
         evicted: Some(Evicted(gone)),
         ..
-    } = n.learn(ip(7), hw_at(20, 5), None, t, true, idle, c)
+    } = n.learn(ip(7), hw_at(20, 5), None, t, Claim::Request, idle, c)
     else {
         panic!("no eviction");
     };
@@ -177,7 +185,15 @@ fn entries_in_use_are_not_evicted_and_a_table_of_them_refuses() {
     let c = &mut Counters::default();
     let mut n = Neighbours::new(3, 16);
     for k in 0..3u16 {
-        resolved(n.learn(ip(k), hw_at(k as u8 + 10, 5), None, t, true, idle, c));
+        resolved(n.learn(
+            ip(k),
+            hw_at(k as u8 + 10, 5),
+            None,
+            t,
+            Claim::Request,
+            idle,
+            c,
+        ));
     }
     // The oldest has a connection: the next one goes.
     let conn = hw_at(10, 5);
@@ -185,7 +201,7 @@ fn entries_in_use_are_not_evicted_and_a_table_of_them_refuses() {
     let Learned::Resolved {
         evicted: Some(Evicted(gone)),
         ..
-    } = n.learn(ip(5), hw_at(30, 5), None, t, true, busy, c)
+    } = n.learn(ip(5), hw_at(30, 5), None, t, Claim::Request, busy, c)
     else {
         panic!("no eviction");
     };
@@ -193,7 +209,7 @@ fn entries_in_use_are_not_evicted_and_a_table_of_them_refuses() {
     // Everything in use: a new entry is refused, from the wire or from the TUN device.
     let all = |_: HwAddr| true;
     assert!(matches!(
-        n.learn(ip(6), hw_at(31, 5), None, t, true, all, c),
+        n.learn(ip(6), hw_at(31, 5), None, t, Claim::Request, all, c),
         Learned::Refused
     ));
     assert!(matches!(n.start(ip(7), t, 3, all, c), Started::Refused));
@@ -227,13 +243,21 @@ fn one_source_is_capped_and_evicts_its_own_oldest_entry() {
     let mut n = Neighbours::new(1024, 4);
     for k in 0..4u16 {
         let at = t + Duration::from_secs(u64::from(k));
-        resolved(n.learn(ip(k), hw(100 + u32::from(k)), None, at, true, idle, c));
+        resolved(n.learn(
+            ip(k),
+            hw(100 + u32::from(k)),
+            None,
+            at,
+            Claim::Request,
+            idle,
+            c,
+        ));
     }
-    resolved(n.learn(ip(50), hw_at(7, 5), None, t, true, idle, c));
+    resolved(n.learn(ip(50), hw_at(7, 5), None, t, Claim::Request, idle, c));
     let Learned::Resolved {
         evicted: Some(Evicted(gone)),
         ..
-    } = n.learn(ip(9), hw(200), None, t, true, idle, c)
+    } = n.learn(ip(9), hw(200), None, t, Claim::Request, idle, c)
     else {
         panic!("no eviction");
     };
@@ -245,12 +269,12 @@ fn one_source_is_capped_and_evicts_its_own_oldest_entry() {
     assert!(n.get(&ip(50)).is_some());
     // Our own resolution answered by a full source evicts the same way.
     assert!(matches!(n.start(ip(60), t, 3, idle, c), Started::New(None)));
-    resolved(n.learn(ip(60), hw(300), None, t, true, idle, c));
+    resolved(n.learn(ip(60), hw(300), None, t, Claim::Request, idle, c));
     assert_eq!(n.counts().reachable, 5);
     // A source whose entries are all in use gets no more.
     let all = |_: HwAddr| true;
     assert!(matches!(
-        n.learn(ip(10), hw(201), None, t, true, all, c),
+        n.learn(ip(10), hw(201), None, t, Claim::Request, all, c),
         Learned::Refused
     ));
     assert_eq!(c.neigh_source_full, 3);
@@ -267,7 +291,7 @@ fn static_entries_are_neither_counted_nor_evicted() {
         n.add_static(ip(1000 + k), hw(9), t);
     }
     for k in 0..50u16 {
-        let _ = n.learn(ip(k), hw_at(k as u8, 1), None, t, true, idle, c);
+        let _ = n.learn(ip(k), hw_at(k as u8, 1), None, t, Claim::Request, idle, c);
     }
     assert_eq!(n.learned(), 2);
     assert_eq!(n.counts().permanent, 5);
@@ -282,10 +306,10 @@ fn forgetting_a_peer_looks_only_at_its_source() {
     let t = Instant::now();
     let c = &mut Counters::default();
     let mut n = table();
-    resolved(n.learn(ip(1), hw(5), None, t, true, idle, c));
-    resolved(n.learn(ip(2), hw(5), None, t, true, idle, c));
-    resolved(n.learn(ip(3), hw(6), None, t, true, idle, c));
-    resolved(n.learn(ip(4), hw_at(3, 5), None, t, true, idle, c));
+    resolved(n.learn(ip(1), hw(5), None, t, Claim::Request, idle, c));
+    resolved(n.learn(ip(2), hw(5), None, t, Claim::Request, idle, c));
+    resolved(n.learn(ip(3), hw(6), None, t, Claim::Request, idle, c));
+    resolved(n.learn(ip(4), hw_at(3, 5), None, t, Claim::Request, idle, c));
     let mut gone = n.forget_hw(&hw(5));
     gone.sort();
     assert_eq!(gone, vec![ip(1), ip(2)]);
@@ -309,7 +333,7 @@ fn queued_packets_are_bounded_per_entry_and_in_all() {
     assert_eq!(n.get(&ip(0)).unwrap().queued(), 3);
     // Resolving one gives its packets back and makes room for as many.
     assert_eq!(
-        resolved(n.learn(ip(0), hw(5), None, t, true, idle, c)).len(),
+        resolved(n.learn(ip(0), hw(5), None, t, Claim::Request, idle, c)).len(),
         3
     );
     assert!(n.enqueue(&ip(199), &[1], 4));
@@ -333,6 +357,8 @@ enum Op {
     Resolve(u16),
     GiveUp(u16),
     Forget(u8, u32),
+    /// A binding fails (its connection, or a probe), then is resolved again.
+    Fail(u16),
     Enqueue(u16),
 }
 
@@ -350,6 +376,7 @@ fn op() -> impl Strategy<Value = Op> {
         (0..64u16).prop_map(Op::Resolve),
         (0..64u16).prop_map(Op::GiveUp),
         (0..6u8, 0..3u32).prop_map(|(node, qpn)| Op::Forget(node, qpn)),
+        (0..64u16).prop_map(Op::Fail),
         (0..64u16).prop_map(Op::Enqueue),
     ]
 }
@@ -381,7 +408,8 @@ proptest! {
                 }
                 Op::Learn { ip: k, node, qpn, for_us } => {
                     let had = n.learned();
-                    let learned = n.learn(ip(k), hw_at(node, qpn), None, now, for_us, in_use, c);
+                    let claim = if for_us { Claim::Request } else { Claim::Answer };
+                    let learned = n.learn(ip(k), hw_at(node, qpn), None, now, claim, in_use, c);
                     if let Learned::Resolved { evicted: Some(_), .. } = learned {
                         prop_assert!(n.learned() <= had + 1);
                     }
@@ -420,6 +448,13 @@ proptest! {
                         prop_assert_eq!(n.get(&ip(k)).map(Neigh::queued), Some(was + 1));
                     }
                 }
+                Op::Fail(k) => {
+                    if let Some((hw, _)) = n.fail_bound(&ip(k), now, 2) {
+                        let again = n.learn(ip(k), hw, None, now, Claim::Answer, in_use, c);
+                        prop_assert!(matches!(again, Learned::Conflict), "{:?}", again);
+                        n.set_timer(&ip(k), wheel.insert(now, ()));
+                    }
+                }
                 Op::Forget(node, qpn) => {
                     let gone = n.forget_hw(&hw_at(node, qpn));
                     for k in gone {
@@ -445,14 +480,14 @@ fn the_rdma_cm_kind_lives_as_long_as_an_entry_for_the_endpoint() {
     n.remember_rdma_cm(&hw(5));
     assert!(!n.reached_by_rdma_cm(&hw(5)), "no entry: nothing kept");
     let (a, b) = (ip(2), ip(3));
-    let _ = n.learn(a, hw(5), None, t, true, idle, c);
-    let _ = n.learn(b, hw(5), None, t, true, idle, c);
+    let _ = n.learn(a, hw(5), None, t, Claim::Request, idle, c);
+    let _ = n.learn(b, hw(5), None, t, Claim::Request, idle, c);
     assert!(!n.reached_by_rdma_cm(&hw(5)));
     n.remember_rdma_cm(&hw(5));
     assert!(n.reached_by_rdma_cm(&hw(5)));
     // The flags of the address do not matter; a refresh without 0x20 keeps it.
     assert!(n.reached_by_rdma_cm(&HwAddr { flags: 0, ..hw(5) }));
-    let _ = n.learn(a, hw(5), None, t, true, idle, c);
+    let _ = n.learn(a, hw(5), None, t, Claim::Request, idle, c);
     assert!(n.reached_by_rdma_cm(&hw(5)));
     n.check();
     n.remove(&a);
@@ -460,7 +495,7 @@ fn the_rdma_cm_kind_lives_as_long_as_an_entry_for_the_endpoint() {
     n.check();
     // A restart: b now maps to a new UD QPN, and the old endpoint is forgotten.
     assert!(matches!(
-        n.learn(b, hw(6), None, t, true, idle, c),
+        n.learn(b, hw(6), None, t, Claim::Request, idle, c),
         Learned::Replaced { .. }
     ));
     assert!(!n.reached_by_rdma_cm(&hw(5)) && !n.reached_by_rdma_cm(&hw(6)));

@@ -441,8 +441,10 @@ impl Endpoint {
         }
     }
 
-    /// A TX connection failed (REJ, CM timeout, DREQ, send error): count it, forget the
-    /// neighbours that used it, and close.
+    /// A TX connection failed (REJ, CM timeout, DREQ, send error): count it, close it, and
+    /// resolve the neighbours bound to its peer again, that peer barred from the resolution
+    /// ([`Endpoint::binding_failed`]): a node that took an address it cannot serve loses it
+    /// to the address's owner, however fast it claims it again.
     pub(super) fn fail_tx<V: Verbs>(
         &mut self,
         now: Instant,
@@ -462,8 +464,11 @@ impl Endpoint {
             peer: self.event_peer(peer.gid, qpn),
             reason: why,
         });
-        self.neigh.forget_hw(&peer);
+        let bound = self.neigh.bound_to(&peer);
         self.teardown_tx(now, v, qpn);
+        for ip in bound {
+            self.binding_failed(now, v, ip, true);
+        }
     }
 
     /// Closes a TX connection for `why` (one [`Event::TxClosed`] naming the peer, at `ip`

@@ -7,6 +7,7 @@ mod timers;
 mod tx;
 
 use std::net::{IpAddr, SocketAddr};
+use std::time::Instant;
 
 use super::config::{SoftConfig, MAX_RC_MSG};
 use super::device::Device;
@@ -35,6 +36,13 @@ pub struct SoftVerbs {
     id_shifts: Ipv4IdShiftCache,
     /// Peers whose ICRCs checked only with a foreign nonzero IPv4 ID.
     id_solved_peers: icrc_peers::IdSolvedPeers,
+    /// The context is lost ([`SoftVerbs::fail_device`]): every verb that can fail fails,
+    /// nothing is sent, received or completed.
+    lost: bool,
+    /// When [`FaultConfig::device_fatal_after`](super::FaultConfig) makes the device fail:
+    /// that long after the first [`SoftVerbs::handle_timeout`] (`None`: never, or not yet
+    /// known).
+    fatal_at: Option<Instant>,
 }
 
 impl SoftVerbs {
@@ -47,6 +55,53 @@ impl SoftVerbs {
             scratch: Vec::with_capacity(8192),
             id_shifts: Ipv4IdShiftCache::default(),
             id_solved_peers: icrc_peers::IdSolvedPeers::default(),
+            lost: false,
+            fatal_at: None,
+        }
+    }
+
+    /// Loses the device context, as a firmware reset does (the fatal-event injection): raises
+    /// [`AsyncEvent::DeviceFatal`] (the events queued before it are dropped); from now on
+    /// every verb that can fail fails with [`VerbsError::DeviceLost`] (destroying objects
+    /// excepted, as on hardware), no completion or event comes, and datagrams are neither
+    /// sent nor received. Only a new engine ([`SoftProvider::reopen`](super::provider::SoftProvider))
+    /// works again.
+    pub fn fail_device(&mut self) {
+        if self.lost {
+            return;
+        }
+        self.lost = true;
+        self.dev.events.clear();
+        self.dev.events.push_back(AsyncEvent::DeviceFatal);
+    }
+
+    /// The context is lost ([`SoftVerbs::fail_device`]).
+    pub fn is_lost(&self) -> bool {
+        self.lost
+    }
+
+    /// A fresh engine for the same device, as opening it again gives: no objects, a new QPN
+    /// seed (the QPNs of a new context differ from the old one's), the multicast peers and
+    /// the counters carried over, and no fatal event armed.
+    pub fn reopened(&self, qpn_seed: u64) -> Self {
+        let mut cfg = self.dev.cfg;
+        cfg.qpn_seed = qpn_seed;
+        cfg.faults.device_fatal_after = None;
+        let mut new = Self::new(cfg);
+        new.dev
+            .mcast
+            .set_peers(cfg.local_ip, self.dev.mcast.peers.clone());
+        new.dev.stats = self.dev.stats;
+        new.faults.carry_stats(&self.faults);
+        new
+    }
+
+    /// `Err(DeviceLost)` once the context is lost.
+    fn alive(&self) -> Result<(), VerbsError> {
+        if self.lost {
+            Err(VerbsError::DeviceLost)
+        } else {
+            Ok(())
         }
     }
 
@@ -56,9 +111,9 @@ impl SoftVerbs {
     }
 
     /// Queues a port event (`LidChange`, `SmChange`, `ClientReregister`, `PkeyChange`,
-    /// `PortActive`, `PortErr`) as a subnet manager would cause it: the software fabric has
-    /// no SM, so tests and tools stand in for one. Other events are ignored (the engine
-    /// raises those itself).
+    /// `PortActive`, `PortErr`, `GidChange`) as a subnet manager (or an address change)
+    /// would cause it: the software fabric has no SM, so tests and tools stand in for one.
+    /// Other events are ignored (the engine raises those itself).
     pub fn raise_port_event(&mut self, ev: AsyncEvent) {
         if matches!(
             ev,
@@ -68,6 +123,7 @@ impl SoftVerbs {
                 | AsyncEvent::PkeyChange
                 | AsyncEvent::PortActive
                 | AsyncEvent::PortErr
+                | AsyncEvent::GidChange
         ) {
             self.dev.events.push_back(ev);
         }
@@ -144,6 +200,7 @@ impl Verbs for SoftVerbs {
     }
 
     fn alloc_pd(&mut self) -> Result<PdId, VerbsError> {
+        self.alive()?;
         Ok(self.dev.objects.alloc_pd())
     }
 
@@ -157,6 +214,7 @@ impl Verbs for SoftVerbs {
         buf_len: usize,
         count: usize,
     ) -> Result<PoolId, VerbsError> {
+        self.alive()?;
         self.dev.objects.create_pool(pd, buf_len, count)
     }
 
@@ -169,6 +227,7 @@ impl Verbs for SoftVerbs {
     }
 
     fn create_cq(&mut self, depth: u32) -> Result<CqId, VerbsError> {
+        self.alive()?;
         Ok(self.dev.objects.create_cq(depth))
     }
 
@@ -178,18 +237,24 @@ impl Verbs for SoftVerbs {
     }
 
     fn poll_cq(&mut self, cq: CqId, out: &mut Vec<Completion>, max: usize) -> usize {
+        if self.lost {
+            return 0;
+        }
         self.dev.objects.poll_cq(cq, out, max)
     }
 
     fn create_srq(&mut self, init: &SrqInit) -> Result<SrqId, VerbsError> {
+        self.alive()?;
         self.dev.objects.create_srq(init)
     }
 
     fn modify_srq(&mut self, srq: SrqId, limit: u32) -> Result<(), VerbsError> {
+        self.alive()?;
         self.dev.objects.modify_srq(srq, limit)
     }
 
     fn post_srq_recv(&mut self, srq: SrqId, wr_id: WrId, buf: BufId) -> Result<(), VerbsError> {
+        self.alive()?;
         self.dev.objects.post_srq_recv(srq, wr_id, buf)
     }
 
@@ -202,6 +267,7 @@ impl Verbs for SoftVerbs {
     }
 
     fn create_qp(&mut self, init: &QpInit) -> Result<QpNum, VerbsError> {
+        self.alive()?;
         self.dev.objects.check_qp_init(init)?;
         if self.qps.len() >= self.dev.cfg.max_qps {
             return Err(VerbsError::OutOfResources("QPs"));
@@ -224,6 +290,7 @@ impl Verbs for SoftVerbs {
     }
 
     fn modify_qp(&mut self, qpn: QpNum, attr: &QpAttr) -> Result<(), VerbsError> {
+        self.alive()?;
         let port_mtu = self.dev.cfg.port_mtu;
         let local_v4 = self.dev.cfg.local_ip.is_ipv4();
         let qp = self.qps.get_mut(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
@@ -288,6 +355,7 @@ impl Verbs for SoftVerbs {
     }
 
     fn post_send(&mut self, qpn: QpNum, wr: &SendWr) -> Result<(), VerbsError> {
+        self.alive()?;
         let port_mtu = self.dev.cfg.port_mtu.bytes();
         let qp = self.qps.get_mut(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
         if !matches!(qp.state, QpState::Rts | QpState::Sqd | QpState::Err) {
@@ -346,6 +414,7 @@ impl Verbs for SoftVerbs {
     }
 
     fn post_recv(&mut self, qpn: QpNum, wr_id: WrId, buf: BufId) -> Result<(), VerbsError> {
+        self.alive()?;
         let qp = self.qps.get_mut(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
         if qp.srq.is_some() {
             return Err(VerbsError::UsesSrq(qpn));
@@ -389,6 +458,7 @@ impl Verbs for SoftVerbs {
     }
 
     fn attach_mcast(&mut self, qpn: QpNum, mgid: Gid, _mlid: u16) -> Result<(), VerbsError> {
+        self.alive()?;
         let qp = self.qps.get(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
         if qp.qp_type != QpType::Ud || mgid.0[0] != 0xFF {
             return Err(VerbsError::InvalidWr(
@@ -400,6 +470,7 @@ impl Verbs for SoftVerbs {
     }
 
     fn detach_mcast(&mut self, qpn: QpNum, mgid: Gid) -> Result<(), VerbsError> {
+        self.alive()?;
         self.dev.mcast.detach(qpn, mgid)
     }
 

@@ -20,6 +20,10 @@ impl SoftVerbs {
     /// port, `dst` the IP address it was sent to.
     pub fn handle_datagram(&mut self, now: Instant, src: SocketAddr, dst: IpAddr, datagram: &[u8]) {
         self.dev.stats.rx_datagrams += 1;
+        if self.lost {
+            self.dev.stats.rx_device_lost += 1;
+            return;
+        }
         let check_icrc = match src.ip() {
             IpAddr::V4(_) => self.dev.cfg.verify_icrc_v4,
             IpAddr::V6(_) => true,

@@ -8,11 +8,28 @@ use crate::soft::sched::{timer_slots, TimerKind};
 impl SoftVerbs {
     /// The earliest instant [`SoftVerbs::handle_timeout`] has work to do.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.dev.sched.next_timeout()
+        if self.lost {
+            return None;
+        }
+        [self.dev.sched.next_timeout(), self.fatal_at]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Fires every timer due at `now`. Idempotent; spurious calls do nothing.
     pub fn handle_timeout(&mut self, now: Instant) {
+        if self.lost {
+            return;
+        }
+        if let Some(after) = self.faults.config().device_fatal_after {
+            let at = *self.fatal_at.get_or_insert(now + after);
+            if now >= at {
+                self.fatal_at = None;
+                self.fail_device();
+                return;
+            }
+        }
         while let Some((at, qpn, kind)) = self.dev.sched.pop_due(now) {
             let Some(qp) = self.qps.get_mut(qpn) else {
                 continue;

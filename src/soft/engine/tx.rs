@@ -21,6 +21,9 @@ impl SoftVerbs {
     /// keeps its contents; unchanged when `None`), so that a transport can build a train of
     /// datagrams in place.
     pub fn poll_transmit_append(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<SocketAddr> {
+        if self.lost {
+            return None;
+        }
         let start = buf.len();
         loop {
             if let Some((dst, d)) = self.dev.mcast.fanout.pop_front() {
