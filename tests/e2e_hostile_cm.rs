@@ -85,16 +85,8 @@ fn rogue(lab: &Lab, role: &str) -> std::process::Child {
 }
 
 /// The rogue's output, after it exits (killed, by its pid, if it outlives `limit`).
-fn rogue_output(mut child: std::process::Child, limit: Duration) -> String {
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        if let Ok(Some(_)) = child.try_wait() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = child.kill();
-    let out = child.wait_with_output().expect("rogue output");
+fn rogue_output(child: std::process::Child, limit: Duration) -> String {
+    let out = common::child::output_within(child, limit);
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 

@@ -92,16 +92,8 @@ impl Drop for Rogue {
 }
 
 /// Waits for the rogue at most `limit` (then kills it); its output, which must say it is done.
-fn finish(mut child: std::process::Child, limit: Duration) -> String {
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        if let Ok(Some(_)) = child.try_wait() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = child.kill();
-    let out = child.wait_with_output().expect("rogue output");
+fn finish(child: std::process::Child, limit: Duration) -> String {
+    let out = common::child::output_within(child, limit);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         text.contains("ROGUE DONE"),
