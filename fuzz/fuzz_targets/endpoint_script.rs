@@ -105,6 +105,7 @@ struct NodeSetup {
     no_last_wqe: bool,
     dup_last_wqe: bool,
     last_wqe_again: bool,
+    clean_cq_on_destroy: bool,
     loss: u8,
     dup: u8,
     reorder: u8,
@@ -245,6 +246,7 @@ impl Net {
                 no_last_wqe: ns.no_last_wqe,
                 dup_last_wqe: ns.dup_last_wqe,
                 last_wqe_again: ns.last_wqe_again,
+                clean_cq_on_destroy: ns.clean_cq_on_destroy,
             };
             c.faults = FaultConfig {
                 loss_pct: f64::from(ns.loss % 21),
@@ -252,6 +254,7 @@ impl Net {
                 reorder_pct: f64::from(ns.reorder % 21),
                 corrupt_pct: f64::from(ns.corrupt % 21),
                 seed: u64::from(ns.fault_seed) + 1,
+                device_fatal_after: None,
             };
         });
         let mut net = Self {
