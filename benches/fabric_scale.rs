@@ -150,17 +150,19 @@ struct Sim {
 /// How the hub of a [`Sim`] is configured.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Hub {
-    /// Sized for the run (`max_conn_qp` and `max_pending_rx` above the client count), and
-    /// every client has the hub as a static neighbour: the handshake alone is measured.
-    Sized,
+    /// Sized for the run (`max_conn_qp` and `max_pending_rx` above the client count, a spare
+    /// receive buffer for each of the `burst` first packets that arrive together), and every
+    /// client has the hub as a static neighbour: the handshake alone is measured.
+    Sized { burst: usize },
     /// The daemon's defaults; clients resolve the hub by ARP (their broadcast group reaches
     /// the hub alone), so the hub learns every client as a neighbour, as in a cluster.
     Defaults,
 }
 
 impl Sim {
-    fn new(clients: usize) -> Self {
-        Self::with_hub(clients, Hub::Sized)
+    /// A hub sized for `clients`, whose first packets arrive `burst` at a time.
+    fn new(clients: usize, burst: usize) -> Self {
+        Self::with_hub(clients, Hub::Sized { burst })
     }
 
     fn with_hub(clients: usize, hub_kind: Hub) -> Self {
@@ -194,12 +196,21 @@ impl Sim {
                 // half-open one, which then fails. The figure is the hub's set-up rate, so the
                 // cap is the burst.
                 c.max_pending_rx = clients;
+                // A burst's first packets complete in one turn, before the TUN device takes
+                // any: a spare buffer for each, or the hub drops those beyond `rx_spare`
+                // (`rx_buffer_drops`, as it should under overload) and the set-up never ends.
+                if let Hub::Sized { burst } = hub_kind {
+                    c.rx_spare = c
+                        .rx_spare
+                        .max(u32::try_from(burst).expect("burst fits u32"));
+                }
             } else {
                 c.max_conn_qp = 2;
                 c.srq_depth = 2;
+                c.rx_spare = 2;
                 c.tx_depth = 2;
                 c.ud_depth = 2;
-                if let (Hub::Sized, Some(hw)) = (hub_kind, hub_hw) {
+                if let (Hub::Sized { .. }, Some(hw)) = (hub_kind, hub_hw) {
                     c.static_neighbours = vec![(IpAddr::V4(overlay(0)), hw)];
                 }
             }
@@ -571,7 +582,7 @@ fn main() {
     let reap_n = env_n("FABRIC_REAP_N", 10_000);
 
     let t = Instant::now();
-    let mut sim = Sim::new(setup_n);
+    let mut sim = Sim::new(setup_n, setup_n);
     println!(
         "{setup_n} clients + hub created in {:.3} s",
         t.elapsed().as_secs_f64()
@@ -580,13 +591,13 @@ fn main() {
     report_setup("burst", setup_n, &s);
     drop(sim);
 
-    let mut sim = Sim::new(setup_n);
+    let mut sim = Sim::new(setup_n, PACED_BATCH);
     let sp = setup(&mut sim, setup_n, PACED_BATCH);
     report_setup("paced", setup_n, &sp);
     drop(sim);
 
     let t = Instant::now();
-    let mut sim = Sim::new(reap_n);
+    let mut sim = Sim::new(reap_n, PACED_BATCH);
     println!(
         "{reap_n} clients + hub created in {:.3} s",
         t.elapsed().as_secs_f64()
