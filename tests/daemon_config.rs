@@ -1276,13 +1276,19 @@ fn only_a_regular_file_of_bounded_size_is_read() {
 #[test]
 fn srq_depth_rx_spare_and_tx_retries_reach_the_endpoint() {
     let c = ok(
-        "bind = \"10.0.0.1\"\nsrq_depth = 1024\nrx_spare = 0",
+        "bind = \"10.0.0.1\"\nsrq_depth = 1024\nrx_spare = 1",
         &["--tx-rnr-retry", "0", "--tx-retry-count", "0"],
     );
     let e = c.endpoint_config(PathMtu::Mtu1024, 0);
     assert_eq!(
         (e.srq_depth, e.rx_spare, e.tx_rnr_retry, e.tx_retry_count),
-        (1024, 0, 0, 0)
+        (1024, 1, 0, 0)
+    );
+    // Without a spare no received packet could go up: each would wait for a buffer that only
+    // its own delivery frees.
+    assert_eq!(
+        file_err("bind = \"10.0.0.1\"\nrx_spare = 0", &[]),
+        "config: rx_spare: must be between 1 and 65536 (got 0)"
     );
     let d = ok("bind = \"10.0.0.1\"", &[]).endpoint_config(PathMtu::Mtu1024, 0);
     assert_eq!(
