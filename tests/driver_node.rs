@@ -170,6 +170,7 @@ fn node_child() {
         mad_udp: SocketAddr::new(bind, DEFAULT_MAD_PORT),
         rdma_cm_bind: bind,
         link_layer: ipoib_cm::cm::LinkLayer::Ethernet,
+        tun_write_rate: None,
     };
 
     let mut poll = Poll::new().expect("poll");

@@ -348,6 +348,7 @@ fn run<P: DaemonProvider>(
         } else {
             crate::cm::LinkLayer::Ethernet
         },
+        tun_write_rate: cfg.fault_tun_rate.and_then(std::num::NonZeroU32::new),
     };
     let mut node = match mad {
         Some(mad) => {

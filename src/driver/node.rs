@@ -9,12 +9,13 @@ pub use recovery::{
 };
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::num::NonZeroU32;
 use std::time::Instant;
 
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 
-use super::tun::{read_tun, write_tun, TunRead, TunStats};
+use super::tun::{read_tun, write_tun, TunRead, TunStats, TunThrottle};
 use super::{KcmStats, KernelCmDriver, ProviderSources, SaDriver};
 use crate::cm::LinkLayer;
 use crate::ipoib::{Endpoint, EndpointConfig, KernelCmConfig, EVENT_QUEUE_CAP};
@@ -58,6 +59,9 @@ pub struct NodeConfig {
     /// The link layer of the provider's port (what the kernel's CM does differs on
     /// InfiniBand, [`KernelCmConfig::link`]).
     pub link_layer: LinkLayer,
+    /// Test fault: the TUN device takes at most this many packets a second, the rest wait
+    /// in the endpoint's queue (`--fault-tun-rate`); `None`: as fast as it takes them.
+    pub tun_write_rate: Option<NonZeroU32>,
 }
 
 /// The ids of the kernel's CM an endpoint may hold at once: two per connection its tables
@@ -183,6 +187,8 @@ pub struct Node<P: Provider> {
     tun_more: bool,
     /// Packets written to the TUN device, and those it refused.
     tun_stats: TunStats,
+    /// [`NodeConfig::tun_write_rate`].
+    tun_throttle: Option<TunThrottle>,
     /// Where a TUN packet is read while shutting down with no send buffer free.
     drain_buf: Vec<u8>,
     /// Set by [`Node::begin_shutdown`]: when the drain gives up.
@@ -336,6 +342,7 @@ impl<P: Provider> Node<P> {
             event_log: EventLog::default(),
             tun_more: false,
             tun_stats: TunStats::default(),
+            tun_throttle: cfg.tun_write_rate.map(|r| TunThrottle::new(now, r)),
             drain_buf: vec![0; DRAIN_READ_BYTES],
             stop_deadline: None,
             interface_removed: false,
@@ -446,6 +453,9 @@ impl<P: Provider> Node<P> {
             self.stop_deadline,
             self.sa.as_ref().and_then(SaDriver::poll_timeout),
             self.event_log.poll_timeout(),
+            self.tun_throttle
+                .filter(|_| self.ep.has_tun_packets())
+                .map(|t| t.next_at()),
         ]
         .into_iter()
         .flatten()
@@ -492,7 +502,7 @@ impl<P: Provider> Node<P> {
             return Ok(());
         }
         self.send_mads(now);
-        self.write_tun();
+        self.write_tun(now);
         if (self.tun_ready || self.tun_more) && !self.interface_removed {
             self.read_tun(now)?;
         }
@@ -500,7 +510,7 @@ impl<P: Provider> Node<P> {
         self.send_mads(now);
         // After the TUN reads: a send-only join asked for by a packet leaves this turn.
         self.pump_sa(now);
-        self.write_tun();
+        self.write_tun(now);
         self.log_events(now);
         Ok(())
     }
@@ -750,13 +760,22 @@ impl<P: Provider> Node<P> {
 
     /// Writes what the endpoint delivered to the TUN device; a write may bring a local reply,
     /// so the TUN device is read again after any.
-    fn write_tun(&mut self) {
-        if write_tun(
+    fn write_tun(&mut self, now: Instant) {
+        let max = self
+            .tun_throttle
+            .as_mut()
+            .map_or(usize::MAX, |t| t.budget(now));
+        let (taken, wrote) = write_tun(
             &self.tun,
             &mut self.ep,
             self.prov.verbs(),
+            max,
             &mut self.tun_stats,
-        ) {
+        );
+        if let Some(t) = &mut self.tun_throttle {
+            t.spend(taken);
+        }
+        if wrote {
             self.tun_ready = true;
         }
     }

@@ -1,7 +1,8 @@
 //! The TUN side of a turn: packets between the TUN device and the endpoint's buffers.
 
 use std::io;
-use std::time::Instant;
+use std::num::NonZeroU32;
+use std::time::{Duration, Instant};
 
 use crate::ipoib::{Endpoint, TUN_BUFFER_OFFSET};
 use crate::sys::tun::Tun;
@@ -76,15 +77,17 @@ pub struct TunStats {
 }
 
 /// Writes the packets the endpoint delivered to the TUN device (straight from their receive
-/// buffers), counting them in `stats`; returns whether it wrote any.
+/// buffers), at most `max` of them, counting them in `stats`; returns how many it took from
+/// the endpoint and whether it wrote any.
 pub(super) fn write_tun<V: Verbs>(
     tun: &Tun,
     ep: &mut Endpoint,
     v: &mut V,
+    max: usize,
     stats: &mut TunStats,
-) -> bool {
+) -> (usize, bool) {
     let mut wrote = false;
-    ep.drain_tun(v, |p| match tun.send(p) {
+    let taken = ep.drain_tun_at_most(v, max, |p| match tun.send(p) {
         Ok(true) => {
             wrote = true;
             stats.written += 1;
@@ -96,5 +99,54 @@ pub(super) fn write_tun<V: Verbs>(
             tracing::debug!(error = %e, "TUN write failed");
         }
     });
-    wrote
+    (taken, wrote)
+}
+
+/// A TUN device that takes at most `rate` packets a second (`--fault-tun-rate`, a test
+/// fault): a host slower than the fabric. The packets beyond it wait in the endpoint's queue,
+/// the RC ones in their receive buffers, as they would behind a busy host.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct TunThrottle {
+    rate: NonZeroU32,
+    /// Packets that may be written now: at most [`TunThrottle::BURST`] worth of the rate.
+    allowance: f64,
+    /// When `allowance` was last brought up to date.
+    at: Instant,
+}
+
+impl TunThrottle {
+    /// The most the allowance saves up while the queue is empty.
+    const BURST: Duration = Duration::from_millis(10);
+
+    pub(super) fn new(now: Instant, rate: NonZeroU32) -> Self {
+        Self {
+            rate,
+            allowance: 1.0,
+            at: now,
+        }
+    }
+
+    fn rate(&self) -> f64 {
+        f64::from(self.rate.get())
+    }
+
+    /// How many packets may be written at `now`.
+    pub(super) fn budget(&mut self, now: Instant) -> usize {
+        let earned = now.saturating_duration_since(self.at).as_secs_f64() * self.rate();
+        let most = (Self::BURST.as_secs_f64() * self.rate()).max(1.0);
+        self.allowance = (self.allowance + earned).min(most);
+        self.at = now;
+        self.allowance.max(0.0) as usize
+    }
+
+    /// `n` packets of the last [`budget`](Self::budget) were written.
+    pub(super) fn spend(&mut self, n: usize) {
+        self.allowance -= n as f64;
+    }
+
+    /// When the next packet may be written.
+    pub(super) fn next_at(&self) -> Instant {
+        let short = (1.0 - self.allowance).max(0.0);
+        self.at + Duration::from_secs_f64(short / self.rate())
+    }
 }

@@ -105,8 +105,22 @@ impl Endpoint {
     /// every turn after [`handle_verbs`](Self::handle_verbs) and
     /// [`handle_timeout`](Self::handle_timeout): until then the buffers stay out of the
     /// receive queue.
-    pub fn drain_tun<V: Verbs>(&mut self, v: &mut V, mut write: impl FnMut(&[u8])) {
-        while let Some(item) = self.tun.pop() {
+    pub fn drain_tun<V: Verbs>(&mut self, v: &mut V, write: impl FnMut(&[u8])) {
+        self.drain_tun_at_most(v, usize::MAX, write);
+    }
+
+    /// [`drain_tun`](Self::drain_tun) for at most `max` packets; the rest wait, in their
+    /// receive buffers, for a later call. Returns how many it handed to `write`.
+    pub fn drain_tun_at_most<V: Verbs>(
+        &mut self,
+        v: &mut V,
+        max: usize,
+        mut write: impl FnMut(&[u8]),
+    ) -> usize {
+        let mut n = 0;
+        while n < max {
+            let Some(item) = self.tun.pop() else { break };
+            n += 1;
             match item {
                 TunPacket::Owned(p) => {
                     write(&p);
@@ -120,6 +134,13 @@ impl Endpoint {
                 }
             }
         }
+        n
+    }
+
+    /// True while packets wait for the TUN device.
+    #[must_use]
+    pub fn has_tun_packets(&self) -> bool {
+        !self.tun.out.is_empty()
     }
 
     /// Gives a buffer from [`poll_tun`](Self::poll_tun) back once written, for the next

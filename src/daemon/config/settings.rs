@@ -19,7 +19,7 @@ use super::rules::{duration, int, list, switch, value, Computed, RuleExt};
 use super::types::{
     endpoint_defaults, Cidr, ProviderKind, Quirk, DEFAULT_UDP_PORT, MAX_BUSY_POLL, MAX_MAX_CONN_QP,
     MAX_MAX_PENDING_RX, MAX_NEIGH_MAX, MAX_PEERS, MAX_RX_SPARE, MAX_STATIC_NEIGHBOURS,
-    MAX_TX_QUEUE_LEN, MIN_NEIGH_TIMEOUT, MIN_RX_TIMEOUT, QP_TIMEOUT_RANGE,
+    MAX_TUN_RATE, MAX_TX_QUEUE_LEN, MIN_NEIGH_TIMEOUT, MIN_RX_TIMEOUT, QP_TIMEOUT_RANGE,
 };
 use crate::daemon::logging::LogFormat;
 use crate::ipoib::{Mode, QpBudgetPolicy, SourceCheck};
@@ -359,6 +359,12 @@ with_fault_fields!(settings! {
     #[serde(default)]
     pub quirk: Vec<Given<Quirk>> [Shown::example("[\"drain-never\"]")]
         => quirks: Quirks = Computed(checks::quirks(&s.quirk)),
+    /// The TUN device takes at most this many packets a second, 1 to 10,000,000; the rest wait
+    /// for it in their receive buffers, as behind a host slower than the fabric (any
+    /// provider) [default: as fast as it takes them].
+    #[arg(long, value_name = "PPS", allow_negative_numbers = true, help_heading = TEST_HELP_HEADING)]
+    pub fault_tun_rate: Option<Given<i64>> [Shown::example("1000")]
+        => fault_tun_rate: Option<u32> = int(1..=MAX_TUN_RATE),
 });
 
 /// The configuration file and the command line a [`Config`] was resolved from: a reload

@@ -40,6 +40,8 @@ pub const MAX_NEIGH_MAX: u32 = 1 << 20;
 pub const MAX_MAX_CONN_QP: u32 = 65536;
 /// Largest accepted `rx_spare`.
 pub const MAX_RX_SPARE: u32 = 65536;
+/// Largest accepted `fault_tun_rate` (packets a second).
+pub const MAX_TUN_RATE: u32 = 10_000_000;
 /// Largest accepted `max_pending_rx`.
 pub const MAX_MAX_PENDING_RX: u32 = 4096;
 /// Largest accepted per-neighbour queue.
