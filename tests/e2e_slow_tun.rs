@@ -54,14 +54,16 @@ fn a_linux_like_sender_keeps_its_connection_to_a_host_that_cannot_keep_up() {
         lab.counter(1, "tx_stalled"),
     );
     let written = lab.provider_counter(2, "tun_written");
+    let rnr_naks = lab.provider_counter(2, "tx_rnr_naks");
     println!(
         "slow TUN ({TUN_RATE} packets/s, SRQ 256 + 16 spares): iperf3 sent {sent} UDP packets, \
          lost {lost}; node 2 rx_buffer_drops {drops}, srq_refills {refills}, TUN written \
-         {written}; node 1 tx_established {established}, tx_failed {failed}, tx_stalled \
+         {written}, RNR NAKs sent {rnr_naks}; node 1 tx_established {established}, tx_failed {failed}, tx_stalled \
          {stalled}"
     );
     assert!(sent > 0, "iperf3 sent nothing: {report}");
     assert!(drops > 0, "node 2 dropped nothing: the TUN device kept up");
+    assert_eq!(rnr_naks, 0, "node 2 RNR-NAKed its sender");
     assert_eq!(
         (established, failed, stalled),
         (1, 0, 0),
