@@ -94,6 +94,11 @@ pub enum KcmCommand {
         qpn: QpNum,
         /// `ipoib_cm_data` (after the kernel's `cma_hdr`, or alone for `AF_IB`).
         private_data: Vec<u8>,
+        /// The REQ's transport retries ([`ConnectParams::retry_count`]).
+        retry_count: u8,
+        /// The REQ's RNR retries ([`ConnectParams::rnr_retry_count`]): the passive side echoes
+        /// them in its REP for our QP, as Linux's `ipoib_cm` does.
+        rnr_retry_count: u8,
     },
     /// Send the REP of a request for our QP `qpn` (already in RTS).
     Accept {
@@ -105,6 +110,8 @@ pub enum KcmCommand {
         srq: bool,
         /// `ipoib_cm_data` (at the start of the REP).
         private_data: Vec<u8>,
+        /// The REP's RNR retries, the sender's QP's ([`AcceptParams::rnr_retry_count`]).
+        rnr_retry_count: u8,
     },
     /// Reject a request (or a response) and destroy the id.
     Reject {
@@ -325,6 +332,8 @@ impl KernelCm {
             target: KcmTarget::choose(self.link, self.service_id, p.service_id, self.pkey),
             qpn: p.local_qpn,
             private_data: p.private_data,
+            retry_count: p.retry_count,
+            rnr_retry_count: p.rnr_retry_count,
         });
         Ok(id)
     }
@@ -349,6 +358,7 @@ impl KernelCm {
             qpn: p.local_qpn,
             srq: p.srq,
             private_data: p.private_data,
+            rnr_retry_count: p.rnr_retry_count,
         });
         Ok(())
     }

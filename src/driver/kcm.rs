@@ -44,11 +44,24 @@ const BACKLOG: i32 = 64;
 #[derive(Debug)]
 enum Stage {
     /// `rdma_resolve_addr` issued.
-    Addr { qpn: QpNum, private_data: Vec<u8> },
+    Addr(Request),
     /// `rdma_resolve_route` issued.
-    Route { qpn: QpNum, private_data: Vec<u8> },
+    Route(Request),
     /// REQ sent or received: the kernel's CM runs it.
     Cm,
+}
+
+/// What our REQ carries, kept while the address and the route resolve.
+#[derive(Debug)]
+struct Request {
+    /// Our QP.
+    qpn: QpNum,
+    /// `ipoib_cm_data`.
+    private_data: Vec<u8>,
+    /// Transport retries, as the endpoint asked ([`KcmCommand::Connect`]).
+    retry_count: u8,
+    /// RNR retries; the peer's REP echoes them for our QP, as Linux's does.
+    rnr_retry_count: u8,
 }
 
 #[derive(Debug)]
@@ -71,7 +84,7 @@ pub struct KernelCmDriver {
     by_id: HashMap<RdmaCmId, CommId>,
     next_passive: u32,
     resolving: usize,
-    waiting: VecDeque<(CommId, Gid, KcmTarget, QpNum, Vec<u8>)>,
+    waiting: VecDeque<(CommId, Gid, KcmTarget, Request)>,
     max_ids: usize,
     stats: KcmStats,
     /// The last turn stopped at [`EVENTS_PER_TURN`], or fed inputs the endpoint has not
@@ -165,7 +178,7 @@ impl KernelCmDriver {
         let Some(s) = self.slots.remove(&comm) else {
             return;
         };
-        if matches!(s.stage, Stage::Addr { .. } | Stage::Route { .. }) {
+        if matches!(s.stage, Stage::Addr(_) | Stage::Route(_)) {
             self.resolving = self.resolving.saturating_sub(1);
         }
         self.by_id.remove(&s.id);
@@ -193,28 +206,39 @@ impl KernelCmDriver {
                 target,
                 qpn,
                 private_data,
+                retry_count,
+                rnr_retry_count,
                 ..
             } => {
+                let req = Request {
+                    qpn,
+                    private_data,
+                    retry_count,
+                    rnr_retry_count,
+                };
                 if self.resolving >= MAX_RESOLVING {
                     if self.waiting.len() >= self.max_ids {
                         self.feed(now, ep, KcmInput::Unreachable { id: comm });
                         return;
                     }
                     self.stats.connects_queued += 1;
-                    self.waiting
-                        .push_back((comm, peer, target, qpn, private_data));
+                    self.waiting.push_back((comm, peer, target, req));
                     return;
                 }
-                self.start_connect(now, ep, comm, (peer, target), qpn, private_data);
+                self.start_connect(now, ep, comm, (peer, target), req);
             }
             KcmCommand::Accept {
                 qpn,
                 srq,
                 private_data,
+                rnr_retry_count,
                 ..
             } => {
                 let Some(id) = self.id_of(comm) else { return };
-                let p = conn_param(qpn, srq, &private_data);
+                let p = ConnParam {
+                    rnr_retry_count,
+                    ..conn_param(qpn, srq, &private_data)
+                };
                 if let Err(e) = self.cm.accept(id, &p) {
                     self.fail(now, ep, comm, &e);
                 }
@@ -266,10 +290,10 @@ impl KernelCmDriver {
     /// Starts the connects that waited for a resolution slot.
     fn start_waiting(&mut self, now: Instant, ep: &mut Endpoint) {
         while self.resolving < MAX_RESOLVING {
-            let Some((comm, peer, target, qpn, pd)) = self.waiting.pop_front() else {
+            let Some((comm, peer, target, req)) = self.waiting.pop_front() else {
                 break;
             };
-            self.start_connect(now, ep, comm, (peer, target), qpn, pd);
+            self.start_connect(now, ep, comm, (peer, target), req);
         }
     }
 
@@ -282,8 +306,7 @@ impl KernelCmDriver {
         ep: &mut Endpoint,
         comm: CommId,
         (peer, target): (Gid, KcmTarget),
-        qpn: QpNum,
-        private_data: Vec<u8>,
+        req: Request,
     ) {
         let id = match self.cm.create_id(PortSpace::Ib) {
             Ok(id) => id,
@@ -298,7 +321,7 @@ impl KernelCmDriver {
             comm,
             Slot {
                 id,
-                stage: Stage::Addr { qpn, private_data },
+                stage: Stage::Addr(req),
                 disconnected: false,
             },
         );
@@ -362,10 +385,8 @@ impl KernelCmDriver {
                 let Some(s) = self.slots.get_mut(&comm) else {
                     return;
                 };
-                if let Stage::Addr { qpn, private_data } =
-                    std::mem::replace(&mut s.stage, Stage::Cm)
-                {
-                    s.stage = Stage::Route { qpn, private_data };
+                if let Stage::Addr(req) = std::mem::replace(&mut s.stage, Stage::Cm) {
+                    s.stage = Stage::Route(req);
                     if let Err(err) = self.cm.resolve_route(e.id, RESOLVE_TIMEOUT) {
                         self.fail(now, ep, comm, &err);
                     }
@@ -375,11 +396,13 @@ impl KernelCmDriver {
                 let Some(s) = self.slots.get_mut(&comm) else {
                     return;
                 };
-                if let Stage::Route { qpn, private_data } =
-                    std::mem::replace(&mut s.stage, Stage::Cm)
-                {
+                if let Stage::Route(req) = std::mem::replace(&mut s.stage, Stage::Cm) {
                     self.resolving = self.resolving.saturating_sub(1);
-                    let p = conn_param(qpn, false, &private_data);
+                    let p = ConnParam {
+                        retry_count: req.retry_count,
+                        rnr_retry_count: req.rnr_retry_count,
+                        ..conn_param(req.qpn, false, &req.private_data)
+                    };
                     if let Err(err) = self.cm.connect(e.id, &p) {
                         self.fail(now, ep, comm, &err);
                     }

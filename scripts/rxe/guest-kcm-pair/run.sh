@@ -6,8 +6,11 @@
 # the --bind addresses), so that pings cross the IPoIB link instead of the local table. Static
 # neighbours both ways (ARP and ND between two rxe devices of one netns are not what this
 # checks). Then: ping IPv4 and IPv6, iperf3, B SIGKILLed (the kernel destroys its ids: A gets
-# the DREQ and reaps its RX QP), B restarted (new QPNs, A re-pointed), ping again, orderly
-# stops, and no rdma_cm id left.
+# the DREQ and reaps its RX QP), B restarted (new QPNs, A re-pointed), ping again; a host
+# that cannot keep up: B's TUN device takes 2,000 packets a second (--fault-tun-rate), A sends
+# as Linux's ipoib_cm does (rnr_retry 0, retry 0: the first RNR NAK fails its QP), UDP at
+# several times that rate: B drops and counts (rx_buffer_drops), rxe1 sends no RNR NAK and A's
+# one connection lives; orderly stops, and no rdma_cm id left.
 . /lib/rxelab.sh
 [ "$NRXE" = 2 ] || { res kcm_pair FAIL "needs two rxe devices (--net none)"; exit 1; }
 B=/extra/ipoib-cm
@@ -17,14 +20,15 @@ el() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN {printf "%.1f", b - a}'; }
 ip netns add na && ip netns add nb || { res kcm_pair_netns FAIL; exit 1; }
 ip -n na link set lo up; ip -n nb link set lo up
 
-# up NAME DEV BIND IF N: daemon NAME on DEV, its TUN IF moved into netns nNAME with
-# 10.77.0.N and fd77::N; sets PID_NAME and HW_NAME.
+# up NAME DEV BIND IF N [ARGS...]: daemon NAME on DEV (with ARGS), its TUN IF moved into
+# netns nNAME with 10.77.0.N and fd77::N; sets PID_NAME and HW_NAME.
 up() {
   local name=$1 dev=$2 bind=$3 ifn=$4 n=$5 sock=/tmp/$1.sock hw= i=0
+  shift 5
   rm -f $sock
   $B up --provider verbs --ib-dev "$dev" --bind "$bind" --cm-transport rdmacm --ifname "$ifn" \
     --addr 10.77.0.$n/24 --addr fd77::$n/64 --control-socket $sock --drain-timeout 5s \
-    --log info >> /tmp/$name.log 2>&1 &
+    --log info "$@" >> /tmp/$name.log 2>&1 &
   eval "PID_$name=$!"
   while [ $i -lt 100 ]; do
     hw=$($B status --control-socket $sock --json 2>/dev/null | grep -o '"hwaddr": *"[^"]*"' | head -1 | sed 's/.*"\([^"]*\)"$/\1/')
@@ -113,6 +117,39 @@ while [ $i -lt 20 ]; do
   i=$((i + 1))
 done
 res kcm_pair_ping4_after_restart "$ok $(el "$t1")s"
+
+# A host that cannot keep up, next to a sender configured as Linux's.
+hwc() { cat /sys/class/infiniband/"$1"/ports/1/hw_counters/$2 2>/dev/null || echo 0; }
+if [ -x /extra/iperf3 ]; then
+  kill -TERM $PID_a $PID_b; wait $PID_a; wait $PID_b
+  t1=$(uptime_s)
+  if up a "$RXE0" "$IP0" iba 1 --tx-rnr-retry 0 --tx-retry-count 0 &&
+     up b "$RXE1" "$IP1" ibb 2 --rx-spare 16 --fault-tun-rate 2000 &&
+     neigh a 2 "$HW_b" && neigh b 1 "$HW_a" &&
+     ip netns exec na ping -c 3 -i 0.2 -W 2 10.77.0.2 > /dev/null 2>&1; then
+    ok=PASS
+  else
+    ok=FAIL
+  fi
+  res kcm_pair_slow_up "$ok $(el "$t1")s"
+  nak0=$(hwc "$RXE1" send_rnr_err); exc0=$(hwc "$RXE0" retry_rnr_exceeded_err)
+  ip netns exec nb /extra/iperf3 -s -1 -B 10.77.0.2 > /tmp/iperf-s 2>&1 &
+  sleep 1
+  ip netns exec na timeout 40 /extra/iperf3 -c 10.77.0.2 -u -b 100M -l 1200 -t 5 -f m \
+    > /tmp/iperf-u 2>&1
+  grep -E "sender|receiver|error" /tmp/iperf-u
+  sa=$(st a); sb=$(st b)
+  nak=$(( $(hwc "$RXE1" send_rnr_err) - nak0 ))
+  exc=$(( $(hwc "$RXE0" retry_rnr_exceeded_err) - exc0 ))
+  est=$(num "$sa" tx_established); fail=$(num "$sa" tx_failed)
+  drops=$(num "$sb" rx_buffer_drops); wrote=$(num "$sb" tun_written)
+  echo "PERF kcm_pair_slow_tun: rx_buffer_drops=$drops tun_written=$wrote rxe1 RNR NAKs sent +$nak, rxe0 retry_rnr_exceeded_err +$exc, a: tx_established=$est tx_failed=$fail"
+  [ "${drops:-0}" -gt 0 ] && [ "$nak" -eq 0 ] && [ "$exc" -eq 0 ] && [ "$est" = 1 ] &&
+    [ "$fail" = 0 ] && ok=PASS || ok=FAIL
+  res kcm_pair_slow_tun_no_rnr "$ok drops=$drops rnr_naks=$nak a: established=$est failed=$fail"
+  ip netns exec na ping -c 3 -i 0.2 -W 2 10.77.0.2 > /dev/null 2>&1 && ok=PASS || ok=FAIL
+  res kcm_pair_slow_tun_ping_after "$ok"
+fi
 
 t1=$(uptime_s)
 kill -TERM $PID_a $PID_b

@@ -32,6 +32,9 @@ struct FakeKernel {
     rejects: HashMap<usize, u16>,
     /// The target of every connect, by node.
     targets: Vec<(usize, KcmTarget)>,
+    /// The retry counts of every REQ (node, transport, RNR) and REP (node, RNR).
+    req_retries: Vec<(usize, u8, u8)>,
+    rep_rnr_retries: Vec<(usize, u8)>,
 }
 
 fn gid(n: &mut Net, i: usize) -> Gid {
@@ -85,9 +88,12 @@ impl FakeKernel {
                 target,
                 qpn,
                 private_data,
+                retry_count,
+                rnr_retry_count,
                 ..
             } => {
                 self.targets.push((node, target));
+                self.req_retries.push((node, retry_count, rnr_retry_count));
                 let Some(b) = Self::node_of(n, peer) else {
                     self.feed(n, node, KcmInput::Unreachable { id });
                     return;
@@ -107,7 +113,11 @@ impl FakeKernel {
                 };
                 self.links.push(link);
                 let ga = gid(n, node);
-                let m = moves(ga, qpn, link.passive_psn, link.active_psn);
+                let mut m = moves(ga, qpn, link.passive_psn, link.active_psn);
+                // The passive side's attributes carry the REQ's retry counts
+                // (`cm_req_handler`), which is how the endpoint learns them.
+                m.rts.retry_cnt = Some(retry_count);
+                m.rts.rnr_retry = Some(rnr_retry_count);
                 self.feed(
                     n,
                     b,
@@ -121,13 +131,19 @@ impl FakeKernel {
                 );
             }
             KcmCommand::Accept {
-                qpn, private_data, ..
+                qpn,
+                private_data,
+                rnr_retry_count,
+                ..
             } => {
+                self.rep_rnr_retries.push((node, rnr_retry_count));
                 let Some((_, l)) = self.link_of(node, id) else {
                     return;
                 };
                 let gb = gid(n, node);
-                let m = moves(gb, qpn, l.active_psn, l.passive_psn);
+                let mut m = moves(gb, qpn, l.active_psn, l.passive_psn);
+                // The active side's QP retries RNR NAKs as the REP says (`cm_rep_handler`).
+                m.rts.rnr_retry = Some(rnr_retry_count);
                 let _ = l.active_qpn;
                 self.feed(
                     n,
@@ -433,4 +449,25 @@ fn a_device_removal_reaps_both_sides() {
         "{:?}",
         k.log
     );
+}
+
+/// A sender configured as Linux's (`ipoib_cm_send_req`: `retry_count` 0, `rnr_retry_count` 0).
+fn linux_sender(i: usize, c: &mut EndpointConfig) {
+    kernel_cm(i, c);
+    if i == 0 {
+        c.tx_retry_count = 0;
+        c.tx_rnr_retry = 0;
+    }
+}
+
+#[test]
+fn the_req_carries_the_senders_retries_and_the_rep_echoes_its_rnr_retries() {
+    let (_n, k) = connected_with(linux_sender);
+    // Node 0's REQ says what it was configured with; node 1's REP gives the same RNR retries
+    // back for node 0's QP, as Linux's `ipoib_cm_send_rep` does.
+    assert_eq!(k.req_retries, vec![(0, 0, 0)], "{:?}", k.log);
+    assert_eq!(k.rep_rnr_retries, vec![(1, 0)], "{:?}", k.log);
+    let (_n, k) = connected();
+    assert_eq!(k.req_retries, vec![(0, 7, 7)], "{:?}", k.log);
+    assert_eq!(k.rep_rnr_retries, vec![(1, 7)], "{:?}", k.log);
 }
