@@ -70,6 +70,13 @@ fn a_linux_like_sender_keeps_its_connection_to_a_host_that_cannot_keep_up() {
         "node 1's connection was torn down\n{}",
         lab.log(1)
     );
+    // The operator reads that the host fell behind, not that peers sent bad input.
+    let log = lab.log(2);
+    assert!(
+        log.contains("dropped: the host did not keep up kind=rx_buffer_drops")
+            && !log.contains("bad input dropped kind=rx_buffer_drops"),
+        "{log}"
+    );
     // The connection still carries traffic once the flood is over.
     lab.ping_ok(1, "198.19.0.2", &[]);
 }

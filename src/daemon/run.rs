@@ -604,20 +604,23 @@ fn log_stop(s: &Status) {
     tracing::info!("stopped {line}");
 }
 
-/// Warns of the drop counters of bad input that grew, each at most once per
-/// [`FLOOD_WARN_INTERVAL`](super::floods::FLOOD_WARN_INTERVAL).
+/// The receive drop counters that count what the host could not take (the TUN device
+/// refusing packets, no spare receive buffer while packets waited for it), not bad input.
+const HOST_BEHIND_DROPS: [&str; 2] = ["tun_write_drops", "rx_buffer_drops"];
+
+/// Warns of the receive drop counters that grew, each at most once per
+/// [`FLOOD_WARN_INTERVAL`](super::floods::FLOOD_WARN_INTERVAL): bad input, or a host that
+/// did not keep up ([`HOST_BEHIND_DROPS`]).
 fn warn_floods(floods: &mut FloodWarnings, s: &Status, now: Instant) {
-    let bad_input = s
-        .summary
-        .drops
-        .rx
-        .iter()
-        // The TUN device refusing packets is the host's doing, not bad input.
-        .filter(|(k, _)| k.as_str() != "tun_write_drops")
-        .map(|(k, v)| (k.as_str(), *v));
-    for (kind, count) in floods.observe(now, bad_input) {
+    let drops = s.summary.drops.rx.iter().map(|(k, v)| (k.as_str(), *v));
+    for (kind, count) in floods.observe(now, drops) {
+        let what = if HOST_BEHIND_DROPS.contains(&kind.as_str()) {
+            "dropped: the host did not keep up"
+        } else {
+            "bad input dropped"
+        };
         tracing::warn!(
-            "bad input dropped kind={kind} count={count} (one line per kind per {}s at most)",
+            "{what} kind={kind} count={count} (one line per kind per {}s at most)",
             FLOOD_WARN_INTERVAL.as_secs()
         );
     }

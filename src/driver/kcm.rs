@@ -90,6 +90,9 @@ pub struct KernelCmDriver {
     /// The last turn stopped at [`EVENTS_PER_TURN`], or fed inputs the endpoint has not
     /// seen: the next turn comes at once.
     more: bool,
+    /// The listener got `RDMA_CM_EVENT_DEVICE_REMOVAL`: the device is going away, and the
+    /// kernel waits for every id on it to be destroyed.
+    device_removed: bool,
 }
 
 impl KernelCmDriver {
@@ -117,6 +120,7 @@ impl KernelCmDriver {
             max_ids,
             stats: KcmStats::default(),
             more: false,
+            device_removed: false,
         })
     }
 
@@ -137,6 +141,13 @@ impl KernelCmDriver {
     /// True when the next turn should come at once.
     pub fn has_pending(&self) -> bool {
         self.more
+    }
+
+    /// True once the listener was told its device is being removed (`rdma link delete`, a
+    /// driver unload, a reset without recovery): the kernel's removal waits until every id
+    /// on the device is destroyed, so the node must let go of the device.
+    pub fn device_removed(&self) -> bool {
+        self.device_removed
     }
 
     /// Reads up to `EVENTS_PER_TURN` (64) events into the endpoint.
@@ -373,7 +384,7 @@ impl KernelCmDriver {
         }
         if e.id == self.listener {
             if e.kind == RdmaCmEventKind::DeviceRemoval {
-                tracing::error!("rdma_cm: the device was removed; no more connection requests");
+                self.device_removed = true;
             }
             return;
         }

@@ -36,6 +36,11 @@ impl KernelCmDriver {
     }
 
     /// Never called.
+    pub fn device_removed(&self) -> bool {
+        match *self {}
+    }
+
+    /// Never called.
     pub fn receive(&mut self, _now: Instant, _ep: &mut Endpoint) {
         match *self {}
     }

@@ -151,6 +151,40 @@ if [ -x /extra/iperf3 ]; then
   res kcm_pair_slow_tun_ping_after "$ok"
 fi
 
+# B's device removed under it (`rdma link delete`, as a driver reload or a device reset does):
+# the removal must not wait on the daemon, which exits 3 with one line (the kernel's CM ids
+# belong to the device: the service manager restarts it); added back, B starts again and
+# reaches A. rxe has no disassociate_ucontext: the kernel waits for every user of the device
+# to let go. The delete runs in the background, bounded: B is SIGKILLed after 30 s.
+t1=$(uptime_s)
+rdma link delete "$RXE1" > /tmp/linkdel 2>&1 &
+del=$!
+i=0
+while [ $i -lt 300 ] && kill -0 $del 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
+td=$(el "$t1")
+if kill -0 $del 2>/dev/null; then
+  rd=hung
+  kill -KILL $PID_b 2>/dev/null
+fi
+wait $del; [ "${rd:-}" = hung ] || rd=$?
+i=0
+while [ $i -lt 100 ] && kill -0 $PID_b 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
+if kill -0 $PID_b 2>/dev/null; then rb=running; kill -KILL $PID_b; wait $PID_b; else wait $PID_b; rb=$?; fi
+cat /tmp/linkdel
+grep -E "WARN|ERROR|error" /tmp/b.log | tail -4 | cut -c1-300
+echo "INFO kcm_pair_link_delete: rdma link delete: $rd after ${td}s; B exit status $rb"
+[ "$rd" = 0 ] && [ "$rb" = 3 ] && ok=PASS || ok=FAIL
+res kcm_pair_link_delete "$ok delete=$rd ${td}s b_exit=$rb"
+t1=$(uptime_s)
+if rdma link add "$RXE1" type rxe netdev "$NETDEV1" &&
+   up b "$RXE1" "$IP1" ibb 2 && neigh a 2 "$HW_b" && neigh b 1 "$HW_a" &&
+   ip netns exec na ping -c 3 -i 0.2 -W 2 10.77.0.2 > /dev/null 2>&1; then
+  ok=PASS
+else
+  ok=FAIL
+fi
+res kcm_pair_link_readd "$ok $(el "$t1")s"
+
 t1=$(uptime_s)
 kill -TERM $PID_a $PID_b
 wait $PID_a; ra=$?

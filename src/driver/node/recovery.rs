@@ -6,14 +6,17 @@
 //! and reconnect. After [`REOPEN_MAX_FAILURES`] failed tries in a row the node gives up
 //! ([`Node::device_gave_up`]): the daemon exits with one line and its own code, for the
 //! service manager to restart it. So it does at once with a CM transport or an SA client that
-//! belongs to the device (the kernel's CM, umad), which is not reopened in place.
+//! belongs to the device (the kernel's CM, umad), which is not reopened in place. On the
+//! kernel's CM the listener's `RDMA_CM_EVENT_DEVICE_REMOVAL` (`rdma link delete`, a driver
+//! unload) counts as a lost context too: the kernel's removal waits until every id on the
+//! device is destroyed, which the daemon's exit does.
 
 use std::time::{Duration, Instant};
 
 use mio::Registry;
 
 use super::{is_interface_gone, Node};
-use crate::driver::ProviderSources;
+use crate::driver::{KernelCmDriver, ProviderSources};
 use crate::ipoib::Endpoint;
 use crate::mad::{CmTransport, Gsi};
 use crate::verbs::setup::os_seed;
@@ -29,7 +32,8 @@ pub const REOPEN_MAX_FAILURES: u32 = 64;
 /// What the node counted of its device (in the status's `provider` map).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct DeviceStats {
-    /// Events that lost the device context (`DEVICE_FATAL`, `CQ_ERR`, `SRQ_ERR`).
+    /// Events that lost the device context (`DEVICE_FATAL`, `CQ_ERR`, `SRQ_ERR`, and on the
+    /// kernel's CM the listener's `DEVICE_REMOVAL`).
     pub device_fatal_events: u64,
     /// Times the device was opened again and the interface rebuilt on it.
     pub device_reopens: u64,
@@ -84,6 +88,15 @@ impl<P: Provider> Node<P> {
     /// Acts on the device events the endpoint passed on; true when the context was lost (the
     /// rest of the turn is skipped).
     pub(super) fn take_device_events(&mut self, now: Instant) -> bool {
+        let removed = self
+            .kcm
+            .as_ref()
+            .is_some_and(KernelCmDriver::device_removed);
+        if removed && self.down.is_none() {
+            self.device_stats.device_fatal_events += 1;
+            tracing::warn!("rdma_cm: the device is being removed; its connections are forgotten");
+            self.down = Some(ReopenBackoff::new(now));
+        }
         while let Some(ev) = self.ep.take_device_event() {
             if ev == AsyncEvent::GidChange {
                 self.device_stats.gid_changes += 1;
