@@ -168,6 +168,12 @@ pub trait MadTransport<V: Verbs> {
     fn has_more(&self) -> bool {
         false
     }
+
+    /// True once the transport learnt that its device is being removed (a umad read that
+    /// failed with `EIO`): the node must let go of the device.
+    fn device_gone(&self) -> bool {
+        false
+    }
 }
 
 impl<V: Verbs> MadTransport<V> for Gsi {
@@ -236,6 +242,10 @@ macro_rules! fd_transport {
 }
 fd_transport!(MadUdp {});
 fd_transport!(Umad {
+    fn device_gone(&self) -> bool {
+        Self::device_gone(self)
+    }
+
     fn set_peer_lid(&mut self, gid: Gid, lid: u16) {
         if !Self::set_peer_lid(self, gid, lid) {
             tracing::debug!(peer = %gid, lid, "umad: peer LID table full; its MADs are not sent");

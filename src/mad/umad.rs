@@ -130,6 +130,9 @@ pub struct Umad {
     stats: MadStats,
     /// The last poll stopped at [`UMAD_BATCH`].
     more: bool,
+    /// A read failed with `EIO` or `ENODEV`: the kernel killed the port's agents (the device
+    /// is being removed), and nothing will be read or sent through it again.
+    gone: bool,
 }
 
 impl Umad {
@@ -159,6 +162,7 @@ impl Umad {
             gids: HashMap::new(),
             stats: MadStats::default(),
             more: false,
+            gone: false,
         })
     }
 
@@ -235,6 +239,12 @@ impl Umad {
         self.more
     }
 
+    /// True once a read said the port's agents are dead (`EIO`, `ENODEV`: the device is
+    /// being removed).
+    pub fn device_gone(&self) -> bool {
+        self.gone
+    }
+
     /// Reads up to [`UMAD_BATCH`] queued MADs, appending each with its sender to `out`.
     pub fn poll(&mut self, out: &mut Vec<(Gid, [u8; MAD_LEN])>) {
         self.more = false;
@@ -254,8 +264,11 @@ impl Umad {
                 Err(e) if e.kind() == io::ErrorKind::InvalidData => {
                     self.stats.recv_malformed += 1;
                 }
-                Err(_) => {
+                Err(e) => {
                     self.stats.errors += 1;
+                    if matches!(e.raw_os_error(), Some(libc::EIO | libc::ENODEV)) {
+                        self.gone = true;
+                    }
                     return;
                 }
             }

@@ -162,4 +162,18 @@ wait $DPID; rc=$?
 grep -E "stopped|drain|WARN|ERROR" /tmp/daemon.log | tail -5 | cut -c1-400
 if [ $rc -eq 0 ]; then ok=PASS; else ok=FAIL; fi
 res ${P}_guest_stop "$ok rc=$rc $(el "$t1")s"
+
+if [ "$CM" = umad ]; then
+  # The device removed under the daemon (`rdma link delete`): the kernel kills the port's umad
+  # agents (reads fail with EIO) and then waits for the verbs context to be closed; the daemon
+  # exits 3 with one line at once (the umad agent belongs to the device: the service manager
+  # restarts it). rxe0 is added back afterwards.
+  start
+  link_delete "$RXE0" $DPID
+  grep -E "WARN|ERROR|error" /tmp/daemon.log | tail -3 | cut -c1-300
+  echo "INFO ${P}_link_delete: rdma link delete: $LD_DELETE after ${LD_SECS}s; exit status $LD_EXIT"
+  [ -n "$hw" ] && [ "$LD_DELETE" = 0 ] && [ "$LD_EXIT" = 3 ] && ok=PASS || ok=FAIL
+  res ${P}_link_delete "$ok delete=$LD_DELETE ${LD_SECS}s exit=$LD_EXIT"
+  rdma link add "$RXE0" type rxe netdev "$NETDEV0"
+fi
 echo "GUEST_DONE"

@@ -8,8 +8,9 @@
 //! service manager to restart it. So it does at once with a CM transport or an SA client that
 //! belongs to the device (the kernel's CM, umad), which is not reopened in place. On the
 //! kernel's CM the listener's `RDMA_CM_EVENT_DEVICE_REMOVAL` (`rdma link delete`, a driver
-//! unload) counts as a lost context too: the kernel's removal waits until every id on the
-//! device is destroyed, which the daemon's exit does.
+//! unload), and on umad a read that says the port's agents are dead, count as a lost context
+//! too: the kernel's removal waits until every id and file on the device is let go, which
+//! the daemon's exit does.
 
 use std::time::{Duration, Instant};
 
@@ -91,10 +92,14 @@ impl<P: Provider> Node<P> {
         let removed = self
             .kcm
             .as_ref()
-            .is_some_and(KernelCmDriver::device_removed);
+            .is_some_and(KernelCmDriver::device_removed)
+            || self.mad.device_gone();
         if removed && self.down.is_none() {
             self.device_stats.device_fatal_events += 1;
-            tracing::warn!("rdma_cm: the device is being removed; its connections are forgotten");
+            tracing::warn!(
+                cm_transport = self.cm_transport.as_str(),
+                "the device is being removed; its connections are forgotten"
+            );
             self.down = Some(ReopenBackoff::new(now));
         }
         while let Some(ev) = self.ep.take_device_event() {
