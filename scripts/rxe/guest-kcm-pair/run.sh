@@ -8,7 +8,7 @@
 # checks). Then: ping IPv4 and IPv6, iperf3, B SIGKILLed (the kernel destroys its ids: A gets
 # the DREQ and reaps its RX QP), B restarted (new QPNs, A re-pointed), ping again; a host
 # that cannot keep up: B's TUN device takes 2,000 packets a second (--fault-tun-rate), A sends
-# as Linux's ipoib_cm does (rnr_retry 0, retry 0: the first RNR NAK fails its QP), UDP at
+# as Linux's ipoib_cm does (rnr_retry 0: the first RNR NAK fails its QP), UDP at
 # 2.6 times that rate: B drops and counts (rx_buffer_drops), rxe1 sends no RNR NAK and A's
 # one connection lives; orderly stops, and no rdma_cm id left.
 . /lib/rxelab.sh
@@ -121,12 +121,15 @@ res kcm_pair_ping4_after_restart "$ok $(el "$t1")s"
 # A host that cannot keep up, next to a sender configured as Linux's. B's SRQ (1,024) holds
 # 200 ms of A's 5,200 datagrams a second: what arrives while B's loop is off the CPU (tens of
 # ms under TCG) is the SRQ's to hold; the spares keep the TUN device's backlog out of it. With
-# the default 256, one run in several saw an RNR NAK after such a stall.
+# the default 256, one run in several saw an RNR NAK after such a stall. A keeps 7 transport
+# retries (Linux sends 0): under TCG rxe's ACKs can come later than the local ACK timeout, and
+# a QP without retries fails on that (seen on 6.1: 2 failures, no RNR NAK), which is not what
+# this checks.
 hwc() { cat /sys/class/infiniband/"$1"/ports/1/hw_counters/$2 2>/dev/null || echo 0; }
 if [ -x /extra/iperf3 ]; then
   kill -TERM $PID_a $PID_b; wait $PID_a; wait $PID_b
   t1=$(uptime_s)
-  if up a "$RXE0" "$IP0" iba 1 --tx-rnr-retry 0 --tx-retry-count 0 &&
+  if up a "$RXE0" "$IP0" iba 1 --tx-rnr-retry 0 &&
      up b "$RXE1" "$IP1" ibb 2 --srq-depth 1024 --rx-spare 16 --fault-tun-rate 2000 &&
      neigh a 2 "$HW_b" && neigh b 1 "$HW_a" &&
      ip netns exec na ping -c 3 -i 0.2 -W 2 10.77.0.2 > /dev/null 2>&1; then
@@ -136,6 +139,7 @@ if [ -x /extra/iperf3 ]; then
   fi
   res kcm_pair_slow_up "$ok $(el "$t1")s"
   nak0=$(hwc "$RXE1" send_rnr_err); exc0=$(hwc "$RXE0" retry_rnr_exceeded_err)
+  rex0=$(hwc "$RXE0" retry_exceeded_err)
   ip netns exec nb /extra/iperf3 -s -1 -B 10.77.0.2 > /tmp/iperf-s 2>&1 &
   sleep 1
   ip netns exec na timeout 40 /extra/iperf3 -c 10.77.0.2 -u -b 50M -l 1200 -t 5 -f m \
@@ -144,9 +148,10 @@ if [ -x /extra/iperf3 ]; then
   sa=$(st a); sb=$(st b)
   nak=$(( $(hwc "$RXE1" send_rnr_err) - nak0 ))
   exc=$(( $(hwc "$RXE0" retry_rnr_exceeded_err) - exc0 ))
+  rex=$(( $(hwc "$RXE0" retry_exceeded_err) - rex0 ))
   est=$(num "$sa" tx_established); fail=$(num "$sa" tx_failed)
   drops=$(num "$sb" rx_buffer_drops); wrote=$(num "$sb" tun_written)
-  echo "PERF kcm_pair_slow_tun: rx_buffer_drops=$drops tun_written=$wrote rxe1 RNR NAKs sent +$nak, rxe0 retry_rnr_exceeded_err +$exc, a: tx_established=$est tx_failed=$fail"
+  echo "PERF kcm_pair_slow_tun: rx_buffer_drops=$drops tun_written=$wrote rxe1 RNR NAKs sent +$nak, rxe0 retry_rnr_exceeded_err +$exc retry_exceeded_err +$rex, a: tx_established=$est tx_failed=$fail"
   [ "${drops:-0}" -gt 0 ] && [ "$nak" -eq 0 ] && [ "$exc" -eq 0 ] && [ "$est" = 1 ] &&
     [ "$fail" = 0 ] && ok=PASS || ok=FAIL
   res kcm_pair_slow_tun_no_rnr "$ok drops=$drops rnr_naks=$nak a: established=$est failed=$fail"
