@@ -76,8 +76,8 @@ pub struct Endpoint {
     pub(super) wcs: Vec<Completion>,
     /// RC packets of the RX completions being handled, waiting for the spare buffers that
     /// take their places on the SRQ (posted as one chain) before they go to the TUN queue:
-    /// connection, buffer, IP length. At most [`CQ_BATCH`].
-    pub(super) rx_up: Vec<(QpNum, BufId, usize)>,
+    /// buffer, IP length. At most [`CQ_BATCH`].
+    pub(super) rx_up: Vec<(BufId, usize)>,
     /// The receive WRs of one chain being built (at most [`CQ_BATCH`]).
     pub(super) rx_chain: Vec<(WrId, BufId)>,
     /// Scratch for fired timers.
@@ -199,8 +199,10 @@ impl Endpoint {
             (Some(srq), pool)
         } else {
             // One ring per connection, established or half-open, plus one for a connection
-            // being evicted.
-            let count = cfg.nonsrq_ring as usize * (cfg.max_conn_qp + cfg.max_pending_rx + 1);
+            // being evicted, and the spares that take the places of those buffers whose
+            // packets wait for the TUN device.
+            let count = cfg.nonsrq_ring as usize * (cfg.max_conn_qp + cfg.max_pending_rx + 1)
+                + cfg.rx_spare as usize;
             (None, v.create_pool(pd, buf_len, count)?)
         };
         let tx_pool = v.create_pool(pd, buf_len, cfg.tx_depth as usize)?;

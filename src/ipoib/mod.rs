@@ -262,12 +262,12 @@ pub struct EndpointConfig {
     /// Receive WRs on the SRQ (SRQ mode): a power of two in
     /// [`MIN_SRQ_DEPTH`]..=[`MAX_SRQ_DEPTH`], Linux's range.
     pub srq_depth: u32,
-    /// Receive buffers beyond the SRQ's (SRQ mode): a packet goes to the TUN queue only once
-    /// a spare buffer took its place on the SRQ, so the SRQ never runs dry while packets
-    /// wait for the TUN device; with no spare free the packet is dropped
-    /// (`rx_buffer_drops`) and its buffer posted again, as Linux's `ipoib_cm_handle_rx_wc`
-    /// drops a packet it has no replacement skb for. A peer is never RNR-NAKed for a slow
-    /// TUN device.
+    /// Receive buffers beyond the SRQ's (or the rings', without an SRQ), at least 1: a packet
+    /// goes to the TUN queue only once a spare buffer took its place on the SRQ or its
+    /// connection's ring, so neither runs dry while packets wait for the TUN device; with no
+    /// spare free the packet is dropped (`rx_buffer_drops`) and its buffer posted again, as
+    /// Linux's `ipoib_cm_handle_rx_wc` drops a packet it has no replacement skb for. A peer
+    /// is never RNR-NAKed for a slow TUN device.
     pub rx_spare: u32,
     /// Receive WRs per RX QP (non-SRQ mode).
     pub nonsrq_ring: u32,

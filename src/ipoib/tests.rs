@@ -711,6 +711,19 @@ fn an_overloaded_receiver_costs_rnr_naks_not_connections() {
 /// sender sees no RNR NAK and its connection lives; the overload is counted as drops.
 #[test]
 fn a_linux_sender_into_a_slow_tun_loses_packets_not_its_connection() {
+    linux_sender_into_a_slow_tun(true);
+}
+
+/// [`a_linux_sender_into_a_slow_tun_loses_packets_not_its_connection`] in non-SRQ mode: a
+/// spare takes the packet's buffer's place on the connection's own ring.
+#[test]
+fn a_linux_sender_into_a_slow_tun_without_srq_loses_packets_not_its_connection() {
+    linux_sender_into_a_slow_tun(false);
+}
+
+/// Node 0 as Linux's sender, node 1 with 16 receives (on the SRQ, or on each connection's
+/// ring without one) and 16 spares, its TUN device read one turn in five (ten).
+fn linux_sender_into_a_slow_tun(srq: bool) {
     let mut n = Net::new(
         2,
         |_, _| {},
@@ -719,17 +732,25 @@ fn a_linux_sender_into_a_slow_tun_loses_packets_not_its_connection() {
                 c.tx_rnr_retry = 0;
                 c.tx_retry_count = 0;
             } else {
+                c.srq = srq;
                 c.srq_depth = 16;
+                c.nonsrq_ring = 16;
                 c.rx_spare = 16;
+                // Rings for a few connections: the non-SRQ pool is pinned at start.
+                c.max_conn_qp = 1;
+                c.max_pending_rx = 1;
             }
         },
     );
     n.inject(0, &ping4(0, 1, 100));
     n.run(Duration::from_millis(200));
     assert_eq!(n.tun[1].len(), 1);
+    // Without an SRQ the rings of the connections not made (two of the pool's three) serve
+    // as spares too: a TUN device read one turn in ten empties them.
+    let every = if srq { 5 } else { 10 };
     let mut sent = 1;
     for round in 0..100 {
-        n.tun_stalled[1] = round % 5 != 0;
+        n.tun_stalled[1] = round % every != 0;
         for _ in 0..8 {
             if n.read_tun(0, &ping4(0, 1, 1000)) {
                 sent += 1;
@@ -743,8 +764,8 @@ fn a_linux_sender_into_a_slow_tun_loses_packets_not_its_connection() {
     let c1 = n.ep(1).counters();
     let naks = n.f.nodes[1].stats().tx_rnr_naks;
     println!(
-        "sent {sent}, delivered {}, rx_buffer_drops {}, RNR NAKs {naks}, sender: tx_failed {} \
-         tx_established {} tx_dropped {}",
+        "srq {srq}: sent {sent}, delivered {}, rx_buffer_drops {}, RNR NAKs {naks}, sender: \
+         tx_failed {} tx_established {} tx_dropped {}",
         n.tun[1].len(),
         c1.rx_buffer_drops,
         c0.tx_failed,

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use std::time::Instant;
 
 use super::{ip_packet_in, Endpoint, Mode};
-use crate::verbs::{BufId, QpNum, Verbs};
+use crate::verbs::{BufId, Verbs};
 use crate::wire::ipoib::{broadcast_mgid, classify, mgid_for_ipv6, HwAddr, IpoibHeader};
 
 /// A packet waiting for the TUN device.
@@ -14,11 +14,10 @@ use crate::wire::ipoib::{broadcast_mgid, classify, mgid_for_ipv6, HwAddr, IpoibH
 pub(super) enum TunPacket {
     /// Built or copied by the endpoint (ARP/ND-delivered, UD, ICMP errors).
     Owned(Vec<u8>),
-    /// An IP packet of `len` bytes still in the receive buffer `buf` of RC connection `qpn`,
-    /// after the IPoIB header; the buffer goes back to the receive queue once written.
+    /// An IP packet of `len` bytes still in the receive buffer `buf` of an RC connection,
+    /// after the IPoIB header; the buffer goes back to the receive pool once written (a
+    /// spare took its place on the receive queue).
     Received {
-        /// The RX connection it arrived on.
-        qpn: QpNum,
         /// The receive buffer.
         buf: BufId,
         /// Bytes of the IP packet.
@@ -58,9 +57,9 @@ impl TunQueue {
         self.out.push_back(TunPacket::Owned(packet));
     }
 
-    /// Queues an IP packet of `len` bytes still in the receive buffer `buf` of `qpn`.
-    pub(super) fn push_received(&mut self, qpn: QpNum, buf: BufId, len: usize) {
-        self.out.push_back(TunPacket::Received { qpn, buf, len });
+    /// Queues an IP packet of `len` bytes still in the receive buffer `buf`.
+    pub(super) fn push_received(&mut self, buf: BufId, len: usize) {
+        self.out.push_back(TunPacket::Received { buf, len });
     }
 
     fn pop(&mut self) -> Option<TunPacket> {
@@ -88,12 +87,12 @@ impl Endpoint {
     pub fn poll_tun<V: Verbs>(&mut self, v: &mut V) -> Option<Vec<u8>> {
         match self.tun.pop()? {
             TunPacket::Owned(p) => Some(p),
-            TunPacket::Received { qpn, buf, len } => {
+            TunPacket::Received { buf, len } => {
                 let mut out = self.tun.spare();
                 if let Some(bytes) = ip_packet_in(v, buf, len) {
                     out.extend_from_slice(bytes);
                 }
-                self.release_rx_buf(v, qpn, buf);
+                self.release_rx_buf(v, buf);
                 Some(out)
             }
         }
@@ -126,11 +125,11 @@ impl Endpoint {
                     write(&p);
                     self.tun.recycle(p);
                 }
-                TunPacket::Received { qpn, buf, len } => {
+                TunPacket::Received { buf, len } => {
                     if let Some(bytes) = ip_packet_in(v, buf, len) {
                         write(bytes);
                     }
-                    self.release_rx_buf(v, qpn, buf);
+                    self.release_rx_buf(v, buf);
                 }
             }
         }

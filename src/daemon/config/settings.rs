@@ -218,9 +218,10 @@ with_fault_fields!(settings! {
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub srq_depth: Option<Given<i64>> [Shown::example("256")]
         => srq_depth: u32 = Computed(checks::srq_depth(s.srq_depth.as_ref(), d.srq_depth)),
-    /// Receive buffers beyond the SRQ's, 1 to 65536: a packet waits for the TUN device
-    /// only once a spare took its place on the SRQ, and is dropped (rx_buffer_drops) when
-    /// none is free, so a slow TUN device never RNR-NAKs a peer [default: 256].
+    /// Receive buffers beyond the SRQ's (or the rings'), 1 to 65536: a packet waits for the
+    /// TUN device only once a spare took its place on the SRQ or its connection's ring, and
+    /// is dropped (rx_buffer_drops) when none is free, so a slow TUN device never RNR-NAKs a
+    /// peer [default: 256].
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub rx_spare: Option<Given<i64>> [Shown::example("256")]
         => rx_spare: u32 = int(1..=MAX_RX_SPARE).or(d.rx_spare),

@@ -386,7 +386,8 @@ impl Endpoint {
             _ => false,
         };
         // The IP packet stays in the receive buffer until the driver writes it to the TUN
-        // device (`drain_tun`), which then gives the buffer back (to the pool with an SRQ).
+        // device (`drain_tun`), which then gives the buffer back to the pool: a spare took
+        // its place on the SRQ or the connection's ring first.
         let payload = v.pools().get(b).ok().and_then(|buf| {
             let frame = buf.get(..len)?;
             let h = IpoibHeader::parse(frame).ok()?;
@@ -409,10 +410,28 @@ impl Endpoint {
             // With an SRQ, the packet waits for the TUN device only once a spare buffer took
             // its place (`send_rx_up`, after the batch): the SRQ holds `srq_depth` receives
             // whatever the TUN device does.
-            Some(len) if self.srq.is_some() => self.rx_up.push((qpn, b, len)),
-            Some(len) => self.tun.push_received(qpn, b, len),
+            Some(len) if self.srq.is_some() => self.rx_up.push((b, len)),
+            Some(len) => self.send_up_from_ring(v, qpn, b, len),
             None => self.repost_rx(v, qpn, b, live),
         }
+    }
+
+    /// Non-SRQ mode: sends a packet of a live connection to the TUN queue once a spare buffer
+    /// of the pool took its place on the connection's ring, so that the ring holds
+    /// `nonsrq_ring` receives whatever the TUN device does; with no spare free the packet is
+    /// dropped (`rx_buffer_drops`) and its own buffer posted again. A ring that refuses the
+    /// spare (its QP went to ERR meanwhile) is one receive down.
+    fn send_up_from_ring<V: Verbs>(&mut self, v: &mut V, qpn: QpNum, b: BufId, len: usize) {
+        let Some(spare) = v.pools_mut().alloc(self.rx_pool) else {
+            self.counters.rx_buffer_drops += 1;
+            self.repost_rx(v, qpn, b, true);
+            return;
+        };
+        if v.post_recv(qpn, wr(WR_RECV), spare).is_err() {
+            let _ = v.pools_mut().free(spare);
+            self.ring_down(v, qpn);
+        }
+        self.tun.push_received(b, len);
     }
 
     /// Sends the packets of [`rx_up`](Endpoint::rx_up) to the TUN queue, each once a free
@@ -445,9 +464,9 @@ impl Endpoint {
             && v.srq_posted(srq)
                 .is_ok_and(|p| p >= self.cfg.srq_depth as usize);
         let up = if full { self.rx_up.len() } else { posted };
-        for (i, (qpn, b, len)) in self.rx_up.drain(..).enumerate() {
+        for (i, (b, len)) in self.rx_up.drain(..).enumerate() {
             if i < up {
-                self.tun.push_received(qpn, b, len);
+                self.tun.push_received(b, len);
             } else {
                 self.counters.rx_buffer_drops += 1;
                 if v.post_srq_recv(srq, wr(WR_RECV), b).is_err() {
@@ -493,16 +512,10 @@ impl Endpoint {
         }
     }
 
-    /// Gives back a receive buffer whose packet went to the TUN device: with an SRQ to the
-    /// pool (a spare took its place on the SRQ when the packet was queued), else as
-    /// [`repost_rx`](Self::repost_rx), with the connection's state as it is now.
-    pub(super) fn release_rx_buf<V: Verbs>(&mut self, v: &mut V, qpn: QpNum, b: BufId) {
-        if self.srq.is_some() {
-            let _ = v.pools_mut().free(b);
-            return;
-        }
-        let live = self.rx.get(&qpn).is_some_and(RxConn::is_live);
-        self.repost_rx(v, qpn, b, live);
+    /// Gives back a receive buffer whose packet went to the TUN device, to the pool (a spare
+    /// took its place on the SRQ or the ring when the packet was queued).
+    pub(super) fn release_rx_buf<V: Verbs>(&mut self, v: &mut V, b: BufId) {
+        let _ = v.pools_mut().free(b);
     }
 
     /// Puts a receive buffer back: on the SRQ, or on a live QP's ring; otherwise frees it.
