@@ -23,7 +23,7 @@ use crate::hw::rdmacm::{
     ConnParam, IbAddr, PortSpace, RdmaCm, RdmaCmError, RdmaCmEvent, RdmaCmEventKind, RdmaCmId,
 };
 use crate::ipoib::Endpoint;
-use crate::verbs::setup::{RC_RETRY_CNT, RNR_RETRY_FOREVER};
+use crate::verbs::setup::RC_RETRY_CNT;
 use crate::verbs::{Gid, QpNum, QpState};
 
 use super::KcmStats;
@@ -246,10 +246,8 @@ impl KernelCmDriver {
                 ..
             } => {
                 let Some(id) = self.id_of(comm) else { return };
-                let p = ConnParam {
-                    rnr_retry_count,
-                    ..conn_param(qpn, srq, &private_data)
-                };
+                // A REP has no transport retries of its own: those are the REQ's.
+                let p = conn_param(qpn, srq, &private_data, (RC_RETRY_CNT, rnr_retry_count));
                 if let Err(e) = self.cm.accept(id, &p) {
                     self.fail(now, ep, comm, &e);
                 }
@@ -409,11 +407,8 @@ impl KernelCmDriver {
                 };
                 if let Stage::Route(req) = std::mem::replace(&mut s.stage, Stage::Cm) {
                     self.resolving = self.resolving.saturating_sub(1);
-                    let p = ConnParam {
-                        retry_count: req.retry_count,
-                        rnr_retry_count: req.rnr_retry_count,
-                        ..conn_param(req.qpn, false, &req.private_data)
-                    };
+                    let retries = (req.retry_count, req.rnr_retry_count);
+                    let p = conn_param(req.qpn, false, &req.private_data, retries);
                     if let Err(err) = self.cm.connect(e.id, &p) {
                         self.fail(now, ep, comm, &err);
                     }
@@ -523,14 +518,20 @@ impl KernelCmDriver {
     }
 }
 
-fn conn_param(qpn: QpNum, srq: bool, private_data: &[u8]) -> ConnParam<'_> {
+/// The `conn_param` of our QP `qpn` with `(retry_count, rnr_retry_count)`.
+fn conn_param(
+    qpn: QpNum,
+    srq: bool,
+    private_data: &[u8],
+    (retry_count, rnr_retry_count): (u8, u8),
+) -> ConnParam<'_> {
     ConnParam {
         qp_num: qpn,
         srq,
         private_data,
         responder_resources: 0,
         initiator_depth: 0,
-        retry_count: RC_RETRY_CNT,
-        rnr_retry_count: RNR_RETRY_FOREVER,
+        retry_count,
+        rnr_retry_count,
     }
 }
