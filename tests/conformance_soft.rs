@@ -69,6 +69,7 @@ checks!(
     buffer_lending,
     comm_est,
     object_rules,
+    retire_drained,
 );
 
 /// `run_all` over one pair: every check passes when run back to back on the same providers.
@@ -212,4 +213,39 @@ fn destroy_keeps_srq_when_the_cq_is_cleaned() {
         ..Quirks::default()
     };
     run_expecting(quirks, "destroy_keeps_srq", Behaviours::SPEC).unwrap();
+}
+
+/// The suite retires only drained QPs: the software provider, which checks what a retired QP
+/// still had outstanding, counts [`RETIRE_ROUNDS`] on each side and none undrained.
+///
+/// [`RETIRE_ROUNDS`]: ipoib_cm::verbs::conformance::RETIRE_ROUNDS
+#[test]
+fn retire_drained_retires_only_drained_qps() {
+    let mut f = pair();
+    conformance::run_one(&mut f, "retire_drained").unwrap();
+    let (a, b) = f.providers();
+    for s in [a.stats(), b.stats()] {
+        assert_eq!(
+            (s.qps_retired, s.retired_undrained),
+            (conformance::RETIRE_ROUNDS as u64, 0)
+        );
+    }
+}
+
+/// The provider's check catches a caller that retires a QP with work outstanding.
+#[test]
+fn retiring_a_qp_with_a_send_outstanding_is_counted() {
+    use ipoib_cm::verbs::conformance::{connect_rc, open_endpoint, post_send_data, RcParams};
+    let mut f = pair();
+    let (a, b) = f.providers();
+    let ea = open_endpoint(a, 2048, 8, 64).unwrap();
+    let eb = open_endpoint(b, 2048, 8, 64).unwrap();
+    let (qa, qb) = connect_rc(a, &ea, b, &eb, &RcParams::default()).unwrap();
+    post_send_data(a, qa, ea.pool, 1, &[7; 100]).unwrap();
+    a.retire_qp(qa).unwrap();
+    b.retire_qp(qb).unwrap();
+    assert_eq!(
+        (a.stats().retired_undrained, b.stats().retired_undrained),
+        (1, 0)
+    );
 }

@@ -25,6 +25,9 @@ struct Figures {
     died: u64,
     /// QPs alive at the end.
     live_end: u64,
+    /// QPs destroyed drained (`retire_qp`), and of those, any with work outstanding.
+    retired: u64,
+    retired_undrained: u64,
 }
 
 fn cycles() -> usize {
@@ -41,6 +44,11 @@ fn add_counters(f: &mut Figures, c: &ipoib_cm::ipoib::Counters) {
     f.evicted += c.rx_evicted;
     f.stale_reaped += c.rx_stale_reaped;
     f.dreq_reaped += c.rx_dreq_reaped;
+}
+
+fn add_soft(f: &mut Figures, s: &ipoib_cm::soft::SoftStats) {
+    f.retired += s.qps_retired;
+    f.retired_undrained += s.retired_undrained;
 }
 
 fn soak(mode: &str, srq: bool, quirks: Quirks, n_cycles: usize) -> Figures {
@@ -77,6 +85,7 @@ fn soak(mode: &str, srq: bool, quirks: Quirks, n_cycles: usize) -> Figures {
         cl.run(Duration::from_millis(300));
         // SIGKILL: the victim's counters die with it.
         fig.died += cl.qp_live(victim) as u64;
+        add_soft(&mut fig, &cl.soft_stats(victim));
         if let Some(ep) = cl.ep(victim) {
             add_counters(&mut fig, &ep.counters());
         }
@@ -90,6 +99,7 @@ fn soak(mode: &str, srq: bool, quirks: Quirks, n_cycles: usize) -> Figures {
     cl.run(Duration::from_secs(20));
     for i in 0..NODES {
         let live = cl.qp_live(i);
+        add_soft(&mut fig, &cl.soft_stats(i));
         fig.delivered += cl.tun[i].len();
         let ep = cl.ep(i).expect("up");
         add_counters(&mut fig, &ep.counters());
@@ -106,12 +116,15 @@ fn soak(mode: &str, srq: bool, quirks: Quirks, n_cycles: usize) -> Figures {
     println!(
         "soak {mode}: cycles {} nodes {NODES} | QPs created {} destroyed {} died-with-process {} \
          leaked {} | \
+         retired {} (undrained {}) | \
          stale-reaped {} dreq-reaped {} evicted {} drain-timeouts {} | packets delivered {}",
         fig.cycles,
         fig.qp_created,
         fig.qp_destroyed,
         fig.died,
         fig.leaked,
+        fig.retired,
+        fig.retired_undrained,
         fig.stale_reaped,
         fig.dreq_reaped,
         fig.evicted,
@@ -119,6 +132,11 @@ fn soak(mode: &str, srq: bool, quirks: Quirks, n_cycles: usize) -> Figures {
         fig.delivered
     );
     assert_eq!(fig.leaked, 0, "{mode}: leaked QPs");
+    assert_eq!(
+        fig.retired_undrained, 0,
+        "{mode}: QPs retired with work outstanding"
+    );
+    assert!(fig.retired > 0, "{mode}: no QP was retired");
     fig
 }
 

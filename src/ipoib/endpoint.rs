@@ -16,7 +16,9 @@ use super::rx::{self, RxTable};
 use super::tun::TunQueue;
 use super::tx::TxTable;
 use super::ud::{self, UdQp};
-use super::{wr, Counters, EndpointConfig, Owner, Snapshot, Timer, TxSnapshot, CQ_BATCH, WR_RECV};
+use super::{
+    wr, Counters, EndpointConfig, Owner, QpEnd, Snapshot, Timer, TxSnapshot, CQ_BATCH, WR_RECV,
+};
 use crate::cm::{Cm, CmConfig, CmEvent, CommId, ConnectionManager, KcmCommand, KcmInput, KernelCm};
 use crate::timer::{TimerId, TimerWheel};
 use crate::verbs::{
@@ -571,9 +573,14 @@ impl Endpoint {
         self.wheel.insert(at, t)
     }
 
-    /// Destroys a QP and counts it.
-    pub(super) fn destroy_qp<V: Verbs>(&mut self, v: &mut V, qpn: QpNum) {
-        match v.destroy_qp(qpn) {
+    /// Destroys a QP and counts it: a drained one through [`Verbs::retire_qp`] (the provider
+    /// may do it off the event loop), any other at once.
+    pub(super) fn destroy_qp<V: Verbs>(&mut self, v: &mut V, qpn: QpNum, end: QpEnd) {
+        let r = match end {
+            QpEnd::Drained => v.retire_qp(qpn),
+            QpEnd::Forced => v.destroy_qp(qpn),
+        };
+        match r {
             Ok(()) => self.counters.qp_destroyed += 1,
             Err(e) => tracing::warn!(qp = %qpn, error = %e, "destroy_qp failed"),
         }
@@ -601,10 +608,10 @@ impl Endpoint {
     pub fn force_stop<V: Verbs>(&mut self, v: &mut V) {
         for qpn in self.rx.qpns() {
             self.counters.drain_timeouts += 1;
-            self.destroy_rx(v, qpn);
+            self.destroy_rx(v, qpn, QpEnd::Forced);
         }
         for qpn in self.tx.qpns() {
-            self.destroy_tx(v, qpn);
+            self.destroy_tx(v, qpn, QpEnd::Forced);
         }
     }
 

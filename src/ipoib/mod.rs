@@ -656,6 +656,15 @@ enum Timer {
     NeighAge(IpAddr),
 }
 
+/// How an RC QP ends: drained (every WR posted on it came back, so the provider may destroy
+/// it off the event loop: [`Verbs::retire_qp`]), or forced (a watchdog, a failed set-up, a
+/// stop past its bound: WRs may still be queued, and the destroy must sweep them now).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum QpEnd {
+    Drained,
+    Forced,
+}
+
 /// Which connection a CM id belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Owner {

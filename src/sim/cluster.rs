@@ -158,6 +158,11 @@ impl Cluster {
         self.f.nodes[i].qp_count()
     }
 
+    /// Node `i`'s provider's counters (since its last start).
+    pub fn soft_stats(&self, i: usize) -> crate::soft::SoftStats {
+        self.f.nodes[i].stats()
+    }
+
     /// Lets every endpoint handle its MADs, verbs and timers and collects TUN output.
     pub fn service(&mut self) {
         let now = self.f.now();

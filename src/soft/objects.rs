@@ -245,6 +245,15 @@ impl Objects {
         }
     }
 
+    /// Whether a completion of `qp` waits on one of its CQs.
+    pub(super) fn has_completions_of(&self, qp: &Qp) -> bool {
+        [qp.send_cq, qp.recv_cq].iter().any(|cq| {
+            self.cqs
+                .get(cq)
+                .is_some_and(|q| q.entries.iter().any(|c| c.qp == qp.num))
+        })
+    }
+
     /// Removes the completions of the destroyed `qp` from its CQs (the
     /// [`clean_cq_on_destroy`](super::super::fault::Quirks::clean_cq_on_destroy) quirk): a
     /// receive taken from an SRQ goes back onto it, posted again under its `wr_id` (or, with

@@ -67,6 +67,13 @@ pub struct SoftStats {
     pub rx_seq_naks: u64,
     /// Retransmit timer expiries.
     pub retransmit_timeouts: u64,
+    /// QPs destroyed through [`Verbs::retire_qp`] (drained, the caller says).
+    ///
+    /// [`Verbs::retire_qp`]: crate::verbs::Verbs::retire_qp
+    pub qps_retired: u64,
+    /// Of those, QPs that were not drained: work of theirs was outstanding (see
+    /// [`SoftVerbs::retire_qp`](super::SoftVerbs)). Always 0 for a correct caller.
+    pub retired_undrained: u64,
     /// Completions pushed onto a CQ already at its depth.
     pub cq_overflows: u64,
     /// Datagrams dropped because the device context was lost (until it is opened again).

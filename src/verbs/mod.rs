@@ -323,6 +323,19 @@ pub trait Verbs {
     /// [`VerbsError::NoSuchQp`].
     fn destroy_qp(&mut self, qp: QpNum) -> Result<(), VerbsError>;
 
+    /// Destroys a drained QP: the caller has seen the completion of every WR it posted on it
+    /// (its sends, its own receives, and for a QP on an SRQ every receive it took: the drain
+    /// WR after Last WQE Reached came back). Nothing of it reaches the caller again; its
+    /// number is gone for the caller at once, but a provider may do the destroy later and on
+    /// another thread (the hardware provider does: `ibv_destroy_qp` is a firmware command).
+    /// By default, [`Verbs::destroy_qp`].
+    ///
+    /// # Errors
+    /// [`VerbsError::NoSuchQp`].
+    fn retire_qp(&mut self, qp: QpNum) -> Result<(), VerbsError> {
+        self.destroy_qp(qp)
+    }
+
     /// Number of QPs that exist (created and not destroyed), QP1 included.
     fn qp_count(&self) -> usize;
 

@@ -12,8 +12,8 @@ pub(super) use table::{Phase, RxConn, RxTable};
 use super::event::{Event, RxReapReason, RxRejectReason};
 use super::restart::Incarnation;
 use super::{
-    move_qp, wr, wr_kind, Endpoint, Owner, Timer, CQ_BATCH, MAX_CONN_QP_PER_SOURCE, WR_DRAIN,
-    WR_RECV,
+    move_qp, wr, wr_kind, Endpoint, Owner, QpEnd, Timer, CQ_BATCH, MAX_CONN_QP_PER_SOURCE,
+    WR_DRAIN, WR_RECV,
 };
 use crate::cm::{AcceptParams, CommId, QpMoves};
 use crate::verbs::setup::{connect_rc, init_rc_qp, RcConnection, RNR_RETRY_FOREVER};
@@ -207,7 +207,7 @@ impl Endpoint {
                     private_data: self.cm_private_data(),
                 };
                 if self.cm.accept(now, id, params).is_err() {
-                    self.destroy_qp(v, qpn);
+                    self.destroy_qp(v, qpn, QpEnd::Forced);
                     return;
                 }
                 self.counters.rx_accepted += 1;
@@ -339,7 +339,7 @@ impl Endpoint {
             Some(())
         })();
         if ok.is_none() {
-            self.destroy_qp(v, qpn);
+            self.destroy_qp(v, qpn, QpEnd::Forced);
             return None;
         }
         Some((qpn, our_psn, ring_posted))

@@ -22,7 +22,7 @@ use std::time::Instant;
 use super::table::Phase;
 use super::Why;
 use crate::ipoib::event::Event;
-use crate::ipoib::{wr, Endpoint, Timer, WR_DRAIN};
+use crate::ipoib::{wr, Endpoint, QpEnd, Timer, WR_DRAIN};
 use crate::timer::TimerId;
 use crate::verbs::{QpAttr, QpNum, QpState, SendWr, Verbs};
 
@@ -36,7 +36,7 @@ impl Endpoint {
         if r.ring_posted == 0 && matches!(r.phase, Phase::Error { .. }) {
             r.phase = Phase::Drained;
             drop(r);
-            self.destroy_rx(v, qpn);
+            self.destroy_rx(v, qpn, QpEnd::Drained);
         }
     }
 
@@ -94,7 +94,7 @@ impl Endpoint {
             r.phase = Phase::Error { watchdog: Some(t) };
         }
         if self.srq.is_none() && ring_empty {
-            self.destroy_rx(v, qpn);
+            self.destroy_rx(v, qpn, QpEnd::Drained);
         }
     }
 
@@ -127,7 +127,7 @@ impl Endpoint {
             return;
         }
         for qpn in drained {
-            self.destroy_rx(v, qpn);
+            self.destroy_rx(v, qpn, QpEnd::Drained);
         }
         self.start_drain(v);
     }
@@ -180,13 +180,13 @@ impl Endpoint {
         }
         tracing::info!(qp = %qpn, "RX teardown timed out; destroying anyway");
         self.counters.drain_timeouts += 1;
-        self.destroy_rx(v, qpn);
+        self.destroy_rx(v, qpn, QpEnd::Forced);
         self.start_drain(v);
     }
 
     /// Destroys an RX QP and forgets it. If it carried the outstanding drain WR, the QPs that
     /// WR covered wait for the next one.
-    pub(in crate::ipoib) fn destroy_rx<V: Verbs>(&mut self, v: &mut V, qpn: QpNum) {
+    pub(in crate::ipoib) fn destroy_rx<V: Verbs>(&mut self, v: &mut V, qpn: QpNum, end: QpEnd) {
         let Some(r) = self.rx.remove(qpn) else {
             return;
         };
@@ -196,6 +196,6 @@ impl Endpoint {
         if self.cm.state(r.id).is_none() {
             self.owners.remove(&r.id);
         }
-        self.destroy_qp(v, qpn);
+        self.destroy_qp(v, qpn, end);
     }
 }

@@ -26,7 +26,7 @@ pub(super) use table::{TxConn, TxTable};
 
 use super::event::{Event, TxCloseReason, TxFailure};
 use super::path_wait::Held;
-use super::{wr, wr_kind, Endpoint, Owner, Timer, CQ_BATCH, WR_SEND};
+use super::{wr, wr_kind, Endpoint, Owner, QpEnd, Timer, CQ_BATCH, WR_SEND};
 use crate::cm::{CommId, ConnectParams};
 use crate::timer::TimerId;
 use crate::verbs::setup::{connect_rc, init_rc_qp, RcConnection};
@@ -193,13 +193,13 @@ impl Endpoint {
             .ok()?;
         self.counters.qp_created += 1;
         if init_rc_qp(v, qpn, self.pkey_index).is_err() {
-            self.destroy_qp(v, qpn);
+            self.destroy_qp(v, qpn, QpEnd::Forced);
             return None;
         }
         let our_psn = self.random_psn();
         let rdma_cm = self.neigh.reached_by_rdma_cm(&hw);
         let Some(id) = self.send_req(now, hw, qpn, our_psn, rdma_cm) else {
-            self.destroy_qp(v, qpn);
+            self.destroy_qp(v, qpn, QpEnd::Forced);
             return None;
         };
         self.owners.insert(id, Owner::Tx(qpn));
@@ -431,7 +431,7 @@ impl Endpoint {
                     .get(&qpn)
                     .is_some_and(|t| t.state == TxState::Closing && t.outstanding == 0)
                 {
-                    self.destroy_tx(v, qpn);
+                    self.destroy_tx(v, qpn, QpEnd::Drained);
                 }
             }
             self.wcs = wcs;
@@ -515,7 +515,7 @@ impl Endpoint {
         let _ = self.cm.disconnect(now, id);
         let _ = v.modify_qp(qpn, &QpAttr::to_state(QpState::Err));
         if outstanding == 0 {
-            self.destroy_tx(v, qpn);
+            self.destroy_tx(v, qpn, QpEnd::Drained);
             return;
         }
         let t = self.arm(now + self.cfg.drain_timeout, Timer::TxWatchdog(qpn));
@@ -533,7 +533,7 @@ impl Endpoint {
     ) {
         if self.tx.get(&qpn).is_some_and(|t| t.watchdog == Some(id)) {
             self.counters.drain_timeouts += 1;
-            self.destroy_tx(v, qpn);
+            self.destroy_tx(v, qpn, QpEnd::Forced);
         }
     }
 
@@ -569,7 +569,7 @@ impl Endpoint {
     }
 
     /// Destroys a TX QP. Its CM id stays with the CM until TimeWait ends.
-    pub(super) fn destroy_tx<V: Verbs>(&mut self, v: &mut V, qpn: QpNum) {
+    pub(super) fn destroy_tx<V: Verbs>(&mut self, v: &mut V, qpn: QpNum, end: QpEnd) {
         let Some(tx) = self.tx.remove(qpn) else {
             return;
         };
@@ -581,7 +581,7 @@ impl Endpoint {
         }
         // Sends still posted are freed by destroy_qp; their buffers go back to the pool's free
         // list, so take replacements for our own free list.
-        self.destroy_qp(v, qpn);
+        self.destroy_qp(v, qpn, end);
         for _ in 0..tx.outstanding {
             if let Some(b) = v.pools_mut().alloc(self.tx_pool) {
                 self.tx.put_buf(b);

@@ -453,6 +453,24 @@ impl Verbs for SoftVerbs {
         Ok(())
     }
 
+    /// Destroys the QP at once, as [`Verbs::destroy_qp`] does, and counts a caller that
+    /// retired a QP with work still outstanding ([`SoftStats::retired_undrained`]): a send or
+    /// a receive of its own posted and not completed, a message half received, or a
+    /// completion not polled. A provider that destroys later (the hardware provider) may lose
+    /// such work.
+    fn retire_qp(&mut self, qpn: QpNum) -> Result<(), VerbsError> {
+        let qp = self.qp(qpn)?;
+        let undrained = !qp.req.sq.is_empty()
+            || !qp.rq.is_empty()
+            || qp.resp.filling.is_some()
+            || self.dev.objects.has_completions_of(qp);
+        self.dev.stats.qps_retired += 1;
+        if undrained {
+            self.dev.stats.retired_undrained += 1;
+        }
+        self.destroy_qp(qpn)
+    }
+
     fn qp_count(&self) -> usize {
         self.qps.len()
     }

@@ -187,12 +187,23 @@ pub fn connect_rc<V: Verbs>(
     p: &RcParams,
 ) -> Result<(QpNum, QpNum), VerbsError> {
     let (qa, qb) = create_rc_pair(a, ea, b, eb, p)?;
+    connect_rc_pair(a, qa, b, qb, p)?;
+    Ok((qa, qb))
+}
+
+/// Moves two fresh RC QPs, `qa` of `a` and `qb` of `b`, to RTS towards each other.
+pub(super) fn connect_rc_pair<V: Verbs>(
+    a: &mut V,
+    qa: QpNum,
+    b: &mut V,
+    qb: QpNum,
+    p: &RcParams,
+) -> Result<(), VerbsError> {
     let (ca, cb) = rc_connections(a, qa, b, qb, p);
     setup::init_rc_qp(a, qa, 0)?;
     setup::init_rc_qp(b, qb, 0)?;
     setup::connect_rc(a, qa, &ca)?;
-    setup::connect_rc(b, qb, &cb)?;
-    Ok((qa, qb))
+    setup::connect_rc(b, qb, &cb)
 }
 
 pub(super) fn create_rc_pair<V: Verbs>(

@@ -279,3 +279,107 @@ pub fn check_object_rules<V: Verbs, P: ConformancePair<V>>(
     teardown(pair, (&ea, &eb), (&[], &[]), &Seen::default());
     Ok(())
 }
+
+/// Connections set up and retired in [`check_retire_drained`].
+pub const RETIRE_ROUNDS: usize = 100;
+
+/// **Drained QPs retire; new QPs come fresh.** [`RETIRE_ROUNDS`] times, as the daemon runs a
+/// connection: `a` creates a QP and `b` one on an SRQ (of the same kinds every round), both
+/// in RESET when created; they connect and one message goes from `a` to `b`; once both
+/// completions were polled, both QPs go to ERR and are retired ([`Verbs::retire_qp`]). Every
+/// message arrives whole, and after every round the QP counts, the SRQ's posted count and
+/// the buffers lent are where they started: a provider that creates QPs ahead or destroys
+/// them later (the hardware provider does, on a thread of its own) hands out QPs as fresh as
+/// `create_qp` makes them and loses nothing of a retired one.
+pub fn check_retire_drained<V: Verbs, P: ConformancePair<V>>(
+    pair: &mut P,
+) -> Result<(), ConformanceError> {
+    const DEPTH: usize = 4;
+    let (ea, eb) = endpoints(pair, 2048, 32)?;
+    let (a, b) = pair.providers();
+    let srq = b
+        .create_srq(&SrqInit {
+            pd: eb.pd,
+            max_wr: DEPTH as u32,
+            limit: 0,
+        })
+        .ctx("create_srq")?;
+    post_recvs(b, RecvTarget::Srq(srq), eb.pool, 0, DEPTH)?;
+    // (QPs of a, of b, the SRQ's posted count, buffers lent by a, by b)
+    let counts = |a: &V, b: &V| -> Result<_, ConformanceError> {
+        Ok((
+            a.qp_count(),
+            b.qp_count(),
+            b.srq_posted(srq).ctx("srq_posted")?,
+            a.pools().posted_count(),
+            b.pools().posted_count(),
+        ))
+    };
+    let start = counts(a, b)?;
+    let p = RcParams {
+        srq_b: Some(srq),
+        ..RcParams::default()
+    };
+    let mut next_id = DEPTH as u64;
+    for round in 0..RETIRE_ROUNDS {
+        let (a, b) = pair.providers();
+        let (qa, qb) = create_rc_pair(a, &ea, b, &eb, &p).ctx("create")?;
+        let states = (a.query_qp_state(qa), b.query_qp_state(qb));
+        ensure!(
+            states == (Ok(QpState::Reset), Ok(QpState::Reset)),
+            "round {round}: new QPs in {states:?}, not RESET"
+        );
+        connect_rc_pair(a, qa, b, qb, &p).ctx("connect")?;
+        let msg = pattern(round as u64, 1000);
+        post_send_data(a, qa, ea.pool, round as u64, &msg)?;
+        let mut seen = Seen::default();
+        let done = wait(pair, &ea, &eb, &mut seen, |s| {
+            !s.a_send.is_empty() && !s.b_recv.is_empty()
+        });
+        let (a, b) = pair.providers();
+        ensure!(
+            done && seen
+                .a_send
+                .first()
+                .is_some_and(|c| c.status == WcStatus::Success),
+            "round {round}: send {:?}, receive {:?}",
+            statuses(&seen.a_send),
+            statuses(&seen.b_recv)
+        );
+        let c = seen.b_recv[0];
+        expect_recv(b, &c, c.wr_id.0, &msg, 0)?;
+        for buf in seen.b_recv.iter().filter_map(|c| c.buf) {
+            b.post_srq_recv(srq, WrId(next_id), buf)
+                .ctx("repost the receive buffer")?;
+            next_id += 1;
+        }
+        free_bufs(a, &seen.a_send);
+        a.modify_qp(qa, &QpAttr::to_state(QpState::Err))
+            .ctx("a to ERR")?;
+        b.modify_qp(qb, &QpAttr::to_state(QpState::Err))
+            .ctx("b to ERR")?;
+        a.retire_qp(qa).ctx("retire a's QP")?;
+        b.retire_qp(qb).ctx("retire b's QP")?;
+        drain_events(a);
+        drain_events(b);
+        let now = counts(a, b)?;
+        ensure!(
+            now == start,
+            "after round {round}: (QPs of a, of b, SRQ posted, buffers lent by a, by b) {now:?}, \
+             started at {start:?}"
+        );
+    }
+    let (a, b) = pair.providers();
+    let mut late = Vec::new();
+    poll_into(a, ea.send_cq, &mut late);
+    poll_into(b, eb.recv_cq, &mut late);
+    ensure!(
+        late.is_empty(),
+        "completions of retired QPs: {:?}",
+        statuses(&late)
+    );
+    b.destroy_srq(srq).ctx("destroy_srq")?;
+    close_endpoint(a, &ea);
+    close_endpoint(b, &eb);
+    Ok(())
+}

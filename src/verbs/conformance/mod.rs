@@ -37,6 +37,7 @@
 //! | `buffer_lending` | [`check_buffer_lending`] |
 //! | `comm_est` | [`check_comm_est`] |
 //! | `object_rules` | [`check_object_rules`] |
+//! | `retire_drained` | [`check_retire_drained`] |
 
 use super::setup::{self, RcConnection};
 use super::{
@@ -108,7 +109,9 @@ pub use checks_errors::{
     check_retry_exceeded_peer_gone, check_rnr_retry_exceeded, check_rnr_then_success,
     check_srq_last_wqe_once, check_srq_recv_chain, WATCHDOG_DESTROYS,
 };
-pub use checks_qp::{check_object_rules, check_qp_state_machine};
+pub use checks_qp::{
+    check_object_rules, check_qp_state_machine, check_retire_drained, RETIRE_ROUNDS,
+};
 pub use expect::{Behaviours, CommEst, LastWqe, RecvInErr};
 
 /// Two providers that can reach each other, and a way to let the fabric between them run.
@@ -180,6 +183,7 @@ pub fn checks<V: Verbs, P: ConformancePair<V>>() -> Vec<Check<P>> {
         ("buffer_lending", check_buffer_lending::<V, P>),
         ("comm_est", check_comm_est::<V, P>),
         ("object_rules", check_object_rules::<V, P>),
+        ("retire_drained", check_retire_drained::<V, P>),
     ]
 }
 
