@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{HwConfig, HwError, HwVerbs};
+use super::{HwConfig, HwError, HwStats, HwVerbs};
 use crate::verbs::conformance::{self, Behaviours, CommEst, ConformancePair, LastWqe, RecvInErr};
 use crate::verbs::Provider;
 
@@ -89,7 +89,11 @@ impl HwPair {
                 continue;
             }
             let t0 = std::time::Instant::now();
-            let r = f(self);
+            let before = (self.a.stats(), self.b.stats());
+            let mut r = f(self);
+            if name == "retire_drained" && r.is_ok() {
+                r = self.qp_commands_off_loop(before);
+            }
             let ms = t0.elapsed().as_millis();
             match r {
                 Ok(()) => println!("RESULT conformance_{name} PASS {ms} ms"),
@@ -100,6 +104,53 @@ impl HwPair {
             }
         }
         failed
+    }
+}
+
+impl HwPair {
+    /// After `retire_drained`: each side's QP commands went to the command thread (created
+    /// ahead and taken, retired QPs destroyed there) and none failed; printed per side.
+    fn qp_commands_off_loop(
+        &mut self,
+        before: (HwStats, HwStats),
+    ) -> Result<(), conformance::ConformanceError> {
+        let mut bad = Vec::new();
+        for (side, v, was) in [("a", &mut self.a, before.0), ("b", &mut self.b, before.1)] {
+            // What the thread finished is counted once taken in.
+            v.commands.quiesce();
+            let s = v.stats();
+            let d = |now: u64, was: u64| now - was;
+            let line =
+                format!(
+                "{} created here, {} ahead ({} taken), {} destroyed here, {} on the thread, {} \
+                 failed there",
+                d(s.calls.create_qp_calls, was.calls.create_qp_calls),
+                d(s.qps_created_off_loop, was.qps_created_off_loop),
+                d(s.qp_stash_hits, was.qp_stash_hits),
+                d(s.calls.destroy_qp_calls, was.calls.destroy_qp_calls),
+                d(s.qps_destroyed_off_loop, was.qps_destroyed_off_loop),
+                d(s.qp_commands_failed_off_loop, was.qp_commands_failed_off_loop),
+            );
+            println!("info qp commands of {side} in retire_drained: {line}");
+            let rounds = conformance::RETIRE_ROUNDS as u64;
+            if d(s.qps_destroyed_off_loop, was.qps_destroyed_off_loop) != rounds
+                || d(s.qp_stash_hits, was.qp_stash_hits) == 0
+                || d(
+                    s.qp_commands_failed_off_loop,
+                    was.qp_commands_failed_off_loop,
+                ) != 0
+            {
+                bad.push(format!("{side}: {line}"));
+            }
+        }
+        if bad.is_empty() {
+            Ok(())
+        } else {
+            Err(conformance::ConformanceError::Violation(format!(
+                "QP commands not off the loop: {}",
+                bad.join("; ")
+            )))
+        }
     }
 }
 

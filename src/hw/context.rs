@@ -7,6 +7,7 @@ use std::net::IpAddr;
 use ibverbs_sys as ffi;
 
 use super::ah_cache::AhCache;
+use super::commands::QpCommands;
 use super::objects::{Ah, Cq, Ipv4Joins, Pd, Qp, Srq, WrTable};
 use crate::verbs::{
     AddressVector, AsyncEvent, BufPools, PdId, PoolId, PortAttr, WcOpcode, WcStatus,
@@ -61,6 +62,8 @@ pub struct HwVerbs {
     pub(super) infiniband: bool,
     /// What the device was opened with (a reopen opens the same device and port again).
     pub(super) cfg: HwConfig,
+    /// QP creates and destroys off the caller's thread, and QPs created ahead.
+    pub(super) commands: QpCommands,
 }
 
 /// What the libibverbs provider counted, for the daemon's status (serialized field by field,
@@ -90,6 +93,18 @@ pub struct HwStats {
     /// Completions of a QP about to be destroyed, swept from the device's CQs into the
     /// wrapper's backlog first (and handed out by later polls, as their buffers must be).
     pub destroy_swept_completions: u64,
+    /// `create_qp` calls answered with a QP created ahead on the QP command thread (no
+    /// `ibv_create_qp` on the caller's thread).
+    pub qp_stash_hits: u64,
+    /// QPs the QP command thread created (ahead of need) and destroyed (retired drained QPs).
+    pub qps_created_off_loop: u64,
+    /// See [`HwStats::qps_created_off_loop`].
+    pub qps_destroyed_off_loop: u64,
+    /// Creates and destroys that failed on the QP command thread (each logged).
+    pub qp_commands_failed_off_loop: u64,
+    /// QPs created ahead and not taken yet, now (a gauge: the device holds these beyond the
+    /// caller's QPs, at most `STASH_DEPTH` of each of `MAX_KINDS` kinds, in `hw/commands.rs`).
+    pub qps_ready_ahead: u64,
     /// The data path's verbs calls.
     #[serde(flatten)]
     pub calls: HwCalls,
@@ -131,6 +146,12 @@ pub struct HwCalls {
     pub query_qp_calls: u64,
     /// `ibv_modify_qp` calls.
     pub modify_qp_calls: u64,
+    /// `ibv_create_qp` calls on the caller's thread (the QP command thread's are in
+    /// [`HwStats::qps_created_off_loop`]).
+    pub create_qp_calls: u64,
+    /// `ibv_destroy_qp` calls on the caller's thread (the QP command thread's are in
+    /// [`HwStats::qps_destroyed_off_loop`]).
+    pub destroy_qp_calls: u64,
 }
 
 impl HwStats {

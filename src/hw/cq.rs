@@ -236,6 +236,8 @@ pub(super) fn destroy(v: &mut HwVerbs, cq: CqId) -> Result<(), VerbsError> {
         return Err(VerbsError::Busy("CQ"));
     }
     let raw = c.raw;
+    // QPs created ahead on the CQ, or destroyed behind, are gone first.
+    v.commands.quiesce();
     // ibv_destroy_cq waits until every event it reported was acked.
     v.drain_channel();
     v.ack_events(cq);

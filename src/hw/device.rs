@@ -8,6 +8,7 @@ use std::os::fd::RawFd;
 use std::ptr;
 
 use super::ah_cache::{AhCache, MAX_CACHED_AHS, MAX_RETIRED_AHS};
+use super::commands::QpCommands;
 use super::ffi_map::mtu_from;
 use super::objects::WrTable;
 use super::{HwConfig, HwError, HwStats, HwVerbs};
@@ -119,6 +120,7 @@ impl HwVerbs {
             events: VecDeque::new(),
             wc: Vec::new(),
             stats: HwStats::default(),
+            commands: QpCommands::default(),
             ipv4_joins: Default::default(),
             infiniband: false,
             cfg: HwConfig {
@@ -221,7 +223,13 @@ impl HwVerbs {
 
     /// What the provider counted so far.
     pub fn stats(&self) -> HwStats {
-        self.stats
+        let mut s = self.stats;
+        let c = self.commands.counts;
+        s.qps_created_off_loop = c.created;
+        s.qps_destroyed_off_loop = c.destroyed;
+        s.qp_commands_failed_off_loop = c.failed;
+        s.qps_ready_ahead = self.commands.ready() as u64;
+        s
     }
 
     /// QPs that exist now (created and not yet destroyed).
@@ -259,6 +267,8 @@ impl HwVerbs {
     /// [`Provider::io_source`]: crate::verbs::Provider::io_source
     /// [`VerbsError::DeviceLost`]: crate::verbs::VerbsError::DeviceLost
     pub(super) fn close_context(&mut self) {
+        // The command thread's jobs name this context's objects.
+        self.commands.quiesce();
         self.chained.clear();
         self.events.clear();
         self.readiness = None;

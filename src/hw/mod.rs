@@ -18,6 +18,10 @@
 //!   requested (the device may round them up).
 //! - **Object rules**: CQs, SRQs and PDs count their users and refuse destruction with
 //!   [`VerbsError::Busy`].
+//! - **QP commands off the caller's thread**: a drained QP ([`Verbs::retire_qp`]) is destroyed,
+//!   and RC QPs of the kinds the caller creates are created ahead, on a thread of their own
+//!   (`commands`): firmware commands of about a millisecond each on a ConnectX, which would
+//!   otherwise hold every packet of the event loop behind them.
 //! - **I/O**: all CQs share one completion channel; its fd and the async-event fd are
 //!   non-blocking and registered with mio. On readiness [`Provider::handle_io`] reads every CQ
 //!   event, acks it and re-arms the CQ (the caller then polls); async events are translated to
@@ -29,7 +33,8 @@
 //! Layout: `context` ([`HwVerbs`], its tables and counters) and `objects` (the record kept of
 //! each device object) are the state; one module per kind of object holds its operations:
 //! `device` (open and close the context), `pd` (PDs, MRs, AHs), `ah_cache` (which AHs to
-//! keep and when to destroy them), `cq` (CQs and the completion channel), `srq`, `qp`, `wr`
+//! keep and when to destroy them), `cq` (CQs and the completion channel), `srq`, `qp`,
+//! `commands` (the QP command thread and the QPs created ahead), `wr`
 //! (posting and the WR table), `mcast` (IPv4 group joins), `events` (async events);
 //! `provider` holds the trait impls over them, `ffi_map` the C enum conversions, and `error`.
 //!
@@ -37,6 +42,7 @@
 //! each with a `SAFETY:` comment.
 //!
 //! [`Verbs`]: crate::verbs::Verbs
+//! [`Verbs::retire_qp`]: crate::verbs::Verbs::retire_qp
 //! [`Provider`]: crate::verbs::Provider
 //! [`WrId`]: crate::verbs::WrId
 //! [`BufId`]: crate::verbs::BufId
@@ -50,6 +56,7 @@
 
 mod ah_cache;
 mod av;
+mod commands;
 #[doc(hidden)]
 pub mod conformance;
 mod context;
@@ -103,6 +110,11 @@ mod tests {
             ah_destroyed: 8,
             ah_evicted: 9,
             destroy_swept_completions: 23,
+            qp_stash_hits: 24,
+            qps_created_off_loop: 25,
+            qps_destroyed_off_loop: 26,
+            qp_commands_failed_off_loop: 27,
+            qps_ready_ahead: 28,
             calls: HwCalls {
                 post_send_calls: 10,
                 send_wrs: 11,
@@ -117,6 +129,8 @@ mod tests {
                 cq_event_acks: 17,
                 query_qp_calls: 18,
                 modify_qp_calls: 19,
+                create_qp_calls: 29,
+                destroy_qp_calls: 30,
             },
         };
         assert_eq!(
@@ -132,6 +146,11 @@ mod tests {
                 "ah_destroyed": 8,
                 "ah_evicted": 9,
                 "destroy_swept_completions": 23,
+                "qp_stash_hits": 24,
+                "qps_created_off_loop": 25,
+                "qps_destroyed_off_loop": 26,
+                "qp_commands_failed_off_loop": 27,
+                "qps_ready_ahead": 28,
                 "post_send_calls": 10,
                 "send_wrs": 11,
                 "inline_sends": 12,
@@ -145,6 +164,8 @@ mod tests {
                 "cq_event_acks": 17,
                 "query_qp_calls": 18,
                 "modify_qp_calls": 19,
+                "create_qp_calls": 29,
+                "destroy_qp_calls": 30,
             })
         );
     }

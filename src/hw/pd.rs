@@ -91,8 +91,11 @@ pub(super) fn dealloc(v: &mut HwVerbs, pd: PdId) -> Result<(), VerbsError> {
     if p.users > 0 || v.mrs.values().any(|(_, d)| *d == pd) {
         return Err(VerbsError::Busy("PD"));
     }
+    let raw = p.raw;
+    // QPs created ahead in the PD, or destroyed behind, are gone first.
+    v.commands.quiesce();
     // SAFETY: a live PD with no objects.
-    let rc = unsafe { ffi::ibv_dealloc_pd(p.raw) };
+    let rc = unsafe { ffi::ibv_dealloc_pd(raw) };
     if rc != 0 {
         return Err(errno_err("ibv_dealloc_pd", rc));
     }

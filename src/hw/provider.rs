@@ -115,6 +115,10 @@ impl Verbs for HwVerbs {
         qp::destroy(self, qp)
     }
 
+    fn retire_qp(&mut self, qp: QpNum) -> Result<(), VerbsError> {
+        qp::retire(self, qp)
+    }
+
     fn qp_count(&self) -> usize {
         self.qps.len()
     }
@@ -170,6 +174,7 @@ impl Provider for HwVerbs {
 
     fn handle_io(&mut self, now: Instant) -> io::Result<()> {
         wr::flush_all(self);
+        self.commands.collect();
         self.handle_input(now).map(|_| ())
     }
 
@@ -204,6 +209,7 @@ impl Provider for HwVerbs {
         self.close_context();
         let mut new = Self::open(&self.cfg).map_err(|e| e.to_string())?;
         new.stats = self.stats;
+        new.commands.counts = self.commands.counts;
         *self = new;
         Ok(())
     }

@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 use std::ptr;
 
+use super::commands::{self, QpKind, RawQpInit};
 use super::context::HwVerbs;
 use super::error::errno_err;
 use super::ffi_map::{bit, state_from, state_to};
@@ -50,63 +51,44 @@ impl HwVerbs {
     }
 }
 
-/// The payload bytes a send QP asks to carry inline (the device may grant more): an IP
-/// packet up to this size (TCP ACKs, ARP and ND, small UDP) is copied into the WQE.
-pub(super) const MAX_INLINE_DATA: u32 = 128;
-
+/// Creates a QP in RESET: one created ahead on the command thread when one of its kind is
+/// ready, else here; then the command thread is asked for what the stash of its kind lacks.
 pub(super) fn create(v: &mut HwVerbs, init: &QpInit) -> Result<QpNum, VerbsError> {
     let qp_type = match init.qp_type {
         QpType::Rc => ffi::ibv_qp_type::IBV_QPT_RC,
         QpType::Ud => ffi::ibv_qp_type::IBV_QPT_UD,
         QpType::Gsi => return Err(VerbsError::OutOfResources("QP1 (owned by the kernel)")),
     };
-    let raw_pd = v.pd_raw(init.pd)?;
-    let scq = v.cq_raw(init.send_cq)?;
-    let rcq = v.cq_raw(init.recv_cq)?;
-    let srq = match init.srq {
-        Some(s) => v.srqs.get(&s.0).ok_or(VerbsError::NoSuchObject("SRQ"))?.raw,
-        None => ptr::null_mut(),
-    };
-    let mut a = ffi::ibv_qp_init_attr {
-        qp_context: ptr::null_mut(),
-        send_cq: scq,
-        recv_cq: rcq,
-        srq,
-        cap: ffi::ibv_qp_cap {
-            max_send_wr: init.max_send_wr.max(1),
-            max_recv_wr: if srq.is_null() {
-                init.max_recv_wr.max(1)
-            } else {
-                0
-            },
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: MAX_INLINE_DATA,
+    let raw_init = RawQpInit {
+        pd: v.pd_raw(init.pd)?,
+        send_cq: v.cq_raw(init.send_cq)?,
+        recv_cq: v.cq_raw(init.recv_cq)?,
+        srq: match init.srq {
+            Some(s) => v.srqs.get(&s.0).ok_or(VerbsError::NoSuchObject("SRQ"))?.raw,
+            None => ptr::null_mut(),
         },
         qp_type,
-        // The device signals only what `wr::flush_sends` asks; `sq_sig_all` is this
-        // wrapper's: every send then completes towards the caller.
-        sq_sig_all: 0,
+        max_send_wr: init.max_send_wr,
+        max_recv_wr: init.max_recv_wr,
     };
-    // SAFETY: valid PD, CQs, SRQ (or null) and attribute struct.
-    let mut raw = unsafe { ffi::ibv_create_qp(raw_pd, &mut a) };
-    if raw.is_null() {
-        // A device that cannot put MAX_INLINE_DATA bytes in a WQE: no inline sends.
-        a.cap.max_inline_data = 0;
-        // SAFETY: as above.
-        raw = unsafe { ffi::ibv_create_qp(raw_pd, &mut a) };
-    }
-    if raw.is_null() {
-        return Err(errno_err("ibv_create_qp", -1));
-    }
-    // ibv_create_qp wrote back what the device granted.
-    let max_inline = a.cap.max_inline_data;
+    let kind = QpKind::of(init);
+    let created = match v.commands.take(&kind) {
+        Some(q) => {
+            v.stats.qp_stash_hits += 1;
+            q
+        }
+        None => {
+            v.stats.calls.create_qp_calls += 1;
+            commands::create(&raw_init).map_err(|rc| errno_err("ibv_create_qp", rc))?
+        }
+    };
+    v.commands.refill(&kind, raw_init);
     // SAFETY: a live QP.
-    let qpn = unsafe { (*raw).qp_num };
+    let qpn = unsafe { (*created.raw).qp_num };
     v.qps.insert(
         qpn,
         Qp {
-            raw,
+            raw: created.raw,
             qp_type: init.qp_type,
             state: QpState::Reset,
             pd: init.pd,
@@ -116,7 +98,7 @@ pub(super) fn create(v: &mut HwVerbs, init: &QpInit) -> Result<QpNum, VerbsError
             max_send_wr: init.max_send_wr.max(1),
             max_recv_wr: init.max_recv_wr.max(1),
             sq_sig_all: init.sq_sig_all,
-            max_inline,
+            max_inline: created.max_inline,
             pending: Vec::new(),
             sends: VecDeque::new(),
             sends_posted: 0,
@@ -290,10 +272,54 @@ pub(super) fn query_qp_state(v: &HwVerbs, qp: QpNum) -> Result<QpState, VerbsErr
     Ok(v.query_state(q.raw).unwrap_or(q.state))
 }
 
+/// Destroys `qp` here: its multicast attachments are undone and its CQs swept (what the
+/// device completed for it reaches the backlog before the destroy can clean it from them),
+/// then `ibv_destroy_qp`, then the wrapper forgets it.
 pub(super) fn destroy(v: &mut HwVerbs, qp: QpNum) -> Result<(), VerbsError> {
+    let raw = v.qps.get(&qp.get()).ok_or(VerbsError::NoSuchQp(qp))?.raw;
+    detach_all(v, qp);
+    sweep(v, qp);
+    v.stats.calls.destroy_qp_calls += 1;
+    // SAFETY: a live QP; nothing else refers to it.
+    let rc = unsafe { ffi::ibv_destroy_qp(raw) };
+    if rc != 0 {
+        return Err(errno_err("ibv_destroy_qp", rc));
+    }
+    forget(v, qp);
+    Ok(())
+}
+
+/// Destroys a drained `qp` ([`Verbs::retire_qp`]): the wrapper forgets it now and the command
+/// thread destroys it. One with work the wrapper still sees outstanding (sends not completed,
+/// receives of its own posted), or multicast attachments, or with no room on the thread, is
+/// destroyed here as by [`destroy`].
+///
+/// [`Verbs::retire_qp`]: crate::verbs::Verbs::retire_qp
+pub(super) fn retire(v: &mut HwVerbs, qp: QpNum) -> Result<(), VerbsError> {
     let q = v.qps.get(&qp.get()).ok_or(VerbsError::NoSuchQp(qp))?;
+    let idle = q.qp_type == QpType::Rc
+        && q.mcast.is_empty()
+        && q.pending.is_empty()
+        && q.sends_completed >= q.sends_posted
+        && (q.srq.is_some() || q.recvs == 0);
     let raw = q.raw;
-    let q_cqs = (q.send_cq, q.recv_cq);
+    if !idle {
+        return destroy(v, qp);
+    }
+    sweep(v, qp);
+    if !v.commands.destroy(raw) {
+        return destroy(v, qp);
+    }
+    forget(v, qp);
+    Ok(())
+}
+
+/// Undoes `qp`'s multicast attachments (each device attachment once).
+fn detach_all(v: &mut HwVerbs, qp: QpNum) {
+    let Some(q) = v.qps.get(&qp.get()) else {
+        return;
+    };
+    let raw = q.raw;
     let mut detached = Vec::new();
     for g in q.mcast.clone() {
         let dev = v.device_mgid(g);
@@ -305,19 +331,23 @@ pub(super) fn destroy(v: &mut HwVerbs, qp: QpNum) -> Result<(), VerbsError> {
         }
         v.leave_ipv4(dev);
     }
-    // What the device completed for the QP reaches the backlog before the destroy can clean
-    // it from the CQs.
-    let (send_cq, recv_cq) = q_cqs;
+}
+
+/// Moves what the device completed for `qp` into the backlog of its CQs.
+fn sweep(v: &mut HwVerbs, qp: QpNum) {
+    let Some((send_cq, recv_cq)) = v.qps.get(&qp.get()).map(|q| (q.send_cq, q.recv_cq)) else {
+        return;
+    };
     let mut swept = super::cq::sweep(v, recv_cq, qp);
     if send_cq != recv_cq {
         swept += super::cq::sweep(v, send_cq, qp);
     }
     v.stats.destroy_swept_completions += swept;
-    // SAFETY: a live QP; nothing else refers to it.
-    let rc = unsafe { ffi::ibv_destroy_qp(raw) };
-    if rc != 0 {
-        return Err(errno_err("ibv_destroy_qp", rc));
-    }
+}
+
+/// Forgets a destroyed (or handed over) `qp`: its record, its WRs, its uses of the PD, CQs
+/// and SRQ.
+fn forget(v: &mut HwVerbs, qp: QpNum) {
     if let Some(q) = v.qps.remove(&qp.get()) {
         if q.qp_type != QpType::Rc {
             // Its sends will never be processed: the AHs they used may go.
@@ -332,7 +362,6 @@ pub(super) fn destroy(v: &mut HwVerbs, qp: QpNum) -> Result<(), VerbsError> {
         }
     }
     v.release_owner(Owner::Qp(qp));
-    Ok(())
 }
 
 /// `mlid` goes to `ibv_attach_mcast`'s `lid` (the SA's MLID on InfiniBand, 0 on RoCE).

@@ -82,6 +82,8 @@ pub(super) fn destroy(v: &mut HwVerbs, srq: SrqId) -> Result<(), VerbsError> {
         return Err(VerbsError::Busy("SRQ"));
     }
     let (raw, pd) = (s.raw, s.pd);
+    // QPs created ahead on the SRQ, or destroyed behind, are gone first.
+    v.commands.quiesce();
     // SAFETY: a live SRQ no QP uses.
     let rc = unsafe { ffi::ibv_destroy_srq(raw) };
     if rc != 0 {

@@ -1,0 +1,513 @@
+//! The QP commands the event loop need not wait for, run on a thread of their own: the
+//! destroy of a drained QP ([`Verbs::retire_qp`]) and the creation of RC QPs ahead of need (a
+//! small stash per kind of QP the caller creates again and again, which `create_qp` takes
+//! from). On a ConnectX each is a firmware command of about a millisecond, and a burst of
+//! connections set up or reaped would hold every packet behind them; the modifies (INIT, RTR,
+//! RTS, ERR) stay on the caller's thread, for the connection set-up waits for their result.
+//!
+//! Lifetimes: a job names device objects by their raw handles. The QP of a destroy job is the
+//! thread's alone (the caller forgot it); the PD, CQs and SRQ a create job names outlive it,
+//! for every destroy of such an object, and the context's close, first waits for the thread
+//! to finish what it was given and destroys the stash ([`QpCommands::quiesce`]).
+//!
+//! [`Verbs::retire_qp`]: crate::verbs::Verbs::retire_qp
+
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::thread::JoinHandle;
+
+use ibverbs_sys as ffi;
+
+use crate::verbs::{CqId, PdId, QpInit, QpType, SrqId};
+
+/// QPs of one kind kept created ahead.
+pub(super) const STASH_DEPTH: usize = 8;
+
+/// Kinds of QP with a stash (the daemon creates two: its RX and its TX connections' QPs);
+/// QPs of any other kind are created when asked.
+pub(super) const MAX_KINDS: usize = 4;
+
+/// Jobs given to the thread and not taken by it yet; beyond, a command runs on the caller's
+/// thread.
+const QUEUE: usize = 256;
+
+/// What makes two QPs interchangeable before their first modify: everything of [`QpInit`]
+/// the device sees (`sq_sig_all` is the wrapper's own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct QpKind {
+    pub(super) pd: PdId,
+    pub(super) qp_type: QpType,
+    pub(super) send_cq: CqId,
+    pub(super) recv_cq: CqId,
+    pub(super) srq: Option<SrqId>,
+    pub(super) max_send_wr: u32,
+    pub(super) max_recv_wr: u32,
+}
+
+impl QpKind {
+    pub(super) fn of(init: &QpInit) -> Self {
+        Self {
+            pd: init.pd,
+            qp_type: init.qp_type,
+            send_cq: init.send_cq,
+            recv_cq: init.recv_cq,
+            srq: init.srq,
+            max_send_wr: init.max_send_wr,
+            max_recv_wr: init.max_recv_wr,
+        }
+    }
+}
+
+/// What `ibv_create_qp` is given for a QP of some kind: the raw handles of its PD, CQs and
+/// SRQ (null: none) and its queue sizes.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RawQpInit {
+    pub(super) pd: *mut ffi::ibv_pd,
+    pub(super) send_cq: *mut ffi::ibv_cq,
+    pub(super) recv_cq: *mut ffi::ibv_cq,
+    pub(super) srq: *mut ffi::ibv_srq,
+    pub(super) qp_type: ffi::ibv_qp_type::Type,
+    pub(super) max_send_wr: u32,
+    pub(super) max_recv_wr: u32,
+}
+
+/// A QP the device created: its handle and the inline size it granted.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct CreatedQp {
+    pub(super) raw: *mut ffi::ibv_qp,
+    pub(super) max_inline: u32,
+}
+
+/// The stash's bookkeeping, apart from the device: which kinds are kept, the QPs ready of
+/// each, and how many are being created.
+#[derive(Debug)]
+pub(super) struct Stash<Q> {
+    kinds: Vec<Kept<Q>>,
+}
+
+#[derive(Debug)]
+struct Kept<Q> {
+    kind: QpKind,
+    ready: Vec<Q>,
+    asked: usize,
+}
+
+impl<Q> Default for Stash<Q> {
+    fn default() -> Self {
+        Self { kinds: Vec::new() }
+    }
+}
+
+impl<Q> Stash<Q> {
+    /// A ready QP of `kind`, if there is one.
+    pub(super) fn take(&mut self, kind: &QpKind) -> Option<Q> {
+        self.kinds
+            .iter_mut()
+            .find(|k| k.kind == *kind)
+            .and_then(|k| k.ready.pop())
+    }
+
+    /// A QP of `kind` was just created for the caller: how many more to create ahead (and
+    /// now counted as asked for). RC kinds only, the first [`MAX_KINDS`] of them.
+    pub(super) fn ask(&mut self, kind: &QpKind) -> usize {
+        if kind.qp_type != QpType::Rc {
+            return 0;
+        }
+        let i = match self.kinds.iter().position(|k| k.kind == *kind) {
+            Some(i) => i,
+            None if self.kinds.len() < MAX_KINDS => {
+                self.kinds.push(Kept {
+                    kind: *kind,
+                    ready: Vec::new(),
+                    asked: 0,
+                });
+                self.kinds.len() - 1
+            }
+            None => return 0,
+        };
+        let k = &mut self.kinds[i];
+        let more = STASH_DEPTH.saturating_sub(k.ready.len() + k.asked);
+        k.asked += more;
+        more
+    }
+
+    /// One asked for was made: kept, or handed back when its kind is no longer kept.
+    pub(super) fn arrived(&mut self, kind: &QpKind, q: Q) -> Option<Q> {
+        match self.kinds.iter_mut().find(|k| k.kind == *kind) {
+            Some(k) => {
+                k.asked = k.asked.saturating_sub(1);
+                k.ready.push(q);
+                None
+            }
+            None => Some(q),
+        }
+    }
+
+    /// One asked for could not be made.
+    pub(super) fn failed(&mut self, kind: &QpKind) {
+        if let Some(k) = self.kinds.iter_mut().find(|k| k.kind == *kind) {
+            k.asked = k.asked.saturating_sub(1);
+        }
+    }
+
+    /// Forgets every kind (none is asked for again until created again); the QPs that were
+    /// ready, for the caller to destroy.
+    pub(super) fn clear(&mut self) -> Vec<Q> {
+        self.kinds.drain(..).flat_map(|k| k.ready).collect()
+    }
+
+    /// QPs ready, of every kind.
+    pub(super) fn ready(&self) -> usize {
+        self.kinds.iter().map(|k| k.ready.len()).sum()
+    }
+}
+
+/// A raw libibverbs handle handed to the command thread or back.
+#[derive(Debug)]
+struct Handed<T>(T);
+
+// SAFETY: libibverbs verbs may be called from any thread. The handles a job carries are used
+// by one thread at a time: a destroyed QP's only by the command thread (the caller forgot
+// it), a created QP's only by the caller once it is handed back, and the PD, CQs and SRQ of a
+// create job stay alive until the thread is done with them (`QpCommands::quiesce`).
+unsafe impl<T> Send for Handed<T> {}
+
+enum Job {
+    Create(QpKind, RawQpInit),
+    Destroy(*mut ffi::ibv_qp),
+}
+
+enum Done {
+    Created(QpKind, Result<CreatedQp, i32>),
+    Destroyed(Result<(), i32>),
+}
+
+/// The thread, its two queues and what it was given.
+#[derive(Debug)]
+struct Worker {
+    jobs: Option<SyncSender<Handed<Job>>>,
+    done: Receiver<Handed<Done>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Create(k, _) => write!(f, "Create({k:?})"),
+            Self::Destroy(q) => write!(f, "Destroy({q:?})"),
+        }
+    }
+}
+
+impl std::fmt::Debug for Done {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Created(k, r) => write!(f, "Created({k:?}, {:?})", r.map(|c| c.raw)),
+            Self::Destroyed(r) => write!(f, "Destroyed({r:?})"),
+        }
+    }
+}
+
+/// What the command thread did, as counted when its results come back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct OffLoop {
+    pub(super) created: u64,
+    pub(super) destroyed: u64,
+    pub(super) failed: u64,
+}
+
+/// The command thread (started at its first job) and the stash. See the
+/// [module documentation](self).
+#[derive(Debug, Default)]
+pub(super) struct QpCommands {
+    worker: Option<Worker>,
+    /// The thread could not be started: every command runs on the caller's thread.
+    no_thread: bool,
+    stash: Stash<CreatedQp>,
+    /// Jobs given and not answered.
+    in_flight: usize,
+    pub(super) counts: OffLoop,
+}
+
+impl QpCommands {
+    /// A QP of `kind` created ahead, if one is ready.
+    pub(super) fn take(&mut self, kind: &QpKind) -> Option<CreatedQp> {
+        self.collect();
+        self.stash.take(kind)
+    }
+
+    /// A QP of `kind` was created for the caller: asks the thread for what the stash of that
+    /// kind lacks.
+    pub(super) fn refill(&mut self, kind: &QpKind, init: RawQpInit) {
+        let more = self.stash.ask(kind);
+        for _ in 0..more {
+            if !self.send(Job::Create(*kind, init)) {
+                self.stash.failed(kind);
+            }
+        }
+    }
+
+    /// Gives `qp` to the thread to destroy; `false` (the caller destroys it) when there is no
+    /// thread or its queue is full.
+    pub(super) fn destroy(&mut self, qp: *mut ffi::ibv_qp) -> bool {
+        self.collect();
+        self.send(Job::Destroy(qp))
+    }
+
+    fn send(&mut self, job: Job) -> bool {
+        let Some(w) = self.worker() else {
+            return false;
+        };
+        let Some(jobs) = &w.jobs else {
+            return false;
+        };
+        match jobs.try_send(Handed(job)) {
+            Ok(()) => {
+                self.in_flight += 1;
+                true
+            }
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
+        }
+    }
+
+    fn worker(&mut self) -> Option<&Worker> {
+        if self.worker.is_none() && !self.no_thread {
+            match Worker::start() {
+                Ok(w) => self.worker = Some(w),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no QP command thread: QPs are created and destroyed on the event loop");
+                    self.no_thread = true;
+                }
+            }
+        }
+        self.worker.as_ref()
+    }
+
+    /// Takes in what the thread finished, without waiting.
+    pub(super) fn collect(&mut self) {
+        while let Some(d) = self.worker.as_ref().and_then(|w| w.done.try_recv().ok()) {
+            self.answered(d.0);
+        }
+    }
+
+    fn answered(&mut self, d: Done) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        match d {
+            Done::Created(kind, Ok(q)) => {
+                self.counts.created += 1;
+                if let Some(q) = self.stash.arrived(&kind, q) {
+                    destroy_now(q.raw);
+                }
+            }
+            Done::Created(kind, Err(errno)) => {
+                self.counts.failed += 1;
+                self.stash.failed(&kind);
+                tracing::debug!(errno, "creating a QP ahead failed");
+            }
+            Done::Destroyed(Ok(())) => self.counts.destroyed += 1,
+            Done::Destroyed(Err(errno)) => {
+                self.counts.failed += 1;
+                tracing::warn!(errno, "ibv_destroy_qp failed on the QP command thread");
+            }
+        }
+    }
+
+    /// Waits for every job given to the thread, then destroys the QPs created ahead and
+    /// forgets their kinds: nothing of the thread's refers to a device object after it.
+    /// Blocks (for as long as the jobs take): called before a PD, CQ or SRQ is destroyed and
+    /// before the context is closed, never on the data path.
+    pub(super) fn quiesce(&mut self) {
+        while self.in_flight > 0 {
+            let Some(d) = self.worker.as_ref().and_then(|w| w.done.recv().ok()) else {
+                self.in_flight = 0;
+                break;
+            };
+            self.answered(d.0);
+        }
+        for q in self.stash.clear() {
+            destroy_now(q.raw);
+        }
+    }
+
+    /// QPs created ahead and not taken.
+    pub(super) fn ready(&self) -> usize {
+        self.stash.ready()
+    }
+}
+
+impl Drop for QpCommands {
+    fn drop(&mut self) {
+        self.quiesce();
+        if let Some(mut w) = self.worker.take() {
+            // Its queue closed, the thread's loop ends.
+            w.jobs = None;
+            if let Some(t) = w.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+impl Worker {
+    fn start() -> std::io::Result<Self> {
+        let (jobs, rx) = mpsc::sync_channel::<Handed<Job>>(QUEUE);
+        let (tx, done) = mpsc::channel::<Handed<Done>>();
+        let thread = std::thread::Builder::new()
+            .name("ipoib-cm-qp-cmd".into())
+            .spawn(move || {
+                while let Ok(Handed(job)) = rx.recv() {
+                    let d = match job {
+                        Job::Create(kind, init) => Done::Created(kind, create(&init)),
+                        Job::Destroy(qp) => Done::Destroyed(destroy(qp)),
+                    };
+                    if tx.send(Handed(d)).is_err() {
+                        break;
+                    }
+                }
+            })?;
+        Ok(Self {
+            jobs: Some(jobs),
+            done,
+            thread: Some(thread),
+        })
+    }
+}
+
+/// The payload bytes a send QP asks to carry inline (the device may grant more): an IP
+/// packet up to this size (TCP ACKs, ARP and ND, small UDP) is copied into the WQE.
+pub(super) const MAX_INLINE_DATA: u32 = 128;
+
+/// `ibv_create_qp`, asking for [`MAX_INLINE_DATA`] and without inline data where the device
+/// refuses that; the errno on failure.
+pub(super) fn create(init: &RawQpInit) -> Result<CreatedQp, i32> {
+    let mut a = ffi::ibv_qp_init_attr {
+        qp_context: std::ptr::null_mut(),
+        send_cq: init.send_cq,
+        recv_cq: init.recv_cq,
+        srq: init.srq,
+        cap: ffi::ibv_qp_cap {
+            max_send_wr: init.max_send_wr.max(1),
+            max_recv_wr: if init.srq.is_null() {
+                init.max_recv_wr.max(1)
+            } else {
+                0
+            },
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: MAX_INLINE_DATA,
+        },
+        qp_type: init.qp_type,
+        // The device signals only what `wr::flush_sends` asks; `sq_sig_all` is the
+        // wrapper's: every send then completes towards the caller.
+        sq_sig_all: 0,
+    };
+    // SAFETY: live PD, CQs and SRQ (or null) (see the module documentation) and a filled
+    // attribute struct.
+    let mut raw = unsafe { ffi::ibv_create_qp(init.pd, &mut a) };
+    if raw.is_null() {
+        // A device that cannot put MAX_INLINE_DATA bytes in a WQE: no inline sends.
+        a.cap.max_inline_data = 0;
+        // SAFETY: as above.
+        raw = unsafe { ffi::ibv_create_qp(init.pd, &mut a) };
+    }
+    if raw.is_null() {
+        return Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO));
+    }
+    // ibv_create_qp wrote back what the device granted.
+    Ok(CreatedQp {
+        raw,
+        max_inline: a.cap.max_inline_data,
+    })
+}
+
+/// `ibv_destroy_qp`; its error code.
+fn destroy(qp: *mut ffi::ibv_qp) -> Result<(), i32> {
+    // SAFETY: a live QP no one else refers to (see the module documentation).
+    match unsafe { ffi::ibv_destroy_qp(qp) } {
+        0 => Ok(()),
+        rc => Err(rc),
+    }
+}
+
+/// Destroys a QP created ahead and never handed out; errors are ignored (nothing refers to
+/// it, and nothing can be done).
+fn destroy_now(qp: *mut ffi::ibv_qp) {
+    let _ = destroy(qp);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kind(send_cq: u32) -> QpKind {
+        QpKind {
+            pd: PdId(1),
+            qp_type: QpType::Rc,
+            send_cq: CqId(send_cq),
+            recv_cq: CqId(send_cq),
+            srq: None,
+            max_send_wr: 64,
+            max_recv_wr: 16,
+        }
+    }
+
+    #[test]
+    fn a_kind_is_kept_full_once_created_and_what_is_asked_is_counted_once() {
+        let mut s = Stash::<u32>::default();
+        let a = kind(1);
+        assert_eq!(s.take(&a), None, "nothing ahead of the first create");
+        assert_eq!(s.ask(&a), STASH_DEPTH);
+        assert_eq!(s.ask(&a), 0, "already asked for");
+        for i in 0..STASH_DEPTH as u32 {
+            assert_eq!(s.arrived(&a, i), None);
+        }
+        assert_eq!(s.ready(), STASH_DEPTH);
+        assert!(s.take(&a).is_some());
+        assert_eq!(s.ask(&a), 1, "one taken, one asked for");
+        s.failed(&a);
+        assert_eq!(
+            s.ask(&a),
+            1,
+            "a failure is asked for again at the next create"
+        );
+    }
+
+    #[test]
+    fn only_rc_kinds_and_at_most_max_kinds_are_kept() {
+        let mut s = Stash::<u32>::default();
+        let mut ud = kind(1);
+        ud.qp_type = QpType::Ud;
+        assert_eq!(s.ask(&ud), 0);
+        for k in 0..MAX_KINDS as u32 {
+            assert_eq!(s.ask(&kind(10 + k)), STASH_DEPTH);
+        }
+        assert_eq!(s.ask(&kind(99)), 0, "beyond MAX_KINDS");
+        assert_eq!(
+            s.arrived(&kind(99), 7),
+            Some(7),
+            "an unkept kind's QP is handed back"
+        );
+    }
+
+    #[test]
+    fn clear_hands_back_every_ready_qp_and_forgets_the_kinds() {
+        let mut s = Stash::<u32>::default();
+        let (a, b) = (kind(1), kind(2));
+        s.ask(&a);
+        s.ask(&b);
+        s.arrived(&a, 1);
+        s.arrived(&b, 2);
+        s.arrived(&b, 3);
+        let mut back = s.clear();
+        back.sort_unstable();
+        assert_eq!(back, vec![1, 2, 3]);
+        assert_eq!(s.ready(), 0);
+        assert_eq!(
+            s.arrived(&a, 4),
+            Some(4),
+            "in flight at the clear: handed back"
+        );
+        assert_eq!(s.take(&a), None);
+    }
+}
