@@ -6,6 +6,7 @@
 #     switches per GB (perf stat -e raw_syscalls:sys_enter,context-switches) and their CPU s/GB;
 #   - ping p50/p99 (PINGS at 2 ms);
 #   - 64-byte UDP datagrams, unlimited rate (received pps);
+#   - a steady 100 Mbit/s TCP stream for T s: both daemons' CPU s/GB there;
 #   - idle: both daemons' CPU over IDLE s with no traffic, and with one ping a second.
 # Counts move little from run to run; times here move by a third.
 #
@@ -39,8 +40,8 @@ cpu_s() {
 }
 median() { sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 
-printf '%-8s %10s %12s %12s %9s %9s %10s %10s %10s\n' busy_poll 'TCP Gb/s' 'syscalls/GB' 'ctxsw/GB' \
-    'CPU s/GB' 'ping p50' 'ping p99' '64B pps' 'idle %core' > "$OUT/table"
+printf '%-8s %10s %12s %12s %9s %9s %10s %10s %11s %9s\n' busy_poll 'TCP Gb/s' 'syscalls/GB' \
+    'ctxsw/GB' 'CPU s/GB' 'ping p50' 'ping p99' '64B pps' 'idle %core' '100M s/GB' > "$OUT/table"
 for mode in "${MODES[@]}"; do
     echo "== --busy-poll $mode"
     LAB_PREFIX=$PREFIX LAB_MTU=9000 LAB_LINK=pair bash scripts/lab.sh up 2 -- --busy-poll "$mode" > /dev/null
@@ -89,13 +90,20 @@ for mode in "${MODES[@]}"; do
         jq -r '.end.sum | (.packets - .lost_packets) / .seconds' "$OUT/udp" >> "$OUT/udp.pps"
     done
     pps=$(median < "$OUT/udp.pps" | awk '{ printf "%.0f", $1 }'); rm -f "$OUT/udp.pps"
+
+    c0=$(cpu_s "${pids[@]}")
+    ip netns exec "$c" timeout $((T + 20)) iperf3 -c "$dst" -p 5201 -t "$T" -b 100M -J \
+        > "$OUT/steady" || true
+    c1=$(cpu_s "${pids[@]}")
+    steady=$(jq -r '.end.sum_received.bytes' "$OUT/steady" \
+        | awk -v a="$c0" -v b="$c1" '$1 > 0 { printf "%.2f", (b - a) / ($1 / 1e9) }')
     kill "$IPERF_PID" 2>/dev/null || true; wait "$IPERF_PID" 2>/dev/null || true; IPERF_PID=
-    LAB_PREFIX=$PREFIX bash scripts/lab.sh status 1 2>/dev/null \
-        | jq -c '.provider | with_entries(select(.key | startswith("spin_")))' || true
     LAB_PREFIX=$PREFIX bash scripts/lab.sh down > /dev/null
-    printf '%-8s %10.2f %12s %12s %9s %9s %10s %10s %5s/%s\n' "$mode" "$gbps" "$(per_gb "$sc")" \
-        "$(per_gb "$cs")" "$cpu_gb" "$p50" "$p99" "$pps" "$idle" "$idle1" >> "$OUT/table"
+    printf '%-8s %10.2f %12s %12s %9s %9s %10s %10s %5s/%-5s %9s\n' "$mode" "$gbps" \
+        "$(per_gb "$sc")" "$(per_gb "$cs")" "$cpu_gb" "$p50" "$p99" "$pps" "$idle" "$idle1" \
+        "${steady:--}" >> "$OUT/table"
 done
 echo
-echo "(ping in µs; idle: % of a core per daemon, with no traffic / with one ping a second; load $(cut -d' ' -f1-3 /proc/loadavg))"
+echo "(ping in µs; idle: % of a core per daemon, with no traffic / with one ping a second; 100M: both"
+echo " daemons' CPU s per GB of a steady 100 Mbit/s TCP stream; load $(cut -d' ' -f1-3 /proc/loadavg))"
 cat "$OUT/table"
