@@ -2,6 +2,7 @@
 //! tables, the neighbour cache, the TUN queue, the UD QP, the CM and the timer wheel) and
 //! dispatches the driver's calls, the CM's events and the timers to them.
 
+use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -84,8 +85,10 @@ pub struct Endpoint {
     pub(super) rx_chain: Vec<(WrId, BufId)>,
     /// Scratch for fired timers.
     fired: Vec<(TimerId, Timer)>,
-    /// Scratch for CM events, trimmed to [`crate::cm::QUEUE_KEEP`] after each batch.
-    cm_events: Vec<CmEvent>,
+    /// CM events taken from the CM and not acted on yet, oldest first: those behind the
+    /// [`SETUPS_PER_PUMP`]th connection set-up of one pump wait for the next. Bounded by what
+    /// the CM's own tables allow it to raise; trimmed to [`crate::cm::QUEUE_KEEP`] when empty.
+    cm_events: VecDeque<CmEvent>,
     /// Connection events for the driver ([`Endpoint::poll_event`]).
     pub(super) events: EventQueue,
     /// The `--peer`s' GIDs ([`EndpointConfig::peers`], [`Endpoint::set_peers`]).
@@ -251,7 +254,7 @@ impl Endpoint {
             rx_up: Vec::with_capacity(CQ_BATCH),
             rx_chain: Vec::with_capacity(CQ_BATCH),
             fired: Vec::new(),
-            cm_events: Vec::new(),
+            cm_events: VecDeque::new(),
             events: EventQueue::default(),
             sa: SaGroups::default(),
             device_events: Vec::new(),
@@ -362,10 +365,17 @@ impl Endpoint {
         // MADs waiting for room in the driver's transport: come back at once (QP1's send
         // buffers return with the completions the transport reaps on the next turn).
         let pending = self.cm.has_transmit().then_some(self.last_now);
-        [self.wheel.poll_timeout(), self.cm.poll_timeout(), pending]
-            .into_iter()
-            .flatten()
-            .min()
+        // CM events left by a pump that did its share of set-ups: on the next turn.
+        let deferred = (!self.cm_events.is_empty()).then_some(self.last_now);
+        [
+            self.wheel.poll_timeout(),
+            self.cm.poll_timeout(),
+            pending,
+            deferred,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Fires due timers: RX staleness, teardown watchdogs, neighbour retries and ageing, CM
@@ -449,23 +459,34 @@ impl Endpoint {
         }
     }
 
-    /// Acts on the CM's events; the MADs they make wait for [`poll_mad`](Self::poll_mad).
+    /// Acts on the CM's events, in order; the MADs they make wait for
+    /// [`poll_mad`](Self::poll_mad). A REQ accepted or a REP answered moves a QP through two
+    /// or three modifies, each a firmware command on a ConnectX: after [`SETUPS_PER_PUMP`] of
+    /// those set-ups the events behind them wait, in order, for the next pump, which
+    /// [`poll_timeout`](Self::poll_timeout) asks for at once. A burst of connections then
+    /// holds a turn's packets behind a bounded number of set-ups (two pumps a turn).
     fn pump_cm<V: Verbs>(&mut self, now: Instant, v: &mut V) {
+        let mut setups = 0;
         for _ in 0..16 {
-            let mut events = std::mem::take(&mut self.cm_events);
-            events.clear();
             while let Some(e) = self.cm.poll_event() {
-                events.push(e);
+                self.cm_events.push_back(e);
             }
-            let had_events = !events.is_empty();
-            for e in events.drain(..) {
-                self.on_cm_event(now, v, e);
-            }
-            events.shrink_to(crate::cm::QUEUE_KEEP);
-            self.cm_events = events;
-            if !had_events {
+            if self.cm_events.is_empty() {
                 break;
             }
+            while let Some(e) = self.cm_events.pop_front() {
+                if sets_up_a_qp(&e) {
+                    if setups == SETUPS_PER_PUMP {
+                        self.cm_events.push_front(e);
+                        return;
+                    }
+                    setups += 1;
+                }
+                self.on_cm_event(now, v, e);
+            }
+        }
+        if self.cm_events.capacity() > crate::cm::QUEUE_KEEP {
+            self.cm_events.shrink_to(crate::cm::QUEUE_KEEP);
         }
     }
 
@@ -692,4 +713,13 @@ impl Endpoint {
     pub(super) fn random_psn(&mut self) -> crate::verbs::Psn {
         crate::verbs::Psn::new(self.rng.gen())
     }
+}
+
+/// Connection set-ups (a REQ accepted, a REP answered) one pump of the CM's events does; the
+/// events behind them wait for the next pump, on the next turn.
+pub(crate) const SETUPS_PER_PUMP: usize = 8;
+
+/// Whether acting on `e` sets up a QP (moves it to RTR and RTS).
+fn sets_up_a_qp(e: &CmEvent) -> bool {
+    matches!(e, CmEvent::ReqReceived { .. } | CmEvent::RepReceived { .. })
 }

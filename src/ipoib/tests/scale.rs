@@ -170,3 +170,68 @@ fn under_the_reject_policy_a_peer_beyond_its_share_is_refused() {
     assert_eq!((c.rx_rejected, c.rx_source_full), (1, 1), "{c:?}");
     assert_eq!(n.qp_live(0), BASELINE_QPS + MAX_CONN_QP_PER_SOURCE);
 }
+
+/// A burst of REQs read in one turn: each pump of the CM's events sets up at most
+/// [`SETUPS_PER_PUMP`] QPs (each set-up two or three firmware commands on a ConnectX), asks to
+/// be called again at once, and answers the rest on the next turns, in the order they came.
+#[test]
+fn a_burst_of_reqs_is_set_up_a_bounded_number_per_pump() {
+    use crate::ipoib::endpoint::SETUPS_PER_PUMP;
+    let burst = 3 * SETUPS_PER_PUMP + 2;
+    let mut n = Net::new(1, |_, _| {}, |_, c| c.rx_timeout = Duration::from_secs(60));
+    let hw = n.ep(0).hwaddr();
+    let data = IpoibCmData {
+        qpn: QpNum::new(0x5000),
+        mtu: IPOIB_CM_BUF_SIZE,
+    }
+    .to_bytes();
+    let now = n.now();
+    let mut sent = Vec::new();
+    for k in 0..burst as u32 {
+        let from = Gid::from(Ipv4Addr::new(198, 18, 1, 1 + k as u8));
+        let req = forged_req(
+            &mut n,
+            0,
+            from,
+            100 + k,
+            20,
+            ipoib_service_id(hw.qpn, true),
+            &data,
+        );
+        n.ep(0).handle_mad(now, from, &req);
+        sent.push(100 + k);
+    }
+    let mut per_pump = Vec::new();
+    let mut answered = Vec::new();
+    for _ in 0..10 {
+        let c = &mut n.0;
+        let ep = c.eps[0].as_mut().expect("node is up");
+        ep.handle_verbs(now, &mut c.f.nodes[0]);
+        let mut reps = 0;
+        while let Some((_, mad)) = ep.poll_mad() {
+            if let Ok(CmMad {
+                msg: CmMessage::Rep(rep),
+                ..
+            }) = CmMad::parse(&mad)
+            {
+                reps += 1;
+                answered.push(rep.remote_comm_id);
+            }
+        }
+        per_pump.push(reps);
+        if answered.len() == burst {
+            break;
+        }
+        assert!(
+            ep.poll_timeout().is_some_and(|t| t <= now),
+            "set-ups left for the next turn, and the endpoint does not ask for it at once"
+        );
+    }
+    assert_eq!(
+        per_pump,
+        [SETUPS_PER_PUMP, SETUPS_PER_PUMP, SETUPS_PER_PUMP, 2],
+        "REPs per pump"
+    );
+    assert_eq!(answered, sent, "every REQ answered once, in order");
+    assert_eq!(n.ep(0).counters().rx_accepted, burst as u64);
+}
