@@ -413,14 +413,7 @@ pub fn check_destroy_keeps_srq<V: Verbs, P: ConformancePair<V>>(
     const DEPTH: usize = 16;
     let (ea, eb) = endpoints(pair, 2048, 64)?;
     let (_, b) = pair.providers();
-    let srq = b
-        .create_srq(&SrqInit {
-            pd: eb.pd,
-            max_wr: DEPTH as u32,
-            limit: 0,
-        })
-        .ctx("create_srq")?;
-    post_recvs(b, RecvTarget::Srq(srq), eb.pool, 0, DEPTH)?;
+    let srq = full_srq(b, &eb, DEPTH)?;
     let start = b.srq_posted(srq).ctx("srq_posted")?;
     ensure!(start == DEPTH, "srq_posted {start} after posting {DEPTH}");
     let posted_bufs = b.pools().posted_count();

@@ -297,14 +297,7 @@ pub fn check_retire_drained<V: Verbs, P: ConformancePair<V>>(
     const DEPTH: usize = 4;
     let (ea, eb) = endpoints(pair, 2048, 32)?;
     let (a, b) = pair.providers();
-    let srq = b
-        .create_srq(&SrqInit {
-            pd: eb.pd,
-            max_wr: DEPTH as u32,
-            limit: 0,
-        })
-        .ctx("create_srq")?;
-    post_recvs(b, RecvTarget::Srq(srq), eb.pool, 0, DEPTH)?;
+    let srq = full_srq(b, &eb, DEPTH)?;
     // (QPs of a, of b, the SRQ's posted count, buffers lent by a, by b)
     let counts = |a: &V, b: &V| -> Result<_, ConformanceError> {
         Ok((

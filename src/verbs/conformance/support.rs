@@ -72,6 +72,23 @@ pub(super) fn endpoints<V: Verbs, P: ConformancePair<V>>(
     Ok((ea, eb))
 }
 
+/// An SRQ of `depth` on `ep`'s PD with a receive posted in each slot (ids `0..depth`).
+pub(super) fn full_srq<V: Verbs>(
+    v: &mut V,
+    ep: &Endpoint,
+    depth: usize,
+) -> Result<SrqId, ConformanceError> {
+    let srq = v
+        .create_srq(&SrqInit {
+            pd: ep.pd,
+            max_wr: depth as u32,
+            limit: 0,
+        })
+        .ctx("create_srq")?;
+    post_recvs(v, RecvTarget::Srq(srq), ep.pool, 0, depth)?;
+    Ok(srq)
+}
+
 /// Destroys the QPs and the endpoints' CQs, freeing whatever completions returned.
 pub(super) fn teardown<V: Verbs, P: ConformancePair<V>>(
     pair: &mut P,
