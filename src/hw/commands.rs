@@ -107,22 +107,22 @@ impl<Q> Stash<Q> {
     }
 
     /// A QP of `kind` was just created for the caller: how many more to create ahead (and
-    /// now counted as asked for). RC kinds only, the first [`MAX_KINDS`] of them.
+    /// now counted as asked for). RC kinds only, the first [`MAX_KINDS`] of them, and only
+    /// from the second QP of a kind on: a caller that creates one QP of a kind (a tool, a
+    /// test) gets none ahead.
     pub(super) fn ask(&mut self, kind: &QpKind) -> usize {
         if kind.qp_type != QpType::Rc {
             return 0;
         }
-        let i = match self.kinds.iter().position(|k| k.kind == *kind) {
-            Some(i) => i,
-            None if self.kinds.len() < MAX_KINDS => {
+        let Some(i) = self.kinds.iter().position(|k| k.kind == *kind) else {
+            if self.kinds.len() < MAX_KINDS {
                 self.kinds.push(Kept {
                     kind: *kind,
                     ready: Vec::new(),
                     asked: 0,
                 });
-                self.kinds.len() - 1
             }
-            None => return 0,
+            return 0;
         };
         let k = &mut self.kinds[i];
         let more = STASH_DEPTH.saturating_sub(k.ready.len() + k.asked);
@@ -457,7 +457,8 @@ mod tests {
         let mut s = Stash::<u32>::default();
         let a = kind(1);
         assert_eq!(s.take(&a), None, "nothing ahead of the first create");
-        assert_eq!(s.ask(&a), STASH_DEPTH);
+        assert_eq!(s.ask(&a), 0, "one QP of a kind asks for none");
+        assert_eq!(s.ask(&a), STASH_DEPTH, "a second one fills the stash");
         assert_eq!(s.ask(&a), 0, "already asked for");
         for i in 0..STASH_DEPTH as u32 {
             assert_eq!(s.arrived(&a, i), None);
@@ -480,8 +481,10 @@ mod tests {
         ud.qp_type = QpType::Ud;
         assert_eq!(s.ask(&ud), 0);
         for k in 0..MAX_KINDS as u32 {
+            assert_eq!(s.ask(&kind(10 + k)), 0);
             assert_eq!(s.ask(&kind(10 + k)), STASH_DEPTH);
         }
+        assert_eq!(s.ask(&kind(99)), 0, "beyond MAX_KINDS");
         assert_eq!(s.ask(&kind(99)), 0, "beyond MAX_KINDS");
         assert_eq!(
             s.arrived(&kind(99), 7),
@@ -494,8 +497,9 @@ mod tests {
     fn clear_hands_back_every_ready_qp_and_forgets_the_kinds() {
         let mut s = Stash::<u32>::default();
         let (a, b) = (kind(1), kind(2));
-        s.ask(&a);
-        s.ask(&b);
+        for k in [a, a, b, b] {
+            s.ask(&k);
+        }
         s.arrived(&a, 1);
         s.arrived(&b, 2);
         s.arrived(&b, 3);

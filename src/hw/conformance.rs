@@ -16,7 +16,9 @@ pub const RXE_KERNELS: &[((u32, u32), Behaviours)] = &[
         (6, 1),
         Behaviours {
             comm_est: CommEst::Never,
-            recv_in_err: RecvInErr::NeverCompleted,
+            // Never completed in the lab runs that measured this row, flushed in one CI run
+            // (6.1.0-57, 2026-12-04): the same race as 6.12's.
+            recv_in_err: RecvInErr::FlushedOrNever,
             last_wqe: LastWqe::Never,
         },
     ),
@@ -185,7 +187,7 @@ mod tests {
         assert_eq!(b.last_wqe, LastWqe::AgainOnReErr);
         assert_eq!(b.recv_in_err, RecvInErr::FlushedOrNever);
         let b = rxe_behaviours("6.1.0-57-amd64").expect("6.1 listed");
-        assert_eq!(b.recv_in_err, RecvInErr::NeverCompleted);
+        assert_eq!(b.last_wqe, LastWqe::Never);
         assert_eq!(rxe_behaviours("6.10.3"), None);
         assert_eq!(rxe_behaviours("garbage"), None);
     }
