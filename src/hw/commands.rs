@@ -17,7 +17,7 @@ use std::thread::JoinHandle;
 
 use ibverbs_sys as ffi;
 
-use crate::verbs::{CqId, PdId, QpInit, QpType, SrqId};
+use crate::verbs::{QpInit, QpType};
 
 /// QPs of one kind kept created ahead.
 pub(super) const STASH_DEPTH: usize = 8;
@@ -30,30 +30,15 @@ pub(super) const MAX_KINDS: usize = 4;
 /// thread.
 const QUEUE: usize = 256;
 
-/// What makes two QPs interchangeable before their first modify: everything of [`QpInit`]
-/// the device sees (`sq_sig_all` is the wrapper's own).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct QpKind {
-    pub(super) pd: PdId,
-    pub(super) qp_type: QpType,
-    pub(super) send_cq: CqId,
-    pub(super) recv_cq: CqId,
-    pub(super) srq: Option<SrqId>,
-    pub(super) max_send_wr: u32,
-    pub(super) max_recv_wr: u32,
-}
+/// What makes two QPs interchangeable before their first modify: their [`QpInit`], but for
+/// `sq_sig_all`, which is the wrapper's own (the device never sees it).
+pub(super) type QpKind = QpInit;
 
-impl QpKind {
-    pub(super) fn of(init: &QpInit) -> Self {
-        Self {
-            pd: init.pd,
-            qp_type: init.qp_type,
-            send_cq: init.send_cq,
-            recv_cq: init.recv_cq,
-            srq: init.srq,
-            max_send_wr: init.max_send_wr,
-            max_recv_wr: init.max_recv_wr,
-        }
+/// The kind of a QP created with `init`.
+pub(super) fn kind_of(init: &QpInit) -> QpKind {
+    QpInit {
+        sq_sig_all: false,
+        ..*init
     }
 }
 
@@ -439,9 +424,10 @@ fn destroy_now(qp: *mut ffi::ibv_qp) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::verbs::{CqId, PdId};
 
     fn kind(send_cq: u32) -> QpKind {
-        QpKind {
+        kind_of(&QpInit {
             pd: PdId(1),
             qp_type: QpType::Rc,
             send_cq: CqId(send_cq),
@@ -449,7 +435,19 @@ mod tests {
             srq: None,
             max_send_wr: 64,
             max_recv_wr: 16,
-        }
+            sq_sig_all: true,
+        })
+    }
+
+    #[test]
+    fn sq_sig_all_makes_no_other_kind() {
+        let signaled = kind(1);
+        let unsignaled = kind_of(&QpInit {
+            sq_sig_all: false,
+            ..signaled
+        });
+        assert_eq!(signaled, unsignaled);
+        assert_ne!(kind(1), kind(2));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::ptr;
 
-use super::commands::{self, QpKind, RawQpInit};
+use super::commands::{self, RawQpInit};
 use super::context::HwVerbs;
 use super::error::errno_err;
 use super::ffi_map::{bit, state_from, state_to};
@@ -71,7 +71,7 @@ pub(super) fn create(v: &mut HwVerbs, init: &QpInit) -> Result<QpNum, VerbsError
         max_send_wr: init.max_send_wr,
         max_recv_wr: init.max_recv_wr,
     };
-    let kind = QpKind::of(init);
+    let kind = commands::kind_of(init);
     let created = match v.commands.take(&kind) {
         Some(q) => {
             v.stats.qp_stash_hits += 1;
