@@ -70,6 +70,7 @@ checks!(
     comm_est,
     object_rules,
     retire_drained,
+    begin_moves,
 );
 
 /// `run_all` over one pair: every check passes when run back to back on the same providers.
@@ -109,12 +110,17 @@ fn run_all_over_ipv6() {
     assert!(a.stats().rx_datagrams > 0 && b.stats().rx_bad_icrc == 0);
 }
 
-/// Runs `name` on a fresh pair with `quirks`, holding it to `expected`.
-fn run_expecting(quirks: Quirks, name: &str, expected: Behaviours) -> Result<(), String> {
-    let mut f = Fabric::with_nodes(2, Instant::now(), |_, c| {
+/// A pair with `quirks` (4096-byte MTUs).
+fn quirky_pair(quirks: Quirks) -> Fabric {
+    Fabric::with_nodes(2, Instant::now(), |_, c| {
         c.port_mtu = PathMtu::Mtu4096;
         c.quirks = quirks;
-    });
+    })
+}
+
+/// Runs `name` on a fresh pair with `quirks`, holding it to `expected`.
+fn run_expecting(quirks: Quirks, name: &str, expected: Behaviours) -> Result<(), String> {
+    let mut f = quirky_pair(quirks);
     let mut p = Expecting {
         pair: &mut f,
         expected,
@@ -248,4 +254,35 @@ fn retiring_a_qp_with_a_send_outstanding_is_counted() {
         (a.stats().retired_undrained, b.stats().retired_undrained),
         (1, 0)
     );
+}
+
+/// With the moves done later (`moves_later`, as the verbs provider's command thread does
+/// them), `begin_moves` starts every connection's moves ([`MOVES_ROUNDS`] a side, plus the
+/// moves to ERR), a `post_recv` right after waits for its QP's, and the whole suite still
+/// passes (its other checks move QPs with `modify_qp`).
+///
+/// [`MOVES_ROUNDS`]: ipoib_cm::verbs::conformance::MOVES_ROUNDS
+#[test]
+fn begin_moves_with_the_moves_done_later() {
+    let quirks = Quirks {
+        moves_later: true,
+        ..Quirks::default()
+    };
+    run_expecting(quirks, "begin_moves", Behaviours::SPEC).unwrap();
+    let mut f = quirky_pair(quirks);
+    let failed: Vec<_> = conformance::run_all(&mut f)
+        .into_iter()
+        .filter(|(_, r)| r.is_err())
+        .collect();
+    assert!(failed.is_empty(), "{failed:?}");
+    let (a, b) = f.providers();
+    let rounds = conformance::MOVES_ROUNDS as u64;
+    for s in [a.stats(), b.stats()] {
+        // Each round's moves to RTS and to ERR, and the refused ones (b) or the destroyed
+        // ones (a).
+        assert!(s.moves_started > 2 * rounds, "{s:?}");
+        assert_eq!(s.retired_undrained, 0, "{s:?}");
+    }
+    // b's receive posted right after its moves began, every round.
+    assert_eq!(b.stats().moves_settled, rounds);
 }

@@ -626,7 +626,7 @@ fn enum_rules() {
     assert_eq!(
         flag_err(&[&b[..], &["--quirk", "drain-never", "--quirk", "slow"]].concat()),
         "--quirk: unknown quirk \"slow\" (known: drain-never, no-last-wqe, dup-last-wqe, \
-         clean-cq-on-destroy)"
+         clean-cq-on-destroy, moves-later)"
     );
     assert_eq!(
         file_err("bind = \"10.0.0.1\"\nlog = \"loud\"", &[]),

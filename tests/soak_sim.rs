@@ -181,3 +181,13 @@ fn soak_dup_last_wqe() {
     let f = soak("srq+dup-last-wqe", true, q, cycles());
     assert_eq!(f.drain_timeouts, 0);
 }
+
+#[test]
+fn soak_moves_later() {
+    let q = Quirks {
+        moves_later: true,
+        ..Quirks::default()
+    };
+    let f = soak("srq+moves-later", true, q, cycles());
+    assert_eq!(f.drain_timeouts, 0);
+}

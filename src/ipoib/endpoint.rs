@@ -23,8 +23,8 @@ use super::{
 use crate::cm::{Cm, CmConfig, CmEvent, CommId, ConnectionManager, KcmCommand, KcmInput, KernelCm};
 use crate::timer::{TimerId, TimerWheel};
 use crate::verbs::{
-    AsyncEvent, BufId, Completion, CqId, PdId, PoolId, QpNum, SrqId, SrqInit, Verbs, VerbsError,
-    WrId,
+    AsyncEvent, BufId, Completion, CqId, Moved, PdId, PoolId, QpNum, SrqId, SrqInit, Verbs,
+    VerbsError, WrId,
 };
 use crate::wire::cm::{ipoib_service_id, IpoibCmData, RejReason, MAD_LEN};
 use crate::wire::ipoib::{HwAddr, IPOIB_CM_BUF_SIZE};
@@ -416,6 +416,12 @@ impl Endpoint {
         if self.context_lost {
             return;
         }
+        for _ in 0..MOVED_PER_TURN {
+            let Some(m) = v.poll_moved() else {
+                break;
+            };
+            self.on_moved(now, v, m);
+        }
         self.poll_ud(now, v);
         self.poll_rx_cq(now, v);
         self.poll_tx_cq(now, v);
@@ -453,6 +459,19 @@ impl Endpoint {
         }
     }
 
+    /// QP moves the provider finished ([`Verbs::begin_moves`]): a preparing RX connection
+    /// sends its REP, a TX connection its RTU; the result of a move to ERR, or of one whose
+    /// connection closed meanwhile, matters only as a failure, logged.
+    pub(super) fn on_moved<V: Verbs>(&mut self, now: Instant, v: &mut V, m: Moved) {
+        if self.rx.get(&m.qp).is_some_and(|r| r.preparing.is_some()) {
+            self.on_rx_qp_moved(now, v, m.qp, m.result);
+        } else if self.tx.get(&m.qp).is_some_and(|t| t.moving.is_some()) {
+            self.on_tx_qp_moved(now, v, m.qp, m.result);
+        } else if let Err(e) = m.result {
+            tracing::warn!(qp = %m.qp, error = %e, "moving a QP failed");
+        }
+    }
+
     fn push_device_event(&mut self, ev: AsyncEvent) {
         if self.device_events.len() < DEVICE_EVENT_CAP {
             self.device_events.push(ev);
@@ -460,11 +479,13 @@ impl Endpoint {
     }
 
     /// Acts on the CM's events, in order; the MADs they make wait for
-    /// [`poll_mad`](Self::poll_mad). A REQ accepted or a REP answered moves a QP through two
-    /// or three modifies, each a firmware command on a ConnectX: after [`SETUPS_PER_PUMP`] of
-    /// those set-ups the events behind them wait, in order, for the next pump, which
-    /// [`poll_timeout`](Self::poll_timeout) asks for at once. A burst of connections then
-    /// holds a turn's packets behind a bounded number of set-ups (two pumps a turn).
+    /// [`poll_mad`](Self::poll_mad). A REQ accepted or a REP answered moves a QP through three
+    /// modifies, each a firmware command on a ConnectX, on the event loop's thread where the
+    /// provider makes them there ([`Verbs::begin_moves`] answers `Done`): after
+    /// [`SETUPS_PER_PUMP`] of those set-ups the events behind them wait, in order, for the
+    /// next pump, which [`poll_timeout`](Self::poll_timeout) asks for at once. A burst of
+    /// connections then holds a turn's packets behind a bounded number of set-ups (two pumps
+    /// a turn).
     fn pump_cm<V: Verbs>(&mut self, now: Instant, v: &mut V) {
         let mut setups = 0;
         for _ in 0..16 {
@@ -718,6 +739,10 @@ impl Endpoint {
 /// Connection set-ups (a REQ accepted, a REP answered) one pump of the CM's events does; the
 /// events behind them wait for the next pump, on the next turn.
 pub(crate) const SETUPS_PER_PUMP: usize = 8;
+
+/// Results of QP moves taken from the provider a turn: more than its command thread holds
+/// (`hw::commands`' queue of 256 jobs).
+const MOVED_PER_TURN: usize = 1024;
 
 /// Whether acting on `e` sets up a QP (moves it to RTR and RTS).
 fn sets_up_a_qp(e: &CmEvent) -> bool {

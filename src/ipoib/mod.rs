@@ -95,7 +95,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::cm::LinkLayer;
-use crate::verbs::{BufId, PKey, PathMtu, QKey, QpNum, Verbs};
+use crate::verbs::{BufId, PKey, PathMtu, QKey, QpAttr, QpNum, QpState, Verbs};
 use crate::wire::ipoib::{broadcast_mgid, HwAddr, IpoibHeader, IPOIB_CM_BUF_SIZE};
 
 pub use crate::choice::ParseChoiceError;
@@ -197,13 +197,13 @@ impl FromStr for QpBudgetPolicy {
 }
 
 /// Moves an RC QP in INIT to RTR and RTS with the kernel CM's attributes.
-fn move_qp<V: Verbs>(
-    v: &mut V,
-    qpn: QpNum,
-    m: &crate::cm::QpMoves,
-) -> Result<(), crate::verbs::VerbsError> {
-    v.modify_qp(qpn, &m.rtr)?;
-    v.modify_qp(qpn, &m.rts)
+/// Starts moving `qpn` to ERR ([`Verbs::begin_moves`]): what follows (Last WQE Reached,
+/// the flushes, the drain WR) waits for the move, wherever the provider makes it. A failure
+/// now or in its result ([`Endpoint::on_moved`]) is logged; the teardown's watchdog bounds it.
+fn begin_error<V: Verbs>(v: &mut V, qpn: QpNum) {
+    if let Err(e) = v.begin_moves(qpn, &[QpAttr::to_state(QpState::Err)]) {
+        tracing::warn!(qp = %qpn, error = %e, "moving a QP to ERR failed");
+    }
 }
 
 /// Configuration of an [`Endpoint`].

@@ -1001,6 +1001,7 @@ mod admission;
 mod device_events;
 mod groups;
 mod kernel_cm;
+mod moves;
 mod path_wait;
 mod rdma_cm;
 mod sa_groups;

@@ -134,6 +134,8 @@ impl Cluster {
         let now = self.f.now();
         let peers = self.peers();
         self.f.nodes[i].set_mcast_peers(peers);
+        // The engine learns the virtual time before anything is asked of it.
+        self.f.nodes[i].handle_timeout(now);
         let mut c = self.configs[i].clone();
         c.seed = c.seed.wrapping_add(self.restarts.wrapping_mul(0x9E37_79B9));
         let gsi = Gsi::open_for_cm(&mut self.f.nodes[i])?;

@@ -78,6 +78,11 @@ pub struct Quirks {
     /// does (`mlx5_cq_clean`): the receives among them that came from an SRQ go back onto the
     /// SRQ, posted again (`mlx5_free_srq_wqe`), the buffers of the others are freed.
     pub clean_cq_on_destroy: bool,
+    /// QP moves started with [`Verbs::begin_moves`](crate::verbs::Verbs::begin_moves) are
+    /// done [`MOVES_LATER_BY`](super::MOVES_LATER_BY) later, by the engine's timers, their
+    /// results polled then, as the hardware provider's command thread does them (a contract
+    /// the trait allows, not a violation: the quirk makes a test take that path).
+    pub moves_later: bool,
 }
 
 /// Counters of injected faults.

@@ -59,7 +59,7 @@ pub mod transport;
 
 pub use crate::wire::grh::{grh_source_gid, GRH_LEN};
 pub use config::{SoftConfig, DEFAULT_MULTICAST_TTL, MAX_RC_MSG, MULTICAST_QPN};
-pub use engine::SoftVerbs;
+pub use engine::{SoftVerbs, MOVES_LATER_BY};
 pub use fault::{FaultConfig, FaultInjector, FaultStats, Quirks};
 pub use mcast::{group_addr as multicast_group_addr, DUPLICATE_WINDOW};
 pub use stats::SoftStats;

@@ -74,6 +74,10 @@ pub struct SoftStats {
     /// Of those, QPs that were not drained: work of theirs was outstanding (see
     /// [`SoftVerbs::retire_qp`](super::SoftVerbs)). Always 0 for a correct caller.
     pub retired_undrained: u64,
+    /// QP moves started to be done later ([`Quirks::moves_later`](super::Quirks::moves_later)).
+    pub moves_started: u64,
+    /// Of those, moves done early because a verb on their QP came first.
+    pub moves_settled: u64,
     /// Completions pushed onto a CQ already at its depth.
     pub cq_overflows: u64,
     /// Datagrams dropped because the device context was lost (until it is opened again).

@@ -24,7 +24,10 @@
 //! **QP states.** [`Verbs::modify_qp`] follows the IBTA state machine checked by
 //! [`check_modify`]: illegal transitions and missing or extra attributes are rejected before
 //! anything changes. `post_recv` is legal from INIT on, `post_send` from RTS on (and in SQD and
-//! ERR); earlier states fail with [`VerbsError::InvalidState`].
+//! ERR); earlier states fail with [`VerbsError::InvalidState`]. [`Verbs::begin_moves`] makes
+//! a series of such moves, possibly elsewhere (the hardware provider's command thread): its
+//! result then comes from [`Verbs::poll_moved`], and every later verb on the QP behaves as
+//! though the moves were made.
 //!
 //! **Completion order.** Completions of one work queue are delivered in the order the WRs were
 //! posted, errors included. Every receive WR produces a completion (success or error); a
@@ -182,6 +185,25 @@ pub struct SrqInit {
     pub limit: u32,
 }
 
+/// What became of [`Verbs::begin_moves`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Moves {
+    /// Every move was done before the call returned.
+    Done,
+    /// The moves go on elsewhere: their result comes from [`Verbs::poll_moved`].
+    Started,
+}
+
+/// The result of moves that [`Verbs::begin_moves`] started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Moved {
+    /// The QP moved.
+    pub qp: QpNum,
+    /// `Ok` when every move was done; else the first failure (the QP stays where it found it).
+    pub result: Result<(), VerbsError>,
+}
+
 /// Device verbs. See the [module documentation](self) for the contract.
 pub trait Verbs {
     /// Port attributes.
@@ -334,6 +356,32 @@ pub trait Verbs {
     /// [`VerbsError::NoSuchQp`].
     fn retire_qp(&mut self, qp: QpNum) -> Result<(), VerbsError> {
         self.destroy_qp(qp)
+    }
+
+    /// Starts moving `qp` through `attrs`, in order (as [`Verbs::modify_qp`] each, stopping
+    /// at the first that fails): [`Moves::Done`] when the provider did it before returning,
+    /// [`Moves::Started`] when it goes on elsewhere (the hardware provider hands it to its
+    /// command thread: each modify is a firmware command), its result then coming from
+    /// [`Verbs::poll_moved`], in the order moves were started. Until then, every later verb on
+    /// `qp` behaves as though the moves were done (a provider may wait for them), but
+    /// [`Verbs::query_qp_state`], which may still show the state before them. A QP destroyed
+    /// or retired before its result was polled has none. By default, each modify here.
+    ///
+    /// # Errors
+    /// What [`Verbs::modify_qp`] fails with, for moves done here (the QP then stays where
+    /// the first failing move found it).
+    fn begin_moves(&mut self, qp: QpNum, attrs: &[QpAttr]) -> Result<Moves, VerbsError> {
+        for a in attrs {
+            self.modify_qp(qp, a)?;
+        }
+        Ok(Moves::Done)
+    }
+
+    /// The result of moves [`Verbs::begin_moves`] started, the oldest first; `None` when
+    /// none is ready. A provider that has results waiting makes the driver's loop turn (a
+    /// readable [`IoSource`], or a [`Provider::poll_timeout`]). By default, never any.
+    fn poll_moved(&mut self) -> Option<Moved> {
+        None
     }
 
     /// Number of QPs that exist (created and not destroyed), QP1 included.

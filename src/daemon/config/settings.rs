@@ -354,8 +354,10 @@ with_fault_fields!(settings! {
     pub qpn_seed: Option<Given<i64>> [Shown::example("0")]
         => qpn_seed: Option<u64> = int(0..=i64::MAX as u64),
     /// Provider contract violation, to test the watchdogs: drain-never, no-last-wqe,
-    /// dup-last-wqe, or clean-cq-on-destroy (a destroy cleans the QP's completions from its
-    /// CQs and returns their SRQ receives to the SRQ, as mlx5 does) (repeatable).
+    /// dup-last-wqe, clean-cq-on-destroy (a destroy cleans the QP's completions from its
+    /// CQs and returns their SRQ receives to the SRQ, as mlx5 does), or moves-later (QP set-up
+    /// and teardown moves done a millisecond later, as the verbs provider's command thread
+    /// does them) (repeatable).
     #[arg(long, value_name = "QUIRK", help_heading = TEST_HELP_HEADING)]
     #[serde(default)]
     pub quirk: Vec<Given<Quirk>> [Shown::example("[\"drain-never\"]")]

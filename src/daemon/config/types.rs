@@ -156,6 +156,8 @@ pub enum Quirk {
     /// `clean-cq-on-destroy`:
     /// [`Quirks::clean_cq_on_destroy`](crate::soft::Quirks::clean_cq_on_destroy).
     CleanCqOnDestroy,
+    /// `moves-later`: [`Quirks::moves_later`](crate::soft::Quirks::moves_later).
+    MovesLater,
 }
 
 impl FromStr for Quirk {
@@ -166,9 +168,10 @@ impl FromStr for Quirk {
             "no-last-wqe" => Ok(Self::NoLastWqe),
             "dup-last-wqe" => Ok(Self::DupLastWqe),
             "clean-cq-on-destroy" => Ok(Self::CleanCqOnDestroy),
+            "moves-later" => Ok(Self::MovesLater),
             _ => Err(InvalidValue::new(format!(
                 "unknown quirk {s:?} (known: drain-never, no-last-wqe, dup-last-wqe, \
-                 clean-cq-on-destroy)"
+                 clean-cq-on-destroy, moves-later)"
             ))),
         }
     }
@@ -182,6 +185,7 @@ impl Quirk {
             Self::NoLastWqe => q.no_last_wqe = true,
             Self::DupLastWqe => q.dup_last_wqe = true,
             Self::CleanCqOnDestroy => q.clean_cq_on_destroy = true,
+            Self::MovesLater => q.moves_later = true,
         }
     }
 }

@@ -7,17 +7,18 @@ mod table;
 
 use std::time::{Duration, Instant};
 
-pub(super) use table::{Phase, RxConn, RxTable};
+pub(super) use table::{Phase, Preparing, RxConn, RxTable};
 
 use super::event::{Event, RxReapReason, RxRejectReason};
 use super::restart::Incarnation;
 use super::{
-    move_qp, wr, wr_kind, Endpoint, Owner, QpEnd, Timer, CQ_BATCH, MAX_CONN_QP_PER_SOURCE,
-    WR_DRAIN, WR_RECV,
+    wr, wr_kind, Endpoint, Owner, QpEnd, Timer, CQ_BATCH, MAX_CONN_QP_PER_SOURCE, WR_DRAIN, WR_RECV,
 };
 use crate::cm::{AcceptParams, CommId, QpMoves};
-use crate::verbs::setup::{connect_rc, init_rc_qp, RcConnection, RNR_RETRY_FOREVER};
-use crate::verbs::{BufId, Gid, Path, Psn, QpInit, QpNum, QpType, Verbs, WcOpcode, WcStatus};
+use crate::verbs::setup::{rc_init_attr_at, RcConnection, RNR_RETRY_FOREVER};
+use crate::verbs::{
+    BufId, Gid, Moves, Path, Psn, QpInit, QpNum, QpType, Verbs, VerbsError, WcOpcode, WcStatus,
+};
 use crate::wire::cm::RejReason;
 use crate::wire::cma::{CmaHdr, KERNEL_REFUSAL};
 use crate::wire::ipoib::{IpoibHeader, ETHERTYPE_IPV4, ETHERTYPE_IPV6};
@@ -188,7 +189,7 @@ impl Endpoint {
             }
         }
         let moves = self.cm.qp_moves(id);
-        let built = self.build_rx_qp(
+        let started = self.start_rx_qp(
             v,
             peer,
             remote_qpn,
@@ -197,51 +198,126 @@ impl Endpoint {
             rnr_retry_count,
             moves,
         );
-        match built {
-            Some((qpn, our_psn, ring_posted)) => {
-                let params = AcceptParams {
-                    local_qpn: qpn,
-                    starting_psn: our_psn,
-                    srq: self.srq.is_some(),
+        let Some((qpn, our_psn, moves)) = started else {
+            self.reject_rx(now, id, peer, remote_qpn);
+            return;
+        };
+        let ev_peer = self.event_peer(peer, qpn);
+        let stale = self.arm(now + self.cfg.rx_timeout, Timer::RxStale(qpn));
+        self.owners.insert(id, Owner::Rx(qpn));
+        self.rx.insert(
+            qpn,
+            RxConn {
+                id,
+                peer,
+                peer_ip: ev_peer.ip,
+                remote_ca_guid,
+                remote_ud_qpn,
+                announces_restart,
+                last_rx: now,
+                established: false,
+                ring_posted: 0,
+                preparing: Some(Preparing {
+                    our_psn,
                     rnr_retry_count,
-                    private_data: self.cm_private_data(),
-                };
-                if self.cm.accept(now, id, params).is_err() {
-                    self.destroy_qp(v, qpn, QpEnd::Forced);
-                    return;
-                }
-                self.counters.rx_accepted += 1;
-                let ev_peer = self.event_peer(peer, qpn);
-                self.push_event(Event::RxAccepted { peer: ev_peer });
-                let stale = self.arm(now + self.cfg.rx_timeout, Timer::RxStale(qpn));
-                self.owners.insert(id, Owner::Rx(qpn));
-                self.rx.insert(
-                    qpn,
-                    RxConn {
-                        id,
-                        peer,
-                        peer_ip: ev_peer.ip,
-                        remote_ca_guid,
-                        remote_ud_qpn,
-                        announces_restart,
-                        last_rx: now,
-                        established: false,
-                        ring_posted,
-                        phase: Phase::Live {
-                            stale_timer: Some(stale),
-                        },
-                    },
-                );
-            }
-            None => {
-                self.counters.rx_rejected += 1;
-                self.push_event(Event::RxRejected {
-                    peer: self.event_peer(peer, remote_qpn),
-                    reason: RxRejectReason::NoResources,
-                });
-                let _ = self.cm.reject(now, id, RejReason::NoResources);
-            }
+                }),
+                phase: Phase::Live {
+                    stale_timer: Some(stale),
+                },
+            },
+        );
+        if moves == Moves::Done {
+            self.on_rx_qp_moved(now, v, qpn, Ok(()));
         }
+    }
+
+    /// The REQ on `id` gets no QP (`NoResources`).
+    fn reject_rx(&mut self, now: Instant, id: CommId, peer: Gid, remote_qpn: QpNum) {
+        self.counters.rx_rejected += 1;
+        self.push_event(Event::RxRejected {
+            peer: self.event_peer(peer, remote_qpn),
+            reason: RxRejectReason::NoResources,
+        });
+        let _ = self.cm.reject(now, id, RejReason::NoResources);
+    }
+
+    /// The moves of a preparing RX connection's QP to RTS are done (or failed): its own
+    /// receives are posted (non-SRQ mode) and the REP goes out; on failure the REQ is
+    /// rejected (`NoResources`) and the QP destroyed. A connection torn down meanwhile is the
+    /// reaper's, and this changes nothing.
+    pub(super) fn on_rx_qp_moved<V: Verbs>(
+        &mut self,
+        now: Instant,
+        v: &mut V,
+        qpn: QpNum,
+        result: Result<(), VerbsError>,
+    ) {
+        let Some(mut r) = self.rx.get_mut(&qpn) else {
+            return;
+        };
+        if !r.is_live() {
+            return;
+        }
+        let Some(p) = r.preparing.take() else {
+            return;
+        };
+        let (id, peer) = (r.id, r.peer);
+        drop(r);
+        let ready = match result {
+            Ok(()) => self.post_ring(v, qpn),
+            Err(e) => {
+                tracing::warn!(qp = %qpn, error = %e, "moving an RX QP to RTS failed");
+                false
+            }
+        };
+        if !ready {
+            // The event names our QP: the REQ's is not kept.
+            self.reject_rx(now, id, peer, qpn);
+            // The QP holds no receive but those of its own ring, which its destroy frees; the
+            // id is forgotten with it when the CM is done with it.
+            self.destroy_rx(v, qpn, QpEnd::Forced);
+            return;
+        }
+        let params = AcceptParams {
+            local_qpn: qpn,
+            starting_psn: p.our_psn,
+            srq: self.srq.is_some(),
+            rnr_retry_count: p.rnr_retry_count,
+            private_data: self.cm_private_data(),
+        };
+        if self.cm.accept(now, id, params).is_err() {
+            self.destroy_rx(v, qpn, QpEnd::Forced);
+            return;
+        }
+        self.counters.rx_accepted += 1;
+        let ev_peer = self.event_peer(peer, qpn);
+        self.push_event(Event::RxAccepted { peer: ev_peer });
+    }
+
+    /// Non-SRQ mode: fills the ring of `qpn` (in RTS, the REP not sent yet) with
+    /// `nonsrq_ring` receives; false when the pool or the QP refused one.
+    fn post_ring<V: Verbs>(&mut self, v: &mut V, qpn: QpNum) -> bool {
+        if self.srq.is_some() {
+            return true;
+        }
+        let mut posted = 0;
+        let mut full = true;
+        for _ in 0..self.cfg.nonsrq_ring {
+            let Some(b) = v.pools_mut().alloc(self.rx_pool) else {
+                full = false;
+                break;
+            };
+            if v.post_recv(qpn, wr(WR_RECV), b).is_err() {
+                let _ = v.pools_mut().free(b);
+                full = false;
+                break;
+            }
+            posted += 1;
+        }
+        if let Some(mut r) = self.rx.get_mut(&qpn) {
+            r.ring_posted = posted;
+        }
+        full
     }
 
     /// The RX connection on `qpn` is established: charge it to the QP budget and to its
@@ -274,11 +350,13 @@ impl Endpoint {
         }
     }
 
-    /// Creates a receive QP and brings it to RTS. RTS, although the QP never sends data, so the
-    /// drain WR can be posted on it later (the kernel does the same for Mellanox firmware).
-    /// With the kernel's CM, `moves` are its attributes (its PSNs); else the REQ's fields.
+    /// Creates a receive QP and starts moving it to RTS ([`Verbs::begin_moves`]: INIT, RTR,
+    /// RTS). RTS, although the QP never sends data, so the drain WR can be posted on it later
+    /// (the kernel does the same for Mellanox firmware). With the kernel's CM, `moves` are its
+    /// attributes (its PSNs); else the REQ's fields. Returns the QP, our starting PSN, and
+    /// whether the moves are done.
     #[allow(clippy::too_many_arguments)]
-    fn build_rx_qp<V: Verbs>(
+    fn start_rx_qp<V: Verbs>(
         &mut self,
         v: &mut V,
         peer: Gid,
@@ -287,7 +365,7 @@ impl Endpoint {
         path: &Path,
         rnr_retry_count: u8,
         moves: Option<QpMoves>,
-    ) -> Option<(QpNum, Psn, u32)> {
+    ) -> Option<(QpNum, Psn, Moves)> {
         let qpn = v
             .create_qp(&QpInit {
                 pd: self.pd,
@@ -306,43 +384,34 @@ impl Endpoint {
             Some(psn) => psn,
             None => self.random_psn(),
         };
-        let mut ring_posted = 0;
-        let ok = (|| {
-            init_rc_qp(v, qpn, self.pkey_index).ok()?;
-            if self.srq.is_none() {
-                for _ in 0..self.cfg.nonsrq_ring {
-                    let b = v.pools_mut().alloc(self.rx_pool)?;
-                    if v.post_recv(qpn, wr(WR_RECV), b).is_err() {
-                        let _ = v.pools_mut().free(b);
-                        return None;
-                    }
-                    ring_posted += 1;
-                }
+        let init = rc_init_attr_at(self.pkey_index);
+        let attrs = match moves {
+            Some(m) => [init, m.rtr, m.rts],
+            None => {
+                // The RX QP's address vector is the REQ's primary path back to the peer
+                // (`cm_process_routed_req`, `cm_format_paths_from_req`).
+                let conn = RcConnection {
+                    av: path.av(),
+                    timeout: self.cfg.qp_timeout,
+                    rnr_retry: rnr_retry_count.min(RNR_RETRY_FOREVER),
+                    ..RcConnection::new(
+                        (peer, remote_qpn),
+                        path.mtu.min(self.cfg.path_mtu),
+                        our_psn,
+                        remote_psn,
+                    )
+                };
+                [init, conn.rtr_attr(), conn.rts_attr()]
             }
-            // The RX QP's address vector is the REQ's primary path back to the peer
-            // (`cm_process_routed_req`, `cm_format_paths_from_req`).
-            let conn = RcConnection {
-                av: path.av(),
-                timeout: self.cfg.qp_timeout,
-                rnr_retry: rnr_retry_count.min(RNR_RETRY_FOREVER),
-                ..RcConnection::new(
-                    (peer, remote_qpn),
-                    path.mtu.min(self.cfg.path_mtu),
-                    our_psn,
-                    remote_psn,
-                )
-            };
-            match moves {
-                Some(m) => move_qp(v, qpn, &m).ok()?,
-                None => connect_rc(v, qpn, &conn).ok()?,
+        };
+        match v.begin_moves(qpn, &attrs) {
+            Ok(m) => Some((qpn, our_psn, m)),
+            Err(e) => {
+                tracing::warn!(qp = %qpn, error = %e, "moving an RX QP to RTS failed");
+                self.destroy_qp(v, qpn, QpEnd::Forced);
+                None
             }
-            Some(())
-        })();
-        if ok.is_none() {
-            self.destroy_qp(v, qpn, QpEnd::Forced);
-            return None;
         }
-        Some((qpn, our_psn, ring_posted))
     }
 
     /// Reaps the RX CQ: data goes to the TUN device and the buffer is posted again; flush

@@ -22,9 +22,9 @@ use std::time::Instant;
 use super::table::Phase;
 use super::Why;
 use crate::ipoib::event::Event;
-use crate::ipoib::{wr, Endpoint, QpEnd, Timer, WR_DRAIN};
+use crate::ipoib::{begin_error, wr, Endpoint, QpEnd, Timer, WR_DRAIN};
 use crate::timer::TimerId;
-use crate::verbs::{QpAttr, QpNum, QpState, SendWr, Verbs};
+use crate::verbs::{QpNum, SendWr, Verbs};
 
 impl Endpoint {
     /// One receive of a non-SRQ ring is gone; an errored QP whose ring is empty is drained.
@@ -61,6 +61,8 @@ impl Endpoint {
             return;
         };
         r.phase = Phase::Error { watchdog: None };
+        // A REP that was waiting for the QP's moves never goes out.
+        r.preparing = None;
         let id = r.id;
         let (peer, peer_ip) = (r.peer, r.peer_ip);
         let ring_empty = r.ring_posted == 0;
@@ -86,9 +88,7 @@ impl Endpoint {
             // The peer may still be alive: tell it (DREQ, or REJ while still connecting).
             let _ = self.cm.disconnect(now, id);
         }
-        if let Err(e) = v.modify_qp(qpn, &QpAttr::to_state(QpState::Err)) {
-            tracing::warn!(qp = %qpn, error = %e, "moving an RX QP to ERR failed");
-        }
+        begin_error(v, qpn);
         let t = self.arm(now + self.cfg.drain_timeout, Timer::RxWatchdog(qpn));
         if let Some(mut r) = self.rx.get_mut(&qpn) {
             r.phase = Phase::Error { watchdog: Some(t) };

@@ -9,7 +9,7 @@ use super::RxState;
 use crate::cm::CommId;
 use crate::ipoib::qp_conns::QpConns;
 use crate::timer::TimerId;
-use crate::verbs::{Gid, QpNum};
+use crate::verbs::{Gid, Psn, QpNum};
 
 /// One passive connection.
 #[derive(Debug)]
@@ -31,6 +31,11 @@ pub(in crate::ipoib) struct RxConn {
     pub(in crate::ipoib) established: bool,
     /// Receives posted on the QP's own ring (non-SRQ mode).
     pub(in crate::ipoib) ring_posted: u32,
+    /// The QP is still being moved to RTS ([`Verbs::begin_moves`]): the REP goes out, with
+    /// these, when it is there.
+    ///
+    /// [`Verbs::begin_moves`]: crate::verbs::Verbs::begin_moves
+    pub(in crate::ipoib) preparing: Option<Preparing>,
     /// Where the connection is on its way from accepted to destroyed.
     pub(in crate::ipoib) phase: Phase,
 }
@@ -70,6 +75,15 @@ impl RxConn {
             Phase::Drained => None,
         }
     }
+}
+
+/// What the REP of a connection whose QP is still moving to RTS will carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::ipoib) struct Preparing {
+    /// Our starting PSN.
+    pub(in crate::ipoib) our_psn: Psn,
+    /// The REQ's RNR retry count, echoed.
+    pub(in crate::ipoib) rnr_retry_count: u8,
 }
 
 /// A connection's step on the road to destruction, carrying what belongs to that step.
@@ -501,6 +515,7 @@ mod tests {
                 last_rx: now,
                 established: true,
                 ring_posted: 0,
+                preparing: None,
                 phase: Phase::Error { watchdog: None },
             },
         );

@@ -2,8 +2,9 @@
 //!
 //! The first packet to a CM-capable neighbour creates an RC QP and sends a REQ whose private
 //! data carries our UD QPN and receive size; up to `tx_queue_len` packets wait, the rest are
-//! dropped and counted. On the REP the QP goes to RTR and RTS, the RTU goes out and the queue
-//! is flushed in order. The peer's advertised receive size is the connection MTU: a bigger
+//! dropped and counted. On the REP the QP, in RESET until then, moves to INIT, RTR and RTS
+//! ([`Verbs::begin_moves`]: perhaps on the provider's command thread, the packets still
+//! queued meanwhile); once it is in RTS the RTU goes out and the queue is flushed in order. The peer's advertised receive size is the connection MTU: a bigger
 //! packet gets an ICMP "too big" written back to the TUN device. A send error, a REJ, a CM
 //! timeout or a DREQ tears the connection down; the next packet builds a new one.
 //!
@@ -29,9 +30,9 @@ use super::path_wait::Held;
 use super::{wr, wr_kind, Endpoint, Owner, QpEnd, Timer, CQ_BATCH, WR_SEND};
 use crate::cm::{CommId, ConnectParams};
 use crate::timer::TimerId;
-use crate::verbs::setup::{connect_rc, init_rc_qp, RcConnection};
+use crate::verbs::setup::{rc_init_attr_at, RcConnection};
 use crate::verbs::{
-    BufId, Psn, QpAttr, QpInit, QpNum, QpState, QpType, SendWr, Verbs, WcOpcode, WcStatus,
+    BufId, Moves, Psn, QpInit, QpNum, QpType, SendWr, Verbs, VerbsError, WcOpcode, WcStatus,
 };
 use crate::wire::cm::{ipoib_service_id, IpoibCmData, RejReason};
 use crate::wire::cma::{ephemeral_port, CmaHdr};
@@ -192,10 +193,7 @@ impl Endpoint {
             .map_err(|e| tracing::warn!(error = %e, "creating a TX QP failed"))
             .ok()?;
         self.counters.qp_created += 1;
-        if init_rc_qp(v, qpn, self.pkey_index).is_err() {
-            self.destroy_qp(v, qpn, QpEnd::Forced);
-            return None;
-        }
+        // The QP stays in RESET until the REP: its moves (INIT, RTR, RTS) go together.
         let our_psn = self.random_psn();
         let rdma_cm = self.neigh.reached_by_rdma_cm(&hw);
         let Some(id) = self.send_req(now, hw, qpn, our_psn, rdma_cm) else {
@@ -213,6 +211,7 @@ impl Endpoint {
                 mtu: 0,
                 our_psn,
                 remote_ca_guid: None,
+                moving: None,
                 queue: VecDeque::new(),
                 outstanding: 0,
                 watchdog: None,
@@ -320,7 +319,8 @@ impl Endpoint {
         }
     }
 
-    /// The REP arrived: RTR, RTS, RTU, flush the queue.
+    /// The REP arrived: start the QP's moves to RTS; the RTU and the queue follow them
+    /// ([`Endpoint::on_tx_qp_moved`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn on_rep<V: Verbs>(
         &mut self,
@@ -359,11 +359,44 @@ impl Endpoint {
                 remote_psn,
             )
         };
-        let moved = match self.cm.qp_moves(id) {
-            Some(m) => super::move_qp(v, qpn, &m),
-            None => connect_rc(v, qpn, &conn),
+        let init = rc_init_attr_at(self.pkey_index);
+        let attrs = match self.cm.qp_moves(id) {
+            Some(m) => [init, m.rtr, m.rts],
+            None => [init, conn.rtr_attr(), conn.rts_attr()],
         };
-        if moved.is_err() {
+        if let Some(tx) = self.tx.get_mut(&qpn) {
+            tx.remote_ca_guid = Some(remote_ca_guid);
+            tx.moving = Some(mtu);
+        }
+        match v.begin_moves(qpn, &attrs) {
+            Ok(Moves::Started) => {}
+            Ok(Moves::Done) => self.on_tx_qp_moved(now, v, qpn, Ok(())),
+            Err(e) => self.on_tx_qp_moved(now, v, qpn, Err(e)),
+        }
+    }
+
+    /// The moves of a TX connection's QP to RTS after the REP are done (or failed): the RTU
+    /// goes out and the queued packets follow, in order; on failure the REP is rejected and
+    /// the connection fails. A connection closed meanwhile changes nothing.
+    pub(super) fn on_tx_qp_moved<V: Verbs>(
+        &mut self,
+        now: Instant,
+        v: &mut V,
+        qpn: QpNum,
+        result: Result<(), VerbsError>,
+    ) {
+        let Some(tx) = self.tx.get_mut(&qpn) else {
+            return;
+        };
+        if tx.state != TxState::Connecting {
+            return;
+        }
+        let Some(mtu) = tx.moving.take() else {
+            return;
+        };
+        let (id, peer) = (tx.id, tx.peer);
+        if let Err(e) = result {
+            tracing::debug!(qp = %qpn, error = %e, "moving a TX QP to RTS failed");
             let _ = self.cm.reject(now, id, RejReason::ConsumerDefined);
             self.fail_tx(now, v, qpn, TxFailure::BadReply);
             return;
@@ -381,7 +414,6 @@ impl Endpoint {
             Some(tx) => {
                 tx.state = TxState::Established;
                 tx.mtu = mtu;
-                tx.remote_ca_guid = Some(remote_ca_guid);
                 std::mem::take(&mut tx.queue)
             }
             None => return,
@@ -503,6 +535,7 @@ impl Endpoint {
             return;
         }
         tx.state = TxState::Closing;
+        tx.moving = None;
         tx.queue.clear();
         let stall = tx.stall.take();
         let id = tx.id;
@@ -513,7 +546,7 @@ impl Endpoint {
         self.tx.unmap_peer(qpn);
         // The CM ignores a disconnect of an id that is gone or already disconnecting.
         let _ = self.cm.disconnect(now, id);
-        let _ = v.modify_qp(qpn, &QpAttr::to_state(QpState::Err));
+        super::begin_error(v, qpn);
         if outstanding == 0 {
             self.destroy_tx(v, qpn, QpEnd::Drained);
             return;

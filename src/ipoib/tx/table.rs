@@ -25,6 +25,11 @@ pub(in crate::ipoib) struct TxConn {
     pub(in crate::ipoib) our_psn: Psn,
     /// The peer's CA GUID, from its REP (`None` until then).
     pub(in crate::ipoib) remote_ca_guid: Option<u64>,
+    /// The REP came and the QP is still moving to RTS ([`Verbs::begin_moves`]): the RTU goes
+    /// out when it is there, and the connection carries IP packets of up to this size.
+    ///
+    /// [`Verbs::begin_moves`]: crate::verbs::Verbs::begin_moves
+    pub(in crate::ipoib) moving: Option<u32>,
     /// Packets waiting for the connection (with their ethertype).
     pub(in crate::ipoib) queue: VecDeque<(u16, Vec<u8>)>,
     /// Sends posted and not completed: send buffers this connection holds.

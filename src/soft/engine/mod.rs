@@ -2,9 +2,12 @@
 //! the child modules) the datagrams in and out and the timers.
 
 mod icrc_peers;
+mod moves;
 mod rx;
 mod timers;
 mod tx;
+
+pub use moves::MOVES_LATER_BY;
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
@@ -16,9 +19,9 @@ use super::objects::{QpTable, RecvInfo};
 use super::qp::{Qp, RecvWqe, SendWqe};
 use super::stats::SoftStats;
 use crate::verbs::{
-    check_modify, AsyncEvent, BufId, BufPools, Completion, CqId, Gid, PKey, PathMtu, PdId, PoolId,
-    PortAttr, QpAttr, QpInit, QpNum, QpState, QpType, SendWr, SrqId, SrqInit, Verbs, VerbsError,
-    WcStatus, WrId,
+    check_modify, AsyncEvent, BufId, BufPools, Completion, CqId, Gid, Moved, Moves, PKey, PathMtu,
+    PdId, PoolId, PortAttr, QpAttr, QpInit, QpNum, QpState, QpType, SendWr, SrqId, SrqInit, Verbs,
+    VerbsError, WcStatus, WrId,
 };
 use crate::wire::icrc::Ipv4IdShiftCache;
 
@@ -43,6 +46,8 @@ pub struct SoftVerbs {
     /// that long after the first [`SoftVerbs::handle_timeout`] (`None`: never, or not yet
     /// known).
     fatal_at: Option<Instant>,
+    /// Moves started under [`Quirks::moves_later`](super::Quirks::moves_later).
+    later: moves::LaterMoves,
 }
 
 impl SoftVerbs {
@@ -57,6 +62,7 @@ impl SoftVerbs {
             id_solved_peers: icrc_peers::IdSolvedPeers::default(),
             lost: false,
             fatal_at: None,
+            later: moves::LaterMoves::default(),
         }
     }
 
@@ -290,6 +296,121 @@ impl Verbs for SoftVerbs {
     }
 
     fn modify_qp(&mut self, qpn: QpNum, attr: &QpAttr) -> Result<(), VerbsError> {
+        self.settle(qpn);
+        self.modify_now(qpn, attr)
+    }
+
+    /// Under [`Quirks::moves_later`](super::Quirks::moves_later), queues the moves for the
+    /// engine's timers ([`moves::MOVES_LATER_BY`] later); else does them now.
+    fn begin_moves(&mut self, qp: QpNum, attrs: &[QpAttr]) -> Result<Moves, VerbsError> {
+        self.alive()?;
+        self.qp(qp)?;
+        if !self.dev.cfg.quirks.moves_later {
+            for a in attrs {
+                self.modify_qp(qp, a)?;
+            }
+            return Ok(Moves::Done);
+        }
+        self.dev.stats.moves_started += 1;
+        self.later.start(qp, attrs);
+        Ok(Moves::Started)
+    }
+
+    fn poll_moved(&mut self) -> Option<Moved> {
+        self.later.next_done()
+    }
+
+    fn query_qp_state(&self, qp: QpNum) -> Result<QpState, VerbsError> {
+        Ok(self.qp(qp)?.state)
+    }
+
+    fn post_send(&mut self, qpn: QpNum, wr: &SendWr) -> Result<(), VerbsError> {
+        self.settle(qpn);
+        self.post_send_now(qpn, wr)
+    }
+
+    fn post_recv(&mut self, qpn: QpNum, wr_id: WrId, buf: BufId) -> Result<(), VerbsError> {
+        self.settle(qpn);
+        self.post_recv_now(qpn, wr_id, buf)
+    }
+    fn destroy_qp(&mut self, qpn: QpNum) -> Result<(), VerbsError> {
+        self.later.forget(qpn);
+        let qp = self.qps.remove(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
+        if self.dev.cfg.quirks.clean_cq_on_destroy {
+            self.dev.objects.clean_cqs_of(&qp);
+        }
+        self.dev.objects.release_qp(&qp);
+        self.dev.mcast.forget(qpn);
+        Ok(())
+    }
+
+    /// Destroys the QP at once, as [`Verbs::destroy_qp`] does, and counts a caller that
+    /// retired a QP with work still outstanding ([`SoftStats::retired_undrained`]): a send or
+    /// a receive of its own posted and not completed, a message half received, or a
+    /// completion not polled. A provider that destroys later (the hardware provider) may lose
+    /// such work.
+    fn retire_qp(&mut self, qpn: QpNum) -> Result<(), VerbsError> {
+        let qp = self.qp(qpn)?;
+        let undrained = !qp.req.sq.is_empty()
+            || !qp.rq.is_empty()
+            || qp.resp.filling.is_some()
+            || self.dev.objects.has_completions_of(qp);
+        self.dev.stats.qps_retired += 1;
+        if undrained {
+            self.dev.stats.retired_undrained += 1;
+        }
+        self.destroy_qp(qpn)
+    }
+
+    fn qp_count(&self) -> usize {
+        self.qps.len()
+    }
+
+    fn attach_mcast(&mut self, qpn: QpNum, mgid: Gid, _mlid: u16) -> Result<(), VerbsError> {
+        self.alive()?;
+        let qp = self.qps.get(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
+        if qp.qp_type != QpType::Ud || mgid.0[0] != 0xFF {
+            return Err(VerbsError::InvalidWr(
+                "multicast needs a UD QP and an ff00::/8 MGID",
+            ));
+        }
+        self.dev.mcast.attach(qpn, mgid);
+        Ok(())
+    }
+
+    fn detach_mcast(&mut self, qpn: QpNum, mgid: Gid) -> Result<(), VerbsError> {
+        self.alive()?;
+        self.dev.mcast.detach(qpn, mgid)
+    }
+
+    fn poll_async_event(&mut self) -> Option<AsyncEvent> {
+        self.dev.events.pop_front()
+    }
+}
+
+/// The verbs a later move ([`moves`]) waits for, done at once, and the later moves.
+impl SoftVerbs {
+    /// Does the moves that are due at `now`.
+    fn do_due_moves(&mut self, now: Instant) {
+        while let Some((qp, attrs)) = self.later.pop_due(now) {
+            self.do_moves(qp, &attrs);
+        }
+    }
+
+    /// Does `qp`'s moves now, if any wait: a verb on it finds them done.
+    fn settle(&mut self, qp: QpNum) {
+        for attrs in self.later.take_waiting(qp) {
+            self.dev.stats.moves_settled += 1;
+            self.do_moves(qp, &attrs);
+        }
+    }
+
+    fn do_moves(&mut self, qp: QpNum, attrs: &[QpAttr]) {
+        let result = attrs.iter().try_for_each(|a| self.modify_now(qp, a));
+        self.later.push_done(Moved { qp, result });
+    }
+
+    fn modify_now(&mut self, qpn: QpNum, attr: &QpAttr) -> Result<(), VerbsError> {
         self.alive()?;
         let port_mtu = self.dev.cfg.port_mtu;
         let local_v4 = self.dev.cfg.local_ip.is_ipv4();
@@ -350,11 +471,7 @@ impl Verbs for SoftVerbs {
         Ok(())
     }
 
-    fn query_qp_state(&self, qp: QpNum) -> Result<QpState, VerbsError> {
-        Ok(self.qp(qp)?.state)
-    }
-
-    fn post_send(&mut self, qpn: QpNum, wr: &SendWr) -> Result<(), VerbsError> {
+    fn post_send_now(&mut self, qpn: QpNum, wr: &SendWr) -> Result<(), VerbsError> {
         self.alive()?;
         let port_mtu = self.dev.cfg.port_mtu.bytes();
         let qp = self.qps.get_mut(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
@@ -413,7 +530,7 @@ impl Verbs for SoftVerbs {
         Ok(())
     }
 
-    fn post_recv(&mut self, qpn: QpNum, wr_id: WrId, buf: BufId) -> Result<(), VerbsError> {
+    fn post_recv_now(&mut self, qpn: QpNum, wr_id: WrId, buf: BufId) -> Result<(), VerbsError> {
         self.alive()?;
         let qp = self.qps.get_mut(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
         if qp.srq.is_some() {
@@ -441,58 +558,5 @@ impl Verbs for SoftVerbs {
         }
         qp.rq.push_back(wqe);
         Ok(())
-    }
-
-    fn destroy_qp(&mut self, qpn: QpNum) -> Result<(), VerbsError> {
-        let qp = self.qps.remove(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
-        if self.dev.cfg.quirks.clean_cq_on_destroy {
-            self.dev.objects.clean_cqs_of(&qp);
-        }
-        self.dev.objects.release_qp(&qp);
-        self.dev.mcast.forget(qpn);
-        Ok(())
-    }
-
-    /// Destroys the QP at once, as [`Verbs::destroy_qp`] does, and counts a caller that
-    /// retired a QP with work still outstanding ([`SoftStats::retired_undrained`]): a send or
-    /// a receive of its own posted and not completed, a message half received, or a
-    /// completion not polled. A provider that destroys later (the hardware provider) may lose
-    /// such work.
-    fn retire_qp(&mut self, qpn: QpNum) -> Result<(), VerbsError> {
-        let qp = self.qp(qpn)?;
-        let undrained = !qp.req.sq.is_empty()
-            || !qp.rq.is_empty()
-            || qp.resp.filling.is_some()
-            || self.dev.objects.has_completions_of(qp);
-        self.dev.stats.qps_retired += 1;
-        if undrained {
-            self.dev.stats.retired_undrained += 1;
-        }
-        self.destroy_qp(qpn)
-    }
-
-    fn qp_count(&self) -> usize {
-        self.qps.len()
-    }
-
-    fn attach_mcast(&mut self, qpn: QpNum, mgid: Gid, _mlid: u16) -> Result<(), VerbsError> {
-        self.alive()?;
-        let qp = self.qps.get(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
-        if qp.qp_type != QpType::Ud || mgid.0[0] != 0xFF {
-            return Err(VerbsError::InvalidWr(
-                "multicast needs a UD QP and an ff00::/8 MGID",
-            ));
-        }
-        self.dev.mcast.attach(qpn, mgid);
-        Ok(())
-    }
-
-    fn detach_mcast(&mut self, qpn: QpNum, mgid: Gid) -> Result<(), VerbsError> {
-        self.alive()?;
-        self.dev.mcast.detach(qpn, mgid)
-    }
-
-    fn poll_async_event(&mut self) -> Option<AsyncEvent> {
-        self.dev.events.pop_front()
     }
 }

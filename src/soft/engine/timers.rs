@@ -11,10 +11,14 @@ impl SoftVerbs {
         if self.lost {
             return None;
         }
-        [self.dev.sched.next_timeout(), self.fatal_at]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.dev.sched.next_timeout(),
+            self.fatal_at,
+            self.later.next_at(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Fires every timer due at `now`. Idempotent; spurious calls do nothing.
@@ -22,6 +26,8 @@ impl SoftVerbs {
         if self.lost {
             return;
         }
+        self.later.clock = Some(now);
+        self.do_due_moves(now);
         if let Some(after) = self.faults.config().device_fatal_after {
             let at = *self.fatal_at.get_or_insert(now + after);
             if now >= at {

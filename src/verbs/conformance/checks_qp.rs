@@ -2,7 +2,7 @@
 
 use super::support::*;
 use super::*;
-use crate::verbs::setup::{RC_RETRY_CNT, RNR_RETRY_FOREVER};
+use crate::verbs::setup::{rc_init_attr, RC_RETRY_CNT, RNR_RETRY_FOREVER};
 
 /// **QP state machine through `modify_qp`.** A fresh RC QP is in RESET and refuses
 /// `post_recv` and `post_send` there; illegal transitions (RESET→RTR, INIT→RTS, RTS→RTR,
@@ -280,6 +280,38 @@ pub fn check_object_rules<V: Verbs, P: ConformancePair<V>>(
     Ok(())
 }
 
+/// Sends one message of `len` bytes (a pattern of `round`) from `a`'s QP to `b` and waits for
+/// both completions: the send succeeds and the receive holds the message whole. What was
+/// seen, for the caller to give the buffers back.
+fn one_message<V: Verbs, P: ConformancePair<V>>(
+    pair: &mut P,
+    (ea, qa): (&Endpoint, QpNum),
+    eb: &Endpoint,
+    round: usize,
+    len: usize,
+) -> Result<Seen, ConformanceError> {
+    let msg = pattern(round as u64, len);
+    let (a, _) = pair.providers();
+    post_send_data(a, qa, ea.pool, round as u64, &msg)?;
+    let mut seen = Seen::default();
+    let done = wait(pair, ea, eb, &mut seen, |s| {
+        !s.a_send.is_empty() && !s.b_recv.is_empty()
+    });
+    let (_, b) = pair.providers();
+    ensure!(
+        done && seen
+            .a_send
+            .first()
+            .is_some_and(|c| c.status == WcStatus::Success),
+        "round {round}: send {:?}, receive {:?}",
+        statuses(&seen.a_send),
+        statuses(&seen.b_recv)
+    );
+    let c = seen.b_recv[0];
+    expect_recv(b, &c, c.wr_id.0, &msg, 0)?;
+    Ok(seen)
+}
+
 /// Connections set up and retired in [`check_retire_drained`].
 pub const RETIRE_ROUNDS: usize = 100;
 
@@ -323,24 +355,8 @@ pub fn check_retire_drained<V: Verbs, P: ConformancePair<V>>(
             "round {round}: new QPs in {states:?}, not RESET"
         );
         connect_rc_pair(a, qa, b, qb, &p).ctx("connect")?;
-        let msg = pattern(round as u64, 1000);
-        post_send_data(a, qa, ea.pool, round as u64, &msg)?;
-        let mut seen = Seen::default();
-        let done = wait(pair, &ea, &eb, &mut seen, |s| {
-            !s.a_send.is_empty() && !s.b_recv.is_empty()
-        });
+        let seen = one_message(pair, (&ea, qa), &eb, round, 1000)?;
         let (a, b) = pair.providers();
-        ensure!(
-            done && seen
-                .a_send
-                .first()
-                .is_some_and(|c| c.status == WcStatus::Success),
-            "round {round}: send {:?}, receive {:?}",
-            statuses(&seen.a_send),
-            statuses(&seen.b_recv)
-        );
-        let c = seen.b_recv[0];
-        expect_recv(b, &c, c.wr_id.0, &msg, 0)?;
         for buf in seen.b_recv.iter().filter_map(|c| c.buf) {
             b.post_srq_recv(srq, WrId(next_id), buf)
                 .ctx("repost the receive buffer")?;
@@ -372,6 +388,148 @@ pub fn check_retire_drained<V: Verbs, P: ConformancePair<V>>(
         statuses(&late)
     );
     b.destroy_srq(srq).ctx("destroy_srq")?;
+    close_endpoint(a, &ea);
+    close_endpoint(b, &eb);
+    Ok(())
+}
+
+/// Connections set up through [`Verbs::begin_moves`] in [`check_begin_moves`].
+pub const MOVES_ROUNDS: usize = 20;
+
+/// Takes every result [`Verbs::poll_moved`] has from both providers, settling between polls
+/// until `done` holds of what was taken (at most [`MAX_SETTLES`] settles); `(side, result)`,
+/// side 0 for `a`, 1 for `b`.
+fn take_moved<V: Verbs, P: ConformancePair<V>>(
+    pair: &mut P,
+    out: &mut Vec<(usize, Moved)>,
+    mut done: impl FnMut(&[(usize, Moved)]) -> bool,
+) -> bool {
+    for round in 0..=MAX_SETTLES {
+        let (a, b) = pair.providers();
+        for (side, v) in [(0, a), (1, b)] {
+            for _ in 0..64 {
+                let Some(m) = v.poll_moved() else { break };
+                out.push((side, m));
+            }
+        }
+        if done(out) {
+            return true;
+        }
+        if round < MAX_SETTLES {
+            pair.settle();
+        }
+    }
+    false
+}
+
+/// **Moves begun end as though done, once.** [`MOVES_ROUNDS`] times: each side creates a
+/// QP and moves it RESET → INIT → RTR → RTS with one [`Verbs::begin_moves`]; `b` posts a
+/// receive at once (legal from INIT on: a later verb sees the moves done, wherever the
+/// provider makes them); each QP's result is `Ok` and comes once ([`Moves::Done`] has none);
+/// a message from `a` arrives whole; then both QPs are moved to ERR the same way and
+/// retired at once, and no result of theirs comes. A QP whose moves were begun and that is
+/// destroyed at once has none either, and a move the state machine refuses (RTR from RESET)
+/// fails, at once or in its result. QP counts and buffers lent end where they started.
+pub fn check_begin_moves<V: Verbs, P: ConformancePair<V>>(
+    pair: &mut P,
+) -> Result<(), ConformanceError> {
+    let (ea, eb) = endpoints(pair, 2048, 32)?;
+    let (a, b) = pair.providers();
+    let start = (
+        a.qp_count(),
+        b.qp_count(),
+        a.pools().posted_count(),
+        b.pools().posted_count(),
+    );
+    let p = RcParams::default();
+    let init = rc_init_attr();
+    for round in 0..MOVES_ROUNDS {
+        let (a, b) = pair.providers();
+        let (qa, qb) = create_rc_pair(a, &ea, b, &eb, &p).ctx("create")?;
+        let (ca, cb) = rc_connections(a, qa, b, qb, &p);
+        let mut waiting = Vec::new();
+        for (side, v, qp, c) in [(0, &mut *a, qa, ca), (1, &mut *b, qb, cb)] {
+            let moves = v
+                .begin_moves(qp, &[init, c.rtr_attr(), c.rts_attr()])
+                .ctx("begin_moves to RTS")?;
+            if moves == Moves::Started {
+                waiting.push((side, qp));
+            }
+        }
+        let rbuf = b
+            .pools_mut()
+            .alloc(eb.pool)
+            .ok_or(ConformanceError::PoolExhausted(eb.pool))?;
+        b.post_recv(qb, WrId(round as u64), rbuf)
+            .ctx("post_recv right after begin_moves")?;
+        let mut got = Vec::new();
+        let all = take_moved(pair, &mut got, |g| g.len() >= waiting.len());
+        let mut results: Vec<(usize, QpNum)> = got.iter().map(|(s, m)| (*s, m.qp)).collect();
+        results.sort_unstable();
+        waiting.sort_unstable();
+        ensure!(
+            all && results == waiting && got.iter().all(|(_, m)| m.result.is_ok()),
+            "round {round}: results {got:?}, for moves started on {waiting:?}"
+        );
+        let (a, b) = pair.providers();
+        let states = (a.query_qp_state(qa), b.query_qp_state(qb));
+        ensure!(
+            states == (Ok(QpState::Rts), Ok(QpState::Rts)),
+            "round {round}: QPs in {states:?} after their moves"
+        );
+        let seen = one_message(pair, (&ea, qa), &eb, round, 700)?;
+        let (a, b) = pair.providers();
+        free_bufs(a, &seen.a_send);
+        free_bufs(b, &seen.b_recv);
+        let err = QpAttr::to_state(QpState::Err);
+        let _ = a.begin_moves(qa, &[err]).ctx("a to ERR")?;
+        let _ = b.begin_moves(qb, &[err]).ctx("b to ERR")?;
+        a.retire_qp(qa).ctx("retire a's QP")?;
+        b.retire_qp(qb).ctx("retire b's QP")?;
+        drain_events(a);
+        drain_events(b);
+    }
+    let mut late = Vec::new();
+    take_moved(pair, &mut late, |_| false);
+    ensure!(late.is_empty(), "results of retired QPs' moves: {late:?}");
+    // Destroyed with its moves begun: no result.
+    let (a, b) = pair.providers();
+    let (qa, qb) = create_rc_pair(a, &ea, b, &eb, &p).ctx("create")?;
+    let (ca, _) = rc_connections(a, qa, b, qb, &p);
+    let _ = a
+        .begin_moves(qa, &[init, ca.rtr_attr(), ca.rts_attr()])
+        .ctx("begin_moves")?;
+    a.destroy_qp(qa).ctx("destroy with moves begun")?;
+    // Refused by the state machine: RTR from RESET.
+    let refused = match b.begin_moves(qb, &[ca.rtr_attr()]) {
+        Err(_) => true,
+        Ok(Moves::Done) => false,
+        Ok(Moves::Started) => {
+            let mut got = Vec::new();
+            take_moved(pair, &mut got, |g| !g.is_empty());
+            got.iter()
+                .any(|(s, m)| *s == 1 && m.qp == qb && m.result.is_err())
+        }
+    };
+    ensure!(refused, "RTR from RESET was not refused");
+    let mut late = Vec::new();
+    take_moved(pair, &mut late, |_| false);
+    ensure!(
+        late.is_empty(),
+        "results after a destroy or a refusal: {late:?}"
+    );
+    let (a, b) = pair.providers();
+    b.destroy_qp(qb).ctx("destroy")?;
+    let now = (
+        a.qp_count(),
+        b.qp_count(),
+        a.pools().posted_count(),
+        b.pools().posted_count(),
+    );
+    ensure!(
+        now == start,
+        "(QPs of a, of b, buffers lent by a, by b) {now:?}, started at {start:?}"
+    );
     close_endpoint(a, &ea);
     close_endpoint(b, &eb);
     Ok(())

@@ -38,12 +38,13 @@
 //! | `comm_est` | [`check_comm_est`] |
 //! | `object_rules` | [`check_object_rules`] |
 //! | `retire_drained` | [`check_retire_drained`] |
+//! | `begin_moves` | [`check_begin_moves`] |
 
 use super::setup::{self, RcConnection};
 use super::{
-    AddressVector, AsyncEvent, BufId, Completion, CqId, Gid, Grh, Lid, PathMtu, PdId, PoolId, Psn,
-    QKey, QpAttr, QpInit, QpNum, QpState, QpType, Rate, SendWr, Sl, SrqId, SrqInit, UdDest, Verbs,
-    VerbsError, WcOpcode, WcStatus, WrId,
+    AddressVector, AsyncEvent, BufId, Completion, CqId, Gid, Grh, Lid, Moved, Moves, PathMtu, PdId,
+    PoolId, Psn, QKey, QpAttr, QpInit, QpNum, QpState, QpType, Rate, SendWr, Sl, SrqId, SrqInit,
+    UdDest, Verbs, VerbsError, WcOpcode, WcStatus, WrId,
 };
 
 /// How a check failed.
@@ -110,7 +111,8 @@ pub use checks_errors::{
     check_srq_last_wqe_once, check_srq_recv_chain, WATCHDOG_DESTROYS,
 };
 pub use checks_qp::{
-    check_object_rules, check_qp_state_machine, check_retire_drained, RETIRE_ROUNDS,
+    check_begin_moves, check_object_rules, check_qp_state_machine, check_retire_drained,
+    MOVES_ROUNDS, RETIRE_ROUNDS,
 };
 pub use expect::{Behaviours, CommEst, LastWqe, RecvInErr};
 
@@ -184,6 +186,7 @@ pub fn checks<V: Verbs, P: ConformancePair<V>>() -> Vec<Check<P>> {
         ("comm_est", check_comm_est::<V, P>),
         ("object_rules", check_object_rules::<V, P>),
         ("retire_drained", check_retire_drained::<V, P>),
+        ("begin_moves", check_begin_moves::<V, P>),
     ]
 }
 
