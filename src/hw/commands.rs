@@ -1,17 +1,23 @@
 //! The QP commands the event loop need not wait for, run on a thread of their own: the
-//! destroy of a drained QP ([`Verbs::retire_qp`]) and the creation of RC QPs ahead of need (a
+//! destroy of a drained QP ([`Verbs::retire_qp`]), the creation of RC QPs ahead of need (a
 //! small stash per kind of QP the caller creates again and again, which `create_qp` takes
-//! from). On a ConnectX each is a firmware command of about a millisecond, and a burst of
-//! connections set up or reaped would hold every packet behind them; the modifies (INIT, RTR,
-//! RTS, ERR) stay on the caller's thread, for the connection set-up waits for their result.
+//! from), and the moves [`Verbs::begin_moves`] starts (a connection's INIT, RTR and RTS, a
+//! teardown's ERR). On a ConnectX each is a firmware command of about a millisecond, and a
+//! burst of connections set up or reaped would hold every packet behind them. The result of
+//! a move wakes the caller's loop through an eventfd (the provider's third descriptor).
 //!
 //! Lifetimes: a job names device objects by their raw handles. The QP of a destroy job is the
-//! thread's alone (the caller forgot it); the PD, CQs and SRQ a create job names outlive it,
-//! for every destroy of such an object, and the context's close, first waits for the thread
-//! to finish what it was given and destroys the stash ([`QpCommands::quiesce`]).
+//! thread's alone (the caller forgot it); the QP of a move job is used by no verb of the
+//! caller's until the job is answered (each such verb waits for it first, `qp::settle`), and
+//! a destroy of it goes behind it in the queue; the PD, CQs and SRQ a create job names
+//! outlive it, for every destroy of such an object, and the context's close, first waits for
+//! the thread to finish what it was given and destroys the stash ([`QpCommands::quiesce`]).
 //!
 //! [`Verbs::retire_qp`]: crate::verbs::Verbs::retire_qp
+//! [`Verbs::begin_moves`]: crate::verbs::Verbs::begin_moves
 
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::thread::JoinHandle;
 
@@ -152,18 +158,42 @@ struct Handed<T>(T);
 
 // SAFETY: libibverbs verbs may be called from any thread. The handles a job carries are used
 // by one thread at a time: a destroyed QP's only by the command thread (the caller forgot
-// it), a created QP's only by the caller once it is handed back, and the PD, CQs and SRQ of a
-// create job stay alive until the thread is done with them (`QpCommands::quiesce`).
+// it), a created QP's only by the caller once it is handed back, a moved QP's by no verb of
+// the caller's until the moves are answered (`qp::settle` waits for them; a retired QP's
+// destroy is queued behind them), and the PD, CQs and SRQ of a create job stay alive until
+// the thread is done with them (`QpCommands::quiesce`).
 unsafe impl<T> Send for Handed<T> {}
 
 enum Job {
     Create(QpKind, RawQpInit),
     Destroy(*mut ffi::ibv_qp),
+    Modify(RawMoves),
 }
 
 enum Done {
     Created(QpKind, Result<CreatedQp, i32>),
     Destroyed(Result<(), i32>),
+    Modified(MovesDone),
+}
+
+/// The `ibv_modify_qp` calls of one [`Verbs::begin_moves`](crate::verbs::Verbs::begin_moves),
+/// built and checked by the caller: each attribute struct with its mask.
+pub(super) struct RawMoves {
+    pub(super) qp: *mut ffi::ibv_qp,
+    pub(super) qpn: u32,
+    /// Names this job among the QP's (a QPN is reused once its QP is destroyed).
+    pub(super) token: u64,
+    pub(super) steps: Vec<(ffi::ibv_qp_attr, i32)>,
+}
+
+/// What became of [`RawMoves`]: how many steps were done, and the errno of the one that
+/// failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct MovesDone {
+    pub(super) qpn: u32,
+    pub(super) token: u64,
+    pub(super) done: usize,
+    pub(super) result: Result<(), i32>,
 }
 
 /// The thread, its two queues and what it was given.
@@ -179,6 +209,7 @@ impl std::fmt::Debug for Job {
         match self {
             Self::Create(k, _) => write!(f, "Create({k:?})"),
             Self::Destroy(q) => write!(f, "Destroy({q:?})"),
+            Self::Modify(m) => write!(f, "Modify({}, {} steps)", m.qpn, m.steps.len()),
         }
     }
 }
@@ -188,6 +219,7 @@ impl std::fmt::Debug for Done {
         match self {
             Self::Created(k, r) => write!(f, "Created({k:?}, {:?})", r.map(|c| c.raw)),
             Self::Destroyed(r) => write!(f, "Destroyed({r:?})"),
+            Self::Modified(m) => write!(f, "Modified({m:?})"),
         }
     }
 }
@@ -197,6 +229,8 @@ impl std::fmt::Debug for Done {
 pub(super) struct OffLoop {
     pub(super) created: u64,
     pub(super) destroyed: u64,
+    /// `ibv_modify_qp` calls made (failed ones included).
+    pub(super) modified: u64,
     pub(super) failed: u64,
 }
 
@@ -210,10 +244,84 @@ pub(super) struct QpCommands {
     stash: Stash<CreatedQp>,
     /// Jobs given and not answered.
     in_flight: usize,
+    /// Moves answered, for the caller to take ([`QpCommands::take_moved`]).
+    moved: VecDeque<MovesDone>,
+    /// Written by the thread when it answered a move, read by the caller's loop (`None`:
+    /// no eventfd, and no moves off the caller's thread).
+    wake: Option<OwnedFd>,
     pub(super) counts: OffLoop,
 }
 
 impl QpCommands {
+    /// No thread yet (it starts at its first job), and the eventfd its moves' results wake
+    /// the caller's loop with.
+    pub(super) fn new() -> Self {
+        // SAFETY: eventfd(2) with valid flags; a returned descriptor is ours alone.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        let wake = if fd >= 0 {
+            // SAFETY: a fresh descriptor no one else owns.
+            Some(unsafe { OwnedFd::from_raw_fd(fd) })
+        } else {
+            tracing::warn!(error = %std::io::Error::last_os_error(), "no eventfd: QPs are moved on the event loop");
+            None
+        };
+        let mut c = Self::default();
+        c.wake = wake;
+        c
+    }
+
+    /// The descriptor that becomes readable when a move was answered.
+    pub(super) fn wake_fd(&self) -> Option<RawFd> {
+        self.wake.as_ref().map(AsRawFd::as_raw_fd)
+    }
+
+    /// Empties the eventfd (its readiness was reported), then takes in what the thread
+    /// finished.
+    pub(super) fn woken(&mut self) {
+        if let Some(fd) = self.wake_fd() {
+            let mut n = [0u8; 8];
+            // SAFETY: a live non-blocking eventfd and an 8-byte buffer; EAGAIN when empty.
+            unsafe { libc::read(fd, n.as_mut_ptr().cast(), n.len()) };
+        }
+        self.collect();
+    }
+
+    /// Gives `moves` to the thread; `Err` hands them back (the caller moves the QP itself)
+    /// when there is no thread, no eventfd, or no room.
+    pub(super) fn modify(&mut self, moves: RawMoves) -> Result<(), RawMoves> {
+        if self.wake.is_none() {
+            return Err(moves);
+        }
+        self.collect();
+        self.send(Job::Modify(moves)).map_err(|j| match j {
+            Job::Modify(m) => m,
+            _ => unreachable!("the job given back is the one sent"),
+        })
+    }
+
+    /// The moves answered since the last call, oldest first.
+    pub(super) fn take_moved(&mut self) -> Option<MovesDone> {
+        self.moved.pop_front()
+    }
+
+    /// Whether answered moves wait for [`QpCommands::take_moved`].
+    pub(super) fn has_moved(&self) -> bool {
+        !self.moved.is_empty()
+    }
+
+    /// Waits for every job given to the thread to be answered (the moves among them are
+    /// then in [`QpCommands::take_moved`]). Blocks for as long as the jobs take: for a verb
+    /// on a QP whose moves are on the thread, a rare case.
+    pub(super) fn wait(&mut self) {
+        while self.in_flight > 0 {
+            let Some(d) = self.worker.as_ref().and_then(|w| w.done.recv().ok()) else {
+                self.in_flight = 0;
+                break;
+            };
+            self.answered(d.0);
+        }
+    }
+
     /// A QP of `kind` created ahead, if one is ready.
     pub(super) fn take(&mut self, kind: &QpKind) -> Option<CreatedQp> {
         self.collect();
@@ -225,7 +333,7 @@ impl QpCommands {
     pub(super) fn refill(&mut self, kind: &QpKind, init: RawQpInit) {
         let more = self.stash.ask(kind);
         for _ in 0..more {
-            if !self.send(Job::Create(*kind, init)) {
+            if self.send(Job::Create(*kind, init)).is_err() {
                 self.stash.failed(kind);
             }
         }
@@ -235,28 +343,29 @@ impl QpCommands {
     /// thread or its queue is full.
     pub(super) fn destroy(&mut self, qp: *mut ffi::ibv_qp) -> bool {
         self.collect();
-        self.send(Job::Destroy(qp))
+        self.send(Job::Destroy(qp)).is_ok()
     }
 
-    fn send(&mut self, job: Job) -> bool {
+    /// Gives `job` to the thread, or back when there is none or its queue is full.
+    fn send(&mut self, job: Job) -> Result<(), Job> {
         let Some(w) = self.worker() else {
-            return false;
+            return Err(job);
         };
         let Some(jobs) = &w.jobs else {
-            return false;
+            return Err(job);
         };
         match jobs.try_send(Handed(job)) {
             Ok(()) => {
                 self.in_flight += 1;
-                true
+                Ok(())
             }
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
+            Err(TrySendError::Full(Handed(j)) | TrySendError::Disconnected(Handed(j))) => Err(j),
         }
     }
 
     fn worker(&mut self) -> Option<&Worker> {
         if self.worker.is_none() && !self.no_thread {
-            match Worker::start() {
+            match Worker::start(self.wake_fd()) {
                 Ok(w) => self.worker = Some(w),
                 Err(e) => {
                     tracing::warn!(error = %e, "no QP command thread: QPs are created and destroyed on the event loop");
@@ -293,6 +402,13 @@ impl QpCommands {
                 self.counts.failed += 1;
                 tracing::warn!(errno, "ibv_destroy_qp failed on the QP command thread");
             }
+            Done::Modified(m) => {
+                self.counts.modified += m.done as u64 + u64::from(m.result.is_err());
+                if m.result.is_err() {
+                    self.counts.failed += 1;
+                }
+                self.moved.push_back(m);
+            }
         }
     }
 
@@ -301,13 +417,7 @@ impl QpCommands {
     /// Blocks (for as long as the jobs take): called before a PD, CQ or SRQ is destroyed and
     /// before the context is closed, never on the data path.
     pub(super) fn quiesce(&mut self) {
-        while self.in_flight > 0 {
-            let Some(d) = self.worker.as_ref().and_then(|w| w.done.recv().ok()) else {
-                self.in_flight = 0;
-                break;
-            };
-            self.answered(d.0);
-        }
+        self.wait();
         for q in self.stash.clear() {
             destroy_now(q.raw);
         }
@@ -333,19 +443,27 @@ impl Drop for QpCommands {
 }
 
 impl Worker {
-    fn start() -> std::io::Result<Self> {
+    /// Starts the thread; it writes `wake` after each move it answered. The descriptor
+    /// outlives the thread: [`QpCommands`] joins it on drop, before its fields go.
+    fn start(wake: Option<RawFd>) -> std::io::Result<Self> {
         let (jobs, rx) = mpsc::sync_channel::<Handed<Job>>(QUEUE);
         let (tx, done) = mpsc::channel::<Handed<Done>>();
         let thread = std::thread::Builder::new()
             .name("ipoib-cm-qp-cmd".into())
             .spawn(move || {
                 while let Ok(Handed(job)) = rx.recv() {
-                    let d = match job {
-                        Job::Create(kind, init) => Done::Created(kind, create(&init)),
-                        Job::Destroy(qp) => Done::Destroyed(destroy(qp)),
+                    let (d, wakes) = match job {
+                        Job::Create(kind, init) => (Done::Created(kind, create(&init)), false),
+                        Job::Destroy(qp) => (Done::Destroyed(destroy(qp)), false),
+                        Job::Modify(m) => (Done::Modified(modify(m)), true),
                     };
                     if tx.send(Handed(d)).is_err() {
                         break;
+                    }
+                    if let Some(fd) = wake.filter(|_| wakes) {
+                        let one = 1u64.to_ne_bytes();
+                        // SAFETY: a live eventfd (see above) and an 8-byte buffer.
+                        unsafe { libc::write(fd, one.as_ptr().cast(), one.len()) };
                     }
                 }
             })?;
@@ -412,6 +530,28 @@ fn destroy(qp: *mut ffi::ibv_qp) -> Result<(), i32> {
     match unsafe { ffi::ibv_destroy_qp(qp) } {
         0 => Ok(()),
         rc => Err(rc),
+    }
+}
+
+/// The `ibv_modify_qp` calls of `m`, in order, up to the first that fails.
+fn modify(mut m: RawMoves) -> MovesDone {
+    let mut done = 0;
+    let mut result = Ok(());
+    for (attr, mask) in &mut m.steps {
+        // SAFETY: a live QP no verb of the caller's uses meanwhile (see the module
+        // documentation), and an attribute struct whose mask names the set fields.
+        let rc = unsafe { ffi::ibv_modify_qp(m.qp, attr, *mask) };
+        if rc != 0 {
+            result = Err(rc);
+            break;
+        }
+        done += 1;
+    }
+    MovesDone {
+        qpn: m.qpn,
+        token: m.token,
+        done,
+        result,
     }
 }
 

@@ -96,6 +96,9 @@ impl HwPair {
             if name == "retire_drained" && r.is_ok() {
                 r = self.qp_commands_off_loop(before);
             }
+            if name == "begin_moves" && r.is_ok() {
+                r = self.moves_off_loop(before);
+            }
             let ms = t0.elapsed().as_millis();
             match r {
                 Ok(()) => println!("RESULT conformance_{name} PASS {ms} ms"),
@@ -116,11 +119,7 @@ impl HwPair {
         &mut self,
         before: (HwStats, HwStats),
     ) -> Result<(), conformance::ConformanceError> {
-        let mut bad = Vec::new();
-        for (side, v, was) in [("a", &mut self.a, before.0), ("b", &mut self.b, before.1)] {
-            // What the thread finished is counted once taken in.
-            v.commands.quiesce();
-            let s = v.stats();
+        self.judge_sides(before, "qp commands", "retire_drained", |s, was| {
             let d = |now: u64, was: u64| now - was;
             let line =
                 format!(
@@ -133,15 +132,52 @@ impl HwPair {
                 d(s.qps_destroyed_off_loop, was.qps_destroyed_off_loop),
                 d(s.qp_commands_failed_off_loop, was.qp_commands_failed_off_loop),
             );
-            println!("info qp commands of {side} in retire_drained: {line}");
-            let rounds = conformance::RETIRE_ROUNDS as u64;
-            if d(s.qps_destroyed_off_loop, was.qps_destroyed_off_loop) != rounds
-                || d(s.qp_stash_hits, was.qp_stash_hits) == 0
-                || d(
+            let ok = d(s.qps_destroyed_off_loop, was.qps_destroyed_off_loop)
+                == conformance::RETIRE_ROUNDS as u64
+                && d(s.qp_stash_hits, was.qp_stash_hits) > 0
+                && d(
                     s.qp_commands_failed_off_loop,
                     was.qp_commands_failed_off_loop,
-                ) != 0
-            {
+                ) == 0;
+            (line, ok)
+        })
+    }
+
+    /// After `begin_moves`: each side's moves were made on the command thread (INIT, RTR
+    /// and RTS, then ERR, each round), none on the caller's thread, and none failed there;
+    /// printed per side.
+    fn moves_off_loop(
+        &mut self,
+        before: (HwStats, HwStats),
+    ) -> Result<(), conformance::ConformanceError> {
+        self.judge_sides(before, "moves", "begin_moves", |s, was| {
+            let thread = s.qp_modifies_off_loop - was.qp_modifies_off_loop;
+            let here = s.calls.modify_qp_calls - was.calls.modify_qp_calls;
+            let failed = s.qp_commands_failed_off_loop - was.qp_commands_failed_off_loop;
+            let line =
+                format!("{thread} ibv_modify_qp on the thread, {here} here, {failed} failed there");
+            let ok = thread >= 4 * conformance::MOVES_ROUNDS as u64 && here == 0 && failed == 0;
+            (line, ok)
+        })
+    }
+
+    /// Waits for each side's command thread, then has `judge` read its counters against
+    /// `before`: a line, printed as `info WHAT of SIDE in CHECK`, and whether it holds; a
+    /// violation naming the sides where it does not.
+    fn judge_sides(
+        &mut self,
+        before: (HwStats, HwStats),
+        what: &str,
+        check: &str,
+        judge: impl Fn(&HwStats, &HwStats) -> (String, bool),
+    ) -> Result<(), conformance::ConformanceError> {
+        let mut bad = Vec::new();
+        for (side, v, was) in [("a", &mut self.a, before.0), ("b", &mut self.b, before.1)] {
+            // What the thread finished is counted once taken in.
+            v.commands.quiesce();
+            let (line, ok) = judge(&v.stats(), &was);
+            println!("info {what} of {side} in {check}: {line}");
+            if !ok {
                 bad.push(format!("{side}: {line}"));
             }
         }
@@ -149,7 +185,7 @@ impl HwPair {
             Ok(())
         } else {
             Err(conformance::ConformanceError::Violation(format!(
-                "QP commands not off the loop: {}",
+                "{what} not off the loop: {}",
                 bad.join("; ")
             )))
         }

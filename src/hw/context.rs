@@ -10,7 +10,7 @@ use super::ah_cache::AhCache;
 use super::commands::QpCommands;
 use super::objects::{Ah, Cq, Ipv4Joins, Pd, Qp, Srq, WrTable};
 use crate::verbs::{
-    AddressVector, AsyncEvent, BufPools, PdId, PoolId, PortAttr, WcOpcode, WcStatus,
+    AddressVector, AsyncEvent, BufPools, Moved, PdId, PoolId, PortAttr, WcOpcode, WcStatus,
 };
 
 /// What to open.
@@ -46,10 +46,11 @@ pub struct HwVerbs {
     pub(super) wrs: WrTable,
     /// The QPs with sends waiting for their doorbell (`Qp::pending`), each once.
     pub(super) chained: Vec<u32>,
-    /// Which of the completion channel (0) and the async descriptor (1) reported readiness
-    /// since they were last read; `None` until a driver reports any (then every call reads
-    /// both, for callers that poll without an event loop).
-    pub(super) readiness: Option<[bool; 2]>,
+    /// Which of the completion channel (0), the async descriptor (1) and the command
+    /// thread's eventfd (2) reported readiness since they were last read; `None` until a
+    /// driver reports any (then every call reads all, for callers that poll without an event
+    /// loop).
+    pub(super) readiness: Option<[bool; 3]>,
     /// The completion vector the next CQ gets: CQs take the device's vectors in turn.
     pub(super) next_comp_vector: i32,
     pub(super) next_id: u32,
@@ -62,8 +63,13 @@ pub struct HwVerbs {
     pub(super) infiniband: bool,
     /// What the device was opened with (a reopen opens the same device and port again).
     pub(super) cfg: HwConfig,
-    /// QP creates and destroys off the caller's thread, and QPs created ahead.
+    /// QP creates, moves and destroys off the caller's thread, and QPs created ahead.
     pub(super) commands: QpCommands,
+    /// QPs with moves on the command thread (`Qp::moving`), and the token of the last moves.
+    pub(super) moving_qps: usize,
+    pub(super) next_moves: u64,
+    /// Results of moves answered, for `poll_moved`.
+    pub(super) moved: VecDeque<Moved>,
 }
 
 /// What the libibverbs provider counted, for the daemon's status (serialized field by field,
@@ -100,7 +106,12 @@ pub struct HwStats {
     pub qps_created_off_loop: u64,
     /// See [`HwStats::qps_created_off_loop`].
     pub qps_destroyed_off_loop: u64,
-    /// Creates and destroys that failed on the QP command thread (each logged).
+    /// `ibv_modify_qp` calls the QP command thread made ([`Verbs::begin_moves`]).
+    ///
+    /// [`Verbs::begin_moves`]: crate::verbs::Verbs::begin_moves
+    pub qp_modifies_off_loop: u64,
+    /// Creates, modifies and destroys that failed on the QP command thread (each logged or
+    /// passed on).
     pub qp_commands_failed_off_loop: u64,
     /// QPs created ahead and not taken yet, now (a gauge: the device holds these beyond the
     /// caller's QPs, at most `STASH_DEPTH` of each of `MAX_KINDS` kinds, in `hw/commands.rs`).
@@ -144,7 +155,8 @@ pub struct HwCalls {
     /// `ibv_query_qp` calls made for `ibv_modify_qp`: only when a modify from the tracked
     /// state failed, and to wait out an SQD drain (the caller's own state queries aside).
     pub query_qp_calls: u64,
-    /// `ibv_modify_qp` calls.
+    /// `ibv_modify_qp` calls on the caller's thread (the QP command thread's are in
+    /// [`HwStats::qp_modifies_off_loop`]).
     pub modify_qp_calls: u64,
     /// `ibv_create_qp` calls on the caller's thread (the QP command thread's are in
     /// [`HwStats::qps_created_off_loop`]).

@@ -120,7 +120,10 @@ impl HwVerbs {
             events: VecDeque::new(),
             wc: Vec::new(),
             stats: HwStats::default(),
-            commands: QpCommands::default(),
+            commands: QpCommands::new(),
+            moving_qps: 0,
+            next_moves: 0,
+            moved: VecDeque::new(),
             ipv4_joins: Default::default(),
             infiniband: false,
             cfg: HwConfig {
@@ -227,6 +230,7 @@ impl HwVerbs {
         let c = self.commands.counts;
         s.qps_created_off_loop = c.created;
         s.qps_destroyed_off_loop = c.destroyed;
+        s.qp_modifies_off_loop = c.modified;
         s.qp_commands_failed_off_loop = c.failed;
         s.qps_ready_ahead = self.commands.ready() as u64;
         s
@@ -269,6 +273,9 @@ impl HwVerbs {
     pub(super) fn close_context(&mut self) {
         // The command thread's jobs name this context's objects.
         self.commands.quiesce();
+        while self.commands.take_moved().is_some() {}
+        self.moved.clear();
+        self.moving_qps = 0;
         self.chained.clear();
         self.events.clear();
         self.readiness = None;

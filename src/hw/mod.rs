@@ -19,9 +19,11 @@
 //! - **Object rules**: CQs, SRQs and PDs count their users and refuse destruction with
 //!   [`VerbsError::Busy`].
 //! - **QP commands off the caller's thread**: a drained QP ([`Verbs::retire_qp`]) is destroyed,
-//!   and RC QPs of the kinds the caller creates are created ahead, on a thread of their own
-//!   (`commands`): firmware commands of about a millisecond each on a ConnectX, which would
-//!   otherwise hold every packet of the event loop behind them.
+//!   RC QPs of the kinds the caller creates are created ahead, and the moves of
+//!   [`Verbs::begin_moves`] are made, on a thread of their own (`commands`): firmware commands
+//!   of about a millisecond each on a ConnectX, which would otherwise hold every packet of the
+//!   event loop behind them. A move's result wakes the loop through an eventfd, the
+//!   provider's third descriptor.
 //! - **I/O**: all CQs share one completion channel; its fd and the async-event fd are
 //!   non-blocking and registered with mio. On readiness [`Provider::handle_io`] reads every CQ
 //!   event, acks it and re-arms the CQ (the caller then polls); async events are translated to
@@ -43,6 +45,7 @@
 //!
 //! [`Verbs`]: crate::verbs::Verbs
 //! [`Verbs::retire_qp`]: crate::verbs::Verbs::retire_qp
+//! [`Verbs::begin_moves`]: crate::verbs::Verbs::begin_moves
 //! [`Provider`]: crate::verbs::Provider
 //! [`WrId`]: crate::verbs::WrId
 //! [`BufId`]: crate::verbs::BufId
@@ -113,6 +116,7 @@ mod tests {
             qp_stash_hits: 24,
             qps_created_off_loop: 25,
             qps_destroyed_off_loop: 26,
+            qp_modifies_off_loop: 31,
             qp_commands_failed_off_loop: 27,
             qps_ready_ahead: 28,
             calls: HwCalls {
@@ -149,6 +153,7 @@ mod tests {
                 "qp_stash_hits": 24,
                 "qps_created_off_loop": 25,
                 "qps_destroyed_off_loop": 26,
+                "qp_modifies_off_loop": 31,
                 "qp_commands_failed_off_loop": 27,
                 "qps_ready_ahead": 28,
                 "post_send_calls": 10,

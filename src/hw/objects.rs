@@ -79,6 +79,15 @@ pub(super) struct Qp {
     pub(super) sends_completed: u64,
     pub(super) recvs: usize,
     pub(super) mcast: Vec<Gid>,
+    /// Moves of this QP on the command thread, not answered yet (`qp::begin_moves`).
+    pub(super) moving: Option<Moving>,
+}
+
+/// Moves of a QP handed to the command thread: the job's token and the state after each.
+#[derive(Debug)]
+pub(super) struct Moving {
+    pub(super) token: u64,
+    pub(super) states: Vec<QpState>,
 }
 
 /// A send posted by the caller and not yet given to the device: what its `ibv_send_wr` is

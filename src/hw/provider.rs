@@ -6,8 +6,9 @@ use std::time::Instant;
 
 use super::{cq, pd, pkey, qp, srq, wr, HwVerbs};
 use crate::verbs::{
-    AsyncEvent, BufId, BufPools, Completion, CqId, Gid, IoSource, PKey, PdId, PoolId, PortAttr,
-    Provider, QpAttr, QpInit, QpNum, QpState, SendWr, SrqId, SrqInit, Verbs, VerbsError, WrId,
+    AsyncEvent, BufId, BufPools, Completion, CqId, Gid, IoSource, Moved, Moves, PKey, PdId, PoolId,
+    PortAttr, Provider, QpAttr, QpInit, QpNum, QpState, SendWr, SrqId, SrqInit, Verbs, VerbsError,
+    WrId,
 };
 
 impl Verbs for HwVerbs {
@@ -97,17 +98,28 @@ impl Verbs for HwVerbs {
         qp::modify(self, qp, attr)
     }
 
+    fn begin_moves(&mut self, qp: QpNum, attrs: &[QpAttr]) -> Result<Moves, VerbsError> {
+        self.open_context()?;
+        qp::begin_moves(self, qp, attrs)
+    }
+
+    fn poll_moved(&mut self) -> Option<Moved> {
+        qp::poll_moved(self)
+    }
+
     fn query_qp_state(&self, qp: QpNum) -> Result<QpState, VerbsError> {
         qp::query_qp_state(self, qp)
     }
 
     fn post_send(&mut self, qp: QpNum, wr: &SendWr) -> Result<(), VerbsError> {
         self.open_context()?;
+        qp::settle(self, qp);
         wr::post_send(self, qp, wr)
     }
 
     fn post_recv(&mut self, qp: QpNum, wr_id: WrId, buf: BufId) -> Result<(), VerbsError> {
         self.open_context()?;
+        qp::settle(self, qp);
         wr::post_recv(self, qp, wr_id, buf)
     }
 
@@ -146,8 +158,9 @@ impl Provider for HwVerbs {
         self
     }
 
-    /// The completion channel (0) and the async-event descriptor (1), both read only; none
-    /// while the context is closed (a lost device not opened again yet).
+    /// The completion channel (0), the async-event descriptor (1) and the QP command
+    /// thread's eventfd (2, when there is one), all read only; none while the context is
+    /// closed (a lost device not opened again yet).
     fn io_source(&self, index: usize) -> Option<IoSource> {
         if self.ctx.is_null() || self.channel.is_null() {
             return None;
@@ -157,6 +170,7 @@ impl Provider for HwVerbs {
             0 => unsafe { (*self.channel).fd },
             // SAFETY: the context is live while `self` is.
             1 => unsafe { (*self.ctx).async_fd },
+            2 => self.commands.wake_fd()?,
             _ => return None,
         };
         Some(IoSource {
@@ -166,7 +180,7 @@ impl Provider for HwVerbs {
     }
 
     fn note_readiness(&mut self, index: usize) {
-        let r = self.readiness.get_or_insert([false; 2]);
+        let r = self.readiness.get_or_insert([false; 3]);
         if let Some(ready) = r.get_mut(index) {
             *ready = true;
         }
@@ -182,15 +196,18 @@ impl Provider for HwVerbs {
     /// caller that reports none): each is read until it would block, so an edge-triggered
     /// registration reports the next event again.
     fn handle_input(&mut self, _now: Instant) -> io::Result<usize> {
-        let [channel, async_fd] = match &mut self.readiness {
+        let [channel, async_fd, moved] = match &mut self.readiness {
             Some(r) => std::mem::take(r),
-            None => [true; 2],
+            None => [true; 3],
         };
         if channel {
             self.drain_channel();
         }
         if async_fd {
             self.drain_async();
+        }
+        if moved {
+            self.commands.woken();
         }
         Ok(0)
     }

@@ -4,13 +4,15 @@
 use std::collections::VecDeque;
 use std::ptr;
 
-use super::commands::{self, RawQpInit};
+use super::commands::{self, RawMoves, RawQpInit};
 use super::context::HwVerbs;
 use super::error::errno_err;
 use super::ffi_map::{bit, state_from, state_to};
 use super::objects::Owner;
-use super::objects::Qp;
-use crate::verbs::{check_modify, Gid, QpAttr, QpInit, QpNum, QpState, QpType, VerbsError};
+use super::objects::{Moving, Qp};
+use crate::verbs::{
+    check_modify, Gid, Moved, Moves, QpAttr, QpInit, QpNum, QpState, QpType, VerbsError,
+};
 use ibverbs_sys as ffi;
 
 impl HwVerbs {
@@ -105,6 +107,7 @@ pub(super) fn create(v: &mut HwVerbs, init: &QpInit) -> Result<QpNum, VerbsError
             sends_completed: 0,
             recvs: 0,
             mcast: Vec::new(),
+            moving: None,
         },
     );
     v.use_pd(init.pd, 1);
@@ -121,6 +124,7 @@ pub(super) fn create(v: &mut HwVerbs, init: &QpInit) -> Result<QpNum, VerbsError
 /// refuses is the device asked for its state, which it may have changed on its own (to ERR
 /// or SQE, after an error completion), and the modify tried once more from there.
 pub(super) fn modify(v: &mut HwVerbs, qp: QpNum, attr: &QpAttr) -> Result<(), VerbsError> {
+    settle(v, qp);
     // What was posted before the modify reaches the device before it.
     super::wr::flush_sends(v, qp);
     let q = v.qps.get(&qp.get()).ok_or(VerbsError::NoSuchQp(qp))?;
@@ -146,7 +150,7 @@ fn modify_from(
 ) -> Result<(), VerbsError> {
     let q = v.qps.get(&qp.get()).ok_or(VerbsError::NoSuchQp(qp))?;
     let (raw, qp_type) = (q.raw, q.qp_type);
-    check_modify(qp_type, current, attr)?;
+    let (mut a, mask, to) = raw_attr(v, qp_type, current, attr)?;
     if current == QpState::Sqd && !matches!(attr.state, Some(QpState::Err | QpState::Reset)) {
         // A device may refuse to leave SQD while the send queue is still draining (rxe
         // does, with EINVAL): wait for the drain, at most a second.
@@ -157,6 +161,25 @@ fn modify_from(
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
+    v.stats.calls.modify_qp_calls += 1;
+    // SAFETY: a live QP and a filled attribute struct whose mask names the set fields.
+    let rc = unsafe { ffi::ibv_modify_qp(raw, &mut a, mask) };
+    if rc != 0 {
+        return Err(errno_err("ibv_modify_qp", rc));
+    }
+    moved_to(v, qp, to);
+    Ok(())
+}
+
+/// The `ibv_modify_qp` arguments of `attr` for a QP of `qp_type` in `current`, once
+/// [`check_modify`] passed them: the attribute struct, its mask, and the state it moves to.
+fn raw_attr(
+    v: &HwVerbs,
+    qp_type: QpType,
+    current: QpState,
+    attr: &QpAttr,
+) -> Result<(ffi::ibv_qp_attr, i32, QpState), VerbsError> {
+    check_modify(qp_type, current, attr)?;
     use ffi::ibv_qp_attr_mask as M;
     // SAFETY: ibv_qp_attr is a plain C struct; all-zero is valid.
     let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
@@ -243,12 +266,11 @@ fn modify_from(
         a.en_sqd_async_notify = u8::from(v);
         mask |= bit(M::IBV_QP_EN_SQD_ASYNC_NOTIFY);
     }
-    v.stats.calls.modify_qp_calls += 1;
-    // SAFETY: a live QP and a filled attribute struct whose mask names the set fields.
-    let rc = unsafe { ffi::ibv_modify_qp(raw, &mut a, mask) };
-    if rc != 0 {
-        return Err(errno_err("ibv_modify_qp", rc));
-    }
+    Ok((a, mask, to))
+}
+
+/// The wrapper's record of `qp` follows a move to `to` that the device made.
+fn moved_to(v: &mut HwVerbs, qp: QpNum, to: QpState) {
     if let Some(q) = v.qps.get_mut(&qp.get()) {
         q.state = to;
         if to == QpState::Reset {
@@ -264,7 +286,111 @@ fn modify_from(
         v.release_owner(Owner::Qp(qp));
         v.reap_ahs();
     }
-    Ok(())
+}
+
+/// Starts `qp`'s moves through `attrs` ([`Verbs::begin_moves`]): each checked against the
+/// state before it and handed, with its `ibv_modify_qp` arguments, to the command thread,
+/// whose answer [`poll_moved`] passes on. Done here instead (as [`modify`] does each) when a
+/// check fails from the tracked state (the device is then asked for its own), for moves to
+/// or from SQD or to RESET (the wrapper has its own work there), and when the thread cannot
+/// take them.
+///
+/// [`Verbs::begin_moves`]: crate::verbs::Verbs::begin_moves
+pub(super) fn begin_moves(
+    v: &mut HwVerbs,
+    qp: QpNum,
+    attrs: &[QpAttr],
+) -> Result<Moves, VerbsError> {
+    settle(v, qp);
+    super::wr::flush_sends(v, qp);
+    let q = v.qps.get(&qp.get()).ok_or(VerbsError::NoSuchQp(qp))?;
+    let (raw, qp_type, mut state) = (q.raw, q.qp_type, q.state);
+    let mut here = attrs.is_empty()
+        || state == QpState::Sqd
+        || attrs
+            .iter()
+            .any(|a| matches!(a.state, Some(QpState::Sqd | QpState::Reset)));
+    let mut steps = Vec::with_capacity(attrs.len());
+    let mut states = Vec::with_capacity(attrs.len());
+    for a in attrs {
+        if here {
+            break;
+        }
+        match raw_attr(v, qp_type, state, a) {
+            Ok((raw_attr, mask, to)) => {
+                steps.push((raw_attr, mask));
+                states.push(to);
+                state = to;
+            }
+            Err(_) => here = true,
+        }
+    }
+    if !here {
+        v.next_moves = v.next_moves.wrapping_add(1);
+        let token = v.next_moves;
+        let moves = RawMoves {
+            qp: raw,
+            qpn: qp.get(),
+            token,
+            steps,
+        };
+        if v.commands.modify(moves).is_ok() {
+            if let Some(q) = v.qps.get_mut(&qp.get()) {
+                q.moving = Some(Moving { token, states });
+            }
+            v.moving_qps += 1;
+            return Ok(Moves::Started);
+        }
+    }
+    for a in attrs {
+        modify(v, qp, a)?;
+    }
+    Ok(Moves::Done)
+}
+
+/// The next result of moves the command thread answered ([`Verbs::poll_moved`]).
+///
+/// [`Verbs::poll_moved`]: crate::verbs::Verbs::poll_moved
+pub(super) fn poll_moved(v: &mut HwVerbs) -> Option<Moved> {
+    if v.moving_qps > 0 || v.commands.has_moved() {
+        v.commands.collect();
+        take_moved(v);
+    }
+    v.moved.pop_front()
+}
+
+/// Takes in the moves the thread answered: each QP's tracked state follows the moves done,
+/// and the result waits for [`poll_moved`]. An answer for a QP destroyed or retired since
+/// (its token no longer its record's) is dropped.
+fn take_moved(v: &mut HwVerbs) {
+    while let Some(m) = v.commands.take_moved() {
+        let Some(q) = v.qps.get_mut(&m.qpn) else {
+            continue;
+        };
+        if q.moving.as_ref().is_none_or(|mv| mv.token != m.token) {
+            continue;
+        }
+        let Some(mv) = q.moving.take() else {
+            continue;
+        };
+        v.moving_qps = v.moving_qps.saturating_sub(1);
+        if let Some(to) = m.done.checked_sub(1).and_then(|i| mv.states.get(i)) {
+            q.state = *to;
+        }
+        v.moved.push_back(Moved {
+            qp: QpNum::new(m.qpn),
+            result: m.result.map_err(|rc| errno_err("ibv_modify_qp", rc)),
+        });
+    }
+}
+
+/// Waits for `qp`'s moves on the command thread, if it has any: a verb on it sees them done.
+pub(super) fn settle(v: &mut HwVerbs, qp: QpNum) {
+    if v.moving_qps == 0 || v.qps.get(&qp.get()).is_none_or(|q| q.moving.is_none()) {
+        return;
+    }
+    v.commands.wait();
+    take_moved(v);
 }
 
 pub(super) fn query_qp_state(v: &HwVerbs, qp: QpNum) -> Result<QpState, VerbsError> {
@@ -276,6 +402,7 @@ pub(super) fn query_qp_state(v: &HwVerbs, qp: QpNum) -> Result<QpState, VerbsErr
 /// device completed for it reaches the backlog before the destroy can clean it from them),
 /// then `ibv_destroy_qp`, then the wrapper forgets it.
 pub(super) fn destroy(v: &mut HwVerbs, qp: QpNum) -> Result<(), VerbsError> {
+    settle(v, qp);
     let raw = v.qps.get(&qp.get()).ok_or(VerbsError::NoSuchQp(qp))?.raw;
     detach_all(v, qp);
     sweep(v, qp);
@@ -348,7 +475,14 @@ fn sweep(v: &mut HwVerbs, qp: QpNum) {
 /// Forgets a destroyed (or handed over) `qp`: its record, its WRs, its uses of the PD, CQs
 /// and SRQ.
 fn forget(v: &mut HwVerbs, qp: QpNum) {
+    if !v.moved.is_empty() {
+        v.moved.retain(|m| m.qp != qp);
+    }
     if let Some(q) = v.qps.remove(&qp.get()) {
+        if q.moving.is_some() {
+            // Its moves' answer (a retired QP's destroy waits behind them) is dropped.
+            v.moving_qps = v.moving_qps.saturating_sub(1);
+        }
         if q.qp_type != QpType::Rc {
             // Its sends will never be processed: the AHs they used may go.
             v.ahs.qp_gone(qp.get());

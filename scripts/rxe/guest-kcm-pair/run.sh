@@ -105,6 +105,11 @@ while [ $i -lt 100 ]; do
   sleep 0.1; i=$((i + 1))
 done
 res kcm_pair_killed_rx_reaped "$ok $(el "$t1")s rx_dreq_reaped=${rx0:-0}->${rx:-?}"
+# Every move of a connection's QP (INIT, RTR, RTS of A's RX and TX QPs, ERR of the one reaped)
+# was made on A's QP command thread: the event loop moved only the UD QP, at start.
+here=$(num "$sa" hw_modify_qp_calls); thread=$(num "$sa" hw_qp_modifies_off_loop)
+if [ "${here:-x}" = 3 ] && [ "${thread:-0}" -ge 7 ]; then ok=PASS; else ok=FAIL; fi
+res kcm_pair_moves_off_loop "$ok a: ibv_modify_qp here=${here:-?} (the UD QP) on the thread=${thread:-?}"
 grep -E "rx reaped|tx closed|tx failed" /tmp/a.log | tail -3 | cut -c1-300
 
 t1=$(uptime_s)
