@@ -4,7 +4,7 @@
 #
 #   scripts/soak.sh [--cycles N] [--netns-cycles M] [--nodes K]
 #
-# Two parts, each per mode (srq, non-srq, drain-never, no-last-wqe, dup-last-wqe):
+# Two parts, each per mode (srq, non-srq, drain-never, no-last-wqe, dup-last-wqe, moves-later):
 # 1. N cycles (default 10000) of 4 endpoints on the simulated fabric in virtual time (the
 #    tests/soak_sim.rs harness, release build): it checks created = destroyed + died with a
 #    killed process + baseline, and zero leaked QPs.
@@ -66,7 +66,7 @@ jget() { python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["counters"
 status_of() { lab status "$1" 2>/dev/null; }
 
 fail=0
-for mode in srq non-srq drain-never no-last-wqe dup-last-wqe; do
+for mode in srq non-srq drain-never no-last-wqe dup-last-wqe moves-later; do
     case $mode in
         srq) extra=() ;;
         non-srq) extra=(--no-srq) ;;
