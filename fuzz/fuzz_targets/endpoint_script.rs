@@ -106,6 +106,7 @@ struct NodeSetup {
     dup_last_wqe: bool,
     last_wqe_again: bool,
     clean_cq_on_destroy: bool,
+    moves_later: bool,
     loss: u8,
     dup: u8,
     reorder: u8,
@@ -247,6 +248,7 @@ impl Net {
                 dup_last_wqe: ns.dup_last_wqe,
                 last_wqe_again: ns.last_wqe_again,
                 clean_cq_on_destroy: ns.clean_cq_on_destroy,
+                moves_later: ns.moves_later,
             };
             c.faults = FaultConfig {
                 loss_pct: f64::from(ns.loss % 21),
