@@ -309,10 +309,22 @@ impl QpCommands {
         !self.moved.is_empty()
     }
 
-    /// Waits for every job given to the thread to be answered (the moves among them are
-    /// then in [`QpCommands::take_moved`]). Blocks for as long as the jobs take: for a verb
-    /// on a QP whose moves are on the thread, a rare case.
-    pub(super) fn wait(&mut self) {
+    /// Waits until the moves named `token` are answered (then in
+    /// [`QpCommands::take_moved`]), and with them the jobs given before them, which the
+    /// thread does first; not for those given after. Blocks for as long as that takes: for a
+    /// verb on a QP whose moves are on the thread, a rare case.
+    pub(super) fn wait_for(&mut self, token: u64) {
+        while self.in_flight > 0 && !self.moved.iter().any(|m| m.token == token) {
+            let Some(d) = self.worker.as_ref().and_then(|w| w.done.recv().ok()) else {
+                self.in_flight = 0;
+                break;
+            };
+            self.answered(d.0);
+        }
+    }
+
+    /// Waits for every job given to the thread to be answered.
+    fn wait(&mut self) {
         while self.in_flight > 0 {
             let Some(d) = self.worker.as_ref().and_then(|w| w.done.recv().ok()) else {
                 self.in_flight = 0;

@@ -386,10 +386,17 @@ fn take_moved(v: &mut HwVerbs) {
 
 /// Waits for `qp`'s moves on the command thread, if it has any: a verb on it sees them done.
 pub(super) fn settle(v: &mut HwVerbs, qp: QpNum) {
-    if v.moving_qps == 0 || v.qps.get(&qp.get()).is_none_or(|q| q.moving.is_none()) {
+    if v.moving_qps == 0 {
         return;
     }
-    v.commands.wait();
+    let Some(token) = v
+        .qps
+        .get(&qp.get())
+        .and_then(|q| q.moving.as_ref().map(|m| m.token))
+    else {
+        return;
+    };
+    v.commands.wait_for(token);
     take_moved(v);
 }
 

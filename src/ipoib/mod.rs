@@ -196,7 +196,6 @@ impl FromStr for QpBudgetPolicy {
     }
 }
 
-/// Moves an RC QP in INIT to RTR and RTS with the kernel CM's attributes.
 /// Starts moving `qpn` to ERR ([`Verbs::begin_moves`]): what follows (Last WQE Reached,
 /// the flushes, the drain WR) waits for the move, wherever the provider makes it. A failure
 /// now or in its result ([`Endpoint::on_moved`]) is logged; the teardown's watchdog bounds it.

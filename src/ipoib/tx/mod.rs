@@ -290,7 +290,7 @@ impl Endpoint {
     }
 
     /// The peer has no listener at its standard service ID (REJ 8): a daemon on the kernel's
-    /// CM whose flag [`HwAddr::FLAG_RDMA_CM`] we did not see. The same QP (still in INIT,
+    /// CM whose flag [`HwAddr::FLAG_RDMA_CM`] we did not see. The same QP (still in RESET,
     /// same PSN) sends one REQ, at once, to its rdma_cm service with the framing; the
     /// neighbour table remembers the peer's kind, so later connections go there first. A REJ
     /// of that REQ, whatever its reason, fails the connection as any REJ does.
