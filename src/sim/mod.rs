@@ -53,8 +53,13 @@ impl Fabric {
     /// virtual clock starting at `start`.
     pub fn new(configs: Vec<SoftConfig>, latency: Duration, start: Instant) -> Self {
         let n = configs.len();
+        let mut nodes: Vec<SoftVerbs> = configs.into_iter().map(SoftVerbs::new).collect();
+        // Each engine learns the virtual time before anything is asked of it.
+        for node in &mut nodes {
+            node.handle_timeout(start);
+        }
         Self {
-            nodes: configs.into_iter().map(SoftVerbs::new).collect(),
+            nodes,
             now: start,
             latency,
             wire: BinaryHeap::new(),

@@ -488,3 +488,60 @@ fn the_fatal_knob_fires_once_after_its_delay() {
     assert!(!v.is_lost(), "a reopened device is not armed again");
     assert_eq!(v.poll_timeout(), None);
 }
+
+/// Under `moves_later`, moves begun are made `MOVES_LATER_BY` after the engine's time, or at
+/// once by a verb on their QP; moves begun before the engine knew the time (no timer call
+/// yet) count from its first timer call. A destroyed QP's moves have no result.
+#[test]
+fn moves_later_wait_for_the_engines_time() {
+    use super::{Quirks, SoftConfig, SoftVerbs, MOVES_LATER_BY};
+    use crate::verbs::setup::rc_init_attr;
+    use crate::verbs::{Moves, QpInit, QpState, QpType};
+    use std::net::{IpAddr, Ipv4Addr};
+
+    let mut cfg = SoftConfig::new(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)));
+    cfg.quirks = Quirks {
+        moves_later: true,
+        ..Quirks::default()
+    };
+    let mut v = SoftVerbs::new(cfg);
+    let pd = v.alloc_pd().unwrap();
+    let cq = v.create_cq(4).unwrap();
+    let init = QpInit {
+        pd,
+        qp_type: QpType::Rc,
+        send_cq: cq,
+        recv_cq: cq,
+        srq: None,
+        max_send_wr: 1,
+        max_recv_wr: 1,
+        sq_sig_all: false,
+    };
+    let [a, b, c] = [(); 3].map(|()| v.create_qp(&init).unwrap());
+    assert_eq!(v.begin_moves(a, &[rc_init_attr()]), Ok(Moves::Started));
+    assert_eq!(
+        v.poll_timeout(),
+        None,
+        "the engine does not know the time yet"
+    );
+    let t0 = Instant::now();
+    v.handle_timeout(t0);
+    assert_eq!(v.poll_timeout(), Some(t0 + MOVES_LATER_BY));
+    assert_eq!(v.poll_moved(), None);
+    assert_eq!(v.query_qp_state(a), Ok(QpState::Reset), "not made yet");
+    assert_eq!(v.begin_moves(b, &[rc_init_attr()]), Ok(Moves::Started));
+    assert_eq!(v.begin_moves(c, &[rc_init_attr()]), Ok(Moves::Started));
+    v.destroy_qp(c).unwrap();
+    let pool = v.create_pool(pd, 64, 1).unwrap();
+    // A verb on `b` makes its moves first.
+    let rb = v.pools_mut().alloc(pool).unwrap();
+    assert_eq!(v.post_recv(b, crate::verbs::WrId(1), rb), Ok(()));
+    v.handle_timeout(t0 + MOVES_LATER_BY);
+    let done: Vec<_> = std::iter::from_fn(|| v.poll_moved())
+        .map(|m| (m.qp, m.result))
+        .collect();
+    assert_eq!(done, vec![(b, Ok(())), (a, Ok(()))]);
+    assert_eq!(v.query_qp_state(a), Ok(QpState::Init));
+    let s = v.stats();
+    assert_eq!((s.moves_started, s.moves_settled), (3, 1));
+}

@@ -17,36 +17,49 @@ pub const MOVES_LATER_BY: Duration = Duration::from_millis(1);
 pub(super) struct LaterMoves {
     started: VecDeque<Started>,
     done: VecDeque<Moved>,
-    /// The engine's time, as its last timer or datagram told it.
-    pub(super) clock: Option<Instant>,
+    /// The engine's time, as its last timer or datagram told it ([`LaterMoves::tick`]).
+    clock: Option<Instant>,
 }
 
 #[derive(Debug)]
 struct Started {
     qp: QpNum,
     attrs: Vec<QpAttr>,
-    at: Instant,
+    /// When they are due; `None` when started before the engine knew the time, and set when
+    /// it learns it ([`LaterMoves::tick`]).
+    at: Option<Instant>,
 }
 
 impl LaterMoves {
     /// Queues `attrs` for `qp`, due [`MOVES_LATER_BY`] after the engine's time.
     pub(super) fn start(&mut self, qp: QpNum, attrs: &[QpAttr]) {
-        let now = *self.clock.get_or_insert_with(Instant::now);
         self.started.push_back(Started {
             qp,
             attrs: attrs.to_vec(),
-            at: now + MOVES_LATER_BY,
+            at: self.clock.map(|now| now + MOVES_LATER_BY),
         });
     }
 
-    /// When the oldest moves are due.
+    /// When the oldest moves are due (moves started before the engine knew the time wait
+    /// for its next timer call, whenever that comes).
     pub(super) fn next_at(&self) -> Option<Instant> {
-        self.started.front().map(|s| s.at)
+        self.started.front().and_then(|s| s.at)
+    }
+
+    /// The engine's time is `now`: moves started before it knew the time are due
+    /// [`MOVES_LATER_BY`] from now.
+    pub(super) fn tick(&mut self, now: Instant) {
+        if self.clock.is_none() {
+            for s in &mut self.started {
+                s.at = Some(now + MOVES_LATER_BY);
+            }
+        }
+        self.clock = Some(now);
     }
 
     /// The oldest moves, if due at `now`.
     pub(super) fn pop_due(&mut self, now: Instant) -> Option<(QpNum, Vec<QpAttr>)> {
-        if self.started.front()?.at > now {
+        if self.started.front()?.at? > now {
             return None;
         }
         self.started.pop_front().map(|s| (s.qp, s.attrs))

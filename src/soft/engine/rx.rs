@@ -20,7 +20,7 @@ impl SoftVerbs {
     /// port, `dst` the IP address it was sent to.
     pub fn handle_datagram(&mut self, now: Instant, src: SocketAddr, dst: IpAddr, datagram: &[u8]) {
         self.dev.stats.rx_datagrams += 1;
-        self.later.clock = Some(now);
+        self.later.tick(now);
         if self.lost {
             self.dev.stats.rx_device_lost += 1;
             return;

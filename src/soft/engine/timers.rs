@@ -26,7 +26,7 @@ impl SoftVerbs {
         if self.lost {
             return;
         }
-        self.later.clock = Some(now);
+        self.later.tick(now);
         self.do_due_moves(now);
         if let Some(after) = self.faults.config().device_fatal_after {
             let at = *self.fatal_at.get_or_insert(now + after);
