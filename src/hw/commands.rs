@@ -262,7 +262,8 @@ impl QpCommands {
             // SAFETY: a fresh descriptor no one else owns.
             Some(unsafe { OwnedFd::from_raw_fd(fd) })
         } else {
-            tracing::warn!(error = %std::io::Error::last_os_error(), "no eventfd: QPs are moved on the event loop");
+            let error = std::io::Error::last_os_error();
+            tracing::warn!(%error, "no eventfd: QPs are moved on the event loop");
             None
         };
         let mut c = Self::default();

@@ -4,8 +4,9 @@
 //! data carries our UD QPN and receive size; up to `tx_queue_len` packets wait, the rest are
 //! dropped and counted. On the REP the QP, in RESET until then, moves to INIT, RTR and RTS
 //! ([`Verbs::begin_moves`]: perhaps on the provider's command thread, the packets still
-//! queued meanwhile); once it is in RTS the RTU goes out and the queue is flushed in order. The peer's advertised receive size is the connection MTU: a bigger
-//! packet gets an ICMP "too big" written back to the TUN device. A send error, a REJ, a CM
+//! queued meanwhile); once it is in RTS the RTU goes out and the queue is flushed in order.
+//! The peer's advertised receive size is the connection MTU: a bigger packet gets an ICMP
+//! "too big" written back to the TUN device. A send error, a REJ, a CM
 //! timeout or a DREQ tears the connection down; the next packet builds a new one.
 //!
 //! The REQ goes to the peer's standard service ID, or, for a peer reached at the rdma_cm
