@@ -253,6 +253,8 @@ struct Node {
     connects: u64,
     reqs_in: u64,
     mads_in: u64,
+    /// The CM's `stale_rejected` when the owner last collected its events.
+    stale_seen: u64,
 }
 
 struct Harness {
@@ -308,6 +310,7 @@ impl Harness {
                     connects: 0,
                     reqs_in: 0,
                     mads_in: 0,
+                    stale_seen: 0,
                 }
             })
             .collect();
@@ -474,13 +477,21 @@ impl Harness {
             );
             last.insert(id, e);
         }
+        let stale = self.nodes[i].cm.stats().stale_rejected;
+        // A REQ from a QP an established connection still uses: the CM sends that
+        // connection's DREQ itself (as Linux's `cm_match_req`), its end reported later.
+        let stale_dreq = stale > self.nodes[i].stale_seen;
+        self.nodes[i].stale_seen = stale;
         let cm = &self.nodes[i].cm;
         for (id, e) in last {
             let s = cm.state(id);
             let ok = match e {
                 CmEvent::ReqReceived { .. } => s == Some(CmState::ReqRcvd),
                 CmEvent::RepReceived { .. } => s == Some(CmState::RepRcvd),
-                CmEvent::Established { .. } => s == Some(CmState::Established),
+                CmEvent::Established { .. } => {
+                    s == Some(CmState::Established)
+                        || (stale_dreq && s == Some(CmState::DreqSent))
+                }
                 CmEvent::Rejected { .. } => matches!(s, None | Some(CmState::TimeWait)),
                 CmEvent::TimedOut { state, .. } => match state {
                     CmState::ReqSent | CmState::MraReqRcvd => s.is_none(),
