@@ -328,26 +328,10 @@ fn qpn_sequence_is_a_keyed_permutation() {
 /// are not consecutive numbers.
 #[test]
 fn qpns_follow_the_seed_and_skip_the_special_ones() {
-    use super::{SoftConfig, SoftVerbs, MULTICAST_QPN};
-    use crate::verbs::{QpInit, QpType};
-    use std::net::{IpAddr, Ipv4Addr};
+    use super::MULTICAST_QPN;
 
     let qpns = |seed: u64, n: usize| {
-        let mut cfg = SoftConfig::new(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)));
-        cfg.qpn_seed = seed;
-        let mut v = SoftVerbs::new(cfg);
-        let pd = v.alloc_pd().unwrap();
-        let cq = v.create_cq(4).unwrap();
-        let init = QpInit {
-            pd,
-            qp_type: QpType::Rc,
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
-            max_send_wr: 1,
-            max_recv_wr: 1,
-            sq_sig_all: false,
-        };
+        let (mut v, _, init) = lone_engine(|c| c.qpn_seed = seed);
         (0..n)
             .map(|_| v.create_qp(&init).unwrap())
             .collect::<Vec<QpNum>>()
@@ -362,6 +346,30 @@ fn qpns_follow_the_seed_and_skip_the_special_ones() {
     sorted.sort();
     sorted.dedup();
     assert_eq!(sorted.len(), a.len());
+}
+
+/// An engine on 198.18.0.1 (its configuration adjusted by `adjust`) with a PD and a CQ, and
+/// the `QpInit` of a 1-deep RC QP on them.
+fn lone_engine(
+    adjust: impl FnOnce(&mut super::SoftConfig),
+) -> (super::SoftVerbs, crate::verbs::PdId, crate::verbs::QpInit) {
+    use crate::verbs::{QpInit, QpType};
+    let mut cfg = super::SoftConfig::new(std::net::IpAddr::from([198, 18, 0, 1]));
+    adjust(&mut cfg);
+    let mut v = super::SoftVerbs::new(cfg);
+    let pd = v.alloc_pd().unwrap();
+    let cq = v.create_cq(4).unwrap();
+    let init = QpInit {
+        pd,
+        qp_type: QpType::Rc,
+        send_cq: cq,
+        recv_cq: cq,
+        srq: None,
+        max_send_wr: 1,
+        max_recv_wr: 1,
+        sq_sig_all: false,
+    };
+    (v, pd, init)
 }
 
 /// `--qpn-seed 0` fixes the QPN order, so a daemon's hardware address can be named in a static
@@ -494,29 +502,16 @@ fn the_fatal_knob_fires_once_after_its_delay() {
 /// yet) count from its first timer call. A destroyed QP's moves have no result.
 #[test]
 fn moves_later_wait_for_the_engines_time() {
-    use super::{Quirks, SoftConfig, SoftVerbs, MOVES_LATER_BY};
+    use super::{Quirks, MOVES_LATER_BY};
     use crate::verbs::setup::rc_init_attr;
-    use crate::verbs::{Moves, QpInit, QpState, QpType};
-    use std::net::{IpAddr, Ipv4Addr};
+    use crate::verbs::{Moves, QpState};
 
-    let mut cfg = SoftConfig::new(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)));
-    cfg.quirks = Quirks {
-        moves_later: true,
-        ..Quirks::default()
-    };
-    let mut v = SoftVerbs::new(cfg);
-    let pd = v.alloc_pd().unwrap();
-    let cq = v.create_cq(4).unwrap();
-    let init = QpInit {
-        pd,
-        qp_type: QpType::Rc,
-        send_cq: cq,
-        recv_cq: cq,
-        srq: None,
-        max_send_wr: 1,
-        max_recv_wr: 1,
-        sq_sig_all: false,
-    };
+    let (mut v, pd, init) = lone_engine(|c| {
+        c.quirks = Quirks {
+            moves_later: true,
+            ..Quirks::default()
+        }
+    });
     let [a, b, c] = [(); 3].map(|()| v.create_qp(&init).unwrap());
     assert_eq!(v.begin_moves(a, &[rc_init_attr()]), Ok(Moves::Started));
     assert_eq!(
