@@ -539,9 +539,11 @@ impl KernelCm {
             KcmInput::Rejected { reason, .. } => {
                 self.forget(id);
                 self.stats.rej_received += 1;
+                // rdma_cm hands no ARI to its users.
                 self.events.push_back(CmEvent::Rejected {
                     id,
                     reason: RejReason::from_code(reason),
+                    acceptable_mtu: None,
                 });
             }
             KcmInput::Unreachable { .. } => {
@@ -566,6 +568,7 @@ impl KernelCm {
                     self.events.push_back(CmEvent::Rejected {
                         id,
                         reason: RejReason::ConsumerDefined,
+                        acceptable_mtu: None,
                     });
                 }
             },
@@ -581,6 +584,7 @@ impl KernelCm {
                     CmEvent::Rejected {
                         id,
                         reason: RejReason::ConsumerDefined,
+                        acceptable_mtu: None,
                     }
                 };
                 self.events.push_back(e);

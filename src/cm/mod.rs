@@ -215,6 +215,35 @@ impl Cm {
         id: CommId,
         reason: RejReason,
     ) -> Result<(), CmUseError> {
+        self.reject_with_ari(now, id, reason, &[])
+    }
+
+    /// Refuses a REQ whose path MTU is above `acceptable` with a REJ
+    /// [`RejReason::InvalidMtu`] whose ARI names `acceptable` ([`Rej::invalid_mtu_ari`]), so
+    /// that the requester can try again at it; as [`Cm::reject`] otherwise.
+    ///
+    /// # Errors
+    ///
+    /// As [`Cm::reject`].
+    ///
+    /// [`Rej::invalid_mtu_ari`]: crate::wire::cm::Rej::invalid_mtu_ari
+    pub fn reject_mtu(
+        &mut self,
+        now: Instant,
+        id: CommId,
+        acceptable: crate::verbs::PathMtu,
+    ) -> Result<(), CmUseError> {
+        let ari = crate::wire::cm::Rej::invalid_mtu_ari(acceptable);
+        self.reject_with_ari(now, id, RejReason::InvalidMtu, &ari)
+    }
+
+    fn reject_with_ari(
+        &mut self,
+        now: Instant,
+        id: CommId,
+        reason: RejReason,
+        ari: &[u8],
+    ) -> Result<(), CmUseError> {
         self.start_clock(now);
         let c = self.conns.get(&id.0).ok_or(CmUseError::NoSuchId)?;
         match c.state {
@@ -226,7 +255,7 @@ impl Cm {
             | CmState::MraRepSent
             | CmState::RepSent
             | CmState::MraRepRcvd => {
-                self.send_rej_locked(now, id, reason, &[]);
+                self.send_rej_locked(now, id, reason, ari);
                 Ok(())
             }
             s => Err(CmUseError::WrongState(s)),

@@ -255,6 +255,7 @@ impl Cm {
         self.events.push_back(CmEvent::Rejected {
             id,
             reason: r.reason,
+            acceptable_mtu: r.acceptable_mtu(),
         });
     }
 

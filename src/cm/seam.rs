@@ -66,6 +66,24 @@ impl ConnectionManager {
         }
     }
 
+    /// Refuses a request whose path MTU is above `acceptable`: our CM sends REJ
+    /// [`RejReason::InvalidMtu`] naming `acceptable` in its ARI ([`Cm::reject_mtu`]); the
+    /// kernel's can only send REJ Consumer Defined, which names no MTU.
+    ///
+    /// # Errors
+    /// The CM's [`CmUseError`].
+    pub fn reject_mtu(
+        &mut self,
+        now: Instant,
+        id: CommId,
+        acceptable: crate::verbs::PathMtu,
+    ) -> Result<(), CmUseError> {
+        match self {
+            Self::Ours(c) => c.reject_mtu(now, id, acceptable),
+            Self::Kernel(k) => k.reject(now, id, RejReason::InvalidMtu),
+        }
+    }
+
     /// Sends the RTU.
     ///
     /// # Errors

@@ -436,7 +436,8 @@ fn req_for_unlistened_service_gets_rej_invalid_service_id() {
         events(&mut ca),
         vec![CmEvent::Rejected {
             id: ida,
-            reason: RejReason::InvalidServiceId
+            reason: RejReason::InvalidServiceId,
+            acceptable_mtu: None
         }]
     );
     assert_eq!(ca.state(ida), None);
@@ -803,7 +804,8 @@ fn disconnect_before_rep_sends_rej_timeout_and_frees() {
         events(&mut cb),
         vec![CmEvent::Rejected {
             id: idb,
-            reason: RejReason::Timeout
+            reason: RejReason::Timeout,
+            acceptable_mtu: None
         }]
     );
     assert_eq!(cb.state(idb), None);
@@ -829,11 +831,39 @@ fn owner_reject_in_req_rcvd_sends_rej_and_frees() {
         events(&mut ca),
         vec![CmEvent::Rejected {
             id: ida,
-            reason: RejReason::NoQp
+            reason: RejReason::NoQp,
+            acceptable_mtu: None
         }]
     );
     assert_eq!(ca.state(ida), None);
     assert_eq!(ca.next_deadline(), None);
+}
+
+/// A REQ whose path MTU is too large is refused with REJ 26 (invalid path MTU) naming, in a
+/// one-byte ARI, the largest MTU the rejecter accepts; the requester's event carries it.
+#[test]
+fn reject_mtu_names_the_acceptable_mtu_in_the_ari() {
+    let t0 = Instant::now();
+    let (mut ca, mut cb) = (cm_a(), cm_b());
+    let (ida, idb, _) = req_delivered(t0, &mut ca, &mut cb);
+    cb.reject_mtu(t0, idb, PathMtu::Mtu1024).unwrap();
+    assert_eq!(cb.state(idb), None);
+    let m = parse(&sent_one(&mut cb, a()));
+    let r = as_rej(&m);
+    assert_eq!(r.reason, RejReason::InvalidMtu);
+    assert_eq!(r.reason.code(), 26);
+    assert_eq!((r.reject_info_len, r.ari[0]), (1, 3));
+    assert_eq!(r.acceptable_mtu(), Some(PathMtu::Mtu1024));
+    ca.handle_mad(t0, b(), &m.emit());
+    assert_eq!(
+        events(&mut ca),
+        vec![CmEvent::Rejected {
+            id: ida,
+            reason: RejReason::InvalidMtu,
+            acceptable_mtu: Some(PathMtu::Mtu1024)
+        }]
+    );
+    assert_eq!(ca.state(ida), None);
 }
 
 #[test]
@@ -853,7 +883,8 @@ fn owner_reject_of_rep_frees_active_and_sends_passive_to_timewait() {
         events(&mut cb),
         vec![CmEvent::Rejected {
             id: idb,
-            reason: RejReason::ConsumerDefined
+            reason: RejReason::ConsumerDefined,
+            acceptable_mtu: None
         }]
     );
     assert_eq!(cb.next_deadline(), Some(t0 + TW));
@@ -877,7 +908,8 @@ fn rej_when_established_enters_timewait() {
         events(&mut ca),
         vec![CmEvent::Rejected {
             id: ida,
-            reason: RejReason::Timeout
+            reason: RejReason::Timeout,
+            acceptable_mtu: None
         }]
     );
 }

@@ -283,6 +283,9 @@ pub enum CmEvent {
         id: CommId,
         /// The REJ's reason.
         reason: RejReason,
+        /// With [`RejReason::InvalidMtu`], the largest path MTU the peer accepts, where its
+        /// ARI named one ([`Rej::acceptable_mtu`](crate::wire::cm::Rej::acceptable_mtu)).
+        acceptable_mtu: Option<PathMtu>,
     },
     /// No answer after all retries (REQ or REP): a clear reason for the owner. `state` is the
     /// state that timed out. A REQ timeout frees the id; a REP timeout sends REJ (Timeout)

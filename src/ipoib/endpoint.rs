@@ -573,7 +573,13 @@ impl Endpoint {
             CmEvent::Rejected {
                 id,
                 reason: RejReason::InvalidServiceId,
+                ..
             } if self.may_retry_at_rdma_cm(id) => self.retry_at_rdma_cm(now, v, id),
+            CmEvent::Rejected {
+                id,
+                reason: RejReason::InvalidMtu,
+                acceptable_mtu: Some(mtu),
+            } if self.may_retry_at_mtu(id, mtu) => self.retry_at_mtu(now, v, id, mtu),
             CmEvent::Rejected { id, .. } | CmEvent::TimedOut { id, .. } => {
                 let why = match e {
                     CmEvent::Rejected { .. } => TxFailure::Rejected,
@@ -587,8 +593,12 @@ impl Endpoint {
             }
             CmEvent::DisconnectReceived { id } | CmEvent::Disconnected { id } => {
                 match self.owners.get(&id).copied() {
-                    // The peer's DREQ (first, or crossing ours): an orderly close.
+                    // The peer's DREQ (first, or crossing ours): an orderly close. The peer may
+                    // have changed its MTU since it capped ours: the next REQ asks at ours.
                     Some(Owner::Tx(qpn)) => {
+                        if let Some(peer) = self.tx.get(&qpn).map(|t| t.peer.gid) {
+                            self.paths.uncap_mtu(peer);
+                        }
                         self.close_tx(now, v, qpn, TxCloseReason::PeerDisconnected, None);
                     }
                     Some(Owner::Rx(qpn)) => self.start_rx_teardown(now, v, qpn, rx::Why::Remote),

@@ -74,6 +74,9 @@ pub enum TxCloseReason {
     NeighbourChanged,
     /// The peer disconnected it (its DREQ came first, or crossed ours): an orderly close.
     PeerDisconnected,
+    /// The path MTU changed (the underlay link's MTU did): the next packet opens a
+    /// connection at the new one.
+    PathMtuChanged,
 }
 
 impl TxCloseReason {
@@ -85,6 +88,7 @@ impl TxCloseReason {
             Self::Shutdown => "shutdown",
             Self::NeighbourChanged => "neighbour-changed",
             Self::PeerDisconnected => "peer-disconnected",
+            Self::PathMtuChanged => "path-mtu-changed",
         }
     }
 }
@@ -110,6 +114,9 @@ pub enum RxReapReason {
     HalfOpenEvicted,
     /// Half-open until the CM gave up resending the REP.
     HalfOpenTimeout,
+    /// The path MTU changed (the underlay link's MTU did): the peer connects again, at an
+    /// MTU both ends carry.
+    PathMtuChanged,
 }
 
 impl RxReapReason {
@@ -125,6 +132,7 @@ impl RxReapReason {
             Self::HalfOpenEvicted => "half-open-evicted",
             Self::HalfOpenTimeout => "half-open-timeout",
             Self::Error => "qp-error",
+            Self::PathMtuChanged => "path-mtu-changed",
         }
     }
 }
@@ -140,6 +148,8 @@ pub enum RxRejectReason {
     ShuttingDown,
     /// A REQ at the rdma_cm service without a `cma_hdr` rdma_cm would take.
     BadCmaHdr,
+    /// The REQ's path MTU is above ours (REJ 26 names ours, and the peer asks again at it).
+    PathMtu,
 }
 
 impl RxRejectReason {
@@ -150,6 +160,7 @@ impl RxRejectReason {
             Self::NoResources => "no-resources",
             Self::ShuttingDown => "shutting-down",
             Self::BadCmaHdr => "bad-cma-hdr",
+            Self::PathMtu => "path-mtu",
         }
     }
 }
@@ -170,6 +181,14 @@ pub enum Event {
         peer: EventPeer,
         /// Why.
         reason: TxFailure,
+    },
+    /// The peer refused a TX connection's REQ for its path MTU (REJ 26) and named a smaller
+    /// one it accepts: the REQ goes again at `path_mtu` from the same QP (`qpn`: ours).
+    TxMtuLowered {
+        /// The peer.
+        peer: EventPeer,
+        /// The path MTU in bytes the REQ goes again at.
+        path_mtu: u32,
     },
     /// A TX connection is being closed by this side (`qpn`: ours).
     TxClosed {
@@ -229,6 +248,7 @@ impl Event {
             } => "tx stalled",
             Self::TxFailed { .. } => "tx failed",
             Self::TxClosed { .. } => "tx closed",
+            Self::TxMtuLowered { .. } => "tx mtu lowered",
             Self::RxAccepted { .. } => "rx accepted",
             Self::RxRejected { .. } => "rx rejected",
             Self::RxReaped {
@@ -248,6 +268,7 @@ impl Event {
             Self::TxEstablished { peer, .. }
             | Self::TxFailed { peer, .. }
             | Self::TxClosed { peer, .. }
+            | Self::TxMtuLowered { peer, .. }
             | Self::RxAccepted { peer }
             | Self::RxRejected { peer, .. }
             | Self::RxReaped { peer, .. }
@@ -283,6 +304,7 @@ impl fmt::Display for Event {
         }
         match self {
             Self::TxEstablished { mtu, .. } => write!(f, " mtu={mtu}")?,
+            Self::TxMtuLowered { path_mtu, .. } => write!(f, " path_mtu={path_mtu}")?,
             Self::NeighFailed { ip, dropped } => write!(f, " peer={ip} dropped={dropped}")?,
             Self::PeerRestarted {
                 old_qpn: Some(old_qpn),

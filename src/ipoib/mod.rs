@@ -107,7 +107,7 @@ pub use guard::{SourceCheck, ANSWER_BURST, ANSWER_RATE};
 pub use mcast::{PortChange, SaRequest, MAX_SA_REQUESTS, MAX_SEND_ONLY};
 pub use neigh::{NeighCounts, NeighState};
 pub use path_wait::{PATH_QUEUE_LEN, PATH_WAIT_MAX};
-pub use reconfig::LiveTimeouts;
+pub use reconfig::{LiveTimeouts, PathMtuChange};
 pub use rx::RxState;
 pub use tun::TUN_BUFFER_OFFSET;
 pub use tx::TxState;
@@ -584,6 +584,17 @@ pub struct Counters {
     /// TX REQs to a peer's standard service ID rejected with reason 8 (invalid service ID)
     /// and sent again, once, to its rdma_cm service (the peer's kind is then remembered).
     pub tx_rdma_cm_retries: u64,
+    /// REQs refused because their path MTU is above ours (REJ 26, naming ours; the kernel's
+    /// CM can only refuse them with REJ Consumer Defined).
+    pub rx_mtu_rejected: u64,
+    /// TX REQs refused by the peer with REJ 26 and sent again, once, at the path MTU its
+    /// REJ named (remembered for that peer until it disconnects us or restarts).
+    pub tx_mtu_retries: u64,
+    /// Changes of the path MTU followed while running (the underlay link's MTU changed).
+    pub path_mtu_changes: u64,
+    /// Connections (TX and RX) closed by a path MTU change, to be set up again at the new
+    /// one.
+    pub mtu_reconnects: u64,
     /// Messages (IP packets, ARP/ND replies) held until their destination's PathRecord
     /// arrived (an SA in use: InfiniBand).
     pub path_wait_held: u64,

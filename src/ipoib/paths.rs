@@ -7,9 +7,13 @@
 //! - [`Endpoint::set_path`] is the one place a path is set for a GID; a GID with none gets
 //!   [`Path::roce`] from the port's GID and the configured MTU, which reproduces the address
 //!   vectors and REQs of a RoCE port exactly.
-//! - Both tables are bounded by `cap` (the neighbour cache's `neigh_max`): a new GID beyond
+//! - The tables are bounded by `cap` (the neighbour cache's `neigh_max`): a new GID beyond
 //!   it replaces the smallest GID's path (and its LID entry), so memory stays bounded
-//!   whatever the caller sets.
+//!   whatever the caller sets (or the peers' REJs say).
+//! - A peer's MTU cap comes only from its own REJ 26 (invalid path MTU) naming the largest
+//!   path MTU it accepts, and lasts until the peer disconnects one of our connections to it
+//!   (its MTU may have changed since) or restarts: [`Endpoint::path_mtu_to`] is never above
+//!   it, so every later REQ to that peer carries an MTU it takes.
 //! - A LID names at most one GID: a path that gives a known LID to another GID takes it over.
 
 use std::collections::BTreeMap;
@@ -22,6 +26,8 @@ use crate::verbs::{AddressVector, Gid, Lid, Path, PathMtu};
 pub(super) struct Paths {
     by_gid: BTreeMap<Gid, Path>,
     by_lid: BTreeMap<Lid, Gid>,
+    /// The largest path MTU each peer said (REJ 26) it accepts.
+    mtu_caps: BTreeMap<Gid, PathMtu>,
     cap: usize,
 }
 
@@ -30,6 +36,7 @@ impl Paths {
         Self {
             by_gid: BTreeMap::new(),
             by_lid: BTreeMap::new(),
+            mtu_caps: BTreeMap::new(),
             cap: cap.max(1),
         }
     }
@@ -55,6 +62,25 @@ impl Paths {
                 }
             }
         }
+    }
+
+    /// Caps the path MTU towards `gid` at `mtu`, what the peer said it accepts (pushing out
+    /// the smallest GID's cap at the table's bound).
+    pub(super) fn cap_mtu(&mut self, gid: Gid, mtu: PathMtu) {
+        if !self.mtu_caps.contains_key(&gid) && self.mtu_caps.len() >= self.cap {
+            self.mtu_caps.pop_first();
+        }
+        self.mtu_caps.insert(gid, mtu);
+    }
+
+    /// Forgets the MTU cap of `gid`; whether it had one.
+    pub(super) fn uncap_mtu(&mut self, gid: Gid) -> bool {
+        self.mtu_caps.remove(&gid).is_some()
+    }
+
+    /// The MTU cap of `gid`, if its REJ set one.
+    pub(super) fn mtu_cap(&self, gid: &Gid) -> Option<PathMtu> {
+        self.mtu_caps.get(gid).copied()
     }
 
     /// Forgets every path (a port event: the SA's answers no longer hold).
@@ -118,9 +144,11 @@ impl Endpoint {
         self.group_av(gid).unwrap_or_else(|| self.path_to(gid).av())
     }
 
-    /// The path MTU towards `gid`, never above the configured one.
+    /// The path MTU towards `gid`: its path's, never above the configured one nor the cap the
+    /// peer set with a REJ 26.
     pub(super) fn path_mtu_to(&self, gid: Gid) -> PathMtu {
-        self.path_to(gid).mtu.min(self.cfg.path_mtu)
+        let mtu = self.path_to(gid).mtu.min(self.cfg.path_mtu);
+        self.paths.mtu_cap(&gid).map_or(mtu, |cap| mtu.min(cap))
     }
 }
 
@@ -171,5 +199,20 @@ mod tests {
             .by_lid
             .iter()
             .all(|(l, g)| p.get(g).is_some_and(|x| x.dlid == *l)));
+    }
+
+    #[test]
+    fn mtu_caps_stay_capped_and_are_forgotten_on_request() {
+        let mut p = Paths::new(2);
+        for n in 1..=10 {
+            p.cap_mtu(gid(n), PathMtu::Mtu1024);
+        }
+        assert_eq!(p.mtu_caps.len(), 2);
+        assert_eq!(p.mtu_cap(&gid(10)), Some(PathMtu::Mtu1024));
+        p.cap_mtu(gid(10), PathMtu::Mtu2048);
+        assert_eq!(p.mtu_cap(&gid(10)), Some(PathMtu::Mtu2048));
+        assert!(p.uncap_mtu(gid(10)));
+        assert!(!p.uncap_mtu(gid(10)));
+        assert_eq!(p.mtu_cap(&gid(10)), None);
     }
 }

@@ -1,5 +1,6 @@
 //! Settings of a running [`Endpoint`] that may change without a restart (a configuration
-//! reload, a control request): timeouts, budgets and the static neighbours.
+//! reload, a control request, the underlay link): timeouts, budgets, the static neighbours
+//! and the path MTU.
 //!
 //! A changed timeout applies to the timers armed from then on; those already armed keep their
 //! deadline. The QP budget cannot grow past the one the endpoint was sized with at
@@ -10,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use super::event::TxCloseReason;
 use super::neigh::{same_endpoint, NeighState};
-use super::{Endpoint, QpBudgetPolicy};
-use crate::verbs::Verbs;
+use super::rx::Why;
+use super::{Endpoint, QpBudgetPolicy, TxState};
+use crate::verbs::{PathMtu, Verbs};
 use crate::wire::ipoib::{HwAddr, ETHERTYPE_IPV4, ETHERTYPE_IPV6};
 
 /// The timeouts of an endpoint that can change live.
@@ -27,7 +29,85 @@ pub struct LiveTimeouts {
     pub neigh_timeout: Duration,
 }
 
+/// What [`Endpoint::set_path_mtu`] changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PathMtuChange {
+    /// The path MTU before.
+    pub from: PathMtu,
+    /// The path MTU now.
+    pub to: PathMtu,
+    /// TX connections closed to be opened again at the new MTU.
+    pub tx_reconnects: usize,
+    /// RX connections closed (the peer told, by DREQ) for their peer to connect again.
+    pub rx_reconnects: usize,
+}
+
 impl Endpoint {
+    /// Follows a change of the path MTU (the underlay link's MTU changed): UD sends, new
+    /// connections and the REJ 26 of REQs above it use `mtu` from now on, and the connections
+    /// whose MTU it changes are set up again at once:
+    ///
+    /// - a TX connection whose MTU is not what a new one to its peer gets
+    ///   ([`Endpoint::path_mtu_to`]: the new MTU, or the lower one the peer asked for) is
+    ///   closed, and the packets it queued go to a new connection at the new MTU, in order;
+    ///   its sends in flight are lost (the RC sends of a lowered MTU would not cross);
+    /// - an RX connection above a lowered MTU, or at the old MTU when it rose (it may have
+    ///   been held down by ours), is torn down with a DREQ: its peer connects again, and the
+    ///   REJ 26 of a REQ above our MTU names it.
+    ///
+    /// Returns `None` when `mtu` is the path MTU already.
+    pub fn set_path_mtu<V: Verbs>(
+        &mut self,
+        now: Instant,
+        v: &mut V,
+        mtu: PathMtu,
+    ) -> Option<PathMtuChange> {
+        let from = self.cfg.path_mtu;
+        if mtu == from {
+            return None;
+        }
+        self.cfg.path_mtu = mtu;
+        self.counters.path_mtu_changes += 1;
+        let mut change = PathMtuChange {
+            from,
+            to: mtu,
+            tx_reconnects: 0,
+            rx_reconnects: 0,
+        };
+        for qpn in self.tx.qpns() {
+            let Some(tx) = self.tx.get_mut(&qpn) else {
+                continue;
+            };
+            if tx.state == TxState::Closing {
+                continue;
+            }
+            let (hw, conn_mtu) = (tx.peer, tx.path_mtu);
+            if conn_mtu == self.path_mtu_to(hw.gid) {
+                continue;
+            }
+            let queued = match self.tx.get_mut(&qpn) {
+                Some(tx) => std::mem::take(&mut tx.queue),
+                None => continue,
+            };
+            change.tx_reconnects += 1;
+            self.counters.mtu_reconnects += 1;
+            self.close_tx(now, v, qpn, TxCloseReason::PathMtuChanged, None);
+            for (ethertype, packet) in queued {
+                self.send_rc(now, v, hw, ethertype, &packet);
+            }
+        }
+        for qpn in self.rx.qpns() {
+            let stale = self.rx.get(&qpn).is_some_and(|r| {
+                r.is_live() && (r.path_mtu > mtu || (mtu > from && r.path_mtu == from))
+            });
+            if stale {
+                change.rx_reconnects += 1;
+                self.start_rx_teardown(now, v, qpn, Why::PathMtuChanged);
+            }
+        }
+        Some(change)
+    }
+
     /// Sets the timeouts: they apply to the timers armed from now on.
     pub fn set_timeouts(&mut self, t: LiveTimeouts) {
         self.cfg.rx_timeout = t.rx_timeout;

@@ -1002,6 +1002,7 @@ mod device_events;
 mod groups;
 mod kernel_cm;
 mod moves;
+mod path_mtu;
 mod path_wait;
 mod rdma_cm;
 mod sa_groups;

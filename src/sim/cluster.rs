@@ -288,6 +288,24 @@ impl Cluster {
         self.start_node(i)
     }
 
+    /// Node `i`'s underlay link MTU becomes `link_mtu` bytes, as the daemon follows it: the
+    /// fabric drops the datagrams the link no longer carries, the provider's port MTU and the
+    /// endpoint's path MTU become the largest IB MTU that fits
+    /// ([`PathMtu::for_link_mtu`](crate::verbs::PathMtu::for_link_mtu)). Returns what the
+    /// endpoint changed (`None`: its path MTU stayed, or the node is down).
+    pub fn set_link_mtu(&mut self, i: usize, link_mtu: usize) -> Option<crate::ipoib::PathMtuChange> {
+        if let Some(m) = self.f.link_mtu.get_mut(i) {
+            *m = Some(link_mtu);
+        }
+        let mtu = crate::verbs::PathMtu::for_link_mtu(link_mtu)?;
+        self.soft[i].port_mtu = mtu;
+        self.configs[i].path_mtu = mtu;
+        let now = self.f.now();
+        let v = &mut self.f.nodes[i];
+        v.set_port_mtu(mtu);
+        self.eps[i].as_mut()?.set_path_mtu(now, v, mtu)
+    }
+
     /// True if node `i` is up.
     pub fn is_up(&self, i: usize) -> bool {
         self.eps.get(i).is_some_and(Option::is_some)

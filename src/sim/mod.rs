@@ -46,7 +46,16 @@ pub struct Fabric {
     pub delivered: u64,
     /// Drop everything sent by node `i` while `partitioned[i]` is true.
     pub partitioned: Vec<bool>,
+    /// The IP MTU of node `i`'s underlay link (`None`: no limit): a datagram whose IPv4
+    /// packet (the datagram and [`UDP_IPV4_HEADERS`]) exceeds the sender's or the receiver's
+    /// is dropped, as a link drops it, and counted in [`too_big`](Self::too_big).
+    pub link_mtu: Vec<Option<usize>>,
+    /// Datagrams dropped for exceeding a link's MTU.
+    pub too_big: u64,
 }
+
+/// Bytes of IPv4 and UDP header in front of a RoCEv2 datagram on the wire.
+pub const UDP_IPV4_HEADERS: usize = 28;
 
 impl Fabric {
     /// A fabric of nodes with the given configurations, one-way latency `latency`, and the
@@ -68,6 +77,8 @@ impl Fabric {
             undeliverable: 0,
             delivered: 0,
             partitioned: vec![false; n],
+            link_mtu: vec![None; n],
+            too_big: 0,
         }
     }
 
@@ -114,6 +125,7 @@ impl Fabric {
                     continue;
                 }
                 match self.node_for(dst.ip()) {
+                    Some(j) if self.exceeds_link(i, j, self.buf.len()) => self.too_big += 1,
                     Some(j) => {
                         self.seq += 1;
                         let d = std::mem::take(&mut self.buf);
@@ -124,6 +136,12 @@ impl Fabric {
                 }
             }
         }
+    }
+
+    /// Whether a datagram of `len` bytes from node `i` to node `j` exceeds either's link MTU.
+    fn exceeds_link(&self, i: usize, j: usize, len: usize) -> bool {
+        let mtu = |k: usize| self.link_mtu.get(k).copied().flatten().unwrap_or(usize::MAX);
+        len + UDP_IPV4_HEADERS > mtu(i).min(mtu(j))
     }
 
     /// The next instant anything happens: a delivery or a node's timer.

@@ -11,7 +11,10 @@
 //!   destinations in one call.
 //! - [`peercred`]: `SO_PEERCRED` of a Unix socket peer, and the process's effective uid.
 //! - [`tun`]: the TUN device and the interface ioctls that configure it.
-//! - [`ifaddr`]: which interface carries an address, and its MTU.
+//! - [`ifaddr`]: which interface carries an address; a link's index, MTU and state.
+//! - [`ifreq`]: the `struct ifreq` ioctls' plumbing that [`tun`] and [`ifaddr`] share.
+//! - [`netlink`]: a route netlink socket that wakes the event loop when links or addresses
+//!   change.
 //! - [`notify`]: the systemd notification protocol (`$NOTIFY_SOCKET`, `$WATCHDOG_USEC`).
 //! - [`caps`]: whether the process holds `CAP_NET_ADMIN`.
 //! - [`umad`]: a Subnet Administration agent on `/dev/infiniband/umadN` and the port's sysfs
@@ -20,6 +23,8 @@
 
 pub(crate) mod caps;
 pub(crate) mod ifaddr;
+pub(crate) mod ifreq;
+pub(crate) mod netlink;
 pub(crate) mod notify;
 pub(crate) mod peercred;
 pub(crate) mod sockopt;

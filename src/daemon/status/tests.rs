@@ -366,10 +366,14 @@ fn status_from_snapshot_has_the_endpoints_states() {
         "neigh_answer_budget_drops",
         "neigh_probes",
         "neigh_bindings_failed",
+        "rx_mtu_rejected",
+        "tx_mtu_retries",
+        "path_mtu_changes",
+        "mtu_reconnects",
     ] {
         assert_eq!(s.provider[name], 0, "{name}");
     }
-    assert_eq!(s.provider.len(), 35, "{:?}", s.provider);
+    assert_eq!(s.provider.len(), 39, "{:?}", s.provider);
     assert_eq!(
         s.neighbour_table,
         NeighbourTable {

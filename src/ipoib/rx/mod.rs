@@ -72,6 +72,8 @@ pub(super) enum Why {
     Error,
     /// The peer restarted; this connection was its previous incarnation's.
     Restarted,
+    /// The path MTU changed: the peer connects again at one both ends carry.
+    PathMtuChanged,
 }
 
 impl From<Why> for RxReapReason {
@@ -86,6 +88,7 @@ impl From<Why> for RxReapReason {
             Why::OverBudget => Self::OverBudget,
             Why::HalfOpenEvicted => Self::HalfOpenEvicted,
             Why::HalfOpenTimeout => Self::HalfOpenTimeout,
+            Why::PathMtuChanged => Self::PathMtuChanged,
         }
     }
 }
@@ -170,6 +173,23 @@ impl Endpoint {
             let _ = self.cm.reject(now, id, RejReason::NoQp);
             return;
         }
+        // Its packets would be cut to the REQ's path MTU, and a larger one than ours may not
+        // cross our link: REJ 26 names ours, and the peer asks again at it. The kernel's CM
+        // cannot name one, so its REQs keep today's behaviour (the QP at the smaller MTU).
+        let acceptable = self.path_mtu_to(peer);
+        if path.mtu > acceptable && !self.cm.is_kernel() {
+            self.counters.rx_mtu_rejected += 1;
+            self.push_event(Event::RxRejected {
+                peer: self.event_peer(peer, remote_qpn),
+                reason: RxRejectReason::PathMtu,
+            });
+            let _ = self.cm.reject_mtu(now, id, acceptable);
+            return;
+        }
+        let path = Path {
+            mtu: path.mtu.min(acceptable),
+            ..path
+        };
         let source_full = self.rx.established_from(peer) >= MAX_CONN_QP_PER_SOURCE;
         if self.cfg.budget_policy == super::QpBudgetPolicy::Reject
             && (self.rx.established_count() >= self.cfg.max_conn_qp || source_full)
@@ -215,6 +235,7 @@ impl Endpoint {
                 remote_ud_qpn,
                 announces_restart,
                 last_rx: now,
+                path_mtu: path.mtu,
                 established: false,
                 ring_posted: 0,
                 preparing: Some(Preparing {
@@ -394,12 +415,7 @@ impl Endpoint {
                     av: path.av(),
                     timeout: self.cfg.qp_timeout,
                     rnr_retry: rnr_retry_count.min(RNR_RETRY_FOREVER),
-                    ..RcConnection::new(
-                        (peer, remote_qpn),
-                        path.mtu.min(self.cfg.path_mtu),
-                        our_psn,
-                        remote_psn,
-                    )
+                    ..RcConnection::new((peer, remote_qpn), path.mtu, our_psn, remote_psn)
                 };
                 [init, conn.rtr_attr(), conn.rts_attr()]
             }

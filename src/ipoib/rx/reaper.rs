@@ -76,6 +76,7 @@ impl Endpoint {
             Why::Evicted => self.counters.rx_evicted += 1,
             Why::HalfOpenEvicted => self.counters.rx_half_open_evicted += 1,
             Why::HalfOpenTimeout => self.counters.rx_half_open_reaped += 1,
+            Why::PathMtuChanged => self.counters.mtu_reconnects += 1,
             Why::OverBudget | Why::Shutdown | Why::Error | Why::Restarted => {}
         }
         let mut ev_peer = self.event_peer(peer, qpn);

@@ -9,7 +9,7 @@ use super::RxState;
 use crate::cm::CommId;
 use crate::ipoib::qp_conns::QpConns;
 use crate::timer::TimerId;
-use crate::verbs::{Gid, Psn, QpNum};
+use crate::verbs::{Gid, PathMtu, Psn, QpNum};
 
 /// One passive connection.
 #[derive(Debug)]
@@ -28,6 +28,8 @@ pub(in crate::ipoib) struct RxConn {
     pub(in crate::ipoib) announces_restart: bool,
     /// Time of the last receive (the activity stamp).
     pub(in crate::ipoib) last_rx: Instant,
+    /// The path MTU its QP runs at (the REQ's, which is never above ours).
+    pub(in crate::ipoib) path_mtu: PathMtu,
     pub(in crate::ipoib) established: bool,
     /// Receives posted on the QP's own ring (non-SRQ mode).
     pub(in crate::ipoib) ring_posted: u32,
@@ -513,6 +515,7 @@ mod tests {
                 remote_ud_qpn: None,
                 announces_restart: false,
                 last_rx: now,
+                path_mtu: PathMtu::Mtu1024,
                 established: true,
                 ring_posted: 0,
                 preparing: None,

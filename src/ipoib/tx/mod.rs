@@ -33,7 +33,8 @@ use crate::cm::{CommId, ConnectParams};
 use crate::timer::TimerId;
 use crate::verbs::setup::{rc_init_attr_at, RcConnection};
 use crate::verbs::{
-    BufId, Moves, Psn, QpInit, QpNum, QpType, SendWr, Verbs, VerbsError, WcOpcode, WcStatus,
+    BufId, Moves, PathMtu, Psn, QpInit, QpNum, QpType, SendWr, Verbs, VerbsError, WcOpcode,
+    WcStatus,
 };
 use crate::wire::cm::{ipoib_service_id, IpoibCmData, RejReason};
 use crate::wire::cma::{ephemeral_port, CmaHdr};
@@ -197,7 +198,8 @@ impl Endpoint {
         // The QP stays in RESET until the REP: its moves (INIT, RTR, RTS) go together.
         let our_psn = self.random_psn();
         let rdma_cm = self.neigh.reached_by_rdma_cm(&hw);
-        let Some(id) = self.send_req(now, hw, qpn, our_psn, rdma_cm) else {
+        let path_mtu = self.path_mtu_to(hw.gid);
+        let Some(id) = self.send_req(now, hw, qpn, our_psn, rdma_cm, path_mtu) else {
             self.destroy_qp(v, qpn, QpEnd::Forced);
             return None;
         };
@@ -210,6 +212,7 @@ impl Endpoint {
                 rdma_cm,
                 state: TxState::Connecting,
                 mtu: 0,
+                path_mtu,
                 our_psn,
                 remote_ca_guid: None,
                 moving: None,
@@ -223,7 +226,8 @@ impl Endpoint {
         Some(qpn)
     }
 
-    /// Sends the REQ of the TX connection on `qpn` to `hw`: at its standard service ID with
+    /// Sends the REQ of the TX connection on `qpn` to `hw`, at path MTU `path_mtu`: at its
+    /// standard service ID with
     /// `ipoib_cm_data` as the private data, or with `rdma_cm` at its rdma_cm service
     /// ([`EndpointConfig::rdma_cm_port`](super::EndpointConfig), the same on both ends) with
     /// a `cma_hdr` in front. The header carries the underlay addresses, the IP forms of the
@@ -237,6 +241,7 @@ impl Endpoint {
         qpn: QpNum,
         our_psn: Psn,
         rdma_cm: bool,
+        path_mtu: PathMtu,
     ) -> Option<CommId> {
         let ipoib_data = self.cm_private_data();
         // The kernel's CM frames its REQs itself (and reaches the standard service ID through
@@ -264,7 +269,7 @@ impl Endpoint {
             service_id,
             local_qpn: qpn,
             starting_psn: our_psn,
-            path_mtu: self.path_mtu_to(hw.gid),
+            path_mtu,
             path: Some(self.path_to(hw.gid)),
             retry_count: self.cfg.tx_retry_count,
             rnr_retry_count: self.cfg.tx_rnr_retry,
@@ -303,17 +308,73 @@ impl Endpoint {
         if self.cm.state(id).is_none() {
             self.owners.remove(&id);
         }
-        let Some((peer, our_psn)) = self.tx.get(&qpn).map(|t| (t.peer, t.our_psn)) else {
+        let Some((peer, our_psn, path_mtu)) =
+            self.tx.get(&qpn).map(|t| (t.peer, t.our_psn, t.path_mtu))
+        else {
             return;
         };
         self.counters.tx_rdma_cm_retries += 1;
         self.neigh.remember_rdma_cm(&peer);
-        match self.send_req(now, peer, qpn, our_psn, true) {
+        match self.send_req(now, peer, qpn, our_psn, true, path_mtu) {
             Some(new) => {
                 self.owners.insert(new, Owner::Tx(qpn));
                 if let Some(tx) = self.tx.get_mut(&qpn) {
                     tx.id = new;
                     tx.rdma_cm = true;
+                }
+            }
+            None => self.fail_tx(now, v, qpn, TxFailure::Rejected),
+        }
+    }
+
+    /// Whether a REJ 26 (invalid path MTU) for `id` naming `acceptable` draws a REQ again at
+    /// it: the REQ of a TX connection still connecting, and `acceptable` below its MTU (a
+    /// peer naming the MTU it was asked at, or more, is refused: that connection fails).
+    pub(super) fn may_retry_at_mtu(&self, id: CommId, acceptable: PathMtu) -> bool {
+        match self.owners.get(&id) {
+            Some(Owner::Tx(qpn)) => self.tx.get(qpn).is_some_and(|t| {
+                t.id == id && t.state == TxState::Connecting && acceptable < t.path_mtu
+            }),
+            _ => false,
+        }
+    }
+
+    /// The peer refused the REQ for its path MTU (REJ 26) and named `acceptable`: the peer's
+    /// MTU is capped at it from now on ([`Endpoint::path_mtu_to`]), and the same QP (still in
+    /// RESET) sends one REQ again at once at the capped MTU. Each retry lowers the MTU, so a
+    /// connection asks at most four times.
+    pub(super) fn retry_at_mtu<V: Verbs>(
+        &mut self,
+        now: Instant,
+        v: &mut V,
+        id: CommId,
+        acceptable: PathMtu,
+    ) {
+        let Some(Owner::Tx(qpn)) = self.owners.get(&id).copied() else {
+            return;
+        };
+        // The CM freed the rejected id (ReqSent); no TimeWaitExit follows.
+        if self.cm.state(id).is_none() {
+            self.owners.remove(&id);
+        }
+        let Some((peer, our_psn, rdma_cm)) =
+            self.tx.get(&qpn).map(|t| (t.peer, t.our_psn, t.rdma_cm))
+        else {
+            return;
+        };
+        self.paths.cap_mtu(peer.gid, acceptable);
+        let path_mtu = self.path_mtu_to(peer.gid);
+        self.counters.tx_mtu_retries += 1;
+        self.push_event(Event::TxMtuLowered {
+            peer: self.event_peer(peer.gid, qpn),
+            path_mtu: u32::try_from(path_mtu.bytes()).unwrap_or(0),
+        });
+        match self.send_req(now, peer, qpn, our_psn, rdma_cm, path_mtu) {
+            Some(new) => {
+                self.owners.insert(new, Owner::Tx(qpn));
+                if let Some(tx) = self.tx.get_mut(&qpn) {
+                    tx.id = new;
+                    tx.path_mtu = path_mtu;
                 }
             }
             None => self.fail_tx(now, v, qpn, TxFailure::Rejected),
@@ -337,8 +398,7 @@ impl Endpoint {
             return;
         };
         let Some(tx) = self.tx.get(&qpn) else { return };
-        let peer = tx.peer;
-        let our_psn = tx.our_psn;
+        let (peer, our_psn, path_mtu) = (tx.peer, tx.our_psn, tx.path_mtu);
         // The peer's receive size includes the 4-byte IPoIB header; ≤ 4 leaves no room.
         let mtu = match IpoibCmData::decode(private) {
             Ok(d) if d.mtu > IpoibHeader::LEN as u32 => d.mtu - IpoibHeader::LEN as u32,
@@ -353,12 +413,7 @@ impl Endpoint {
             timeout: self.cfg.qp_timeout,
             retry_cnt: self.cfg.tx_retry_count,
             rnr_retry: self.cfg.tx_rnr_retry,
-            ..RcConnection::new(
-                (peer.gid, remote_qpn),
-                self.path_mtu_to(peer.gid),
-                our_psn,
-                remote_psn,
-            )
+            ..RcConnection::new((peer.gid, remote_qpn), path_mtu, our_psn, remote_psn)
         };
         let init = rc_init_attr_at(self.pkey_index);
         let attrs = match self.cm.qp_moves(id) {

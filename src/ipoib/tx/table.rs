@@ -7,7 +7,7 @@ use super::TxState;
 use crate::cm::CommId;
 use crate::ipoib::qp_conns::QpConns;
 use crate::timer::TimerId;
-use crate::verbs::{BufId, Gid, Psn, QpNum};
+use crate::verbs::{BufId, Gid, PathMtu, Psn, QpNum};
 use crate::wire::ipoib::HwAddr;
 use crate::wire::PeerMap;
 
@@ -22,6 +22,8 @@ pub(in crate::ipoib) struct TxConn {
     pub(in crate::ipoib) state: TxState,
     /// The peer's receive size minus the IPoIB header: the largest IP packet.
     pub(in crate::ipoib) mtu: u32,
+    /// The path MTU its REQ carried and its QP moves to: RC packets are cut to it.
+    pub(in crate::ipoib) path_mtu: PathMtu,
     pub(in crate::ipoib) our_psn: Psn,
     /// The peer's CA GUID, from its REP (`None` until then).
     pub(in crate::ipoib) remote_ca_guid: Option<u64>,

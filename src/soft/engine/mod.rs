@@ -116,6 +116,13 @@ impl SoftVerbs {
         &self.dev.cfg
     }
 
+    /// Sets the port's active MTU ([`SoftConfig::port_mtu`]: what the underlay link carries
+    /// now). QPs keep the path MTU they were moved to; a move to a larger one than this is
+    /// refused from now on.
+    pub fn set_port_mtu(&mut self, mtu: PathMtu) {
+        self.dev.cfg.port_mtu = mtu;
+    }
+
     /// Queues a port event (`LidChange`, `SmChange`, `ClientReregister`, `PkeyChange`,
     /// `PortActive`, `PortErr`, `GidChange`) as a subnet manager (or an address change)
     /// would cause it: the software fabric has no SM, so tests and tools stand in for one.

@@ -12,6 +12,7 @@
 
 use super::{TargetMsg, MAD_DATA_LEN};
 use crate::wire::field::Bytes;
+use crate::wire::PathMtu;
 
 /// Declares [`RejReason`] with its codes, `from_code` and `code`.
 macro_rules! rej_reasons {
@@ -158,6 +159,24 @@ impl Rej {
     pub const ARI_LEN: usize = 72;
     /// Bytes of private data in a REJ.
     pub const PRIVATE_DATA_LEN: usize = 148;
+
+    /// The ARI of a REJ [`RejReason::InvalidMtu`]: the largest path MTU the rejecter accepts,
+    /// as the IB MTU code in one byte (IBTA table 112, "MTU"); `reject_info_len` 1.
+    #[must_use]
+    pub fn invalid_mtu_ari(acceptable: PathMtu) -> [u8; 1] {
+        [acceptable.to_enum()]
+    }
+
+    /// The largest path MTU the rejecter accepts, from the ARI of a REJ
+    /// [`RejReason::InvalidMtu`] ([`Rej::invalid_mtu_ari`]); `None` for any other reason, an
+    /// empty ARI or a code that names no MTU.
+    #[must_use]
+    pub fn acceptable_mtu(&self) -> Option<PathMtu> {
+        if self.reason != RejReason::InvalidMtu || self.reject_info_len == 0 {
+            return None;
+        }
+        PathMtu::from_enum(self.ari[0])
+    }
 
     /// Decodes a REJ from the 232 bytes after the MAD header.
     #[must_use]
