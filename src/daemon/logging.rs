@@ -1,18 +1,28 @@
 //! The daemon's log: one line per event on stderr, with its level, as text or JSON
 //! (`--log-format`), and without a timestamp of its own when stderr is the systemd journal
 //! (which stamps every line itself).
+//!
+//! Warnings and errors are rate-limited where they are written ([`LineBudget`]): each place
+//! in the code that writes one logs at most
+//! [`EVENT_LINES_PER_WINDOW`](crate::driver::event_log::EVENT_LINES_PER_WINDOW) lines per
+//! [`EVENT_LOG_WINDOW`](crate::driver::event_log::EVENT_LOG_WINDOW), and what it had beyond
+//! that is one line with the count ([`report_suppressed`]), so nothing a peer, the network or
+//! the kernel does once per packet can write a line per packet.
 
 use std::fmt;
 use std::str::FromStr;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 use tracing::field::{Field, Visit};
-use tracing::{Event, Subscriber};
+use tracing::{Event, Level, Metadata, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::{reload, EnvFilter, Registry};
 
+use crate::driver::event_log::{EventLog, Verdict, EVENT_LOG_WINDOW};
 use crate::ipoib::ParseChoiceError;
 
 /// How log lines are written.
@@ -80,7 +90,8 @@ pub fn stderr_is_journal() -> bool {
 }
 
 /// Installs the process's logger: `filter` (an `EnvFilter` directive; `RUST_LOG` overrides
-/// it), in `format`, timestamps unless stderr is the journal. Call it once.
+/// it), in `format`, timestamps unless stderr is the journal, warnings and errors rate-limited
+/// ([`LineBudget`]). Call it once.
 pub fn init(filter: &str, format: LogFormat) {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
@@ -90,7 +101,9 @@ pub fn init(filter: &str, format: LogFormat) {
     let _ = LIVE_FILTER.set(handle);
     let journal = stderr_is_journal();
     let lines = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
-    let registry = tracing_subscriber::registry().with(filter);
+    let budget = LineBudget::default();
+    let _ = LINE_BUDGET.set(budget.state.clone());
+    let registry = tracing_subscriber::registry().with(filter).with(budget);
     let _ = match (format, journal) {
         (LogFormat::Json, _) => registry
             .with(lines.event_format(JsonLines {
@@ -104,6 +117,121 @@ pub fn init(filter: &str, format: LogFormat) {
             .with(lines.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())))
             .try_init(),
     };
+}
+
+/// The target of the lines that count what [`LineBudget`] did not log.
+pub const SUPPRESSED_TARGET: &str = "ipoib_cm::log";
+
+/// Where one place in the code writes its warnings and errors.
+type Place = &'static Metadata<'static>;
+
+/// What [`LineBudget`] keeps: the windows, and the counts of ended ones not yet reported.
+#[derive(Debug, Default)]
+struct Budget {
+    windows: EventLog<Place>,
+    /// The first line not logged of each place in its current window (its message).
+    first_suppressed: Vec<(Place, String)>,
+    /// Windows that ended with lines not logged: the place, its first such line, the count.
+    ended: Vec<(Place, String, u64)>,
+}
+
+/// A layer that lets each place in the code log at most
+/// [`EVENT_LINES_PER_WINDOW`](crate::driver::event_log::EVENT_LINES_PER_WINDOW) warnings and
+/// errors per [`EVENT_LOG_WINDOW`]; lines of lower levels, and its own counts
+/// ([`SUPPRESSED_TARGET`]), pass. It keeps one window per place (a fixed set); the counts are
+/// written by [`report_suppressed`], never from inside the logger.
+#[derive(Debug, Default, Clone)]
+pub struct LineBudget {
+    state: Arc<Mutex<Budget>>,
+}
+
+impl<S: Subscriber> Layer<S> for LineBudget {
+    fn event_enabled(&self, event: &Event<'_>, _ctx: Context<'_, S>) -> bool {
+        let place = event.metadata();
+        if *place.level() > Level::WARN || place.target() == SUPPRESSED_TARGET {
+            return true;
+        }
+        let Ok(mut b) = self.state.lock() else {
+            return true;
+        };
+        let Budget {
+            windows,
+            first_suppressed,
+            ended,
+        } = &mut *b;
+        let verdict = windows.admit(Instant::now(), place, |p, n| {
+            let first = take_first(first_suppressed, p);
+            ended.push((p, first, n));
+        });
+        if verdict == Verdict::Suppress && !first_suppressed.iter().any(|(p, _)| *p == place) {
+            let mut message = Message(String::new());
+            event.record(&mut message);
+            first_suppressed.push((place, message.0));
+        }
+        verdict == Verdict::Log
+    }
+}
+
+/// Takes the message kept for `place` out of `first` (empty if none).
+fn take_first(first: &mut Vec<(Place, String)>, place: Place) -> String {
+    match first.iter().position(|(p, _)| *p == place) {
+        Some(i) => first.swap_remove(i).1,
+        None => String::new(),
+    }
+}
+
+/// An event's `message` field.
+struct Message(String);
+
+impl Visit for Message {
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}");
+        }
+    }
+}
+
+/// The state of the [`LineBudget`] that [`init`] installed.
+static LINE_BUDGET: OnceLock<Arc<Mutex<Budget>>> = OnceLock::new();
+
+/// Writes one warning per place whose window ended (by `now`) with lines not logged: how many,
+/// and the first of them. Call it every few seconds and before exiting.
+pub fn report_suppressed(now: Instant) {
+    if let Some(state) = LINE_BUDGET.get() {
+        report(state, now);
+    }
+}
+
+/// As [`report_suppressed`], every window ending at `now` (before exiting).
+pub fn flush_suppressed(now: Instant) {
+    report_suppressed(now + EVENT_LOG_WINDOW);
+}
+
+fn report(state: &Mutex<Budget>, now: Instant) {
+    let ended = {
+        let Ok(mut b) = state.lock() else {
+            return;
+        };
+        let Budget {
+            windows,
+            first_suppressed,
+            ended,
+        } = &mut *b;
+        windows.roll(now, |p, n| {
+            let first = take_first(first_suppressed, p);
+            ended.push((p, first, n));
+        });
+        std::mem::take(ended)
+    };
+    for (place, first, count) in ended {
+        tracing::warn!(
+            target: SUPPRESSED_TARGET,
+            "{count} more lines like \"{first}\" not logged in the last {}s ({}:{})",
+            EVENT_LOG_WINDOW.as_secs(),
+            place.module_path().unwrap_or("?"),
+            place.line().unwrap_or(0)
+        );
+    }
 }
 
 /// The filter of the logger [`init`] installed, which [`set_filter`] changes.
@@ -267,4 +395,50 @@ mod tests {
         assert_eq!(v["count"], 3, "{text}");
         assert!(v.get("timestamp").is_none(), "{text}");
     }
+
+    /// A place that writes a warning per packet logs its budget, then one line with the
+    /// count and the first line not logged; another place keeps its own budget, and lines
+    /// below warnings pass.
+    #[test]
+    fn warnings_are_limited_per_place_and_counted() {
+        use tracing_subscriber::layer::SubscriberExt;
+        let buf = Buf::default();
+        let out = buf.clone();
+        let budget = LineBudget::default();
+        let state = budget.state.clone();
+        let sub = tracing_subscriber::registry().with(budget).with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(move || out.clone())
+                .without_time()
+                .with_ansi(false),
+        );
+        tracing::subscriber::with_default(sub, || {
+            for i in 0..1000 {
+                tracing::warn!("soft provider send failed: packet {i}");
+            }
+            for _ in 0..5 {
+                tracing::warn!("another place");
+            }
+            for _ in 0..50 {
+                tracing::info!("an info line");
+            }
+            report(&state, Instant::now() + EVENT_LOG_WINDOW);
+        });
+        let text = String::from_utf8(buf.0.lock().map(|v| v.clone()).unwrap_or_default())
+            .unwrap_or_default();
+        let count = |needle: &str| text.lines().filter(|l| l.contains(needle)).count();
+        assert_eq!(count("soft provider send failed"), 21, "{text}");
+        assert_eq!(count("another place"), 5);
+        assert_eq!(count("an info line"), 50);
+        let summary = text
+            .lines()
+            .find(|l| l.contains("more lines like"))
+            .unwrap_or_default();
+        assert!(
+            summary.contains("980 more lines like \"soft provider send failed: packet 20\""),
+            "{summary}"
+        );
+        assert!(summary.contains("not logged in the last 10s"), "{summary}");
+    }
 }
+

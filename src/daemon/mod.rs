@@ -23,6 +23,7 @@ pub mod reload;
 pub mod run;
 pub mod service;
 pub mod status;
+pub mod underlay;
 
 pub use config::{
     default_control_socket, resolve, Cidr, CmTransport, Config, ConfigError, FaultFlags, Mode,
@@ -32,4 +33,5 @@ pub use control::{command, namespace_daemons, query, ControlError, ControlServer
 pub use status::{
     render_json, render_prometheus, render_prometheus_all, render_text, Counters, InterfaceStatus,
     NeighbourState, NeighbourStatus, RxState, RxStatus, Shown, Status, TxState, TxStatus,
+    UnderlayStatus,
 };

@@ -30,6 +30,17 @@ pub trait DaemonProvider: Provider {
     fn sa_port(&self) -> Option<(String, u8)> {
         None
     }
+
+    /// The `--bind` link's MTU is `mtu` bytes (at start, and whenever it changes): the
+    /// software provider's port carries what fits it; a device reads its port's MTU again
+    /// (rxe's follows its netdev). [`Verbs::port_attr`] says the result.
+    fn set_link_mtu(&mut self, mtu: u32);
+
+    /// Whether a send was refused as larger than the link since the last call: the link's
+    /// MTU may have dropped (the driver reads it again).
+    fn take_link_suspect(&mut self) -> bool {
+        false
+    }
 }
 
 impl DaemonProvider for SoftProvider {
@@ -45,6 +56,7 @@ impl DaemonProvider for SoftProvider {
         add_counters(out, "mcast_", &self.multicast_stats());
         for (k, v) in [
             ("send_errors", self.send_errors),
+            ("send_too_big", self.send_too_big),
             ("udp_gso", u64::from(self.gso_enabled())),
             ("rx_gro_buffers", self.rx_gro_buffers),
             ("tx_gso_trains", self.tx_gso_trains()),
@@ -60,6 +72,14 @@ impl DaemonProvider for SoftProvider {
 
     fn take_id_solved_peers(&mut self) -> Vec<IpAddr> {
         self.verbs().take_id_solved_peers()
+    }
+
+    fn set_link_mtu(&mut self, mtu: u32) {
+        Self::set_link_mtu(self, mtu);
+    }
+
+    fn take_link_suspect(&mut self) -> bool {
+        Self::take_link_suspect(self)
     }
 }
 
@@ -80,5 +100,11 @@ impl DaemonProvider for crate::hw::HwVerbs {
     fn sa_port(&self) -> Option<(String, u8)> {
         self.is_infiniband()
             .then(|| (self.device_name().to_owned(), self.port()))
+    }
+
+    fn set_link_mtu(&mut self, _mtu: u32) {
+        if let Err(e) = self.refresh_port_attr() {
+            tracing::warn!(error = %e, "reading the port's MTU again failed");
+        }
     }
 }

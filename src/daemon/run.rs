@@ -17,17 +17,19 @@ use mio::{Events, Interest, Poll, Token};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 
-use super::config::{path_mtu_for_link_mtu, Cidr, CmTransport, Config, PathMtuChoice};
+use super::config::{Cidr, CmTransport, Config, PathMtuChoice};
 use super::control::{ControlServer, Reply, Request, MAX_CLIENTS};
 use super::floods::{FloodWarnings, FLOOD_WARN_INTERVAL};
 use super::metrics::{self, MetricsServer};
 use super::provider::DaemonProvider;
 use super::service::Service;
-use super::status::{add_counters, render_prometheus, Status, Summary};
+use super::status::{add_counters, render_prometheus, Status, Summary, UnderlayStatus};
+use super::underlay::{UnderlayChange, UnderlayState, UnderlayWatch};
 use crate::driver::{Node, NodeConfig, NodeError, SaDriver};
 use crate::soft::provider::{SoftProvider, UdpOffload};
 use crate::soft::SoftConfig;
 use crate::sys::ifaddr;
+use crate::sys::netlink::LinkWatch;
 use crate::verbs::setup::os_seed;
 use crate::verbs::{Provider, Verbs};
 
@@ -39,8 +41,10 @@ const CONTROL_CLIENTS: Token = Token(2);
 const METRICS: Token = Token(CONTROL_CLIENTS.0 + MAX_CLIENTS);
 /// The first of the metrics clients' tokens, up to `METRICS_CLIENTS + metrics::MAX_CLIENTS`.
 const METRICS_CLIENTS: Token = Token(METRICS.0 + 1);
+/// The netlink socket that wakes the loop when a link or an address changes.
+const UNDERLAY: Token = Token(METRICS_CLIENTS.0 + metrics::MAX_CLIENTS);
 /// The first of the node's tokens (the rest follow it).
-const NODE: usize = METRICS_CLIENTS.0 + metrics::MAX_CLIENTS;
+const NODE: usize = UNDERLAY.0 + 1;
 
 /// Longest sleep when nothing is scheduled.
 const IDLE_WAKE: Duration = Duration::from_secs(1);
@@ -200,8 +204,6 @@ pub fn up(cfg: &Config) -> Result<(), DaemonError> {
     let mut soft = SoftConfig::new(cfg.bind);
     soft.src_port = cfg.udp_port;
     soft.dst_port = cfg.udp_port;
-    // The soft port's active MTU is what its underlay carries; --path-mtu caps the path.
-    soft.port_mtu = path_mtu_for_link_mtu(link_mtu);
     soft.pkey = cfg.pkey;
     soft.verify_icrc_v4 = cfg.verify_icrc_v4;
     soft.faults = cfg.fault;
@@ -333,9 +335,12 @@ fn run<P: DaemonProvider>(
     mad: Option<Box<dyn crate::mad::MadTransport<P::Verbs>>>,
 ) -> Result<(), DaemonError> {
     let mut poll = Poll::new()?;
+    let mut underlay = watch_underlay(cfg, Instant::now());
+    // The port's active MTU follows what the --bind link carries (the soft port's is that).
+    prov.set_link_mtu(link_mtu);
     // On InfiniBand the port is its own link: --bind is no bound there.
-    let underlay = prov.sa_port().is_none().then_some(link_mtu);
-    let path_mtu = cfg.path_mtu_choice(&prov.verbs().port_attr(), underlay);
+    let underlay_mtu = prov.sa_port().is_none().then_some(link_mtu);
+    let mut path_mtu = cfg.path_mtu_choice(&prov.verbs().port_attr(), underlay_mtu);
     let node_cfg = NodeConfig {
         ifname: cfg.ifname.clone(),
         endpoint: cfg.endpoint_config(path_mtu.path_mtu, os_seed()),
@@ -376,6 +381,7 @@ fn run<P: DaemonProvider>(
     }
     poll.registry()
         .register(&mut signals, SIGNALS, Interest::READABLE)?;
+    underlay.register(poll.registry(), UNDERLAY)?;
     let started = Instant::now();
     log_start(cfg, &node, &path_mtu, cm_transport, &sa);
     let mut service = Service::new(cfg);
@@ -391,6 +397,7 @@ fn run<P: DaemonProvider>(
             control.poll_timeout(),
             metrics.as_ref().and_then(MetricsServer::poll_timeout),
             service.poll_timeout(),
+            underlay.poll_timeout(),
         ]
         .into_iter()
         .flatten()
@@ -426,6 +433,7 @@ fn run<P: DaemonProvider>(
             match ev.token() {
                 SIGNALS => signalled = true,
                 t if node.note_readiness(t) => {}
+                t if underlay.note_readiness(t, now) => {}
                 t if control.note_readiness(t) => {}
                 t => {
                     if let Some(m) = &mut metrics {
@@ -437,17 +445,18 @@ fn run<P: DaemonProvider>(
         node.turn(now)?;
         control.serve(now, |req| match req {
             Request::Status { .. } => {
-                Reply::Status(Box::new(status(&node, &path_mtu, now, started)))
+                Reply::Status(Box::new(status(&node, &path_mtu, &underlay, now, started)))
             }
             _ => service.command(&mut node, now, req),
         });
         if let Some(m) = &mut metrics {
             m.handle(now, || {
-                render_prometheus(&status(&node, &path_mtu, now, started))
+                render_prometheus(&status(&node, &path_mtu, &underlay, now, started))
             });
         }
         if floods.due(now) {
-            warn_floods(&mut floods, &status(&node, &path_mtu, now, started), now);
+            super::logging::report_suppressed(now);
+            warn_floods(&mut floods, &status(&node, &path_mtu, &underlay, now, started), now);
             log_id_solved_peers(node.provider_mut().take_id_solved_peers());
         }
         if signalled {
@@ -467,15 +476,30 @@ fn run<P: DaemonProvider>(
         service.turn(now);
         service.reload_step(&mut node, now);
         node.flush(now, poll.registry())?;
+        if node.provider_mut().take_link_suspect() {
+            underlay.suspect(now);
+        }
+        if let Some(changes) = underlay.turn(now) {
+            for change in changes {
+                log_underlay(cfg, underlay.state(), &change);
+                if let UnderlayChange::Mtu { to, .. } = change {
+                    path_mtu = follow_link_mtu(&mut node, cfg, to, now, &path_mtu);
+                }
+            }
+            node.check_interface();
+            node.flush(now, poll.registry())?;
+        }
         if let Some(why) = node.device_gave_up() {
             let why = why.to_owned();
-            log_stop(&status(&node, &path_mtu, now, started));
+            super::logging::flush_suppressed(now);
+            log_stop(&status(&node, &path_mtu, &underlay, now, started));
             drop(node);
             return Err(DaemonError::DeviceLost(why));
         }
         if node.should_finish(now) {
             node.wind_up(now)?;
-            log_stop(&status(&node, &path_mtu, now, started));
+            super::logging::flush_suppressed(now);
+            log_stop(&status(&node, &path_mtu, &underlay, now, started));
             // Dropping the node closes the TUN device, which removes the interface.
             drop(node);
             return Ok(());
@@ -538,6 +562,83 @@ fn attach_sa<P: DaemonProvider>(
     );
     node.attach_sa(Instant::now(), sa, poll.registry());
     Ok(line)
+}
+
+/// Follows the underlay of `--bind` from now on: its state now, and a netlink socket to
+/// wake the loop when it changes (without one it is read every few seconds, said in one
+/// line).
+fn watch_underlay(cfg: &Config, now: Instant) -> UnderlayWatch {
+    let state = UnderlayState::read(cfg.bind, "");
+    let watch = match LinkWatch::open() {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::warn!(
+                error = %e,
+                "no netlink socket for link and address changes: the underlay is read every {}s",
+                super::underlay::REREAD_WITHOUT_NETLINK.as_secs()
+            );
+            None
+        }
+    };
+    UnderlayWatch::new(cfg.bind, state, watch, now)
+}
+
+/// The `--bind` link's MTU is now `link_mtu`: the provider's port follows it, the path MTU is
+/// chosen again as at start, and the node follows a changed one. Returns the new choice.
+fn follow_link_mtu<P: DaemonProvider>(
+    node: &mut Node<P>,
+    cfg: &Config,
+    link_mtu: u32,
+    now: Instant,
+    before: &PathMtuChoice,
+) -> PathMtuChoice {
+    node.provider_mut().set_link_mtu(link_mtu);
+    let underlay = node.provider().sa_port().is_none().then_some(link_mtu);
+    let port = node.provider_mut().verbs().port_attr();
+    let choice = cfg.path_mtu_choice(&port, underlay);
+    if let Some(c) = node.set_path_mtu(now, choice.path_mtu) {
+        tracing::info!(
+            "path MTU {} -> {} ({choice}): {} tx and {} rx connections set up again",
+            c.from.bytes(),
+            c.to.bytes(),
+            c.tx_reconnects,
+            c.rx_reconnects
+        );
+    } else if choice.path_mtu != before.path_mtu {
+        // The device is down: the endpoint built when it is back takes the new MTU.
+        tracing::info!(
+            "path MTU {} -> {} ({choice})",
+            before.path_mtu.bytes(),
+            choice.path_mtu.bytes()
+        );
+    }
+    choice
+}
+
+/// One line per change of the underlay: a warning for what stops traffic, info for the rest.
+fn log_underlay(cfg: &Config, s: &UnderlayState, change: &UnderlayChange) {
+    let (bind, link) = (cfg.bind, &s.link);
+    match change {
+        UnderlayChange::AddressGone => tracing::warn!(
+            "underlay: --bind {bind} is gone from {link}: nothing is sent or received until it \
+             is back"
+        ),
+        UnderlayChange::AddressBack => tracing::info!("underlay: --bind {bind} is back on {link}"),
+        UnderlayChange::LinkMoved { from } => {
+            tracing::info!("underlay: --bind {bind} moved from {from} to {link}");
+        }
+        UnderlayChange::LinkGone => tracing::warn!("underlay: link {link} is gone"),
+        UnderlayChange::LinkBack => tracing::info!("underlay: link {link} is back"),
+        UnderlayChange::LinkDown => tracing::warn!("underlay: link {link} is down"),
+        UnderlayChange::LinkUp => tracing::info!("underlay: link {link} is up"),
+        UnderlayChange::CarrierLost => tracing::warn!("underlay: link {link} has no carrier"),
+        UnderlayChange::CarrierBack => {
+            tracing::info!("underlay: link {link} has a carrier again");
+        }
+        UnderlayChange::Mtu { from, to } => {
+            tracing::info!("underlay: link {link} mtu {from} -> {to}");
+        }
+    }
 }
 
 /// The start-up line: what this daemon is and where it listens.
@@ -643,6 +744,7 @@ fn log_id_solved_peers(peers: Vec<IpAddr>) {
 fn status<P: DaemonProvider>(
     node: &Node<P>,
     path_mtu: &PathMtuChoice,
+    underlay: &UnderlayWatch,
     now: Instant,
     started: Instant,
 ) -> Status {
@@ -667,6 +769,12 @@ fn status<P: DaemonProvider>(
     status.interface.cm_transport = node.cm_transport().as_str().to_owned();
     status.interface.path_mtu = u32::try_from(path_mtu.path_mtu.bytes()).unwrap_or(0);
     status.interface.path_mtu_from = path_mtu.to_string();
+    let u = underlay.state();
+    status.interface.underlay = Some(UnderlayStatus {
+        link: u.link.clone(),
+        state: u.condition(),
+        mtu: u.mtu().unwrap_or(0),
+    });
     let tun = node.tun_stats();
     for (k, v) in [
         ("tun_write_drops", tun.write_drops),

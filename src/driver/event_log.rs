@@ -1,8 +1,10 @@
-//! [`EventLog`]: the endpoint's connection events as log lines, each kind (`what`) at most
-//! [`EVENT_LINES_PER_WINDOW`] lines per [`EVENT_LOG_WINDOW`]; what a kind had beyond that is
-//! one line with its count when the window ends. A flood of forged neighbour announcements
-//! (each one an evict and a relearn) writes a few lines per window, not one per packet, and
-//! the events of other kinds keep their own budget. Pure: `now` comes in with every call.
+//! [`EventLog`]: log lines by kind, each kind at most [`EVENT_LINES_PER_WINDOW`] lines per
+//! [`EVENT_LOG_WINDOW`]; what a kind had beyond that is one line with its count when the
+//! window ends. The endpoint's connection events go through one, by event name (`what`): a
+//! flood of forged neighbour announcements (each one an evict and a relearn) writes a few
+//! lines per window, not one per packet, and the events of other kinds keep their own budget.
+//! The daemon's logger holds one for every warning and error, by the line's place in the code
+//! (`daemon::logging`). Pure: `now` comes in with every call.
 
 use std::time::{Duration, Instant};
 
@@ -14,17 +16,24 @@ pub(crate) const EVENT_LINES_PER_WINDOW: u32 = 20;
 
 /// One kind's window.
 #[derive(Debug, Clone, Copy)]
-struct Kind {
-    what: &'static str,
+struct Kind<K> {
+    what: K,
     started: Instant,
     logged: u32,
     suppressed: u64,
 }
 
-/// The per-kind budgets. The kinds are the event names, a fixed set.
-#[derive(Debug, Default)]
-pub(crate) struct EventLog {
-    kinds: Vec<Kind>,
+/// The per-kind budgets. The kinds must be a fixed set (event names, places in the code): one
+/// window is kept per kind ever seen.
+#[derive(Debug)]
+pub(crate) struct EventLog<K = &'static str> {
+    kinds: Vec<Kind<K>>,
+}
+
+impl<K> Default for EventLog<K> {
+    fn default() -> Self {
+        Self { kinds: Vec::new() }
+    }
 }
 
 /// What to do with one event.
@@ -36,15 +45,10 @@ pub(crate) enum Verdict {
     Suppress,
 }
 
-impl EventLog {
+impl<K: Copy + PartialEq> EventLog<K> {
     /// An event of kind `what` at `now`: whether to log it, and before it, the kinds whose
     /// window ended with events suppressed (`(what, count)`, through `ended`).
-    pub(crate) fn admit(
-        &mut self,
-        now: Instant,
-        what: &'static str,
-        mut ended: impl FnMut(&'static str, u64),
-    ) -> Verdict {
+    pub(crate) fn admit(&mut self, now: Instant, what: K, mut ended: impl FnMut(K, u64)) -> Verdict {
         self.roll(now, &mut ended);
         let k = match self.kinds.iter_mut().position(|k| k.what == what) {
             Some(i) => &mut self.kinds[i],
@@ -69,7 +73,7 @@ impl EventLog {
     }
 
     /// Ends the windows that are over at `now`, reporting each one's suppressed count.
-    pub(crate) fn roll(&mut self, now: Instant, mut ended: impl FnMut(&'static str, u64)) {
+    pub(crate) fn roll(&mut self, now: Instant, mut ended: impl FnMut(K, u64)) {
         for k in &mut self.kinds {
             if now.saturating_duration_since(k.started) >= EVENT_LOG_WINDOW {
                 if k.suppressed > 0 {

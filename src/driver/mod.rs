@@ -28,7 +28,7 @@
 //! [`ProviderSources`] alone is the registration part, for loops that drive a provider
 //! without a node (the tools).
 
-mod event_log;
+pub(crate) mod event_log;
 #[cfg(feature = "verbs")]
 mod kcm;
 #[cfg(not(feature = "verbs"))]

@@ -1,6 +1,7 @@
 //! [`Node`]: one IPoIB interface (its TUN device, endpoint, provider and CM MAD transport)
 //! driven a turn at a time.
 
+mod interface;
 mod recovery;
 
 use super::event_log::{EventLog, Verdict};
@@ -201,6 +202,8 @@ pub struct Node<P: Provider> {
     /// The interface MTU set on the TUN device (the broadcast group's record may lower it in
     /// datagram mode).
     tun_mtu: u32,
+    /// The interface was up when last looked at ([`Node::check_interface`]).
+    tun_up: bool,
     /// The provider's first token (its descriptors are registered again after a reopen).
     first_token: usize,
     /// How many descriptors the provider had at the start (a reopened one must have as many).
@@ -292,6 +295,14 @@ impl<P: Provider> Node<P> {
             })?;
         }
         tun.set_up().map_err(NodeError::InterfaceUp)?;
+        // Its IPv6 addresses survive `ip link set down` (the kernel deletes them otherwise).
+        if let Err(e) = tun.keep_addresses_on_down() {
+            tracing::warn!(
+                "interface {}: keep_addr_on_down not set ({e}): its IPv6 addresses go when it \
+                 is set down, and come back when it is up again",
+                tun.name()
+            );
+        }
 
         let sources =
             ProviderSources::register(registry, &prov, first_token).map_err(NodeError::Register)?;
@@ -348,6 +359,7 @@ impl<P: Provider> Node<P> {
             interface_removed: false,
             sa: None,
             tun_mtu: mtu,
+            tun_up: true,
             first_token,
             source_count,
             down: None,
@@ -393,16 +405,7 @@ impl<P: Provider> Node<P> {
             self.mad.set_peer_lid(gid, lid);
         }
         self.send_mads(now);
-        let mtu = self.ep.interface_mtu();
-        if mtu != self.tun_mtu {
-            match self.tun.set_mtu(mtu) {
-                Ok(()) => {
-                    tracing::info!(mtu, "interface MTU from the broadcast group");
-                    self.tun_mtu = mtu;
-                }
-                Err(e) => tracing::warn!(mtu, error = %e, "could not set the interface MTU"),
-            }
-        }
+        self.sync_tun_mtu("the broadcast group");
     }
 
     /// One past the last token the node registered: the tokens `first_token..tokens_end()`

@@ -256,6 +256,34 @@ impl Drop for HwVerbs {
 
 impl HwVerbs {
     /// `Err(DeviceLost)` while the context is closed ([`HwVerbs::close_context`]).
+    /// Reads the port's MTUs and state again (on RoCE the active MTU follows the netdev's
+    /// MTU; on InfiniBand the SM's); the GID stays the one chosen at open. Nothing when the
+    /// context is lost.
+    ///
+    /// # Errors
+    /// `ibv_query_port` failed.
+    pub fn refresh_port_attr(&mut self) -> Result<(), HwError> {
+        if self.ctx.is_null() {
+            return Ok(());
+        }
+        // SAFETY: ibv_port_attr is a plain C struct; all-zero is valid.
+        let mut pa: ffi::ibv_port_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open; ibv_query_port writes a full `ibv_port_attr` through
+        // the provider's query_port (as at open).
+        let rc = unsafe { ffi::ibv_query_port(self.ctx, self.port, (&raw mut pa).cast()) };
+        if rc != 0 {
+            return Err(HwError::QueryPort {
+                device: self.name.clone(),
+                port: self.port,
+                source: io::Error::from_raw_os_error(rc.abs()),
+            });
+        }
+        self.attr.active_mtu = mtu_from(pa.active_mtu);
+        self.attr.max_mtu = mtu_from(pa.max_mtu);
+        self.attr.active = pa.state == ffi::ibv_port_state::IBV_PORT_ACTIVE;
+        Ok(())
+    }
+
     pub(super) fn open_context(&self) -> Result<(), crate::verbs::VerbsError> {
         if self.ctx.is_null() {
             Err(crate::verbs::VerbsError::DeviceLost)

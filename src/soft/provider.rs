@@ -28,6 +28,12 @@ const TX_SLOT_CAPACITY: usize = 4_352;
 /// Bytes preallocated per send slot with GSO: a whole train.
 const TX_TRAIN_CAPACITY: usize = 65_536;
 
+/// How long trains stay off after the kernel first refused one for a reason other than its
+/// size; each refusal after a retry doubles it, up to [`GSO_RETRY_MAX`].
+const GSO_RETRY_FIRST: Duration = Duration::from_secs(10);
+/// The longest trains stay off before they are tried again.
+const GSO_RETRY_MAX: Duration = Duration::from_secs(600);
+
 /// Readiness events taken from the group sockets' poll per read (they only say "read again").
 const GROUP_EVENTS: usize = 16;
 
@@ -96,6 +102,20 @@ pub struct SoftProvider {
     tx: TxBatch,
     /// Send errors other than `WouldBlock` (the datagram is dropped; RC retransmits).
     pub send_errors: u64,
+    /// Of `send_errors`: datagrams larger than the link carried.
+    pub send_too_big: u64,
+    /// The `--bind` link's MTU as the driver last read it ([`SoftProvider::set_link_mtu`]).
+    link_mtu: Option<u32>,
+    /// A datagram was too big for the link since [`SoftProvider::take_link_suspect`]: its MTU
+    /// may have changed.
+    link_suspect: bool,
+    /// UDP offloads were asked for and the kernel has them: trains are built unless a refusal
+    /// turned them off until `gso_retry_at`.
+    gso_wanted: bool,
+    /// When to build trains again after a refusal.
+    gso_retry_at: Option<Instant>,
+    /// How long the next refusal turns trains off.
+    gso_backoff: Duration,
     /// Receive buffers that held two or more datagrams (GRO).
     pub rx_gro_buffers: u64,
     /// The last receive batch hit its bound: more datagrams may be waiting and, the socket
@@ -155,6 +175,12 @@ impl SoftProvider {
             rx: RecvBatch::new(IO_BATCH, RECV_BUF_LEN),
             tx,
             send_errors: 0,
+            send_too_big: 0,
+            link_mtu: None,
+            link_suspect: false,
+            gso_wanted: gso,
+            gso_retry_at: None,
+            gso_backoff: GSO_RETRY_FIRST,
             rx_gro_buffers: 0,
             rx_more: None,
             rx_ready: true,
@@ -326,19 +352,48 @@ impl SoftProvider {
         self.tx.gso_enabled()
     }
 
+    /// The `--bind` link's MTU is `mtu` (the driver read it at start or saw it change): the
+    /// port's active MTU follows ([`SoftVerbs::set_port_mtu`]), sends are judged against it,
+    /// and trains turned off by a refusal are tried again at once (the refusal may have been
+    /// the old MTU's).
+    pub fn set_link_mtu(&mut self, mtu: u32) {
+        self.link_mtu = Some(mtu);
+        let port = usize::try_from(mtu)
+            .ok()
+            .and_then(crate::verbs::PathMtu::for_link_mtu)
+            .unwrap_or(crate::verbs::PathMtu::Mtu256);
+        self.verbs.set_port_mtu(port);
+        if self.gso_wanted {
+            self.tx.enable_gso();
+            self.gso_retry_at = None;
+            self.gso_backoff = GSO_RETRY_FIRST;
+        }
+    }
+
+    /// Whether a datagram was refused as larger than the link since the last call: the
+    /// link's MTU may have dropped, and the driver should read it again.
+    pub fn take_link_suspect(&mut self) -> bool {
+        std::mem::take(&mut self.link_suspect)
+    }
+
     /// Sends the queued datagrams; false if the socket would block with some still queued.
-    fn drain_tx(&mut self) -> bool {
+    /// A refused datagram (or train) is dropped, RC retransmits it; the log line of the
+    /// refusal is the logger's to rate-limit.
+    fn drain_tx(&mut self, now: Instant) -> bool {
         loop {
-            match self.transport.send_batch(&mut self.tx) {
+            match self.transport.send_batch(&mut self.tx, self.link_mtu) {
                 Ok(done) => return done,
-                Err(e) => {
-                    // That datagram (or train) is dropped; RC retransmits.
+                Err(f) => {
                     self.send_errors += 1;
-                    if self.tx.gso_enabled() {
-                        tracing::debug!(error = %e, "soft provider send failed");
-                    } else {
-                        tracing::warn!(error = %e, "soft provider send failed");
+                    if f.too_big {
+                        self.send_too_big += 1;
+                        self.link_suspect = true;
                     }
+                    if f.gso_off {
+                        self.gso_retry_at = Some(now + self.gso_backoff);
+                        self.gso_backoff = (self.gso_backoff * 2).min(GSO_RETRY_MAX);
+                    }
+                    tracing::warn!(error = %f, "soft provider send failed");
                 }
             }
         }
@@ -347,8 +402,12 @@ impl SoftProvider {
     /// Transmits until the engine has nothing more or the socket would block, up to
     /// [`IO_BATCH`] datagrams per `sendmmsg`.
     fn transmit(&mut self, now: Instant) {
+        if self.gso_retry_at.is_some_and(|t| now >= t) {
+            self.gso_retry_at = None;
+            self.tx.enable_gso();
+        }
         loop {
-            if !self.drain_tx() {
+            if !self.drain_tx(now) {
                 return;
             }
             // The engine writes each datagram straight into the batch (onto the end of the

@@ -177,6 +177,22 @@ impl Tun {
         }
     }
 
+    /// Keeps the interface's IPv6 addresses while it is down (the `keep_addr_on_down` sysctl
+    /// of this interface, in this thread's network namespace): without it the kernel deletes
+    /// them at `ip link set down`, IPv4 ones staying. `Ok(false)` where the kernel has no
+    /// IPv6 for the interface (nothing to keep).
+    ///
+    /// # Errors
+    /// The sysctl could not be written.
+    pub fn keep_addresses_on_down(&self) -> io::Result<bool> {
+        let path = format!("/proc/sys/net/ipv6/conf/{}/keep_addr_on_down", self.name());
+        match std::fs::write(path, b"1") {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Reads one packet; `Ok(None)` when none is waiting.
     ///
     /// # Errors

@@ -18,6 +18,7 @@ fn status() -> Status {
             cm_transport: String::new(),
             path_mtu: 0,
             path_mtu_from: String::new(),
+            underlay: None,
         },
         neighbours: vec![],
         neighbour_table: Default::default(),

@@ -11,6 +11,7 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
+use super::underlay::UnderlayCondition;
 use crate::ipoib::{self, Mode};
 pub use crate::ipoib::{RxState, TxState};
 pub use prometheus::{render_prometheus, render_prometheus_all};
@@ -68,6 +69,20 @@ pub struct InterfaceStatus {
     /// `--path-mtu 2048`); empty where not known.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub path_mtu_from: String,
+    /// The underlay as the daemon last read it; absent where not known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub underlay: Option<UnderlayStatus>,
+}
+
+/// The underlay: the link that carries `--bind`, its condition and MTU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnderlayStatus {
+    /// The link's name.
+    pub link: String,
+    /// `up`, `no-address` (`--bind` is gone), `no-carrier`, `down` or `gone`.
+    pub state: UnderlayCondition,
+    /// The link's MTU in bytes (0 while it is gone).
+    pub mtu: u32,
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's `skip_serializing_if` passes a reference
@@ -257,6 +272,7 @@ impl Status {
                 cm_transport: String::new(),
                 path_mtu: 0,
                 path_mtu_from: String::new(),
+                underlay: None,
             },
             neighbours: snap
                 .neighbours
@@ -470,6 +486,16 @@ pub fn render_text(status: &Status, shown: Shown) -> String {
     if i.path_mtu != 0 {
         out.pop();
         let _ = writeln!(out, " path_mtu {} ({})", i.path_mtu, i.path_mtu_from);
+    }
+    if let Some(u) = &i.underlay {
+        out.pop();
+        let _ = writeln!(
+            out,
+            " underlay {} {} mtu {}",
+            u.link,
+            u.state.as_str(),
+            u.mtu
+        );
     }
     let m = &status.summary;
     let t = &m.totals;

@@ -304,6 +304,7 @@ mod tests {
                 cm_transport: String::new(),
                 path_mtu: 0,
                 path_mtu_from: String::new(),
+                underlay: None,
             },
             neighbours: Vec::new(),
             tx: Vec::new(),

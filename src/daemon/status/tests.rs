@@ -36,6 +36,7 @@ fn sample() -> Status {
             cm_transport: String::new(),
             path_mtu: 0,
             path_mtu_from: String::new(),
+            underlay: None,
         },
         neighbours: vec![NeighbourStatus {
             ip: "198.19.0.2".parse().unwrap(),

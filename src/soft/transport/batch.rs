@@ -230,6 +230,24 @@ impl TxBatch {
         &self.slots[self.head..self.len]
     }
 
+    /// The length of the oldest unsent datagram, or of each segment of the oldest train.
+    pub(super) fn front_segment_len(&self) -> usize {
+        self.slots.get(self.head).map_or(0, |s| {
+            if s.segment_len > 0 {
+                usize::from(s.segment_len)
+            } else {
+                s.data.len()
+            }
+        })
+    }
+
+    /// Builds trains again after [`disable_gso`](Self::disable_gso).
+    pub fn enable_gso(&mut self) {
+        if self.gso.is_none() {
+            self.gso = Some(Ipv4IdShiftCache::default());
+        }
+    }
+
     /// The oldest unsent slot is a train of two or more datagrams.
     pub(super) fn front_is_train(&self) -> bool {
         self.trains.get(self.head).is_some_and(|t| t.segments > 1)

@@ -227,9 +227,12 @@ impl UdpTransport {
     /// (`Ok(true)`) or the socket would block (`Ok(false)`: the unsent tail stays queued, to be
     /// sent when writable).
     ///
-    /// `Err(e)`: the oldest unsent datagram failed with `e` (for example `EMSGSIZE`) and was
-    /// dropped from the batch; the ones before it were sent. Call again for the rest.
-    pub fn send_batch(&self, batch: &mut TxBatch) -> io::Result<bool> {
+    /// `Err(f)`: the oldest unsent datagram (or train) failed and was dropped from the batch;
+    /// the ones before it were sent. Call again for the rest. A datagram larger than the link
+    /// carries ([`SendFailure::too_big`]: `EMSGSIZE`, or a train refused with `EINVAL` whose
+    /// segments do not fit `link_mtu`) says nothing of GSO; any other refused train turns GSO
+    /// off in `batch` ([`SendFailure::gso_off`]), the caller deciding when to try it again.
+    pub fn send_batch(&self, batch: &mut TxBatch, link_mtu: Option<u32>) -> Result<bool, SendFailure> {
         while !batch.is_empty() {
             match udp::send_batch(&self.sock, batch.pending()) {
                 Ok(0) => {
@@ -238,19 +241,27 @@ impl UdpTransport {
                 }
                 Ok(n) => batch.consume(n),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-                Err(e) => {
-                    if batch.front_is_train() && batch.gso_enabled() {
-                        // The kernel or the route refuses GSO (no checksum offload, a segment
-                        // over the MTU, ...): send datagram by datagram from now on.
+                Err(error) => {
+                    let train = batch.front_is_train();
+                    let too_big = exceeds_link(
+                        &error,
+                        train,
+                        batch.front_segment_len(),
+                        self.local.is_ipv6(),
+                        link_mtu,
+                    );
+                    let gso_off = train && batch.gso_enabled() && !too_big;
+                    if gso_off {
+                        // The kernel or the route refuses GSO (no checksum offload, ...):
+                        // datagram by datagram until the caller tries trains again.
                         batch.disable_gso();
-                        batch.consume(1);
-                        return Err(io::Error::new(
-                            e.kind(),
-                            format!("UDP GSO send failed, turned GSO off: {e}"),
-                        ));
                     }
                     batch.consume(1);
-                    return Err(e);
+                    return Err(SendFailure {
+                        error,
+                        too_big,
+                        gso_off,
+                    });
                 }
             }
         }
@@ -260,6 +271,58 @@ impl UdpTransport {
     /// Datagrams [`recv`](Self::recv) discarded because they did not fit its buffer.
     pub fn truncated_drops(&self) -> u64 {
         self.truncated.load(Ordering::Relaxed)
+    }
+}
+
+/// A datagram (or train) the kernel refused; it was dropped (RC retransmits).
+#[derive(Debug)]
+pub struct SendFailure {
+    /// The kernel's error.
+    pub error: io::Error,
+    /// It was larger than the link carries (the link's MTU may have dropped).
+    pub too_big: bool,
+    /// A train was refused for another reason: the batch builds no more trains.
+    pub gso_off: bool,
+}
+
+impl std::fmt::Display for SendFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.gso_off {
+            write!(f, "UDP GSO send failed, GSO off for now: {}", self.error)
+        } else if self.too_big {
+            write!(f, "larger than the link carries: {}", self.error)
+        } else {
+            write!(f, "{}", self.error)
+        }
+    }
+}
+
+/// Bytes of IP and UDP header in front of a datagram.
+const fn udp_ip_headers(ipv6: bool) -> usize {
+    if ipv6 {
+        48
+    } else {
+        28
+    }
+}
+
+/// Whether `error`, refusing a datagram (or a `train` of segments) of `len` bytes, says it is
+/// larger than the link carries: `EMSGSIZE` (DF is set), or for a train `EINVAL` with
+/// segments whose packets exceed `link_mtu` (the kernel refuses a GSO size above the MTU with
+/// `EINVAL`).
+fn exceeds_link(
+    error: &io::Error,
+    train: bool,
+    len: usize,
+    ipv6: bool,
+    link_mtu: Option<u32>,
+) -> bool {
+    match error.raw_os_error() {
+        Some(libc::EMSGSIZE) => true,
+        Some(libc::EINVAL) if train => link_mtu
+            .and_then(|m| usize::try_from(m).ok())
+            .is_some_and(|m| len + udp_ip_headers(ipv6) > m),
+        _ => false,
     }
 }
 

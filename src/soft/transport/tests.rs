@@ -158,7 +158,7 @@ fn batch_both_ways(ip: IpAddr) {
             sent += 1;
         }
         assert!(tx.queued() > 0);
-        assert!(a.send_batch(&mut tx).unwrap());
+        assert!(a.send_batch(&mut tx, None).unwrap());
         assert!(tx.is_empty());
     }
     let mut got = Vec::new();
@@ -208,10 +208,11 @@ fn batch_send_error_drops_only_that_datagram() {
             Some(b.local_addr())
         }));
     }
-    let err = a.send_batch(&mut tx).unwrap_err();
-    assert_eq!(err.raw_os_error(), Some(libc::EMSGSIZE), "{err}");
+    let err = a.send_batch(&mut tx, None).unwrap_err();
+    assert_eq!(err.error.raw_os_error(), Some(libc::EMSGSIZE), "{err}");
+    assert!(err.too_big && !err.gso_off, "{err:?}");
     assert_eq!(tx.queued(), 1);
-    assert!(a.send_batch(&mut tx).unwrap());
+    assert!(a.send_batch(&mut tx, None).unwrap());
     let mut rx = RecvBatch::new(4, 128);
     let mut lens = Vec::new();
     while lens.len() < 2 {
@@ -274,7 +275,7 @@ fn a_full_batch_of_large_datagrams_goes_out() {
     }) {}
     assert!(tx.is_full());
     // 3.8 MB in one sendmmsg: all of it, or a prefix with the tail kept queued.
-    if !a.send_batch(&mut tx).unwrap() {
+    if !a.send_batch(&mut tx, None).unwrap() {
         assert!(tx.queued() > 0 && tx.queued() < 64, "{}", tx.queued());
     }
     let mut rx = RecvBatch::new(64, 65_536);
@@ -438,7 +439,7 @@ fn an_ipv6_train_needs_no_icrc_shift() {
         assert!(tx.push_datagram(b.local_addr(), &d));
     }
     assert_eq!(tx.queued(), 1);
-    assert!(a.send_batch(&mut tx).unwrap());
+    assert!(a.send_batch(&mut tx, None).unwrap());
     let mut rx = RecvBatch::new(8, 65_536);
     let mut got = 0;
     let deadline = Instant::now() + Duration::from_secs(1);
@@ -467,8 +468,9 @@ fn a_refused_train_turns_gso_off() {
         assert!(tx.push_datagram(nowhere, &roce_like(100, k, a.local_addr(), nowhere)));
     }
     assert_eq!(tx.queued(), 1);
-    let err = a.send_batch(&mut tx).unwrap_err();
+    let err = a.send_batch(&mut tx, None).unwrap_err();
     assert!(err.to_string().contains("GSO"), "{err}");
+    assert!(err.gso_off && !err.too_big, "{err:?}");
     assert!(!tx.gso_enabled());
     assert!(tx.is_empty());
     for k in 0..3 {
@@ -493,7 +495,7 @@ fn a_gso_train_arrives_as_sent() {
             assert!(tx.push_datagram(dst, &roce_like(len, k, a.local_addr(), dst)));
         }
         assert_eq!(tx.queued(), 1);
-        assert!(a.send_batch(&mut tx).unwrap());
+        assert!(a.send_batch(&mut tx, None).unwrap());
         assert_eq!(tx.trains_sent(), 1);
     }
     // Without GRO the kernel cuts the train apart: ten datagrams, segment k with ID k.
@@ -553,3 +555,23 @@ fn readable_through_mio() {
     assert_eq!(&buf[..meta.len], b"wake");
     poll.registry().deregister(&mut SourceFd(&fd)).unwrap();
 }
+
+/// A refusal says the datagram was larger than the link carries for `EMSGSIZE`, and for a
+/// train refused with `EINVAL` whose segments' packets exceed the link's MTU (how the kernel
+/// refuses a GSO size above it); an `EINVAL` train that fits is a GSO refusal.
+#[test]
+fn a_refusal_is_too_big_only_for_the_link_it_exceeds() {
+    let msgsize = io::Error::from_raw_os_error(libc::EMSGSIZE);
+    let inval = io::Error::from_raw_os_error(libc::EINVAL);
+    assert!(exceeds_link(&msgsize, false, 100, false, None));
+    assert!(exceeds_link(&msgsize, true, 100, true, Some(9000)));
+    // 4,168 bytes of RoCEv2 (path MTU 4096) and 28 of headers do not fit 1,500.
+    assert!(exceeds_link(&inval, true, 4168, false, Some(1500)));
+    assert!(!exceeds_link(&inval, true, 1096, false, Some(1500)));
+    // IPv6 headers are 48 bytes: 1,453 + 48 > 1,500, 1,452 + 48 fits.
+    assert!(exceeds_link(&inval, true, 1453, true, Some(1500)));
+    assert!(!exceeds_link(&inval, true, 1452, true, Some(1500)));
+    assert!(!exceeds_link(&inval, false, 4168, false, Some(1500)), "only trains");
+    assert!(!exceeds_link(&inval, true, 4168, false, None), "no MTU known");
+}
+
