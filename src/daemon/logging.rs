@@ -441,4 +441,3 @@ mod tests {
         assert!(summary.contains("not logged in the last 10s"), "{summary}");
     }
 }
-

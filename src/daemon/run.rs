@@ -456,7 +456,11 @@ fn run<P: DaemonProvider>(
         }
         if floods.due(now) {
             super::logging::report_suppressed(now);
-            warn_floods(&mut floods, &status(&node, &path_mtu, &underlay, now, started), now);
+            warn_floods(
+                &mut floods,
+                &status(&node, &path_mtu, &underlay, now, started),
+                now,
+            );
             log_id_solved_peers(node.provider_mut().take_id_solved_peers());
         }
         if signalled {

@@ -332,7 +332,10 @@ mod tests {
 
     #[test]
     fn the_condition_names_the_worst_of_link_carrier_and_address() {
-        assert_eq!(state(true, true, true, 1500).condition(), UnderlayCondition::Up);
+        assert_eq!(
+            state(true, true, true, 1500).condition(),
+            UnderlayCondition::Up
+        );
         assert_eq!(
             state(false, true, true, 1500).condition(),
             UnderlayCondition::NoAddress

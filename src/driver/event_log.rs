@@ -48,7 +48,12 @@ pub(crate) enum Verdict {
 impl<K: Copy + PartialEq> EventLog<K> {
     /// An event of kind `what` at `now`: whether to log it, and before it, the kinds whose
     /// window ended with events suppressed (`(what, count)`, through `ended`).
-    pub(crate) fn admit(&mut self, now: Instant, what: K, mut ended: impl FnMut(K, u64)) -> Verdict {
+    pub(crate) fn admit(
+        &mut self,
+        now: Instant,
+        what: K,
+        mut ended: impl FnMut(K, u64),
+    ) -> Verdict {
         self.roll(now, &mut ended);
         let k = match self.kinds.iter_mut().position(|k| k.what == what) {
             Some(i) => &mut self.kinds[i],

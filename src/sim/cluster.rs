@@ -293,7 +293,11 @@ impl Cluster {
     /// endpoint's path MTU become the largest IB MTU that fits
     /// ([`PathMtu::for_link_mtu`](crate::verbs::PathMtu::for_link_mtu)). Returns what the
     /// endpoint changed (`None`: its path MTU stayed, or the node is down).
-    pub fn set_link_mtu(&mut self, i: usize, link_mtu: usize) -> Option<crate::ipoib::PathMtuChange> {
+    pub fn set_link_mtu(
+        &mut self,
+        i: usize,
+        link_mtu: usize,
+    ) -> Option<crate::ipoib::PathMtuChange> {
         if let Some(m) = self.f.link_mtu.get_mut(i) {
             *m = Some(link_mtu);
         }

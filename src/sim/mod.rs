@@ -140,7 +140,13 @@ impl Fabric {
 
     /// Whether a datagram of `len` bytes from node `i` to node `j` exceeds either's link MTU.
     fn exceeds_link(&self, i: usize, j: usize, len: usize) -> bool {
-        let mtu = |k: usize| self.link_mtu.get(k).copied().flatten().unwrap_or(usize::MAX);
+        let mtu = |k: usize| {
+            self.link_mtu
+                .get(k)
+                .copied()
+                .flatten()
+                .unwrap_or(usize::MAX)
+        };
         len + UDP_IPV4_HEADERS > mtu(i).min(mtu(j))
     }
 

@@ -377,8 +377,9 @@ impl SoftProvider {
     }
 
     /// Sends the queued datagrams; false if the socket would block with some still queued.
-    /// A refused datagram (or train) is dropped, RC retransmits it; the log line of the
-    /// refusal is the logger's to rate-limit.
+    /// A refused datagram (or train) is dropped, RC retransmits it. A refusal for size is a
+    /// debug line (the link's new MTU is the driver's to log, once); any other is a warning,
+    /// the logger's to rate-limit.
     fn drain_tx(&mut self, now: Instant) -> bool {
         loop {
             match self.transport.send_batch(&mut self.tx, self.link_mtu) {
@@ -393,7 +394,12 @@ impl SoftProvider {
                         self.gso_retry_at = Some(now + self.gso_backoff);
                         self.gso_backoff = (self.gso_backoff * 2).min(GSO_RETRY_MAX);
                     }
-                    tracing::warn!(error = %f, "soft provider send failed");
+                    if f.too_big {
+                        // The driver reads the link again and logs its new MTU once.
+                        tracing::debug!(error = %f, "soft provider send failed");
+                    } else {
+                        tracing::warn!(error = %f, "soft provider send failed");
+                    }
                 }
             }
         }

@@ -39,7 +39,12 @@ pub(crate) fn ifreq(name: &str) -> io::Result<libc::ifreq> {
 ///
 /// # Safety
 /// `arg` must point to the structure `request` expects, valid for reads and writes.
-pub(crate) unsafe fn ioctl<T>(fd: RawFd, request: libc::Ioctl, arg: *mut T, what: &str) -> io::Result<()> {
+pub(crate) unsafe fn ioctl<T>(
+    fd: RawFd,
+    request: libc::Ioctl,
+    arg: *mut T,
+    what: &str,
+) -> io::Result<()> {
     // SAFETY: the caller guarantees `arg` matches `request`.
     if unsafe { libc::ioctl(fd, request, arg) } < 0 {
         let e = io::Error::last_os_error();

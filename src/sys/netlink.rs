@@ -9,7 +9,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// The notification groups: link changes (MTU, flags, carrier, removal) and IPv4/IPv6
 /// address changes.
-const GROUPS: u32 = (libc::RTMGRP_LINK | libc::RTMGRP_IPV4_IFADDR | libc::RTMGRP_IPV6_IFADDR) as u32;
+const GROUPS: u32 =
+    (libc::RTMGRP_LINK | libc::RTMGRP_IPV4_IFADDR | libc::RTMGRP_IPV6_IFADDR) as u32;
 
 /// Bytes read per message: the content is discarded, so a truncated read is as good as a
 /// whole one (`recv` drops the rest of a datagram).

@@ -92,9 +92,9 @@ impl<P: Provider> Node<P> {
             };
             match r {
                 Ok(()) => restored.push((addr, prefix_len)),
-                Err(e) => tracing::warn!(
-                    "interface {name}: could not put back {addr}/{prefix_len}: {e}"
-                ),
+                Err(e) => {
+                    tracing::warn!("interface {name}: could not put back {addr}/{prefix_len}: {e}")
+                }
             }
         }
         restored

@@ -75,7 +75,10 @@ fn a_link_mtu_lowered_then_raised_is_followed_with_the_queue_kept() {
     assert_eq!(pings(&mut n, 1, 0, 60_000, 1), 1);
     assert_eq!(tx_path_mtu(&mut n, 0), Some(PathMtu::Mtu4096));
     let change = n.set_link_mtu(1, ETHERNET).expect("the path MTU changed");
-    assert_eq!((change.from, change.to), (PathMtu::Mtu4096, PathMtu::Mtu1024));
+    assert_eq!(
+        (change.from, change.to),
+        (PathMtu::Mtu4096, PathMtu::Mtu1024)
+    );
     assert_eq!((change.tx_reconnects, change.rx_reconnects), (1, 1));
     // What node 0 sends before the DREQ reaches it still goes at 4096, and is lost.
     n.run(Duration::from_millis(1));

@@ -232,7 +232,11 @@ impl UdpTransport {
     /// carries ([`SendFailure::too_big`]: `EMSGSIZE`, or a train refused with `EINVAL` whose
     /// segments do not fit `link_mtu`) says nothing of GSO; any other refused train turns GSO
     /// off in `batch` ([`SendFailure::gso_off`]), the caller deciding when to try it again.
-    pub fn send_batch(&self, batch: &mut TxBatch, link_mtu: Option<u32>) -> Result<bool, SendFailure> {
+    pub fn send_batch(
+        &self,
+        batch: &mut TxBatch,
+        link_mtu: Option<u32>,
+    ) -> Result<bool, SendFailure> {
         while !batch.is_empty() {
             match udp::send_batch(&self.sock, batch.pending()) {
                 Ok(0) => {

@@ -571,7 +571,12 @@ fn a_refusal_is_too_big_only_for_the_link_it_exceeds() {
     // IPv6 headers are 48 bytes: 1,453 + 48 > 1,500, 1,452 + 48 fits.
     assert!(exceeds_link(&inval, true, 1453, true, Some(1500)));
     assert!(!exceeds_link(&inval, true, 1452, true, Some(1500)));
-    assert!(!exceeds_link(&inval, false, 4168, false, Some(1500)), "only trains");
-    assert!(!exceeds_link(&inval, true, 4168, false, None), "no MTU known");
+    assert!(
+        !exceeds_link(&inval, false, 4168, false, Some(1500)),
+        "only trains"
+    );
+    assert!(
+        !exceeds_link(&inval, true, 4168, false, None),
+        "no MTU known"
+    );
 }
-
