@@ -186,6 +186,7 @@ impl Service {
             return Some(may_start);
         }
         self.reload_pending = false;
+        restore_addresses(node, WHY);
         let Some(source) = self.running.source.clone() else {
             tracing::info!("{WHY}: no --config file, nothing to reload");
             return None;
@@ -252,6 +253,7 @@ impl Service {
         now: Instant,
         why: &str,
     ) -> Result<String, String> {
+        restore_addresses(node, why);
         let Some(source) = self.running.source.clone() else {
             let msg = format!("{why}: no --config file, nothing to reload");
             tracing::info!("{msg}");
@@ -491,6 +493,19 @@ impl Service {
         self.running.peer = peers;
         tracing::info!(%addr, "peer removed");
         Ok(format!("peer {addr} removed"))
+    }
+}
+
+/// A reload (on `why`) puts back the configured addresses the interface lacks, whatever else
+/// it does: one line naming them.
+fn restore_addresses<P: DaemonProvider>(node: &mut Node<P>, why: &str) {
+    let restored = node.restore_addresses();
+    if !restored.is_empty() {
+        tracing::info!(
+            "{why}: addresses put back on {}: {}",
+            node.ifname(),
+            crate::driver::addr_list(&restored)
+        );
     }
 }
 

@@ -44,8 +44,8 @@ pub use kcm::KernelCmDriver;
 pub use kcm_stub::KernelCmDriver;
 
 pub use node::{
-    DeviceStats, Node, NodeConfig, NodeError, ReopenBackoff, EARLY_ACK_BATCH, REOPEN_FIRST_DELAY,
-    REOPEN_MAX_DELAY, REOPEN_MAX_FAILURES, TUN_BATCH,
+    addr_list, DeviceStats, Node, NodeConfig, NodeError, ReopenBackoff, EARLY_ACK_BATCH,
+    REOPEN_FIRST_DELAY, REOPEN_MAX_DELAY, REOPEN_MAX_FAILURES, TUN_BATCH,
 };
 pub use sa::{SaDriver, SaDriverStats, SaPort, POLL_INTERVAL, READ_BATCH};
 pub use sources::ProviderSources;

@@ -5,6 +5,7 @@ mod interface;
 mod recovery;
 
 use super::event_log::{EventLog, Verdict};
+pub use interface::addr_list;
 pub use recovery::{
     DeviceStats, ReopenBackoff, REOPEN_FIRST_DELAY, REOPEN_MAX_DELAY, REOPEN_MAX_FAILURES,
 };

@@ -102,10 +102,16 @@ impl<P: Provider> Node<P> {
 }
 
 /// `; addresses put back: A/N, B/M` (empty when none).
-pub(super) fn describe_restored(restored: &[(IpAddr, u8)]) -> String {
+fn describe_restored(restored: &[(IpAddr, u8)]) -> String {
     if restored.is_empty() {
         return String::new();
     }
-    let list: Vec<String> = restored.iter().map(|(a, p)| format!("{a}/{p}")).collect();
-    format!("; addresses put back: {}", list.join(", "))
+    format!("; addresses put back: {}", addr_list(restored))
+}
+
+/// Addresses with their prefix lengths as a log line lists them: `A/N, B/M`.
+#[must_use]
+pub fn addr_list(addrs: &[(IpAddr, u8)]) -> String {
+    let list: Vec<String> = addrs.iter().map(|(a, p)| format!("{a}/{p}")).collect();
+    list.join(", ")
 }
