@@ -4,6 +4,7 @@
 #
 #   sudo scripts/rxe-interop.sh [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong]
 #                               [hw-pingpong] [daemon] [daemon-umad] [rdmacm] [softcm] [kcm-pair]
+#                               [ud-mtu] [cm-mtu]
 #
 # Checks (all by default):
 #   conformance  (a) the provider conformance suite (src/verbs/conformance/) over the
@@ -71,6 +72,11 @@
 #                for want of buffer room (the UD buffers hold GRH + the port's largest MTU);
 #                the start-up lines name where each path MTU came from. RXE_HOST_BIN runs
 #                another build's binary on the host side (to compare with main).
+#   cm-mtu       (j) the same two links in connected mode: `ipoib-cm up --provider verbs
+#                --cm-transport umad` on rxe0 (link 9000, path MTU 4096; a guest without
+#                ib_cm) and `ipoib-cm up` on the soft provider (tap 1500, path MTU 1024): the
+#                guest's REQ at 4096 draws the host's REJ 26 naming 1024 and goes again at
+#                it; 60000-byte pings 5/5 both ways.
 # The conformance boot also runs `rc-pingpong --provider verbs` against ibv_rc_pingpong
 # (rxe1 <-> rxe0), both directions.
 # --quick: 20 round trips instead of 100. Prints `RESULT name@KERNEL PASS|FAIL`, wall times
@@ -97,12 +103,12 @@ while [ $# -gt 0 ]; do
     case $1 in
         --quick) ITERS=20 ;;
         --iters) ITERS=$2; shift ;;
-        conformance|rc-pingpong|ud-pingpong|hw-pingpong|daemon|daemon-umad|rdmacm|softcm|kcm-pair|ud-mtu) CHECKS+=("$1") ;;
-        *) echo "usage: $0 [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong] [hw-pingpong] [daemon] [daemon-umad] [rdmacm] [softcm] [kcm-pair] [ud-mtu]" >&2; exit 2 ;;
+        conformance|rc-pingpong|ud-pingpong|hw-pingpong|daemon|daemon-umad|rdmacm|softcm|kcm-pair|ud-mtu|cm-mtu) CHECKS+=("$1") ;;
+        *) echo "usage: $0 [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong] [hw-pingpong] [daemon] [daemon-umad] [rdmacm] [softcm] [kcm-pair] [ud-mtu] [cm-mtu]" >&2; exit 2 ;;
     esac
     shift
 done
-[ ${#CHECKS[@]} -gt 0 ] || CHECKS=(conformance rc-pingpong ud-pingpong hw-pingpong daemon daemon-umad rdmacm softcm kcm-pair ud-mtu)
+[ ${#CHECKS[@]} -gt 0 ] || CHECKS=(conformance rc-pingpong ud-pingpong hw-pingpong daemon daemon-umad rdmacm softcm kcm-pair ud-mtu cm-mtu)
 
 if [ -n "${RXE_LAB_DIR:-}" ]; then LAB=$RXE_LAB_DIR
 else LAB=$ROOT/scripts/rxe
@@ -219,6 +225,11 @@ for c in "${CHECKS[@]}"; do
             echo "== (i) ud-mtu: datagram-mode ipoib-cm up --provider verbs on rxe0 (MTU 9000) -> ipoib-cm up (soft, --bind link 1500): 2044/4092-byte UD datagrams"
             run_lab ud-mtu scripts/rxe/guest-udmtu --net tap --mtu 9000 --timeout 300 \
                 --host-cmd "IPOIB_CM=${RXE_HOST_BIN:-$BIN} exec $ROOT/scripts/rxe/host-udmtu.sh" ;;
+        cm-mtu)
+            echo "== (j) cm-mtu: ipoib-cm up --provider verbs --cm-transport umad on rxe0 (MTU 9000) <-> ipoib-cm up (soft, --bind link 1500): 60000-byte pings both ways"
+            RXE_LAB_MODS=$NOCM_MODS WORK_SUFFIX=-nocm \
+                run_lab cm-mtu scripts/rxe/guest-cmmtu --net tap --mtu 9000 --timeout 300 \
+                --host-cmd "IPOIB_CM=${RXE_HOST_BIN:-$BIN} exec $ROOT/scripts/rxe/host-cmmtu.sh" ;;
         softcm)
             echo "== (g) softcm: rc-pingpong --cm --rdma-cm (soft provider, our CM) <-> the kernel's rdma_cm on rxe0"
             run_lab softcm scripts/rxe/guest-softcm --net tap --timeout 500 \

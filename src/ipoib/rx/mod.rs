@@ -175,9 +175,11 @@ impl Endpoint {
         }
         // Its packets would be cut to the REQ's path MTU, and a larger one than ours may not
         // cross our link: REJ 26 names ours, and the peer asks again at it. The kernel's CM
-        // cannot name one, so its REQs keep today's behaviour (the QP at the smaller MTU).
+        // can neither send one (ours on it) nor act on its ARI (a peer on it, whose REQs come
+        // to the rdma_cm service): those REQs are taken with the QP at the smaller MTU.
         let acceptable = self.path_mtu_to(peer);
-        if path.mtu > acceptable && !self.cm.is_kernel() {
+        let kernel_cm = self.cm.is_kernel() || service_id == self.cfg.rdma_cm_service_id();
+        if path.mtu > acceptable && !kernel_cm {
             self.counters.rx_mtu_rejected += 1;
             self.push_event(Event::RxRejected {
                 peer: self.event_peer(peer, remote_qpn),

@@ -102,6 +102,59 @@ fn a_req_at_the_rdma_cm_service_with_a_good_header_is_accepted() {
     assert_eq!(n.qp_live(0), BASELINE_QPS);
 }
 
+/// `mad` (a forged REQ) asking for path MTU `mtu` instead.
+fn at_mtu(mad: &[u8; crate::wire::cm::MAD_LEN], mtu: PathMtu) -> [u8; crate::wire::cm::MAD_LEN] {
+    let m = CmMad::parse(mad).expect("a CM MAD");
+    let CmMessage::Req(mut req) = m.msg else {
+        panic!("a REQ");
+    };
+    req.path_mtu = Some(mtu);
+    CmMad::new(m.header.transaction_id, CmMessage::Req(req)).emit()
+}
+
+/// A REQ above node 0's path MTU (1024) at its standard service ID (our CM's peers, kernel
+/// `ipoib_cm`) is refused with REJ 26 naming 1024; at the rdma_cm service (a sender on the
+/// kernel's CM, which cannot act on the REJ's ARI) it is taken, the QP at 1024.
+#[test]
+fn a_req_above_our_path_mtu_is_refused_with_rej_26_except_from_rdma_cm() {
+    let mut n = Net::new(1, |_, _| {}, |_, _| {});
+    assert_eq!(n.ep(0).config().path_mtu, PathMtu::Mtu1024);
+    let sid = ipoib_service_id(n.ep(0).hwaddr().qpn, true);
+    let mad = forged_req(&mut n, 0, far_gid(), 0x91, 20, sid, &far_data());
+    let out = exchange(&mut n, &at_mtu(&mad, PathMtu::Mtu2048));
+    let [CmMessage::Rej(rej)] = &out[..] else {
+        panic!("one REJ, got {out:?}");
+    };
+    assert_eq!(rej.reason, RejReason::InvalidMtu);
+    assert_eq!(rej.acceptable_mtu(), Some(PathMtu::Mtu1024));
+    assert_eq!(n.ep(0).counters().rx_mtu_rejected, 1);
+    assert_eq!(n.qp_live(0), BASELINE_QPS, "no QP for it");
+    // At our MTU it is taken.
+    let mad = forged_req(&mut n, 0, far_gid(), 0x92, 20, sid, &far_data());
+    let out = exchange(&mut n, &mad);
+    assert!(matches!(&out[..], [CmMessage::Rep(_)]), "{out:?}");
+    let private = hdr_to(node0_ip())
+        .req_private_data(&far_data())
+        .expect("one family");
+    let mad = rdma_cm_req(&mut n, 0x93, &private);
+    let out = exchange(&mut n, &at_mtu(&mad, PathMtu::Mtu4096));
+    assert!(matches!(&out[..], [CmMessage::Rep(_)]), "{out:?}");
+    let mtus: Vec<PathMtu> = n
+        .ep(0)
+        .rx
+        .qpns()
+        .iter()
+        .filter_map(|q| {
+            n.0.eps[0]
+                .as_ref()
+                .and_then(|ep| ep.rx.get(q))
+                .map(|r| r.path_mtu)
+        })
+        .collect();
+    assert_eq!(mtus, [PathMtu::Mtu1024, PathMtu::Mtu1024]);
+    assert_eq!(n.ep(0).counters().rx_mtu_rejected, 1);
+}
+
 #[test]
 fn a_req_at_the_rdma_cm_service_with_a_bad_header_gets_the_kernels_rej_and_nothing() {
     let mut n = Net::new(1, |_, _| {}, |_, _| {});
