@@ -483,6 +483,11 @@ fn run<P: DaemonProvider>(
         if node.provider_mut().take_link_suspect() {
             underlay.suspect(now);
         }
+        if node.take_port_active() {
+            // The port is back, perhaps at another MTU (an SM's, or rxe's netdev's).
+            let link = underlay.state().mtu().unwrap_or(link_mtu);
+            path_mtu = follow_link_mtu(&mut node, cfg, link, now, &path_mtu);
+        }
         if let Some(changes) = underlay.turn(now) {
             for change in changes {
                 log_underlay(cfg, underlay.state(), &change);

@@ -205,6 +205,8 @@ pub struct Node<P: Provider> {
     tun_mtu: u32,
     /// The interface was up when last looked at ([`Node::check_interface`]).
     tun_up: bool,
+    /// The port became active since [`Node::take_port_active`]: its MTU may have changed.
+    port_active: bool,
     /// The provider's first token (its descriptors are registered again after a reopen).
     first_token: usize,
     /// How many descriptors the provider had at the start (a reopened one must have as many).
@@ -361,6 +363,7 @@ impl<P: Provider> Node<P> {
             sa: None,
             tun_mtu: mtu,
             tun_up: true,
+            port_active: false,
             first_token,
             source_count,
             down: None,

@@ -303,7 +303,8 @@ impl Endpoint {
     }
 
     /// The next device event the driver acts on: one that lost the device context
-    /// ([`AsyncEvent::loses_context`]), or [`AsyncEvent::GidChange`].
+    /// ([`AsyncEvent::loses_context`]), [`AsyncEvent::GidChange`], or
+    /// [`AsyncEvent::PortActive`] (the port's MTU may have changed).
     pub fn take_device_event(&mut self) -> Option<AsyncEvent> {
         (!self.device_events.is_empty()).then(|| self.device_events.remove(0))
     }
@@ -444,7 +445,11 @@ impl Endpoint {
                     self.fail_tx(now, v, qpn, TxFailure::SendError);
                 }
             }
-            AsyncEvent::PortActive => self.port_changed(v, PortChange::Active),
+            AsyncEvent::PortActive => {
+                self.port_changed(v, PortChange::Active);
+                // The port may be back at another MTU: the driver reads it again.
+                self.push_device_event(ev);
+            }
             AsyncEvent::PortErr => self.port_changed(v, PortChange::Down),
             AsyncEvent::LidChange => self.port_changed(v, PortChange::LidChange),
             AsyncEvent::SmChange => self.port_changed(v, PortChange::SmChange),

@@ -52,7 +52,8 @@ while [ $i -lt 90 ]; do
 done
 res cmmtu_first_ping "$ok $(el "$t1")s"
 ping -c 5 -i 0.5 -W 5 -s 60000 $H4 > /tmp/ping.log 2>&1
-got=$(sed -n 's/.* \([0-9]*\) received.*/\1/p' /tmp/ping.log)
+# busybox: "5 packets transmitted, 5 packets received, ..."
+got=$(grep -o '[0-9]* packets received' /tmp/ping.log | grep -o '^[0-9]*')
 res cmmtu_guest_ping_60000 "$([ "${got:-0}" = 5 ] && echo PASS || echo FAIL) ${got:-0} of 5"
 retries=$(num tx_mtu_retries)
 grep "tx mtu lowered" /tmp/daemon.log | head -1 | cut -c1-300

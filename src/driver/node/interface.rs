@@ -32,6 +32,12 @@ impl<P: Provider> Node<P> {
         change
     }
 
+    /// Whether the port became active since the last call (`IBV_EVENT_PORT_ACTIVE`): the
+    /// caller reads its MTU again ([`Node::set_path_mtu`]).
+    pub fn take_port_active(&mut self) -> bool {
+        std::mem::take(&mut self.port_active)
+    }
+
     /// Sets the interface MTU to the endpoint's where they differ (`why` names what changed
     /// it in the log line).
     pub(super) fn sync_tun_mtu(&mut self, why: &str) {

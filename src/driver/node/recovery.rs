@@ -103,7 +103,9 @@ impl<P: Provider> Node<P> {
             self.down = Some(ReopenBackoff::new(now));
         }
         while let Some(ev) = self.ep.take_device_event() {
-            if ev == AsyncEvent::GidChange {
+            if ev == AsyncEvent::PortActive {
+                self.port_active = true;
+            } else if ev == AsyncEvent::GidChange {
                 self.device_stats.gid_changes += 1;
                 tracing::warn!(
                     "the port's GID table changed; the interface keeps the GID it started with (restart the daemon if its address changed)"

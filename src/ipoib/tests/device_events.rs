@@ -1,5 +1,5 @@
-//! Device events the endpoint hands to the driver: a lost context stops it, a GID change is
-//! passed on.
+//! Device events the endpoint hands to the driver: a lost context stops it, a GID change and
+//! a port become active are passed on.
 
 use std::time::Instant;
 
@@ -39,5 +39,17 @@ fn a_gid_change_is_handed_to_the_driver_and_the_endpoint_goes_on() {
     ep.handle_verbs(Instant::now(), &mut v);
     assert!(!ep.context_lost());
     assert_eq!(ep.take_device_event(), Some(AsyncEvent::GidChange));
+    assert_eq!(ep.take_device_event(), None);
+}
+
+/// A port that became active is handed to the driver, which reads its MTU again (an SM, or
+/// rxe's netdev, may have changed it while it was down).
+#[test]
+fn a_port_active_is_handed_to_the_driver() {
+    let (mut v, mut ep) = setup();
+    v.raise_port_event(AsyncEvent::PortActive);
+    ep.handle_verbs(Instant::now(), &mut v);
+    assert!(!ep.context_lost());
+    assert_eq!(ep.take_device_event(), Some(AsyncEvent::PortActive));
     assert_eq!(ep.take_device_event(), None);
 }
