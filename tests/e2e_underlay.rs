@@ -340,3 +340,33 @@ fn the_interface_keeps_its_addresses_across_down_and_up() {
         "{log}"
     );
 }
+
+/// In datagram mode the interface MTU is the path MTU - 4: 9000 → 1500 takes `ib0` from 4092
+/// to 1020, and back.
+#[test]
+fn in_datagram_mode_the_interface_mtu_follows_the_link() {
+    let Some(lab) = Lab::up("e2eug", 2, &["--mode", "datagram"]) else {
+        return;
+    };
+    let ib0_mtu = |l: &Lab| {
+        let out = l.exec(
+            1,
+            &["cat", "/sys/class/net/ib0/mtu"],
+            Duration::from_secs(5),
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    assert_eq!(ib0_mtu(&lab), "4092");
+    set_link_mtu(&lab, 1, 1500);
+    assert!(
+        lab.wait_for(Duration::from_secs(2), |l| ib0_mtu(l) == "1020"),
+        "ib0 mtu {}:\n{}",
+        ib0_mtu(&lab),
+        lab.log(1)
+    );
+    set_link_mtu(&lab, 1, 9000);
+    assert!(lab.wait_for(Duration::from_secs(2), |l| ib0_mtu(l) == "4092"));
+    assert!(lab
+        .log(1)
+        .contains("interface MTU 1020 -> 4092 from the path MTU"));
+}

@@ -147,3 +147,22 @@ fn a_rej_26_naming_no_smaller_mtu_draws_no_retry() {
     assert!(!n.ep(0).may_retry_at_mtu(id, PathMtu::Mtu4096));
     assert!(n.ep(0).may_retry_at_mtu(id, PathMtu::Mtu2048));
 }
+
+/// In datagram mode the interface MTU is the path MTU - 4, and follows it.
+#[test]
+fn in_datagram_mode_the_interface_mtu_follows_the_path_mtu() {
+    let mut n = Net::new(
+        2,
+        |_, s| s.port_mtu = PathMtu::Mtu4096,
+        |_, c| {
+            c.mode = Mode::Datagram;
+            c.path_mtu = PathMtu::Mtu4096;
+        },
+    );
+    assert_eq!(n.ep(1).interface_mtu(), 4092);
+    n.set_link_mtu(1, ETHERNET);
+    assert_eq!(n.ep(1).interface_mtu(), 1020);
+    assert_eq!(n.ep(1).ud_mtu(), 1020);
+    n.set_link_mtu(1, JUMBO);
+    assert_eq!(n.ep(1).interface_mtu(), 4092);
+}
