@@ -66,6 +66,14 @@ fn warnings(lab: &Lab, k: usize) -> Vec<String> {
         .collect()
 }
 
+/// Runs `ip ARGS` in node `k`'s namespace; it must succeed.
+fn ip_on(lab: &Lab, k: usize, args: &[&str]) {
+    let mut c = std::process::Command::new("ip");
+    c.args(["-n", &format!("{}{k}", lab.prefix)]).args(args);
+    let out = common::lab::run_within(c, Duration::from_secs(10));
+    assert!(out.status.success(), "ip {args:?} on node {k}");
+}
+
 fn underlay(lab: &Lab, k: usize) -> serde_json::Value {
     lab.status(k)["interface"]["underlay"].clone()
 }
@@ -210,13 +218,7 @@ fn the_bind_address_gone_and_back_is_logged_and_shown() {
     };
     lab.ping_ok(1, "198.19.0.2", &[]);
     assert_eq!(underlay(&lab, 1)["state"], "up");
-    let ip = |args: &[&str]| {
-        let mut c = std::process::Command::new("ip");
-        c.args(["-n", &format!("{}1", lab.prefix)]).args(args);
-        assert!(common::lab::run_within(c, Duration::from_secs(10))
-            .status
-            .success());
-    };
+    let ip = |args: &[&str]| ip_on(&lab, 1, args);
     ip(&["addr", "del", "198.18.0.1/24", "dev", "eth0"]);
     assert!(
         lab.wait_for(Duration::from_secs(2), |l| underlay(l, 1)["state"]
@@ -281,13 +283,7 @@ fn the_interface_keeps_its_addresses_across_down_and_up() {
         return;
     };
     lab.ping_ok(1, "2001:db8:19::2", &["-6"]);
-    let ip = |args: &[&str]| {
-        let mut c = std::process::Command::new("ip");
-        c.args(["-n", &format!("{}1", lab.prefix)]).args(args);
-        assert!(common::lab::run_within(c, Duration::from_secs(10))
-            .status
-            .success());
-    };
+    let ip = |args: &[&str]| ip_on(&lab, 1, args);
     for drop_address in [false, true] {
         ip(&["link", "set", "ib0", "down"]);
         if drop_address {

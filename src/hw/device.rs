@@ -135,11 +135,13 @@ impl HwVerbs {
         Ok(v)
     }
 
-    fn init(&mut self, cfg: &HwConfig) -> Result<(), HwError> {
+    /// `ibv_query_port` of the port in use; the context must be open.
+    fn query_port(&self) -> Result<ffi::ibv_port_attr, HwError> {
         // SAFETY: ibv_port_attr is a plain C struct; all-zero is valid.
         let mut pa: ffi::ibv_port_attr = unsafe { std::mem::zeroed() };
-        // SAFETY: the exported ibv_query_port writes a full `ibv_port_attr` through the
-        // provider's query_port (the `_compat` type only names the older, smaller prefix).
+        // SAFETY: the context is open (the callers' invariant); the exported ibv_query_port
+        // writes a full `ibv_port_attr` through the provider's query_port (the `_compat` type
+        // only names the older, smaller prefix).
         let rc = unsafe { ffi::ibv_query_port(self.ctx, self.port, (&raw mut pa).cast()) };
         if rc != 0 {
             return Err(HwError::QueryPort {
@@ -148,6 +150,11 @@ impl HwVerbs {
                 source: io::Error::from_raw_os_error(rc.abs()),
             });
         }
+        Ok(pa)
+    }
+
+    fn init(&mut self, cfg: &HwConfig) -> Result<(), HwError> {
+        let pa = self.query_port()?;
         let mut chosen = cfg.gid_index;
         let mut gids = Vec::new();
         for i in 0..pa.gid_tbl_len.min(256) {
@@ -266,18 +273,7 @@ impl HwVerbs {
         if self.ctx.is_null() {
             return Ok(());
         }
-        // SAFETY: ibv_port_attr is a plain C struct; all-zero is valid.
-        let mut pa: ffi::ibv_port_attr = unsafe { std::mem::zeroed() };
-        // SAFETY: the context is open; ibv_query_port writes a full `ibv_port_attr` through
-        // the provider's query_port (as at open).
-        let rc = unsafe { ffi::ibv_query_port(self.ctx, self.port, (&raw mut pa).cast()) };
-        if rc != 0 {
-            return Err(HwError::QueryPort {
-                device: self.name.clone(),
-                port: self.port,
-                source: io::Error::from_raw_os_error(rc.abs()),
-            });
-        }
+        let pa = self.query_port()?;
         self.attr.active_mtu = mtu_from(pa.active_mtu);
         self.attr.max_mtu = mtu_from(pa.max_mtu);
         self.attr.active = pa.state == ffi::ibv_port_state::IBV_PORT_ACTIVE;

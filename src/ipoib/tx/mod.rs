@@ -301,30 +301,13 @@ impl Endpoint {
     /// neighbour table remembers the peer's kind, so later connections go there first. A REJ
     /// of that REQ, whatever its reason, fails the connection as any REJ does.
     pub(super) fn retry_at_rdma_cm<V: Verbs>(&mut self, now: Instant, v: &mut V, id: CommId) {
-        let Some(Owner::Tx(qpn)) = self.owners.get(&id).copied() else {
-            return;
-        };
-        // The CM freed the rejected id (ReqSent); no TimeWaitExit follows.
-        if self.cm.state(id).is_none() {
-            self.owners.remove(&id);
-        }
-        let Some((peer, our_psn, path_mtu)) =
-            self.tx.get(&qpn).map(|t| (t.peer, t.our_psn, t.path_mtu))
-        else {
+        let Some((qpn, peer)) = self.rejected_tx(id) else {
             return;
         };
         self.counters.tx_rdma_cm_retries += 1;
         self.neigh.remember_rdma_cm(&peer);
-        match self.send_req(now, peer, qpn, our_psn, true, path_mtu) {
-            Some(new) => {
-                self.owners.insert(new, Owner::Tx(qpn));
-                if let Some(tx) = self.tx.get_mut(&qpn) {
-                    tx.id = new;
-                    tx.rdma_cm = true;
-                }
-            }
-            None => self.fail_tx(now, v, qpn, TxFailure::Rejected),
-        }
+        let path_mtu = self.tx.get(&qpn).map_or(self.cfg.path_mtu, |t| t.path_mtu);
+        self.resend_req(now, v, qpn, true, path_mtu);
     }
 
     /// Whether a REJ 26 (invalid path MTU) for `id` naming `acceptable` draws a REQ again at
@@ -350,16 +333,7 @@ impl Endpoint {
         id: CommId,
         acceptable: PathMtu,
     ) {
-        let Some(Owner::Tx(qpn)) = self.owners.get(&id).copied() else {
-            return;
-        };
-        // The CM freed the rejected id (ReqSent); no TimeWaitExit follows.
-        if self.cm.state(id).is_none() {
-            self.owners.remove(&id);
-        }
-        let Some((peer, our_psn, rdma_cm)) =
-            self.tx.get(&qpn).map(|t| (t.peer, t.our_psn, t.rdma_cm))
-        else {
+        let Some((qpn, peer)) = self.rejected_tx(id) else {
             return;
         };
         self.paths.cap_mtu(peer.gid, acceptable);
@@ -369,11 +343,42 @@ impl Endpoint {
             peer: self.event_peer(peer.gid, qpn),
             path_mtu: u32::try_from(path_mtu.bytes()).unwrap_or(0),
         });
+        let rdma_cm = self.tx.get(&qpn).is_some_and(|t| t.rdma_cm);
+        self.resend_req(now, v, qpn, rdma_cm, path_mtu);
+    }
+
+    /// The TX connection whose REQ on `id` the peer rejected, and its peer; `id` is forgotten
+    /// where the CM freed it (a REJ of a REQ: no TimeWaitExit follows).
+    fn rejected_tx(&mut self, id: CommId) -> Option<(QpNum, HwAddr)> {
+        let Some(Owner::Tx(qpn)) = self.owners.get(&id).copied() else {
+            return None;
+        };
+        if self.cm.state(id).is_none() {
+            self.owners.remove(&id);
+        }
+        self.tx.get(&qpn).map(|t| (qpn, t.peer))
+    }
+
+    /// Sends the REQ of the TX connection on `qpn` again from the same QP (still in RESET,
+    /// same PSN), at its rdma_cm service or not and at `path_mtu`; a REQ that cannot be sent
+    /// fails the connection.
+    fn resend_req<V: Verbs>(
+        &mut self,
+        now: Instant,
+        v: &mut V,
+        qpn: QpNum,
+        rdma_cm: bool,
+        path_mtu: PathMtu,
+    ) {
+        let Some((peer, our_psn)) = self.tx.get(&qpn).map(|t| (t.peer, t.our_psn)) else {
+            return;
+        };
         match self.send_req(now, peer, qpn, our_psn, rdma_cm, path_mtu) {
             Some(new) => {
                 self.owners.insert(new, Owner::Tx(qpn));
                 if let Some(tx) = self.tx.get_mut(&qpn) {
                     tx.id = new;
+                    tx.rdma_cm = rdma_cm;
                     tx.path_mtu = path_mtu;
                 }
             }
