@@ -3,11 +3,10 @@
 //! (which stamps every line itself).
 //!
 //! Warnings and errors are rate-limited where they are written ([`LineBudget`]): each place
-//! in the code that writes one logs at most
-//! [`EVENT_LINES_PER_WINDOW`](crate::driver::event_log::EVENT_LINES_PER_WINDOW) lines per
-//! [`EVENT_LOG_WINDOW`](crate::driver::event_log::EVENT_LOG_WINDOW), and what it had beyond
-//! that is one line with the count ([`report_suppressed`]), so nothing a peer, the network or
-//! the kernel does once per packet can write a line per packet.
+//! in the code that writes one logs at most 20 lines per 10 s (the budget of the connection
+//! events' log lines), and what it had beyond that is one line with the count
+//! ([`report_suppressed`]), so nothing a peer, the network or the kernel does once per packet
+//! can write a line per packet.
 
 use std::fmt;
 use std::str::FromStr;
@@ -135,9 +134,8 @@ struct Budget {
     ended: Vec<(Place, String, u64)>,
 }
 
-/// A layer that lets each place in the code log at most
-/// [`EVENT_LINES_PER_WINDOW`](crate::driver::event_log::EVENT_LINES_PER_WINDOW) warnings and
-/// errors per [`EVENT_LOG_WINDOW`]; lines of lower levels, and its own counts
+/// A layer that lets each place in the code log at most 20 warnings and errors per 10 s (the
+/// connection events' budget); lines of lower levels, and its own counts
 /// ([`SUPPRESSED_TARGET`]), pass. It keeps one window per place (a fixed set); the counts are
 /// written by [`report_suppressed`], never from inside the logger.
 #[derive(Debug, Default, Clone)]

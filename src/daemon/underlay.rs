@@ -1,7 +1,7 @@
 //! The underlay as the daemon follows it while it runs: the address `--bind` names, the link
 //! that carries it, that link's state and MTU.
 //!
-//! A route netlink socket ([`LinkWatch`]) wakes the event loop when a link or an address
+//! A route netlink socket (`sys::netlink::LinkWatch`) wakes the event loop when a link or an address
 //! changes; the daemon then reads the underlay again ([`UnderlayState::read`]: the interface
 //! ioctls and `getifaddrs`, never the netlink messages themselves), at most once per
 //! [`REREAD_INTERVAL`], and hands the loop what changed, one [`UnderlayChange`] each, to log
@@ -28,7 +28,7 @@ pub const REREAD_WITHOUT_NETLINK: Duration = Duration::from_secs(2);
 /// Netlink messages read (and discarded) per turn; more wait for the next.
 const NOTIFICATIONS_PER_TURN: usize = 64;
 
-/// A link's state as [`ifaddr::link_info`] reads it.
+/// A link's state as the interface ioctls read it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LinkState {
     /// Administratively up (`IFF_UP`).

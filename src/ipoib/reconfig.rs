@@ -48,7 +48,7 @@ impl Endpoint {
     /// whose MTU it changes are set up again at once:
     ///
     /// - a TX connection whose MTU is not what a new one to its peer gets
-    ///   ([`Endpoint::path_mtu_to`]: the new MTU, or the lower one the peer asked for) is
+    ///   (the new MTU, or the lower one the peer asked for) is
     ///   closed, and the packets it queued go to a new connection at the new MTU, in order;
     ///   its sends in flight are lost (the RC sends of a lowered MTU would not cross);
     /// - an RX connection above a lowered MTU, or at the old MTU when it rose (it may have
