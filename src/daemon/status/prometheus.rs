@@ -117,6 +117,12 @@ fn families(status: &Status) -> Vec<Family<'_>> {
             samples: vec![(String::new(), u64::from(status.interface.mtu))],
         },
         Family {
+            name: "ipoib_cm_path_mtu_bytes".into(),
+            help: "The path MTU of UD sends and new connections (0: not known).",
+            kind: "gauge",
+            samples: vec![(String::new(), u64::from(status.interface.path_mtu))],
+        },
+        Family {
             name: "ipoib_cm_neighbours".into(),
             help: "Neighbour entries, by state.",
             kind: "gauge",
@@ -148,6 +154,25 @@ fn families(status: &Status) -> Vec<Family<'_>> {
             samples: vec![(String::new(), status.rx.len() as u64)],
         },
     ];
+    if let Some(u) = &status.interface.underlay {
+        let link = format!("link=\"{}\"", label_value(&u.link));
+        families.push(Family {
+            name: "ipoib_cm_underlay_up".into(),
+            help: "1 while the --bind link is up with a carrier and the address; 0 with the \
+                   state that stops traffic.",
+            kind: "gauge",
+            samples: vec![(
+                format!("{link},state=\"{}\"", u.state.as_str()),
+                u64::from(u.state == super::UnderlayCondition::Up),
+            )],
+        });
+        families.push(Family {
+            name: "ipoib_cm_underlay_mtu_bytes".into(),
+            help: "The MTU of the --bind link (0 while it is gone).",
+            kind: "gauge",
+            samples: vec![(link, u64::from(u.mtu))],
+        });
+    }
     for (name, v) in m.totals.fields() {
         families.push(Family {
             name: format!("ipoib_cm_{name}_total"),
@@ -343,5 +368,28 @@ mod tests {
         s.interface.name = "a\"b\\c".into();
         let text = render_prometheus(&s);
         assert!(text.contains("ifname=\"a\\\"b\\\\c\""), "{text}");
+    }
+
+    #[test]
+    fn the_underlay_is_a_gauge_with_its_state() {
+        let mut s = status();
+        assert!(!render_prometheus(&s).contains("ipoib_cm_underlay"));
+        s.interface.underlay = Some(super::super::UnderlayStatus {
+            link: "eth0".into(),
+            state: super::super::UnderlayCondition::NoAddress,
+            mtu: 1500,
+        });
+        let text = render_prometheus(&s);
+        assert!(
+            text.contains(
+                "ipoib_cm_underlay_up{ifname=\"ib0\",link=\"eth0\",state=\"no-address\"} 0"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("ipoib_cm_underlay_mtu_bytes{ifname=\"ib0\",link=\"eth0\"} 1500"),
+            "{text}"
+        );
+        parse(&text);
     }
 }
