@@ -178,7 +178,7 @@ impl Endpoint {
         let (srq, rx_pool) = if cfg.srq {
             // The SRQ's buffers and the spares that take the place of those whose packets
             // wait for the TUN device.
-            let pool = v.create_pool(pd, buf_len, (cfg.srq_depth + cfg.rx_spare) as usize)?;
+            let pool = v.create_pool(pd, buf_len, cfg.rx_pool_buffers())?;
             let srq = v.create_srq(&SrqInit {
                 pd,
                 max_wr: cfg.srq_depth,
@@ -206,9 +206,7 @@ impl Endpoint {
             // One ring per connection, established or half-open, plus one for a connection
             // being evicted, and the spares that take the places of those buffers whose
             // packets wait for the TUN device.
-            let count = cfg.nonsrq_ring as usize * (cfg.max_conn_qp + cfg.max_pending_rx + 1)
-                + cfg.rx_spare as usize;
-            (None, v.create_pool(pd, buf_len, count)?)
+            (None, v.create_pool(pd, buf_len, cfg.rx_pool_buffers())?)
         };
         let tx_pool = v.create_pool(pd, buf_len, cfg.tx_depth as usize)?;
         let mut tx_free = Vec::with_capacity(cfg.tx_depth as usize);

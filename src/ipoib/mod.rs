@@ -311,6 +311,18 @@ pub struct EndpointConfig {
     pub listen_ipoib_service: bool,
 }
 
+/// The bytes of an endpoint's buffer pools ([`EndpointConfig::pool_bytes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolBytes {
+    /// The RC receive pool ([`EndpointConfig::rx_pool_buffers`] buffers of
+    /// [`IPOIB_CM_BUF_SIZE`]).
+    pub rx: usize,
+    /// The send buffers all TX connections share (`tx_depth` of [`IPOIB_CM_BUF_SIZE`]).
+    pub tx: usize,
+    /// The UD QP's receive and send buffers, each the GRH and the port's largest MTU.
+    pub ud: usize,
+}
+
 /// How the endpoint uses the kernel's CM ([`EndpointConfig::kernel_cm`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KernelCmConfig {
@@ -406,6 +418,40 @@ impl EndpointConfig {
             rdma_cm_port: DEFAULT_RDMA_CM_PORT,
             advertise_rdma_cm: false,
             listen_ipoib_service: true,
+        }
+    }
+
+    /// Buffers of the RC receive pool: with an SRQ its `srq_depth` and the `rx_spare`; without
+    /// one a ring of `nonsrq_ring` per connection slot (`max_conn_qp` established,
+    /// `max_pending_rx` half-open, one being evicted) and the `rx_spare`.
+    pub fn rx_pool_buffers(&self) -> usize {
+        let rings = if self.srq {
+            self.srq_depth as usize
+        } else {
+            self.nonsrq_ring as usize * (self.max_conn_qp + self.max_pending_rx + 1)
+        };
+        rings + self.rx_spare as usize
+    }
+
+    /// Buffers of the UD QP's pool: its receives and its sends.
+    pub fn ud_pool_buffers(&self) -> usize {
+        self.ud_depth as usize * 2
+    }
+
+    /// The multicast groups the UD QP is attached to ([`ud::ud_groups`]): the broadcast
+    /// group, and with IPv6 addresses all-nodes and each address's solicited-node group.
+    pub fn ud_groups(&self) -> Vec<crate::verbs::Gid> {
+        ud::ud_groups(self)
+    }
+
+    /// The bytes of the buffer pools [`Endpoint::new`] creates, on a port whose largest MTU
+    /// is `port_max`: every buffer a packet can fill, whatever the traffic.
+    pub fn pool_bytes(&self, port_max: PathMtu) -> PoolBytes {
+        let cm_buf = IPOIB_CM_BUF_SIZE as usize;
+        PoolBytes {
+            rx: self.rx_pool_buffers() * cm_buf,
+            tx: self.tx_depth as usize * cm_buf,
+            ud: self.ud_pool_buffers() * ud::ud_buf_len(port_max.max(self.path_mtu)),
         }
     }
 

@@ -149,7 +149,7 @@ pub(super) fn open_ud<V: Verbs>(
     let depth = cfg.ud_depth;
     let cq = v.create_cq(depth * 2 + 8)?;
     let port_max = v.port_attr().max_mtu.max(cfg.path_mtu);
-    let pool = v.create_pool(pd, ud_buf_len(port_max), depth as usize * 2)?;
+    let pool = v.create_pool(pd, ud_buf_len(port_max), cfg.ud_pool_buffers())?;
     let setup = open_ud_qp(
         v,
         pd,

@@ -18,6 +18,15 @@ pub const GSI_RECV_DEPTH: u32 = 1024;
 /// MADs in flight on QP1 opened by [`Gsi::open_for_cm`].
 pub const GSI_SEND_DEPTH: u32 = 256;
 
+/// Bytes of the buffer pool of QP1 opened with `recv_depth` receives and `send_depth` sends
+/// ([`Gsi::open`]): one GRH and MAD each.
+pub const fn gsi_pool_bytes(recv_depth: u32, send_depth: u32) -> usize {
+    (recv_depth + send_depth) as usize * GSI_BUF_LEN
+}
+
+/// Bytes of one QP1 buffer: a receive's GRH area and a MAD.
+const GSI_BUF_LEN: usize = GRH_LEN + MAD_LEN;
+
 /// QP1 with its own CQ and buffer pool.
 #[derive(Debug)]
 pub struct Gsi {
@@ -55,7 +64,7 @@ impl Gsi {
     ) -> Result<Self, VerbsError> {
         let cq = v.create_cq(recv_depth + send_depth)?;
         let pool: PoolId =
-            v.create_pool(pd, GRH_LEN + MAD_LEN, (recv_depth + send_depth) as usize)?;
+            v.create_pool(pd, GSI_BUF_LEN, (recv_depth + send_depth) as usize)?;
         let setup = open_ud_qp(
             v,
             pd,
