@@ -223,6 +223,34 @@ impl SoftProvider {
         }))
     }
 
+    /// Bytes of the provider's own datagram buffers with `offload` (the receive batch, whose
+    /// buffers GRO can fill, and the send slots, whole trains with GSO): what
+    /// [`commit_io_buffers`](Self::commit_io_buffers) writes through.
+    pub const fn io_buffer_bytes(offload: UdpOffload) -> usize {
+        let slot = match offload {
+            UdpOffload::On => TX_TRAIN_CAPACITY,
+            UdpOffload::Off => TX_SLOT_CAPACITY,
+        };
+        IO_BATCH * (RECV_BUF_LEN + slot)
+    }
+
+    /// Writes the datagram buffers through ([`commit`](crate::sys::mem::commit)): their
+    /// memory is the process's from now on, not at the first large batch.
+    pub fn commit_io_buffers(&mut self) {
+        self.rx.commit();
+        self.tx.commit();
+    }
+
+    /// Descriptors the provider holds: its socket, and with IP multicast on the inner poll
+    /// of the group sockets and one socket per group of `groups`.
+    pub const fn descriptors(multicast: bool, groups: usize) -> usize {
+        if multicast {
+            2 + groups
+        } else {
+            1
+        }
+    }
+
     /// True when multicast UD sends leave as IP multicast and groups are joined.
     pub fn multicast_active(&self) -> bool {
         self.groups.is_some()

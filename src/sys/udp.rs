@@ -183,7 +183,8 @@ impl std::fmt::Debug for RecvBatch {
 
 impl RecvBatch {
     /// `slots` buffers (clamped to 1..=`BATCH_MAX`) of `slot_len` bytes each. The buffers are
-    /// zero-filled by the allocator, so pages a datagram never reaches stay uncommitted.
+    /// zero-filled by the allocator, so pages a datagram never reaches stay uncommitted until
+    /// [`RecvBatch::commit`].
     pub fn new(slots: usize, slot_len: usize) -> Self {
         let slots = slots.clamp(1, BATCH_MAX);
         // SAFETY: `sockaddr_storage` is a plain C struct for which all-zero bytes are valid.
@@ -195,6 +196,12 @@ impl RecvBatch {
             controls: vec![[0; 16]; slots],
             meta: Vec::with_capacity(slots),
         }
+    }
+
+    /// Writes every buffer through ([`commit`](super::mem::commit)): the pages the datagrams of
+    /// a full batch reach are the process's from now on, not at the first large batch.
+    pub fn commit(&mut self) {
+        super::mem::commit(&mut self.data);
     }
 
     /// How many datagrams the last `recv_batch` received (truncated ones included).

@@ -34,6 +34,8 @@ struct Pool {
 #[derive(Debug, Default)]
 pub struct BufPools {
     pools: Vec<Pool>,
+    /// Pools are committed at creation ([`BufPools::commit_at_creation`]).
+    commit: bool,
 }
 
 /// Pool sizes are bounded so a bad configuration fails cleanly instead of aborting on OOM.
@@ -43,6 +45,20 @@ impl BufPools {
     /// An empty set of pools.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// From now on every pool is written through at creation, before any of its buffers can
+    /// be posted, so that its memory is the process's from the start (and charged to its
+    /// memory cgroup then) rather than page by page as packets first reach it. Without it a
+    /// pool's pages stay uncommitted until used, which keeps the many endpoints of a
+    /// simulated fabric cheap.
+    pub fn commit_at_creation(&mut self) {
+        self.commit = true;
+    }
+
+    /// Bytes of all pools.
+    pub fn total_bytes(&self) -> usize {
+        self.pools.iter().map(|p| p.data.len()).sum()
     }
 
     /// Creates a pool of `count` buffers of `buf_len` bytes each, all free.
@@ -63,9 +79,13 @@ impl BufPools {
             .ok()
             .filter(|i| *i < u16::MAX)
             .ok_or(VerbsError::OutOfResources("pools"))?;
+        let mut data = vec![0; total];
+        if self.commit {
+            crate::sys::mem::commit(&mut data);
+        }
         self.pools.push(Pool {
             buf_len,
-            data: vec![0; total],
+            data,
             state: vec![BufState::Free; count],
             free: (0..count32).rev().collect(),
         });

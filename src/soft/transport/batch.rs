@@ -89,6 +89,17 @@ impl TxBatch {
         batch
     }
 
+    /// Writes every slot's buffer through to its capacity ([`commit`](crate::sys::mem::commit)),
+    /// keeping what is queued: the memory of a full batch is the process's from now on.
+    pub fn commit(&mut self) {
+        for slot in &mut self.slots {
+            let len = slot.data.len();
+            slot.data.resize(slot.data.capacity(), 0);
+            crate::sys::mem::commit(&mut slot.data);
+            slot.data.truncate(len);
+        }
+    }
+
     /// Trains are being built.
     pub fn gso_enabled(&self) -> bool {
         self.gso.is_some()
