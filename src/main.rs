@@ -170,6 +170,12 @@ impl ExitStatus for daemon::preflight::PreflightError {
     }
 }
 
+impl ExitStatus for daemon::resources::ResourceError {
+    fn exit_code(&self) -> u8 {
+        Self::EXIT_CODE
+    }
+}
+
 impl ExitStatus for PingpongError {
     fn exit_code(&self) -> u8 {
         Self::exit_code(self)
@@ -634,7 +640,12 @@ fn up_main(a: &Settings) -> ExitCode {
     if let Err(e) = daemon::preflight::check(&cfg.ifname) {
         return fail("up", &e);
     }
+    let resources = match daemon::resources::check(&cfg) {
+        Ok(r) => r,
+        Err(e) => return fail("up", &e),
+    };
     daemon::logging::init(&cfg.log, cfg.log_format);
+    resources.log();
     let r = match cfg.provider {
         ProviderKind::Soft => daemon::run::up(&cfg),
         ProviderKind::Verbs => up_verbs(&cfg),

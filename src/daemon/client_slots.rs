@@ -63,6 +63,13 @@ pub(crate) struct ClientSlots<S, E> {
     now: Option<Instant>,
 }
 
+/// Descriptors a listener with `max` client slots holds at most: the listener, the clone of
+/// the registry its clients register with, one per slot, and one connection accepted only to
+/// be answered and closed.
+pub(crate) const fn descriptors(max: usize) -> usize {
+    max + 3
+}
+
 impl<S: Source, E> ClientSlots<S, E> {
     /// `max` empty slots; `label` names the clients in the log.
     pub(crate) fn new(label: &'static str, max: usize) -> Self {

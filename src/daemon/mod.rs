@@ -7,6 +7,8 @@
 //!   snapshot with the endpoint's states, and its text rendering.
 //! - [`preflight`]: what `up` checks before it sets anything up (`CAP_NET_ADMIN`, the TUN
 //!   device).
+//! - [`resources`]: the memory and file descriptors `up` needs with its settings, against the
+//!   memory cgroup's limit and `RLIMIT_NOFILE`.
 //! - [`control`]: the control socket, server side ([`ControlServer`]) for the event loop and
 //!   client side ([`query`]) for `ipoib-cm status`.
 
@@ -20,6 +22,7 @@ pub mod metrics;
 pub mod preflight;
 pub mod provider;
 pub mod reload;
+pub mod resources;
 pub mod run;
 pub mod service;
 pub mod status;

@@ -41,6 +41,14 @@ pub trait DaemonProvider: Provider {
     fn take_link_suspect(&mut self) -> bool {
         false
     }
+
+    /// Makes the memory the daemon's buffers can fill the process's from the start: every
+    /// buffer pool is written through as it is created (before any buffer is posted), and
+    /// the provider's own I/O buffers now. A memory limit that cannot hold them then ends
+    /// the daemon at start, not under its first heavy traffic.
+    fn commit_memory(&mut self) {
+        self.verbs().pools_mut().commit_at_creation();
+    }
 }
 
 impl DaemonProvider for SoftProvider {
@@ -80,6 +88,11 @@ impl DaemonProvider for SoftProvider {
 
     fn take_link_suspect(&mut self) -> bool {
         Self::take_link_suspect(self)
+    }
+
+    fn commit_memory(&mut self) {
+        self.verbs().pools_mut().commit_at_creation();
+        self.commit_io_buffers();
     }
 }
 

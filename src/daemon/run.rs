@@ -334,6 +334,8 @@ fn run<P: DaemonProvider>(
     cm_transport: CmTransport,
     mad: Option<Box<dyn crate::mad::MadTransport<P::Verbs>>>,
 ) -> Result<(), DaemonError> {
+    // Checked against the memory limit before (`resources::check`).
+    prov.commit_memory();
     let mut poll = Poll::new()?;
     let mut underlay = watch_underlay(cfg, Instant::now());
     // The port's active MTU follows what the --bind link carries (the soft port's is that).

@@ -1,0 +1,203 @@
+//! The memory `ipoib-cm up` needs with its settings: the buffers a packet can fill, all
+//! allocated at start and committed then ([`DaemonProvider::commit_memory`]), and the rest of
+//! the process, measured.
+//!
+//! [`DaemonProvider::commit_memory`]: crate::daemon::provider::DaemonProvider::commit_memory
+
+use crate::daemon::config::{Config, ProviderKind};
+use crate::ipoib::PoolBytes;
+use crate::mad::CmTransport;
+use crate::soft::provider::{SoftProvider, UdpOffload};
+use crate::verbs::PathMtu;
+use crate::wire::ipoib::IPOIB_CM_BUF_SIZE;
+
+/// What the process needs beside its buffers: its code and libraries (about 4.5 MiB
+/// resident), the heap of its tables and a 1 Gbit/s stream or an iperf3 at full speed through
+/// a few connections (measured: 5.8 MiB resident at start beyond the buffers, at most 2.4
+/// MiB more under load), and the kernel's own for the process (page tables, socket state).
+pub const REST_OF_PROCESS: usize = 10 << 20;
+
+/// The memory the settings need, by part, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryNeed {
+    /// The endpoint's buffer pools.
+    pub pools: PoolBytes,
+    /// The buffer pool of the CM's QP1 (`--cm-transport qp1`, the soft provider's).
+    pub cm: usize,
+    /// The software provider's datagram buffers (none on libibverbs).
+    pub provider_io: usize,
+    /// [`REST_OF_PROCESS`].
+    pub rest: usize,
+}
+
+impl MemoryNeed {
+    /// The memory `cfg` needs: the receive pool scales with `srq_depth + rx_spare` (with an
+    /// SRQ) or `16 * (max_conn_qp + max_pending_rx + 1) + rx_spare` (without), 64 KiB a
+    /// buffer; the rest is fixed (the send buffers, the UD QP's, the CM's, the provider's
+    /// datagram batches) or measured.
+    pub fn of(cfg: &Config) -> Self {
+        // The largest IB MTU: the UD buffers hold the port's largest, not known before the
+        // device is open (the software provider's is 4096).
+        let pools = cfg
+            .endpoint_config(PathMtu::Mtu4096, 0)
+            .pool_bytes(PathMtu::Mtu4096);
+        let cm = match cfg.cm_transport.unwrap_or(CmTransport::Qp1) {
+            CmTransport::Qp1 => {
+                crate::mad::gsi_pool_bytes(crate::mad::GSI_RECV_DEPTH, crate::mad::GSI_SEND_DEPTH)
+            }
+            CmTransport::Udp | CmTransport::Umad | CmTransport::RdmaCm => 0,
+        };
+        let provider_io = match cfg.provider {
+            ProviderKind::Soft => SoftProvider::io_buffer_bytes(if cfg.udp_offload {
+                UdpOffload::On
+            } else {
+                UdpOffload::Off
+            }),
+            ProviderKind::Verbs => 0,
+        };
+        Self {
+            pools,
+            cm,
+            provider_io,
+            rest: REST_OF_PROCESS,
+        }
+    }
+
+    /// All of it.
+    pub fn total(&self) -> usize {
+        self.pools.rx + self.pools.tx + self.pools.ud + self.cm + self.provider_io + self.rest
+    }
+
+    /// The parts, for the log and the error: `receive pool 32.0 MiB (srq_depth 256 + rx_spare
+    /// 256 buffers of 64 KiB), send pool 8.0 MiB, ...`.
+    pub fn breakdown(&self, cfg: &Config) -> String {
+        let rx_what = if cfg.srq {
+            format!(
+                "srq_depth {} + rx_spare {} buffers of {}",
+                cfg.srq_depth,
+                cfg.rx_spare,
+                BUFFER
+            )
+        } else {
+            let ecfg = cfg.endpoint_config(PathMtu::Mtu4096, 0);
+            format!(
+                "{} a connection for max_conn_qp {} + max_pending_rx {} + 1, and rx_spare {}, \
+                 buffers of {}",
+                ecfg.nonsrq_ring, cfg.max_conn_qp, cfg.max_pending_rx, cfg.rx_spare, BUFFER
+            )
+        };
+        let mut parts = vec![
+            format!("receive pool {} ({rx_what})", mib(self.pools.rx)),
+            format!("send pool {}", mib(self.pools.tx)),
+            format!("UD {}", mib(self.pools.ud)),
+        ];
+        if self.cm > 0 {
+            parts.push(format!("CM {}", mib(self.cm)));
+        }
+        if self.provider_io > 0 {
+            parts.push(format!("UDP batches {}", mib(self.provider_io)));
+        }
+        parts.push(format!("the rest {}", mib(self.rest)));
+        parts.join(", ")
+    }
+
+    /// The settings that shrink the need, and how much each buffer or connection weighs.
+    pub fn shrink_hint(cfg: &Config) -> String {
+        let pools = if cfg.srq {
+            format!("lower --srq-depth or --rx-spare ({BUFFER} a buffer)")
+        } else {
+            let ring = cfg.endpoint_config(PathMtu::Mtu4096, 0).nonsrq_ring;
+            format!(
+                "lower --max-conn-qp or --max-pending-rx ({} a connection) or --rx-spare \
+                 ({BUFFER} a buffer), or leave --no-srq out",
+                mib(ring as usize * IPOIB_CM_BUF_SIZE as usize)
+            )
+        };
+        let gso = SoftProvider::io_buffer_bytes(UdpOffload::On)
+            - SoftProvider::io_buffer_bytes(UdpOffload::Off);
+        if cfg.provider == ProviderKind::Soft && cfg.udp_offload {
+            format!("{pools}; --no-udp-offload saves {}", mib(gso))
+        } else {
+            pools
+        }
+    }
+}
+
+/// One receive or send buffer, as the messages name it.
+const BUFFER: &str = "64 KiB";
+
+/// `bytes` in MiB with one decimal.
+pub(super) fn mib(bytes: usize) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::config;
+    use super::*;
+    use crate::ipoib::Endpoint;
+    use crate::soft::{SoftConfig, SoftVerbs};
+    use crate::verbs::Verbs;
+    use std::time::Instant;
+
+    #[test]
+    fn the_defaults_need_about_61_mib() {
+        let cfg = config("");
+        let need = MemoryNeed::of(&cfg);
+        let buf = IPOIB_CM_BUF_SIZE as usize;
+        assert_eq!(need.pools.rx, 512 * buf);
+        assert_eq!(need.pools.tx, 128 * buf);
+        assert_eq!(need.pools.ud, 512 * (40 + 4096));
+        assert_eq!(need.cm, 1280 * (40 + 256));
+        assert_eq!(need.provider_io, 64 * (65_536 + 65_536));
+        assert_eq!(need.total() >> 20, 60);
+        assert_eq!(
+            need.breakdown(&cfg),
+            "receive pool 32.0 MiB (srq_depth 256 + rx_spare 256 buffers of 64 KiB), send pool \
+             8.0 MiB, UD 2.0 MiB, CM 0.4 MiB, UDP batches 8.0 MiB, the rest 10.0 MiB"
+        );
+        assert_eq!(
+            MemoryNeed::shrink_hint(&cfg),
+            "lower --srq-depth or --rx-spare (64 KiB a buffer); --no-udp-offload saves 3.7 MiB"
+        );
+    }
+
+    #[test]
+    fn the_receive_pool_scales_with_the_srq_and_the_spares_or_the_connections() {
+        let small = MemoryNeed::of(&config("srq_depth = 64\nrx_spare = 32\n"));
+        let buf = IPOIB_CM_BUF_SIZE as usize;
+        assert_eq!(small.pools.rx, 96 * buf);
+        let no_srq = config("no_srq = true\nmax_conn_qp = 8\nmax_pending_rx = 4\nrx_spare = 16\n");
+        let need = MemoryNeed::of(&no_srq);
+        assert_eq!(need.pools.rx, (16 * (8 + 4 + 1) + 16) * buf);
+        assert!(need
+            .breakdown(&no_srq)
+            .starts_with("receive pool 14.0 MiB (16 a connection for max_conn_qp 8 + max_pending_rx 4 + 1, and rx_spare 16, buffers of 64 KiB)"));
+        assert_eq!(
+            MemoryNeed::shrink_hint(&no_srq),
+            "lower --max-conn-qp or --max-pending-rx (1.0 MiB a connection) or --rx-spare (64 \
+             KiB a buffer), or leave --no-srq out; --no-udp-offload saves 3.7 MiB"
+        );
+        let plain = MemoryNeed::of(&config("no_udp_offload = true\ncm_transport = \"udp\"\n"));
+        assert_eq!(plain.provider_io, 64 * (65_536 + 4_352));
+        assert_eq!(plain.cm, 0);
+    }
+
+    /// The need counts every pool the endpoint and the CM's QP1 create, byte for byte.
+    #[test]
+    fn the_need_is_what_the_endpoint_and_qp1_allocate() {
+        for extra in ["", "srq_depth = 64\nrx_spare = 32\n", "no_srq = true\nmax_conn_qp = 4\n"] {
+            let cfg = config(extra);
+            let need = MemoryNeed::of(&cfg);
+            let mut v = SoftVerbs::new(SoftConfig::new(cfg.bind));
+            crate::mad::Gsi::open_for_cm(&mut v).unwrap();
+            let ecfg = cfg.endpoint_config(PathMtu::Mtu4096, 1);
+            Endpoint::new(Instant::now(), &mut v, ecfg, None).unwrap();
+            assert_eq!(
+                v.pools().total_bytes(),
+                need.pools.rx + need.pools.tx + need.pools.ud + need.cm,
+                "{extra}"
+            );
+        }
+    }
+}
