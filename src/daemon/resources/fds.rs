@@ -10,9 +10,10 @@ use crate::mad::CmTransport;
 use crate::soft::provider::SoftProvider;
 use crate::verbs::PathMtu;
 
-/// The event loop's: its epoll instance, and the socket pair signal-hook-mio delivers
-/// signals through.
-const EVENT_LOOP: usize = 3;
+/// The event loop's: its epoll instance, the socket pair signal-hook-mio delivers signals
+/// through, and the route netlink socket that wakes it when the underlay changes
+/// ([`LinkWatch`](crate::sys::netlink::LinkWatch)).
+const EVENT_LOOP: usize = 4;
 /// The TUN device.
 const TUN: usize = 1;
 /// A libibverbs device: its command and async descriptors, its completion channel and the
@@ -136,10 +137,10 @@ mod tests {
         assert_eq!(need.provider, 3);
         assert_eq!(need.cm, 0);
         assert_eq!(need.control, control::MAX_CLIENTS + 3);
-        assert_eq!(need.total(), 3 + 3 + 4 + 67 + 2);
+        assert_eq!(need.total(), 3 + 3 + 5 + 67 + 2);
         assert_eq!(
             need.breakdown(),
-            "3 open at start, 3 provider, 4 event loop and TUN, 67 control socket with 64 \
+            "3 open at start, 3 provider, 5 event loop and TUN, 67 control socket with 64 \
              clients, 2 other"
         );
     }
