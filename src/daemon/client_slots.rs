@@ -57,11 +57,18 @@ pub(crate) struct ClientSlots<S, E> {
     registration: Option<(Registry, Token, usize)>,
     /// The listener may have connections waiting (reported, or the accept bound was hit).
     listener_ready: bool,
+    /// When to try the listener again after an accept failed ([`ACCEPT_RETRY`]).
+    retry_at: Option<Instant>,
     /// Slot `i` is the client with token `first_client + i`.
     slots: Vec<Option<Slot<S, E>>>,
     /// The `now` of the last turn.
     now: Option<Instant>,
 }
+
+/// How long after a failed accept the listener is tried again: soon enough that a client
+/// waits no longer than its connection takes, rarely enough that a process out of
+/// descriptors does not spin on it.
+pub(crate) const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
 /// Descriptors a listener with `max` client slots holds at most: the listener, the clone of
 /// the registry its clients register with, one per slot, and one connection accepted only to
@@ -77,6 +84,7 @@ impl<S: Source, E> ClientSlots<S, E> {
             label,
             registration: None,
             listener_ready: true,
+            retry_at: None,
             slots: (0..max).map(|_| None).collect(),
             now: None,
         }
@@ -149,7 +157,7 @@ impl<S: Source, E> ClientSlots<S, E> {
         }
         match self.now {
             Some(now) if registered && self.listener_ready => Some(now),
-            _ => next,
+            _ => [next, self.retry_at].into_iter().flatten().min(),
         }
     }
 
@@ -157,8 +165,11 @@ impl<S: Source, E> ClientSlots<S, E> {
     /// (the listener's non-blocking accept) if the listener may have some waiting, giving each
     /// a free slot (its exchange from [`Admission::admit`], `timeout` for its first phase) or
     /// handing it to [`Admission::refuse`]. `listener_ready` stays set if the bound stopped it.
-    /// A listener error other than `WouldBlock` and `Interrupted` ends the accepting (until
-    /// the next readiness) and is returned.
+    /// A connection aborted before its accept is passed over. Any other error but
+    /// `WouldBlock` and `Interrupted` (no descriptor left, `EMFILE` or `ENFILE`, above all)
+    /// ends the accepting and is returned; the listener is tried again [`ACCEPT_RETRY`] later,
+    /// as its connections stay waiting in its backlog and, edge-triggered, it reports no
+    /// readiness for them again.
     pub(crate) fn accept(
         &mut self,
         now: Instant,
@@ -168,6 +179,10 @@ impl<S: Source, E> ClientSlots<S, E> {
         admission: &mut impl Admission<S, E>,
     ) -> io::Result<()> {
         self.now = Some(now);
+        if self.retry_at.is_some_and(|t| now >= t) {
+            self.retry_at = None;
+            self.listener_ready = true;
+        }
         if !(self.listener_ready || self.registration.is_none()) {
             return Ok(());
         }
@@ -178,9 +193,14 @@ impl<S: Source, E> ClientSlots<S, E> {
                     self.listener_ready = false;
                     return Ok(());
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
+                    ) => {}
                 Err(e) => {
                     self.listener_ready = false;
+                    self.retry_at = Some(now + ACCEPT_RETRY);
                     return Err(e);
                 }
             }
@@ -370,5 +390,94 @@ pub(crate) fn discard_input(stream: &mut impl io::Read) {
             Ok(0) | Err(_) => break,
             Ok(k) => left = left.saturating_sub(k),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mio::net::{UnixListener, UnixStream};
+    use mio::Poll;
+
+    /// Lets everyone in and counts them.
+    struct Everyone(usize);
+
+    impl Admission<UnixStream, ()> for Everyone {
+        fn allowed(&mut self, _: &UnixStream) -> bool {
+            true
+        }
+        fn admit(&mut self, _: &UnixStream) {
+            self.0 += 1;
+        }
+        fn deny(&mut self, _: UnixStream) {}
+        fn refuse(&mut self, _: UnixStream) {}
+        fn evicted(&mut self) {}
+        fn idle((): &()) -> bool {
+            true
+        }
+    }
+
+    const CLIENT: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn an_accept_out_of_descriptors_is_tried_again_on_a_timer_not_every_turn() {
+        let poll = Poll::new().unwrap();
+        let path =
+            std::env::temp_dir().join(format!("ipoib-cm-slots-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let mut listener = UnixListener::bind(&path).unwrap();
+        let mut slots = ClientSlots::<UnixStream, ()>::new("test", 4);
+        slots
+            .register(poll.registry(), &mut listener, Token(0), Token(1))
+            .unwrap();
+        let mut admitted = Everyone(0);
+        let t0 = Instant::now();
+        let mut tries = 0;
+        let emfile = |tries: &mut usize| {
+            *tries += 1;
+            Err(io::Error::from_raw_os_error(libc::EMFILE))
+        };
+        let e = slots
+            .accept(t0, 8, CLIENT, || emfile(&mut tries), &mut admitted)
+            .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EMFILE));
+        assert_eq!(tries, 1, "one try per turn, not a spin");
+        assert_eq!(slots.poll_timeout(), Some(t0 + ACCEPT_RETRY));
+        // No readiness comes for the waiting connection; before the retry, nothing is tried.
+        let early = t0 + ACCEPT_RETRY / 2;
+        slots
+            .accept(early, 8, CLIENT, || emfile(&mut tries), &mut admitted)
+            .unwrap();
+        assert_eq!(tries, 1);
+        // At the retry the descriptors are back: the waiting connection is taken.
+        let (waiting, _peer) = UnixStream::pair().unwrap();
+        let mut waiting = Some(waiting);
+        let retry = t0 + ACCEPT_RETRY;
+        slots
+            .accept(
+                retry,
+                8,
+                CLIENT,
+                || waiting.take().ok_or_else(|| io::ErrorKind::WouldBlock.into()),
+                &mut admitted,
+            )
+            .unwrap();
+        assert_eq!(admitted.0, 1);
+        assert_eq!(slots.clients(), 1);
+        // A connection aborted before its accept does not stop the ones behind it.
+        let (behind, _peer) = UnixStream::pair().unwrap();
+        let mut queue = vec![Ok(behind), Err(io::ErrorKind::ConnectionAborted.into())];
+        slots.note_readiness(Token(0));
+        slots
+            .accept(
+                retry,
+                8,
+                CLIENT,
+                || queue.pop().unwrap_or_else(|| Err(io::ErrorKind::WouldBlock.into())),
+                &mut admitted,
+            )
+            .unwrap();
+        assert_eq!(admitted.0, 2);
+        let _ = std::fs::remove_file(&path);
     }
 }

@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Registry, Token};
 
-use super::client_slots::{discard_input, write_answer, Admission, ClientSlots, Slot, Step};
+use super::client_slots::{
+    discard_input, write_answer, Admission, ClientSlots, Slot, Step, ACCEPT_RETRY,
+};
 
 /// Most clients served at once; each has one token.
 pub const MAX_CLIENTS: usize = 16;
@@ -229,7 +231,11 @@ impl MetricsServer {
             &mut self.counters,
         );
         if let Err(e) = accepted {
-            tracing::warn!(error = %e, addr = %self.addr, "metrics listener accept failed");
+            tracing::warn!(
+                error = %e,
+                addr = %self.addr,
+                "metrics listener accept failed; trying again in {ACCEPT_RETRY:?} (the client waits)"
+            );
         }
         let mut body: Option<String> = None;
         let mut get_body = || -> String { body.get_or_insert_with(&mut exposition).clone() };

@@ -26,7 +26,7 @@ use super::{
 };
 use super::{DIR_MODE, MAX_REQUEST_BYTES, SOCKET_MODE};
 use crate::daemon::client_slots::{
-    discard_input, write_answer, Admission, ClientSlots, Slot, Step,
+    discard_input, write_answer, Admission, ClientSlots, Slot, Step, ACCEPT_RETRY,
 };
 use crate::daemon::config::os_message;
 use crate::daemon::status::Status;
@@ -283,7 +283,11 @@ impl ControlServer {
             &mut admission,
         );
         if let Err(e) = accepted {
-            tracing::warn!(error = %e, path = %self.path.display(), "control socket accept failed");
+            tracing::warn!(
+                error = %e,
+                path = %self.path.display(),
+                "control socket accept failed; trying again in {ACCEPT_RETRY:?} (the client waits)"
+            );
         }
         let mut status: Option<Arc<[u8]>> = None;
         let counters = &mut self.counters;
