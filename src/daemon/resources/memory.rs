@@ -13,7 +13,7 @@ use crate::wire::ipoib::IPOIB_CM_BUF_SIZE;
 
 /// What the process needs beside its buffers: its code and libraries (about 4.5 MiB
 /// resident), the heap of its tables and a 1 Gbit/s stream or an iperf3 at full speed through
-/// a few connections (measured: 5.8 MiB resident at start beyond the buffers, at most 2.4
+/// a few connections (measured: 5.7 MiB resident at start beyond the buffers, at most 2.4
 /// MiB more under load), and the kernel's own for the process (page tables, socket state).
 pub const REST_OF_PROCESS: usize = 10 << 20;
 
