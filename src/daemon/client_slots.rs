@@ -422,8 +422,7 @@ mod tests {
     #[test]
     fn an_accept_out_of_descriptors_is_tried_again_on_a_timer_not_every_turn() {
         let poll = Poll::new().unwrap();
-        let path =
-            std::env::temp_dir().join(format!("ipoib-cm-slots-{}.sock", std::process::id()));
+        let path = std::env::temp_dir().join(format!("ipoib-cm-slots-{}.sock", std::process::id()));
         let _ = std::fs::remove_file(&path);
         let mut listener = UnixListener::bind(&path).unwrap();
         let mut slots = ClientSlots::<UnixStream, ()>::new("test", 4);
@@ -458,7 +457,11 @@ mod tests {
                 retry,
                 8,
                 CLIENT,
-                || waiting.take().ok_or_else(|| io::ErrorKind::WouldBlock.into()),
+                || {
+                    waiting
+                        .take()
+                        .ok_or_else(|| io::ErrorKind::WouldBlock.into())
+                },
                 &mut admitted,
             )
             .unwrap();
@@ -473,7 +476,11 @@ mod tests {
                 retry,
                 8,
                 CLIENT,
-                || queue.pop().unwrap_or_else(|| Err(io::ErrorKind::WouldBlock.into())),
+                || {
+                    queue
+                        .pop()
+                        .unwrap_or_else(|| Err(io::ErrorKind::WouldBlock.into()))
+                },
                 &mut admitted,
             )
             .unwrap();

@@ -438,7 +438,7 @@ impl EndpointConfig {
         self.ud_depth as usize * 2
     }
 
-    /// The multicast groups the UD QP is attached to ([`ud::ud_groups`]): the broadcast
+    /// The multicast groups the UD QP is attached to (`ud::ud_groups`): the broadcast
     /// group, and with IPv6 addresses all-nodes and each address's solicited-node group.
     pub fn ud_groups(&self) -> Vec<crate::verbs::Gid> {
         ud::ud_groups(self)

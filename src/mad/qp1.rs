@@ -63,8 +63,7 @@ impl Gsi {
         send_depth: u32,
     ) -> Result<Self, VerbsError> {
         let cq = v.create_cq(recv_depth + send_depth)?;
-        let pool: PoolId =
-            v.create_pool(pd, GSI_BUF_LEN, (recv_depth + send_depth) as usize)?;
+        let pool: PoolId = v.create_pool(pd, GSI_BUF_LEN, (recv_depth + send_depth) as usize)?;
         let setup = open_ud_qp(
             v,
             pd,

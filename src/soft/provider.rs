@@ -234,8 +234,8 @@ impl SoftProvider {
         IO_BATCH * (RECV_BUF_LEN + slot)
     }
 
-    /// Writes the datagram buffers through ([`commit`](crate::sys::mem::commit)): their
-    /// memory is the process's from now on, not at the first large batch.
+    /// Writes the datagram buffers through (`sys::mem::commit`): their memory is the
+    /// process's from now on, not at the first large batch.
     pub fn commit_io_buffers(&mut self) {
         self.rx.commit();
         self.tx.commit();

@@ -198,7 +198,7 @@ impl RecvBatch {
         }
     }
 
-    /// Writes every buffer through ([`commit`](super::mem::commit)): the pages the datagrams of
+    /// Writes every buffer through (`sys::mem::commit`): the pages the datagrams of
     /// a full batch reach are the process's from now on, not at the first large batch.
     pub fn commit(&mut self) {
         super::mem::commit(&mut self.data);

@@ -73,7 +73,11 @@ fn limit_from(
         if let Some(text) = read(&file) {
             found = true;
             if let Some(bytes) = parse_limit(&text, version) {
-                if tightest.as_ref().and_then(|t| t.bytes).is_none_or(|t| bytes < t) {
+                if tightest
+                    .as_ref()
+                    .and_then(|t| t.bytes)
+                    .is_none_or(|t| bytes < t)
+                {
                     tightest = Some(CgroupLimit {
                         bytes: Some(bytes),
                         file,
@@ -194,44 +198,47 @@ mod tests {
         move |p| map.get(p).cloned()
     }
 
+    /// The v1 limit files of the root, `/a` and `/a/b`, with these values.
+    fn v1_limits(root: &str, a: &str, b: &str) -> impl Fn(&Path) -> Option<String> {
+        let dir = "/sys/fs/cgroup/memory";
+        files(&[
+            (&format!("{dir}/memory.limit_in_bytes"), root),
+            (&format!("{dir}/a/memory.limit_in_bytes"), a),
+            (&format!("{dir}/a/b/memory.limit_in_bytes"), b),
+        ])
+    }
+
+    /// v1's "no limit".
+    const V1_MAX: &str = "9223372036854771712\n";
+
     #[test]
     fn v1_takes_the_tightest_limit_of_the_cgroup_and_its_parents() {
         let own = "9:name=systemd:/\n4:memory:/a/b\n0::/\n";
-        let fs = files(&[
-            ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "9223372036854771712\n"),
-            ("/sys/fs/cgroup/memory/a/memory.limit_in_bytes", "33554432\n"),
-            ("/sys/fs/cgroup/memory/a/b/memory.limit_in_bytes", "9223372036854771712\n"),
-        ]);
         assert_eq!(
-            limit_from(own, V1_MOUNTS, &fs),
+            limit_from(own, V1_MOUNTS, v1_limits(V1_MAX, "33554432\n", V1_MAX)),
             Some(CgroupLimit {
                 bytes: Some(32 << 20),
                 file: "/sys/fs/cgroup/memory/a/memory.limit_in_bytes".into(),
             })
         );
-        let fs = files(&[
-            ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "9223372036854771712\n"),
-            ("/sys/fs/cgroup/memory/a/memory.limit_in_bytes", "33554432\n"),
-            ("/sys/fs/cgroup/memory/a/b/memory.limit_in_bytes", "16777216\n"),
-        ]);
+        let fs = v1_limits(V1_MAX, "33554432\n", "16777216\n");
         assert_eq!(
-            limit_from(own, V1_MOUNTS, &fs).and_then(|l| l.bytes),
+            limit_from(own, V1_MOUNTS, fs).and_then(|l| l.bytes),
             Some(16 << 20)
         );
     }
 
     #[test]
     fn v1_unlimited_everywhere_is_no_limit_named_by_the_own_cgroup() {
-        let own = "4:memory:/a\n";
-        let fs = files(&[
-            ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "9223372036854771712\n"),
-            ("/sys/fs/cgroup/memory/a/memory.limit_in_bytes", "9223372036854771712\n"),
-        ]);
         assert_eq!(
-            limit_from(own, V1_MOUNTS, &fs),
+            limit_from(
+                "4:memory:/a/b\n",
+                V1_MOUNTS,
+                v1_limits(V1_MAX, V1_MAX, V1_MAX)
+            ),
             Some(CgroupLimit {
                 bytes: None,
-                file: "/sys/fs/cgroup/memory/a/memory.limit_in_bytes".into(),
+                file: "/sys/fs/cgroup/memory/a/b/memory.limit_in_bytes".into(),
             })
         );
     }
@@ -260,10 +267,7 @@ mod tests {
                 "max\n",
             ),
         ]);
-        assert_eq!(
-            limit_from(own, V2_MOUNTS, &fs).and_then(|l| l.bytes),
-            None
-        );
+        assert_eq!(limit_from(own, V2_MOUNTS, &fs).and_then(|l| l.bytes), None);
     }
 
     #[test]

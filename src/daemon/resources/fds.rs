@@ -45,7 +45,8 @@ pub struct FdNeed {
     pub control: usize,
     /// The metrics listener with its clients (`--metrics-listen`).
     pub metrics: usize,
-    /// The systemd notification socket (`$NOTIFY_SOCKET`) and [`TRANSIENT`].
+    /// The systemd notification socket (`$NOTIFY_SOCKET`), and the two a step may open and
+    /// close again.
     pub other: usize,
 }
 
@@ -53,9 +54,7 @@ impl FdNeed {
     /// What `cfg` needs beside the `open` descriptors; `notify`: `$NOTIFY_SOCKET` is set.
     pub fn of(cfg: &Config, open: usize, notify: bool) -> Self {
         let provider = match cfg.provider {
-            ProviderKind::Soft => {
-                SoftProvider::descriptors(cfg.multicast, multicast_groups(cfg))
-            }
+            ProviderKind::Soft => SoftProvider::descriptors(cfg.multicast, multicast_groups(cfg)),
             ProviderKind::Verbs => VERBS_DEVICE,
         };
         let cm = match (cfg.provider, cfg.cm_transport) {
@@ -80,7 +79,12 @@ impl FdNeed {
 
     /// All of them.
     pub fn total(&self) -> usize {
-        self.open + self.provider + self.cm + self.event_loop + self.control + self.metrics
+        self.open
+            + self.provider
+            + self.cm
+            + self.event_loop
+            + self.control
+            + self.metrics
             + self.other
     }
 
@@ -156,14 +160,14 @@ mod tests {
         assert_eq!(need.provider, 2 + 4);
         let off = config("no_multicast = true\n");
         assert_eq!(FdNeed::of(&off, 3, false).provider, 1);
-        let more = config(
-            "metrics_listen = \"127.0.0.1:9464\"\ncm_transport = \"udp\"\n",
-        );
+        let more = config("metrics_listen = \"127.0.0.1:9464\"\ncm_transport = \"udp\"\n");
         let need = FdNeed::of(&more, 5, true);
         assert_eq!(need.metrics, metrics::MAX_CLIENTS + 3);
         assert_eq!(need.cm, 1);
         assert_eq!(need.other, 3);
         assert_eq!(need.open, 5);
-        assert!(need.breakdown().contains("19 metrics listener with 16 clients"));
+        assert!(need
+            .breakdown()
+            .contains("19 metrics listener with 16 clients"));
     }
 }

@@ -74,9 +74,7 @@ impl MemoryNeed {
         let rx_what = if cfg.srq {
             format!(
                 "srq_depth {} + rx_spare {} buffers of {}",
-                cfg.srq_depth,
-                cfg.rx_spare,
-                BUFFER
+                cfg.srq_depth, cfg.rx_spare, BUFFER
             )
         } else {
             let ecfg = cfg.endpoint_config(PathMtu::Mtu4096, 0);
@@ -186,7 +184,11 @@ mod tests {
     /// The need counts every pool the endpoint and the CM's QP1 create, byte for byte.
     #[test]
     fn the_need_is_what_the_endpoint_and_qp1_allocate() {
-        for extra in ["", "srq_depth = 64\nrx_spare = 32\n", "no_srq = true\nmax_conn_qp = 4\n"] {
+        for extra in [
+            "",
+            "srq_depth = 64\nrx_spare = 32\n",
+            "no_srq = true\nmax_conn_qp = 4\n",
+        ] {
             let cfg = config(extra);
             let need = MemoryNeed::of(&cfg);
             let mut v = SoftVerbs::new(SoftConfig::new(cfg.bind));

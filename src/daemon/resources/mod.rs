@@ -218,13 +218,25 @@ pub(super) mod tests {
             file: "/sys/fs/cgroup/x/memory.max".into(),
         };
         let line = check_memory(&cfg, Some(limit(Some(need)))).unwrap();
-        assert!(line.starts_with("memory: the settings need 35 MiB ("), "{line}");
-        assert!(line.ends_with(", the cgroup allows 34 MiB (memory.max of /sys/fs/cgroup/x)"), "{line}");
+        assert!(
+            line.starts_with("memory: the settings need 35 MiB ("),
+            "{line}"
+        );
+        assert!(
+            line.ends_with(", the cgroup allows 34 MiB (memory.max of /sys/fs/cgroup/x)"),
+            "{line}"
+        );
         assert!(check_memory(&cfg, Some(limit(Some(need - 1)))).is_err());
         let line = check_memory(&cfg, Some(limit(None))).unwrap();
-        assert!(line.ends_with("allows no limit (memory.max of /sys/fs/cgroup/x)"), "{line}");
+        assert!(
+            line.ends_with("allows no limit (memory.max of /sys/fs/cgroup/x)"),
+            "{line}"
+        );
         let line = check_memory(&cfg, None).unwrap();
-        assert!(line.ends_with("allows no limit (no memory cgroup)"), "{line}");
+        assert!(
+            line.ends_with("allows no limit (no memory cgroup)"),
+            "{line}"
+        );
     }
 
     #[test]

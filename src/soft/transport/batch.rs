@@ -89,7 +89,7 @@ impl TxBatch {
         batch
     }
 
-    /// Writes every slot's buffer through to its capacity ([`commit`](crate::sys::mem::commit)),
+    /// Writes every slot's buffer through to its capacity (`sys::mem::commit`),
     /// keeping what is queued: the memory of a full batch is the process's from now on.
     pub fn commit(&mut self) {
         for slot in &mut self.slots {
