@@ -640,12 +640,10 @@ fn up_main(a: &Settings) -> ExitCode {
     if let Err(e) = daemon::preflight::check(&cfg.ifname) {
         return fail("up", &e);
     }
-    let resources = match daemon::resources::check(&cfg) {
-        Ok(r) => r,
-        Err(e) => return fail("up", &e),
-    };
+    if let Err(e) = daemon::resources::check(&cfg) {
+        return fail("up", &e);
+    }
     daemon::logging::init(&cfg.log, cfg.log_format);
-    resources.log();
     let r = match cfg.provider {
         ProviderKind::Soft => daemon::run::up(&cfg),
         ProviderKind::Verbs => up_verbs(&cfg),

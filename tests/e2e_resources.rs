@@ -427,4 +427,11 @@ fn at_the_lowest_rlimit_nofile_it_starts_with_status_answers_12_of_12() {
     let room = open + ipoib_cm::daemon::control::MAX_CLIENTS as u64 + 1;
     assert!(open > 0 && room <= need, "{open} open, limit {need}");
     assert!(!seen.contains("Too many open files"), "{seen}");
+    // Both figures and both limits in the start-up log.
+    assert!(
+        seen.contains("resources: memory: the settings need ")
+            && seen.contains(&format!("file descriptors: need {need} ("))
+            && seen.contains(&format!("RLIMIT_NOFILE allows {need}")),
+        "{seen}"
+    );
 }

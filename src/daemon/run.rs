@@ -385,6 +385,7 @@ fn run<P: DaemonProvider>(
         .register(&mut signals, SIGNALS, Interest::READABLE)?;
     underlay.register(poll.registry(), UNDERLAY)?;
     let started = Instant::now();
+    super::resources::log_found();
     log_start(cfg, &node, &path_mtu, cm_transport, &sa);
     let mut service = Service::new(cfg);
     service.ready(started);

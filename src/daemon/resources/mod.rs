@@ -7,7 +7,7 @@
 //! - file descriptors: the soft `RLIMIT_NOFILE` is raised to the hard limit, and what the
 //!   settings need ([`FdNeed`]) must fit under it.
 //!
-//! Both figures and both limits are logged at start ([`Resources::log`]).
+//! Both figures and both limits are logged at start ([`log_found`]).
 
 pub mod cgroup;
 mod fds;
@@ -16,6 +16,8 @@ mod memory;
 pub use cgroup::CgroupLimit;
 pub use fds::FdNeed;
 pub use memory::{MemoryNeed, REST_OF_PROCESS};
+
+use std::sync::OnceLock;
 
 use crate::daemon::config::Config;
 use crate::sys::rlimit;
@@ -73,34 +75,29 @@ fn file_name(limit: &CgroupLimit) -> String {
     }
 }
 
-/// What [`check`] found, for the start-up log.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Resources {
-    memory: String,
-    descriptors: String,
-}
+/// What [`check`] found: the line [`log_found`] writes once the daemon has started.
+static FOUND: OnceLock<String> = OnceLock::new();
 
-impl Resources {
-    /// One info line: the memory the settings need and the cgroup's limit, the descriptors
-    /// they need and `RLIMIT_NOFILE`.
-    pub fn log(&self) {
-        tracing::info!("resources: {}; {}", self.memory, self.descriptors);
+/// Logs what [`check`] found, one info line next to the start-up line: the memory the settings
+/// need and the cgroup's limit, the descriptors they need and `RLIMIT_NOFILE`. Nothing
+/// before a check; a start that fails after the check stays one error line.
+pub fn log_found() {
+    if let Some(line) = FOUND.get() {
+        tracing::info!("resources: {line}");
     }
 }
 
 /// Raises the soft `RLIMIT_NOFILE` to the hard limit, then checks that the limit holds the
 /// descriptors `cfg` needs and that the memory cgroup's limit (if any) holds the memory it
-/// needs.
+/// needs; what it found is [`log_found`]'s line.
 ///
 /// # Errors
 /// The first limit that cannot hold the daemon.
-pub fn check(cfg: &Config) -> Result<Resources, ResourceError> {
+pub fn check(cfg: &Config) -> Result<(), ResourceError> {
     let memory = check_memory(cfg, cgroup::memory_limit())?;
     let descriptors = check_descriptors(cfg)?;
-    Ok(Resources {
-        memory,
-        descriptors,
-    })
+    let _ = FOUND.set(format!("{memory}; {descriptors}"));
+    Ok(())
 }
 
 /// The memory check against `limit` (`None`: no memory cgroup found); what to log.
