@@ -2,8 +2,8 @@
 //! settings need, and an `RLIMIT_NOFILE` too low for the descriptors they need, end `up` at
 //! once with one line and exit status 2 (never an OOM kill under the first heavy traffic, never
 //! a control socket that does not answer); a cgroup at the figure `up` names carries a stream
-//! both ways; at the lowest `RLIMIT_NOFILE` it starts with, 12 concurrent `status` calls all
-//! answer.
+//! both ways; a low soft `RLIMIT_NOFILE` is raised to the hard limit; at the lowest
+//! `RLIMIT_NOFILE` it starts with, 12 concurrent `status` calls all answer.
 //!
 //! Each test builds its own namespaces (prefix `ipres`, 198.18.0.0/24) and memory cgroups
 //! (`ipoib-cm-test-PID-N`, beside or below this process's own) and removes them; without root,
@@ -307,10 +307,15 @@ fn a_memory_cgroup_at_the_figure_carries_a_stream_both_ways() {
 /// `up` on node 1 of `lab` under `prlimit --nofile=N:N` (soft and hard: the raise cannot
 /// help), `None` when `prlimit` is missing.
 fn up_with_nofile(lab: &Lab, n: u64, sock: &Path) -> Option<std::process::Child> {
+    up_with_nofile_of(lab, n, n, sock)
+}
+
+/// `up` on node 1 of `lab` under `prlimit --nofile=SOFT:HARD`.
+fn up_with_nofile_of(lab: &Lab, soft: u64, hard: u64, sock: &Path) -> Option<std::process::Child> {
     if Command::new("prlimit").arg("--version").output().is_err() {
         return None;
     }
-    let mut args = vec!["prlimit".to_owned(), format!("--nofile={n}:{n}")];
+    let mut args = vec!["prlimit".to_owned(), format!("--nofile={soft}:{hard}")];
     args.extend(["ip", "netns", "exec", lab.ns(1)].map(str::to_owned));
     args.extend(up_args(lab, 1, sock, &[]));
     let mut cmd = Command::new(&args[0]);
@@ -369,6 +374,28 @@ fn rlimit_nofile_too_low_ends_up_at_start_with_one_line() {
         );
     }
     let _ = std::fs::remove_file(&sock);
+}
+
+#[test]
+fn a_low_soft_rlimit_nofile_is_raised_to_the_hard_limit() {
+    let lab = crate::lab_or_skip!("ipresr", 2, 1500);
+    let sock = socket("r");
+    let Some(mut child) = up_with_nofile_of(&lab, 16, 4096, &sock) else {
+        println!("skipped: no prlimit");
+        return;
+    };
+    let mut log = Lines::new(child.stderr.take().expect("stderr"));
+    let started = log.wait_for("started", START_LIMIT);
+    let answers = started && status_answers(&lab, &sock);
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_file(&sock);
+    let seen = log.finish(Duration::from_secs(2)).join("\n");
+    assert!(started && answers, "{seen}");
+    assert!(
+        seen.contains("RLIMIT_NOFILE allows 4096 (raised from 16)"),
+        "{seen}"
+    );
 }
 
 #[test]
