@@ -44,9 +44,14 @@ impl MemCgroup {
             std::process::id(),
             CGROUPS.fetch_add(1, Ordering::Relaxed)
         );
-        let v1 = own
-            .lines()
-            .find_map(|l| l.split_once(":memory:").map(|(_, p)| p.to_owned()));
+        let v1 = own.lines().find_map(|l| {
+            let mut fields = l.splitn(3, ':');
+            let controllers = fields.nth(1)?;
+            controllers
+                .split(',')
+                .any(|c| c == "memory")
+                .then(|| fields.next().map(str::to_owned))?
+        });
         let (dir, v2) = match v1 {
             Some(path) if Path::new("/sys/fs/cgroup/memory").is_dir() => (
                 Path::new("/sys/fs/cgroup/memory")
@@ -59,11 +64,12 @@ impl MemCgroup {
                     .lines()
                     .find_map(|l| l.strip_prefix("0::"))
                     .ok_or("no memory cgroup")?;
-                let parent = Path::new("/sys/fs/cgroup")
-                    .join(path.trim_start_matches('/'))
-                    .parent()
-                    .map(Path::to_path_buf)
-                    .ok_or("no cgroup v2 parent")?;
+                // Beside our own cgroup (processes live only in leaves), or below the root.
+                let root = Path::new("/sys/fs/cgroup");
+                let parent = match Path::new(path).parent() {
+                    Some(p) => root.join(p.strip_prefix("/").unwrap_or(p)),
+                    None => root.to_path_buf(),
+                };
                 (parent.join(name), true)
             }
         };
