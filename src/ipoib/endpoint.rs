@@ -18,13 +18,14 @@ use super::tun::TunQueue;
 use super::tx::TxTable;
 use super::ud::{self, UdQp};
 use super::{
-    wr, Counters, EndpointConfig, Owner, QpEnd, Snapshot, Timer, TxSnapshot, CQ_BATCH, WR_RECV,
+    wr, Counters, EndpointConfig, Owner, PoolBytes, QpEnd, Snapshot, Timer, TxSnapshot, CQ_BATCH,
+    WR_RECV,
 };
 use crate::cm::{Cm, CmConfig, CmEvent, CommId, ConnectionManager, KcmCommand, KcmInput, KernelCm};
 use crate::timer::{TimerId, TimerWheel};
 use crate::verbs::{
-    AsyncEvent, BufId, Completion, CqId, Moved, PdId, PoolId, QpNum, SrqId, SrqInit, Verbs,
-    VerbsError, WrId,
+    AsyncEvent, BufId, Completion, CqId, Moved, PathMtu, PdId, PoolId, QpNum, SrqId, SrqInit,
+    Verbs, VerbsError, WrId,
 };
 use crate::wire::cm::{ipoib_service_id, IpoibCmData, RejReason, MAD_LEN};
 use crate::wire::ipoib::{HwAddr, IPOIB_CM_BUF_SIZE};
@@ -108,6 +109,19 @@ pub struct Endpoint {
 /// Most device events held for the driver; more are dropped (the driver reads them every
 /// turn, and after a context-losing one the endpoint reads no more).
 const DEVICE_EVENT_CAP: usize = 16;
+
+impl EndpointConfig {
+    /// The bytes of the buffer pools [`Endpoint::new`] creates, on a port whose largest MTU
+    /// is `port_max`: every buffer a packet can fill, whatever the traffic.
+    pub fn pool_bytes(&self, port_max: PathMtu) -> PoolBytes {
+        let cm_buf = IPOIB_CM_BUF_SIZE as usize;
+        PoolBytes {
+            rx: self.rx_pool_buffers() * cm_buf,
+            tx: self.tx_depth as usize * cm_buf,
+            ud: self.ud_pool_buffers() * ud::ud_buf_len(port_max.max(self.path_mtu)),
+        }
+    }
+}
 
 impl Endpoint {
     /// Sets up the interface on `v`: UD QP attached to its multicast groups (the broadcast

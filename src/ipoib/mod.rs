@@ -433,28 +433,6 @@ impl EndpointConfig {
         rings + self.rx_spare as usize
     }
 
-    /// Buffers of the UD QP's pool: its receives and its sends.
-    pub fn ud_pool_buffers(&self) -> usize {
-        self.ud_depth as usize * 2
-    }
-
-    /// The multicast groups the UD QP is attached to (`ud::ud_groups`): the broadcast
-    /// group, and with IPv6 addresses all-nodes and each address's solicited-node group.
-    pub fn ud_groups(&self) -> Vec<crate::verbs::Gid> {
-        ud::ud_groups(self)
-    }
-
-    /// The bytes of the buffer pools [`Endpoint::new`] creates, on a port whose largest MTU
-    /// is `port_max`: every buffer a packet can fill, whatever the traffic.
-    pub fn pool_bytes(&self, port_max: PathMtu) -> PoolBytes {
-        let cm_buf = IPOIB_CM_BUF_SIZE as usize;
-        PoolBytes {
-            rx: self.rx_pool_buffers() * cm_buf,
-            tx: self.tx_depth as usize * cm_buf,
-            ud: self.ud_pool_buffers() * ud::ud_buf_len(port_max.max(self.path_mtu)),
-        }
-    }
-
     /// The interface MTU: 65520 in connected mode, the UD MTU (path MTU − 4) in datagram mode.
     pub fn interface_mtu(&self) -> u32 {
         match self.mode {

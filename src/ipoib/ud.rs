@@ -128,6 +128,19 @@ pub(super) fn ud_groups(cfg: &EndpointConfig) -> Vec<Gid> {
     groups
 }
 
+impl EndpointConfig {
+    /// Buffers of the UD QP's pool: its receives and its sends.
+    pub fn ud_pool_buffers(&self) -> usize {
+        self.ud_depth as usize * 2
+    }
+
+    /// The multicast groups the UD QP is attached to (`ud_groups`): the broadcast group, and
+    /// with IPv6 addresses all-nodes and each address's solicited-node group.
+    pub fn ud_groups(&self) -> Vec<Gid> {
+        ud_groups(self)
+    }
+}
+
 /// Bytes of a UD buffer on a port whose largest MTU is `port_max` (kernel ipoib's
 /// `IPOIB_UD_BUF_SIZE(max_ib_mtu)`): the GRH area and the largest datagram the port can
 /// deliver, whatever the path MTU, so that a peer whose path MTU is larger than ours (a kernel

@@ -234,10 +234,10 @@ impl SoftProvider {
         IO_BATCH * (RECV_BUF_LEN + slot)
     }
 
-    /// Writes the datagram buffers through (`sys::mem::commit`): their memory is the
-    /// process's from now on, not at the first large batch.
+    /// Writes the datagram buffers through ([`commit`](crate::verbs::pool::commit)): their
+    /// memory is the process's from now on, not at the first large batch.
     pub fn commit_io_buffers(&mut self) {
-        self.rx.commit();
+        crate::verbs::pool::commit(self.rx.buffers_mut());
         self.tx.commit();
     }
 

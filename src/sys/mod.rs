@@ -18,7 +18,6 @@
 //! - [`notify`]: the systemd notification protocol (`$NOTIFY_SOCKET`, `$WATCHDOG_USEC`).
 //! - [`caps`]: whether the process holds `CAP_NET_ADMIN`.
 //! - [`rlimit`]: the open-file limit (`RLIMIT_NOFILE`), and raising it to the hard limit.
-//! - [`mem`]: memory committed at start rather than at first use.
 //! - [`umad`]: a Subnet Administration agent on `/dev/infiniband/umadN` and the port's sysfs
 //!   attributes.
 #![allow(unsafe_code)]
@@ -26,7 +25,6 @@
 pub(crate) mod caps;
 pub(crate) mod ifaddr;
 pub(crate) mod ifreq;
-pub(crate) mod mem;
 pub(crate) mod netlink;
 pub(crate) mod notify;
 pub(crate) mod peercred;

@@ -184,7 +184,7 @@ impl std::fmt::Debug for RecvBatch {
 impl RecvBatch {
     /// `slots` buffers (clamped to 1..=`BATCH_MAX`) of `slot_len` bytes each. The buffers are
     /// zero-filled by the allocator, so pages a datagram never reaches stay uncommitted until
-    /// [`RecvBatch::commit`].
+    /// written ([`RecvBatch::buffers_mut`]).
     pub fn new(slots: usize, slot_len: usize) -> Self {
         let slots = slots.clamp(1, BATCH_MAX);
         // SAFETY: `sockaddr_storage` is a plain C struct for which all-zero bytes are valid.
@@ -198,10 +198,10 @@ impl RecvBatch {
         }
     }
 
-    /// Writes every buffer through (`sys::mem::commit`): the pages the datagrams of
-    /// a full batch reach are the process's from now on, not at the first large batch.
-    pub fn commit(&mut self) {
-        super::mem::commit(&mut self.data);
+    /// Every slot's bytes, whatever they hold: to commit their memory at start (the pages
+    /// the datagrams of a full batch reach), not at the first large batch.
+    pub fn buffers_mut(&mut self) -> &mut [u8] {
+        &mut self.data
     }
 
     /// How many datagrams the last `recv_batch` received (truncated ones included).

@@ -89,13 +89,13 @@ impl TxBatch {
         batch
     }
 
-    /// Writes every slot's buffer through to its capacity (`sys::mem::commit`),
+    /// Writes every slot's buffer through to its capacity ([`commit`](crate::verbs::pool::commit)),
     /// keeping what is queued: the memory of a full batch is the process's from now on.
     pub fn commit(&mut self) {
         for slot in &mut self.slots {
             let len = slot.data.len();
             slot.data.resize(slot.data.capacity(), 0);
-            crate::sys::mem::commit(&mut slot.data);
+            crate::verbs::pool::commit(&mut slot.data);
             slot.data.truncate(len);
         }
     }
