@@ -1,6 +1,10 @@
 //! A deterministic in-memory fabric for tests: several [`SoftVerbs`] nodes joined by a wire
 //! with a fixed latency and a virtual clock.
 //!
+//! A directed link between two nodes may be impaired ([`Fabric::impair`]) as a netem
+//! between them would: a one-way delay, jitter, reordering and loss, all drawn from a seeded
+//! RNG in virtual time ([`LinkImpairment`]).
+//!
 //! Nothing here reads the clock or touches a socket. [`Fabric::step`] delivers the next
 //! in-flight datagram or fires the next timer, jumping the virtual clock straight to it, so a
 //! test of a 655 ms RNR back-off or a dozen retransmit timeouts runs in microseconds and the
@@ -8,9 +12,12 @@
 //! [`FaultConfig`](crate::soft::FaultConfig), exactly as on the real UDP transport.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
 use crate::ipoib::Endpoint;
 use crate::mad::{self, Gsi, Mad};
@@ -29,6 +36,61 @@ pub const MAX_ADVANCE_STEPS: usize = 1 << 20;
 
 /// A datagram on the wire: `(arrival, sequence, destination node, source, bytes)`.
 type InFlight = Reverse<(Instant, u64, usize, SocketAddr, Vec<u8>)>;
+
+/// What a netem between two nodes does to each datagram one way, on top of the fabric's
+/// latency. Every draw comes from an RNG seeded with `seed`, so a run repeats exactly.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct LinkImpairment {
+    /// One-way delay.
+    pub delay: Duration,
+    /// Each datagram's delay is `delay` plus a uniform draw from `-jitter..=jitter` (never
+    /// below zero). As in netem, datagrams are delivered in the order of their arrival
+    /// times, so a jitter wider than their spacing reorders them.
+    pub jitter: Duration,
+    /// Percentage (0..=100) of datagrams sent at once, without the delay and the jitter
+    /// (netem's `reorder`): they overtake everything sent in the last `delay`.
+    pub reorder_pct: f64,
+    /// Percentage (0..=100) of datagrams lost.
+    pub loss_pct: f64,
+    /// RNG seed.
+    pub seed: u64,
+}
+
+/// One impaired link and its RNG.
+#[derive(Debug)]
+struct Link {
+    imp: LinkImpairment,
+    rng: ChaCha8Rng,
+}
+
+impl Link {
+    /// The extra delay of the next datagram, or `None` when it is lost.
+    fn draw(&mut self) -> Option<Duration> {
+        let LinkImpairment {
+            delay,
+            jitter,
+            reorder_pct,
+            loss_pct,
+            ..
+        } = self.imp;
+        if loss_pct > 0.0 && self.rng.gen::<f64>() * 100.0 < loss_pct {
+            return None;
+        }
+        if reorder_pct > 0.0 && self.rng.gen::<f64>() * 100.0 < reorder_pct {
+            return Some(Duration::ZERO);
+        }
+        if jitter.is_zero() {
+            return Some(delay);
+        }
+        let j = u64::try_from(jitter.as_nanos()).unwrap_or(u64::MAX / 2);
+        let draw = self.rng.gen_range(0..=2 * j);
+        Some(if draw >= j {
+            delay + Duration::from_nanos(draw - j)
+        } else {
+            delay.saturating_sub(Duration::from_nanos(j - draw))
+        })
+    }
+}
 
 /// Several soft-RC nodes on one simulated wire.
 #[derive(Debug)]
@@ -52,6 +114,10 @@ pub struct Fabric {
     pub link_mtu: Vec<Option<usize>>,
     /// Datagrams dropped for exceeding a link's MTU.
     pub too_big: u64,
+    /// Impaired links by `(from, to)` node; the others only have the fabric's latency.
+    links: BTreeMap<(usize, usize), Link>,
+    /// Datagrams an impaired link lost.
+    pub link_losses: u64,
 }
 
 /// Bytes of IPv4 and UDP header in front of a RoCEv2 datagram on the wire.
@@ -79,7 +145,16 @@ impl Fabric {
             partitioned: vec![false; n],
             link_mtu: vec![None; n],
             too_big: 0,
+            links: BTreeMap::new(),
+            link_losses: 0,
         }
+    }
+
+    /// Impairs what node `from` sends to node `to` (replacing an earlier impairment of that
+    /// link, its RNG started again from `imp.seed`).
+    pub fn impair(&mut self, from: usize, to: usize, imp: LinkImpairment) {
+        let rng = ChaCha8Rng::seed_from_u64(imp.seed);
+        self.links.insert((from, to), Link { imp, rng });
     }
 
     /// `n` nodes on 198.18.0.1.. with default configurations adjusted by `adjust`, 5 µs
@@ -124,16 +199,28 @@ impl Fabric {
                 if self.partitioned.get(i).copied().unwrap_or(false) {
                     continue;
                 }
-                match self.node_for(dst.ip()) {
-                    Some(j) if self.exceeds_link(i, j, self.buf.len()) => self.too_big += 1,
-                    Some(j) => {
-                        self.seq += 1;
-                        let d = std::mem::take(&mut self.buf);
-                        self.wire
-                            .push(Reverse((self.now + self.latency, self.seq, j, src, d)));
-                    }
-                    None => self.undeliverable += 1,
+                let Some(j) = self.node_for(dst.ip()) else {
+                    self.undeliverable += 1;
+                    continue;
+                };
+                if self.exceeds_link(i, j, self.buf.len()) {
+                    self.too_big += 1;
+                    continue;
                 }
+                let extra = match self.links.get_mut(&(i, j)) {
+                    None => Duration::ZERO,
+                    Some(link) => match link.draw() {
+                        Some(d) => d,
+                        None => {
+                            self.link_losses += 1;
+                            continue;
+                        }
+                    },
+                };
+                self.seq += 1;
+                let d = std::mem::take(&mut self.buf);
+                let at = self.now + self.latency + extra;
+                self.wire.push(Reverse((at, self.seq, j, src, d)));
             }
         }
     }
@@ -265,4 +352,39 @@ pub fn endpoint_turn<V: Verbs>(
     mad::send_while_room(gsi, v, || ep.poll_mad());
     ep.handle_timeout(now, v);
     mad::send_while_room(gsi, v, || ep.poll_mad());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Draws follow the configuration: losses and undelayed datagrams near their
+    /// percentages, every delay within `delay ± jitter`, and the same seed gives the same draws.
+    #[test]
+    fn link_draws_follow_the_impairment_and_repeat() {
+        let imp = LinkImpairment {
+            delay: Duration::from_millis(20),
+            jitter: Duration::from_millis(10),
+            reorder_pct: 25.0,
+            loss_pct: 5.0,
+            seed: 9,
+        };
+        let draws = || {
+            let mut l = Link {
+                imp,
+                rng: ChaCha8Rng::seed_from_u64(imp.seed),
+            };
+            (0..10_000).map(|_| l.draw()).collect::<Vec<_>>()
+        };
+        let d = draws();
+        let lost = d.iter().filter(|x| x.is_none()).count();
+        let at_once = d.iter().filter(|x| **x == Some(Duration::ZERO)).count();
+        assert!((400..600).contains(&lost), "{lost}");
+        assert!((2100..2700).contains(&at_once), "{at_once}");
+        let delayed = d.iter().flatten().filter(|x| !x.is_zero());
+        assert!(delayed.clone().all(|x| (10..=30).contains(&x.as_millis())));
+        assert!(delayed.clone().any(|x| x.as_millis() < 12));
+        assert!(delayed.clone().any(|x| x.as_millis() >= 28));
+        assert_eq!(d, draws());
+    }
 }
