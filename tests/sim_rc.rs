@@ -8,7 +8,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use ipoib_cm::sim::Fabric;
+use ipoib_cm::sim::{Fabric, LinkImpairment};
 use ipoib_cm::soft::{FaultConfig, Quirks, SoftConfig, SoftStats, SoftVerbs};
 use ipoib_cm::verbs::conformance::{self as cf, ConformancePair, Endpoint, RcParams, RecvTarget};
 use ipoib_cm::verbs::{
@@ -49,6 +49,8 @@ struct Scenario {
     recv_delay: Duration,
     /// Most receives a receiver keeps posted.
     recv_depth: usize,
+    /// The link impaired both ways (b→a with another seed), as by a netem between the nodes.
+    link: Option<LinkImpairment>,
 }
 
 impl Scenario {
@@ -66,6 +68,7 @@ impl Scenario {
             min_rnr_timer: 1,
             recv_delay: Duration::ZERO,
             recv_depth: 24,
+            link: None,
         }
     }
 
@@ -153,6 +156,17 @@ fn transfer(sc: &Scenario) -> Outcome {
         c.port_mtu = PathMtu::Mtu4096;
         c.faults = sc.faults[i];
     });
+    if let Some(l) = sc.link {
+        fab.impair(0, 1, l);
+        fab.impair(
+            1,
+            0,
+            LinkImpairment {
+                seed: l.seed ^ 0x5A5A_5A5A,
+                ..l
+            },
+        );
+    }
     let max = sc.sizes.iter().flatten().copied().max().unwrap_or(0).max(1);
     let per_node = sc.depth + sc.recv_depth;
     let eps: Vec<Endpoint> = {
@@ -512,6 +526,108 @@ fn faults_at_every_path_mtu() {
         sc.depth = 3;
         run(&sc);
     }
+}
+
+// -------------------------------------------------------------------------------------------
+// Impaired paths: delay, jitter, reordering and loss between the nodes (a netem on the link)
+// -------------------------------------------------------------------------------------------
+
+/// A bulk transfer a→b of 64 KiB messages at path MTU 4096 over a link impaired both ways,
+/// with the daemon's default local ACK timeout (`qp_timeout` 12: 16.8 ms), as many messages
+/// in flight as IPoIB-CM keeps. Returns the outcome and the request packets the transfer
+/// needs (each PSN once).
+fn bulk_over(name: &str, link: LinkImpairment, messages: usize) -> (Outcome, u64) {
+    let mut sc = Scenario::new(name, vec![65_536; messages]);
+    sc.mtu = PathMtu::Mtu4096;
+    sc.timeout = 12;
+    sc.depth = 128;
+    sc.recv_depth = 256;
+    sc.link = Some(link);
+    let o = run(&sc);
+    let packets = (messages * 65_536 / 4096) as u64;
+    println!(
+        "[{name}] {packets} packets needed, {} retransmitted ({:.3}x), {} timeouts, {:.1} ms \
+         virtual ({:.0} Mbit/s)",
+        o.a.tx_retransmits,
+        o.a.tx_retransmits as f64 / packets as f64,
+        o.a.retransmit_timeouts,
+        o.elapsed.as_secs_f64() * 1e3,
+        o.bytes as f64 * 8.0 / o.elapsed.as_secs_f64() / 1e6,
+    );
+    (o, packets)
+}
+
+/// A round trip (40 ms) longer than the local ACK timeout (16.8 ms) costs no spurious
+/// resends once the RTT is measured: the retransmit timer follows it. Only the first window,
+/// sent before any RTT was measured, may be resent when the timer first fires.
+#[test]
+fn delay_20ms_over_the_default_timeout_resends_almost_nothing() {
+    let link = LinkImpairment {
+        delay: Duration::from_millis(20),
+        seed: 20,
+        ..LinkImpairment::default()
+    };
+    let (o, packets) = bulk_over("delay 20 ms", link, 1600);
+    assert!(
+        o.a.tx_retransmits * 50 <= packets,
+        "more than 2% resent: {} of {packets}",
+        o.a.tx_retransmits
+    );
+    assert!(o.a.retransmit_timeouts <= 3, "{:?}", o.a);
+}
+
+/// 25 % of the packets overtake everything sent in the last 5 ms (netem's `reorder`): the
+/// transfer completes with retransmitted packets at most twice the packets delivered.
+#[test]
+fn reorder_25_percent_at_5ms_retransmits_at_most_twice_what_it_delivers() {
+    let link = LinkImpairment {
+        delay: Duration::from_millis(5),
+        reorder_pct: 25.0,
+        seed: 25,
+        ..LinkImpairment::default()
+    };
+    let (o, packets) = bulk_over("reorder 25% at 5 ms", link, 800);
+    assert!(
+        o.a.tx_retransmits <= 2 * packets,
+        "{} resent for {packets}",
+        o.a.tx_retransmits
+    );
+}
+
+/// 20 ms ± 10 ms of jitter reorders nearly every packet: the transfer completes with
+/// retransmitted packets at most twice the packets delivered.
+#[test]
+fn jitter_20ms_plus_minus_10ms_retransmits_at_most_twice_what_it_delivers() {
+    let link = LinkImpairment {
+        delay: Duration::from_millis(20),
+        jitter: Duration::from_millis(10),
+        seed: 2010,
+        ..LinkImpairment::default()
+    };
+    let (o, packets) = bulk_over("jitter 20 ± 10 ms", link, 800);
+    assert!(
+        o.a.tx_retransmits <= 2 * packets,
+        "{} resent for {packets}",
+        o.a.tx_retransmits
+    );
+}
+
+/// 5 % loss both ways on a 5 ms link: the send window shrinks, so each go-back-N resends a
+/// few packets rather than the whole window, and the transfer completes.
+#[test]
+fn loss_5_percent_on_a_5ms_link_retransmits_at_most_twice_what_it_delivers() {
+    let link = LinkImpairment {
+        delay: Duration::from_millis(5),
+        loss_pct: 5.0,
+        seed: 5,
+        ..LinkImpairment::default()
+    };
+    let (o, packets) = bulk_over("loss 5% at 5 ms", link, 400);
+    assert!(
+        o.a.tx_retransmits <= 2 * packets,
+        "{} resent for {packets}",
+        o.a.tx_retransmits
+    );
 }
 
 // -------------------------------------------------------------------------------------------

@@ -62,11 +62,9 @@ impl Device {
                     }
                     return;
                 }
-                self.retire_through(qp, psn);
-                let acked = psn.add(1).diff(qp.req.comp_psn);
-                qp.req.comp_psn = psn.add(1);
-                if qp.req.retrying_from.is_none() {
-                    qp.req.window_grow(u32::try_from(acked).unwrap_or(0));
+                let acked = self.acknowledged_before(qp, psn.add(1), now);
+                if qp.req.recovery.is_none() {
+                    qp.req.window_grow(acked);
                 }
                 self.catch_up(qp);
                 self.progress(qp, now);
@@ -81,13 +79,18 @@ impl Device {
                 if qp.req.rnr_at.is_some() {
                     return;
                 }
-                self.retire_through(qp, psn.sub(1));
-                let advanced = psn != qp.req.comp_psn;
-                qp.req.comp_psn = psn;
+                let advanced = self.acknowledged_before(qp, psn, now) > 0;
                 if advanced {
                     self.progress(qp, now);
                 }
                 if qp.req.retrying_from == Some(psn) && !advanced {
+                    return;
+                }
+                if qp.req.resending(psn, now, qp.resend_guard()) {
+                    // The packet this NAK answers was sent before the go-back-N in
+                    // progress, which resends it (or has, less than an RTT ago).
+                    self.stats.naks_ignored_in_recovery += 1;
+                    self.catch_up(qp);
                     return;
                 }
                 if qp.req.retry_left == 0 {
@@ -96,8 +99,8 @@ impl Device {
                 }
                 qp.req.retry_left -= 1;
                 qp.req.retrying_from = Some(psn);
-                qp.req.window_shrink();
-                qp.req.rewind(psn);
+                self.shrink_window(qp);
+                qp.req.go_back(psn, now);
             }
             Syndrome::RnrNak { timer } => {
                 let nak_ok = psn.diff(req.comp_psn) >= 0 && req.high_psn.diff(psn) > 0;
@@ -112,8 +115,7 @@ impl Device {
                 if qp.req.rnr_at.is_some() && qp.req.retrying_from == Some(psn) {
                     return;
                 }
-                self.retire_through(qp, psn.sub(1));
-                qp.req.comp_psn = psn;
+                self.acknowledged_before(qp, psn, now);
                 if qp.req.rnr_retry_left == 0 {
                     self.fail_requester(qp, WcStatus::RnrRetryExcErr);
                     return;
@@ -122,6 +124,8 @@ impl Device {
                     qp.req.rnr_retry_left -= 1;
                 }
                 qp.req.rewind(psn);
+                // What is resent after the back-off measures no round trip.
+                qp.req.rtt_probe = None;
                 qp.req.retrying_from = Some(psn);
                 qp.req.retransmit_at = None;
                 self.sched
@@ -152,6 +156,40 @@ impl Device {
         }
     }
 
+    /// The peer acknowledged every PSN before `to`, explicitly or implicitly (a NAK): retires
+    /// the WQEs that completes, counts the PSNs newly delivered (returned), measures the RTT
+    /// when the timed PSN is among them, and ends a recovery they complete.
+    fn acknowledged_before(&mut self, qp: &mut Qp, to: Psn, now: Instant) -> u32 {
+        self.retire_through(qp, to.sub(1));
+        let newly = u32::try_from(to.diff(qp.req.comp_psn)).unwrap_or(0);
+        if newly == 0 {
+            return 0;
+        }
+        qp.req.comp_psn = to;
+        self.stats.tx_delivered += u64::from(newly);
+        if let Some((timed, sent)) = qp.req.rtt_probe {
+            if to.diff(timed) > 0 {
+                qp.req.rtt_probe = None;
+                qp.req.rtt.sample(now.saturating_duration_since(sent));
+                // Karn: a packet sent once was acknowledged, so the back-off ends.
+                qp.req.timeouts_in_row = 0;
+                if let Some(s) = qp.req.rtt.srtt() {
+                    self.stats.srtt_us = u64::try_from(s.as_micros()).unwrap_or(u64::MAX);
+                }
+            }
+        }
+        if qp.req.recovery.is_some_and(|r| to.diff(r.to) >= 0) {
+            qp.req.recovery = None;
+        }
+        newly
+    }
+
+    /// A loss started a go-back-N: halve the send window.
+    fn shrink_window(&mut self, qp: &mut Qp) {
+        qp.req.window_shrink();
+        self.stats.window_shrinks += 1;
+    }
+
     /// The peer acknowledged something: reset the retry budgets, re-arm or stop the timer.
     fn progress(&mut self, qp: &mut Qp, now: Instant) {
         qp.req.retry_left = qp.attrs.retry_cnt;
@@ -159,11 +197,10 @@ impl Device {
         // restores `rnr_retry` with `retry_cnt` on every ACK.
         qp.req.rnr_retry_left = qp.attrs.rnr_retry;
         qp.req.retrying_from = None;
-        qp.req.timeouts_in_row = 0;
         if qp.req.unacked() == 0 {
             qp.req.retransmit_at = None;
-        } else if let Some(iv) = qp.retransmit_interval() {
-            self.sched.arm(qp, TimerKind::Retransmit, now + iv);
+        } else if let Some(at) = qp.retransmit_deadline(now) {
+            self.sched.arm(qp, TimerKind::Retransmit, at);
         }
     }
 
@@ -179,18 +216,17 @@ impl Device {
             return;
         }
         qp.req.retry_left -= 1;
-        // Back off while timeouts follow each other without progress: 1, 2, 4, then 8 times
-        // the interval (ConnectX's adaptive retransmission does likewise). A peer that is
-        // merely slow, or a CPU that did not run us for a while, then costs retries over ~47
-        // intervals instead of 8, while a dead peer still fails after `retry_cnt` timeouts.
+        // Back off while timeouts follow each other with no round trip measured since: 1, 2,
+        // 4, then 8 times the timeout (ConnectX's adaptive retransmission does likewise). A
+        // peer that is merely slow, or a CPU that did not run us for a while, then costs
+        // retries over ~47 timeouts instead of 8, while a dead peer still fails after
+        // `retry_cnt` timeouts.
         qp.req.timeouts_in_row = qp.req.timeouts_in_row.saturating_add(1);
-        qp.req.window_shrink();
+        self.shrink_window(qp);
         let from = qp.req.comp_psn;
-        qp.req.rewind(from);
-        if let Some(iv) = qp.retransmit_interval() {
-            let backoff = 1u32 << qp.req.timeouts_in_row.min(3);
-            self.sched
-                .arm(qp, TimerKind::Retransmit, now + iv * backoff);
+        qp.req.go_back(from, now);
+        if let Some(at) = qp.retransmit_deadline(now) {
+            self.sched.arm(qp, TimerKind::Retransmit, at);
         }
     }
 }

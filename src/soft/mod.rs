@@ -53,6 +53,7 @@ pub mod provider;
 mod qp;
 mod requester;
 mod responder;
+mod rtt;
 mod sched;
 mod stats;
 pub mod transport;

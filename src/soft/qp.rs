@@ -10,7 +10,9 @@
 //! another part of the engine.
 
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use super::rtt::RttEstimator;
 
 use crate::verbs::{
     AddressVector, BufId, CqId, PathMtu, PdId, Psn, QKey, QpAttr, QpInit, QpNum, QpState, QpType,
@@ -199,14 +201,35 @@ impl Qp {
     }
 
     /// The retransmit interval of the QP's local ACK timeout; `None` when it is 0 (infinite).
-    pub(super) fn retransmit_interval(&self) -> Option<std::time::Duration> {
+    pub(super) fn retransmit_interval(&self) -> Option<Duration> {
         crate::wire::cm::LocalAckTimeout::saturating(self.attrs.timeout).retransmit_interval()
+    }
+
+    /// When the retransmit timer armed at `now` fires: after the timeout of the measured
+    /// round trip ([`RttEstimator::timeout`]), never sooner than the local ACK timeout, times
+    /// the back-off (1, 2, 4, then 8 while timeouts follow each other with no RTT measured
+    /// since). `None` when the local ACK timeout is 0 (infinite).
+    pub(super) fn retransmit_deadline(&self, now: Instant) -> Option<Instant> {
+        let local = self.retransmit_interval()?;
+        let base = self.req.rtt.timeout().map_or(local, |t| t.max(local));
+        Some(now + base * (1u32 << self.req.timeouts_in_row.min(3)))
+    }
+
+    /// The time within which a NAK cannot answer a packet resent by the go-back-N in
+    /// progress: the smoothed RTT (zero before one was measured: every NAK then counts).
+    pub(super) fn resend_guard(&self) -> Duration {
+        self.req.rtt.srtt().unwrap_or_default()
     }
 }
 
-/// The requester's send window (PSNs past the oldest unacknowledged one) never shrinks below
-/// this, and starts here: rxe's fixed `RXE_MAX_UNACKED_PSNS`.
-pub(super) const WINDOW_MIN_PSNS: u32 = 128;
+/// The requester's send window (PSNs past the oldest unacknowledged one) starts here: rxe's
+/// fixed `RXE_MAX_UNACKED_PSNS`.
+pub(super) const WINDOW_START_PSNS: u32 = 128;
+/// Repeated losses shrink the send window down to this. Two, not one: with one packet in
+/// flight only a timeout recovers its loss (a PSN-sequence NAK needs a later packet to
+/// arrive), and its ACK is the round's only one, so random loss alone would spend the retry
+/// budget round after round.
+pub(super) const WINDOW_MIN_PSNS: u32 = 2;
 /// The send window grows up to this while nothing is lost: 4 MiB at path MTU 4096, so that a
 /// stream keeps sending while a busy receiver delivers a batch before it ACKs.
 pub(super) const WINDOW_MAX_PSNS: u32 = 1024;
@@ -250,7 +273,9 @@ pub(super) struct Requester {
     /// in flight (or lost).
     pub(super) high_psn: Psn,
     pub(super) retry_left: u8,
-    /// Retransmit timeouts since the last progress (drives the back-off).
+    /// Retransmit timeouts since the last RTT was measured (drives the back-off). Karn's
+    /// rule: an acknowledgement of resent packets measures nothing, so it keeps the back-off;
+    /// the first one of a packet sent once ends it.
     pub(super) timeouts_in_row: u8,
     pub(super) rnr_retry_left: u8,
     /// Packets sent since the last AckReq.
@@ -265,13 +290,30 @@ pub(super) struct Requester {
     pub(super) rnr_queued: Option<Instant>,
     /// A go-back-N from this PSN is in progress (a second NAK for it starts nothing).
     pub(super) retrying_from: Option<Psn>,
-    /// Send window in PSNs, between [`WINDOW_MIN_PSNS`] and [`WINDOW_MAX_PSNS`]: grows by one
-    /// for every [`WINDOW_GROWTH_PSNS`] acknowledged, halves when a loss makes the requester go
-    /// back (go-back-N resends everything after a loss, so a wide window on a lossy path
-    /// costs much more than it gains).
+    /// The go-back-N (after a NAK or a timeout) not yet acknowledged in full.
+    pub(super) recovery: Option<Recovery>,
+    /// Send window in PSNs, between [`WINDOW_MIN_PSNS`] and [`WINDOW_MAX_PSNS`], starting at
+    /// [`WINDOW_START_PSNS`]: grows by one for every [`WINDOW_GROWTH_PSNS`] acknowledged
+    /// outside a recovery, halves when a loss makes the requester go back (once per
+    /// recovery: go-back-N resends everything after a loss, so a wide window on a lossy
+    /// path costs much more than it gains).
     pub(super) window: u32,
     /// Acknowledged PSNs not yet counted into a window increment.
     pub(super) window_credit: u32,
+    /// The round-trip time measured so far.
+    pub(super) rtt: RttEstimator,
+    /// The PSN being timed, sent once, and when (Karn's rule: a go-back-N over it cancels).
+    pub(super) rtt_probe: Option<(Psn, Instant)>,
+}
+
+/// A go-back-N in progress: the requester resends from `from`; `to` is one past the highest
+/// PSN sent when it began, at `at`. A NAK for a PSN in `from..to` within an RTT of `at`
+/// answers a packet sent before the go-back-N, which is resending it already.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Recovery {
+    pub(super) from: Psn,
+    pub(super) to: Psn,
+    pub(super) at: Instant,
 }
 
 impl Requester {
@@ -292,8 +334,11 @@ impl Requester {
             retransmit_queued: None,
             rnr_queued: None,
             retrying_from: None,
-            window: WINDOW_MIN_PSNS,
+            recovery: None,
+            window: WINDOW_START_PSNS,
             window_credit: 0,
+            rtt: RttEstimator::default(),
+            rtt_probe: None,
         }
     }
 
@@ -312,6 +357,28 @@ impl Requester {
     pub(super) fn window_shrink(&mut self) {
         self.window = (self.window / 2).max(WINDOW_MIN_PSNS);
         self.window_credit = 0;
+    }
+
+    /// True when `psn` is being resent by a go-back-N begun less than `guard` before `now`:
+    /// a NAK for it then answers the packet sent before the go-back-N.
+    pub(super) fn resending(&self, psn: Psn, now: Instant, guard: Duration) -> bool {
+        self.recovery.is_some_and(|r| {
+            psn.diff(r.from) >= 0
+                && r.to.diff(psn) > 0
+                && now.saturating_duration_since(r.at) < guard
+        })
+    }
+
+    /// Goes back to resend from `from` (go-back-N after a NAK or a timeout): the timed PSN,
+    /// if any, will be resent, so its measurement is void.
+    pub(super) fn go_back(&mut self, from: Psn, now: Instant) {
+        self.rewind(from);
+        self.rtt_probe = None;
+        self.recovery = Some(Recovery {
+            from,
+            to: self.high_psn,
+            at: now,
+        });
     }
 
     /// PSNs between the oldest unacknowledged one and the send position (the send window).

@@ -79,6 +79,9 @@ impl Device {
             self.stats.tx_retransmits += 1;
         } else {
             qp.req.high_psn = psn.add(1);
+            if qp.req.rtt_probe.is_none() {
+                qp.req.rtt_probe = Some((psn, now));
+            }
         }
         qp.req.psn = psn.add(1);
         if last {
@@ -88,8 +91,8 @@ impl Device {
             qp.req.send_pkt += 1;
         }
         if qp.req.retransmit_at.is_none() {
-            if let Some(iv) = qp.retransmit_interval() {
-                self.sched.arm(qp, TimerKind::Retransmit, now + iv);
+            if let Some(at) = qp.retransmit_deadline(now) {
+                self.sched.arm(qp, TimerKind::Retransmit, at);
             }
         }
         dst

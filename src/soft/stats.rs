@@ -67,6 +67,17 @@ pub struct SoftStats {
     pub rx_seq_naks: u64,
     /// Retransmit timer expiries.
     pub retransmit_timeouts: u64,
+    /// Request packets the peer acknowledged (explicitly, or implicitly by a NAK), each PSN
+    /// once: what was delivered, against which [`tx_retransmits`](Self::tx_retransmits) reads.
+    pub tx_delivered: u64,
+    /// PSN-sequence NAKs for a PSN that the go-back-N begun less than an RTT before was
+    /// resending already (they answer a packet sent before it): no second go-back-N.
+    pub naks_ignored_in_recovery: u64,
+    /// Send-window halvings: a retransmit timeout, or a NAK that started a go-back-N.
+    pub window_shrinks: u64,
+    /// A gauge, not a counter: the smoothed round-trip time the last RC QP to measure one
+    /// measured, in microseconds (0 before any).
+    pub srtt_us: u64,
     /// QPs destroyed through [`Verbs::retire_qp`] (drained, the caller says).
     ///
     /// [`Verbs::retire_qp`]: crate::verbs::Verbs::retire_qp

@@ -189,10 +189,11 @@ fn requests_leave_before_pending_acks() {
 }
 
 /// The send window starts at rxe's 128 PSNs, widens to its maximum while nothing is lost,
-/// and halves when a loss makes the requester go back.
+/// halves when a loss makes the requester go back, keeps halving under repeated loss (below
+/// where it started), and widens again once packets get through.
 #[test]
-fn send_window_grows_while_clean_and_halves_on_loss() {
-    use crate::soft::qp::{WINDOW_MAX_PSNS, WINDOW_MIN_PSNS};
+fn send_window_grows_while_clean_halves_on_each_loss_and_recovers() {
+    use crate::soft::qp::{WINDOW_MAX_PSNS, WINDOW_MIN_PSNS, WINDOW_START_PSNS};
     use crate::verbs::PathMtu;
 
     let p = RcParams {
@@ -201,7 +202,7 @@ fn send_window_grows_while_clean_and_halves_on_loss() {
     };
     let (mut fab, ea, eb, qa, qb) = rc_pair(65536, 64, 256, &p);
     let window = |fab: &Fabric| fab.nodes[0].qps.get(qa).map(|q| q.req.window);
-    assert_eq!(window(&fab), Some(WINDOW_MIN_PSNS));
+    assert_eq!(window(&fab), Some(WINDOW_START_PSNS));
     let mut cs: Vec<Completion> = Vec::new();
     let mut send = |fab: &mut Fabric, first: u64, n: u64| {
         for i in first..first + n {
@@ -238,6 +239,31 @@ fn send_window_grows_while_clean_and_halves_on_loss() {
         fab.nodes[0].pools().posted_count(),
         0,
         "the resend got through"
+    );
+    // Timeouts in a row (67 ms backing off to 536 ms, starting from where the last episode
+    // left off, since no RTT was measured after it): one halving each.
+    let timeouts = |fab: &Fabric| fab.nodes[0].stats().retransmit_timeouts;
+    let (before, w0) = (timeouts(&fab), window(&fab).unwrap());
+    fab.partitioned[0] = true;
+    {
+        let (a, b) = fab.providers();
+        cf::post_recvs(b, RecvTarget::Qp(qb), eb.pool, 101, 1).unwrap();
+        cf::post_send_data(a, qa, ea.pool, 101, &[9; 1000]).unwrap();
+    }
+    fab.transmit();
+    fab.advance(Duration::from_millis(2100));
+    fab.partitioned[0] = false;
+    let n = timeouts(&fab) - before;
+    assert!(n >= 4, "{n} timeouts");
+    assert_eq!(window(&fab), Some((w0 >> n).max(WINDOW_MIN_PSNS)));
+    assert!(window(&fab).unwrap() < WINDOW_START_PSNS);
+    fab.run_idle(10_000, Duration::from_secs(5));
+    // Traffic widens it again.
+    send(&mut fab, 200, 16);
+    assert!(
+        window(&fab).unwrap() > WINDOW_START_PSNS,
+        "{:?}",
+        window(&fab)
     );
 }
 
@@ -539,4 +565,80 @@ fn moves_later_wait_for_the_engines_time() {
     assert_eq!(v.query_qp_state(a), Ok(QpState::Init));
     let s = v.stats();
     assert_eq!((s.moves_started, s.moves_settled), (3, 1));
+}
+
+/// Everything `from` sends at `now`, as `(datagram, PSN)`.
+fn drain_wire(fab: &mut Fabric, from: usize, now: Instant) -> Vec<(Vec<u8>, u32)> {
+    let mut out = Vec::new();
+    for _ in 0..10_000 {
+        let mut buf = Vec::new();
+        if fab.nodes[from].poll_transmit(now, &mut buf).is_none() {
+            break;
+        }
+        let psn = crate::wire::roce::RocePacket::parse(&buf).unwrap().bth.psn;
+        out.push((buf, psn));
+    }
+    out
+}
+
+/// Hands `datagram` from node `from` to node `to` at `now`.
+fn deliver(fab: &mut Fabric, from: usize, to: usize, now: Instant, datagram: &[u8]) {
+    let c = *fab.nodes[from].config();
+    let src = std::net::SocketAddr::new(c.local_ip, c.src_port);
+    let dst = fab.nodes[to].config().local_ip;
+    fab.nodes[to].handle_datagram(now, src, dst, datagram);
+}
+
+/// A NAK for a PSN that the go-back-N begun less than an RTT ago resends already answers a
+/// packet sent before it: it starts no second go-back-N (each packet is resent once). The
+/// responder here drops what arrives out of sequence, as rxe does: a packet overtaken by the
+/// next one draws a NAK for it, and the one that overtook it, dropped, draws a second NAK
+/// once the first arrives.
+#[test]
+fn a_nak_for_a_psn_being_resent_starts_no_second_go_back() {
+    let p = RcParams::default();
+    let mut fab = Fabric::with_nodes(2, Instant::now(), |_, _| {});
+    let (a, b) = fab.providers();
+    let ea = cf::open_endpoint(a, 256, 32, 64).unwrap();
+    let eb = cf::open_endpoint(b, 256, 32, 64).unwrap();
+    let (qa, qb) = cf::connect_rc(a, &ea, b, &eb, &p).unwrap();
+    cf::post_recvs(b, RecvTarget::Qp(qb), eb.pool, 0, 16).unwrap();
+    let ms = Duration::from_millis(1);
+    // One message measures the RTT: 1 ms.
+    let t0 = fab.now();
+    cf::post_send_data(&mut fab.nodes[0], qa, ea.pool, 0, &[1; 64]).unwrap();
+    for (d, _) in drain_wire(&mut fab, 0, t0) {
+        deliver(&mut fab, 0, 1, t0, &d);
+    }
+    for (d, _) in drain_wire(&mut fab, 1, t0) {
+        deliver(&mut fab, 1, 0, t0 + ms, &d);
+    }
+    // Eight one-packet messages; the third is overtaken by the fourth.
+    let t1 = t0 + 2 * ms;
+    for i in 1..=8 {
+        cf::post_send_data(&mut fab.nodes[0], qa, ea.pool, i, &[1; 64]).unwrap();
+    }
+    let sent = drain_wire(&mut fab, 0, t1);
+    assert_eq!(sent.len(), 8);
+    let order = [0, 1, 3, 2, 4, 5, 6, 7];
+    for k in order {
+        deliver(&mut fab, 0, 1, t1, &sent[k].0);
+    }
+    let responses = drain_wire(&mut fab, 1, t1);
+    let naks: Vec<u32> = responses.iter().map(|r| r.1).collect();
+    let first = sent[0].1;
+    assert!(
+        naks.contains(&(first + 2)) && naks.contains(&(first + 3)),
+        "NAKs for the overtaken and the dropped packet: {naks:?} (first PSN {first})"
+    );
+    // The first NAK makes A go back to the third packet; the second, for the fourth, comes
+    // while that go-back-N is resending it.
+    for (d, _) in &responses {
+        deliver(&mut fab, 1, 0, t1 + ms / 2, d);
+        drain_wire(&mut fab, 0, t1 + ms / 2);
+    }
+    let s = fab.nodes[0].stats();
+    assert_eq!(s.tx_retransmits, 6, "packets 3..8 resent once: {s:?}");
+    assert_eq!(s.naks_ignored_in_recovery, 1, "{s:?}");
+    assert_eq!(s.window_shrinks, 1, "{s:?}");
 }
