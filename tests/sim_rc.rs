@@ -576,40 +576,73 @@ fn delay_20ms_over_the_default_timeout_resends_almost_nothing() {
     assert!(o.a.retransmit_timeouts <= 3, "{:?}", o.a);
 }
 
+/// The same transfer over the link with its delay only, in order: how long (virtual) it
+/// takes when nothing is reordered, next to which a reordering run's time is read.
+fn in_order_reference(name: &str, link: LinkImpairment, messages: usize) -> Duration {
+    let plain = LinkImpairment {
+        delay: link.delay,
+        seed: link.seed,
+        ..LinkImpairment::default()
+    };
+    bulk_over(&format!("{name}, in order"), plain, messages)
+        .0
+        .elapsed
+}
+
+/// Asserts a reordering run took at most four times as long (virtual) as the in-order
+/// reference: at least 0.25x of its throughput.
+fn at_least_a_quarter_of(name: &str, o: &Outcome, reference: Duration) {
+    let ratio = reference.as_secs_f64() / o.elapsed.as_secs_f64();
+    println!("[{name}] {ratio:.2}x the in-order throughput");
+    assert!(ratio >= 0.25, "{name}: {ratio:.3}x the in-order throughput");
+}
+
 /// 25 % of the packets overtake everything sent in the last 5 ms (netem's `reorder`): the
-/// transfer completes with retransmitted packets at most twice the packets delivered.
+/// transfer completes with retransmitted packets at most twice the packets delivered, and
+/// at least a quarter of the throughput of the same link in order (the receiver holds what
+/// arrives early instead of dropping it, and learns to wait before NAKing a gap).
 #[test]
 fn reorder_25_percent_at_5ms_retransmits_at_most_twice_what_it_delivers() {
+    let name = "reorder 25% at 5 ms";
     let link = LinkImpairment {
         delay: Duration::from_millis(5),
         reorder_pct: 25.0,
         seed: 25,
         ..LinkImpairment::default()
     };
-    let (o, packets) = bulk_over("reorder 25% at 5 ms", link, 800);
+    let (o, packets) = bulk_over(name, link, 800);
     assert!(
         o.a.tx_retransmits <= 2 * packets,
         "{} resent for {packets}",
         o.a.tx_retransmits
     );
+    assert!(
+        o.b.rx_held > 0 && o.b.rx_held_delivered == o.b.rx_held,
+        "{:?}",
+        o.b
+    );
+    at_least_a_quarter_of(name, &o, in_order_reference(name, link, 800));
 }
 
 /// 20 ms ± 10 ms of jitter reorders nearly every packet: the transfer completes with
-/// retransmitted packets at most twice the packets delivered.
+/// retransmitted packets at most twice the packets delivered, and at least a quarter of the
+/// throughput of the same link without the jitter.
 #[test]
 fn jitter_20ms_plus_minus_10ms_retransmits_at_most_twice_what_it_delivers() {
+    let name = "jitter 20 ± 10 ms";
     let link = LinkImpairment {
         delay: Duration::from_millis(20),
         jitter: Duration::from_millis(10),
         seed: 2010,
         ..LinkImpairment::default()
     };
-    let (o, packets) = bulk_over("jitter 20 ± 10 ms", link, 800);
+    let (o, packets) = bulk_over(name, link, 800);
     assert!(
         o.a.tx_retransmits <= 2 * packets,
         "{} resent for {packets}",
         o.a.tx_retransmits
     );
+    at_least_a_quarter_of(name, &o, in_order_reference(name, link, 800));
 }
 
 /// 5 % loss both ways on a 5 ms link: the send window shrinks, so each go-back-N resends a

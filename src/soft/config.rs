@@ -16,6 +16,10 @@ pub const DEFAULT_MULTICAST_TTL: u8 = 1;
 /// Largest RC message, in bytes (IBTA allows 2^31).
 pub const MAX_RC_MSG: usize = 1 << 31;
 
+/// Default [`SoftConfig::reorder_hold_packets`]: 4 MiB of packets at path MTU 4096, taken
+/// only while requests arrive out of sequence.
+pub const DEFAULT_REORDER_HOLD_PACKETS: usize = 1024;
+
 /// Configuration of a software provider instance.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SoftConfig {
@@ -48,6 +52,11 @@ pub struct SoftConfig {
     /// TTL (IPv4) or hop limit (IPv6) of those multicast datagrams: 1 keeps them on the
     /// link.
     pub multicast_ttl: u8,
+    /// Most RC requests that arrived ahead of a gap the responders hold at once (all QPs
+    /// together) until the gap fills, instead of dropping them and having the requester
+    /// resend them; 0 drops them, as rxe does. Memory: up to this many packets of the path
+    /// MTU, allocated while requests are held.
+    pub reorder_hold_packets: usize,
     /// Transmit-side fault injection.
     pub faults: FaultConfig,
     /// Deliberate contract violations for tests.
@@ -73,6 +82,7 @@ impl SoftConfig {
             max_qps: 1 << 16,
             multicast: false,
             multicast_ttl: DEFAULT_MULTICAST_TTL,
+            reorder_hold_packets: DEFAULT_REORDER_HOLD_PACKETS,
             faults: FaultConfig::default(),
             quirks: Quirks::default(),
             qpn_seed: 0,

@@ -8,6 +8,7 @@ use super::config::SoftConfig;
 use super::mcast::Multicast;
 use super::objects::{Objects, RecvInfo};
 use super::qp::{Qp, RecvWqe, Response, SendWqe};
+use super::reorder::HoldBudget;
 use super::sched::Scheduler;
 use super::stats::SoftStats;
 use crate::verbs::{AsyncEvent, Completion, CqId, Psn, QpNum, QpState, Sl, WcOpcode, WcStatus};
@@ -32,6 +33,8 @@ pub(super) struct Device {
     /// QPs waiting to send, and the QP timers.
     pub(super) sched: Scheduler,
     pub(super) mcast: Multicast,
+    /// Room for the requests responders hold out of sequence.
+    pub(super) hold_budget: HoldBudget,
 }
 
 impl Device {
@@ -44,6 +47,7 @@ impl Device {
             stats: SoftStats::default(),
             sched: Scheduler::new(),
             mcast: Multicast::default(),
+            hold_budget: HoldBudget::new(cfg.reorder_hold_packets),
         }
     }
 
@@ -159,6 +163,7 @@ impl Device {
         qp.sqd_notify = false;
         qp.req.retransmit_at = None;
         qp.req.rnr_at = None;
+        self.drop_held(qp);
         qp.resp
             .responses
             .retain(|r| matches!(r, Response::NakInvalid(_)));
@@ -183,6 +188,14 @@ impl Device {
                 }
             }
         }
+    }
+
+    /// Gives back the requests `qp` holds out of sequence and forgets the gap (it stops
+    /// receiving, or is reset or destroyed).
+    pub(super) fn drop_held(&mut self, qp: &mut Qp) {
+        qp.resp.held.clear(&mut self.hold_budget);
+        qp.resp.gap_since = None;
+        qp.resp.nak_at = None;
     }
 
     /// Raises the `SqDrained` owed by a move to SQD once nothing begun is outstanding.

@@ -51,6 +51,7 @@ mod mcast;
 mod objects;
 pub mod provider;
 mod qp;
+mod reorder;
 mod requester;
 mod responder;
 mod rtt;
@@ -59,7 +60,9 @@ mod stats;
 pub mod transport;
 
 pub use crate::wire::grh::{grh_source_gid, GRH_LEN};
-pub use config::{SoftConfig, DEFAULT_MULTICAST_TTL, MAX_RC_MSG, MULTICAST_QPN};
+pub use config::{
+    SoftConfig, DEFAULT_MULTICAST_TTL, DEFAULT_REORDER_HOLD_PACKETS, MAX_RC_MSG, MULTICAST_QPN,
+};
 pub use engine::{SoftVerbs, MOVES_LATER_BY};
 pub use fault::{FaultConfig, FaultInjector, FaultStats, Quirks};
 pub use mcast::{group_addr as multicast_group_addr, DUPLICATE_WINDOW};

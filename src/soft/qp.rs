@@ -12,6 +12,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use super::reorder::{Held, ReorderWindow};
 use super::rtt::RttEstimator;
 
 use crate::verbs::{
@@ -452,8 +453,20 @@ pub(super) struct Responder {
     pub(super) msn: u32,
     /// The receive WQE a multi-packet message is filling.
     pub(super) filling: Option<Filling>,
-    /// A PSN-sequence NAK was sent for the current gap (rxe `sent_psn_nak`).
+    /// A PSN-sequence NAK (or an RNR NAK) was sent for the current gap (rxe `sent_psn_nak`).
     pub(super) sent_psn_nak: bool,
+    /// An RNR NAK was sent for the expected PSN: until it arrives, nothing is held.
+    pub(super) rnr_naked: bool,
+    /// Requests that arrived ahead of the expected PSN, held until it arrives.
+    pub(super) held: Held,
+    /// When the gap before the held requests opened (the earliest of them arrived).
+    pub(super) gap_since: Option<Instant>,
+    /// How long a gap may stay open before its NAK.
+    pub(super) reorder: ReorderWindow,
+    /// When the open gap is NAKed unless it fills first.
+    pub(super) nak_at: Option<Instant>,
+    /// The instant of the NAK timer's live entry in the provider's timer heap.
+    pub(super) nak_queued: Option<Instant>,
     /// Responses to send, coalesced: at most one ACK is kept.
     pub(super) responses: VecDeque<Response>,
     /// `CommEst` was raised.
@@ -467,6 +480,12 @@ impl Responder {
             msn: 0,
             filling: None,
             sent_psn_nak: false,
+            rnr_naked: false,
+            held: Held::default(),
+            gap_since: None,
+            reorder: ReorderWindow::default(),
+            nak_at: None,
+            nak_queued: None,
             responses: VecDeque::new(),
             comm_est_raised: false,
         }

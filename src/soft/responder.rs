@@ -3,10 +3,13 @@
 //! here from the responses the QP owes.
 
 use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
 
 use super::device::Device;
 use super::objects::RecvInfo;
 use super::qp::{roce_dgid, Filling, Qp, Response};
+use super::reorder::Hold;
+use super::sched::TimerKind;
 use crate::verbs::{AsyncEvent, Psn, QpNum, QpState, WcStatus};
 use crate::wire::bth::Opcode;
 use crate::wire::ext::{Aeth, NakCode, Syndrome};
@@ -14,7 +17,14 @@ use crate::wire::grh::{GrhRepr, GRH_LEN};
 use crate::wire::roce::{RocePacket, RoceRepr};
 
 impl Device {
-    pub(super) fn on_request(&mut self, qp: &mut Qp, pkt: &RocePacket<'_>) {
+    /// An RC request `pkt` (the whole `datagram`) for `qp` arrived at `now`.
+    pub(super) fn on_request(
+        &mut self,
+        qp: &mut Qp,
+        now: Instant,
+        pkt: &RocePacket<'_>,
+        datagram: &[u8],
+    ) {
         if !matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
             self.stats.rx_bad_state += 1;
             return;
@@ -22,20 +32,127 @@ impl Device {
         let psn = Psn::new(pkt.bth.psn);
         let d = psn.diff(qp.resp.psn);
         if d > 0 {
-            self.stats.rx_out_of_sequence += 1;
-            if !qp.resp.sent_psn_nak {
-                qp.resp.sent_psn_nak = true;
-                qp.resp.responses.push_back(Response::NakSeq(qp.resp.psn));
-            }
+            self.out_of_sequence(qp, now, u32::try_from(d).unwrap_or(u32::MAX), datagram);
             return;
         }
         if d < 0 {
             // C9-105: re-ACK the last PSN received in order so the requester moves on.
             self.stats.rx_duplicate += 1;
+            if qp.resp.reorder.duplicate(psn) {
+                self.stats.naks_spurious += 1;
+                self.stats.nak_wait_us = micros(qp.resp.reorder.wait());
+            }
             qp.resp.queue_ack(qp.resp.psn.sub(1));
             return;
         }
+        let naked = qp.resp.sent_psn_nak && !qp.resp.rnr_naked;
+        if !self.accept(qp, pkt) {
+            return;
+        }
+        let released = self.deliver_held(qp);
+        if let Some(since) = qp.resp.gap_since {
+            // The gap before `psn` filled.
+            if naked {
+                let took = now.saturating_duration_since(since);
+                qp.resp.reorder.filled_after_nak(psn, took);
+                self.stats.nak_wait_us = micros(qp.resp.reorder.wait());
+            }
+            // The next one, if any, opened when the earliest request still held arrived.
+            qp.resp.gap_since = qp.resp.held.oldest_arrival();
+            qp.resp.nak_at = None;
+            self.wait_for_gap(qp, now);
+        }
+        if released > 0 {
+            // Tell the requester at once how far it got: it may be going back already.
+            qp.resp.queue_ack(qp.resp.psn.sub(1));
+        }
+    }
+
+    /// A request `ahead` PSNs past the expected one: held while there is room and the gap
+    /// NAKed once it has been open for the QP's NAK wait; else dropped and the gap NAKed at
+    /// once (rxe: the first out-of-sequence request NAKs, the others are dropped silently).
+    fn out_of_sequence(&mut self, qp: &mut Qp, now: Instant, ahead: u32, datagram: &[u8]) {
+        self.stats.rx_out_of_sequence += 1;
+        if !qp.resp.rnr_naked && self.cfg.reorder_hold_packets > 0 {
+            match qp
+                .resp
+                .held
+                .hold(ahead, datagram, now, &mut self.hold_budget)
+            {
+                Hold::Held => {
+                    self.stats.rx_held += 1;
+                    if qp.resp.gap_since.is_none() {
+                        qp.resp.gap_since = Some(now);
+                        self.wait_for_gap(qp, now);
+                    }
+                    return;
+                }
+                Hold::Duplicate => return,
+                Hold::NoRoom => self.stats.rx_hold_full += 1,
+            }
+        }
+        if !qp.resp.sent_psn_nak {
+            self.nak_gap(qp);
+        }
+    }
+
+    /// Arms the NAK of the open gap for when it has been open for the NAK wait (now, if it
+    /// has been already).
+    fn wait_for_gap(&mut self, qp: &mut Qp, now: Instant) {
+        let Some(since) = qp.resp.gap_since else {
+            return;
+        };
+        if qp.resp.sent_psn_nak {
+            return;
+        }
+        let at = since + qp.resp.reorder.wait();
+        if at <= now {
+            self.nak_gap(qp);
+        } else {
+            self.sched.arm(qp, TimerKind::NakWait, at);
+        }
+    }
+
+    /// The NAK wait of `qp`'s open gap ran out.
+    pub(super) fn on_nak_wait(&mut self, qp: &mut Qp) {
+        qp.resp.nak_at = None;
+        let receiving = matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd);
+        if receiving && qp.resp.gap_since.is_some() && !qp.resp.sent_psn_nak {
+            self.nak_gap(qp);
+        }
+    }
+
+    /// NAKs the gap before the expected PSN (once per gap).
+    fn nak_gap(&mut self, qp: &mut Qp) {
+        qp.resp.sent_psn_nak = true;
+        qp.resp.nak_at = None;
+        qp.resp.responses.push_back(Response::NakSeq(qp.resp.psn));
+    }
+
+    /// Takes the held requests that follow the expected PSN, in order, until the next gap;
+    /// returns how many were delivered.
+    fn deliver_held(&mut self, qp: &mut Qp) -> usize {
+        let mut delivered = 0;
+        // Each accepted request moves the expected PSN by one, and with it the held slots.
+        while let Some(b) = qp.resp.held.advance() {
+            let accepted = RocePacket::parse(&b).is_ok_and(|pkt| self.accept(qp, &pkt));
+            self.hold_budget.give_back(b);
+            if !accepted {
+                break;
+            }
+            self.stats.rx_held_delivered += 1;
+            delivered += 1;
+        }
+        delivered
+    }
+
+    /// Takes `pkt`, the request with the expected PSN: fills a receive WQE and owes its ACK.
+    /// Returns false when it did not take it (no receive WQE: RNR NAK; or an invalid request:
+    /// the QP goes to ERR).
+    fn accept(&mut self, qp: &mut Qp, pkt: &RocePacket<'_>) -> bool {
+        let psn = Psn::new(pkt.bth.psn);
         qp.resp.sent_psn_nak = false;
+        qp.resp.rnr_naked = false;
         if qp.state == QpState::Rtr && !qp.resp.comm_est_raised {
             qp.resp.comm_est_raised = true;
             self.events.push_back(AsyncEvent::CommEst(qp.num));
@@ -55,7 +172,7 @@ impl Device {
         };
         if starts == in_message || !length_ok {
             self.class_error(qp, psn);
-            return;
+            return false;
         }
         let mut filling = match qp.resp.filling.take() {
             Some(f) => f,
@@ -64,8 +181,9 @@ impl Device {
                 None => {
                     self.stats.tx_rnr_naks += 1;
                     qp.resp.sent_psn_nak = true;
+                    qp.resp.rnr_naked = true;
                     qp.resp.responses.push_back(Response::RnrNak(psn));
-                    return;
+                    return false;
                 }
             },
         };
@@ -78,7 +196,7 @@ impl Device {
         if end > buf_len {
             self.complete_recv(qp, filling.wqe, WcStatus::LocLenErr, RecvInfo::default());
             self.class_error(qp, psn);
-            return;
+            return false;
         }
         if let Some(dst) = self
             .objects
@@ -104,6 +222,7 @@ impl Device {
         if pkt.bth.ack_req {
             qp.resp.queue_ack(psn);
         }
+        true
     }
 
     /// A class B/C responder error: NAK invalid request and move the QP to ERR.
@@ -206,4 +325,9 @@ impl Device {
         };
         self.emit(&repr, &[], roce_dgid(&av).to_ip(), out)
     }
+}
+
+/// `d` in whole microseconds, for a gauge.
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }

@@ -1,5 +1,5 @@
-//! Scheduling: which QP `poll_transmit` serves next, and the QP timers (retransmit and RNR
-//! back-off) in one lazily cancelled heap. The engine fires them (`SoftVerbs::handle_timeout`).
+//! Scheduling: which QP `poll_transmit` serves next, and the QP timers (retransmit, RNR
+//! back-off, the responder's NAK wait) in one lazily cancelled heap. The engine fires them (`SoftVerbs::handle_timeout`).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -19,6 +19,8 @@ pub(super) enum TimerKind {
     Retransmit,
     /// Requester RNR back-off.
     Rnr,
+    /// Responder: the NAK of a gap that did not fill in time.
+    NakWait,
 }
 
 /// The QPs with something to send, in the order they are served, and the timer heap.
@@ -127,5 +129,6 @@ pub(super) fn timer_slots(
     match kind {
         TimerKind::Retransmit => (&mut r.retransmit_at, &mut r.retransmit_queued),
         TimerKind::Rnr => (&mut r.rnr_at, &mut r.rnr_queued),
+        TimerKind::NakWait => (&mut qp.resp.nak_at, &mut qp.resp.nak_queued),
     }
 }

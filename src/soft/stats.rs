@@ -33,8 +33,27 @@ pub struct SoftStats {
     pub rx_mcast_duplicates: u64,
     /// Duplicate requests (re-ACKed and dropped).
     pub rx_duplicate: u64,
-    /// Out-of-sequence requests (NAKed once, then dropped).
+    /// Out-of-sequence requests (held until the gap before them fills, or dropped; the gap
+    /// NAKed once).
     pub rx_out_of_sequence: u64,
+    /// Of those, requests held until the gap before them filled (or the QP stopped
+    /// receiving).
+    pub rx_held: u64,
+    /// Of the held requests, those delivered in sequence when the gap filled.
+    pub rx_held_delivered: u64,
+    /// A gauge, not a counter: requests held now, all QPs together.
+    pub rx_held_now: u64,
+    /// Out-of-sequence requests not held for want of room (too far ahead, or
+    /// [`SoftConfig::reorder_hold_packets`](super::SoftConfig::reorder_hold_packets) held
+    /// already): dropped, the gap NAKed at once.
+    pub rx_hold_full: u64,
+    /// PSN-sequence NAKs shown spurious: the request they named arrived twice, first late
+    /// (the path reordered it) and then resent. Each widens the time a gap may stay open
+    /// before its NAK.
+    pub naks_spurious: u64,
+    /// A gauge, not a counter: how long a gap may stay open before its NAK, as the last RC
+    /// QP to learn it from the path learnt it, in microseconds (0: NAK at once).
+    pub nak_wait_us: u64,
     /// IPv4 datagrams whose ICRC is right for an IP ID of 1..64 rather than 0: segments of a
     /// UDP GSO train, which the kernel numbers 0, 1, 2, ... (accepted; see [`Ipv4IdShift`](crate::wire::icrc::Ipv4IdShift)).
     pub rx_gso_segments: u64,

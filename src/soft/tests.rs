@@ -597,7 +597,7 @@ fn deliver(fab: &mut Fabric, from: usize, to: usize, now: Instant, datagram: &[u
 #[test]
 fn a_nak_for_a_psn_being_resent_starts_no_second_go_back() {
     let p = RcParams::default();
-    let mut fab = Fabric::with_nodes(2, Instant::now(), |_, _| {});
+    let mut fab = Fabric::with_nodes(2, Instant::now(), |_, c| c.reorder_hold_packets = 0);
     let (a, b) = fab.providers();
     let ea = cf::open_endpoint(a, 256, 32, 64).unwrap();
     let eb = cf::open_endpoint(b, 256, 32, 64).unwrap();
@@ -641,4 +641,87 @@ fn a_nak_for_a_psn_being_resent_starts_no_second_go_back() {
     assert_eq!(s.tx_retransmits, 6, "packets 3..8 resent once: {s:?}");
     assert_eq!(s.naks_ignored_in_recovery, 1, "{s:?}");
     assert_eq!(s.window_shrinks, 1, "{s:?}");
+}
+
+/// A responder holds a request that arrives ahead of its predecessor and delivers both in
+/// order when the predecessor comes. The first such gap is NAKed at once (as rxe does); the
+/// requester's resend of the late request then shows that NAK spurious, and from then on a
+/// gap may stay open a quarter longer than that one took to fill before it is NAKed: a
+/// reordering like it costs nothing, and a loss is NAKed when the wait runs out.
+#[test]
+fn a_responder_holds_early_requests_and_learns_to_wait_before_naking() {
+    let p = RcParams::default();
+    let (mut fab, ea, eb, qa, qb) = rc_pair(256, 32, 64, &p);
+    cf::post_recvs(&mut fab.nodes[1], RecvTarget::Qp(qb), eb.pool, 0, 24).unwrap();
+    let ms = Duration::from_millis(1);
+    let b_stats = |fab: &Fabric| fab.nodes[1].stats();
+    // Eight one-packet messages; the third arrives 2 ms late, after the fourth.
+    let round = |fab: &mut Fabric, first: u64, t: Instant, late: Option<Instant>| {
+        for i in first..first + 8 {
+            cf::post_send_data(&mut fab.nodes[0], qa, ea.pool, i, &[1; 64]).unwrap();
+        }
+        let sent = drain_wire(fab, 0, t);
+        assert_eq!(sent.len(), 8);
+        for k in [0, 1, 3] {
+            deliver(fab, 0, 1, t, &sent[k].0);
+        }
+        let early = drain_wire(fab, 1, t);
+        if let Some(late) = late {
+            for k in [2, 4, 5, 6, 7] {
+                deliver(fab, 0, 1, late, &sent[k].0);
+            }
+        }
+        early
+    };
+    let t1 = fab.now();
+    let early = round(&mut fab, 0, t1, Some(t1 + 2 * ms));
+    let s = b_stats(&fab);
+    assert_eq!((s.rx_held, s.rx_held_delivered, s.tx_seq_naks), (1, 1, 1));
+    assert_eq!(s.rx_held_now, 0);
+    // A goes back on the NAK and resends packets 3..8: B sees the third twice.
+    let late_acks = drain_wire(&mut fab, 1, t1 + 2 * ms);
+    for (d, _) in &early {
+        deliver(&mut fab, 1, 0, t1 + ms, d);
+    }
+    let resent = drain_wire(&mut fab, 0, t1 + ms);
+    assert_eq!(resent.len(), 6);
+    for (d, _) in &resent {
+        deliver(&mut fab, 0, 1, t1 + 3 * ms, d);
+    }
+    for (d, _) in &late_acks {
+        deliver(&mut fab, 1, 0, t1 + 3 * ms, d);
+    }
+    let s = b_stats(&fab);
+    assert_eq!((s.naks_spurious, s.nak_wait_us), (1, 2500), "{s:?}");
+    for (d, _) in drain_wire(&mut fab, 1, t1 + 3 * ms) {
+        deliver(&mut fab, 1, 0, t1 + 4 * ms, &d);
+    }
+    // The same reordering again: no NAK, nothing resent.
+    let t2 = t1 + 10 * ms;
+    assert!(round(&mut fab, 8, t2, Some(t2 + 2 * ms))
+        .iter()
+        .all(|(d, _)| {
+            crate::wire::roce::RocePacket::parse(d).is_ok_and(|p| {
+                p.aeth.is_some_and(|a| {
+                    a.syndrome == crate::wire::ext::Syndrome::Ack { credits: 0x1F }
+                })
+            })
+        }));
+    fab.nodes[1].handle_timeout(t2 + 3 * ms);
+    let s = b_stats(&fab);
+    assert_eq!((s.rx_held, s.rx_held_delivered, s.tx_seq_naks), (2, 2, 1));
+    // A loss: the third never comes, and the gap is NAKed when the wait runs out.
+    let t3 = t1 + 20 * ms;
+    round(&mut fab, 16, t3, None);
+    fab.nodes[1].handle_timeout(t3 + 2 * ms);
+    assert_eq!(b_stats(&fab).tx_seq_naks, 1);
+    fab.nodes[1].handle_timeout(t3 + 3 * ms);
+    let naks = drain_wire(&mut fab, 1, t3 + 3 * ms);
+    assert_eq!(b_stats(&fab).tx_seq_naks, 2, "{naks:?}");
+    assert_eq!(b_stats(&fab).rx_held_now, 1);
+    // Everything B took came in order, once.
+    let mut cs = Vec::new();
+    cf::poll_into(&mut fab.nodes[1], eb.recv_cq, &mut cs);
+    let ids: Vec<u64> = cs.iter().map(|c| c.wr_id.0).collect();
+    assert_eq!(ids, (0..18).collect::<Vec<_>>());
 }

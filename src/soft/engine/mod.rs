@@ -179,6 +179,7 @@ impl SoftVerbs {
     pub fn stats(&self) -> SoftStats {
         let mut s = self.dev.stats;
         s.faults = self.faults.stats();
+        s.rx_held_now = self.dev.hold_budget.held() as u64;
         s
     }
 
@@ -342,7 +343,8 @@ impl Verbs for SoftVerbs {
     }
     fn destroy_qp(&mut self, qpn: QpNum) -> Result<(), VerbsError> {
         self.later.forget(qpn);
-        let qp = self.qps.remove(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
+        let mut qp = self.qps.remove(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
+        self.dev.drop_held(&mut qp);
         if self.dev.cfg.quirks.clean_cq_on_destroy {
             self.dev.objects.clean_cqs_of(&qp);
         }
@@ -458,6 +460,7 @@ impl SoftVerbs {
                 if let Some(f) = qp.resp.filling.take() {
                     self.dev.objects.pools.release(f.wqe.buf);
                 }
+                self.dev.drop_held(qp);
                 qp.reset();
             }
             QpState::Sqd => {

@@ -125,7 +125,7 @@ impl SoftVerbs {
                     dev.on_ack(qp, now, &pkt);
                     dev.check_sq_drained(qp);
                 } else if pkt.bth.opcode.transport() == Transport::Rc && pkt.bth.opcode.is_send() {
-                    dev.on_request(qp, &pkt);
+                    dev.on_request(qp, now, &pkt, datagram);
                 } else {
                     // RDMA, atomics and UC/UD opcodes are not accepted by these QPs.
                     dev.stats.rx_bad_state += 1;

@@ -1,0 +1,258 @@
+//! The responder's hold of requests that arrive out of sequence, and how long it waits for a
+//! gap to fill before it NAKs.
+//!
+//! An RC responder accepts requests in PSN order only; rxe drops one that arrives early and
+//! NAKs the PSN it expects, and the requester goes back to resend everything from there. On
+//! a path that reorders (jitter, several links), nothing was lost: the missing request
+//! arrives a moment later, and every go-back-N is spurious. So this responder holds early
+//! requests ([`Held`]) and takes them in order when the gap before them fills, as if the
+//! path had delivered them in order; and it waits for a gap to fill before NAKing, for a
+//! time it learns from the path ([`ReorderWindow`]). On the wire nothing changes: ACKs and
+//! NAKs mean what IBTA says (everything before the PSN arrived; the PSN is expected), and a
+//! requester cannot tell the hold from a path that delivers a little later.
+//!
+//! What is held is bounded per QP (requests at most [`MAX_HOLD_DISTANCE`] PSNs ahead) and
+//! per device ([`HoldBudget`]: a count of packets, the [`SoftConfig`](super::SoftConfig)'s
+//! `reorder_hold_packets`); a request that does not fit is dropped as before, and the NAK
+//! goes out at once.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use crate::verbs::Psn;
+
+/// Requests at most this many PSNs ahead of the expected one are held (the widest send
+/// window of this provider's requester).
+pub(super) const MAX_HOLD_DISTANCE: u32 = 1024;
+/// The NAK wait never grows beyond this.
+pub(super) const MAX_REORDER_WINDOW: Duration = Duration::from_millis(64);
+/// NAKs that proved needed (the gap filled only with the resend) before the NAK wait halves.
+const NEEDED_NAKS_PER_DECAY: u8 = 16;
+/// NAKed gaps remembered while their duplicate may still come (the resend of a spurious NAK
+/// comes an RTT later, and more gaps may be NAKed meanwhile).
+const NAKS_REMEMBERED: usize = 4;
+/// A NAK wait shorter than this is none.
+const MIN_REORDER_WINDOW: Duration = Duration::from_micros(50);
+/// Spare packet buffers kept for reuse.
+const SPARE_BUFFERS: usize = 64;
+
+/// The device's room for held requests: a count of packets, and buffers for reuse.
+#[derive(Debug)]
+pub(super) struct HoldBudget {
+    /// Most packets held at once, over all QPs.
+    max: usize,
+    /// Packets held now.
+    held: usize,
+    /// Buffers of packets no longer held, for the next ones.
+    spare: Vec<Vec<u8>>,
+}
+
+impl HoldBudget {
+    pub(super) fn new(max: usize) -> Self {
+        Self {
+            max,
+            held: 0,
+            spare: Vec::new(),
+        }
+    }
+
+    /// Packets held now, over all QPs.
+    pub(super) fn held(&self) -> usize {
+        self.held
+    }
+
+    /// A copy of `datagram` to hold, or `None` when the budget is spent.
+    fn take(&mut self, datagram: &[u8]) -> Option<Vec<u8>> {
+        if self.held >= self.max {
+            return None;
+        }
+        self.held += 1;
+        let mut b = self.spare.pop().unwrap_or_default();
+        b.clear();
+        b.extend_from_slice(datagram);
+        Some(b)
+    }
+
+    /// A held packet's buffer comes back.
+    pub(super) fn give_back(&mut self, b: Vec<u8>) {
+        self.held = self.held.saturating_sub(1);
+        if self.spare.len() < SPARE_BUFFERS {
+            self.spare.push(b);
+        }
+    }
+}
+
+/// What became of a request that arrived out of sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Hold {
+    /// Held until the gap before it fills.
+    Held,
+    /// Held already (a duplicate): dropped.
+    Duplicate,
+    /// No room (too far ahead, or the device's budget spent): dropped.
+    NoRoom,
+}
+
+/// One QP's held requests.
+#[derive(Debug, Default)]
+pub(super) struct Held {
+    /// Slot `i` holds the request with PSN `expected + 1 + i` and when it arrived.
+    slots: VecDeque<Option<(Vec<u8>, Instant)>>,
+}
+
+impl Held {
+    /// Holds `datagram`, the request `ahead` PSNs past the expected one (at least 1).
+    pub(super) fn hold(
+        &mut self,
+        ahead: u32,
+        datagram: &[u8],
+        now: Instant,
+        budget: &mut HoldBudget,
+    ) -> Hold {
+        if ahead == 0 || ahead > MAX_HOLD_DISTANCE {
+            return Hold::NoRoom;
+        }
+        let i = (ahead - 1) as usize;
+        if self.slots.get(i).is_some_and(Option::is_some) {
+            return Hold::Duplicate;
+        }
+        let Some(b) = budget.take(datagram) else {
+            return Hold::NoRoom;
+        };
+        if self.slots.len() <= i {
+            self.slots.resize_with(i + 1, || None);
+        }
+        self.slots[i] = Some((b, now));
+        Hold::Held
+    }
+
+    /// The expected PSN moved on by one: the request held for the new expected PSN, if any
+    /// (its buffer goes back with [`HoldBudget::give_back`] once used).
+    pub(super) fn advance(&mut self) -> Option<Vec<u8>> {
+        let (b, _) = self.slots.pop_front()??;
+        Some(b)
+    }
+
+    /// When the earliest request still held arrived: since then the gap before it is open.
+    pub(super) fn oldest_arrival(&self) -> Option<Instant> {
+        self.slots.iter().flatten().map(|(_, t)| *t).min()
+    }
+
+    /// Gives every held request back (the QP leaves the states that receive).
+    pub(super) fn clear(&mut self, budget: &mut HoldBudget) {
+        for (b, _) in self.slots.drain(..).flatten() {
+            budget.give_back(b);
+        }
+    }
+}
+
+/// How long a gap may stay open before the responder NAKs it: zero at first (a NAK at once,
+/// as rxe sends it), then learnt from NAKs that proved spurious. A NAK was spurious when the
+/// request it named arrives twice, the first copy having filled the gap and the second being
+/// the requester's resend: the wait then grows to a quarter more than that gap took to fill.
+/// A NAKed gap with no such duplicate by the time [`NAKS_REMEMBERED`] later NAKed gaps have
+/// filled was a loss; after [`NEEDED_NAKS_PER_DECAY`] of those in a row the wait halves, so
+/// that a path that stopped reordering recovers its losses fast again.
+#[derive(Debug, Default)]
+pub(super) struct ReorderWindow {
+    wait: Duration,
+    /// The PSNs last NAKed whose gaps filled, and how long after they opened.
+    naked: VecDeque<(Psn, Duration)>,
+    /// NAKs in a row that were needed.
+    needed: u8,
+}
+
+impl ReorderWindow {
+    /// How long a gap may stay open before it is NAKed.
+    pub(super) fn wait(&self) -> Duration {
+        self.wait
+    }
+
+    /// The gap before `psn`, NAKed, filled `took` after it opened.
+    pub(super) fn filled_after_nak(&mut self, psn: Psn, took: Duration) {
+        self.naked.push_back((psn, took));
+        if self.naked.len() > NAKS_REMEMBERED && self.naked.pop_front().is_some() {
+            self.needed += 1;
+            if self.needed >= NEEDED_NAKS_PER_DECAY {
+                self.needed = 0;
+                self.wait /= 2;
+                if self.wait < MIN_REORDER_WINDOW {
+                    self.wait = Duration::ZERO;
+                }
+            }
+        }
+    }
+
+    /// `psn` arrived again after it was delivered. Returns true when that shows the NAK for
+    /// it spurious (the wait then grows).
+    pub(super) fn duplicate(&mut self, psn: Psn) -> bool {
+        let Some(i) = self.naked.iter().position(|(p, _)| *p == psn) else {
+            return false;
+        };
+        let took = self.naked.remove(i).map_or(Duration::ZERO, |(_, t)| t);
+        self.needed = 0;
+        self.wait = self.wait.max((took + took / 4).min(MAX_REORDER_WINDOW));
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn held_requests_come_back_in_order_and_the_budget_is_shared() {
+        let now = Instant::now();
+        let mut budget = HoldBudget::new(3);
+        let mut h = Held::default();
+        assert_eq!(h.hold(2, b"two", now, &mut budget), Hold::Held);
+        assert_eq!(h.hold(2, b"two", now, &mut budget), Hold::Duplicate);
+        assert_eq!(h.hold(0, b"zero", now, &mut budget), Hold::NoRoom);
+        assert_eq!(
+            h.hold(MAX_HOLD_DISTANCE + 1, b"far", now, &mut budget),
+            Hold::NoRoom
+        );
+        let later = now + Duration::from_millis(1);
+        assert_eq!(h.hold(3, b"three", later, &mut budget), Hold::Held);
+        let mut other = Held::default();
+        assert_eq!(other.hold(1, b"x", now, &mut budget), Hold::Held);
+        assert_eq!(other.hold(2, b"y", now, &mut budget), Hold::NoRoom);
+        assert_eq!(budget.held(), 3);
+        assert_eq!(h.oldest_arrival(), Some(now));
+        // Expected +1: slot for "two" is next but one.
+        assert_eq!(h.advance(), None);
+        let two = h.advance().unwrap();
+        assert_eq!(two, b"two");
+        budget.give_back(two);
+        assert_eq!(h.oldest_arrival(), Some(later));
+        h.clear(&mut budget);
+        other.clear(&mut budget);
+        assert!(h.oldest_arrival().is_none() && other.oldest_arrival().is_none());
+        assert_eq!(budget.held(), 0);
+    }
+
+    #[test]
+    fn the_wait_grows_on_a_spurious_nak_and_decays_on_needed_ones() {
+        let ms = Duration::from_millis(1);
+        let mut w = ReorderWindow::default();
+        assert_eq!(w.wait(), Duration::ZERO);
+        w.filled_after_nak(Psn::new(7), 4 * ms);
+        w.filled_after_nak(Psn::new(8), 2 * ms);
+        assert!(!w.duplicate(Psn::new(9)));
+        assert!(w.duplicate(Psn::new(7)));
+        assert_eq!(w.wait(), 5 * ms);
+        assert!(!w.duplicate(Psn::new(7)), "once");
+        w.filled_after_nak(Psn::new(10), Duration::from_secs(1));
+        assert!(w.duplicate(Psn::new(10)));
+        assert_eq!(w.wait(), MAX_REORDER_WINDOW);
+        // Needed NAKs: each one pushed out of memory without its duplicate counts (one, for
+        // PSN 8, is remembered already).
+        let n = NAKS_REMEMBERED - 1 + usize::from(NEEDED_NAKS_PER_DECAY) - 1;
+        for i in 0..n as u32 {
+            w.filled_after_nak(Psn::new(100 + i), ms);
+        }
+        assert_eq!(w.wait(), MAX_REORDER_WINDOW);
+        w.filled_after_nak(Psn::new(99), ms);
+        assert_eq!(w.wait(), MAX_REORDER_WINDOW / 2);
+    }
+}
