@@ -546,11 +546,15 @@ fn bulk_over(name: &str, link: LinkImpairment, messages: usize) -> (Outcome, u64
     let o = run(&sc);
     let packets = (messages * 65_536 / 4096) as u64;
     println!(
-        "[{name}] {packets} packets needed, {} retransmitted ({:.3}x), {} timeouts, {:.1} ms \
-         virtual ({:.0} Mbit/s)",
+        "[{name}] {packets} packets needed, {} retransmitted ({:.3}x), {} timeouts, {} NAKs \
+         ({} spurious, wait {} µs), {} held, {:.1} ms virtual ({:.0} Mbit/s)",
         o.a.tx_retransmits,
         o.a.tx_retransmits as f64 / packets as f64,
         o.a.retransmit_timeouts,
+        o.b.tx_seq_naks,
+        o.b.naks_spurious,
+        o.b.nak_wait_us,
+        o.b.rx_held,
         o.elapsed.as_secs_f64() * 1e3,
         o.bytes as f64 * 8.0 / o.elapsed.as_secs_f64() / 1e6,
     );

@@ -195,6 +195,7 @@ impl Device {
     pub(super) fn drop_held(&mut self, qp: &mut Qp) {
         qp.resp.held.clear(&mut self.hold_budget);
         qp.resp.gap_since = None;
+        qp.resp.naked_at = None;
         qp.resp.nak_at = None;
     }
 

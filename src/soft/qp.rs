@@ -463,6 +463,8 @@ pub(super) struct Responder {
     pub(super) gap_since: Option<Instant>,
     /// How long a gap may stay open before its NAK.
     pub(super) reorder: ReorderWindow,
+    /// When the open gap's PSN-sequence NAK went out, if it did.
+    pub(super) naked_at: Option<Instant>,
     /// When the open gap is NAKed unless it fills first.
     pub(super) nak_at: Option<Instant>,
     /// The instant of the NAK timer's live entry in the provider's timer heap.
@@ -484,6 +486,7 @@ impl Responder {
             held: Held::default(),
             gap_since: None,
             reorder: ReorderWindow::default(),
+            naked_at: None,
             nak_at: None,
             nak_queued: None,
             responses: VecDeque::new(),
@@ -491,12 +494,17 @@ impl Responder {
         }
     }
 
-    /// Queues an ACK, replacing an older queued ACK (ACK coalescing).
+    /// Queues an ACK, coalescing: of the ACKs queued one after the other, the first and the
+    /// latest are kept (two, so that one lost on the wire does not leave every request of a
+    /// burst unanswered until the requester's timer runs out).
     pub(super) fn queue_ack(&mut self, psn: Psn) {
-        if let Some(Response::Ack(p)) = self.responses.back_mut() {
-            *p = psn;
-        } else {
-            self.responses.push_back(Response::Ack(psn));
+        let n = self.responses.len();
+        let two_acks = n >= 2
+            && matches!(self.responses.get(n - 2), Some(Response::Ack(_)))
+            && matches!(self.responses.get(n - 1), Some(Response::Ack(_)));
+        match self.responses.back_mut() {
+            Some(Response::Ack(p)) if two_acks => *p = psn,
+            _ => self.responses.push_back(Response::Ack(psn)),
         }
     }
 }

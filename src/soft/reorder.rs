@@ -35,6 +35,8 @@ const NAKS_REMEMBERED: usize = 4;
 const MIN_REORDER_WINDOW: Duration = Duration::from_micros(50);
 /// Spare packet buffers kept for reuse.
 const SPARE_BUFFERS: usize = 64;
+/// Slots a QP with nothing held keeps room for.
+const SLOTS_KEPT: usize = 64;
 
 /// The device's room for held requests: a count of packets, and buffers for reuse.
 #[derive(Debug)]
@@ -129,8 +131,12 @@ impl Held {
     /// The expected PSN moved on by one: the request held for the new expected PSN, if any
     /// (its buffer goes back with [`HoldBudget::give_back`] once used).
     pub(super) fn advance(&mut self) -> Option<Vec<u8>> {
-        let (b, _) = self.slots.pop_front()??;
-        Some(b)
+        let slot = self.slots.pop_front();
+        if self.slots.is_empty() && self.slots.capacity() > SLOTS_KEPT {
+            // A QP that held many requests once does not keep the room for them.
+            self.slots = VecDeque::new();
+        }
+        slot.flatten().map(|(b, _)| b)
     }
 
     /// When the earliest request still held arrived: since then the gap before it is open.
@@ -140,26 +146,69 @@ impl Held {
 
     /// Gives every held request back (the QP leaves the states that receive).
     pub(super) fn clear(&mut self, budget: &mut HoldBudget) {
-        for (b, _) in self.slots.drain(..).flatten() {
+        for (b, _) in std::mem::take(&mut self.slots).into_iter().flatten() {
             budget.give_back(b);
         }
     }
 }
 
 /// How long a gap may stay open before the responder NAKs it: zero at first (a NAK at once,
-/// as rxe sends it), then learnt from NAKs that proved spurious. A NAK was spurious when the
-/// request it named arrives twice, the first copy having filled the gap and the second being
-/// the requester's resend: the wait then grows to a quarter more than that gap took to fill.
-/// A NAKed gap with no such duplicate by the time [`NAKS_REMEMBERED`] later NAKed gaps have
-/// filled was a loss; after [`NEEDED_NAKS_PER_DECAY`] of those in a row the wait halves, so
-/// that a path that stopped reordering recovers its losses fast again.
+/// as rxe sends it), then learnt from what the requester resends.
+///
+/// - A NAK was spurious when the request it named arrives again, as the requester's resend,
+///   after its first copy filled the gap well before a resend could have (in less than half
+///   the time from the NAK to the second copy): the path reordered it. The wait then grows to
+///   a quarter more than that gap took to fill.
+/// - A gap that filled before its NAK, followed by a resend of what it let through, shows the
+///   requester's timer ran out first: the wait is too long for it, and halves.
+/// - A NAKed gap with no second copy by the time [`NAKS_REMEMBERED`] later NAKed gaps have
+///   filled was a loss; after [`NEEDED_NAKS_PER_DECAY`] of those in a row the wait halves, so
+///   that a path that stopped reordering recovers its losses fast again.
 #[derive(Debug, Default)]
 pub(super) struct ReorderWindow {
     wait: Duration,
-    /// The PSNs last NAKed whose gaps filled, and how long after they opened.
-    naked: VecDeque<(Psn, Duration)>,
+    /// The gaps last NAKed that filled since.
+    naked: VecDeque<NakedGap>,
+    /// The PSNs the last gap that filled before its NAK let through (first, last).
+    unnaked: Option<(Psn, Psn)>,
     /// NAKs in a row that were needed.
     needed: u8,
+}
+
+/// A gap that was NAKed and filled since.
+#[derive(Debug, Clone, Copy)]
+struct NakedGap {
+    /// The PSN that filled it.
+    psn: Psn,
+    /// How long it was open.
+    took: Duration,
+    /// When its NAK went out.
+    naked: Instant,
+    /// When it filled.
+    filled: Instant,
+}
+
+/// A gap that filled.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct FilledGap {
+    /// The PSN that filled it, and the last one delivered with it.
+    pub(super) psn: Psn,
+    pub(super) through: Psn,
+    /// When it opened, and when its NAK went out (if it did).
+    pub(super) opened: Instant,
+    pub(super) naked: Option<Instant>,
+}
+
+/// What a second copy of a delivered request showed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Resent {
+    /// The NAK of the gap it filled was spurious: the wait grew.
+    SpuriousNak,
+    /// The requester resent what a gap that filled before its NAK let through: the wait
+    /// halved.
+    WaitTooLong,
+    /// Nothing.
+    Nothing,
 }
 
 impl ReorderWindow {
@@ -168,31 +217,58 @@ impl ReorderWindow {
         self.wait
     }
 
-    /// The gap before `psn`, NAKed, filled `took` after it opened.
-    pub(super) fn filled_after_nak(&mut self, psn: Psn, took: Duration) {
-        self.naked.push_back((psn, took));
+    /// A gap filled at `now`.
+    pub(super) fn filled(&mut self, gap: FilledGap, now: Instant) {
+        let Some(naked) = gap.naked else {
+            self.unnaked = Some((gap.psn, gap.through));
+            return;
+        };
+        self.naked.push_back(NakedGap {
+            psn: gap.psn,
+            took: now.saturating_duration_since(gap.opened),
+            naked,
+            filled: now,
+        });
         if self.naked.len() > NAKS_REMEMBERED && self.naked.pop_front().is_some() {
             self.needed += 1;
             if self.needed >= NEEDED_NAKS_PER_DECAY {
                 self.needed = 0;
-                self.wait /= 2;
-                if self.wait < MIN_REORDER_WINDOW {
-                    self.wait = Duration::ZERO;
-                }
+                self.halve();
             }
         }
     }
 
-    /// `psn` arrived again after it was delivered. Returns true when that shows the NAK for
-    /// it spurious (the wait then grows).
-    pub(super) fn duplicate(&mut self, psn: Psn) -> bool {
-        let Some(i) = self.naked.iter().position(|(p, _)| *p == psn) else {
-            return false;
-        };
-        let took = self.naked.remove(i).map_or(Duration::ZERO, |(_, t)| t);
-        self.needed = 0;
-        self.wait = self.wait.max((took + took / 4).min(MAX_REORDER_WINDOW));
-        true
+    /// `psn`, delivered before, arrived again at `now`.
+    pub(super) fn resent(&mut self, psn: Psn, now: Instant) -> Resent {
+        if let Some(i) = self.naked.iter().position(|g| g.psn == psn) {
+            let Some(g) = self.naked.remove(i) else {
+                return Resent::Nothing;
+            };
+            let first = g.filled.saturating_duration_since(g.naked);
+            let second = now.saturating_duration_since(g.naked);
+            if first * 2 >= second {
+                // The first copy may have been a resend too (its ACK lost, say).
+                return Resent::Nothing;
+            }
+            self.needed = 0;
+            self.wait = self.wait.max((g.took + g.took / 4).min(MAX_REORDER_WINDOW));
+            return Resent::SpuriousNak;
+        }
+        match self.unnaked {
+            Some((first, last)) if psn.diff(first) >= 0 && last.diff(psn) >= 0 => {
+                self.unnaked = None;
+                self.halve();
+                Resent::WaitTooLong
+            }
+            _ => Resent::Nothing,
+        }
+    }
+
+    fn halve(&mut self) {
+        self.wait /= 2;
+        if self.wait < MIN_REORDER_WINDOW {
+            self.wait = Duration::ZERO;
+        }
     }
 }
 
@@ -232,27 +308,46 @@ mod tests {
     }
 
     #[test]
-    fn the_wait_grows_on_a_spurious_nak_and_decays_on_needed_ones() {
+    fn the_wait_grows_on_a_spurious_nak_and_shrinks_when_it_proves_too_long() {
         let ms = Duration::from_millis(1);
+        let t0 = Instant::now();
+        let gap = |psn: u32, naked: Option<Instant>| FilledGap {
+            psn: Psn::new(psn),
+            through: Psn::new(psn + 3),
+            opened: t0,
+            naked,
+        };
         let mut w = ReorderWindow::default();
         assert_eq!(w.wait(), Duration::ZERO);
-        w.filled_after_nak(Psn::new(7), 4 * ms);
-        w.filled_after_nak(Psn::new(8), 2 * ms);
-        assert!(!w.duplicate(Psn::new(9)));
-        assert!(w.duplicate(Psn::new(7)));
+        // NAKed at once; the first copy fills 4 ms later, the resend comes at 10 ms.
+        w.filled(gap(7, Some(t0)), t0 + 4 * ms);
+        w.filled(gap(20, Some(t0)), t0 + 2 * ms);
+        assert_eq!(w.resent(Psn::new(9), t0 + 10 * ms), Resent::Nothing);
+        assert_eq!(w.resent(Psn::new(7), t0 + 10 * ms), Resent::SpuriousNak);
         assert_eq!(w.wait(), 5 * ms);
-        assert!(!w.duplicate(Psn::new(7)), "once");
-        w.filled_after_nak(Psn::new(10), Duration::from_secs(1));
-        assert!(w.duplicate(Psn::new(10)));
+        assert_eq!(w.resent(Psn::new(7), t0 + 11 * ms), Resent::Nothing, "once");
+        // A second copy soon after the first says nothing: both may be resends.
+        assert_eq!(w.resent(Psn::new(20), t0 + 3 * ms), Resent::Nothing);
+        assert_eq!(w.wait(), 5 * ms);
+        w.filled(gap(30, Some(t0)), t0 + Duration::from_secs(1));
+        assert_eq!(
+            w.resent(Psn::new(30), t0 + Duration::from_secs(3)),
+            Resent::SpuriousNak
+        );
         assert_eq!(w.wait(), MAX_REORDER_WINDOW);
-        // Needed NAKs: each one pushed out of memory without its duplicate counts (one, for
-        // PSN 8, is remembered already).
-        let n = NAKS_REMEMBERED - 1 + usize::from(NEEDED_NAKS_PER_DECAY) - 1;
-        for i in 0..n as u32 {
-            w.filled_after_nak(Psn::new(100 + i), ms);
-        }
-        assert_eq!(w.wait(), MAX_REORDER_WINDOW);
-        w.filled_after_nak(Psn::new(99), ms);
+        // A gap that filled before its NAK, then the requester resent what it let through.
+        w.filled(gap(40, None), t0);
+        assert_eq!(w.resent(Psn::new(44), t0), Resent::Nothing);
+        assert_eq!(w.resent(Psn::new(42), t0), Resent::WaitTooLong);
         assert_eq!(w.wait(), MAX_REORDER_WINDOW / 2);
+        assert_eq!(w.resent(Psn::new(43), t0), Resent::Nothing, "once");
+        // Needed NAKs: each one pushed out of memory without its second copy counts.
+        let n = NAKS_REMEMBERED + usize::from(NEEDED_NAKS_PER_DECAY) - 1;
+        for i in 0..n as u32 {
+            w.filled(gap(100 + i, Some(t0)), t0 + ms);
+        }
+        assert_eq!(w.wait(), MAX_REORDER_WINDOW / 2);
+        w.filled(gap(99, Some(t0)), t0 + ms);
+        assert_eq!(w.wait(), MAX_REORDER_WINDOW / 4);
     }
 }

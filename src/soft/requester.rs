@@ -51,7 +51,10 @@ impl Device {
         };
         qp.req.noack_pkts += 1;
         let window_closing = qp.req.outstanding() + 1 >= qp.req.window;
-        let ack_req = last || qp.req.noack_pkts >= MAX_PKTS_PER_ACK || window_closing;
+        // At least two AckReqs per window: were the window's only one lost, nothing would
+        // answer the packets before it, and the requester would wait for its timer.
+        let ack_every = (qp.req.window / 2).clamp(1, MAX_PKTS_PER_ACK);
+        let ack_req = last || qp.req.noack_pkts >= ack_every || window_closing;
         if ack_req {
             qp.req.noack_pkts = 0;
         }

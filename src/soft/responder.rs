@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use super::device::Device;
 use super::objects::RecvInfo;
 use super::qp::{roce_dgid, Filling, Qp, Response};
-use super::reorder::Hold;
+use super::reorder::{FilledGap, Hold, Resent};
 use super::sched::TimerKind;
 use crate::verbs::{AsyncEvent, Psn, QpNum, QpState, WcStatus};
 use crate::wire::bth::Opcode;
@@ -38,25 +38,36 @@ impl Device {
         if d < 0 {
             // C9-105: re-ACK the last PSN received in order so the requester moves on.
             self.stats.rx_duplicate += 1;
-            if qp.resp.reorder.duplicate(psn) {
-                self.stats.naks_spurious += 1;
-                self.stats.nak_wait_us = micros(qp.resp.reorder.wait());
+            match qp.resp.reorder.resent(psn, now) {
+                Resent::Nothing => {}
+                Resent::SpuriousNak => {
+                    self.stats.naks_spurious += 1;
+                    self.stats.nak_wait_us = micros(qp.resp.reorder.wait());
+                }
+                Resent::WaitTooLong => {
+                    self.stats.nak_waits_too_long += 1;
+                    self.stats.nak_wait_us = micros(qp.resp.reorder.wait());
+                }
             }
             qp.resp.queue_ack(qp.resp.psn.sub(1));
             return;
         }
-        let naked = qp.resp.sent_psn_nak && !qp.resp.rnr_naked;
+        let naked = qp.resp.naked_at.filter(|_| qp.resp.sent_psn_nak);
         if !self.accept(qp, pkt) {
             return;
         }
         let released = self.deliver_held(qp);
-        if let Some(since) = qp.resp.gap_since {
+        if let Some(opened) = qp.resp.gap_since {
             // The gap before `psn` filled.
-            if naked {
-                let took = now.saturating_duration_since(since);
-                qp.resp.reorder.filled_after_nak(psn, took);
-                self.stats.nak_wait_us = micros(qp.resp.reorder.wait());
-            }
+            let gap = FilledGap {
+                psn,
+                through: qp.resp.psn.sub(1),
+                opened,
+                naked,
+            };
+            qp.resp.reorder.filled(gap, now);
+            qp.resp.naked_at = None;
+            self.stats.nak_wait_us = micros(qp.resp.reorder.wait());
             // The next one, if any, opened when the earliest request still held arrived.
             qp.resp.gap_since = qp.resp.held.oldest_arrival();
             qp.resp.nak_at = None;
@@ -92,7 +103,7 @@ impl Device {
             }
         }
         if !qp.resp.sent_psn_nak {
-            self.nak_gap(qp);
+            self.nak_gap(qp, now);
         }
     }
 
@@ -107,24 +118,25 @@ impl Device {
         }
         let at = since + qp.resp.reorder.wait();
         if at <= now {
-            self.nak_gap(qp);
+            self.nak_gap(qp, now);
         } else {
             self.sched.arm(qp, TimerKind::NakWait, at);
         }
     }
 
     /// The NAK wait of `qp`'s open gap ran out.
-    pub(super) fn on_nak_wait(&mut self, qp: &mut Qp) {
+    pub(super) fn on_nak_wait(&mut self, qp: &mut Qp, now: Instant) {
         qp.resp.nak_at = None;
         let receiving = matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd);
         if receiving && qp.resp.gap_since.is_some() && !qp.resp.sent_psn_nak {
-            self.nak_gap(qp);
+            self.nak_gap(qp, now);
         }
     }
 
-    /// NAKs the gap before the expected PSN (once per gap).
-    fn nak_gap(&mut self, qp: &mut Qp) {
+    /// NAKs the gap before the expected PSN (once per gap), at `now`.
+    fn nak_gap(&mut self, qp: &mut Qp, now: Instant) {
         qp.resp.sent_psn_nak = true;
+        qp.resp.naked_at = Some(now);
         qp.resp.nak_at = None;
         qp.resp.responses.push_back(Response::NakSeq(qp.resp.psn));
     }

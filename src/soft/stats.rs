@@ -51,6 +51,9 @@ pub struct SoftStats {
     /// (the path reordered it) and then resent. Each widens the time a gap may stay open
     /// before its NAK.
     pub naks_spurious: u64,
+    /// Gaps that filled before their NAK went out, whose requests the requester resent all
+    /// the same (its timer ran out first): each halves the time a gap may stay open.
+    pub nak_waits_too_long: u64,
     /// A gauge, not a counter: how long a gap may stay open before its NAK, as the last RC
     /// QP to learn it from the path learnt it, in microseconds (0: NAK at once).
     pub nak_wait_us: u64,

@@ -645,7 +645,8 @@ fn a_nak_for_a_psn_being_resent_starts_no_second_go_back() {
 
 /// A responder holds a request that arrives ahead of its predecessor and delivers both in
 /// order when the predecessor comes. The first such gap is NAKed at once (as rxe does); the
-/// requester's resend of the late request then shows that NAK spurious, and from then on a
+/// requester's resend of the late request, well after the late request itself, then shows
+/// that NAK spurious, and from then on a
 /// gap may stay open a quarter longer than that one took to fill before it is NAKed: a
 /// reordering like it costs nothing, and a loss is NAKed when the wait runs out.
 #[test]
@@ -685,16 +686,17 @@ fn a_responder_holds_early_requests_and_learns_to_wait_before_naking() {
     }
     let resent = drain_wire(&mut fab, 0, t1 + ms);
     assert_eq!(resent.len(), 6);
+    // The resend arrives 5 ms after the NAK, the late first copy came 2 ms after it.
     for (d, _) in &resent {
-        deliver(&mut fab, 0, 1, t1 + 3 * ms, d);
+        deliver(&mut fab, 0, 1, t1 + 5 * ms, d);
     }
     for (d, _) in &late_acks {
         deliver(&mut fab, 1, 0, t1 + 3 * ms, d);
     }
     let s = b_stats(&fab);
     assert_eq!((s.naks_spurious, s.nak_wait_us), (1, 2500), "{s:?}");
-    for (d, _) in drain_wire(&mut fab, 1, t1 + 3 * ms) {
-        deliver(&mut fab, 1, 0, t1 + 4 * ms, &d);
+    for (d, _) in drain_wire(&mut fab, 1, t1 + 5 * ms) {
+        deliver(&mut fab, 1, 0, t1 + 6 * ms, &d);
     }
     // The same reordering again: no NAK, nothing resent.
     let t2 = t1 + 10 * ms;

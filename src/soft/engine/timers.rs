@@ -54,7 +54,7 @@ impl SoftVerbs {
                         let to = qp.req.comp_psn;
                         qp.req.rewind(to);
                     }
-                    TimerKind::NakWait => self.dev.on_nak_wait(qp),
+                    TimerKind::NakWait => self.dev.on_nak_wait(qp, now),
                 },
                 // Re-armed later: this entry moves to the new deadline.
                 Some(d) => {
