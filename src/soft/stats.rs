@@ -118,3 +118,8 @@ pub struct SoftStats {
     /// Injected faults.
     pub faults: FaultStats,
 }
+
+impl SoftStats {
+    /// The fields that are gauges (a value now), not counters.
+    pub const GAUGES: &'static [&'static str] = &["rx_held_now", "srtt_us", "nak_wait_us"];
+}

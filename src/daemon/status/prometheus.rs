@@ -222,10 +222,23 @@ fn families(status: &Status) -> Vec<Family<'_>> {
         if counters.iter().any(|(n, _)| n == name) {
             continue;
         }
+        let (suffix, help, kind) = if crate::soft::SoftStats::GAUGES.contains(&name.as_str()) {
+            (
+                "",
+                "Gauge of the same name in the `provider` section of `ipoib-cm status`.",
+                "gauge",
+            )
+        } else {
+            (
+                "_total",
+                "Counter of the same name in the `provider` section of `ipoib-cm status`.",
+                "counter",
+            )
+        };
         families.push(Family {
-            name: format!("ipoib_cm_provider_{}_total", metric_name(name)),
-            help: "Counter of the same name in the `provider` section of `ipoib-cm status`.",
-            kind: "counter",
+            name: format!("ipoib_cm_provider_{}{suffix}", metric_name(name)),
+            help,
+            kind,
             samples: vec![(String::new(), *v)],
         });
     }
@@ -314,6 +327,7 @@ mod tests {
             ("rx_bad_icrc", 4),
             ("fault_loss", 1),
             ("hw_odd-name", 2),
+            ("srtt_us", 40_000),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
@@ -354,6 +368,12 @@ mod tests {
         assert_eq!(get("ipoib_cm_uptime_seconds"), Some(42));
         assert_eq!(get("ipoib_cm_qp_live"), Some(3));
         assert_eq!(get("ipoib_cm_provider_hw_odd_name_total"), Some(2));
+        // The software provider's gauges are gauges, without `_total`.
+        assert_eq!(get("ipoib_cm_provider_srtt_us"), Some(40_000));
+        assert!(
+            text.contains("# TYPE ipoib_cm_provider_srtt_us gauge"),
+            "{text}"
+        );
         assert!(samples
             .iter()
             .any(|(n, l, v)| n == "ipoib_cm_tx_dropped_by_reason_total"
