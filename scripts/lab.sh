@@ -15,7 +15,10 @@
 #
 # Settings: IPOIB_CM_BIN (the binary; default target/release/ipoib-cm, else target/debug),
 # LAB_MTU (underlay MTU, default 9000, which gives RoCE path MTU 4096), LAB_LINK (bridge, the
-# default, or pair: two nodes on one veth pair, no bridge), LAB_PREFIX (namespace
+# default; pair: two nodes on one veth pair, no bridge; routed: two nodes, each on a veth pair
+# to a middle namespace PREFIXrt that forwards between them, answering ARP for the other
+# node, where a caller may divert the traffic through a device of its own: see
+# scripts/bench/impaired.sh), LAB_PREFIX (namespace
 # prefix, default ibl; tests use their own so labs can coexist), LAB_STATE (state directory,
 # default /run/ipoib-cm-<prefix>). Needs root. Everything lives in namespaces the script
 # creates: no traffic touches the root namespace.
@@ -27,8 +30,9 @@ PREFIX=${LAB_PREFIX:-ibl}
 STATE=${LAB_STATE:-/run/ipoib-cm-$PREFIX}
 MTU=${LAB_MTU:-9000}
 LINK=${LAB_LINK:-bridge}
-[[ "$LINK" =~ ^(bridge|pair)$ ]] || { echo "lab.sh: LAB_LINK must be bridge or pair" >&2; exit 2; }
+[[ "$LINK" =~ ^(bridge|pair|routed)$ ]] || { echo "lab.sh: LAB_LINK must be bridge, pair or routed" >&2; exit 2; }
 BR=${PREFIX}br
+RT=${PREFIX}rt
 
 die() { echo "lab.sh: $*" >&2; exit 2; }
 
@@ -116,7 +120,7 @@ stop_node() {
 cmd_up() {
     local n=${1:-}; shift || true
     [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 2 ] && [ "$n" -le 200 ] || die "up N: N must be 2..200"
-    [ "$LINK" = bridge ] || [ "$n" -eq 2 ] || die "LAB_LINK=pair needs exactly 2 nodes"
+    [ "$LINK" = bridge ] || [ "$n" -eq 2 ] || die "LAB_LINK=$LINK needs exactly 2 nodes"
     if [ "${1:-}" = "--" ]; then shift; fi
     [ -e "$STATE/nodes" ] && die "a lab is already up (scripts/lab.sh down first)"
     mkdir -p "$STATE"
@@ -130,13 +134,29 @@ cmd_up() {
         ip netns add "$(ns 1)"
         ip netns add "$(ns 2)"
         ip -n "$(ns 1)" link add eth0 mtu "$MTU" type veth peer name eth0 mtu "$MTU" netns "$(ns 2)"
+    elif [ "$LINK" = routed ]; then
+        # Node K's eth0 to the middle's vK; the middle forwards by host routes, answers ARP
+        # for the other node (proxy ARP), and checks no source (a caller's device may hand
+        # packets back to it).
+        ip netns add "$RT"
+        ip -n "$RT" link set lo up
+        for k in 1 2; do
+            ip netns add "$(ns "$k")"
+            ip -n "$(ns "$k")" link add eth0 mtu "$MTU" type veth peer name "v$k" mtu "$MTU" netns "$RT"
+            ip -n "$RT" addr add "198.18.1.$k/32" dev "v$k"
+            ip -n "$RT" link set "v$k" up
+            ip netns exec "$RT" sysctl -qw "net.ipv4.conf.v$k.proxy_arp=1" "net.ipv4.conf.v$k.rp_filter=0"
+            ip -n "$RT" route add "198.18.0.$k/32" dev "v$k"
+        done
+        ip netns exec "$RT" sysctl -qw net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=0 \
+            net.ipv4.conf.default.rp_filter=0
     else
         ip netns add "$BR"
         ip -n "$BR" link add br0 type bridge
         ip -n "$BR" link set br0 mtu "$MTU" up
     fi
     for ((k = 1; k <= n; k++)); do
-        if [ "$LINK" != pair ]; then
+        if [ "$LINK" = bridge ]; then
             ip netns add "$(ns "$k")"
             ip -n "$(ns "$k")" link add eth0 mtu "$MTU" type veth peer name "v$k" mtu "$MTU" netns "$BR"
             ip -n "$BR" link set "v$k" master br0 up
@@ -156,6 +176,7 @@ cmd_down() {
     for ((k = 1; k <= n; k++)); do stop_node "$k"; done
     for ((k = 1; k <= n; k++)); do ip netns del "$(ns "$k")" 2>/dev/null || true; done
     ip netns del "$BR" 2>/dev/null || true
+    ip netns del "$RT" 2>/dev/null || true
     rm -rf "$STATE"
 }
 
