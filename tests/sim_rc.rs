@@ -580,6 +580,18 @@ fn delay_20ms_over_the_default_timeout_resends_almost_nothing() {
     assert!(o.a.retransmit_timeouts <= 3, "{:?}", o.a);
 }
 
+/// [`bulk_over`], asserting the packets retransmitted are at most twice the packets the
+/// transfer needs.
+fn bulk_resending_at_most_twice(name: &str, link: LinkImpairment, messages: usize) -> Outcome {
+    let (o, packets) = bulk_over(name, link, messages);
+    assert!(
+        o.a.tx_retransmits <= 2 * packets,
+        "{name}: {} resent for {packets}",
+        o.a.tx_retransmits
+    );
+    o
+}
+
 /// The same transfer over the link with its delay only, in order: how long (virtual) it
 /// takes when nothing is reordered, next to which a reordering run's time is read.
 fn in_order_reference(name: &str, link: LinkImpairment, messages: usize) -> Duration {
@@ -614,12 +626,7 @@ fn reorder_25_percent_at_5ms_retransmits_at_most_twice_what_it_delivers() {
         seed: 25,
         ..LinkImpairment::default()
     };
-    let (o, packets) = bulk_over(name, link, 800);
-    assert!(
-        o.a.tx_retransmits <= 2 * packets,
-        "{} resent for {packets}",
-        o.a.tx_retransmits
-    );
+    let o = bulk_resending_at_most_twice(name, link, 800);
     assert!(
         o.b.rx_held > 0 && o.b.rx_held_delivered == o.b.rx_held,
         "{:?}",
@@ -640,12 +647,7 @@ fn jitter_20ms_plus_minus_10ms_retransmits_at_most_twice_what_it_delivers() {
         seed: 2010,
         ..LinkImpairment::default()
     };
-    let (o, packets) = bulk_over(name, link, 800);
-    assert!(
-        o.a.tx_retransmits <= 2 * packets,
-        "{} resent for {packets}",
-        o.a.tx_retransmits
-    );
+    let o = bulk_resending_at_most_twice(name, link, 800);
     at_least_a_quarter_of(name, &o, in_order_reference(name, link, 800));
 }
 
@@ -659,12 +661,7 @@ fn loss_5_percent_on_a_5ms_link_retransmits_at_most_twice_what_it_delivers() {
         seed: 5,
         ..LinkImpairment::default()
     };
-    let (o, packets) = bulk_over("loss 5% at 5 ms", link, 400);
-    assert!(
-        o.a.tx_retransmits <= 2 * packets,
-        "{} resent for {packets}",
-        o.a.tx_retransmits
-    );
+    bulk_resending_at_most_twice("loss 5% at 5 ms", link, 400);
 }
 
 // -------------------------------------------------------------------------------------------

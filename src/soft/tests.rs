@@ -223,16 +223,18 @@ fn send_window_grows_while_clean_halves_on_each_loss_and_recovers() {
     // 16 messages of 256 packets: 4096 PSNs acknowledged, enough to reach the maximum.
     send(&mut fab, 0, 16);
     assert_eq!(window(&fab), Some(WINDOW_MAX_PSNS));
-    // A's packets vanish for a while: the retransmit timeout halves the window.
-    fab.partitioned[0] = true;
-    {
+    // One message sent while A's packets vanish for `d`.
+    let send_lost_for = |fab: &mut Fabric, id: u64, d: Duration| {
+        fab.partitioned[0] = true;
         let (a, b) = fab.providers();
-        cf::post_recvs(b, RecvTarget::Qp(qb), eb.pool, 100, 1).unwrap();
-        cf::post_send_data(a, qa, ea.pool, 100, &[9; 1000]).unwrap();
-    }
-    fab.transmit();
-    fab.advance(Duration::from_millis(100));
-    fab.partitioned[0] = false;
+        cf::post_recvs(b, RecvTarget::Qp(qb), eb.pool, id, 1).unwrap();
+        cf::post_send_data(a, qa, ea.pool, id, &[9; 1000]).unwrap();
+        fab.transmit();
+        fab.advance(d);
+        fab.partitioned[0] = false;
+    };
+    // A's packets vanish for a while: the retransmit timeout halves the window.
+    send_lost_for(&mut fab, 100, Duration::from_millis(100));
     assert_eq!(window(&fab), Some(WINDOW_MAX_PSNS / 2));
     fab.run_idle(10_000, Duration::from_secs(5));
     assert_eq!(
@@ -244,15 +246,7 @@ fn send_window_grows_while_clean_halves_on_each_loss_and_recovers() {
     // left off, since no RTT was measured after it): one halving each.
     let timeouts = |fab: &Fabric| fab.nodes[0].stats().retransmit_timeouts;
     let (before, w0) = (timeouts(&fab), window(&fab).unwrap());
-    fab.partitioned[0] = true;
-    {
-        let (a, b) = fab.providers();
-        cf::post_recvs(b, RecvTarget::Qp(qb), eb.pool, 101, 1).unwrap();
-        cf::post_send_data(a, qa, ea.pool, 101, &[9; 1000]).unwrap();
-    }
-    fab.transmit();
-    fab.advance(Duration::from_millis(2100));
-    fab.partitioned[0] = false;
+    send_lost_for(&mut fab, 101, Duration::from_millis(2100));
     let n = timeouts(&fab) - before;
     assert!(n >= 4, "{n} timeouts");
     assert_eq!(window(&fab), Some((w0 >> n).max(WINDOW_MIN_PSNS)));
