@@ -15,6 +15,13 @@
 //! per device ([`HoldBudget`]: a count of packets, the [`SoftConfig`](super::SoftConfig)'s
 //! `reorder_hold_packets`); a request that does not fit is dropped as before, and the NAK
 //! goes out at once.
+//!
+//! A request held ahead may be made up by a blind sender who guessed a PSN in that range
+//! (where rxe takes only the one expected PSN): one that does not follow the message in
+//! progress when its turn comes is dropped, not taken for an invalid request, and two
+//! different copies of one PSN are both dropped, so a made-up one never breaks the
+//! connection; one that does follow is taken if its turn comes before the peer's own copy
+//! arrives.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -89,8 +96,11 @@ impl HoldBudget {
 pub(super) enum Hold {
     /// Held until the gap before it fills.
     Held,
-    /// Held already (a duplicate): dropped.
+    /// Held already, the same bytes (a duplicate): dropped.
     Duplicate,
+    /// Held already with other bytes: one of the two was made up by someone other than the
+    /// peer, and neither can be told for the peer's, so both are dropped.
+    Conflict,
     /// No room (too far ahead, or the device's budget spent): dropped.
     NoRoom,
 }
@@ -115,8 +125,18 @@ impl Held {
             return Hold::NoRoom;
         }
         let i = (ahead - 1) as usize;
-        if self.slots.get(i).is_some_and(Option::is_some) {
-            return Hold::Duplicate;
+        if let Some(slot) = self.slots.get_mut(i) {
+            match slot.take() {
+                Some((b, t)) if b == datagram => {
+                    *slot = Some((b, t));
+                    return Hold::Duplicate;
+                }
+                Some((b, _)) => {
+                    budget.give_back(b);
+                    return Hold::Conflict;
+                }
+                None => {}
+            }
         }
         let Some(b) = budget.take(datagram) else {
             return Hold::NoRoom;
@@ -283,6 +303,9 @@ mod tests {
         let mut h = Held::default();
         assert_eq!(h.hold(2, b"two", now, &mut budget), Hold::Held);
         assert_eq!(h.hold(2, b"two", now, &mut budget), Hold::Duplicate);
+        assert_eq!(h.hold(4, b"four", now, &mut budget), Hold::Held);
+        assert_eq!(h.hold(4, b"FOUR", now, &mut budget), Hold::Conflict);
+        assert_eq!(budget.held(), 1, "neither copy of a conflict is kept");
         assert_eq!(h.hold(0, b"zero", now, &mut budget), Hold::NoRoom);
         assert_eq!(
             h.hold(MAX_HOLD_DISTANCE + 1, b"far", now, &mut budget),

@@ -99,6 +99,10 @@ impl Device {
                     return;
                 }
                 Hold::Duplicate => return,
+                Hold::Conflict => {
+                    self.stats.rx_hold_conflicts += 1;
+                    return;
+                }
                 Hold::NoRoom => self.stats.rx_hold_full += 1,
             }
         }
@@ -147,7 +151,17 @@ impl Device {
         let mut delivered = 0;
         // Each accepted request moves the expected PSN by one, and with it the held slots.
         while let Some(b) = qp.resp.held.advance() {
-            let accepted = RocePacket::parse(&b).is_ok_and(|pkt| self.accept(qp, &pkt));
+            let accepted = match RocePacket::parse(&b) {
+                // One that does not follow what was delivered before it is dropped, not an
+                // invalid request: it came ahead of the expected PSN, so a blind sender may
+                // have made it up, and its PSN is a gap again (the peer's own copy, if it
+                // sent one, comes again).
+                Ok(pkt) if self.follows(qp, &pkt) => self.accept(qp, &pkt),
+                _ => {
+                    self.stats.rx_held_invalid += 1;
+                    false
+                }
+            };
             self.hold_budget.give_back(b);
             if !accepted {
                 break;
@@ -156,6 +170,23 @@ impl Device {
             delivered += 1;
         }
         delivered
+    }
+
+    /// True when `pkt` may come next: it starts a message if and only if none is in progress,
+    /// and its length fits its place in the message (FIRST and MIDDLE exactly the path MTU).
+    fn follows(&self, qp: &Qp, pkt: &RocePacket<'_>) -> bool {
+        let op = pkt.bth.opcode;
+        let mtu = qp.attrs.path_mtu.bytes();
+        let len = pkt.payload.len();
+        let starts = op.is_first() || op.is_only();
+        let length_ok = if op.is_first() || op.is_middle() {
+            len == mtu
+        } else if op.is_last() {
+            len > 0 && len <= mtu
+        } else {
+            len <= mtu
+        };
+        starts != qp.resp.filling.is_some() && length_ok
     }
 
     /// Takes `pkt`, the request with the expected PSN: fills a receive WQE and owes its ACK.
@@ -170,19 +201,9 @@ impl Device {
             self.events.push_back(AsyncEvent::CommEst(qp.num));
         }
         let op = pkt.bth.opcode;
-        let mtu = qp.attrs.path_mtu.bytes();
         let len = pkt.payload.len();
-        let starts = op.is_first() || op.is_only();
         let ends = op.is_last() || op.is_only();
-        let in_message = qp.resp.filling.is_some();
-        let length_ok = if op.is_first() || op.is_middle() {
-            len == mtu
-        } else if op.is_last() {
-            len > 0 && len <= mtu
-        } else {
-            len <= mtu
-        };
-        if starts == in_message || !length_ok {
+        if !self.follows(qp, pkt) {
             self.class_error(qp, psn);
             return false;
         }

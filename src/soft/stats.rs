@@ -41,6 +41,14 @@ pub struct SoftStats {
     pub rx_held: u64,
     /// Of the held requests, those delivered in sequence when the gap filled.
     pub rx_held_delivered: u64,
+    /// Of the held requests, those dropped when the gap filled because they did not follow
+    /// what came before them (an opcode out of the message's order, a wrong length): having
+    /// come early, they may be made up by a blind sender, so they do not break the
+    /// connection as an invalid request in sequence does; the peer's own copy comes again.
+    pub rx_held_invalid: u64,
+    /// Requests that arrived for a PSN held already with other bytes: both copies dropped,
+    /// since one was made up by someone other than the peer.
+    pub rx_hold_conflicts: u64,
     /// A gauge, not a counter: requests held now, all QPs together.
     pub rx_held_now: u64,
     /// Out-of-sequence requests not held for want of room (too far ahead, or

@@ -721,3 +721,79 @@ fn a_responder_holds_early_requests_and_learns_to_wait_before_naking() {
     let ids: Vec<u64> = cs.iter().map(|c| c.wr_id.0).collect();
     assert_eq!(ids, (0..18).collect::<Vec<_>>());
 }
+
+/// `datagram` from node 0 to node 1 made again with `opcode` and `payload` (a forgery from
+/// the peer's address and port, with a valid ICRC).
+fn forged(
+    fab: &Fabric,
+    datagram: &[u8],
+    opcode: crate::wire::bth::Opcode,
+    payload: &[u8],
+) -> Vec<u8> {
+    use crate::wire::roce::{RocePacket, RoceRepr};
+    let mut bth = RocePacket::parse(datagram).unwrap().bth;
+    bth.opcode = opcode;
+    let (a, b) = (fab.nodes[0].config(), fab.nodes[1].config());
+    let ip = super::device::ip_info(a.local_ip, b.local_ip).unwrap();
+    let repr = RoceRepr {
+        bth,
+        reth: None,
+        aeth: None,
+        deth: None,
+        imm: None,
+    };
+    let mut out = Vec::new();
+    repr.emit(payload, &ip, a.src_port, b.dst_port, &mut out);
+    out
+}
+
+/// What a responder holds came early, so a blind sender that guessed a PSN ahead may have
+/// made it up: one that does not follow the message in progress when its turn comes is
+/// dropped (an invalid request in sequence would break the connection), and two different
+/// copies of one PSN are both dropped. The peer's own copy, sent again, is taken.
+#[test]
+fn made_up_requests_held_ahead_never_break_the_connection() {
+    use crate::verbs::QpState;
+    use crate::wire::bth::Opcode;
+
+    let (mut fab, ea, eb, qa, qb) = rc_pair(256, 32, 64, &RcParams::default());
+    cf::post_recvs(&mut fab.nodes[1], RecvTarget::Qp(qb), eb.pool, 0, 8).unwrap();
+    let now = fab.now();
+    for i in 0..6u8 {
+        cf::post_send_data(&mut fab.nodes[0], qa, ea.pool, u64::from(i), &[i; 64]).unwrap();
+    }
+    let sent = drain_wire(&mut fab, 0, now);
+    assert_eq!(sent.len(), 6);
+    // A SEND_MIDDLE made up for the third PSN, held, and dropped when its turn comes.
+    deliver(&mut fab, 0, 1, now, &sent[0].0);
+    let middle = forged(&fab, &sent[2].0, Opcode::RC_SEND_MIDDLE, &[0xEE; 64]);
+    deliver(&mut fab, 0, 1, now, &middle);
+    deliver(&mut fab, 0, 1, now, &sent[1].0);
+    let s = fab.nodes[1].stats();
+    assert_eq!((s.rx_held, s.rx_held_invalid), (1, 1), "{s:?}");
+    assert_eq!(fab.nodes[1].query_qp_state(qb).unwrap(), QpState::Rts);
+    // A made-up SEND_ONLY for the sixth PSN, then the peer's own: both dropped.
+    deliver(&mut fab, 0, 1, now, &sent[2].0);
+    deliver(&mut fab, 0, 1, now, &sent[3].0);
+    let only = forged(&fab, &sent[5].0, Opcode::RC_SEND_ONLY, &[0xEE; 64]);
+    deliver(&mut fab, 0, 1, now, &only);
+    deliver(&mut fab, 0, 1, now, &sent[5].0);
+    assert_eq!(fab.nodes[1].stats().rx_hold_conflicts, 1);
+    assert_eq!(fab.nodes[1].stats().rx_held_now, 0);
+    // The rest in order, the sixth sent again: everything the peer sent, and only that.
+    deliver(&mut fab, 0, 1, now, &sent[4].0);
+    deliver(&mut fab, 0, 1, now, &sent[5].0);
+    let mut cs = Vec::new();
+    cf::poll_into(&mut fab.nodes[1], eb.recv_cq, &mut cs);
+    let got: Vec<(u64, u8)> = cs
+        .iter()
+        .map(|c| {
+            (
+                c.wr_id.0,
+                fab.nodes[1].pools().get(c.buf.unwrap()).unwrap()[0],
+            )
+        })
+        .collect();
+    assert_eq!(got, (0..6).map(|i| (i, i as u8)).collect::<Vec<_>>());
+    assert_eq!(fab.nodes[1].query_qp_state(qb).unwrap(), QpState::Rts);
+}
