@@ -1191,6 +1191,29 @@ fn multicast_flag_and_key() {
     );
 }
 
+/// `--reorder-hold` / `reorder_hold`: 1,024 held packets by default, 0 (rxe's drop) to 65536.
+#[test]
+fn reorder_hold_flag_and_key() {
+    let c = ok("", &["--bind", "192.0.2.1"]);
+    assert_eq!(c.reorder_hold, ipoib_cm::soft::DEFAULT_REORDER_HOLD_PACKETS);
+    assert_eq!(
+        ok("bind = \"192.0.2.1\"\nreorder_hold = 0", &[]).reorder_hold,
+        0
+    );
+    assert_eq!(
+        ok(
+            "reorder_hold = 0",
+            &["--bind", "192.0.2.1", "--reorder-hold", "64"]
+        )
+        .reorder_hold,
+        64
+    );
+    assert_eq!(
+        flag_err(&["--bind", "192.0.2.1", "--reorder-hold", "65537"]),
+        "--reorder-hold: must be between 0 and 65536 (got 65537)"
+    );
+}
+
 /// `--pkey` / `pkey`: hex or decimal, limited membership allowed, low 15 bits zero refused;
 /// it reaches the endpoint's configuration.
 #[test]

@@ -80,6 +80,7 @@ pub fn plan(running: &Config, new: &Config, sized_qp: u32, log_live: bool) -> Re
         verify_icrc_v4 => "no_icrc_v4",
         udp_offload => "no_udp_offload",
         qp_timeout => "qp_timeout",
+        reorder_hold => "reorder_hold",
         mode => "mode",
         srq => "no_srq",
         srq_depth => "srq_depth",

@@ -211,6 +211,7 @@ pub fn up(cfg: &Config) -> Result<(), DaemonError> {
     soft.qpn_seed = cfg.qpn_seed.unwrap_or_else(os_seed);
     soft.multicast = cfg.multicast;
     soft.multicast_ttl = cfg.multicast_ttl;
+    soft.reorder_hold_packets = cfg.reorder_hold;
     let offload = if cfg.udp_offload {
         UdpOffload::On
     } else {

@@ -200,11 +200,20 @@ with_fault_fields!(settings! {
         => ib_dev: Option<String> = Computed(checks::ib_dev(s.ib_dev.as_ref())),
     /// Local ACK timeout exponent of RC QPs, 4.096 us * 2^N, 8..=24 (12 is about 17 ms); a
     /// lost tail packet costs this long, and a connection fails after 8 in a row without
-    /// progress (the software provider backs off 1, 2, 4, then 8 times: about 47 of them,
-    /// 0.8 s at 12; --tx-stall-timeout bounds either) [default: 12].
+    /// progress (the software provider waits longer where the measured round trip needs it,
+    /// and backs off 1, 2, 4, then 8 times: about 47 of them, 0.8 s at 12;
+    /// --tx-stall-timeout bounds either) [default: 12].
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub qp_timeout: Option<Given<i64>> [Shown::example("12").section(CONNECTIONS)]
         => qp_timeout: u8 = int(QP_TIMEOUT_RANGE).or(d.qp_timeout),
+    /// Software provider: RC packets that arrive ahead of a missing one and are held until
+    /// it comes, all connections together (about 4 KiB each at path MTU 4096), so that a
+    /// path that reorders costs no resends; 0 drops them as rxe does, which also makes a
+    /// blind sender's guess of a PSN 1,024 times harder (README, Threat model), 0..=65536
+    /// [default: 1024].
+    #[arg(long, value_name = "PACKETS", allow_negative_numbers = true)]
+    pub reorder_hold: Option<Given<i64>> [Shown::example("1024")]
+        => reorder_hold: usize = int(0..=65_536usize).or(crate::soft::DEFAULT_REORDER_HOLD_PACKETS),
     /// Per-QP receive rings instead of one shared receive queue.
     #[arg(long, num_args = 0, default_missing_value = "true")]
     pub no_srq: Option<Given<bool>> [Shown::example("false")],
