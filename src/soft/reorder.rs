@@ -27,6 +27,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::verbs::Psn;
+use crate::wire::roce::RocePacket;
 
 /// Requests at most this many PSNs ahead of the expected one are held (the widest send
 /// window of this provider's requester).
@@ -91,6 +92,32 @@ impl HoldBudget {
     }
 }
 
+/// True when the datagrams `a` and `b` carry the same request. Copies of one request may
+/// differ where a sender or the path may change them: the AckReq bit (a resend asks anew), the
+/// ECN bits, and the ICRC (it covers the IP ID, which a sender may vary per copy).
+fn same_request(a: &[u8], b: &[u8]) -> bool {
+    match (RocePacket::parse(a), RocePacket::parse(b)) {
+        (Ok(x), Ok(y)) => {
+            (
+                x.bth.opcode,
+                x.bth.solicited,
+                x.bth.pad_count,
+                x.bth.psn,
+                x.imm,
+                x.payload,
+            ) == (
+                y.bth.opcode,
+                y.bth.solicited,
+                y.bth.pad_count,
+                y.bth.psn,
+                y.imm,
+                y.payload,
+            )
+        }
+        _ => false,
+    }
+}
+
 /// What became of a request that arrived out of sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Hold {
@@ -127,7 +154,7 @@ impl Held {
         let i = (ahead - 1) as usize;
         if let Some(slot) = self.slots.get_mut(i) {
             match slot.take() {
-                Some((b, t)) if b == datagram => {
+                Some((b, t)) if same_request(&b, datagram) => {
                     *slot = Some((b, t));
                     return Hold::Duplicate;
                 }
@@ -296,33 +323,83 @@ impl ReorderWindow {
 mod tests {
     use super::*;
 
+    /// An RC SEND_ONLY datagram with PSN `psn` and `payload`; `copy` makes another copy of
+    /// the same request (AckReq set, another IP ID: another ICRC).
+    fn request(psn: u32, payload: &[u8], copy: bool) -> Vec<u8> {
+        use crate::wire::bth::{Bth, Opcode};
+        use crate::wire::icrc::IpHeaderInfo;
+        use crate::wire::roce::RoceRepr;
+        let mut bth = Bth::new(Opcode::RC_SEND_ONLY, 0x12, psn);
+        bth.ack_req = copy;
+        let repr = RoceRepr {
+            bth,
+            reth: None,
+            aeth: None,
+            deth: None,
+            imm: None,
+        };
+        let ip = IpHeaderInfo::V4 {
+            src: [198, 18, 0, 1].into(),
+            dst: [198, 18, 0, 2].into(),
+            identification: u16::from(copy) * 7,
+            dont_fragment: true,
+        };
+        let mut out = Vec::new();
+        repr.emit(payload, &ip, 4791, 4791, &mut out);
+        out
+    }
+
     #[test]
     fn held_requests_come_back_in_order_and_the_budget_is_shared() {
         let now = Instant::now();
         let mut budget = HoldBudget::new(3);
         let mut h = Held::default();
-        assert_eq!(h.hold(2, b"two", now, &mut budget), Hold::Held);
-        assert_eq!(h.hold(2, b"two", now, &mut budget), Hold::Duplicate);
-        assert_eq!(h.hold(4, b"four", now, &mut budget), Hold::Held);
-        assert_eq!(h.hold(4, b"FOUR", now, &mut budget), Hold::Conflict);
-        assert_eq!(budget.held(), 1, "neither copy of a conflict is kept");
-        assert_eq!(h.hold(0, b"zero", now, &mut budget), Hold::NoRoom);
+        let two = request(2, b"two", false);
+        assert_eq!(h.hold(2, &two, now, &mut budget), Hold::Held);
         assert_eq!(
-            h.hold(MAX_HOLD_DISTANCE + 1, b"far", now, &mut budget),
+            h.hold(2, &request(2, b"two", true), now, &mut budget),
+            Hold::Duplicate,
+            "a resend with AckReq and another ICRC is the same request"
+        );
+        assert_eq!(
+            h.hold(4, &request(4, b"four", false), now, &mut budget),
+            Hold::Held
+        );
+        assert_eq!(
+            h.hold(4, &request(4, b"FOUR", false), now, &mut budget),
+            Hold::Conflict
+        );
+        assert_eq!(budget.held(), 1, "neither copy of a conflict is kept");
+        assert_eq!(
+            h.hold(0, &request(0, b"", false), now, &mut budget),
+            Hold::NoRoom
+        );
+        let far = request(MAX_HOLD_DISTANCE + 1, b"far", false);
+        assert_eq!(
+            h.hold(MAX_HOLD_DISTANCE + 1, &far, now, &mut budget),
             Hold::NoRoom
         );
         let later = now + Duration::from_millis(1);
-        assert_eq!(h.hold(3, b"three", later, &mut budget), Hold::Held);
+        assert_eq!(
+            h.hold(3, &request(3, b"three", false), later, &mut budget),
+            Hold::Held
+        );
         let mut other = Held::default();
-        assert_eq!(other.hold(1, b"x", now, &mut budget), Hold::Held);
-        assert_eq!(other.hold(2, b"y", now, &mut budget), Hold::NoRoom);
+        assert_eq!(
+            other.hold(1, &request(1, b"x", false), now, &mut budget),
+            Hold::Held
+        );
+        assert_eq!(
+            other.hold(2, &request(2, b"y", false), now, &mut budget),
+            Hold::NoRoom
+        );
         assert_eq!(budget.held(), 3);
         assert_eq!(h.oldest_arrival(), Some(now));
         // Expected +1: slot for "two" is next but one.
         assert_eq!(h.advance(), None);
-        let two = h.advance().unwrap();
-        assert_eq!(two, b"two");
-        budget.give_back(two);
+        let b = h.advance().unwrap();
+        assert_eq!(b, two);
+        budget.give_back(b);
         assert_eq!(h.oldest_arrival(), Some(later));
         h.clear(&mut budget);
         other.clear(&mut budget);
