@@ -19,6 +19,7 @@
 # retransmitted <= 2x delivered.
 #
 #   scripts/bench/impaired.sh [--json FILE] [--size MB] [--timeout S] [SCENARIO...]
+#                             [-- DAEMON ARGS]   (e.g. -- --reorder-hold 0)
 #
 # IPOIB_CM_BIN runs another build of the daemon (e.g. main's, for a before/after); the netem
 # is always this tree's. Needs root; everything lives in namespaces the lab creates (prefix
@@ -26,13 +27,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-JSON_OUT="" SIZE_MB=100 TIMEOUT=120 SCENARIOS=()
+JSON_OUT="" SIZE_MB=100 TIMEOUT=120 SCENARIOS=() DAEMON_ARGS=()
 while [ $# -gt 0 ]; do
     case "$1" in
+        --) shift; DAEMON_ARGS=("$@"); break ;;
         --json) JSON_OUT=${2:?--json needs a file}; shift 2 ;;
         --size) SIZE_MB=${2:?--size needs MB}; shift 2 ;;
         --timeout) TIMEOUT=${2:?--timeout needs seconds}; shift 2 ;;
-        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
         delay20|jitter|reorder|loss) SCENARIOS+=("$1"); shift ;;
         *) echo "impaired.sh: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -133,7 +135,7 @@ transfer() {
 
 for sc in "${SCENARIOS[@]}"; do
     # A fresh lab per scenario: nothing a daemon learnt of the last path carries over.
-    bash scripts/lab.sh up 2 > /dev/null
+    bash scripts/lab.sh up 2 -- "${DAEMON_ARGS[@]}" > /dev/null
     # The netem's TUN in the middle; what arrives from either node is routed into it, and what
     # it writes back is routed on by the main table.
     # shellcheck disable=SC2046
@@ -211,12 +213,13 @@ PY
 done
 
 if [ -n "$JSON_OUT" ]; then
-    python3 - "$OUT" "$JSON_OUT" "$IPOIB_CM_BIN" "$SIZE_MB" "$TIMEOUT" "${SCENARIOS[@]}" <<'PY'
+    python3 - "$OUT" "$JSON_OUT" "$IPOIB_CM_BIN" "$SIZE_MB" "$TIMEOUT" "${#SCENARIOS[@]}" \
+        "${SCENARIOS[@]}" "${DAEMON_ARGS[@]}" <<'PY'
 import json, sys
-out, dst, binary, size_mb, timeout = sys.argv[1:6]
-res = [json.load(open(f"{out}/{sc}.result.json")) for sc in sys.argv[6:]]
-json.dump({"binary": binary, "size_mb": int(size_mb), "timeout_s": int(timeout),
-           "scenarios": res}, open(dst, "w"), indent=1)
+out, dst, binary, size_mb, timeout, n = sys.argv[1:7]
+res = [json.load(open(f"{out}/{sc}.result.json")) for sc in sys.argv[7:7 + int(n)]]
+json.dump({"binary": binary, "daemon_args": sys.argv[7 + int(n):], "size_mb": int(size_mb),
+           "timeout_s": int(timeout), "scenarios": res}, open(dst, "w"), indent=1)
 PY
     echo "impaired: JSON written to $JSON_OUT"
 fi
