@@ -92,6 +92,7 @@ impl DaemonProvider for SoftProvider {
 
     fn commit_memory(&mut self) {
         self.verbs().pools_mut().commit_at_creation();
+        self.verbs().commit_reorder_hold();
         self.commit_io_buffers();
     }
 }

@@ -54,8 +54,9 @@ pub struct SoftConfig {
     pub multicast_ttl: u8,
     /// Most RC requests that arrived ahead of a gap the responders hold at once (all QPs
     /// together) until the gap fills, instead of dropping them and having the requester
-    /// resend them; 0 drops them, as rxe does (the daemon's `reorder_hold`). Memory: up to
-    /// this many packets of the path MTU, allocated while requests are held. Holding makes
+    /// resend them; 0 drops them, as rxe does (the daemon's `reorder_hold`). Memory: this
+    /// many slots of 4,160 bytes, taken when first needed, or at start by
+    /// [`SoftVerbs::commit_reorder_hold`](super::SoftVerbs::commit_reorder_hold). Holding makes
     /// a blind sender's guess of a PSN up to 1,024 times easier (README, Threat model).
     pub reorder_hold_packets: usize,
     /// Transmit-side fault injection.

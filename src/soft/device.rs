@@ -35,6 +35,8 @@ pub(super) struct Device {
     pub(super) mcast: Multicast,
     /// Room for the requests responders hold out of sequence.
     pub(super) hold_budget: HoldBudget,
+    /// The held request being delivered.
+    pub(super) held_scratch: Vec<u8>,
 }
 
 impl Device {
@@ -48,6 +50,7 @@ impl Device {
             sched: Scheduler::new(),
             mcast: Multicast::default(),
             hold_budget: HoldBudget::new(cfg.reorder_hold_packets),
+            held_scratch: Vec::new(),
         }
     }
 

@@ -41,54 +41,104 @@ const NEEDED_NAKS_PER_DECAY: u8 = 16;
 const NAKS_REMEMBERED: usize = 4;
 /// A NAK wait shorter than this is none.
 const MIN_REORDER_WINDOW: Duration = Duration::from_micros(50);
-/// Spare packet buffers kept for reuse.
-const SPARE_BUFFERS: usize = 64;
 /// Slots a QP with nothing held keeps room for.
 const SLOTS_KEPT: usize = 64;
+/// Room for one held request: the largest RC request datagram at path MTU 4096 (BTH, ImmDt,
+/// 4,096 bytes of payload, pad, ICRC), rounded up.
+pub(super) const HELD_BYTES: usize = 4096 + 64;
 
-/// The device's room for held requests: a count of packets, and buffers for reuse.
+/// Where a held request's bytes are in the [`HoldBudget`]'s arena.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct HeldRef {
+    slot: u32,
+    len: u32,
+}
+
+/// The device's room for held requests: an arena of `max` slots of [`HELD_BYTES`], taken
+/// when first needed (or at [`commit`](Self::commit)), and the free slots.
 #[derive(Debug)]
 pub(super) struct HoldBudget {
     /// Most packets held at once, over all QPs.
     max: usize,
-    /// Packets held now.
-    held: usize,
-    /// Buffers of packets no longer held, for the next ones.
-    spare: Vec<Vec<u8>>,
+    /// `max` slots, or empty before the first is needed.
+    arena: Vec<u8>,
+    /// Slots not in use (all of them before the arena exists).
+    free: Vec<u32>,
 }
 
 impl HoldBudget {
     pub(super) fn new(max: usize) -> Self {
         Self {
             max,
-            held: 0,
-            spare: Vec::new(),
+            arena: Vec::new(),
+            free: Vec::new(),
+        }
+    }
+
+    /// Bytes the arena of `packets` slots takes.
+    pub(super) const fn bytes_for(packets: usize) -> usize {
+        packets * HELD_BYTES
+    }
+
+    /// Takes the arena now and writes it through ([`commit`](crate::verbs::pool::commit)),
+    /// so that its memory is the process's from now on, not at the first reordering.
+    pub(super) fn commit(&mut self) {
+        self.ensure_arena();
+        crate::verbs::pool::commit(&mut self.arena);
+    }
+
+    fn ensure_arena(&mut self) {
+        if self.arena.is_empty() && self.max > 0 {
+            self.arena = vec![0; Self::bytes_for(self.max)];
+            self.free = (0..u32::try_from(self.max).unwrap_or(u32::MAX))
+                .rev()
+                .collect();
         }
     }
 
     /// Packets held now, over all QPs.
     pub(super) fn held(&self) -> usize {
-        self.held
+        if self.arena.is_empty() {
+            0
+        } else {
+            self.max - self.free.len()
+        }
     }
 
-    /// A copy of `datagram` to hold, or `None` when the budget is spent.
-    fn take(&mut self, datagram: &[u8]) -> Option<Vec<u8>> {
-        if self.held >= self.max {
+    /// A copy of `datagram` to hold, or `None` when no slot is free (or it could not be an
+    /// RC request).
+    fn take(&mut self, datagram: &[u8]) -> Option<HeldRef> {
+        if datagram.len() > HELD_BYTES {
             return None;
         }
-        self.held += 1;
-        let mut b = self.spare.pop().unwrap_or_default();
-        b.clear();
-        b.extend_from_slice(datagram);
-        Some(b)
+        self.ensure_arena();
+        let slot = self.free.pop()?;
+        let at = slot as usize * HELD_BYTES;
+        self.arena
+            .get_mut(at..at + datagram.len())?
+            .copy_from_slice(datagram);
+        Some(HeldRef {
+            slot,
+            len: u32::try_from(datagram.len()).unwrap_or(0),
+        })
     }
 
-    /// A held packet's buffer comes back.
-    pub(super) fn give_back(&mut self, b: Vec<u8>) {
-        self.held = self.held.saturating_sub(1);
-        if self.spare.len() < SPARE_BUFFERS {
-            self.spare.push(b);
-        }
+    /// The bytes of a held request.
+    fn bytes(&self, r: HeldRef) -> &[u8] {
+        let at = r.slot as usize * HELD_BYTES;
+        self.arena.get(at..at + r.len as usize).unwrap_or_default()
+    }
+
+    /// A held request's slot comes back (its bytes no longer needed).
+    pub(super) fn give_back(&mut self, r: HeldRef) {
+        self.free.push(r.slot);
+    }
+
+    /// A held request's bytes, copied into `out` (replacing its contents), and its slot back.
+    pub(super) fn release(&mut self, r: HeldRef, out: &mut Vec<u8>) {
+        out.clear();
+        out.extend_from_slice(self.bytes(r));
+        self.give_back(r);
     }
 }
 
@@ -136,7 +186,7 @@ pub(super) enum Hold {
 #[derive(Debug, Default)]
 pub(super) struct Held {
     /// Slot `i` holds the request with PSN `expected + 1 + i` and when it arrived.
-    slots: VecDeque<Option<(Vec<u8>, Instant)>>,
+    slots: VecDeque<Option<(HeldRef, Instant)>>,
 }
 
 impl Held {
@@ -154,12 +204,12 @@ impl Held {
         let i = (ahead - 1) as usize;
         if let Some(slot) = self.slots.get_mut(i) {
             match slot.take() {
-                Some((b, t)) if same_request(&b, datagram) => {
-                    *slot = Some((b, t));
+                Some((r, t)) if same_request(budget.bytes(r), datagram) => {
+                    *slot = Some((r, t));
                     return Hold::Duplicate;
                 }
-                Some((b, _)) => {
-                    budget.give_back(b);
+                Some((r, _)) => {
+                    budget.give_back(r);
                     return Hold::Conflict;
                 }
                 None => {}
@@ -176,8 +226,8 @@ impl Held {
     }
 
     /// The expected PSN moved on by one: the request held for the new expected PSN, if any
-    /// (its buffer goes back with [`HoldBudget::give_back`] once used).
-    pub(super) fn advance(&mut self) -> Option<Vec<u8>> {
+    /// (its slot goes back with [`HoldBudget::release`]).
+    pub(super) fn advance(&mut self) -> Option<HeldRef> {
         let slot = self.slots.pop_front();
         if self.slots.is_empty() && self.slots.capacity() > SLOTS_KEPT {
             // A QP that held many requests once does not keep the room for them.
@@ -396,15 +446,34 @@ mod tests {
         assert_eq!(budget.held(), 3);
         assert_eq!(h.oldest_arrival(), Some(now));
         // Expected +1: slot for "two" is next but one.
-        assert_eq!(h.advance(), None);
-        let b = h.advance().unwrap();
+        assert!(h.advance().is_none());
+        let mut b = Vec::new();
+        budget.release(h.advance().unwrap(), &mut b);
         assert_eq!(b, two);
-        budget.give_back(b);
         assert_eq!(h.oldest_arrival(), Some(later));
         h.clear(&mut budget);
         other.clear(&mut budget);
         assert!(h.oldest_arrival().is_none() && other.oldest_arrival().is_none());
         assert_eq!(budget.held(), 0);
+        let too_big = vec![0; HELD_BYTES + 1];
+        assert_eq!(h.hold(1, &too_big, now, &mut budget), Hold::NoRoom);
+    }
+
+    #[test]
+    fn the_arena_is_taken_when_first_needed_or_committed() {
+        let mut lazy = HoldBudget::new(8);
+        assert!(lazy.arena.is_empty());
+        let mut h = Held::default();
+        let r = request(1, b"one", false);
+        assert_eq!(h.hold(1, &r, Instant::now(), &mut lazy), Hold::Held);
+        assert_eq!(lazy.arena.len(), HoldBudget::bytes_for(8));
+        let mut committed = HoldBudget::new(8);
+        committed.commit();
+        assert_eq!(committed.arena.len(), 8 * HELD_BYTES);
+        assert_eq!(committed.held(), 0);
+        let mut none = HoldBudget::new(0);
+        none.commit();
+        assert!(none.arena.is_empty());
     }
 
     #[test]

@@ -149,8 +149,10 @@ impl Device {
     /// returns how many were delivered.
     fn deliver_held(&mut self, qp: &mut Qp) -> usize {
         let mut delivered = 0;
+        let mut b = std::mem::take(&mut self.held_scratch);
         // Each accepted request moves the expected PSN by one, and with it the held slots.
-        while let Some(b) = qp.resp.held.advance() {
+        while let Some(r) = qp.resp.held.advance() {
+            self.hold_budget.release(r, &mut b);
             let accepted = match RocePacket::parse(&b) {
                 // One that does not follow what was delivered before it is dropped, not an
                 // invalid request: it came ahead of the expected PSN, so a blind sender may
@@ -162,13 +164,13 @@ impl Device {
                     false
                 }
             };
-            self.hold_budget.give_back(b);
             if !accepted {
                 break;
             }
             self.stats.rx_held_delivered += 1;
             delivered += 1;
         }
+        self.held_scratch = b;
         delivered
     }
 

@@ -8,6 +8,7 @@ use crate::daemon::config::{Config, ProviderKind};
 use crate::ipoib::PoolBytes;
 use crate::mad::CmTransport;
 use crate::soft::provider::{SoftProvider, UdpOffload};
+use crate::soft::SoftVerbs;
 use crate::verbs::PathMtu;
 use crate::wire::ipoib::IPOIB_CM_BUF_SIZE;
 
@@ -26,6 +27,8 @@ pub struct MemoryNeed {
     pub cm: usize,
     /// The software provider's datagram buffers (none on libibverbs).
     pub provider_io: usize,
+    /// The software provider's room for requests held out of sequence (`reorder_hold`).
+    pub reorder_hold: usize,
     /// [`REST_OF_PROCESS`].
     pub rest: usize,
 }
@@ -55,17 +58,28 @@ impl MemoryNeed {
             }),
             ProviderKind::Verbs => 0,
         };
+        let reorder_hold = match cfg.provider {
+            ProviderKind::Soft => SoftVerbs::reorder_hold_bytes(cfg.reorder_hold),
+            ProviderKind::Verbs => 0,
+        };
         Self {
             pools,
             cm,
             provider_io,
+            reorder_hold,
             rest: REST_OF_PROCESS,
         }
     }
 
     /// All of it.
     pub fn total(&self) -> usize {
-        self.pools.rx + self.pools.tx + self.pools.ud + self.cm + self.provider_io + self.rest
+        self.pools.rx
+            + self.pools.tx
+            + self.pools.ud
+            + self.cm
+            + self.provider_io
+            + self.reorder_hold
+            + self.rest
     }
 
     /// The parts, for the log and the error: `receive pool 32.0 MiB (srq_depth 256 + rx_spare
@@ -95,6 +109,13 @@ impl MemoryNeed {
         if self.provider_io > 0 {
             parts.push(format!("UDP batches {}", mib(self.provider_io)));
         }
+        if self.reorder_hold > 0 {
+            parts.push(format!(
+                "reorder hold {} (reorder_hold {} packets)",
+                mib(self.reorder_hold),
+                cfg.reorder_hold
+            ));
+        }
         parts.push(format!("the rest {}", mib(self.rest)));
         parts.join(", ")
     }
@@ -113,11 +134,17 @@ impl MemoryNeed {
         };
         let gso = SoftProvider::io_buffer_bytes(UdpOffload::On)
             - SoftProvider::io_buffer_bytes(UdpOffload::Off);
+        let mut hint = pools;
         if cfg.provider == ProviderKind::Soft && cfg.udp_offload {
-            format!("{pools}; --no-udp-offload saves {}", mib(gso))
-        } else {
-            pools
+            hint += &format!("; --no-udp-offload saves {}", mib(gso));
         }
+        if cfg.provider == ProviderKind::Soft && cfg.reorder_hold > 0 {
+            hint += &format!(
+                "; lower --reorder-hold ({} KiB a packet)",
+                SoftVerbs::reorder_hold_bytes(1) / 1024
+            );
+        }
+        hint
     }
 }
 
@@ -139,7 +166,7 @@ mod tests {
     use std::time::Instant;
 
     #[test]
-    fn the_defaults_need_about_61_mib() {
+    fn the_defaults_need_about_65_mib() {
         let cfg = config("");
         let need = MemoryNeed::of(&cfg);
         let buf = IPOIB_CM_BUF_SIZE as usize;
@@ -148,16 +175,22 @@ mod tests {
         assert_eq!(need.pools.ud, 512 * (40 + 4096));
         assert_eq!(need.cm, 1280 * (40 + 256));
         assert_eq!(need.provider_io, 64 * (65_536 + 65_536));
-        assert_eq!(need.total() >> 20, 60);
+        assert_eq!(need.reorder_hold, 1024 * (4096 + 64));
+        assert_eq!(need.total() >> 20, 64);
         assert_eq!(
             need.breakdown(&cfg),
             "receive pool 32.0 MiB (srq_depth 256 + rx_spare 256 buffers of 64 KiB), send pool \
-             8.0 MiB, UD 2.0 MiB, CM 0.4 MiB, UDP batches 8.0 MiB, the rest 10.0 MiB"
+             8.0 MiB, UD 2.0 MiB, CM 0.4 MiB, UDP batches 8.0 MiB, reorder hold 4.1 MiB \
+             (reorder_hold 1024 packets), the rest 10.0 MiB"
         );
         assert_eq!(
             MemoryNeed::shrink_hint(&cfg),
-            "lower --srq-depth or --rx-spare (64 KiB a buffer); --no-udp-offload saves 3.7 MiB"
+            "lower --srq-depth or --rx-spare (64 KiB a buffer); --no-udp-offload saves 3.7 MiB; \
+             lower --reorder-hold (4 KiB a packet)"
         );
+        let rxe_like = config("reorder_hold = 0\n");
+        assert_eq!(MemoryNeed::of(&rxe_like).reorder_hold, 0);
+        assert!(!MemoryNeed::shrink_hint(&rxe_like).contains("reorder"));
     }
 
     #[test]
@@ -174,7 +207,8 @@ mod tests {
         assert_eq!(
             MemoryNeed::shrink_hint(&no_srq),
             "lower --max-conn-qp or --max-pending-rx (1.0 MiB a connection) or --rx-spare (64 \
-             KiB a buffer), or leave --no-srq out; --no-udp-offload saves 3.7 MiB"
+             KiB a buffer), or leave --no-srq out; --no-udp-offload saves 3.7 MiB; lower \
+             --reorder-hold (4 KiB a packet)"
         );
         let plain = MemoryNeed::of(&config("no_udp_offload = true\ncm_transport = \"udp\"\n"));
         assert_eq!(plain.provider_io, 64 * (65_536 + 4_352));

@@ -197,11 +197,12 @@ pub(super) mod tests {
         let e = check_memory(&cfg, Some(limit)).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "memory: the settings need 61 MiB (receive pool 32.0 MiB (srq_depth 256 + rx_spare \
+            "memory: the settings need 65 MiB (receive pool 32.0 MiB (srq_depth 256 + rx_spare \
              256 buffers of 64 KiB), send pool 8.0 MiB, UD 2.0 MiB, CM 0.4 MiB, UDP batches 8.0 \
-             MiB, the rest 10.0 MiB), the cgroup allows 16 MiB (memory.limit_in_bytes of \
-             /sys/fs/cgroup/memory/a); lower --srq-depth or --rx-spare (64 KiB a buffer); \
-             --no-udp-offload saves 3.7 MiB"
+             MiB, reorder hold 4.1 MiB (reorder_hold 1024 packets), the rest 10.0 MiB), the \
+             cgroup allows 16 MiB (memory.limit_in_bytes of /sys/fs/cgroup/memory/a); lower \
+             --srq-depth or --rx-spare (64 KiB a buffer); --no-udp-offload saves 3.7 MiB; lower \
+             --reorder-hold (4 KiB a packet)"
         );
         assert_eq!(ResourceError::EXIT_CODE, 2);
     }
@@ -216,11 +217,11 @@ pub(super) mod tests {
         };
         let line = check_memory(&cfg, Some(limit(Some(need)))).unwrap();
         assert!(
-            line.starts_with("memory: the settings need 35 MiB ("),
+            line.starts_with("memory: the settings need 39 MiB ("),
             "{line}"
         );
         assert!(
-            line.ends_with(", the cgroup allows 34 MiB (memory.max of /sys/fs/cgroup/x)"),
+            line.ends_with(", the cgroup allows 38 MiB (memory.max of /sys/fs/cgroup/x)"),
             "{line}"
         );
         assert!(check_memory(&cfg, Some(limit(Some(need - 1)))).is_err());

@@ -175,6 +175,19 @@ impl SoftVerbs {
         self.id_solved_peers.take()
     }
 
+    /// Bytes the room for `packets` requests held out of sequence takes
+    /// ([`SoftConfig::reorder_hold_packets`]), once taken.
+    pub const fn reorder_hold_bytes(packets: usize) -> usize {
+        crate::soft::reorder::HoldBudget::bytes_for(packets)
+    }
+
+    /// Takes the room for requests held out of sequence now and writes it through, so that
+    /// its memory is the process's from the start rather than at the first reordering (a
+    /// new engine leaves it until first needed, which keeps simulated fabrics cheap).
+    pub fn commit_reorder_hold(&mut self) {
+        self.dev.hold_budget.commit();
+    }
+
     /// Counters.
     pub fn stats(&self) -> SoftStats {
         let mut s = self.dev.stats;
