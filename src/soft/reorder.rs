@@ -369,6 +369,27 @@ impl ReorderWindow {
     }
 }
 
+/// The datagram of the request `bth` (no RETH, AETH, DETH or ImmDt) with `payload`, from and
+/// to `ip`'s addresses and the UDP `ports` (source, destination): what tests hold or forge.
+#[cfg(test)]
+pub(super) fn request_datagram(
+    bth: crate::wire::bth::Bth,
+    ip: &crate::wire::icrc::IpHeaderInfo,
+    ports: (u16, u16),
+    payload: &[u8],
+) -> Vec<u8> {
+    let repr = crate::wire::roce::RoceRepr {
+        bth,
+        reth: None,
+        aeth: None,
+        deth: None,
+        imm: None,
+    };
+    let mut out = Vec::new();
+    repr.emit(payload, ip, ports.0, ports.1, &mut out);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -378,25 +399,15 @@ mod tests {
     fn request(psn: u32, payload: &[u8], copy: bool) -> Vec<u8> {
         use crate::wire::bth::{Bth, Opcode};
         use crate::wire::icrc::IpHeaderInfo;
-        use crate::wire::roce::RoceRepr;
         let mut bth = Bth::new(Opcode::RC_SEND_ONLY, 0x12, psn);
         bth.ack_req = copy;
-        let repr = RoceRepr {
-            bth,
-            reth: None,
-            aeth: None,
-            deth: None,
-            imm: None,
-        };
         let ip = IpHeaderInfo::V4 {
             src: [198, 18, 0, 1].into(),
             dst: [198, 18, 0, 2].into(),
             identification: u16::from(copy) * 7,
             dont_fragment: true,
         };
-        let mut out = Vec::new();
-        repr.emit(payload, &ip, 4791, 4791, &mut out);
-        out
+        request_datagram(bth, &ip, (4791, 4791), payload)
     }
 
     #[test]

@@ -730,21 +730,11 @@ fn forged(
     opcode: crate::wire::bth::Opcode,
     payload: &[u8],
 ) -> Vec<u8> {
-    use crate::wire::roce::{RocePacket, RoceRepr};
-    let mut bth = RocePacket::parse(datagram).unwrap().bth;
+    let mut bth = crate::wire::roce::RocePacket::parse(datagram).unwrap().bth;
     bth.opcode = opcode;
     let (a, b) = (fab.nodes[0].config(), fab.nodes[1].config());
     let ip = super::device::ip_info(a.local_ip, b.local_ip).unwrap();
-    let repr = RoceRepr {
-        bth,
-        reth: None,
-        aeth: None,
-        deth: None,
-        imm: None,
-    };
-    let mut out = Vec::new();
-    repr.emit(payload, &ip, a.src_port, b.dst_port, &mut out);
-    out
+    super::reorder::request_datagram(bth, &ip, (a.src_port, b.dst_port), payload)
 }
 
 /// What a responder holds came early, so a blind sender that guessed a PSN ahead may have
