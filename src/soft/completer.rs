@@ -99,7 +99,15 @@ impl Device {
                 }
                 qp.req.retry_left -= 1;
                 qp.req.retrying_from = Some(psn);
-                self.shrink_window(qp);
+                let guard = qp.resend_guard();
+                if qp
+                    .req
+                    .shrunk_at
+                    .is_none_or(|t| now.saturating_duration_since(t) >= guard)
+                {
+                    qp.req.shrunk_at = Some(now);
+                    self.shrink_window(qp);
+                }
                 qp.req.go_back(psn, now);
             }
             Syndrome::RnrNak { timer } => {

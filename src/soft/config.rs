@@ -56,8 +56,9 @@ pub struct SoftConfig {
     /// together) until the gap fills, instead of dropping them and having the requester
     /// resend them; 0 drops them, as rxe does (the daemon's `reorder_hold`). Memory: this
     /// many slots of 4,160 bytes, taken when first needed, or at start by
-    /// [`SoftVerbs::commit_reorder_hold`](super::SoftVerbs::commit_reorder_hold). Holding makes
-    /// a blind sender's guess of a PSN up to 1,024 times easier (README, Threat model).
+    /// [`SoftVerbs::commit_reorder_hold`](super::SoftVerbs::commit_reorder_hold). Only a QP
+    /// whose path was seen to reorder (a NAK proved spurious) holds; holding makes a blind
+    /// sender's guess of a PSN on it up to 1,024 times easier (README, Threat model).
     pub reorder_hold_packets: usize,
     /// Transmit-side fault injection.
     pub faults: FaultConfig,

@@ -301,6 +301,10 @@ pub(super) struct Requester {
     pub(super) window: u32,
     /// Acknowledged PSNs not yet counted into a window increment.
     pub(super) window_credit: u32,
+    /// When a sequence NAK last halved the window: another within a round trip of it answers
+    /// the same window of packets (a path that reorders NAKs several PSNs of one window) and
+    /// halves nothing, as TCP reduces its window once per round trip.
+    pub(super) shrunk_at: Option<Instant>,
     /// The round-trip time measured so far.
     pub(super) rtt: RttEstimator,
     /// The PSN being timed, sent once, and when (Karn's rule: a go-back-N over it cancels).
@@ -338,6 +342,7 @@ impl Requester {
             recovery: None,
             window: WINDOW_START_PSNS,
             window_credit: 0,
+            shrunk_at: None,
             rtt: RttEstimator::default(),
             rtt_probe: None,
         }

@@ -16,6 +16,10 @@
 //! `reorder_hold_packets`); a request that does not fit is dropped as before, and the NAK
 //! goes out at once.
 //!
+//! Only a QP whose path was seen to reorder holds ([`ReorderWindow::reorders`]: one of its
+//! NAKs proved spurious); until then it drops what comes early and NAKs at once, as rxe, so
+//! on a path that does not reorder a blind sender's guess must still hit the one expected PSN.
+//!
 //! A request held ahead may be made up by a blind sender who guessed a PSN in that range
 //! (where rxe takes only the one expected PSN): one that does not follow the message in
 //! progress when its turn comes is dropped, not taken for an invalid request, and two
@@ -264,6 +268,9 @@ impl Held {
 #[derive(Debug, Default)]
 pub(super) struct ReorderWindow {
     wait: Duration,
+    /// A NAK proved spurious on this QP: its path reorders, and it holds what arrives ahead
+    /// from then on (until then it drops it, as rxe does).
+    reorders: bool,
     /// The gaps last NAKed that filled since.
     naked: VecDeque<NakedGap>,
     /// The PSNs the last gap that filled before its NAK let through (first, last).
@@ -314,6 +321,12 @@ impl ReorderWindow {
         self.wait
     }
 
+    /// Whether a NAK has proved spurious on this QP (its path reorders): from then on it
+    /// holds requests that arrive ahead of a gap.
+    pub(super) fn reorders(&self) -> bool {
+        self.reorders
+    }
+
     /// A gap filled at `now`.
     pub(super) fn filled(&mut self, gap: FilledGap, now: Instant) {
         let Some(naked) = gap.naked else {
@@ -348,6 +361,7 @@ impl ReorderWindow {
                 return Resent::Nothing;
             }
             self.needed = 0;
+            self.reorders = true;
             self.wait = self.wait.max((g.took + g.took / 4).min(MAX_REORDER_WINDOW));
             return Resent::SpuriousNak;
         }

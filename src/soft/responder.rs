@@ -82,9 +82,17 @@ impl Device {
     /// A request `ahead` PSNs past the expected one: held while there is room and the gap
     /// NAKed once it has been open for the QP's NAK wait; else dropped and the gap NAKed at
     /// once (rxe: the first out-of-sequence request NAKs, the others are dropped silently).
+    ///
+    /// Only a QP whose path has been seen to reorder holds (a NAK proved spurious): until
+    /// then it is rxe, and a blind sender's guess must hit the one expected PSN. The gap is
+    /// still noted, so that a NAK it proves spurious can teach that.
     fn out_of_sequence(&mut self, qp: &mut Qp, now: Instant, ahead: u32, datagram: &[u8]) {
         self.stats.rx_out_of_sequence += 1;
-        if !qp.resp.rnr_naked && self.cfg.reorder_hold_packets > 0 {
+        let reorders = qp.resp.reorder.reorders();
+        if !reorders && qp.resp.gap_since.is_none() {
+            qp.resp.gap_since = Some(now);
+        }
+        if reorders && !qp.resp.rnr_naked && self.cfg.reorder_hold_packets > 0 {
             match qp
                 .resp
                 .held

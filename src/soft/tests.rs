@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::sim::Fabric;
 use crate::verbs::conformance::{self as cf, ConformancePair, RcParams, RecvTarget};
-use crate::verbs::{Completion, QpNum, Verbs};
+use crate::verbs::{Completion, PoolId, QpNum, Verbs};
 
 /// A fresh two-node fabric with an endpoint on each node (`count` buffers of `buf_len` bytes,
 /// CQs of `cq_depth` entries) and an RC pair from A to B at `params`: `(fabric, A's endpoint,
@@ -637,83 +637,107 @@ fn a_nak_for_a_psn_being_resent_starts_no_second_go_back() {
     assert_eq!(s.window_shrinks, 1, "{s:?}");
 }
 
-/// A responder holds a request that arrives ahead of its predecessor and delivers both in
-/// order when the predecessor comes. The first such gap is NAKed at once (as rxe does); the
-/// requester's resend of the late request, well after the late request itself, then shows
-/// that NAK spurious, and from then on a
-/// gap may stay open a quarter longer than that one took to fill before it is NAKed: a
-/// reordering like it costs nothing, and a loss is NAKed when the wait runs out.
+/// Eight one-packet messages from A (node 0, `qa`, send buffers of `pool`) to B, work
+/// requests `first..first + 8`, sent at `t`: B gets the first, second and fourth at `t`, and,
+/// at `late` (or never), the third and the rest. Returns what B sent back at `t`.
+fn reordered_round(
+    fab: &mut Fabric,
+    qa: QpNum,
+    pool: PoolId,
+    first: u64,
+    t: Instant,
+    late: Option<Instant>,
+) -> Vec<(Vec<u8>, u32)> {
+    for i in first..first + 8 {
+        cf::post_send_data(&mut fab.nodes[0], qa, pool, i, &[1; 64]).unwrap();
+    }
+    let sent = drain_wire(fab, 0, t);
+    assert_eq!(sent.len(), 8);
+    for k in [0, 1, 3] {
+        deliver(fab, 0, 1, t, &sent[k].0);
+    }
+    let early = drain_wire(fab, 1, t);
+    if let Some(late) = late {
+        for k in [2, 4, 5, 6, 7] {
+            deliver(fab, 0, 1, late, &sent[k].0);
+        }
+    }
+    early
+}
+
+/// B learns that the path from A reorders: a [`reordered_round`] of work requests
+/// `first..first + 8` at `t` whose third packet comes 2 ms late, NAKed at once and dropped
+/// past it (as rxe does); A's resend of the third, 5 ms after the NAK, shows the NAK was
+/// spurious (the first copy came at 2 ms), and B's NAK wait becomes 2.5 ms. Everything is
+/// delivered, in order.
+fn learn_reordering(fab: &mut Fabric, qa: QpNum, pool: PoolId, first: u64, t: Instant) {
+    let ms = Duration::from_millis(1);
+    let early = reordered_round(fab, qa, pool, first, t, Some(t + 2 * ms));
+    let late_acks = drain_wire(fab, 1, t + 2 * ms);
+    for (d, _) in &early {
+        deliver(fab, 1, 0, t + ms, d);
+    }
+    // A goes back on the NAK and resends packets 3..8: B sees the third twice.
+    let resent = drain_wire(fab, 0, t + ms);
+    assert_eq!(resent.len(), 6);
+    for (d, _) in &resent {
+        deliver(fab, 0, 1, t + 5 * ms, d);
+    }
+    for (d, _) in &late_acks {
+        deliver(fab, 1, 0, t + 3 * ms, d);
+    }
+    for (d, _) in drain_wire(fab, 1, t + 5 * ms) {
+        deliver(fab, 1, 0, t + 6 * ms, &d);
+    }
+}
+
+/// A responder starts as rxe: a request that arrives ahead of its predecessor is dropped and
+/// the gap NAKed at once. The requester's resend of the late request, well after the late
+/// request itself, then shows that NAK spurious, and from then on the QP holds what arrives
+/// ahead and lets a gap stay open a quarter longer than that one took to fill before it
+/// NAKs: a reordering like it costs nothing, and a loss is NAKed when the wait runs out.
 #[test]
-fn a_responder_holds_early_requests_and_learns_to_wait_before_naking() {
+fn a_responder_learns_the_path_reorders_then_holds_early_requests() {
     let p = RcParams::default();
     let (mut fab, ea, eb, qa, qb) = rc_pair(256, 32, 64, &p);
     cf::post_recvs(&mut fab.nodes[1], RecvTarget::Qp(qb), eb.pool, 0, 24).unwrap();
     let ms = Duration::from_millis(1);
     let b_stats = |fab: &Fabric| fab.nodes[1].stats();
-    // Eight one-packet messages; the third arrives 2 ms late, after the fourth.
-    let round = |fab: &mut Fabric, first: u64, t: Instant, late: Option<Instant>| {
-        for i in first..first + 8 {
-            cf::post_send_data(&mut fab.nodes[0], qa, ea.pool, i, &[1; 64]).unwrap();
-        }
-        let sent = drain_wire(fab, 0, t);
-        assert_eq!(sent.len(), 8);
-        for k in [0, 1, 3] {
-            deliver(fab, 0, 1, t, &sent[k].0);
-        }
-        let early = drain_wire(fab, 1, t);
-        if let Some(late) = late {
-            for k in [2, 4, 5, 6, 7] {
-                deliver(fab, 0, 1, late, &sent[k].0);
-            }
-        }
-        early
-    };
     let t1 = fab.now();
-    let early = round(&mut fab, 0, t1, Some(t1 + 2 * ms));
+    learn_reordering(&mut fab, qa, ea.pool, 0, t1);
     let s = b_stats(&fab);
-    assert_eq!((s.rx_held, s.rx_held_delivered, s.tx_seq_naks), (1, 1, 1));
-    assert_eq!(s.rx_held_now, 0);
-    // A goes back on the NAK and resends packets 3..8: B sees the third twice.
-    let late_acks = drain_wire(&mut fab, 1, t1 + 2 * ms);
-    for (d, _) in &early {
-        deliver(&mut fab, 1, 0, t1 + ms, d);
-    }
-    let resent = drain_wire(&mut fab, 0, t1 + ms);
-    assert_eq!(resent.len(), 6);
-    // The resend arrives 5 ms after the NAK, the late first copy came 2 ms after it.
-    for (d, _) in &resent {
-        deliver(&mut fab, 0, 1, t1 + 5 * ms, d);
-    }
-    for (d, _) in &late_acks {
-        deliver(&mut fab, 1, 0, t1 + 3 * ms, d);
-    }
-    let s = b_stats(&fab);
+    // The fourth packet dropped and NAKed, then the fifth once the third filled the gap.
+    assert_eq!(
+        (s.rx_held, s.rx_held_delivered, s.tx_seq_naks),
+        (0, 0, 2),
+        "{s:?}"
+    );
     assert_eq!((s.naks_spurious, s.nak_wait_us), (1, 2500), "{s:?}");
-    for (d, _) in drain_wire(&mut fab, 1, t1 + 5 * ms) {
-        deliver(&mut fab, 1, 0, t1 + 6 * ms, &d);
-    }
-    // The same reordering again: no NAK, nothing resent.
+    // The same reordering again: held, no NAK, nothing resent.
     let t2 = t1 + 10 * ms;
-    assert!(round(&mut fab, 8, t2, Some(t2 + 2 * ms))
-        .iter()
-        .all(|(d, _)| {
-            crate::wire::roce::RocePacket::parse(d).is_ok_and(|p| {
-                p.aeth.is_some_and(|a| {
-                    a.syndrome == crate::wire::ext::Syndrome::Ack { credits: 0x1F }
+    assert!(
+        reordered_round(&mut fab, qa, ea.pool, 8, t2, Some(t2 + 2 * ms))
+            .iter()
+            .all(|(d, _)| {
+                crate::wire::roce::RocePacket::parse(d).is_ok_and(|p| {
+                    p.aeth.is_some_and(|a| {
+                        a.syndrome == crate::wire::ext::Syndrome::Ack { credits: 0x1F }
+                    })
                 })
             })
-        }));
+    );
     fab.nodes[1].handle_timeout(t2 + 3 * ms);
     let s = b_stats(&fab);
-    assert_eq!((s.rx_held, s.rx_held_delivered, s.tx_seq_naks), (2, 2, 1));
+    assert_eq!((s.rx_held, s.rx_held_delivered, s.tx_seq_naks), (1, 1, 2));
+    assert_eq!(s.rx_held_now, 0);
     // A loss: the third never comes, and the gap is NAKed when the wait runs out.
     let t3 = t1 + 20 * ms;
-    round(&mut fab, 16, t3, None);
+    reordered_round(&mut fab, qa, ea.pool, 16, t3, None);
     fab.nodes[1].handle_timeout(t3 + 2 * ms);
-    assert_eq!(b_stats(&fab).tx_seq_naks, 1);
+    assert_eq!(b_stats(&fab).tx_seq_naks, 2);
     fab.nodes[1].handle_timeout(t3 + 3 * ms);
     let naks = drain_wire(&mut fab, 1, t3 + 3 * ms);
-    assert_eq!(b_stats(&fab).tx_seq_naks, 2, "{naks:?}");
+    assert_eq!(b_stats(&fab).tx_seq_naks, 3, "{naks:?}");
     assert_eq!(b_stats(&fab).rx_held_now, 1);
     // Everything B took came in order, once.
     let mut cs = Vec::new();
@@ -747,8 +771,11 @@ fn made_up_requests_held_ahead_never_break_the_connection() {
     use crate::wire::bth::Opcode;
 
     let (mut fab, ea, eb, qa, qb) = rc_pair(256, 32, 64, &RcParams::default());
-    cf::post_recvs(&mut fab.nodes[1], RecvTarget::Qp(qb), eb.pool, 0, 8).unwrap();
-    let now = fab.now();
+    cf::post_recvs(&mut fab.nodes[1], RecvTarget::Qp(qb), eb.pool, 0, 16).unwrap();
+    // Only a QP whose path was seen to reorder holds anything.
+    let t0 = fab.now();
+    learn_reordering(&mut fab, qa, ea.pool, 100, t0);
+    let now = t0 + Duration::from_millis(10);
     for i in 0..6u8 {
         cf::post_send_data(&mut fab.nodes[0], qa, ea.pool, u64::from(i), &[i; 64]).unwrap();
     }
@@ -775,8 +802,10 @@ fn made_up_requests_held_ahead_never_break_the_connection() {
     deliver(&mut fab, 0, 1, now, &sent[5].0);
     let mut cs = Vec::new();
     cf::poll_into(&mut fab.nodes[1], eb.recv_cq, &mut cs);
+    // The first eight receives took the round that taught B the path reorders.
     let got: Vec<(u64, u8)> = cs
         .iter()
+        .skip(8)
         .map(|c| {
             (
                 c.wr_id.0,
@@ -784,6 +813,6 @@ fn made_up_requests_held_ahead_never_break_the_connection() {
             )
         })
         .collect();
-    assert_eq!(got, (0..6).map(|i| (i, i as u8)).collect::<Vec<_>>());
+    assert_eq!(got, (0..6).map(|i| (8 + i, i as u8)).collect::<Vec<_>>());
     assert_eq!(fab.nodes[1].query_qp_state(qb).unwrap(), QpState::Rts);
 }

@@ -208,9 +208,9 @@ with_fault_fields!(settings! {
         => qp_timeout: u8 = int(QP_TIMEOUT_RANGE).or(d.qp_timeout),
     /// Software provider: RC packets that arrive ahead of a missing one and are held until
     /// it comes, all connections together (about 4 KiB each at path MTU 4096), so that a
-    /// path that reorders costs no resends; 0 drops them as rxe does, which also makes a
-    /// blind sender's guess of a PSN 1,024 times harder (README, Threat model), 0..=65536
-    /// [default: 1024].
+    /// path that reorders costs no resends; only connections whose path was seen to reorder
+    /// hold (a NAK proved spurious), the others drop them as rxe does; 0: none holds
+    /// (README, Threat model), 0..=65536 [default: 1024].
     #[arg(long, value_name = "PACKETS", allow_negative_numbers = true)]
     pub reorder_hold: Option<Given<i64>> [Shown::example("1024")]
         => reorder_hold: usize = int(0..=65_536usize).or(crate::soft::DEFAULT_REORDER_HOLD_PACKETS),
