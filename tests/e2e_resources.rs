@@ -34,11 +34,31 @@ struct MemCgroup {
 
 static CGROUPS: AtomicUsize = AtomicUsize::new(0);
 
+/// Why no memory cgroup of the test's own could be made here.
+#[derive(Debug, thiserror::Error)]
+enum NoCgroup {
+    #[error("/proc/self/cgroup: {0}")]
+    Own(std::io::Error),
+    #[error("no memory cgroup")]
+    NoMemoryController,
+    #[error("mkdir {}: {source}", dir.display())]
+    Create {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{file} of {}: {source}", dir.display())]
+    Limit {
+        file: &'static str,
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+}
+
 impl MemCgroup {
     /// A new cgroup limited to `limit` bytes: below this process's own on cgroup v1, beside it
     /// on v2 (whose parent hands the memory controller down); `Err` says why not here.
-    fn new(limit: u64) -> Result<Self, String> {
-        let own = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| e.to_string())?;
+    fn new(limit: u64) -> Result<Self, NoCgroup> {
+        let own = std::fs::read_to_string("/proc/self/cgroup").map_err(NoCgroup::Own)?;
         let name = format!(
             "ipoib-cm-test-{}-{}",
             std::process::id(),
@@ -63,7 +83,7 @@ impl MemCgroup {
                 let path = own
                     .lines()
                     .find_map(|l| l.strip_prefix("0::"))
-                    .ok_or("no memory cgroup")?;
+                    .ok_or(NoCgroup::NoMemoryController)?;
                 // Beside our own cgroup (processes live only in leaves), or below the root.
                 let root = Path::new("/sys/fs/cgroup");
                 let parent = match Path::new(path).parent() {
@@ -73,15 +93,20 @@ impl MemCgroup {
                 (parent.join(name), true)
             }
         };
-        std::fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+        if let Err(source) = std::fs::create_dir(&dir) {
+            return Err(NoCgroup::Create { dir, source });
+        }
         let cg = Self { dir, v2 };
         let file = if v2 {
             "memory.max"
         } else {
             "memory.limit_in_bytes"
         };
-        std::fs::write(cg.dir.join(file), limit.to_string())
-            .map_err(|e| format!("{} of {}: {e}", file, cg.dir.display()))?;
+        std::fs::write(cg.dir.join(file), limit.to_string()).map_err(|source| NoCgroup::Limit {
+            file,
+            dir: cg.dir.clone(),
+            source,
+        })?;
         Ok(cg)
     }
 

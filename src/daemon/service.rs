@@ -18,7 +18,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::config::{
-    read_config_text, resolve_parsed, Config, ConfigSource, MAX_PEERS, MAX_STATIC_NEIGHBOURS,
+    read_config_text, resolve_parsed, Config, ConfigError, ConfigSource, MAX_PEERS,
+    MAX_STATIC_NEIGHBOURS,
 };
 use super::control::{Reply, Request};
 use super::logging;
@@ -52,7 +53,7 @@ enum NeighChange {
 /// A configuration file being read and resolved on a thread of its own.
 #[derive(Debug)]
 struct ReloadJob {
-    outcome: mpsc::Receiver<Result<Config, String>>,
+    outcome: mpsc::Receiver<Result<Config, ConfigError>>,
 }
 
 /// The running configuration and the service manager's side of the daemon.
@@ -188,7 +189,7 @@ impl Service {
         self.reload_pending = false;
         restore_addresses(node, WHY);
         let Some(source) = self.running.source.clone() else {
-            tracing::info!("{WHY}: no --config file, nothing to reload");
+            tracing::info!("{}", ReloadError::NoConfigFile { why: WHY });
             return None;
         };
         self.reload_started = Some(now);
@@ -242,22 +243,22 @@ impl Service {
     }
 
     /// Reads the configuration file again (on `why`: SIGHUP or a request) and applies what
-    /// can change live; returns the one line that says what it did, or why it did nothing.
+    /// can change live; returns the one line that says what it did.
     ///
     /// # Errors
     /// No `--config`, or a file that does not read or resolve (the running configuration
-    /// stays).
+    /// stays): the [`ReloadError`] is logged too.
     pub fn reload<P: DaemonProvider>(
         &mut self,
         node: &mut Node<P>,
         now: Instant,
-        why: &str,
-    ) -> Result<String, String> {
+        why: &'static str,
+    ) -> Result<String, ReloadError> {
         restore_addresses(node, why);
         let Some(source) = self.running.source.clone() else {
-            let msg = format!("{why}: no --config file, nothing to reload");
-            tracing::info!("{msg}");
-            return Err(msg);
+            let e = ReloadError::NoConfigFile { why };
+            tracing::info!("{e}");
+            return Err(e);
         };
         self.notify_reloading();
         let outcome = read_and_resolve(&source);
@@ -269,14 +270,14 @@ impl Service {
         &mut self,
         node: &mut Node<P>,
         now: Instant,
-        outcome: Result<Config, String>,
-        why: &str,
-    ) -> Result<String, String> {
+        outcome: Result<Config, ConfigError>,
+        why: &'static str,
+    ) -> Result<String, ReloadError> {
         let outcome = match outcome {
-            Err(e) => {
-                let msg = format!("{why}: reload failed, keeping the running configuration: {e}");
-                tracing::warn!("{msg}");
-                Err(msg)
+            Err(source) => {
+                let e = ReloadError::Unreadable { why, source };
+                tracing::warn!("{e}");
+                Err(e)
             }
             Ok(new) => {
                 let plan = reload::plan(
@@ -398,7 +399,9 @@ impl Service {
             Request::NeighDel { ip } => self.neigh_del(node, now, *ip),
             Request::PeerAdd { addr } => self.peer_add(node, *addr),
             Request::PeerDel { addr } => self.peer_del(node, *addr),
-            Request::Reload => self.reload(node, now, "reload request"),
+            Request::Reload => self
+                .reload(node, now, "reload request")
+                .map_err(|e| e.to_string()),
         };
         match r {
             Ok(m) => Reply::Ok(m),
@@ -496,6 +499,27 @@ impl Service {
     }
 }
 
+/// Why a reload changed nothing. Its `Display` is the one line logged and answered to
+/// `ipoib-cm reload`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReloadError {
+    /// The daemon was started without `--config`.
+    #[error("{why}: no --config file, nothing to reload")]
+    NoConfigFile {
+        /// What asked for the reload (`SIGHUP`, `reload request`).
+        why: &'static str,
+    },
+    /// The file did not read, parse or validate.
+    #[error("{why}: reload failed, keeping the running configuration: {source}")]
+    Unreadable {
+        /// What asked for the reload.
+        why: &'static str,
+        /// Why.
+        #[source]
+        source: ConfigError,
+    },
+}
+
 /// A reload (on `why`) puts back the configured addresses the interface lacks, whatever else
 /// it does: one line naming them.
 fn restore_addresses<P: DaemonProvider>(node: &mut Node<P>, why: &str) {
@@ -511,10 +535,10 @@ fn restore_addresses<P: DaemonProvider>(node: &mut Node<P>, why: &str) {
 
 /// Reads the configuration file of `source` and resolves it with its flags; the
 /// [`Config`] (with `source` kept) or the one-line reason why not.
-fn read_and_resolve(source: &ConfigSource) -> Result<Config, String> {
-    let text = read_config_text(&source.file).map_err(|e| e.to_string())?;
-    let file = super::config::parse_config_file(&source.file, &text).map_err(|e| e.to_string())?;
-    let mut new = resolve_parsed(&file, &source.flags).map_err(|e| e.to_string())?;
+fn read_and_resolve(source: &ConfigSource) -> Result<Config, ConfigError> {
+    let text = read_config_text(&source.file)?;
+    let file = super::config::parse_config_file(&source.file, &text)?;
+    let mut new = resolve_parsed(&file, &source.flags)?;
     new.source = Some(source.clone());
     Ok(new)
 }
