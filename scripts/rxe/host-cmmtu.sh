@@ -7,19 +7,10 @@
 # pinged us (`GUEST_PINGED`), 60000-byte pings go the other way (RESULT
 # cmmtu_host_ping_60000). $IPOIB_CM is the binary.
 BIN=${IPOIB_CM:?}
-CON=${RXE_LAB_RUN:?}/console.raw
+# shellcheck source=scripts/rxe/host-lib.sh
+. "$(dirname "$0")/host-lib.sh"
 SOCK=/tmp/rxe-host-cmmtu.$$.sock
 LOGF=/tmp/rxe-host-cmmtu.$$
-el() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}'; }
-seen() { tr -d '\r' < "$CON" 2>/dev/null | grep -q "$1"; }
-wait_for() { # MARKER: up to 5 min, or until the guest is done
-  i=0
-  while [ $i -lt 1500 ] && ! seen "$1"; do
-    seen GUEST_DONE && return 1
-    sleep 0.2; i=$((i + 1))
-  done
-  seen "$1"
-}
 num() { # NAME: a number of the status document
   "$BIN" status --json --control-socket $SOCK 2>/dev/null | tr -d ' \n' | grep -o "\"$1\":[0-9]*" \
     | head -1 | grep -o '[0-9]*$'

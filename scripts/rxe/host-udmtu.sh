@@ -9,19 +9,10 @@
 # (RESULT udmtu_host_rx_2044, udmtu_host_rx_4092; before, with buffers of GRH + path MTU,
 # rx_ud_dropped counted them and nothing arrived). $IPOIB_CM is the binary.
 BIN=${IPOIB_CM:?}
-CON=${RXE_LAB_RUN:?}/console.raw
+# shellcheck source=scripts/rxe/host-lib.sh
+. "$(dirname "$0")/host-lib.sh"
 SOCK=/tmp/rxe-host-udmtu.$$.sock
 LOGF=/tmp/rxe-host-udmtu.$$
-el() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}'; }
-seen() { tr -d '\r' < "$CON" 2>/dev/null | grep -q "$1"; }
-wait_for() { # MARKER: up to 5 min, or until the guest is done
-  i=0
-  while [ $i -lt 1500 ] && ! seen "$1"; do
-    seen GUEST_DONE && return 1
-    sleep 0.2; i=$((i + 1))
-  done
-  seen "$1"
-}
 t0=$(date +%s.%N)
 wait_for GUEST_HWADDR || { echo "RESULT udmtu_host_up FAIL no GUEST_HWADDR after $(el "$t0")s"; exit 1; }
 ip link set lo up 2>/dev/null

@@ -483,10 +483,6 @@ fn run<P: DaemonProvider>(
         }
         service.turn(now);
         service.reload_step(&mut node, now);
-        node.flush(now, poll.registry())?;
-        if node.provider_mut().take_link_suspect() {
-            underlay.suspect(now);
-        }
         if node.take_port_active() {
             // The port is back, perhaps at another MTU (an SM's, or rxe's netdev's).
             let link = underlay.state().mtu().unwrap_or(link_mtu);
@@ -500,7 +496,11 @@ fn run<P: DaemonProvider>(
                 }
             }
             node.check_interface();
-            node.flush(now, poll.registry())?;
+        }
+        node.flush(now, poll.registry())?;
+        if node.provider_mut().take_link_suspect() {
+            // Read the link soon (the loop's timeout includes the read's deadline).
+            underlay.suspect(now);
         }
         if let Some(why) = node.device_gave_up() {
             let why = why.to_owned();

@@ -386,11 +386,8 @@ impl SoftProvider {
     /// the old MTU's).
     pub fn set_link_mtu(&mut self, mtu: u32) {
         self.link_mtu = Some(mtu);
-        let port = usize::try_from(mtu)
-            .ok()
-            .and_then(crate::verbs::PathMtu::for_link_mtu)
-            .unwrap_or(crate::verbs::PathMtu::Mtu256);
-        self.verbs.set_port_mtu(port);
+        self.verbs
+            .set_port_mtu(crate::verbs::PathMtu::carried_by_link(mtu));
         if self.gso_wanted {
             self.tx.enable_gso();
             self.gso_retry_at = None;
@@ -414,15 +411,13 @@ impl SoftProvider {
                 Ok(done) => return done,
                 Err(f) => {
                     self.send_errors += 1;
-                    if f.too_big {
-                        self.send_too_big += 1;
-                        self.link_suspect = true;
-                    }
                     if f.gso_off {
                         self.gso_retry_at = Some(now + self.gso_backoff);
                         self.gso_backoff = (self.gso_backoff * 2).min(GSO_RETRY_MAX);
                     }
                     if f.too_big {
+                        self.send_too_big += 1;
+                        self.link_suspect = true;
                         // The driver reads the link again and logs its new MTU once.
                         tracing::debug!(error = %f, "soft provider send failed");
                     } else {

@@ -241,6 +241,15 @@ impl PathMtu {
         })
     }
 
+    /// [`for_link_mtu`](Self::for_link_mtu), at least 256 (the smallest IB MTU, what a link
+    /// too small for any is taken to carry).
+    pub fn carried_by_link(link_mtu: u32) -> Self {
+        usize::try_from(link_mtu)
+            .ok()
+            .and_then(Self::for_link_mtu)
+            .unwrap_or(Self::Mtu256)
+    }
+
     /// The largest IB MTU whose RoCEv2 packet fits a link of `link_mtu` bytes, as rxe does:
     /// `link_mtu - 80`, rounded down (1500 gives 1024, 9000 gives 4096).
     pub fn for_link_mtu(link_mtu: usize) -> Option<Self> {

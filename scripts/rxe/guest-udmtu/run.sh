@@ -18,17 +18,9 @@ modprobe tun 2>/dev/null
 el() { awk -v a="$1" -v b="$(uptime_s)" 'BEGIN {printf "%.1f", b - a}'; }
 
 t0=$(uptime_s)
-$B up --provider verbs --ib-dev "$RXE0" --bind "$IP0" --mode datagram --ifname ib0 \
-  --addr $A4/24 --control-socket $SOCK --log info > /tmp/daemon.log 2>&1 &
-DPID=$!
-hw=
-i=0
-while [ $i -lt 100 ]; do
-  hw=$($B status --control-socket $SOCK --json 2>/dev/null | grep -o '"hwaddr": *"[^"]*"' | head -1 | sed 's/.*"\([^"]*\)"$/\1/')
-  [ -n "$hw" ] && break
-  kill -0 $DPID 2>/dev/null || break
-  sleep 0.1; i=$((i + 1))
-done
+ipoib_up $SOCK /tmp/daemon.log --provider verbs --ib-dev "$RXE0" --bind "$IP0" \
+  --mode datagram --ifname ib0 --addr $A4/24 --log info
+hw=$HW
 if [ -z "$hw" ]; then
   cat /tmp/daemon.log
   res udmtu_guest_up FAIL "$(el "$t0")s"

@@ -72,10 +72,7 @@ pub const MAX_PEERS: usize = 1024;
 /// The largest IB path MTU whose RoCEv2 packets fit an underlay link of `link_mtu` bytes
 /// ([`PathMtu::for_link_mtu`], as Linux rxe derives it), at least 256.
 pub fn path_mtu_for_link_mtu(link_mtu: u32) -> PathMtu {
-    usize::try_from(link_mtu)
-        .ok()
-        .and_then(PathMtu::for_link_mtu)
-        .unwrap_or(PathMtu::Mtu256)
+    PathMtu::carried_by_link(link_mtu)
 }
 
 /// Which provider a command runs on (`--provider`).

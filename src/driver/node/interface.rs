@@ -24,9 +24,7 @@ impl<P: Provider> Node<P> {
         if self.down.is_some() {
             return None;
         }
-        let change = self.ep.set_path_mtu(now, self.prov.verbs(), mtu);
-        self.ep.handle_timeout(now, self.prov.verbs());
-        self.send_mads(now);
+        let change = self.reconfigure(now, |ep, v| ep.set_path_mtu(now, v, mtu));
         self.sync_tun_mtu("the path MTU");
         self.log_events(now);
         change
