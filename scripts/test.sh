@@ -22,6 +22,19 @@ if [ "$(id -u)" -ne 0 ]; then
     echo "note: not root, so the network-namespace tests will skip; run with sudo for all of them"
 fi
 
+section "scripts/hw-check.sh without an RDMA device: one line, exit 77"
+if compgen -G '/sys/class/infiniband/*' > /dev/null; then
+    echo "skipped: this host has an RDMA device (/sys/class/infiniband is not empty)"
+else
+    hw_rc=0
+    hw_out=$(bash scripts/hw-check.sh 2>&1) || hw_rc=$?
+    printf '%s\n' "$hw_out"
+    if [ "$hw_rc" -ne 77 ] || [ "$(printf '%s\n' "$hw_out" | wc -l)" -ne 1 ]; then
+        echo "scripts/hw-check.sh without a device: exit $hw_rc and the output above (want 77 and one line)"
+        exit 1
+    fi
+fi
+
 section "cargo fmt --check"
 cargo fmt --check
 

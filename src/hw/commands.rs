@@ -20,6 +20,7 @@ use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use ibverbs_sys as ffi;
 
@@ -200,7 +201,8 @@ pub(super) struct MovesDone {
 #[derive(Debug)]
 struct Worker {
     jobs: Option<SyncSender<Handed<Job>>>,
-    done: Receiver<Handed<Done>>,
+    /// Each answer with the time its job took on the thread.
+    done: Receiver<Handed<(Done, Duration)>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -232,6 +234,12 @@ pub(super) struct OffLoop {
     /// `ibv_modify_qp` calls made (failed ones included).
     pub(super) modified: u64,
     pub(super) failed: u64,
+    /// Time the thread spent in `ibv_create_qp` (failed calls included).
+    pub(super) create_time: Duration,
+    /// Time the thread spent in `ibv_modify_qp` (failed calls included).
+    pub(super) modify_time: Duration,
+    /// Time the thread spent in `ibv_destroy_qp` (failed calls included).
+    pub(super) destroy_time: Duration,
 }
 
 /// The command thread (started at its first job) and the stash. See the
@@ -396,8 +404,13 @@ impl QpCommands {
         }
     }
 
-    fn answered(&mut self, d: Done) {
+    fn answered(&mut self, (d, took): (Done, Duration)) {
         self.in_flight = self.in_flight.saturating_sub(1);
+        match d {
+            Done::Created(..) => self.counts.create_time += took,
+            Done::Destroyed(_) => self.counts.destroy_time += took,
+            Done::Modified(_) => self.counts.modify_time += took,
+        }
         match d {
             Done::Created(kind, Ok(q)) => {
                 self.counts.created += 1;
@@ -460,17 +473,18 @@ impl Worker {
     /// outlives the thread: [`QpCommands`] joins it on drop, before its fields go.
     fn start(wake: Option<RawFd>) -> std::io::Result<Self> {
         let (jobs, rx) = mpsc::sync_channel::<Handed<Job>>(QUEUE);
-        let (tx, done) = mpsc::channel::<Handed<Done>>();
+        let (tx, done) = mpsc::channel::<Handed<(Done, Duration)>>();
         let thread = std::thread::Builder::new()
             .name("ipoib-cm-qp-cmd".into())
             .spawn(move || {
                 while let Ok(Handed(job)) = rx.recv() {
+                    let t0 = Instant::now();
                     let (d, wakes) = match job {
                         Job::Create(kind, init) => (Done::Created(kind, create(&init)), false),
                         Job::Destroy(qp) => (Done::Destroyed(destroy(qp)), false),
                         Job::Modify(m) => (Done::Modified(modify(m)), true),
                     };
-                    if tx.send(Handed(d)).is_err() {
+                    if tx.send(Handed((d, t0.elapsed()))).is_err() {
                         break;
                     }
                     if let Some(fd) = wake.filter(|_| wakes) {

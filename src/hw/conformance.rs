@@ -124,13 +124,21 @@ impl HwPair {
             let line =
                 format!(
                 "{} created here, {} ahead ({} taken), {} destroyed here, {} on the thread, {} \
-                 failed there",
+                 failed there; on the thread {} us a create, {} us a destroy",
                 d(s.calls.create_qp_calls, was.calls.create_qp_calls),
                 d(s.qps_created_off_loop, was.qps_created_off_loop),
                 d(s.qp_stash_hits, was.qp_stash_hits),
                 d(s.calls.destroy_qp_calls, was.calls.destroy_qp_calls),
                 d(s.qps_destroyed_off_loop, was.qps_destroyed_off_loop),
                 d(s.qp_commands_failed_off_loop, was.qp_commands_failed_off_loop),
+                per(
+                    d(s.qp_create_us_off_loop, was.qp_create_us_off_loop),
+                    d(s.qps_created_off_loop, was.qps_created_off_loop)
+                ),
+                per(
+                    d(s.qp_destroy_us_off_loop, was.qp_destroy_us_off_loop),
+                    d(s.qps_destroyed_off_loop, was.qps_destroyed_off_loop)
+                ),
             );
             let ok = d(s.qps_destroyed_off_loop, was.qps_destroyed_off_loop)
                 == conformance::RETIRE_ROUNDS as u64
@@ -154,8 +162,11 @@ impl HwPair {
             let thread = s.qp_modifies_off_loop - was.qp_modifies_off_loop;
             let here = s.calls.modify_qp_calls - was.calls.modify_qp_calls;
             let failed = s.qp_commands_failed_off_loop - was.qp_commands_failed_off_loop;
-            let line =
-                format!("{thread} ibv_modify_qp on the thread, {here} here, {failed} failed there");
+            let us = per(s.qp_modify_us_off_loop - was.qp_modify_us_off_loop, thread);
+            let line = format!(
+                "{thread} ibv_modify_qp on the thread ({us} us each), {here} here, {failed} \
+                 failed there"
+            );
             let ok = thread >= 4 * conformance::MOVES_ROUNDS as u64 && here == 0 && failed == 0;
             (line, ok)
         })
@@ -190,6 +201,13 @@ impl HwPair {
             )))
         }
     }
+}
+
+/// `total` over `n`, rounded down to a whole unit ("-" when `n` is 0).
+fn per(total: u64, n: u64) -> String {
+    total
+        .checked_div(n)
+        .map_or_else(|| "-".to_owned(), |v| v.to_string())
 }
 
 impl ConformancePair<HwVerbs> for HwPair {

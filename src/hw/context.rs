@@ -113,6 +113,16 @@ pub struct HwStats {
     /// Creates, modifies and destroys that failed on the QP command thread (each logged or
     /// passed on).
     pub qp_commands_failed_off_loop: u64,
+    /// Microseconds the QP command thread spent in `ibv_create_qp` (failed calls included):
+    /// over [`HwStats::qps_created_off_loop`], what one create costs the device, each a wait
+    /// the event loop did not make (about a millisecond of firmware on a ConnectX).
+    pub qp_create_us_off_loop: u64,
+    /// Microseconds the QP command thread spent in `ibv_modify_qp`; see
+    /// [`HwStats::qp_create_us_off_loop`] and [`HwStats::qp_modifies_off_loop`].
+    pub qp_modify_us_off_loop: u64,
+    /// Microseconds the QP command thread spent in `ibv_destroy_qp`; see
+    /// [`HwStats::qp_create_us_off_loop`] and [`HwStats::qps_destroyed_off_loop`].
+    pub qp_destroy_us_off_loop: u64,
     /// QPs created ahead and not taken yet, now (a gauge: the device holds these beyond the
     /// caller's QPs, at most `STASH_DEPTH` of each of `MAX_KINDS` kinds, in `hw/commands.rs`).
     pub qps_ready_ahead: u64,

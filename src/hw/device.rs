@@ -216,6 +216,13 @@ impl HwVerbs {
         &self.name
     }
 
+    /// The CQs created from now on take the device's completion vectors in turn from
+    /// `first` (modulo their number): worker `w` of an interface starts at `w`, so that the
+    /// workers' interrupts land on different vectors.
+    pub fn set_first_comp_vector(&mut self, first: u8) {
+        self.next_comp_vector = i32::from(first);
+    }
+
     /// The port number in use.
     pub fn port(&self) -> u8 {
         self.port
@@ -239,6 +246,10 @@ impl HwVerbs {
         s.qps_destroyed_off_loop = c.destroyed;
         s.qp_modifies_off_loop = c.modified;
         s.qp_commands_failed_off_loop = c.failed;
+        let us = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        s.qp_create_us_off_loop = us(c.create_time);
+        s.qp_modify_us_off_loop = us(c.modify_time);
+        s.qp_destroy_us_off_loop = us(c.destroy_time);
         s.qps_ready_ahead = self.commands.ready() as u64;
         s
     }
@@ -262,7 +273,7 @@ impl Drop for HwVerbs {
 }
 
 impl HwVerbs {
-    /// `Err(DeviceLost)` while the context is closed ([`HwVerbs::close_context`]).
+    /// `Err(DeviceLost)` while the context is closed (`HwVerbs::close_context`).
     /// Reads the port's MTUs and state again (on RoCE the active MTU follows the netdev's
     /// MTU; on InfiniBand the SM's); the GID stays the one chosen at open. Nothing when the
     /// context is lost.
