@@ -14,6 +14,7 @@
 //! [`QpMoves`], which the endpoint applies to its QP (the QPs stay ours) before it accepts or
 //! establishes.
 
+use crate::wire::WorkerSlot;
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
@@ -256,6 +257,9 @@ pub struct KernelCm {
     link: LinkLayer,
     /// The full P_Key of `AF_IB` destinations.
     pkey: u16,
+    /// The worker whose ids these are: its index is in their low bits
+    /// ([`KernelCm::with_worker`]).
+    slot: WorkerSlot,
     stats: CmStats,
 }
 
@@ -274,14 +278,31 @@ impl KernelCm {
             service_id,
             link,
             pkey,
+            slot: WorkerSlot::SINGLE,
             stats: CmStats::default(),
         }
     }
 
+    /// The CM of worker `slot` of an interface: its ids carry the worker's index in their
+    /// low bits (and stay below [`PASSIVE_ID_BASE`]), so that the driver, which runs every
+    /// worker's kernel CM ids on one event channel, hands each input to its worker.
+    #[must_use]
+    pub fn with_worker(mut self, slot: WorkerSlot) -> Self {
+        self.slot = slot;
+        self.next_id = (self.next_id % self.id_space()).max(1);
+        self
+    }
+
+    /// How many untagged values the ids take: all tagged ids are below [`PASSIVE_ID_BASE`].
+    fn id_space(&self) -> u32 {
+        PASSIVE_ID_BASE >> self.slot.count().bits()
+    }
+
     fn alloc_id(&mut self) -> Option<CommId> {
+        let space = self.id_space();
         for _ in 0..=self.max_ids {
-            let id = CommId(self.next_id);
-            self.next_id = if self.next_id + 1 >= PASSIVE_ID_BASE {
+            let id = CommId(self.slot.tag(self.next_id));
+            self.next_id = if self.next_id + 1 >= space {
                 1
             } else {
                 self.next_id + 1

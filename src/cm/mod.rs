@@ -54,6 +54,7 @@ pub mod admission;
 mod conn;
 pub mod kernel;
 mod recv;
+mod route;
 mod seam;
 mod timers;
 mod types;
@@ -65,6 +66,7 @@ use admission::{RemoteIndex, ReqLimiter};
 pub use admission::{ReqRateLimit, MAX_MADS_PER_REQ, MAX_PASSIVE_CM_RETRIES};
 use conn::{Conn, Retx};
 pub use kernel::{KcmCommand, KcmInput, KcmTarget, KernelCm, LinkLayer, QpMoves, PASSIVE_ID_BASE};
+pub use route::mad_owner;
 pub use seam::ConnectionManager;
 use types::own_tid;
 pub use types::{
@@ -400,7 +402,10 @@ impl Cm {
         // At most MAX_LIVE_IDS values are taken, and 0 is skipped: this finds one in at most
         // MAX_LIVE_IDS + 2 tries.
         for _ in 0..MAX_LIVE_IDS + 2 {
-            let raw = self.next_id ^ self.cfg.comm_id_seed;
+            let raw = self
+                .cfg
+                .comm_id_slot
+                .tag(self.next_id ^ self.cfg.comm_id_seed);
             self.next_id = self.next_id.wrapping_add(1);
             if raw != 0 && !self.conns.contains_key(&raw) {
                 return Some(CommId(raw));

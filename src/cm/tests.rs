@@ -1381,3 +1381,4 @@ proptest! {
 
 mod admission;
 mod paths;
+mod route;

@@ -9,7 +9,7 @@ use crate::verbs::{
     BufId, BufPools, Completion, CqId, PdId, PoolId, QpInit, QpNum, SrqId, SrqInit, VerbsError,
     WcOpcode, WrId,
 };
-use crate::wire::IdMap;
+use crate::wire::{IdMap, WorkerSlot};
 
 /// A completion queue.
 #[derive(Debug)]
@@ -338,11 +338,12 @@ pub(super) struct QpTable {
 }
 
 impl QpTable {
-    /// An empty table whose QPNs follow the permutation `seed` picks.
-    pub(super) fn new(seed: u64) -> Self {
+    /// An empty table whose QPNs follow the permutation `seed` picks, each with `worker`'s
+    /// index in its low bits.
+    pub(super) fn new(seed: u64, worker: WorkerSlot) -> Self {
         Self {
             qps: IdMap::default(),
-            qpns: QpnSequence::new(seed),
+            qpns: QpnSequence::new(seed, worker),
         }
     }
 
@@ -378,11 +379,11 @@ impl QpTable {
     }
 
     /// A QPN no QP has, neither 0 nor 1 (the special QPs) nor the multicast QPN: the next
-    /// value of the sequence that is free. Fewer than `max_qps` QPNs are taken, so this
-    /// takes one try in all but a vanishing fraction of calls; it is bounded by the 2^24
-    /// values there are.
+    /// value of the sequence that is free (with the worker's index in its low bits). Fewer
+    /// than `max_qps` QPNs are taken, so this takes one try in all but a vanishing fraction
+    /// of calls; it is bounded by the sequence's period, the values there are.
     pub(super) fn alloc_qpn(&mut self) -> Option<QpNum> {
-        for _ in 0..(1u32 << 24) {
+        for _ in 0..self.qpns.period() {
             let n = QpNum::new(self.qpns.next());
             if n.get() > 1 && n != MULTICAST_QPN && !self.qps.contains_key(&n) {
                 return Some(n);
@@ -392,47 +393,86 @@ impl QpTable {
     }
 }
 
-/// The order QPNs are handed out in: a keyed permutation of the 24-bit QPN space (a
-/// four-round Feistel network on 12-bit halves) applied to a counter. Every value comes once
-/// in each 2^24 steps, so numbers are never reused before the whole space has been, and
-/// without the seed the next QPN cannot be told from the last ones (not a cryptographic
-/// guarantee: the aim is that a new process never gets an old connection's QPNs and an
-/// off-path sender cannot count them, as it could from the sequential 0x11, 0x12, ...).
+/// The order QPNs are handed out in: a keyed permutation of the QPNs of one worker applied to
+/// a counter. The worker's index fills the low `log2(count)` bits of every QPN
+/// ([`WorkerSlot::tag`]); the other `24 - log2(count)` bits are a four-round Feistel network on
+/// two halves of `ceil(bits / 2)` bits, walked again while its value is out of range (only
+/// with an odd number of bits, where the network's domain is twice the range: about two
+/// rounds of it per value). Every value comes once in each period (2^bits steps), so numbers
+/// are never reused before the worker's whole share of the space has been, and without the
+/// seed the next QPN cannot be told from the last ones (not a cryptographic guarantee: the aim
+/// is that a new process never gets an old connection's QPNs and an off-path sender cannot
+/// count them, as it could from the sequential 0x11, 0x12, ...). One worker
+/// ([`WorkerSlot::SINGLE`]): 24 bits on two 12-bit halves, no walk.
 #[derive(Debug, Clone)]
 pub(super) struct QpnSequence {
     keys: [u64; 4],
     counter: u32,
+    /// Bits of the permuted value: 24 less the worker bits.
+    bits: u32,
+    /// Bits of each Feistel half: `ceil(bits / 2)`.
+    half_bits: u32,
+    worker: WorkerSlot,
 }
 
 impl QpnSequence {
-    const HALF_BITS: u32 = 12;
-    const HALF_MASK: u32 = (1 << Self::HALF_BITS) - 1;
+    /// Bits of a QPN.
+    const QPN_BITS: u32 = 24;
 
-    pub(super) fn new(seed: u64) -> Self {
+    pub(super) fn new(seed: u64, worker: WorkerSlot) -> Self {
         let mut k = seed;
         let keys = std::array::from_fn(|_| {
             k = splitmix64(k);
             k
         });
+        let bits = Self::QPN_BITS - worker.count().bits();
         // The start of the counter is keyed too, so two seeds do not share a first value.
-        let counter = (splitmix64(k) as u32) & 0x00FF_FFFF;
-        Self { keys, counter }
+        let counter = (splitmix64(k) as u32) & ((1 << bits) - 1);
+        Self {
+            keys,
+            counter,
+            bits,
+            half_bits: bits.div_ceil(2),
+            worker,
+        }
+    }
+
+    /// Steps before a value comes again: how many QPNs the worker has.
+    pub(super) fn period(&self) -> u32 {
+        1 << self.bits
     }
 
     /// The next 24-bit value.
     pub(super) fn next(&mut self) -> u32 {
         let x = self.counter;
-        self.counter = (self.counter + 1) & 0x00FF_FFFF;
-        self.permute(x)
+        self.counter = (self.counter + 1) & (self.period() - 1);
+        self.worker.tag(self.permute_in_range(x))
+    }
+
+    /// The Feistel network walked until its value is below the period (cycle walking: a
+    /// bijection of `0..period`). The walk ends at the latest back at `x` itself, within the
+    /// network's cycle, so within its domain's size.
+    fn permute_in_range(&self, x: u32) -> u32 {
+        let period = self.period();
+        let mut y = x;
+        for _ in 0..1u32 << (2 * self.half_bits) {
+            y = self.permute(y);
+            if y < period {
+                return y;
+            }
+        }
+        x
     }
 
     fn permute(&self, x: u32) -> u32 {
-        let (mut l, mut r) = (x >> Self::HALF_BITS, x & Self::HALF_MASK);
+        let half = self.half_bits;
+        let mask = (1 << half) - 1;
+        let (mut l, mut r) = (x >> half, x & mask);
         for k in self.keys {
-            let f = (splitmix64(u64::from(r) ^ k) as u32) & Self::HALF_MASK;
+            let f = (splitmix64(u64::from(r) ^ k) as u32) & mask;
             (l, r) = (r, l ^ f);
         }
-        (l << Self::HALF_BITS) | r
+        (l << half) | r
     }
 }
 

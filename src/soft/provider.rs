@@ -16,6 +16,7 @@ use super::transport::{TxBatch, UdpTransport};
 use crate::sys::ifaddr;
 use crate::sys::udp::RecvBatch;
 use crate::verbs::{IoSource, Provider};
+use crate::wire::{QpNum, WorkerCount, WorkerSlot};
 
 /// Datagrams read per [`Provider::handle_io`] call before other sources get a turn.
 const MAX_RECV_BATCH: usize = 512;
@@ -36,6 +37,119 @@ const GSO_RETRY_MAX: Duration = Duration::from_secs(600);
 
 /// Readiness events taken from the group sockets' poll per read (they only say "read again").
 const GROUP_EVENTS: usize = 16;
+
+/// Most datagrams of other workers a steered provider holds for
+/// [`SoftProvider::take_foreign`]; more are dropped and counted
+/// ([`SteeringStats::rx_foreign_dropped`]).
+pub const FOREIGN_SLOTS: usize = 256;
+
+/// Longest datagram of another worker that is held ([`SoftProvider::take_foreign`]): a
+/// 4096-MTU RoCE packet with its headers. Longer ones are no RoCE packet of a QP of ours and
+/// are dropped and counted ([`SteeringStats::rx_foreign_dropped`]).
+pub const FOREIGN_DATAGRAM_MAX: usize = TX_SLOT_CAPACITY;
+
+/// Counters of a steered provider ([`SoftConfig::workers`] two or more; all zero with one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct SteeringStats {
+    /// Datagrams received on this worker's socket whose destination QP is another worker's
+    /// ([`WorkerCount::owner_of_qpn`](crate::wire::WorkerCount::owner_of_qpn)): segments of a buffer the kernel's GRO merged and
+    /// steered by hash, or datagrams that came while the socket group was still forming.
+    /// Held for [`SoftProvider::take_foreign`], or dropped when no room was left.
+    pub rx_misrouted: u64,
+    /// Of those, dropped: [`FOREIGN_SLOTS`] were held already, or the datagram was longer
+    /// than [`FOREIGN_DATAGRAM_MAX`].
+    pub rx_foreign_dropped: u64,
+    /// Datagrams another worker received and handed to this one
+    /// ([`SoftProvider::accept_foreign`]).
+    pub rx_foreign_accepted: u64,
+}
+
+/// A datagram received by one worker that belongs to another
+/// ([`SoftProvider::take_foreign`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForeignDatagram<'a> {
+    /// The worker that owns its destination QP: hand it to that worker's
+    /// [`SoftProvider::accept_foreign`].
+    pub worker: u8,
+    /// Its sender.
+    pub src: SocketAddr,
+    /// The UDP payload (BTH … ICRC).
+    pub datagram: &'a [u8],
+}
+
+/// The datagrams of other workers a steered provider received, held until taken: at most
+/// [`FOREIGN_SLOTS`] of at most [`FOREIGN_DATAGRAM_MAX`] bytes, their buffers allocated when
+/// first needed and reused from then on.
+#[derive(Debug)]
+struct Steering {
+    /// Which worker this provider is.
+    slot: WorkerSlot,
+    /// Buffers, `held` of them holding a datagram.
+    held_slots: Vec<HeldForeign>,
+    held: usize,
+    stats: SteeringStats,
+}
+
+#[derive(Debug)]
+struct HeldForeign {
+    worker: u8,
+    src: SocketAddr,
+    bytes: Vec<u8>,
+}
+
+impl Steering {
+    fn new(slot: WorkerSlot) -> Self {
+        Self {
+            slot,
+            held_slots: Vec::new(),
+            held: 0,
+            stats: SteeringStats::default(),
+        }
+    }
+
+    /// Whether `datagram` belongs to another worker; if so it is held (or dropped, without
+    /// room) and counted. With one worker, or too short to name a QP, it is this one's.
+    fn divert(&mut self, src: SocketAddr, datagram: &[u8]) -> bool {
+        let count = self.slot.count();
+        if count == WorkerCount::ONE {
+            return false;
+        }
+        let Some(&[a, b, c]) = datagram.get(5..8) else {
+            return false;
+        };
+        let owner = count.owner_of_qpn(QpNum::new(u32::from_be_bytes([0, a, b, c])));
+        if owner == self.slot.index() {
+            return false;
+        }
+        self.stats.rx_misrouted += 1;
+        if !self.hold(owner, src, datagram) {
+            self.stats.rx_foreign_dropped += 1;
+        }
+        true
+    }
+
+    fn hold(&mut self, worker: u8, src: SocketAddr, datagram: &[u8]) -> bool {
+        if self.held >= FOREIGN_SLOTS || datagram.len() > FOREIGN_DATAGRAM_MAX {
+            return false;
+        }
+        if self.held == self.held_slots.len() {
+            self.held_slots.push(HeldForeign {
+                worker,
+                src,
+                bytes: Vec::with_capacity(FOREIGN_DATAGRAM_MAX),
+            });
+        }
+        let Some(h) = self.held_slots.get_mut(self.held) else {
+            return false;
+        };
+        h.worker = worker;
+        h.src = src;
+        h.bytes.clear();
+        h.bytes.extend_from_slice(datagram);
+        self.held += 1;
+        true
+    }
+}
 
 /// The receive side of IP multicast ([`SoftConfig::multicast`]): one socket per joined group
 /// ([`UdpTransport::bind_group`]), all watched by one inner poll whose descriptor is the
@@ -131,6 +245,8 @@ pub struct SoftProvider {
     /// The group sockets, when IP multicast is on.
     groups: Option<GroupSockets>,
     mcast_stats: MulticastStats,
+    /// Datagrams of other workers, when this is one of several.
+    steering: Steering,
 }
 
 impl SoftProvider {
@@ -146,6 +262,32 @@ impl SoftProvider {
     /// The socket's bind or option errors.
     pub fn bind(cfg: SoftConfig, offload: UdpOffload) -> io::Result<Self> {
         let transport = UdpTransport::bind(SocketAddr::new(cfg.local_ip, cfg.src_port))?;
+        Self::with_transport(cfg, transport, offload)
+    }
+
+    /// As [`bind`](Self::bind), on a socket bound already: one of the group
+    /// [`UdpTransport::bind_steered`] binds, for the worker [`SoftConfig::workers`] names.
+    /// `cfg.src_port` becomes the socket's port. Multicast ([`SoftConfig::multicast`]) is
+    /// the UD QP's, so the control side's: leave it off for the other workers.
+    ///
+    /// # Errors
+    /// `InvalidInput` when the socket is not bound to `cfg.local_ip`; the socket's option
+    /// errors.
+    pub fn with_transport(
+        cfg: SoftConfig,
+        transport: UdpTransport,
+        offload: UdpOffload,
+    ) -> io::Result<Self> {
+        if transport.local_addr().ip() != cfg.local_ip {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "the socket is bound to {}, the provider's address is {}",
+                    transport.local_addr(),
+                    cfg.local_ip
+                ),
+            ));
+        }
         let mut cfg = cfg;
         cfg.src_port = transport.local_addr().port();
         let groups = if cfg.multicast {
@@ -154,6 +296,7 @@ impl SoftProvider {
             None
         };
         cfg.multicast = groups.is_some();
+        let steering = Steering::new(cfg.workers);
         let gso = match offload {
             UdpOffload::On => match transport.enable_gro() {
                 Ok(()) => true,
@@ -187,6 +330,7 @@ impl SoftProvider {
             readiness_driven: false,
             groups,
             mcast_stats: MulticastStats::default(),
+            steering,
         })
     }
 
@@ -261,6 +405,41 @@ impl SoftProvider {
         let mut s = self.mcast_stats;
         s.groups_joined = self.groups.as_ref().map_or(0, |g| g.sockets.len() as u64);
         s
+    }
+
+    /// The steering counters (all zero with one worker).
+    pub fn steering_stats(&self) -> SteeringStats {
+        self.steering.stats
+    }
+
+    /// Hands out the datagrams this worker received for other workers' QPs since the last
+    /// call (at most [`FOREIGN_SLOTS`]), oldest first, each with the worker it belongs to:
+    /// pass each to that worker's [`accept_foreign`](Self::accept_foreign). Taking them
+    /// empties the queue: what the iterator is not asked for is dropped. Always empty with
+    /// one worker ([`SoftConfig::workers`]).
+    pub fn take_foreign(&mut self) -> impl ExactSizeIterator<Item = ForeignDatagram<'_>> {
+        let n = std::mem::take(&mut self.steering.held);
+        self.steering
+            .held_slots
+            .get(..n)
+            .unwrap_or_default()
+            .iter()
+            .map(|h| ForeignDatagram {
+                worker: h.worker,
+                src: h.src,
+                datagram: &h.bytes,
+            })
+    }
+
+    /// Handles a datagram another worker received for one of this worker's QPs
+    /// ([`take_foreign`](Self::take_foreign)) as if this worker's socket had received it
+    /// from `src`, addressed to the provider's IP (every socket of a steered group is bound
+    /// to it). It is not handed on again, whoever owns it. Like
+    /// [`Provider::handle_input`], it may leave datagrams to send: flush afterwards.
+    pub fn accept_foreign(&mut self, now: Instant, src: SocketAddr, datagram: &[u8]) {
+        self.steering.stats.rx_foreign_accepted += 1;
+        let local = self.verbs.config().local_ip;
+        self.verbs.handle_datagram(now, src, local, datagram);
     }
 
     /// Opens a socket for each group the engine's attached MGIDs map to that has none, and
@@ -456,6 +635,16 @@ impl SoftProvider {
 impl Provider for SoftProvider {
     type Verbs = SoftVerbs;
 
+    fn take_foreign(&mut self, out: &mut dyn FnMut(u8, SocketAddr, &[u8])) {
+        for d in Self::take_foreign(self) {
+            out(d.worker, d.src, d.datagram);
+        }
+    }
+
+    fn accept_foreign(&mut self, now: Instant, src: SocketAddr, datagram: &[u8]) {
+        Self::accept_foreign(self, now, src, datagram);
+    }
+
     fn verbs(&mut self) -> &mut SoftVerbs {
         &mut self.verbs
     }
@@ -521,16 +710,21 @@ impl Provider for SoftProvider {
                 let Some((meta, d)) = self.transport.datagram(&self.rx, i) else {
                     continue;
                 };
+                // A GRO buffer may hold datagrams of several QPs, so of several workers.
                 match meta.segment_len.map(usize::from) {
                     Some(seg) if d.len() > seg => {
                         self.rx_gro_buffers += 1;
                         for one in d.chunks(seg) {
-                            self.verbs.handle_datagram(now, meta.src, meta.dst_ip, one);
+                            if !self.steering.divert(meta.src, one) {
+                                self.verbs.handle_datagram(now, meta.src, meta.dst_ip, one);
+                            }
                             packets += 1;
                         }
                     }
                     _ => {
-                        self.verbs.handle_datagram(now, meta.src, meta.dst_ip, d);
+                        if !self.steering.divert(meta.src, d) {
+                            self.verbs.handle_datagram(now, meta.src, meta.dst_ip, d);
+                        }
                         packets += 1;
                     }
                 }
@@ -598,5 +792,132 @@ mod tests {
         }
         assert_eq!(read, 10);
         assert_eq!(p.handle_input(now).expect("handle_input"), 0);
+    }
+
+    /// A datagram of `len` bytes for destination QP `qpn` (a BTH, then `fill`).
+    fn for_qp(qpn: u32, len: usize, fill: u8) -> Vec<u8> {
+        let mut d = vec![fill; len];
+        d[..12].fill(0);
+        d[0] = 0x04;
+        d[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+        d
+    }
+
+    /// A GRO buffer holding segments of both workers' QPs reaches worker 1 of 2 (its first
+    /// segment's QP is worker 1's, and the kernel's reuseport program steers the whole train
+    /// by it): worker 1 handles its own two, counts the other four as misrouted and hands
+    /// them out, QP1 and the multicast QPN as worker 0's; worker 0 accepts them. Loopback
+    /// only.
+    #[test]
+    fn a_gro_buffer_of_two_workers_is_split_between_them() {
+        use crate::sys::udp::{send_batch, Outgoing};
+        use crate::wire::WorkerCount;
+        use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+        let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let two = WorkerCount::new(2).unwrap();
+        let group = UdpTransport::bind_steered(SocketAddr::new(lo, 0), two).unwrap();
+        let at = group[0].local_addr();
+        let mut workers: Vec<SoftProvider> = group
+            .into_iter()
+            .zip(two.slots())
+            .map(|(t, slot)| {
+                let mut cfg = SoftConfig::new(lo);
+                cfg.workers = slot;
+                SoftProvider::with_transport(cfg, t, UdpOffload::On).unwrap()
+            })
+            .collect();
+        assert_eq!(workers[1].local_addr(), at);
+
+        let qpns = [0x101, 0x200, 0x103, 0x1, 0xFF_FFFF, 0x204];
+        let segments: Vec<Vec<u8>> = qpns
+            .iter()
+            .enumerate()
+            .map(|(i, &q)| for_qp(q, if i == 5 { 60 } else { 100 }, i as u8))
+            .collect();
+        let sender = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).unwrap();
+        sender
+            .bind(&SockAddr::from(SocketAddr::new(lo, 0)))
+            .unwrap();
+        let from = sender.local_addr().unwrap().as_socket().unwrap();
+        let train = Outgoing {
+            dst: SockAddr::from(at),
+            data: segments.concat(),
+            segment_len: 100,
+        };
+        assert_eq!(send_batch(&sender, &[train]).unwrap(), 1);
+
+        let now = Instant::now();
+        let mut read = 0;
+        for _ in 0..1000 {
+            read += workers[1].handle_input(now).unwrap();
+            if read >= qpns.len() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(read, qpns.len());
+        assert_eq!(workers[1].rx_gro_buffers, 1, "one buffer, GRO'd");
+        assert_eq!(workers[1].engine().stats().rx_datagrams, 2, "its own two");
+        let st = workers[1].steering_stats();
+        assert_eq!(st.rx_misrouted, 4);
+        assert_eq!(st.rx_foreign_dropped, 0);
+        let foreign: Vec<(u8, SocketAddr, Vec<u8>)> = workers[1]
+            .take_foreign()
+            .map(|f| (f.worker, f.src, f.datagram.to_vec()))
+            .collect();
+        let want: Vec<(u8, SocketAddr, Vec<u8>)> = [1, 3, 4, 5]
+            .iter()
+            .map(|&i| (0, from, segments[i].clone()))
+            .collect();
+        assert_eq!(foreign, want);
+        assert_eq!(workers[1].take_foreign().len(), 0, "taken once");
+
+        assert_eq!(
+            workers[0].handle_input(now).unwrap(),
+            0,
+            "nothing by socket 0"
+        );
+        for (_, src, d) in &foreign {
+            workers[0].accept_foreign(now, *src, d);
+        }
+        assert_eq!(workers[0].engine().stats().rx_datagrams, 4);
+        assert_eq!(workers[0].steering_stats().rx_foreign_accepted, 4);
+        assert_eq!(workers[0].steering_stats().rx_misrouted, 0);
+    }
+
+    /// The held datagrams of other workers are bounded: 256 held, the rest and any longer than
+    /// a RoCE packet dropped and counted, the buffers reused once taken; a lone worker and a
+    /// datagram too short to name a QP divert nothing.
+    #[test]
+    fn foreign_datagrams_are_held_within_bounds() {
+        use crate::wire::{WorkerCount, WorkerSlot};
+        let src = SocketAddr::from(([198, 18, 0, 2], 4791));
+        let mut lone = Steering::new(WorkerSlot::SINGLE);
+        assert!(!lone.divert(src, &for_qp(0x101, 100, 0)));
+        let four = WorkerCount::new(4).unwrap();
+        let mut s = Steering::new(WorkerSlot::new(2, four).unwrap());
+        assert!(!s.divert(src, &for_qp(0x102, 100, 0)), "its own");
+        assert!(!s.divert(src, &[0; 7]), "too short to name a QP");
+        for i in 0..300u32 {
+            assert!(s.divert(src, &for_qp(0x100 + (i % 2) * 3, 100, 0)));
+        }
+        assert!(s.divert(src, &for_qp(0x101, FOREIGN_DATAGRAM_MAX + 1, 0)));
+        assert_eq!(s.held, FOREIGN_SLOTS);
+        assert_eq!(
+            s.stats,
+            SteeringStats {
+                rx_misrouted: 301,
+                rx_foreign_dropped: 301 - FOREIGN_SLOTS as u64,
+                rx_foreign_accepted: 0,
+            }
+        );
+        let owners: Vec<u8> = s.held_slots.iter().take(4).map(|h| h.worker).collect();
+        assert_eq!(owners, [0, 3, 0, 3]);
+        s.held = 0;
+        let biggest = FOREIGN_DATAGRAM_MAX;
+        assert!(s.divert(src, &for_qp(0x101, biggest, 0)));
+        assert_eq!(s.held_slots.len(), FOREIGN_SLOTS, "buffers reused");
+        assert!(s.held_slots.iter().all(|h| h.bytes.capacity() == biggest));
     }
 }

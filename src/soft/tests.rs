@@ -327,7 +327,7 @@ fn a_stream_does_not_hold_back_acks() {
 fn qpn_sequence_is_a_keyed_permutation() {
     use super::objects::QpnSequence;
     let mut seen = vec![0u64; (1 << 24) / 64];
-    let mut s = QpnSequence::new(7);
+    let mut s = QpnSequence::new(7, crate::wire::WorkerSlot::SINGLE);
     for _ in 0..(1u32 << 24) {
         let v = s.next();
         assert!(v < 1 << 24);
@@ -336,7 +336,7 @@ fn qpn_sequence_is_a_keyed_permutation() {
         seen[w] |= 1 << bit;
     }
     let first = |seed| {
-        let mut s = QpnSequence::new(seed);
+        let mut s = QpnSequence::new(seed, crate::wire::WorkerSlot::SINGLE);
         (0..4).map(|_| s.next()).collect::<Vec<_>>()
     };
     assert_eq!(first(7), first(7));
@@ -366,6 +366,102 @@ fn qpns_follow_the_seed_and_skip_the_special_ones() {
     sorted.sort();
     sorted.dedup();
     assert_eq!(sorted.len(), a.len());
+}
+
+/// The sequence of one worker of N is a permutation of that worker's share of the QPN space:
+/// every value once per period (2^(24 - log2 N) steps), each with the worker's index in its
+/// low bits; even and odd numbers of bits (the odd ones walk the network) alike.
+#[test]
+fn a_workers_qpn_sequence_is_a_permutation_of_its_share() {
+    use super::objects::QpnSequence;
+    use crate::wire::{WorkerCount, WorkerSlot};
+    for (count, index) in [(2u32, 1u8), (8, 5), (64, 63)] {
+        let count = WorkerCount::new(count).unwrap();
+        let slot = WorkerSlot::new(index, count).unwrap();
+        let mut s = QpnSequence::new(11, slot);
+        let period = s.period();
+        assert_eq!(period, 1 << (24 - count.bits()));
+        let mut seen = vec![0u64; (period as usize).div_ceil(64)];
+        for _ in 0..period {
+            let v = s.next();
+            assert!(v < 1 << 24, "{v:#x}");
+            assert_eq!(count.owner(v), index, "{v:#x} is not worker {index}'s");
+            let k = v >> count.bits();
+            let (w, bit) = ((k / 64) as usize, k % 64);
+            assert_eq!(seen[w] >> bit & 1, 0, "{v:#x} came twice in one period");
+            seen[w] |= 1 << bit;
+        }
+    }
+}
+
+/// One worker's sequence is the one every release so far handed out: the same values as the
+/// permutation on two 12-bit halves of a 24-bit counter, written out here as it was.
+#[test]
+fn one_workers_qpns_are_unchanged() {
+    use super::objects::QpnSequence;
+    fn splitmix(x: u64) -> u64 {
+        let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    for seed in [0u64, 7, 0xDEAD_BEEF_0123_4567] {
+        let mut k = seed;
+        let keys: [u64; 4] = std::array::from_fn(|_| {
+            k = splitmix(k);
+            k
+        });
+        let mut counter = (splitmix(k) as u32) & 0x00FF_FFFF;
+        let mut s = QpnSequence::new(seed, crate::wire::WorkerSlot::SINGLE);
+        for _ in 0..4096 {
+            let x = counter;
+            counter = (counter + 1) & 0x00FF_FFFF;
+            let (mut l, mut r) = (x >> 12, x & 0xFFF);
+            for k in keys {
+                let f = (splitmix(u64::from(r) ^ k) as u32) & 0xFFF;
+                (l, r) = (r, l ^ f);
+            }
+            assert_eq!(s.next(), (l << 12) | r, "seed {seed}");
+        }
+    }
+}
+
+proptest::proptest! {
+    /// A provider that is worker `index` of `count` allocates QPNs that all carry `index` in
+    /// their low bits, never 0, 1 or the multicast QPN, never one twice; and with the same
+    /// seed two workers' QPNs differ (their low bits do).
+    #[test]
+    fn a_workers_qpns_carry_its_index(
+        seed in proptest::prelude::any::<u64>(),
+        log2 in 0u32..=6,
+        pick in proptest::prelude::any::<u8>(),
+    ) {
+        use crate::wire::{WorkerCount, WorkerSlot};
+        let count = WorkerCount::new(1 << log2).unwrap();
+        let index = pick % count.get();
+        let slot = WorkerSlot::new(index, count).unwrap();
+        let qpns = |slot: WorkerSlot| {
+            let (mut v, _, init) = lone_engine(|c| {
+                c.qpn_seed = seed;
+                c.workers = slot;
+            });
+            (0..64).map(|_| v.create_qp(&init).unwrap()).collect::<Vec<QpNum>>()
+        };
+        let mine = qpns(slot);
+        for q in &mine {
+            proptest::prop_assert_eq!(count.owner_of_qpn(*q), index, "{:#x}", q.get());
+            proptest::prop_assert!(q.get() > 1 && *q != super::MULTICAST_QPN);
+        }
+        let mut sorted = mine.clone();
+        sorted.sort();
+        sorted.dedup();
+        proptest::prop_assert_eq!(sorted.len(), mine.len());
+        if count.get() > 1 {
+            let other = WorkerSlot::new((index + 1) % count.get(), count).unwrap();
+            let theirs = qpns(other);
+            proptest::prop_assert!(mine.iter().all(|q| !theirs.contains(q)));
+        }
+    }
 }
 
 /// An engine on 198.18.0.1 (its configuration adjusted by `adjust`) with a PD and a CQ, and
@@ -398,7 +494,7 @@ fn lone_engine(
 fn the_first_qpn_of_seed_0_is_fixed() {
     use super::objects::QpnSequence;
     let first = std::iter::repeat_with({
-        let mut s = QpnSequence::new(0);
+        let mut s = QpnSequence::new(0, crate::wire::WorkerSlot::SINGLE);
         move || s.next()
     })
     .find(|&q| q > 1 && q != super::MULTICAST_QPN.get())

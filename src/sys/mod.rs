@@ -9,6 +9,8 @@
 //! - [`udp`]: `recvmsg` / `recvmmsg` with the packet-info control message decoded, so a
 //!   receiver learns the destination address the datagram was sent to; `sendmmsg` to many
 //!   destinations in one call.
+//! - [`reuseport`]: the classic BPF program that steers the datagrams of a `SO_REUSEPORT`
+//!   group of UDP sockets by the RoCEv2 destination QP, and attaching it.
 //! - [`peercred`]: `SO_PEERCRED` of a Unix socket peer, and the process's effective uid.
 //! - [`tun`]: the TUN device and the interface ioctls that configure it.
 //! - [`ifaddr`]: which interface carries an address; a link's index, MTU and state.
@@ -17,6 +19,7 @@
 //!   change.
 //! - [`notify`]: the systemd notification protocol (`$NOTIFY_SOCKET`, `$WATCHDOG_USEC`).
 //! - [`caps`]: whether the process holds `CAP_NET_ADMIN`.
+//! - [`thread`]: the calling thread's CPU time.
 //! - [`rlimit`]: the open-file limit (`RLIMIT_NOFILE`), and raising it to the hard limit.
 //! - [`umad`]: a Subnet Administration agent on `/dev/infiniband/umadN` and the port's sysfs
 //!   attributes.
@@ -28,8 +31,10 @@ pub(crate) mod ifreq;
 pub(crate) mod netlink;
 pub(crate) mod notify;
 pub(crate) mod peercred;
+pub(crate) mod reuseport;
 pub(crate) mod rlimit;
 pub(crate) mod sockopt;
+pub(crate) mod thread;
 pub(crate) mod tun;
 pub(crate) mod udp;
 pub(crate) mod umad;

@@ -5,10 +5,19 @@
 //!
 //! TUN devices are `IFF_NOARP`, so the kernel skips duplicate address detection and IPv6
 //! addresses are usable at once. The interface disappears when the [`Tun`] is dropped.
+//!
+//! With several workers the interface has several queues ([`Tun::create_queues`]):
+//! `/dev/net/tun` opened once per queue with `TUNSETIFF` and
+//! `IFF_TUN | IFF_NO_PI | IFF_MULTI_QUEUE` under one name, one [`Tun`] per queue. The kernel
+//! hands each packet the interface sends to one queue, by flow (a flow table of the queue that
+//! last wrote a packet of that flow, else its hash); a packet written on any queue enters the
+//! stack. The interface disappears when the last queue is dropped.
 
-use std::io;
+use std::fs::File;
+use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 
 use mio::event::Source;
 use mio::unix::SourceFd;
@@ -16,15 +25,35 @@ use mio::{Interest, Registry, Token};
 
 use super::ifreq::{ctl_socket, ifreq, ioctl};
 
-/// An open TUN interface.
+/// An open TUN interface, or one queue of a multi-queue one ([`Tun::create_queues`]).
+///
+/// Reads, writes and readiness ([`recv`](Self::recv), [`send`](Self::send), the mio
+/// [`Source`]) are the queue's. The configuration ([`set_mtu`](Self::set_mtu),
+/// [`add_ipv4`](Self::add_ipv4), [`add_ipv6`](Self::add_ipv6), [`set_up`](Self::set_up),
+/// [`keep_addresses_on_down`](Self::keep_addresses_on_down)) is the interface's, named by
+/// [`name`](Self::name): whichever queue it is called on, it acts on the one interface that
+/// all of them share, so an interface with several queues is configured once, on queue 0.
 pub struct Tun {
-    iface: tun_tap::Iface,
+    queue: Queue,
+}
+
+/// How a [`Tun`] holds its descriptor.
+enum Queue {
+    /// The only queue of a single-queue interface, opened by `tun-tap`.
+    Single(tun_tap::Iface),
+    /// Queue `index` of a multi-queue interface.
+    Multi {
+        file: File,
+        name: String,
+        index: usize,
+    },
 }
 
 impl std::fmt::Debug for Tun {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tun")
-            .field("name", &self.iface.name())
+            .field("name", &self.name())
+            .field("queue", &self.queue_index())
             .finish()
     }
 }
@@ -44,6 +73,9 @@ fn sockaddr_in(addr: Ipv4Addr) -> libc::sockaddr {
 }
 
 impl Tun {
+    /// The most queues one interface may have (the kernel's `MAX_TAP_QUEUES`).
+    pub const MAX_QUEUES: usize = 256;
+
     /// Creates a TUN interface named `name` (a pattern such as `ib%d` lets the kernel pick),
     /// non-blocking. Needs `CAP_NET_ADMIN`.
     ///
@@ -53,12 +85,76 @@ impl Tun {
         let iface = tun_tap::Iface::without_packet_info(name, tun_tap::Mode::Tun)
             .map_err(|e| io::Error::new(e.kind(), format!("creating TUN interface {name}: {e}")))?;
         iface.set_non_blocking()?;
-        Ok(Self { iface })
+        Ok(Self {
+            queue: Queue::Single(iface),
+        })
+    }
+
+    /// Creates a TUN interface named `name` (a pattern such as `ib%d` lets the kernel pick)
+    /// with `queues` queues (`IFF_MULTI_QUEUE`), each non-blocking and close-on-exec; returns
+    /// them in order, queue 0 first. Configure the interface once, on queue 0 (see [`Tun`]).
+    /// Needs `CAP_NET_ADMIN`.
+    ///
+    /// An exact `name` that an interface has already is refused rather than joined: the
+    /// kernel would attach the new queues to another process's multi-queue interface of that
+    /// name. (The check and the creation are two steps: a process creating the same name in
+    /// between is not caught.)
+    ///
+    /// # Errors
+    /// `InvalidInput` for 0 or more than [`Tun::MAX_QUEUES`] queues or an invalid name,
+    /// `AlreadyExists` for an exact name in use, else the open or ioctl error, with the
+    /// interface name. Queues opened before an error are closed again (the interface goes
+    /// with the last).
+    pub fn create_queues(name: &str, queues: usize) -> io::Result<Vec<Self>> {
+        if !(1..=Self::MAX_QUEUES).contains(&queues) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{queues} TUN queues: 1 to {}", Self::MAX_QUEUES),
+            ));
+        }
+        // Validates the name before anything is opened.
+        ifreq(name)?;
+        if !name.contains('%') && interface_exists(name)? {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("creating TUN interface {name}: an interface of that name exists"),
+            ));
+        }
+        let mut out: Vec<Self> = Vec::with_capacity(queues);
+        for index in 0..queues {
+            // Queue 0 may carry a pattern; the others attach to the name the kernel gave it.
+            let want = out.first().map_or(name, Self::name);
+            let (file, given) = open_queue(want).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("creating queue {index} of TUN interface {want}: {e}"),
+                )
+            })?;
+            out.push(Self {
+                queue: Queue::Multi {
+                    file,
+                    name: given,
+                    index,
+                },
+            });
+        }
+        Ok(out)
     }
 
     /// The interface name the kernel gave.
     pub fn name(&self) -> &str {
-        self.iface.name()
+        match &self.queue {
+            Queue::Single(iface) => iface.name(),
+            Queue::Multi { name, .. } => name,
+        }
+    }
+
+    /// Which queue of the interface this is: 0 for a single-queue interface.
+    pub fn queue_index(&self) -> usize {
+        match &self.queue {
+            Queue::Single(_) => 0,
+            Queue::Multi { index, .. } => *index,
+        }
     }
 
     /// Sets the interface MTU.
@@ -198,7 +294,11 @@ impl Tun {
     /// # Errors
     /// The read error.
     pub fn recv(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        match self.iface.recv(buf) {
+        let got = match &self.queue {
+            Queue::Single(iface) => iface.recv(buf),
+            Queue::Multi { file, .. } => (&*file).read(buf),
+        };
+        match got {
             Ok(n) => Ok(Some(n)),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
             Err(e) => Err(e),
@@ -210,7 +310,11 @@ impl Tun {
     /// # Errors
     /// The write error (for example `EINVAL` for a malformed packet).
     pub fn send(&self, packet: &[u8]) -> io::Result<bool> {
-        match self.iface.send(packet) {
+        let sent = match &self.queue {
+            Queue::Single(iface) => iface.send(packet),
+            Queue::Multi { file, .. } => (&*file).write(packet),
+        };
+        match sent {
             Ok(_) => Ok(true),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
             Err(e) => Err(e),
@@ -218,14 +322,91 @@ impl Tun {
     }
 }
 
+impl AsRawFd for Tun {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        match &self.queue {
+            Queue::Single(iface) => iface.as_raw_fd(),
+            Queue::Multi { file, .. } => file.as_raw_fd(),
+        }
+    }
+}
+
 impl Source for Tun {
     fn register(&mut self, r: &Registry, t: Token, i: Interest) -> io::Result<()> {
-        SourceFd(&self.iface.as_raw_fd()).register(r, t, i)
+        SourceFd(&self.as_raw_fd()).register(r, t, i)
     }
     fn reregister(&mut self, r: &Registry, t: Token, i: Interest) -> io::Result<()> {
-        SourceFd(&self.iface.as_raw_fd()).reregister(r, t, i)
+        SourceFd(&self.as_raw_fd()).reregister(r, t, i)
     }
     fn deregister(&mut self, r: &Registry) -> io::Result<()> {
-        SourceFd(&self.iface.as_raw_fd()).deregister(r)
+        SourceFd(&self.as_raw_fd()).deregister(r)
+    }
+}
+
+/// Whether an interface called `name` exists in this thread's network namespace.
+fn interface_exists(name: &str) -> io::Result<bool> {
+    let sock = ctl_socket(libc::AF_INET)?;
+    let mut req = ifreq(name)?;
+    // SAFETY: SIOCGIFINDEX fills ifru_ifindex of the struct ifreq it is given; `req` is one
+    // and outlives the call.
+    let rc = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFINDEX, &mut req) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::ENODEV) {
+        Ok(false)
+    } else {
+        Err(io::Error::new(
+            e.kind(),
+            format!("SIOCGIFINDEX {name}: {e}"),
+        ))
+    }
+}
+
+/// Opens `/dev/net/tun` (non-blocking, close-on-exec) as one queue of the multi-queue TUN
+/// interface `name`, creating the interface if it does not exist; returns the queue and the
+/// interface's name as the kernel gave it.
+fn open_queue(name: &str) -> io::Result<(File, String)> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        // std adds O_CLOEXEC itself; naming it keeps the intent visible.
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open("/dev/net/tun")?;
+    let mut req = ifreq(name)?;
+    req.ifr_ifru.ifru_flags =
+        (libc::IFF_TUN | libc::IFF_NO_PI | libc::IFF_MULTI_QUEUE) as libc::c_short;
+    // SAFETY: TUNSETIFF takes a struct ifreq naming the interface, with ifru_flags set; `req`
+    // is one, and the kernel writes the name it gave back into ifr_name.
+    unsafe { ioctl(file.as_raw_fd(), libc::TUNSETIFF, &mut req, "TUNSETIFF")? };
+    let given: Vec<u8> = req
+        .ifr_name
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    let given = String::from_utf8(given).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            "TUNSETIFF returned a name that is not UTF-8",
+        )
+    })?;
+    Ok((file, given))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A queue count out of range is refused before anything is opened (no privilege needed).
+    #[test]
+    fn queue_counts_out_of_range_are_refused() {
+        for n in [0, Tun::MAX_QUEUES + 1] {
+            let e = Tun::create_queues("ibq%d", n).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{n}: {e}");
+        }
+        let e = Tun::create_queues("a-name-that-is-far-too-long", 2).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
     }
 }

@@ -478,6 +478,15 @@ pub trait Provider {
     /// When [`Provider::handle_io`] must next run even without readiness.
     fn poll_timeout(&self) -> Option<Instant>;
 
+    /// One of several workers of an interface: hands every datagram it received for another
+    /// worker's QPs to `out` (that worker's index, the sender, the datagram), for the driver
+    /// to pass to that worker's [`Provider::accept_foreign`]. The default receives none.
+    fn take_foreign(&mut self, _out: &mut dyn FnMut(u8, std::net::SocketAddr, &[u8])) {}
+
+    /// Takes a datagram another worker received for this one's QPs, as if it had arrived
+    /// here (what it queues leaves at the next flush). The default drops it.
+    fn accept_foreign(&mut self, _now: Instant, _src: std::net::SocketAddr, _datagram: &[u8]) {}
+
     /// Opens the device again after its context was lost ([`AsyncEvent::loses_context`]):
     /// every PD, CQ, SRQ, QP, buffer pool and pending event of the old context is gone (their
     /// handles name nothing, or objects of the new context), and the provider's descriptors

@@ -25,6 +25,8 @@
 //! - [`ipoib`]: IPoIB encapsulation, the 20-byte hardware address, ARP, IPv6 ND and the
 //!   multicast GIDs.
 //! - [`sa`]: Subnet Administration MADs: the SA header, PathRecord and MCMemberRecord.
+//! - [`worker`]: which of an interface's workers a QPN or comm id belongs to
+//!   ([`WorkerSlot`]: the worker's index in the number's low bits).
 //! - [`roce`]: the UDP payload of a RoCEv2 datagram (BTH … ICRC) as a borrowed, parsed view
 //!   ([`RocePacket`]) and as a builder ([`RoceRepr`]).
 //!
@@ -59,6 +61,7 @@ pub mod ids;
 pub mod ipoib;
 pub mod roce;
 pub mod sa;
+pub mod worker;
 
 // The byte-field helpers every codec above reads and writes through.
 pub mod field;
@@ -70,6 +73,7 @@ pub use ext::{
 pub use icrc::{append_icrc, compute_icrc, read_icrc, verify_icrc, IpHeaderInfo, ICRC_LEN};
 pub use ids::{Gid, IdMap, PathMtu, PeerMap, Psn, QpNum};
 pub use roce::{RocePacket, RoceRepr};
+pub use worker::{BadWorkerCount, WorkerCount, WorkerSlot, CONTROL_QPNS};
 
 /// The UDP destination port of RoCEv2 (IANA "roce"). Receivers key on it; the source port is
 /// free (Linux picks one per QP in `0xC000..=0xFFFF`).

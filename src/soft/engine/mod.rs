@@ -54,7 +54,7 @@ impl SoftVerbs {
     /// A provider with the given configuration. No QP exists yet (not even QP1).
     pub fn new(cfg: SoftConfig) -> Self {
         Self {
-            qps: QpTable::new(cfg.qpn_seed),
+            qps: QpTable::new(cfg.qpn_seed, cfg.workers),
             faults: FaultInjector::new(cfg.faults),
             dev: Device::new(cfg),
             scratch: Vec::with_capacity(8192),

@@ -14,16 +14,29 @@ use super::UdpTransport;
 /// Largest UDP payload of one send: a GSO train must fit one IPv4 datagram's length field.
 const MAX_TRAIN_BYTES: usize = 65_507;
 
+/// Where the BTH's destination QP lies in a datagram (the UDP payload).
+const DEST_QP: std::ops::Range<usize> = 5..8;
+
+/// The destination QP bytes of a RoCEv2 datagram; `None` when it is too short to hold them.
+fn dest_qp(datagram: &[u8]) -> Option<[u8; 3]> {
+    datagram.get(DEST_QP)?.try_into().ok()
+}
+
 /// Outgoing datagrams for [`UdpTransport::send_batch`]: a fixed set of reusable slots, filled
 /// in order and sent oldest first.
 ///
 /// With GSO on ([`TxBatch::with_gso`]), [`push_datagram`](Self::push_datagram) appends a
-/// datagram to the newest unsent slot when it goes to the same address and is no longer than
-/// the slot's first one: the slot then leaves as one UDP GSO train (one `sendmmsg` entry, one
-/// trip through the stack) that the kernel cuts back into the same datagrams. For IPv4 the
+/// datagram to the newest unsent slot when it goes to the same address and the same
+/// destination QP (BTH bytes 5..8) and is no longer than the slot's first one: the slot then
+/// leaves as one UDP GSO train (one `sendmmsg` entry, one trip through the stack) that the
+/// kernel cuts back into the same datagrams. For IPv4 the
 /// kernel numbers the segments' IP IDs 0, 1, 2, ..., so the ICRC of segment `k` is shifted to
 /// match ID `k` ([`Ipv4IdShift`](crate::wire::icrc::Ipv4IdShift)); on the wire every
 /// datagram is exactly the RoCEv2 packet it would have been on its own, with that ID.
+///
+/// A train holds one destination QP because the receiver may steer by it: its kernel runs a
+/// reuseport program once per buffer ([`UdpTransport::bind_steered`]), so a train reaches
+/// whole the socket that its first datagram's QP names.
 #[derive(Debug)]
 pub struct TxBatch {
     slots: Vec<Outgoing>,
@@ -43,6 +56,9 @@ pub struct TxBatch {
 #[derive(Debug, Clone, Copy)]
 struct Train {
     dst: SocketAddr,
+    /// The destination QP of its datagrams (BTH bytes 5..8); `None` for a datagram too
+    /// short to hold one, which no other joins.
+    dest_qp: Option<[u8; 3]>,
     /// Datagrams in the slot.
     segments: usize,
     /// A datagram shorter than the first ended the train.
@@ -66,6 +82,7 @@ impl TxBatch {
             trains: vec![
                 Train {
                     dst,
+                    dest_qp: None,
                     segments: 0,
                     closed: false,
                 };
@@ -183,6 +200,8 @@ impl TxBatch {
         let len = slot.data.len() - start;
         let seg = usize::from(slot.segment_len);
         let joins = train.dst == dst
+            && train.dest_qp.is_some()
+            && train.dest_qp == dest_qp(slot.data.get(start..).unwrap_or_default())
             && len > 0
             && len <= seg
             && train.segments < GSO_MAX_SEGMENTS
@@ -224,6 +243,7 @@ impl TxBatch {
         slot.segment_len = u16::try_from(slot.data.len()).unwrap_or(0);
         *train = Train {
             dst,
+            dest_qp: dest_qp(&slot.data),
             segments: 1,
             closed: !gso || slot.segment_len == 0,
         };

@@ -30,7 +30,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use crate::sys::{sockopt, udp};
+use crate::sys::{reuseport, sockopt, udp};
+use crate::wire::CONTROL_QPNS;
+use crate::wire::{QpNum, WorkerCount};
+
+#[cfg(doc)]
+use crate::wire::WorkerSlot;
 
 mod batch;
 mod group;
@@ -77,6 +82,56 @@ impl UdpTransport {
     /// `IPV6_V6ONLY` and accept zero UDP checksums. Pass IPv4 addresses as
     /// [`SocketAddr::V4`], not as IPv4-mapped IPv6.
     pub fn bind(local: SocketAddr) -> io::Result<Self> {
+        Self::open(local, false)
+    }
+
+    /// One socket per worker, bound as [`bind`](Self::bind) binds, all to `local` with
+    /// `SO_REUSEPORT`, in worker order (socket `i` is worker `i`'s), and the kernel steering
+    /// each datagram to the socket of the worker that owns its destination QP
+    /// ([`WorkerCount::owner_of_qpn`](crate::wire::WorkerCount::owner_of_qpn)): a classic BPF program (`SO_ATTACH_REUSEPORT_CBPF`)
+    /// sends QP1 (the CM's MADs) and the multicast QPN (the UD QP's groups) to socket 0, the
+    /// control side's, and every other datagram to socket `dest_qpn & (workers - 1)`, the
+    /// worker in the QPN's low bits ([`WorkerSlot::tag`]). One worker: exactly
+    /// [`bind`](Self::bind), no `SO_REUSEPORT`, no program.
+    ///
+    /// The address must be free: a plain socket is bound to it first and closed again (so
+    /// another daemon's group on it is `AddrInUse`, as a second [`bind`](Self::bind) is, and
+    /// port 0 is resolved to a free port the whole group then binds). A group bound in the
+    /// moment between that probe and the first socket of this one is not caught; its
+    /// sockets (same user) would join this group.
+    ///
+    /// Keep the sockets together: the kernel numbers them in bind order, and closing one
+    /// moves the last into its slot, so they are dropped together, never one by one. The
+    /// program runs once per buffer: GSO trains must hold one destination QP
+    /// ([`TxBatch`]), and a buffer merged by GRO, steered by hash, may hold another
+    /// worker's datagrams ([`SoftProvider`](crate::soft::provider::SoftProvider) hands them
+    /// out).
+    ///
+    /// # Errors
+    /// As [`bind`](Self::bind); `AddrInUse` when something is bound to `local` already.
+    pub fn bind_steered(local: SocketAddr, workers: WorkerCount) -> io::Result<Vec<Self>> {
+        if workers == WorkerCount::ONE {
+            return Ok(vec![Self::bind(local)?]);
+        }
+        let port = Self::open(local, false)?.local.port();
+        let mut local = local;
+        local.set_port(port);
+        let program = reuseport::qpn_steering(workers.mask(), &CONTROL_QPNS.map(QpNum::get))
+            .ok_or_else(|| io::Error::other("the steering program lists too many QPNs"))?;
+        let mut group = Vec::with_capacity(usize::from(workers.get()));
+        for index in 0..workers.get() {
+            let sock = Self::open(local, true)
+                .map_err(|e| io::Error::new(e.kind(), format!("worker {index}'s socket: {e}")))?;
+            if index == 0 {
+                reuseport::attach_reuseport_cbpf(&sock.sock, &program)?;
+            }
+            group.push(sock);
+        }
+        Ok(group)
+    }
+
+    /// [`bind`](Self::bind), with `SO_REUSEPORT` when `reuse_port`.
+    fn open(local: SocketAddr, reuse_port: bool) -> io::Result<Self> {
         if local.ip().is_unspecified() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -96,6 +151,9 @@ impl UdpTransport {
         sockopt::set_pmtudisc_do(&sock, ipv6)?;
         sockopt::set_pktinfo(&sock, ipv6)?;
         sockopt::set_buffer_force(&sock, SOCKET_BUFFER_BYTES, SOCKET_BUFFER_BYTES)?;
+        if reuse_port {
+            sock.set_reuse_port(true)?;
+        }
         sock.bind(&SockAddr::from(local))?;
         let local = sock
             .local_addr()?

@@ -285,9 +285,25 @@ fn a_full_batch_of_large_datagrams_goes_out() {
     assert!(n <= 64);
 }
 
-/// A RoCEv2-shaped datagram: `len - 4` bytes of `fill`, then its ICRC for IPv4 ID 0 from
-/// `src` to `dst`.
+/// The destination QP of [`roce_like`]'s datagrams.
+const ROCE_LIKE_QP: u32 = 0x11;
+
+/// A RoCEv2-shaped datagram: `len - 4` bytes of `fill` but the destination QP
+/// [`ROCE_LIKE_QP`] (bytes 5..8), then its ICRC for IPv4 ID 0 from `src` to `dst`.
 fn roce_like(len: usize, fill: u8, src: SocketAddr, dst: SocketAddr) -> Vec<u8> {
+    roce_for_qp(len, fill, ROCE_LIKE_QP, src, dst)
+}
+
+/// Whether every byte of `d` but the destination QP's (5..8) is `fill`.
+fn all_fill(d: &[u8], fill: u8) -> bool {
+    d.iter()
+        .enumerate()
+        .all(|(i, &x)| (5..8).contains(&i) || x == fill)
+}
+
+/// [`roce_like`] for destination QP `qp`.
+fn roce_for_qp(len: usize, fill: u8, qp: u32, src: SocketAddr, dst: SocketAddr) -> Vec<u8> {
+    assert!(len >= 12, "room for a BTH");
     let (IpAddr::V4(s), IpAddr::V4(d)) = (src.ip(), dst.ip()) else {
         panic!("IPv4 only")
     };
@@ -298,6 +314,7 @@ fn roce_like(len: usize, fill: u8, src: SocketAddr, dst: SocketAddr) -> Vec<u8> 
         dont_fragment: true,
     };
     let mut v = vec![fill; len - 4];
+    v[5..8].copy_from_slice(&qp.to_be_bytes()[1..]);
     crate::wire::icrc::append_icrc(&ip, src.port(), dst.port(), &mut v);
     v
 }
@@ -360,15 +377,52 @@ fn gso_trains_form_only_where_they_may() {
     assert_eq!(plain.queued(), 2);
 }
 
+/// A train holds one destination QP: datagrams to one address for QPs A, A, B, B, A leave
+/// as three trains (2, 2, 1), since the receiver's reuseport program steers each by its first.
+#[test]
+fn a_train_holds_one_destination_qp() {
+    let a = SocketAddr::new(V4, 5000);
+    let b = SocketAddr::new(V4, 5001);
+    let mut tx = TxBatch::with_gso(8, 64, true);
+    for (fill, qp) in [(0, 0x100), (1, 0x100), (2, 0x101), (3, 0x101), (4, 0x100)] {
+        assert!(tx.push_datagram(b, &roce_for_qp(100, fill, qp, a, b)));
+    }
+    let trains: Vec<(usize, u32)> = tx
+        .pending()
+        .iter()
+        .map(|o| {
+            let qp = u32::from_be_bytes([0, o.data[5], o.data[6], o.data[7]]);
+            (o.data.len() / 100, qp)
+        })
+        .collect();
+    assert_eq!(trains, [(2, 0x100), (2, 0x101), (1, 0x100)]);
+    // The second datagram of QP 0x101 is segment 1 of its own train: ICRC for IPv4 ID 1.
+    let ip = crate::wire::icrc::IpHeaderInfo::V4 {
+        src: Ipv4Addr::LOCALHOST,
+        dst: Ipv4Addr::LOCALHOST,
+        identification: 1,
+        dont_fragment: true,
+    };
+    let second = &tx.pending()[1].data[100..];
+    assert!(crate::wire::icrc::verify_icrc(&ip, 5000, 5001, second));
+    // Datagrams too short to name a QP join nothing.
+    let mut short = TxBatch::with_gso(4, 64, true);
+    assert!(short.push_datagram(b, &[1, 2, 3]));
+    assert!(short.push_datagram(b, &[1, 2, 3]));
+    assert_eq!(short.queued(), 2);
+}
+
 proptest::proptest! {
     /// Whatever order datagrams come in, the slots cut at their segment length give back
     /// exactly the datagrams pushed, in order, each to its own destination, and segment `k`
-    /// of a train carries the ICRC for IPv4 ID `k`; no train breaks the kernel's limits.
+    /// of a train carries the ICRC for IPv4 ID `k`; no train breaks the kernel's limits, and
+    /// every train holds one destination QP.
     #[test]
     fn trains_give_back_every_datagram_in_order(
         pushes in proptest::collection::vec(
             (
                 proptest::sample::select(vec![0u16, 0, 0, 1, 2]),
+                proptest::sample::select(vec![0x11u32, 0x11, 0x11, 0x22]),
                 proptest::prop_oneof![
                     3 => proptest::sample::select(vec![100usize, 100, 100, 1400]),
                     1 => 13usize..2000,
@@ -387,7 +441,9 @@ proptest::proptest! {
                 let seg = if o.segment_len == 0 { o.data.len() } else { usize::from(o.segment_len) };
                 proptest::prop_assert!(o.data.len() <= 65_507);
                 proptest::prop_assert!(o.data.len().div_ceil(seg) <= 64);
+                let qp = &o.data[5..8];
                 for (k, d) in o.data.chunks(seg).enumerate() {
+                    proptest::prop_assert_eq!(&d[5..8], qp, "a train of two QPs");
                     got.push((dst, d.to_vec(), k));
                 }
             }
@@ -395,9 +451,9 @@ proptest::proptest! {
             tx.consume(n);
             Ok(())
         };
-        for (i, (port, len)) in pushes.into_iter().enumerate() {
+        for (i, (port, qp, len)) in pushes.into_iter().enumerate() {
             let dst = SocketAddr::new(V4, 5000 + port);
-            let d = roce_like(len, i as u8, src, dst);
+            let d = roce_for_qp(len, i as u8, qp, src, dst);
             if !tx.push_datagram(dst, &d) {
                 drain(&mut tx, &mut got)?;
                 proptest::prop_assert!(tx.push_datagram(dst, &d));
@@ -435,6 +491,7 @@ fn an_ipv6_train_needs_no_icrc_shift() {
     let mut tx = TxBatch::with_gso(4, 64, true);
     for k in 0..5u8 {
         let mut d = vec![k; 996];
+        d[5..8].copy_from_slice(&ROCE_LIKE_QP.to_be_bytes()[1..]);
         crate::wire::icrc::append_icrc(&ip, sport, dport, &mut d);
         assert!(tx.push_datagram(b.local_addr(), &d));
     }
@@ -448,7 +505,7 @@ fn an_ipv6_train_needs_no_icrc_shift() {
         for i in 0..n {
             let (_, d) = b.datagram(&rx, i).unwrap();
             assert_eq!(d.len(), 1000);
-            assert!(d[..996].iter().all(|&x| x == got as u8));
+            assert!(all_fill(&d[..996], got as u8));
             assert!(crate::wire::icrc::verify_icrc(&ip, sport, dport, d));
             got += 1;
         }
@@ -513,7 +570,7 @@ fn a_gso_train_arrives_as_sent() {
     assert_eq!(got.len(), 10);
     for (k, d) in got.iter().enumerate() {
         assert_eq!(d.len(), if k == 9 { 500 } else { 1000 });
-        assert!(d[..d.len() - 4].iter().all(|&x| x == k as u8));
+        assert!(all_fill(&d[..d.len() - 4], k as u8));
         let ip = crate::wire::icrc::IpHeaderInfo::V4 {
             src: Ipv4Addr::LOCALHOST,
             dst: Ipv4Addr::LOCALHOST,
@@ -579,4 +636,114 @@ fn a_refusal_is_too_big_only_for_the_link_it_exceeds() {
         !exceeds_link(&inval, true, 4168, false, None),
         "no MTU known"
     );
+}
+
+/// A BTH (12 bytes) for destination QP `qpn`, then 8 bytes of payload: enough for the
+/// steering program, which reads only the destination QP.
+fn bth_for(qpn: u32) -> [u8; 20] {
+    let mut b = [0u8; 20];
+    b[0] = 0x04; // RC SEND_ONLY
+    b[2..4].copy_from_slice(&0xFFFFu16.to_be_bytes());
+    b[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+    b
+}
+
+/// Sends, from one socket (one source port, so the hash alone would pick one socket), a BTH
+/// for each QPN of `qpns` to a group of `workers` steered sockets on loopback `ip`; returns
+/// the destination QPs each socket received, in socket order.
+fn steer_on_loopback(ip: IpAddr, workers: u32, qpns: &[u32]) -> Vec<Vec<u32>> {
+    let count = WorkerCount::new(workers).unwrap();
+    let group = UdpTransport::bind_steered(SocketAddr::new(ip, 0), count).unwrap();
+    assert_eq!(group.len(), workers as usize);
+    let to = group[0].local_addr();
+    assert!(group.iter().all(|t| t.local_addr() == to), "one address");
+    let tx = UdpTransport::bind(SocketAddr::new(ip, 0)).unwrap();
+    for &q in qpns {
+        assert!(tx.send_to(&bth_for(q), to).unwrap());
+    }
+    let mut got: Vec<Vec<u32>> = vec![Vec::new(); group.len()];
+    let mut buf = [0u8; 2048];
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while got.iter().map(Vec::len).sum::<usize>() < qpns.len() && Instant::now() < deadline {
+        for (i, t) in group.iter().enumerate() {
+            while let Some(m) = t.recv(&mut buf).unwrap() {
+                let q = u32::from_be_bytes([0, buf[5], buf[6], buf[7]]);
+                assert_eq!(m.len, 20);
+                got[i].push(q);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    got
+}
+
+/// Steered groups of 2 and 4 sockets on loopback (IPv4, and IPv6 where there is one): each
+/// BTH reaches the socket of its QPN's low bits, QP1 and the multicast QPN socket 0; one
+/// worker is a plain socket.
+#[test]
+fn a_steered_group_delivers_by_destination_qp() {
+    for ip in [V4, V6] {
+        if UdpTransport::bind(SocketAddr::new(ip, 0)).is_err() {
+            println!("skipped {ip}: no loopback of that family");
+            continue;
+        }
+        steer_by_qp(ip);
+    }
+}
+
+fn steer_by_qp(ip: IpAddr) {
+    let qpns: Vec<u32> = (0x100..0x140).chain([1, 0xFF_FFFF]).collect();
+    for workers in [2u32, 4] {
+        let got = steer_on_loopback(ip, workers, &qpns);
+        for (i, qs) in got.iter().enumerate() {
+            for &q in qs {
+                let want = if q == 1 || q == 0xFF_FFFF {
+                    0
+                } else {
+                    q & (workers - 1)
+                };
+                assert_eq!(
+                    want as usize, i,
+                    "QPN {q:#x} reached socket {i} of {workers}"
+                );
+            }
+        }
+        let per: Vec<usize> = got.iter().map(Vec::len).collect();
+        let even = 64 / workers as usize;
+        let mut want = vec![even; workers as usize];
+        want[0] += 2;
+        assert_eq!(per, want, "{workers} workers");
+    }
+    let one = steer_on_loopback(ip, 1, &qpns);
+    assert_eq!(one[0].len(), qpns.len());
+}
+
+/// One worker binds as `bind` does (no SO_REUSEPORT); a steered group holds its address
+/// against a second group and a plain socket, as a bound socket does.
+#[test]
+fn steered_groups_hold_their_address() {
+    let one = UdpTransport::bind_steered(SocketAddr::new(V4, 0), WorkerCount::ONE).unwrap();
+    assert_eq!(one.len(), 1);
+    assert!(!one[0].sock.reuse_port().unwrap());
+    let two = WorkerCount::new(2).unwrap();
+    let err = UdpTransport::bind_steered(one[0].local_addr(), two).unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::AddrInUse, "{err}");
+
+    let group = UdpTransport::bind_steered(SocketAddr::new(V4, 0), two).unwrap();
+    assert!(group.iter().all(|t| t.sock.reuse_port().unwrap()));
+    let at = group[0].local_addr();
+    for workers in [1, 2] {
+        let err = UdpTransport::bind_steered(at, WorkerCount::new(workers).unwrap()).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AddrInUse, "{workers}: {err}");
+    }
+    // Each socket has the options of a plain one.
+    for t in &group {
+        assert_eq!(
+            sockopt::pmtudisc(&t.sock, false).unwrap(),
+            libc::IP_PMTUDISC_DO
+        );
+        assert!(t.sock.nonblocking().unwrap());
+        assert!(t.sock.recv_buffer_size().unwrap() > 0);
+        t.enable_gro().unwrap();
+    }
 }

@@ -45,6 +45,12 @@ impl HwAddr {
     /// a daemon whose CM is ours serves both and leaves it clear.
     pub const FLAG_RDMA_CM: u8 = 0x20;
 
+    /// Flag bit (ours; reserved in RFC 4755 and ignored by Linux): the node takes several
+    /// connections from one peer, each a connection of its own, so a sender with several
+    /// workers opens one from each. Without it a sender opens one connection to the node
+    /// (Linux `ipoib_cm` spends a QP and, without an SRQ, a receive ring on each).
+    pub const FLAG_TAKES_MANY: u8 = 0x10;
+
     /// The QPN field of every multicast and broadcast address (`IB_MULTICAST_QPN`).
     pub const MULTICAST_QPN: QpNum = QpNum::new(0x00FF_FFFF);
 
@@ -84,6 +90,13 @@ impl HwAddr {
     #[must_use]
     pub const fn connectable(&self) -> bool {
         self.connected_mode() || self.rdma_cm()
+    }
+
+    /// True if the node takes a connection from each of a sender's workers
+    /// ([`HwAddr::FLAG_TAKES_MANY`]).
+    #[must_use]
+    pub const fn takes_many(&self) -> bool {
+        self.flags & Self::FLAG_TAKES_MANY != 0
     }
 
     /// True for multicast and broadcast addresses: the QPN is [`HwAddr::MULTICAST_QPN`].
