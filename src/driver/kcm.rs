@@ -23,6 +23,9 @@ use crate::hw::rdmacm::{
     ConnParam, IbAddr, PortSpace, RdmaCm, RdmaCmError, RdmaCmEvent, RdmaCmEventKind, RdmaCmId,
 };
 use crate::ipoib::Endpoint;
+use crate::wire::{WorkerCount, WorkerSlot};
+
+use super::KcmSink;
 use crate::verbs::setup::RC_RETRY_CNT;
 use crate::verbs::{Gid, QpNum, QpState};
 
@@ -83,6 +86,8 @@ pub struct KernelCmDriver {
     slots: HashMap<CommId, Slot>,
     by_id: HashMap<RdmaCmId, CommId>,
     next_passive: u32,
+    /// The interface's workers ([`KernelCmDriver::set_workers`]).
+    workers: WorkerCount,
     resolving: usize,
     waiting: VecDeque<(CommId, Gid, KcmTarget, Request)>,
     max_ids: usize,
@@ -115,6 +120,7 @@ impl KernelCmDriver {
             slots: HashMap::new(),
             by_id: HashMap::new(),
             next_passive: 0,
+            workers: WorkerCount::ONE,
             resolving: 0,
             waiting: VecDeque::new(),
             max_ids,
@@ -151,7 +157,7 @@ impl KernelCmDriver {
     }
 
     /// Reads up to `EVENTS_PER_TURN` (64) events into the endpoint.
-    pub fn receive(&mut self, now: Instant, ep: &mut Endpoint) {
+    pub fn receive(&mut self, now: Instant, ep: &mut dyn KcmSink) {
         self.more = false;
         for _ in 0..EVENTS_PER_TURN {
             match self.cm.poll_event() {
@@ -170,15 +176,27 @@ impl KernelCmDriver {
         self.more = true;
     }
 
-    /// Executes every command the endpoint queued.
+    /// Executes every command the endpoint queued (what they raise is about its own ids).
     pub fn execute(&mut self, now: Instant, ep: &mut Endpoint) {
         while let Some(c) = ep.poll_kcm_command() {
-            self.stats.commands += 1;
-            self.command(now, ep, c);
+            self.execute_one(now, ep, c);
         }
     }
 
-    fn feed(&mut self, now: Instant, ep: &mut Endpoint, input: KcmInput) {
+    /// Executes one command (of control's endpoint or a worker's), what it raises handed to
+    /// `sink`.
+    pub fn execute_one(&mut self, now: Instant, sink: &mut dyn KcmSink, c: KcmCommand) {
+        self.stats.commands += 1;
+        self.command(now, sink, c);
+    }
+
+    /// The interface runs `workers` workers: a connection request goes to the worker in the
+    /// low bits of the requester's QPN (as our CM's REQs do), its id tagged with it.
+    pub fn set_workers(&mut self, workers: WorkerCount) {
+        self.workers = workers;
+    }
+
+    fn feed(&mut self, now: Instant, ep: &mut dyn KcmSink, input: KcmInput) {
         ep.handle_kcm_input(now, input);
         self.more = true;
     }
@@ -197,7 +215,7 @@ impl KernelCmDriver {
     }
 
     /// A call on `comm` failed: the id goes, the endpoint hears `UNREACHABLE`.
-    fn fail(&mut self, now: Instant, ep: &mut Endpoint, comm: CommId, e: &RdmaCmError) {
+    fn fail(&mut self, now: Instant, ep: &mut dyn KcmSink, comm: CommId, e: &RdmaCmError) {
         tracing::debug!(id = comm.0, error = %e, "rdma_cm call failed");
         self.stats.call_errors += 1;
         self.drop_slot(comm);
@@ -209,7 +227,7 @@ impl KernelCmDriver {
         self.slots.get(&comm).map(|s| s.id)
     }
 
-    fn command(&mut self, now: Instant, ep: &mut Endpoint, c: KcmCommand) {
+    fn command(&mut self, now: Instant, ep: &mut dyn KcmSink, c: KcmCommand) {
         let comm = c.id();
         match c {
             KcmCommand::Connect {
@@ -297,7 +315,7 @@ impl KernelCmDriver {
     }
 
     /// Starts the connects that waited for a resolution slot.
-    fn start_waiting(&mut self, now: Instant, ep: &mut Endpoint) {
+    fn start_waiting(&mut self, now: Instant, ep: &mut dyn KcmSink) {
         while self.resolving < MAX_RESOLVING {
             let Some((comm, peer, target, req)) = self.waiting.pop_front() else {
                 break;
@@ -312,7 +330,7 @@ impl KernelCmDriver {
     fn start_connect(
         &mut self,
         now: Instant,
-        ep: &mut Endpoint,
+        ep: &mut dyn KcmSink,
         comm: CommId,
         (peer, target): (Gid, KcmTarget),
         req: Request,
@@ -365,9 +383,11 @@ impl KernelCmDriver {
         Ok(QpMoves { rtr, rts })
     }
 
-    fn new_passive_id(&mut self) -> CommId {
+    /// A free id for a connection request to `worker` (its index in the low bits).
+    fn new_passive_id(&mut self, worker: u8) -> CommId {
+        let slot = WorkerSlot::new(worker, self.workers).unwrap_or(WorkerSlot::SINGLE);
         loop {
-            let id = CommId(PASSIVE_ID_BASE | (self.next_passive & !PASSIVE_ID_BASE));
+            let id = CommId(PASSIVE_ID_BASE | (slot.tag(self.next_passive) & !PASSIVE_ID_BASE));
             self.next_passive = self.next_passive.wrapping_add(1);
             if !self.slots.contains_key(&id) {
                 return id;
@@ -375,7 +395,7 @@ impl KernelCmDriver {
         }
     }
 
-    fn on_event(&mut self, now: Instant, ep: &mut Endpoint, e: RdmaCmEvent) {
+    fn on_event(&mut self, now: Instant, ep: &mut dyn KcmSink, e: RdmaCmEvent) {
         if let RdmaCmEventKind::ConnectRequest(req) = e.kind {
             self.on_request(now, ep, e.id, req);
             return;
@@ -474,7 +494,7 @@ impl KernelCmDriver {
     fn on_request(
         &mut self,
         now: Instant,
-        ep: &mut Endpoint,
+        ep: &mut dyn KcmSink,
         id: RdmaCmId,
         req: crate::hw::rdmacm::ConnectRequest,
     ) {
@@ -494,7 +514,7 @@ impl KernelCmDriver {
                 return;
             }
         };
-        let comm = self.new_passive_id();
+        let comm = self.new_passive_id(self.workers.owner_of_qpn(req.remote_qpn));
         self.slots.insert(
             comm,
             Slot {

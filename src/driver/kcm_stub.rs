@@ -4,7 +4,8 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use super::KcmStats;
+use super::{KcmSink, KcmStats};
+use crate::cm::KcmCommand;
 use crate::ipoib::Endpoint;
 
 /// No kernel CM in this build (no value of this type exists).
@@ -41,12 +42,22 @@ impl KernelCmDriver {
     }
 
     /// Never called.
-    pub fn receive(&mut self, _now: Instant, _ep: &mut Endpoint) {
+    pub fn receive(&mut self, _now: Instant, _ep: &mut dyn KcmSink) {
         match *self {}
     }
 
     /// Never called.
     pub fn execute(&mut self, _now: Instant, _ep: &mut Endpoint) {
+        match *self {}
+    }
+
+    /// Never called.
+    pub fn execute_one(&mut self, _now: Instant, _sink: &mut dyn KcmSink, _c: KcmCommand) {
+        match *self {}
+    }
+
+    /// Never called.
+    pub fn set_workers(&mut self, _workers: crate::wire::WorkerCount) {
         match *self {}
     }
 }

@@ -37,6 +37,7 @@ mod node;
 mod sa;
 mod sources;
 mod tun;
+pub mod workers;
 
 #[cfg(feature = "verbs")]
 pub use kcm::KernelCmDriver;
@@ -44,12 +45,25 @@ pub use kcm::KernelCmDriver;
 pub use kcm_stub::KernelCmDriver;
 
 pub use node::{
-    addr_list, DeviceStats, Node, NodeConfig, NodeError, ReopenBackoff, EARLY_ACK_BATCH,
+    addr_list, DeviceStats, KcmRoute, Node, NodeConfig, NodeError, ReopenBackoff, EARLY_ACK_BATCH,
     REOPEN_FIRST_DELAY, REOPEN_MAX_DELAY, REOPEN_MAX_FAILURES, TUN_BATCH,
 };
 pub use sa::{SaDriver, SaDriverStats, SaPort, POLL_INTERVAL, READ_BATCH};
 pub use sources::ProviderSources;
 pub use tun::TunStats;
+
+/// Where the kernel's CM driver hands what its event channel read and what its calls raise:
+/// an endpoint, or, with several workers, control's router to the endpoint each id is of.
+pub trait KcmSink {
+    /// One input for the endpoint of `input.id()`.
+    fn handle_kcm_input(&mut self, now: std::time::Instant, input: crate::cm::KcmInput);
+}
+
+impl KcmSink for crate::ipoib::Endpoint {
+    fn handle_kcm_input(&mut self, now: std::time::Instant, input: crate::cm::KcmInput) {
+        Self::handle_kcm_input(self, now, input);
+    }
+}
 
 /// What the driver's side of the kernel's CM counted (`--cm-transport rdmacm`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]

@@ -2,10 +2,14 @@
 //! driven a turn at a time.
 
 mod interface;
+mod kcm_route;
 mod recovery;
+mod setup;
 
 use super::event_log::{EventLog, Verdict};
 pub use interface::addr_list;
+pub use kcm_route::KcmRoute;
+use kcm_route::KcmRouter;
 pub use recovery::{
     DeviceStats, ReopenBackoff, REOPEN_FIRST_DELAY, REOPEN_MAX_DELAY, REOPEN_MAX_FAILURES,
 };
@@ -20,7 +24,7 @@ use mio::{Interest, Registry, Token};
 use super::tun::{read_tun, write_tun, TunRead, TunStats, TunThrottle};
 use super::{KcmStats, KernelCmDriver, ProviderSources, SaDriver};
 use crate::cm::LinkLayer;
-use crate::ipoib::{Endpoint, EndpointConfig, KernelCmConfig, EVENT_QUEUE_CAP};
+use crate::ipoib::{Endpoint, EndpointConfig, Interface, KernelCmConfig, EVENT_QUEUE_CAP};
 use crate::mad::{self, CmTransport, Gsi, Mad, MadStats, MadTransport, MadUdp, NoMads};
 use crate::sa::SaEvent;
 use crate::sys::tun::Tun;
@@ -64,40 +68,6 @@ pub struct NodeConfig {
     /// Test fault: the TUN device takes at most this many packets a second, the rest wait
     /// in the endpoint's queue (`--fault-tun-rate`); `None`: as fast as it takes them.
     pub tun_write_rate: Option<NonZeroU32>,
-}
-
-/// The ids of the kernel's CM an endpoint may hold at once: two per connection its tables
-/// hold (one may be in TimeWait beside its successor).
-fn kernel_cm_ids(ep: &EndpointConfig) -> usize {
-    (2 * (ep.max_conn_qp + ep.max_pending_rx + 1) + ep.neigh_max).min(crate::cm::MAX_LIVE_IDS)
-}
-
-/// The transport [`Node::new`] opens for `cfg`; `None` for a transport that needs what only
-/// the caller knows of its provider ([`CmTransport::Umad`]: the verbs device, port and GID
-/// index), which the caller opens and hands to [`Node::with_transport`].
-///
-/// # Errors
-/// The set-up step that failed.
-fn open_transport<P: Provider>(
-    prov: &mut P,
-    cfg: &NodeConfig,
-) -> Result<Box<dyn MadTransport<P::Verbs>>, NodeError> {
-    match cfg.cm_transport {
-        CmTransport::Qp1 => Ok(Box::new(
-            Gsi::open_for_cm(prov.verbs()).map_err(NodeError::Provider)?,
-        )),
-        CmTransport::Udp => {
-            let udp = MadUdp::bind(cfg.mad_udp.ip(), cfg.mad_udp.port()).map_err(|source| {
-                NodeError::MadBind {
-                    addr: cfg.mad_udp,
-                    source,
-                }
-            })?;
-            Ok(Box::new(udp))
-        }
-        CmTransport::Umad => Err(NodeError::TransportNeedsCaller(cfg.cm_transport)),
-        CmTransport::RdmaCm => Ok(Box::new(NoMads)),
-    }
 }
 
 /// Why a [`Node`] could not be set up. Its `Display` names the step.
@@ -175,6 +145,8 @@ pub struct Node<P: Provider> {
     mad: Box<dyn MadTransport<P::Verbs>>,
     /// The kernel's CM, with [`CmTransport::RdmaCm`].
     kcm: Option<KernelCmDriver>,
+    /// The other workers' kernel CM inputs ([`Node::route_kcm`]).
+    kcm_route: Option<KcmRoute>,
     cm_transport: CmTransport,
     /// Reused between turns by [`mad::receive`].
     mads: Vec<Mad>,
@@ -230,148 +202,6 @@ impl<P: Provider> std::fmt::Debug for Node<P> {
 }
 
 impl<P: Provider> Node<P> {
-    /// Sets the interface up: opens the CM MAD transport, builds the endpoint on `prov`,
-    /// creates the TUN device with the endpoint's interface MTU and addresses and brings it
-    /// up, then registers the provider's descriptors, the TUN device and the side channel (if
-    /// any) with `registry` on consecutive tokens from `first_token` (up to
-    /// [`Node::tokens_end`]).
-    ///
-    /// # Errors
-    /// The step that failed.
-    pub fn new(
-        now: Instant,
-        mut prov: P,
-        cfg: NodeConfig,
-        registry: &Registry,
-        first_token: usize,
-    ) -> Result<Self, NodeError> {
-        let mad = open_transport(&mut prov, &cfg)?;
-        Self::with_transport(now, prov, cfg, mad, registry, first_token)
-    }
-
-    /// [`Node::new`] with a transport the caller opened (`cfg.cm_transport` is only
-    /// reported).
-    ///
-    /// # Errors
-    /// The step that failed.
-    pub fn with_transport(
-        now: Instant,
-        mut prov: P,
-        mut cfg: NodeConfig,
-        mad: Box<dyn MadTransport<P::Verbs>>,
-        registry: &Registry,
-        first_token: usize,
-    ) -> Result<Self, NodeError> {
-        let mad_fd = mad.readiness_fd();
-        let kcm = if cfg.cm_transport == CmTransport::RdmaCm {
-            let max_ids = kernel_cm_ids(&cfg.endpoint);
-            let listen = SocketAddr::new(cfg.rdma_cm_bind, cfg.endpoint.rdma_cm_port);
-            cfg.endpoint.kernel_cm.get_or_insert(KernelCmConfig {
-                max_ids,
-                service_id: cfg.endpoint.rdma_cm_service_id(),
-                link: cfg.link_layer,
-            });
-            let k = KernelCmDriver::open(listen, max_ids).map_err(|e| NodeError::RdmaCm {
-                addr: listen,
-                message: e.to_string(),
-            })?;
-            Some(k)
-        } else {
-            None
-        };
-        let mtu = cfg.endpoint.interface_mtu();
-        let addrs = cfg.endpoint.addrs.clone();
-        let ep = Endpoint::new(now, prov.verbs(), cfg.endpoint, mad.provider_qp())
-            .map_err(NodeError::Provider)?;
-
-        let mut tun = Tun::create(&cfg.ifname).map_err(NodeError::Tun)?;
-        tun.set_mtu(mtu).map_err(NodeError::InterfaceMtu)?;
-        for (addr, prefix_len) in addrs {
-            let r = match addr {
-                IpAddr::V4(a) => tun.add_ipv4(a, prefix_len),
-                IpAddr::V6(a) => tun.add_ipv6(a, prefix_len),
-            };
-            r.map_err(|source| NodeError::Addr {
-                addr,
-                prefix_len,
-                source,
-            })?;
-        }
-        tun.set_up().map_err(NodeError::InterfaceUp)?;
-        // Its IPv6 addresses survive `ip link set down` (the kernel deletes them otherwise).
-        if let Err(e) = tun.keep_addresses_on_down() {
-            tracing::warn!(
-                "interface {}: keep_addr_on_down not set ({e}): its IPv6 addresses go when it \
-                 is set down, and come back when it is up again",
-                tun.name()
-            );
-        }
-
-        let sources =
-            ProviderSources::register(registry, &prov, first_token).map_err(NodeError::Register)?;
-        let source_count = sources.len();
-        let tun_token = Token(first_token + source_count);
-        registry
-            .register(&mut tun, tun_token, Interest::READABLE)
-            .map_err(NodeError::Register)?;
-        let mut end = Token(tun_token.0 + 1);
-        let mad_token = match mad_fd {
-            Some(fd) => {
-                let token = end;
-                registry
-                    .register(&mut SourceFd(&fd), token, Interest::READABLE)
-                    .map_err(NodeError::Register)?;
-                end = Token(token.0 + 1);
-                Some(token)
-            }
-            None => None,
-        };
-        let kcm_token = match &kcm {
-            Some(k) => {
-                let token = end;
-                registry
-                    .register(&mut SourceFd(&k.fd()), token, Interest::READABLE)
-                    .map_err(NodeError::Register)?;
-                end = Token(token.0 + 1);
-                Some(token)
-            }
-            None => None,
-        };
-        Ok(Self {
-            prov,
-            sources,
-            ep,
-            mad,
-            kcm,
-            cm_transport: cfg.cm_transport,
-            mads: Vec::new(),
-            tun,
-            tokens: Tokens {
-                tun: tun_token,
-                mad: mad_token,
-                kcm: kcm_token,
-                end,
-            },
-            tun_ready: true,
-            event_log: EventLog::default(),
-            tun_more: false,
-            tun_stats: TunStats::default(),
-            tun_throttle: cfg.tun_write_rate.map(|r| TunThrottle::new(now, r)),
-            drain_buf: vec![0; DRAIN_READ_BYTES],
-            stop_deadline: None,
-            interface_removed: false,
-            sa: None,
-            tun_mtu: mtu,
-            tun_up: true,
-            port_active: false,
-            first_token,
-            source_count,
-            down: None,
-            gave_up: None,
-            device_stats: DeviceStats::default(),
-        })
-    }
-
     /// Hands the endpoint's multicast groups and paths to `sa`, the SA client of the
     /// provider's InfiniBand port, registered on the token [`Node::tokens_end`] had (which
     /// moves one on). Call it right after [`Node::new`].
@@ -667,6 +497,15 @@ impl<P: Provider> Node<P> {
         self.interface_removed
     }
 
+    /// An IP packet a follower worker handed to control (worker 0) to send: handled as one
+    /// read from the TUN device.
+    pub fn hand_in(&mut self, now: Instant, packet: &[u8]) {
+        if self.down.is_some() {
+            return;
+        }
+        self.ep.handle_tun_packet(now, self.prov.verbs(), packet);
+    }
+
     /// The endpoint, to change its live settings (see [`crate::ipoib::LiveTimeouts`]).
     pub fn endpoint_mut(&mut self) -> &mut Endpoint {
         &mut self.ep
@@ -739,10 +578,34 @@ impl<P: Provider> Node<P> {
         self.kcm.as_ref().map(KernelCmDriver::stats)
     }
 
+    /// The kernel's CM ids of the other workers run on this node's event channel: what it
+    /// reads for them goes to `route` (their ids carry their index in the low bits).
+    pub fn route_kcm(&mut self, route: KcmRoute) {
+        if let Some(k) = &mut self.kcm {
+            k.set_workers(route.count);
+        }
+        self.kcm_route = Some(route);
+    }
+
+    /// Executes a command of another worker's kernel CM on this node's event channel.
+    pub fn execute_kcm(&mut self, now: Instant, c: crate::cm::KcmCommand) {
+        if let Some(k) = &mut self.kcm {
+            let mut sink = KcmRouter {
+                ep: &mut self.ep,
+                route: self.kcm_route.as_mut(),
+            };
+            k.execute_one(now, &mut sink, c);
+        }
+    }
+
     /// Hands every MAD the transport received (or what the kernel's CM read) to the endpoint.
     fn receive_mads(&mut self, now: Instant) {
         if let Some(k) = &mut self.kcm {
-            k.receive(now, &mut self.ep);
+            let mut sink = KcmRouter {
+                ep: &mut self.ep,
+                route: self.kcm_route.as_mut(),
+            };
+            k.receive(now, &mut sink);
         }
         let ep = &mut self.ep;
         mad::receive(

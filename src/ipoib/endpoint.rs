@@ -45,6 +45,8 @@ pub struct Endpoint {
     /// commands are the driver's to execute).
     pub(super) cm: ConnectionManager,
     pub(super) hwaddr: HwAddr,
+    /// Our CA GUID (control's, on a follower): in every REQ and REP.
+    pub(super) ca_guid: u64,
     /// The shared receive queue of every RX connection (SRQ mode).
     pub(super) srq: Option<SrqId>,
     /// The completion queue of every RX connection.
@@ -104,6 +106,9 @@ pub struct Endpoint {
     /// An event lost the device context ([`AsyncEvent::loses_context`]): the endpoint touches
     /// the verbs no more; the driver reopens the device and builds a new endpoint.
     context_lost: bool,
+    /// A follower's part (a worker other than 0 of a multi-worker interface): `None` for a
+    /// whole endpoint.
+    pub(super) follower: Option<Box<super::worker::Follower>>,
 }
 
 /// Most device events held for the driver; more are dropped (the driver reads them every
@@ -143,35 +148,65 @@ impl Endpoint {
         cfg: EndpointConfig,
         cm_qp: Option<QpNum>,
     ) -> Result<Self, VerbsError> {
+        Self::build(now, v, cfg, cm_qp, None)
+    }
+
+    /// Sets up a follower (`cfg.worker` a worker other than 0, see module `worker`) of the
+    /// interface whose hardware address and CA GUID `interface` are (control's): its CM
+    /// listens on that address's service IDs and names that CA GUID, and it sends nothing of its own over its UD QP (no groups, no
+    /// announcements, no resolution: control does those). Its CM's MADs travel through
+    /// control's transport.
+    ///
+    /// # Errors
+    /// Any verbs error of the set-up.
+    pub fn new_follower<V: Verbs>(
+        now: Instant,
+        v: &mut V,
+        cfg: EndpointConfig,
+        interface: super::Interface,
+    ) -> Result<Self, VerbsError> {
+        Self::build(now, v, cfg, None, Some(interface))
+    }
+
+    fn build<V: Verbs>(
+        now: Instant,
+        v: &mut V,
+        cfg: EndpointConfig,
+        cm_qp: Option<QpNum>,
+        follows: Option<super::Interface>,
+    ) -> Result<Self, VerbsError> {
         let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
         let mut counters = Counters::default();
         let pkey_index = v.pkey_index(cfg.pkey)?;
         let pd = v.alloc_pd()?;
-        let ud = ud::open_ud(v, pd, &cfg, pkey_index)?;
+        let ud = ud::open_ud(v, pd, &cfg, pkey_index, follows.is_none())?;
         counters.qp_created += 1;
         if cm_qp.is_some() {
             counters.qp_created += 1;
         }
         let port = v.port_attr();
-        let hwaddr = HwAddr::new(cfg.hwaddr_flags(), ud.qp, port.gid);
-        let mut cm_cfg = CmConfig::new(port.gid, rng.gen::<u64>() | 1);
+        let hwaddr = follows.map_or_else(
+            || HwAddr::new(cfg.hwaddr_flags(), ud.qp, port.gid),
+            |i| i.hwaddr,
+        );
+        let own_guid = rng.gen::<u64>() | 1;
+        let ca_guid = follows.map_or(own_guid, |i| i.ca_guid);
+        let mut cm_cfg = CmConfig::new(port.gid, ca_guid);
         cm_cfg.comm_id_seed = rng.gen();
+        cm_cfg.comm_id_slot = cfg.worker;
         cm_cfg.cm_response_timeout = cfg.cm_response_timeout;
         cm_cfg.pkey = cfg.mgid_pkey();
         let cm = match cfg.kernel_cm {
-            Some(k) => ConnectionManager::Kernel(KernelCm::new(
-                k.max_ids,
-                k.service_id,
-                k.link,
-                cfg.mgid_pkey(),
-                rng.gen(),
-            )),
+            Some(k) => ConnectionManager::Kernel(
+                KernelCm::new(k.max_ids, k.service_id, k.link, cfg.mgid_pkey(), rng.gen())
+                    .with_worker(cfg.worker),
+            ),
             None => {
                 let mut cm = Cm::new(cm_cfg);
                 // Linux uses 0x1000…|QPN; RFC 4755 says 0x0100…|QPN. Accept both.
                 if cfg.listen_ipoib_service {
-                    cm.listen(ipoib_service_id(ud.qp, true), u64::MAX);
-                    cm.listen(ipoib_service_id(ud.qp, false), u64::MAX);
+                    cm.listen(ipoib_service_id(hwaddr.qpn, true), u64::MAX);
+                    cm.listen(ipoib_service_id(hwaddr.qpn, false), u64::MAX);
                 }
                 // And rdma_cm's, where peers on the kernel's CM connect (`cma_hdr` framing).
                 cm.listen(cfg.rdma_cm_service_id(), u64::MAX);
@@ -246,6 +281,7 @@ impl Endpoint {
             ud,
             cm,
             hwaddr,
+            ca_guid,
             srq,
             rx_cq,
             rx_pool,
@@ -271,11 +307,14 @@ impl Endpoint {
             sa: SaGroups::default(),
             device_events: Vec::new(),
             context_lost: false,
+            follower: follows.map(|_| Box::new(super::worker::Follower::new(cfg.neigh_max))),
             peers,
             answers,
             cfg,
         };
-        ep.announce(v);
+        if ep.follower.is_none() {
+            ep.announce(v);
+        }
         Ok(ep)
     }
 
@@ -297,6 +336,13 @@ impl Endpoint {
             self.neigh.set_pinned(peers);
         }
         self.cfg.peers = peers.to_vec();
+    }
+
+    /// Counts this endpoint's RX connections into `share`, which every worker of the
+    /// interface shares: `max_conn_qp` and `max_pending_rx` then bound them all together
+    /// (each worker evicts or rejects among its own). Call it before the first REQ.
+    pub fn share_rx_budget(&mut self, share: std::sync::Arc<super::RxBudgetShare>) {
+        self.rx.share_budget(share);
     }
 
     /// Counters.
@@ -385,6 +431,7 @@ impl Endpoint {
             self.cm.poll_timeout(),
             pending,
             deferred,
+            self.follower.as_ref().and_then(|f| f.poll_timeout()),
         ]
         .into_iter()
         .flatten()
@@ -409,6 +456,7 @@ impl Endpoint {
             }
         }
         self.fired = fired;
+        self.expire_waiting(now);
         self.cm.handle_timeout(now);
         self.pump_cm(now, v);
     }
@@ -631,7 +679,8 @@ impl Endpoint {
     /// Private data of our REQs and REPs: our UD QPN and receive size.
     pub(super) fn cm_private_data(&self) -> Vec<u8> {
         IpoibCmData {
-            qpn: self.ud.qp,
+            // The interface's UD QPN (control's, on a follower): what peers know us by.
+            qpn: self.hwaddr.qpn,
             mtu: IPOIB_CM_BUF_SIZE,
         }
         .to_bytes()

@@ -86,6 +86,7 @@ mod rx;
 mod tun;
 mod tx;
 mod ud;
+mod worker;
 
 use std::fmt;
 use std::net::IpAddr;
@@ -97,6 +98,7 @@ use serde::{Deserialize, Serialize};
 use crate::cm::LinkLayer;
 use crate::verbs::{BufId, PKey, PathMtu, QKey, QpAttr, QpNum, QpState, Verbs};
 use crate::wire::ipoib::{broadcast_mgid, HwAddr, IpoibHeader, IPOIB_CM_BUF_SIZE};
+use crate::wire::WorkerSlot;
 
 pub use crate::choice::ParseChoiceError;
 pub use endpoint::Endpoint;
@@ -108,9 +110,12 @@ pub use mcast::{PortChange, SaRequest, MAX_SA_REQUESTS, MAX_SEND_ONLY};
 pub use neigh::{NeighCounts, NeighState};
 pub use path_wait::{PATH_QUEUE_LEN, PATH_WAIT_MAX};
 pub use reconfig::{LiveTimeouts, PathMtuChange};
-pub use rx::RxState;
+pub use rx::{RxBudgetShare, RxState};
 pub use tun::TUN_BUFFER_OFFSET;
 pub use tx::TxState;
+pub use worker::{
+    Interface, NeighView, ToControl, FOLLOWER_WAIT, FOLLOWER_WAIT_MAX, TO_CONTROL_MAX,
+};
 
 /// Connected or datagram mode (Linux's `/sys/class/net/ib0/mode`).
 ///
@@ -289,6 +294,11 @@ pub struct EndpointConfig {
     pub tx_retry_count: u8,
     /// Seed for PSNs and CM ids (the daemon passes entropy; tests a constant).
     pub seed: u64,
+    /// Which worker of the interface this endpoint is (`--workers`): its index is in the low
+    /// bits of its CM comm ids (the provider tags its QPNs the same way). Worker 0 is whole;
+    /// any other is a follower ([`Endpoint::new_follower`], module `worker`).
+    /// Default [`WorkerSlot::SINGLE`].
+    pub worker: WorkerSlot,
     /// CM response timeout exponent.
     pub cm_response_timeout: u8,
     /// The kernel's CM runs the connections (through the driver), not ours; `None`: ours.
@@ -413,6 +423,7 @@ impl EndpointConfig {
             tx_rnr_retry: crate::verbs::setup::RNR_RETRY_FOREVER,
             tx_retry_count: crate::verbs::setup::RC_RETRY_CNT,
             seed: 0,
+            worker: WorkerSlot::SINGLE,
             cm_response_timeout: 17,
             kernel_cm: None,
             rdma_cm_port: DEFAULT_RDMA_CM_PORT,
@@ -473,6 +484,10 @@ impl EndpointConfig {
         if self.advertise_rdma_cm || self.kernel_cm.is_some() {
             // Peers reach a kernel CM at the rdma_cm port, with `cma_hdr` (docs/kernel-cm.md).
             flags |= HwAddr::FLAG_RDMA_CM;
+        }
+        if flags != 0 {
+            // Our passive side takes each REQ as a connection of its own, from any peer.
+            flags |= HwAddr::FLAG_TAKES_MANY;
         }
         flags
     }

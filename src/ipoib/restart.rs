@@ -147,6 +147,9 @@ impl Endpoint {
         // budget the new one is charged to.
         if let Some((peer, inc)) = restart {
             self.retire_old_incarnations(now, v, peer, inc, Some(qpn));
+            // A follower's connections are not all of the node's: control closes its own and
+            // forgets the old incarnation's neighbours, and the other workers follow its view.
+            self.tell_restarted(peer, inc);
         }
         self.charge_rx_budget(now, v, qpn);
     }

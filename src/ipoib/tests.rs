@@ -1009,6 +1009,7 @@ mod sa_groups;
 mod scale;
 mod tx_closed;
 mod underlay;
+mod workers;
 
 /// IB unicast UD: a completion without `IBV_WC_GRH` whose 40-byte area holds garbage (here
 /// a GRH naming a third port) is attributed by its SLID and `src_qp` through the path set for

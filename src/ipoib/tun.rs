@@ -153,6 +153,10 @@ impl Endpoint {
         if self.stopping {
             return;
         }
+        if self.follower.is_some() {
+            self.follow_packet(now, v, packet);
+            return;
+        }
         let Ok(info) = classify(packet) else {
             self.counters.tx_dropped += 1;
             return;
@@ -234,6 +238,14 @@ impl Endpoint {
         let fast = info.and_then(|info| {
             if info.is_multicast_or_broadcast() || self.cfg.mode != Mode::Connected {
                 return None;
+            }
+            if let Some(f) = self.follower.as_mut() {
+                let hw = f
+                    .lookup(&info.dst)
+                    .filter(|hw| hw.connectable() && hw.takes_many())?;
+                let qpn = self.tx.established_to(hw, len)?;
+                f.note_used(info.dst);
+                return Some((info.version.ethertype(), qpn));
             }
             let id = self.neigh.find(&info.dst)?;
             let hw = self

@@ -158,6 +158,7 @@ pub(super) fn open_ud<V: Verbs>(
     pd: PdId,
     cfg: &EndpointConfig,
     pkey_index: u16,
+    join_groups: bool,
 ) -> Result<UdQp, VerbsError> {
     let depth = cfg.ud_depth;
     let cq = v.create_cq(depth * 2 + 8)?;
@@ -176,7 +177,11 @@ pub(super) fn open_ud<V: Verbs>(
         wr(WR_RECV),
     )?;
     let (qp, free_send) = (setup.qp, setup.send_bufs);
-    let groups = ud_groups(cfg);
+    let groups = if join_groups {
+        ud_groups(cfg)
+    } else {
+        Vec::new()
+    };
     for g in &groups {
         v.attach_mcast(qp, *g, 0)?;
     }

@@ -326,6 +326,9 @@ pub(super) struct Neighbours {
     /// address bound to one is bound again only to one of them. Set by configuration, at
     /// most `MAX_PEERS`.
     pinned: PeerMap<Gid, ()>,
+    /// Moves on with every call that may change an entry's resolved address (or remove an
+    /// entry): what [`Neighbours::generation`] reports.
+    generation: u64,
 }
 
 impl Neighbours {
@@ -342,7 +345,15 @@ impl Neighbours {
             max: max.max(1),
             per_source: per_source.max(1),
             pinned: PeerMap::default(),
+            generation: 0,
         }
+    }
+
+    /// A number that changes whenever an entry's resolved address may have changed (an
+    /// entry learnt, rebound, failed, aged or removed); equal numbers mean the same resolved
+    /// entries.
+    pub(super) fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// The GIDs whose bindings are pinned from now on (none: no pinning).
@@ -423,6 +434,7 @@ impl Neighbours {
 
     /// Adds a static entry (replacing any entry for `ip`).
     pub(super) fn add_static(&mut self, ip: IpAddr, hw: HwAddr, now: Instant) {
+        self.generation = self.generation.wrapping_add(1);
         self.remove(&ip);
         *self.statics.entry((hw.gid, hw.qpn)).or_default() += 1;
         let id = self
@@ -441,6 +453,7 @@ impl Neighbours {
         in_use: impl Fn(HwAddr) -> bool,
         c: &mut Counters,
     ) -> Started {
+        self.generation = self.generation.wrapping_add(1);
         if self.contains(&ip) {
             return Started::Exists;
         }
@@ -474,6 +487,7 @@ impl Neighbours {
         in_use: impl Fn(HwAddr) -> bool,
         c: &mut Counters,
     ) -> Learned {
+        self.generation = self.generation.wrapping_add(1);
         let Some(id) = self.find(&ip) else {
             match claim {
                 Claim::Request => {}
@@ -579,6 +593,7 @@ impl Neighbours {
         now: Instant,
         retries: u8,
     ) -> Option<(HwAddr, Option<TimerId>)> {
+        self.generation = self.generation.wrapping_add(1);
         let id = self.find(ip)?;
         let n = self.slots.get(id)?;
         let hw = n.resolved().filter(|_| n.state == NeighState::Reachable)?;
@@ -619,6 +634,7 @@ impl Neighbours {
     /// fails once [`PROBES`] probes went unanswered for a [`PROBE_INTERVAL`] each. Static
     /// bindings are never contested, nor pinned ones by a GID that is not pinned.
     pub(super) fn contest(&mut self, ip: &IpAddr, claimant: Gid, now: Instant) -> Contest {
+        self.generation = self.generation.wrapping_add(1);
         let claimant_pinned = self.is_pinned(&claimant);
         let pinned = |g: &Gid| self.pinned.contains_key(g);
         let Some(id) = self.find(ip) else {
@@ -644,6 +660,7 @@ impl Neighbours {
     /// that claimed an address without answering for it loses it within [`PROBES`] probe
     /// intervals of its first use.
     pub(super) fn verify(&mut self, ip: &IpAddr, now: Instant) -> Contest {
+        self.generation = self.generation.wrapping_add(1);
         let Some(n) = self.get_mut(ip) else {
             return Contest::Wait;
         };
@@ -662,6 +679,7 @@ impl Neighbours {
 
     /// `ip`'s resolution timer `id` fired: one retry fewer, or none left.
     pub(super) fn resolve_timer_fired(&mut self, ip: &IpAddr, id: TimerId) -> Retry {
+        self.generation = self.generation.wrapping_add(1);
         let Some(n) = self.get_mut(ip).filter(|n| n.timer == Some(id)) else {
             return Retry::Nothing;
         };
@@ -686,6 +704,7 @@ impl Neighbours {
         now: Instant,
         timeout: Duration,
     ) -> Ageing {
+        self.generation = self.generation.wrapping_add(1);
         let Some(n) = self
             .get_mut(ip)
             .filter(|n| n.timer == Some(id) && n.state == NeighState::Reachable)
@@ -709,6 +728,7 @@ impl Neighbours {
 
     /// Removes an entry; returns it.
     pub(super) fn remove(&mut self, ip: &IpAddr) -> Option<Neigh> {
+        self.generation = self.generation.wrapping_add(1);
         let id = self.index.remove(ip)?;
         let (_, n) = self.slots.remove(id)?;
         self.queued = self.queued.saturating_sub(n.queue.len());
@@ -768,6 +788,7 @@ impl Neighbours {
     /// Forgets every learned (non-static) entry whose hardware address is `hw`'s endpoint;
     /// returns their addresses.
     pub(super) fn forget_hw(&mut self, hw: &HwAddr) -> Vec<IpAddr> {
+        self.generation = self.generation.wrapping_add(1);
         let ips = self.bound_to(hw);
         for ip in &ips {
             self.remove(ip);

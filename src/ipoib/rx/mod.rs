@@ -7,6 +7,7 @@ mod table;
 
 use std::time::{Duration, Instant};
 
+pub use table::RxBudgetShare;
 pub(super) use table::{Phase, Preparing, RxConn, RxTable};
 
 use super::event::{Event, RxReapReason, RxRejectReason};
@@ -194,7 +195,7 @@ impl Endpoint {
         };
         let source_full = self.rx.established_from(peer) >= MAX_CONN_QP_PER_SOURCE;
         if self.cfg.budget_policy == super::QpBudgetPolicy::Reject
-            && (self.rx.established_count() >= self.cfg.max_conn_qp || source_full)
+            && (self.rx.established_total() >= self.cfg.max_conn_qp || source_full)
         {
             self.counters.rx_rejected += 1;
             self.counters.rx_source_full += u64::from(source_full);
@@ -205,7 +206,10 @@ impl Endpoint {
             let _ = self.cm.reject(now, id, RejReason::NoQp);
             return;
         }
-        if self.rx.half_open_count() >= self.cfg.max_pending_rx {
+        if self.rx.half_open_total() >= self.cfg.max_pending_rx {
+            // Room is made among this worker's own. One that holds none takes the REQ all the
+            // same (so that a flood held by other workers locks no peer out of this one): the
+            // interface then holds at most one more per such worker.
             if let Some(q) = self.rx.oldest_half_open() {
                 self.start_rx_teardown(now, v, q, Why::HalfOpenEvicted);
             }
@@ -357,11 +361,13 @@ impl Endpoint {
             .filter(|p| self.rx.established_from(*p) > MAX_CONN_QP_PER_SOURCE);
         if source_full.is_some() {
             self.counters.rx_source_full += 1;
-        } else if self.rx.established_count() <= self.cfg.max_conn_qp {
+        } else if self.rx.established_total() <= self.cfg.max_conn_qp {
             return;
         }
         match self.cfg.budget_policy {
             super::QpBudgetPolicy::Evict => {
+                // Among this worker's own; one that holds no other keeps the new one (the
+                // newest peer stays reachable), the interface then one over per such worker.
                 if let Some(q) = self.rx.least_recently_active_except(qpn, source_full) {
                     self.start_rx_teardown(now, v, q, Why::Evicted);
                 }

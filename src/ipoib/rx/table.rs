@@ -3,6 +3,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::RxState;
@@ -152,6 +154,34 @@ struct LiveCounts {
     established_from: BTreeMap<Gid, usize>,
     /// Ordered by activity stamp, then QP number: the first is the oldest.
     half_open: BTreeSet<(Instant, QpNum)>,
+    /// The interface's counts when its connections are spread over workers: this table's
+    /// share is added in as it changes.
+    shared: Option<Arc<RxBudgetShare>>,
+}
+
+/// The RX connections of every worker of an interface, counted against its one QP budget
+/// (`max_conn_qp`) and half-open limit (`max_pending_rx`): each worker's RX table adds its
+/// changes as they happen (atomics, no lock), and admits against the totals, so that no
+/// worker exceeds a budget by racing another (two that establish at once each see the other's
+/// connection and each makes room). Room is made among a worker's own connections; a worker
+/// that holds none (the others hold the budget) admits the one it is asked for, so that no
+/// peer is locked out of it: the interface holds at most one more per worker.
+#[derive(Debug, Default)]
+pub struct RxBudgetShare {
+    established: AtomicUsize,
+    half_open: AtomicUsize,
+}
+
+impl RxBudgetShare {
+    /// Established RX connections of every worker.
+    pub fn established(&self) -> usize {
+        self.established.load(Ordering::Relaxed)
+    }
+
+    /// Half-open RX connections of every worker.
+    pub fn half_open(&self) -> usize {
+        self.half_open.load(Ordering::Relaxed)
+    }
 }
 
 impl LiveCounts {
@@ -160,6 +190,19 @@ impl LiveCounts {
     fn moved(&mut self, qpn: QpNum, peer: Gid, from: Option<Class>, to: Option<Class>) {
         if from == to {
             return;
+        }
+        if let Some(shared) = &self.shared {
+            let (e, h) = (&shared.established, &shared.half_open);
+            match from {
+                Some(Class::Established) => _ = e.fetch_sub(1, Ordering::Relaxed),
+                Some(Class::HalfOpen { .. }) => _ = h.fetch_sub(1, Ordering::Relaxed),
+                Some(Class::Closing) | None => {}
+            }
+            match to {
+                Some(Class::Established) => _ = e.fetch_add(1, Ordering::Relaxed),
+                Some(Class::HalfOpen { .. }) => _ = h.fetch_add(1, Ordering::Relaxed),
+                Some(Class::Closing) | None => {}
+            }
         }
         match from {
             Some(Class::Established) => {
@@ -261,6 +304,40 @@ impl RxTable {
         }
         self.conns.insert(qpn, conn);
         self.counts.moved(qpn, peer, None, Some(to));
+    }
+
+    /// Counts this table's connections into `share` from now on (with what it holds now).
+    pub(in crate::ipoib) fn share_budget(&mut self, share: Arc<RxBudgetShare>) {
+        if let Some(old) = self.counts.shared.take() {
+            old.established
+                .fetch_sub(self.counts.established, Ordering::Relaxed);
+            old.half_open
+                .fetch_sub(self.counts.half_open.len(), Ordering::Relaxed);
+        }
+        share
+            .established
+            .fetch_add(self.counts.established, Ordering::Relaxed);
+        share
+            .half_open
+            .fetch_add(self.counts.half_open.len(), Ordering::Relaxed);
+        self.counts.shared = Some(share);
+    }
+
+    /// Established connections of the interface: this table's, with every other worker's
+    /// where they share a budget ([`RxTable::share_budget`]). O(1).
+    pub(in crate::ipoib) fn established_total(&self) -> usize {
+        match &self.counts.shared {
+            Some(s) => s.established().max(self.counts.established),
+            None => self.established_count(),
+        }
+    }
+
+    /// Half-open connections of the interface, as [`RxTable::established_total`]. O(1).
+    pub(in crate::ipoib) fn half_open_total(&self) -> usize {
+        match &self.counts.shared {
+            Some(s) => s.half_open().max(self.counts.half_open.len()),
+            None => self.half_open_count(),
+        }
     }
 
     /// Established connections receiving now (what counts against `max_conn_qp`). O(1).

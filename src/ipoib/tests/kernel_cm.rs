@@ -263,11 +263,17 @@ fn connected_with(cfg: fn(usize, &mut EndpointConfig)) -> (Net, FakeKernel) {
     (n, k)
 }
 
+/// Every connectable node of ours takes a connection per sending worker.
+const MANY: u8 = HwAddr::FLAG_TAKES_MANY;
+
 #[test]
 fn the_hardware_address_says_the_cm_is_the_kernels() {
     let mut n = Net::new(1, |_, _| {}, kernel_cm);
     let hw = n.ep(0).hwaddr();
-    assert_eq!(hw.flags, HwAddr::FLAG_CONNECTED | HwAddr::FLAG_RDMA_CM);
+    assert_eq!(
+        hw.flags,
+        HwAddr::FLAG_CONNECTED | HwAddr::FLAG_RDMA_CM | MANY
+    );
     assert!(n.ep(0).kernel_cm());
 }
 
@@ -276,25 +282,31 @@ fn the_hardware_address_says_the_cm_is_the_kernels() {
 #[test]
 fn the_hardware_address_flags_follow_the_link_layer() {
     let mut n = Net::new(1, |_, _| {}, kernel_cm_ib);
-    assert_eq!(n.ep(0).hwaddr().flags, HwAddr::FLAG_RDMA_CM);
+    assert_eq!(n.ep(0).hwaddr().flags, HwAddr::FLAG_RDMA_CM | MANY);
     assert!(
         n.ep(0).hwaddr().connectable(),
         "our daemons still connect to it"
     );
     let mut c = EndpointConfig::new(Vec::new());
     let flags = |c: &EndpointConfig| c.hwaddr_flags();
-    assert_eq!(flags(&c), HwAddr::FLAG_CONNECTED);
+    assert_eq!(flags(&c), HwAddr::FLAG_CONNECTED | MANY);
     c.advertise_rdma_cm = true;
-    assert_eq!(flags(&c), HwAddr::FLAG_CONNECTED | HwAddr::FLAG_RDMA_CM);
+    assert_eq!(
+        flags(&c),
+        HwAddr::FLAG_CONNECTED | HwAddr::FLAG_RDMA_CM | MANY
+    );
     c.advertise_rdma_cm = false;
     kernel_cm_on(&mut c, LinkLayer::Ethernet);
-    assert_eq!(flags(&c), HwAddr::FLAG_CONNECTED | HwAddr::FLAG_RDMA_CM);
+    assert_eq!(
+        flags(&c),
+        HwAddr::FLAG_CONNECTED | HwAddr::FLAG_RDMA_CM | MANY
+    );
     kernel_cm_on(&mut c, LinkLayer::InfiniBand);
-    assert_eq!(flags(&c), HwAddr::FLAG_RDMA_CM);
+    assert_eq!(flags(&c), HwAddr::FLAG_RDMA_CM | MANY);
     c.mode = Mode::Datagram;
-    assert_eq!(flags(&c), HwAddr::FLAG_RDMA_CM);
+    assert_eq!(flags(&c), HwAddr::FLAG_RDMA_CM | MANY);
     kernel_cm_on(&mut c, LinkLayer::Ethernet);
-    assert_eq!(flags(&c), HwAddr::FLAG_RDMA_CM);
+    assert_eq!(flags(&c), HwAddr::FLAG_RDMA_CM | MANY);
 }
 
 /// Two kernel-CM daemons on InfiniBand: both advertise `0x20`, so the connection goes to the
@@ -326,7 +338,7 @@ fn on_infiniband_a_peer_without_the_flag_is_reached_through_af_ib_at_its_standar
             },
         );
         let peer = n.ep(1).hwaddr();
-        assert_eq!(peer.flags, HwAddr::FLAG_CONNECTED);
+        assert_eq!(peer.flags, HwAddr::FLAG_CONNECTED | MANY);
         let sid = crate::wire::cm::ipoib_service_id(peer.qpn, true);
         let first = first.unwrap_or(KcmTarget::IbService {
             service_id: sid,

@@ -562,6 +562,8 @@ impl Endpoint {
         for ip in bound {
             self.binding_failed(now, v, ip, true);
         }
+        // A follower's bindings are control's.
+        self.tell_binding_failed(peer);
     }
 
     /// Closes a TX connection for `why` (one [`Event::TxClosed`] naming the peer, at `ip`

@@ -1,0 +1,713 @@
+//! One interface on several threads (`--workers N`): control and its workers.
+//!
+//! Worker 0 is the control side's [`Node`], turned by the daemon's loop with everything that
+//! is per interface (the control socket, signals, the underlay, reload). Every other worker is
+//! a thread of its own with its own mio loop and a follower [`Node`]: its queue of the
+//! multi-queue TUN device, its own provider (on the software fabric, its socket of the
+//! reuseport group on the RoCEv2 port, which the kernel picks by the destination QPN's low
+//! bits), its own CQs, SRQ, connections in both directions, reaper and timer wheel.
+//!
+//! Control and the workers talk only through bounded queues, each waking the loop it feeds
+//! ([`Mailbox`]); nothing on the packet path takes a lock. What crosses:
+//!
+//! - CM MADs: control's transport is a [`RoutedMads`] that hands each received MAD to the
+//!   worker it is for and sends what the workers' CMs queued ([`WorkerMads`]);
+//! - control's resolved neighbours ([`NeighView`]), published to every worker when they
+//!   change; the workers' requests ([`ToControl`]: packets only control sends, neighbours to
+//!   resolve) and the neighbours they sent to (for ageing);
+//! - shutdown, path MTU changes and live settings, control to every worker;
+//! - each worker's figures, published every [`REPORT_INTERVAL`] into a slot control reads when
+//!   it reports (the one lock, off the packet path).
+//!
+//! A worker whose thread ends (an I/O error, a panic) or that stops turning for
+//! [`STALL_LIMIT`] is reported by [`Workers::check`]; the daemon then exits non-zero rather
+//! than run with part of its connections unserved.
+
+mod mads;
+mod mailbox;
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use mio::{Events, Poll, Token};
+
+pub use mads::{RouteCounters, RouteStats, RoutedMads, WorkerMads, MAD_BATCH};
+pub use mailbox::{mailbox, Mailbox, Wake};
+
+use super::{KcmRoute, Node, NodeConfig, NodeError};
+use crate::cm::{KcmCommand, KcmInput};
+use crate::ipoib::{Interface, NeighView, ToControl, TO_CONTROL_MAX};
+use crate::mad::{Mad, MadTransport};
+use crate::sys::tun::Tun;
+use crate::verbs::Provider;
+use crate::wire::{WorkerCount, WorkerSlot};
+
+/// Messages control queues for each worker at most (a full queue keeps the newest neighbour
+/// view for the next turn).
+pub const TO_WORKER_CAP: usize = 64;
+/// Requests the workers queue for control at most, together.
+pub const FROM_WORKERS_CAP: usize = 4096;
+/// How often a worker publishes its figures.
+pub const REPORT_INTERVAL: Duration = Duration::from_millis(250);
+/// How often a worker tells control which neighbours it sent to.
+pub const USED_INTERVAL: Duration = Duration::from_secs(1);
+/// A worker that has not turned for this long is stalled (an idle one turns every second).
+pub const STALL_LIMIT: Duration = Duration::from_secs(10);
+/// Datagrams for one worker that others received (a GRO buffer of several workers' QPs) and
+/// hand over, queued at most; more are dropped (the RC sender retransmits them).
+pub const FOREIGN_CAP: usize = 1024;
+/// A worker loop's longest sleep.
+const IDLE_WAKE: Duration = Duration::from_secs(1);
+/// The token of a worker loop's wake-up; its node's tokens follow.
+const WAKE: Token = Token(0);
+
+/// A change control makes on every worker's node (a path MTU, a link MTU, reloaded
+/// settings), run in the worker's thread at the start of its next turn.
+pub type Change<P> = Box<dyn FnOnce(&mut Node<P>, Instant) + Send>;
+
+/// What control tells a worker.
+pub enum ToWorker<P: Provider> {
+    /// Control's resolved neighbours from now on.
+    Neighbours(Arc<NeighView>),
+    /// A change to make.
+    Apply(Change<P>),
+    /// Shut down: DREQ every connection, drain, and end the thread.
+    Shutdown,
+}
+
+/// What a worker tells control.
+#[derive(Debug)]
+pub enum FromWorker {
+    /// A follower's request ([`crate::ipoib::Endpoint::poll_to_control`]).
+    Ask(ToControl),
+    /// The neighbours it sent to since it last said.
+    Used(Vec<IpAddr>),
+    /// A command of its kernel CM, for control's event channel (`--cm-transport rdmacm`).
+    Kcm(KcmCommand),
+}
+
+/// Why a worker failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// Its provider could not be opened.
+    #[error("worker {worker}: provider: {source}")]
+    Open {
+        /// The worker.
+        worker: u8,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// Its node could not be set up.
+    #[error("worker {worker}: {source}")]
+    Node {
+        /// The worker.
+        worker: u8,
+        /// Why.
+        #[source]
+        source: NodeError,
+    },
+    /// Its loop failed.
+    #[error("worker {worker}: event loop: {source}")]
+    Io {
+        /// The worker.
+        worker: u8,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// Its thread panicked.
+    #[error("worker {0}: panicked")]
+    Panicked(u8),
+    /// Its thread ended before it was told to.
+    #[error("worker {0}: ended unasked")]
+    Ended(u8),
+    /// It has not turned for [`STALL_LIMIT`].
+    #[error("worker {0}: stalled (no turn for {STALL_LIMIT:?})")]
+    Stalled(u8),
+}
+
+/// What a worker's thread is given: its slot, how to open its provider (in the thread: a
+/// libibverbs context is the thread's), its node's settings and its queue of the interface.
+pub struct WorkerSpec<P: Provider> {
+    /// Which worker.
+    pub slot: WorkerSlot,
+    /// Opens its provider.
+    pub open: Box<dyn FnOnce() -> io::Result<P> + Send>,
+    /// Its node's settings (`endpoint.worker` is `slot`).
+    pub node: NodeConfig,
+    /// Its queue of the interface.
+    pub tun: Tun,
+    /// A change made on its node once it is set up, before its first turn.
+    pub setup: Option<Change<P>>,
+}
+
+/// Builds a worker's report from its node, in its thread (so it may read the thread's own
+/// clocks).
+pub type ReportFn<P, R> = Arc<dyn Fn(&Node<P>, Instant) -> R + Send + Sync>;
+
+/// What a worker publishes for control to read.
+#[derive(Debug)]
+struct Shared<R> {
+    report: Mutex<Option<R>>,
+    /// Milliseconds since the workers started at its last turn.
+    heartbeat_ms: AtomicU64,
+    /// Datagrams it received for other workers and dropped: their queues were full.
+    foreign_dropped: AtomicU64,
+}
+
+/// Control's handle on one worker.
+struct Handle<P: Provider, R> {
+    slot: WorkerSlot,
+    to: Mailbox<ToWorker<P>>,
+    thread: Option<JoinHandle<Result<(), WorkerError>>>,
+    shared: Arc<Shared<R>>,
+    /// A neighbour view not queued yet (its queue was full).
+    view: Option<Arc<NeighView>>,
+    /// Shutdown asked and not queued yet.
+    stop: bool,
+}
+
+/// A datagram one worker received for another: its sender and bytes.
+type Foreign = (SocketAddr, Vec<u8>);
+
+/// Where every worker's foreign datagrams go (index: the worker), and this loop's own.
+struct ForeignRoutes {
+    to: Vec<Mailbox<Foreign>>,
+    inbox: Receiver<Foreign>,
+}
+
+impl ForeignRoutes {
+    /// Hands the datagrams `prov` received for other workers to them; returns how many
+    /// were dropped (a full queue).
+    fn send<P: Provider>(&self, prov: &mut P) -> u64 {
+        let mut dropped = 0;
+        prov.take_foreign(&mut |worker, src, d| {
+            let sent = self
+                .to
+                .get(usize::from(worker))
+                .is_some_and(|m| m.post((src, d.to_vec())));
+            dropped += u64::from(!sent);
+        });
+        dropped
+    }
+
+    /// Gives `prov` what the other workers received for it (bounded); true if any.
+    fn accept<P: Provider>(&self, now: Instant, prov: &mut P) -> bool {
+        let mut any = false;
+        for _ in 0..FOREIGN_CAP {
+            let Ok((src, d)) = self.inbox.try_recv() else {
+                break;
+            };
+            prov.accept_foreign(now, src, &d);
+            any = true;
+        }
+        any
+    }
+}
+
+/// The queues of the workers, made before control's node (whose transport they route) and
+/// the workers' threads (which they are handed to).
+pub struct WorkersSetup {
+    count: WorkerCount,
+    polls: Vec<(Poll, Arc<Wake>)>,
+    kcm_to: Vec<Mailbox<KcmInput>>,
+    kcm_in: Vec<Receiver<KcmInput>>,
+    foreign_to: Vec<Mailbox<Foreign>>,
+    foreign_in: Vec<Receiver<Foreign>>,
+    mads_to: Vec<Mailbox<Mad>>,
+    mads_in: Vec<Receiver<Mad>>,
+    mads_out: Mailbox<Mad>,
+    mads_out_rx: Option<Receiver<Mad>>,
+    asks: Mailbox<FromWorker>,
+    asks_rx: Receiver<FromWorker>,
+}
+
+impl std::fmt::Debug for WorkersSetup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkersSetup")
+            .field("count", &self.count)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WorkersSetup {
+    /// The queues of `count` workers (1..count) and control, whose loop `control` wakes.
+    ///
+    /// # Errors
+    /// A worker's poll or wake-up could not be made.
+    pub fn new(count: WorkerCount, control: &Arc<Wake>) -> io::Result<Self> {
+        let others = usize::from(count.get()).saturating_sub(1);
+        let mut polls = Vec::with_capacity(others);
+        let (mut mads_to, mut mads_in) = (Vec::new(), Vec::new());
+        let (mut kcm_to, mut kcm_in) = (Vec::new(), Vec::new());
+        for _ in 0..others {
+            let poll = Poll::new()?;
+            let wake = Wake::new(poll.registry(), WAKE)?;
+            let (tx, rx) = mailbox(MAD_BATCH, &wake);
+            mads_to.push(tx);
+            mads_in.push(rx);
+            let (tx, rx) = mailbox(MAD_BATCH, &wake);
+            kcm_to.push(tx);
+            kcm_in.push(rx);
+            polls.push((poll, wake));
+        }
+        let (mads_out, mads_out_rx) = mailbox(MAD_BATCH * others.max(1), control);
+        let (asks, asks_rx) = mailbox(FROM_WORKERS_CAP, control);
+        let wakes = std::iter::once(control).chain(polls.iter().map(|(_, w)| w));
+        let (foreign_to, foreign_in) = wakes.map(|w| mailbox(FOREIGN_CAP, w)).unzip();
+        Ok(Self {
+            count,
+            polls,
+            kcm_to,
+            kcm_in,
+            foreign_to,
+            foreign_in,
+            mads_to,
+            mads_in,
+            mads_out,
+            mads_out_rx: Some(mads_out_rx),
+            asks,
+            asks_rx,
+        })
+    }
+
+    /// Control's CM transport `inner`, with the workers' MADs routed through it. Call it once.
+    pub fn routed<V: crate::verbs::Verbs>(
+        &mut self,
+        inner: Box<dyn MadTransport<V>>,
+    ) -> RoutedMads<V> {
+        let rx = self
+            .mads_out_rx
+            .take()
+            .unwrap_or_else(|| std::sync::mpsc::sync_channel(0).1);
+        RoutedMads::new(inner, self.count, self.mads_to.clone(), rx)
+    }
+
+    /// Where control's node hands the workers' kernel CM inputs ([`Node::route_kcm`]).
+    pub fn kcm_route(&self) -> KcmRoute {
+        KcmRoute {
+            count: self.count,
+            to: self.kcm_to.clone(),
+            dropped: 0,
+        }
+    }
+
+    /// Starts a thread for each of `specs` (workers 1.. in order), their followers speaking
+    /// with `interface` (control's hardware address); each publishes `report(node, now)`.
+    ///
+    /// # Errors
+    /// A thread could not be spawned.
+    pub fn spawn<P, R>(
+        self,
+        interface: Interface,
+        specs: Vec<WorkerSpec<P>>,
+        report: ReportFn<P, R>,
+    ) -> io::Result<Workers<P, R>>
+    where
+        P: Provider + 'static,
+        R: Send + 'static,
+    {
+        let started = Instant::now();
+        let mut handles = Vec::with_capacity(specs.len());
+        let mut foreign_in = self.foreign_in.into_iter();
+        let control_foreign = ForeignRoutes {
+            to: self.foreign_to.clone(),
+            inbox: foreign_in
+                .next()
+                .unwrap_or_else(|| std::sync::mpsc::sync_channel(0).1),
+        };
+        let parts = self
+            .polls
+            .into_iter()
+            .zip(self.mads_in)
+            .zip(foreign_in)
+            .zip(self.kcm_in);
+        for (spec, ((((poll, wake), mads_in), foreign), kcm_in)) in specs.into_iter().zip(parts) {
+            let (to, inbox) = mailbox(TO_WORKER_CAP, &wake);
+            let shared = Arc::new(Shared {
+                report: Mutex::new(None),
+                heartbeat_ms: AtomicU64::new(0),
+                foreign_dropped: AtomicU64::new(0),
+            });
+            let slot = spec.slot;
+            let ctx = WorkerContext {
+                poll,
+                wake,
+                inbox,
+                mads: WorkerMads::new(mads_in, self.mads_out.clone()),
+                kcm_in,
+                foreign: ForeignRoutes {
+                    to: self.foreign_to.clone(),
+                    inbox: foreign,
+                },
+                asks: self.asks.clone(),
+                shared: Arc::clone(&shared),
+                report: Arc::clone(&report),
+                interface,
+                started,
+            };
+            let thread = std::thread::Builder::new()
+                .name(format!("ipoib-w{}", slot.index()))
+                .spawn(move || ctx.run(spec))?;
+            handles.push(Handle {
+                slot,
+                to,
+                thread: Some(thread),
+                shared,
+                view: None,
+                stop: false,
+            });
+        }
+        Ok(Workers {
+            count: self.count,
+            handles,
+            foreign: control_foreign,
+            foreign_dropped: 0,
+            asks: self.asks_rx,
+            generation: None,
+            started,
+            stopping: false,
+            more: false,
+        })
+    }
+}
+
+/// Control's side of the workers 1.. of an interface (worker 0 is control's own node).
+pub struct Workers<P: Provider, R> {
+    count: WorkerCount,
+    handles: Vec<Handle<P, R>>,
+    /// Datagrams control's provider received for the workers, and theirs for control.
+    foreign: ForeignRoutes,
+    /// Of those control handed over, dropped for a full queue.
+    foreign_dropped: u64,
+    asks: Receiver<FromWorker>,
+    /// The neighbour generation last published.
+    generation: Option<u64>,
+    started: Instant,
+    stopping: bool,
+    /// The last turn stopped at its bound with requests left.
+    more: bool,
+}
+
+impl<P: Provider, R> std::fmt::Debug for Workers<P, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Workers")
+            .field("count", &self.count)
+            .field("stopping", &self.stopping)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<P: Provider, R: Clone> Workers<P, R> {
+    /// How many workers the interface has, control's included.
+    pub fn count(&self) -> WorkerCount {
+        self.count
+    }
+
+    /// One turn of control's side, after control's node turned: publishes control's
+    /// neighbours where they changed, and handles what the workers asked (bounded; see
+    /// [`Workers::has_pending`]).
+    pub fn turn(&mut self, now: Instant, node: &mut Node<P>) {
+        self.foreign_dropped += self.foreign.send(node.provider_mut());
+        let accepted = self.foreign.accept(now, node.provider_mut());
+        let generation = node.endpoint().neighbour_generation();
+        if self.generation != Some(generation) {
+            self.generation = Some(generation);
+            let view = Arc::new(node.endpoint().neighbour_view());
+            for h in &mut self.handles {
+                h.view = Some(Arc::clone(&view));
+            }
+        }
+        for h in &mut self.handles {
+            if let Some(v) = h.view.take() {
+                if !h.to.post(ToWorker::Neighbours(Arc::clone(&v))) {
+                    h.view = Some(v);
+                }
+            }
+            if h.stop && h.to.post(ToWorker::Shutdown) {
+                h.stop = false;
+            }
+        }
+        // What was accepted completes at control's next turn: it follows at once.
+        self.more = accepted;
+        for _ in 0..FROM_WORKERS_CAP {
+            match self.asks.try_recv() {
+                Ok(FromWorker::Ask(ToControl::Packet(p))) => node.hand_in(now, &p),
+                Ok(FromWorker::Ask(ToControl::Resolve(ip))) => {
+                    node.reconfigure(now, |ep, v| ep.resolve_for_worker(now, v, ip));
+                }
+                Ok(FromWorker::Ask(ToControl::Failed(hw))) => {
+                    node.reconfigure(now, |ep, v| ep.binding_failed_at(now, v, hw));
+                }
+                Ok(FromWorker::Ask(ToControl::Restarted {
+                    gid,
+                    ud_qpn,
+                    ca_guid,
+                })) => {
+                    node.reconfigure(now, |ep, v| ep.peer_restarted(now, v, gid, ud_qpn, ca_guid));
+                }
+                Ok(FromWorker::Used(ips)) => node.endpoint_mut().neighbours_used(now, &ips),
+                Ok(FromWorker::Kcm(c)) => node.execute_kcm(now, c),
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => return,
+            }
+        }
+        self.more = true;
+    }
+
+    /// Datagrams a provider (control's or a worker's) received for another worker and
+    /// dropped: its queue was full.
+    pub fn foreign_dropped(&self) -> u64 {
+        let workers: u64 = self
+            .handles
+            .iter()
+            .map(|h| h.shared.foreign_dropped.load(Ordering::Relaxed))
+            .sum();
+        self.foreign_dropped + workers
+    }
+
+    /// The last turn left requests: the next should follow at once.
+    pub fn has_pending(&self) -> bool {
+        self.more
+    }
+
+    /// Makes the change `make()` builds on every worker's node, in its thread (a worker
+    /// whose queue is full misses it, with a warning).
+    pub fn apply(&self, what: &str, make: impl Fn() -> Change<P>) {
+        for h in &self.handles {
+            if !h.to.post(ToWorker::Apply(make())) {
+                tracing::warn!(
+                    worker = h.slot.index(),
+                    "{what} did not reach the worker: its queue is full"
+                );
+            }
+        }
+    }
+
+    /// Tells every worker to shut down (queued on the next turn where a queue is full).
+    pub fn begin_shutdown(&mut self) {
+        self.stopping = true;
+        for h in &mut self.handles {
+            h.stop = !h.to.post(ToWorker::Shutdown);
+        }
+    }
+
+    /// Whether [`Workers::begin_shutdown`] was called.
+    pub fn is_stopping(&self) -> bool {
+        self.stopping
+    }
+
+    /// Whether every worker's thread has ended.
+    pub fn all_ended(&self) -> bool {
+        self.handles
+            .iter()
+            .all(|h| h.thread.as_ref().is_none_or(JoinHandle::is_finished))
+    }
+
+    /// A worker that failed: its thread ended (before shutdown, or with an error) or it has
+    /// not turned for [`STALL_LIMIT`]. Joins the threads that ended.
+    ///
+    /// # Errors
+    /// The first failure found.
+    pub fn check(&mut self, now: Instant) -> Result<(), WorkerError> {
+        let since_start = now.saturating_duration_since(self.started);
+        for h in &mut self.handles {
+            let index = h.slot.index();
+            if h.thread.as_ref().is_some_and(JoinHandle::is_finished) {
+                let ended = h.thread.take().map(JoinHandle::join);
+                match ended {
+                    Some(Err(_)) => return Err(WorkerError::Panicked(index)),
+                    Some(Ok(Err(e))) => return Err(e),
+                    Some(Ok(Ok(()))) if !self.stopping => return Err(WorkerError::Ended(index)),
+                    _ => {}
+                }
+                continue;
+            }
+            if h.thread.is_none() || self.stopping {
+                continue;
+            }
+            let beat = Duration::from_millis(h.shared.heartbeat_ms.load(Ordering::Relaxed));
+            if since_start.saturating_sub(beat) > STALL_LIMIT {
+                return Err(WorkerError::Stalled(index));
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for every thread to end (after [`Workers::begin_shutdown`] and
+    /// [`Workers::all_ended`], this does not block).
+    ///
+    /// # Errors
+    /// The first worker that failed.
+    pub fn join(mut self) -> Result<(), WorkerError> {
+        let mut first = Ok(());
+        for h in &mut self.handles {
+            let index = h.slot.index();
+            let r = match h.thread.take().map(JoinHandle::join) {
+                Some(Err(_)) => Err(WorkerError::Panicked(index)),
+                Some(Ok(r)) => r,
+                None => Ok(()),
+            };
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+
+    /// Each worker's latest report (workers 1.. in order; `None` before its first).
+    pub fn reports(&self) -> Vec<(WorkerSlot, Option<R>)> {
+        self.handles
+            .iter()
+            .map(|h| {
+                let r = h
+                    .shared
+                    .report
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
+                (h.slot, r)
+            })
+            .collect()
+    }
+}
+
+/// What a worker's thread owns besides its spec.
+struct WorkerContext<P: Provider, R> {
+    poll: Poll,
+    wake: Arc<Wake>,
+    inbox: Receiver<ToWorker<P>>,
+    mads: WorkerMads,
+    /// What control's event channel read for this worker's kernel CM ids.
+    kcm_in: Receiver<KcmInput>,
+    foreign: ForeignRoutes,
+    asks: Mailbox<FromWorker>,
+    shared: Arc<Shared<R>>,
+    report: ReportFn<P, R>,
+    interface: Interface,
+    started: Instant,
+}
+
+impl<P: Provider, R> WorkerContext<P, R> {
+    /// The worker's thread: its loop until its shutdown is over.
+    fn run(mut self, spec: WorkerSpec<P>) -> Result<(), WorkerError> {
+        let worker = spec.slot.index();
+        let prov = (spec.open)().map_err(|source| WorkerError::Open { worker, source })?;
+        let mut node = Node::follower(
+            Instant::now(),
+            prov,
+            spec.node,
+            Box::new(self.mads),
+            spec.tun,
+            self.interface,
+            self.poll.registry(),
+            WAKE.0 + 1,
+        )
+        .map_err(|source| WorkerError::Node { worker, source })?;
+        if let Some(setup) = spec.setup {
+            setup(&mut node, Instant::now());
+        }
+        let io = |source| WorkerError::Io { worker, source };
+        let mut events = Events::with_capacity(256);
+        let mut used = Vec::new();
+        let mut next_used = Instant::now() + USED_INTERVAL;
+        let mut next_report = Instant::now();
+        loop {
+            let now = Instant::now();
+            let timeout = if node.has_pending_input() {
+                Duration::ZERO
+            } else {
+                [node.poll_timeout(), Some(next_used), Some(next_report)]
+                    .into_iter()
+                    .flatten()
+                    .min()
+                    .map_or(IDLE_WAKE, |t| t.saturating_duration_since(now))
+                    .min(IDLE_WAKE)
+            };
+            match self.poll.poll(&mut events, Some(timeout)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io(e)),
+            }
+            let now = Instant::now();
+            self.wake.clear();
+            for ev in &events {
+                node.note_readiness(ev.token());
+            }
+            for _ in 0..TO_WORKER_CAP {
+                match self.inbox.try_recv() {
+                    Ok(ToWorker::Neighbours(view)) => {
+                        node.reconfigure(now, |ep, v| ep.set_neighbour_view(now, v, view));
+                    }
+                    Ok(ToWorker::Apply(change)) => change(&mut node, now),
+                    // Control is gone: so is the interface's reason to run.
+                    Ok(ToWorker::Shutdown) | Err(TryRecvError::Disconnected) => {
+                        node.begin_shutdown(now);
+                        break;
+                    }
+                    Err(TryRecvError::Empty) => break,
+                }
+            }
+            // Before the turn: what they complete is the endpoint's in this turn.
+            self.foreign.accept(now, node.provider_mut());
+            for _ in 0..MAD_BATCH {
+                let Ok(input) = self.kcm_in.try_recv() else {
+                    break;
+                };
+                node.endpoint_mut().handle_kcm_input(now, input);
+            }
+            node.turn(now).map_err(io)?;
+            // Its kernel CM's commands run on control's event channel.
+            for _ in 0..MAD_BATCH {
+                let Some(c) = node.endpoint_mut().poll_kcm_command() else {
+                    break;
+                };
+                // Lost with a full queue: the connection times out and is tried again.
+                let _ = self.asks.post(FromWorker::Kcm(c));
+            }
+            let dropped = self.foreign.send(node.provider_mut());
+            self.shared
+                .foreign_dropped
+                .fetch_add(dropped, Ordering::Relaxed);
+            for _ in 0..TO_CONTROL_MAX {
+                let Some(ask) = node.endpoint_mut().poll_to_control() else {
+                    break;
+                };
+                if !self.asks.post(FromWorker::Ask(ask)) {
+                    node.endpoint_mut().count_tx_dropped(1);
+                }
+            }
+            if now >= next_used {
+                next_used = now + USED_INTERVAL;
+                node.endpoint_mut().take_used_neighbours(&mut used);
+                if !used.is_empty() {
+                    // Lost with a full queue: the next second's list says it again.
+                    let _ = self.asks.post(FromWorker::Used(std::mem::take(&mut used)));
+                }
+            }
+            node.flush(now, self.poll.registry()).map_err(io)?;
+            let beat = now.saturating_duration_since(self.started).as_millis();
+            self.shared
+                .heartbeat_ms
+                .store(u64::try_from(beat).unwrap_or(u64::MAX), Ordering::Relaxed);
+            let finish = node.should_finish(now);
+            if now >= next_report || finish {
+                next_report = now + REPORT_INTERVAL;
+                let r = (self.report)(&node, now);
+                *self
+                    .shared
+                    .report
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(r);
+            }
+            if finish {
+                return node.finish(now).map_err(io);
+            }
+        }
+    }
+}

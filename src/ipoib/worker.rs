@@ -1,0 +1,444 @@
+//! An endpoint as one of several workers of an interface (`--workers N`).
+//!
+//! Worker 0 is the control side's endpoint: whole, as with one worker (the UD QP, ARP and ND,
+//! multicast, the neighbour table, datagram sends), and it also carries what the others hand
+//! it. Every other worker's endpoint is a *follower*: it has its own provider, CQs, SRQ,
+//! connections in both directions, reaper and timers, its CM's comm ids tagged with its index
+//! ([`crate::wire::WorkerSlot`]) and its QPNs too (the provider's), and it speaks with the
+//! interface's hardware address (control's UD QPN). What it does not own it asks control for:
+//!
+//! - it reads control's resolved neighbours from a [`NeighView`] that control publishes when
+//!   they change ([`Endpoint::neighbour_view`], [`Endpoint::set_neighbour_view`]);
+//! - a packet for a neighbour not in the view waits on the worker (at most
+//!   [`FOLLOWER_WAIT_MAX`] packets, each at most [`FOLLOWER_WAIT`]) while control resolves it
+//!   ([`ToControl::Resolve`]); it leaves, in order, when the view names the neighbour, so a
+//!   flow's packets never take two connections;
+//! - multicast and broadcast packets, packets for a peer reached by datagrams, and packets
+//!   for a peer that takes one connection from us ([`HwAddr::takes_many`] clear: Linux
+//!   `ipoib_cm`, older daemons of ours) go to control to send ([`ToControl::Packet`]): one
+//!   connection carries all of that peer's packets, in the order each worker handed them;
+//! - the neighbours it sent to are reported to control for their ageing
+//!   ([`Endpoint::take_used_neighbours`], [`Endpoint::neighbours_used`]), and a connection of
+//!   its that failed (a restarted or vanished peer) for control to resolve its neighbours
+//!   again ([`ToControl::Failed`]).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::event::TxCloseReason;
+use super::restart::Incarnation;
+use super::{Endpoint, Mode, TxState};
+use crate::verbs::{Gid, QpNum, Verbs};
+use crate::wire::ipoib::classify;
+use crate::wire::ipoib::HwAddr;
+use crate::wire::WorkerSlot;
+
+/// Most packets a follower holds for neighbours control is resolving.
+pub const FOLLOWER_WAIT_MAX: usize = 256;
+
+/// How long a packet waits for its neighbour's resolution on a follower before it is dropped
+/// (counted in `tx_dropped`): longer than control's resolution takes to give up.
+pub const FOLLOWER_WAIT: Duration = Duration::from_secs(4);
+
+/// How often a follower asks control again to resolve a neighbour its packets wait for.
+const RESOLVE_AGAIN: Duration = Duration::from_millis(500);
+
+/// Most requests a follower holds for its driver to take ([`Endpoint::poll_to_control`]);
+/// more are dropped (packets counted in `tx_dropped`).
+pub const TO_CONTROL_MAX: usize = 1024;
+
+/// Control's resolved neighbours, as the workers see them: IP address → hardware address.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NeighView {
+    entries: HashMap<IpAddr, HwAddr>,
+}
+
+impl FromIterator<(IpAddr, HwAddr)> for NeighView {
+    fn from_iter<I: IntoIterator<Item = (IpAddr, HwAddr)>>(entries: I) -> Self {
+        Self {
+            entries: entries.into_iter().collect(),
+        }
+    }
+}
+
+impl NeighView {
+    /// The hardware address of `ip`, if control has it resolved.
+    pub fn get(&self, ip: &IpAddr) -> Option<HwAddr> {
+        self.entries.get(ip).copied()
+    }
+
+    /// How many neighbours it names.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether it names none.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// What makes the endpoints of several workers one interface to its peers: control's
+/// hardware address (its UD QPN and GID, which the CM's service IDs name) and its CA GUID
+/// (in every REQ and REP: a peer takes a new one for a restart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Interface {
+    /// Control's hardware address.
+    pub hwaddr: HwAddr,
+    /// Control's CA GUID.
+    pub ca_guid: u64,
+}
+
+/// What a follower asks of control ([`Endpoint::poll_to_control`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToControl {
+    /// An IP packet only control sends (multicast, broadcast, datagram mode, a peer that takes
+    /// one connection from us): control handles it as one read from its own TUN queue.
+    Packet(Vec<u8>),
+    /// Packets for this neighbour wait on the worker: control resolves it.
+    Resolve(IpAddr),
+    /// The worker's connection to this peer failed (REJ, timeout, stall, send error): control
+    /// resolves the neighbours bound to it again, that peer barred, as for a connection of its
+    /// own ([`Endpoint::binding_failed_at`]).
+    Failed(HwAddr),
+    /// A connection of the node at `gid` established on the worker comes from a new
+    /// incarnation of it (another UD QPN or CA GUID than connections held for it, the same
+    /// proof as on control, `restart.rs`): control closes the old one's connections and
+    /// forgets its neighbours ([`Endpoint::peer_restarted`]).
+    Restarted {
+        /// The node.
+        gid: Gid,
+        /// Its new incarnation's UD QPN.
+        ud_qpn: QpNum,
+        /// Its new incarnation's CA GUID.
+        ca_guid: Option<u64>,
+    },
+}
+
+/// The follower part of a worker's endpoint.
+#[derive(Debug)]
+pub(super) struct Follower {
+    view: Arc<NeighView>,
+    /// Packets waiting for their neighbours, oldest first: when they arrived, where to.
+    waiting: VecDeque<(Instant, IpAddr, Vec<u8>)>,
+    /// When control was last asked to resolve each neighbour packets wait for.
+    asked: BTreeMap<IpAddr, Instant>,
+    to_control: VecDeque<ToControl>,
+    /// Neighbours sent to since control last heard (at most the neighbour table's size).
+    used: BTreeSet<IpAddr>,
+    used_max: usize,
+    /// The UD QPN each GID of the view had when last named (see
+    /// [`Endpoint::follow_view_changes`]).
+    last_named: HashMap<Gid, QpNum>,
+}
+
+impl Follower {
+    pub(super) fn new(used_max: usize) -> Self {
+        Self {
+            view: Arc::default(),
+            waiting: VecDeque::new(),
+            asked: BTreeMap::new(),
+            to_control: VecDeque::new(),
+            used: BTreeSet::new(),
+            used_max,
+            last_named: HashMap::new(),
+        }
+    }
+
+    pub(super) fn lookup(&self, ip: &IpAddr) -> Option<HwAddr> {
+        self.view.get(ip)
+    }
+
+    pub(super) fn note_used(&mut self, ip: IpAddr) {
+        if self.used.len() < self.used_max {
+            self.used.insert(ip);
+        }
+    }
+
+    /// Queues `m` for control; false (dropped) at [`TO_CONTROL_MAX`].
+    fn ask(&mut self, m: ToControl) -> bool {
+        if self.to_control.len() >= TO_CONTROL_MAX {
+            return false;
+        }
+        self.to_control.push_back(m);
+        true
+    }
+
+    /// When the oldest waiting packet expires.
+    pub(super) fn poll_timeout(&self) -> Option<Instant> {
+        self.waiting.front().map(|(at, _, _)| *at + FOLLOWER_WAIT)
+    }
+}
+
+impl Endpoint {
+    /// Whether this endpoint is a follower (a worker other than 0 of a multi-worker
+    /// interface).
+    pub fn is_follower(&self) -> bool {
+        self.follower.is_some()
+    }
+
+    /// What the followers of this (control's) endpoint take from it.
+    pub fn interface(&self) -> Interface {
+        Interface {
+            hwaddr: self.hwaddr,
+            ca_guid: self.ca_guid,
+        }
+    }
+
+    /// The worker this endpoint is ([`WorkerSlot::SINGLE`] for a whole interface).
+    pub fn worker_slot(&self) -> WorkerSlot {
+        self.cfg.worker
+    }
+
+    /// Control's resolved neighbours, for the followers: every entry with a hardware
+    /// address that is not still being resolved. O(neighbours); call it when
+    /// [`Endpoint::neighbour_generation`] moved.
+    pub fn neighbour_view(&self) -> NeighView {
+        NeighView {
+            entries: self
+                .neigh
+                .iter()
+                .filter_map(|(ip, n)| n.resolved().map(|hw| (*ip, hw)))
+                .collect(),
+        }
+    }
+
+    /// A number that changes whenever a neighbour's resolved address may have.
+    pub fn neighbour_generation(&self) -> u64 {
+        self.neigh.generation()
+    }
+
+    /// Control: a follower's packets wait for `ip`: resolve it unless it is known or being
+    /// resolved already.
+    pub fn resolve_for_worker<V: Verbs>(&mut self, now: Instant, v: &mut V, ip: IpAddr) {
+        if self.stopping || self.neigh.contains(&ip) || !self.on_link(ip) {
+            return;
+        }
+        if self.start_resolving(now, ip) {
+            self.resolve(now, v, ip);
+        }
+    }
+
+    /// Control: a follower's connection to `hw` failed: the neighbours bound to that peer are
+    /// resolved again, as when a connection of control's fails.
+    pub fn binding_failed_at<V: Verbs>(&mut self, now: Instant, v: &mut V, hw: HwAddr) {
+        for ip in self.neigh.bound_to(&hw) {
+            self.binding_failed(now, v, ip, true);
+        }
+    }
+
+    /// Control: a follower saw the node at `gid` restart as (`ud_qpn`, `ca_guid`): its
+    /// other incarnations' connections close and their neighbours are forgotten, as when
+    /// control sees it itself.
+    pub fn peer_restarted<V: Verbs>(
+        &mut self,
+        now: Instant,
+        v: &mut V,
+        gid: Gid,
+        ud_qpn: QpNum,
+        ca_guid: Option<u64>,
+    ) {
+        let inc = Incarnation { ud_qpn, ca_guid };
+        self.retire_old_incarnations(now, v, gid, inc, None);
+    }
+
+    /// Follower: tells control that the node at `gid` restarted as `inc`.
+    pub(super) fn tell_restarted(&mut self, gid: Gid, inc: Incarnation) {
+        if let Some(f) = self.follower.as_mut() {
+            let _ = f.ask(ToControl::Restarted {
+                gid,
+                ud_qpn: inc.ud_qpn,
+                ca_guid: inc.ca_guid,
+            });
+        }
+    }
+
+    /// Follower: tells control that its connection to `peer` failed.
+    pub(super) fn tell_binding_failed(&mut self, peer: HwAddr) {
+        if let Some(f) = self.follower.as_mut() {
+            let _ = f.ask(ToControl::Failed(peer));
+        }
+    }
+
+    /// Control: the followers sent to these neighbours (their ageing counts it as use).
+    pub fn neighbours_used(&mut self, now: Instant, ips: &[IpAddr]) {
+        for ip in ips {
+            if let Some(id) = self.neigh.find(ip) {
+                self.neigh.touch(id, now);
+            }
+        }
+    }
+
+    /// Follower: control's neighbours from now on. Packets that waited for one of them
+    /// leave, in order.
+    pub fn set_neighbour_view<V: Verbs>(&mut self, now: Instant, v: &mut V, view: Arc<NeighView>) {
+        let Some(f) = self.follower.as_mut() else {
+            return;
+        };
+        f.view = view;
+        let waiting = std::mem::take(&mut f.waiting);
+        let mut left = VecDeque::with_capacity(waiting.len());
+        for (at, ip, packet) in waiting {
+            if self.follower.as_ref().and_then(|f| f.lookup(&ip)).is_some() {
+                self.follow_packet(now, v, &packet);
+            } else {
+                left.push_back((at, ip, packet));
+            }
+        }
+        if let Some(f) = self.follower.as_mut() {
+            f.asked.retain(|ip, _| f.view.get(ip).is_none());
+            // Packets may have queued again while those left: keep the order.
+            left.extend(f.waiting.drain(..));
+            f.waiting = left;
+        }
+        self.follow_view_changes(now, v);
+    }
+
+    /// Follower: what control decided for its neighbours, done to this worker's connections
+    /// (control does it to its own as it decides). A GID the view names with another UD QPN
+    /// than the one it last named restarted (control replaced or re-resolved the mapping only
+    /// on the peer's own word, `restart.rs`): every connection of its other incarnations
+    /// goes. A TX connection to a hardware address the view no longer names was aged out (or
+    /// its node restarted): it closes, as control's did with the entry. O(view +
+    /// connections), once per view.
+    fn follow_view_changes<V: Verbs>(&mut self, now: Instant, v: &mut V) {
+        let Some(f) = self.follower.as_mut() else {
+            return;
+        };
+        let named: HashMap<Gid, QpNum> =
+            f.view.entries.values().map(|hw| (hw.gid, hw.qpn)).collect();
+        let restarted: Vec<(Gid, QpNum)> = named
+            .iter()
+            .filter(|(gid, qpn)| f.last_named.get(gid).is_some_and(|old| old != *qpn))
+            .map(|(gid, qpn)| (*gid, *qpn))
+            .collect();
+        let reachable: HashSet<(Gid, QpNum)> =
+            f.view.entries.values().map(|hw| (hw.gid, hw.qpn)).collect();
+        for (gid, ud_qpn) in restarted {
+            let inc = Incarnation {
+                ud_qpn,
+                ca_guid: None,
+            };
+            self.retire_old_incarnations(now, v, gid, inc, None);
+        }
+        let gone: Vec<QpNum> = self
+            .tx
+            .iter()
+            .filter(|(_, t)| t.state != TxState::Closing)
+            .filter(|(_, t)| !reachable.contains(&(t.peer.gid, t.peer.qpn)))
+            .map(|(q, _)| *q)
+            .collect();
+        for q in gone {
+            self.close_tx(now, v, q, TxCloseReason::AgedOut, None);
+        }
+        // A GID no longer named is remembered while we hold a connection of it (so that a
+        // restart seen as forget, then resolve again, is one): at most view + connections.
+        let held: HashSet<Gid> = self
+            .rx
+            .iter()
+            .map(|(_, r)| r.peer)
+            .chain(self.tx.iter().map(|(_, t)| t.peer.gid))
+            .collect();
+        if let Some(f) = self.follower.as_mut() {
+            f.last_named
+                .retain(|gid, _| held.contains(gid) && !named.contains_key(gid));
+            f.last_named.extend(named);
+        }
+    }
+
+    /// Counts `n` packets dropped by the driver (a request for control that found its queue
+    /// full).
+    pub fn count_tx_dropped(&mut self, n: u64) {
+        self.counters.tx_dropped += n;
+    }
+
+    /// Follower: the next request for control, oldest first.
+    pub fn poll_to_control(&mut self) -> Option<ToControl> {
+        self.follower.as_mut()?.to_control.pop_front()
+    }
+
+    /// Follower: the neighbours sent to since the last call (for control's
+    /// [`Endpoint::neighbours_used`]).
+    pub fn take_used_neighbours(&mut self, out: &mut Vec<IpAddr>) {
+        if let Some(f) = self.follower.as_mut() {
+            out.extend(std::mem::take(&mut f.used));
+        }
+    }
+
+    /// Follower: an IP packet read from the worker's TUN queue.
+    pub(super) fn follow_packet<V: Verbs>(&mut self, now: Instant, v: &mut V, packet: &[u8]) {
+        let Ok(info) = classify(packet) else {
+            self.counters.tx_dropped += 1;
+            return;
+        };
+        let Some(f) = self.follower.as_mut() else {
+            return;
+        };
+        if info.is_multicast_or_broadcast() {
+            self.hand_to_control(packet);
+            return;
+        }
+        let dst = info.dst;
+        match f.lookup(&dst) {
+            Some(hw) if hw.connectable() && hw.takes_many() && self.cfg.mode == Mode::Connected => {
+                f.note_used(dst);
+                self.send_rc(now, v, hw, info.version.ethertype(), packet);
+            }
+            Some(_) => self.hand_to_control(packet),
+            None => self.wait_for_neighbour(now, dst, packet),
+        }
+    }
+
+    /// The packet goes to control to send.
+    fn hand_to_control(&mut self, packet: &[u8]) {
+        let handed = self
+            .follower
+            .as_mut()
+            .is_some_and(|f| f.ask(ToControl::Packet(packet.to_vec())));
+        if !handed {
+            self.counters.tx_dropped += 1;
+        }
+    }
+
+    /// The packet waits for control to resolve `dst` (asked at most every
+    /// [`RESOLVE_AGAIN`]).
+    fn wait_for_neighbour(&mut self, now: Instant, dst: IpAddr, packet: &[u8]) {
+        let Some(f) = self.follower.as_mut() else {
+            return;
+        };
+        if f.waiting.len() >= FOLLOWER_WAIT_MAX {
+            self.counters.tx_queue_drops += 1;
+            return;
+        }
+        f.waiting.push_back((now, dst, packet.to_vec()));
+        let due = f
+            .asked
+            .get(&dst)
+            .is_none_or(|at| now.saturating_duration_since(*at) >= RESOLVE_AGAIN);
+        if due && f.ask(ToControl::Resolve(dst)) {
+            f.asked.insert(dst, now);
+        }
+    }
+
+    /// Follower: drops packets that waited [`FOLLOWER_WAIT`] (their neighbour did not
+    /// resolve).
+    pub(super) fn expire_waiting(&mut self, now: Instant) {
+        let Some(f) = self.follower.as_mut() else {
+            return;
+        };
+        let mut dropped = 0;
+        while f
+            .waiting
+            .front()
+            .is_some_and(|(at, _, _)| now.saturating_duration_since(*at) >= FOLLOWER_WAIT)
+        {
+            f.waiting.pop_front();
+            dropped += 1;
+        }
+        let waiting: BTreeSet<IpAddr> = f.waiting.iter().map(|(_, ip, _)| *ip).collect();
+        f.asked.retain(|ip, _| waiting.contains(ip));
+        self.counters.tx_dropped += dropped;
+    }
+}
