@@ -637,6 +637,9 @@ fn up_main(a: &Settings) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail("up", &e),
     };
+    if let Err(e) = daemon::run::check_workers(&cfg) {
+        return fail("up", &e);
+    }
     if let Err(e) = daemon::preflight::check(&cfg.ifname) {
         return fail("up", &e);
     }

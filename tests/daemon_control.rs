@@ -51,6 +51,7 @@ fn status() -> Status {
             ..Counters::default()
         },
         provider: [("acks".to_owned(), 3)].into(),
+        workers: Vec::new(),
     }
 }
 
@@ -175,6 +176,7 @@ fn json_key_names_on_the_wire() {
             "tx_packets",
             "uptime_s",
             "version",
+            "workers",
         ]
     );
     assert_eq!(keys(&v["interface"]), ["hwaddr", "mode", "mtu", "name"]);

@@ -7,6 +7,8 @@
 //!   snapshot with the endpoint's states, and its text rendering.
 //! - [`preflight`]: what `up` checks before it sets anything up (`CAP_NET_ADMIN`, the TUN
 //!   device).
+//! - `workers`: `up --workers N`: control's node and the other workers' threads, what they
+//!   report and the changes control makes on them.
 //! - [`resources`]: the memory and file descriptors `up` needs with its settings, against the
 //!   memory cgroup's limit and `RLIMIT_NOFILE`.
 //! - [`control`]: the control socket, server side ([`ControlServer`]) for the event loop and
@@ -16,6 +18,7 @@ pub mod client;
 mod client_slots;
 pub mod config;
 pub mod control;
+mod error;
 mod floods;
 pub mod logging;
 pub mod metrics;
@@ -27,6 +30,7 @@ pub mod run;
 pub mod service;
 pub mod status;
 pub mod underlay;
+mod workers;
 
 pub use config::{
     default_control_socket, resolve, Cidr, CmTransport, Config, ConfigError, FaultFlags, Mode,

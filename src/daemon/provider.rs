@@ -62,6 +62,9 @@ impl DaemonProvider for SoftProvider {
         add_counters(out, "", &s);
         add_counters(out, "fault_", &s.faults);
         add_counters(out, "mcast_", &self.multicast_stats());
+        if engine.config().workers.count() != crate::wire::WorkerCount::ONE {
+            add_counters(out, "", &self.steering_stats());
+        }
         for (k, v) in [
             ("send_errors", self.send_errors),
             ("send_too_big", self.send_too_big),

@@ -91,6 +91,7 @@ pub fn plan(running: &Config, new: &Config, sized_qp: u32, log_live: bool) -> Re
         fault => "fault_*",
         quirks => "quirk",
         fault_tun_rate => "fault_tun_rate",
+        fault_worker => "fault_worker",
         control_socket => "control_socket",
         metrics_listen => "metrics_listen",
         provider => "provider",

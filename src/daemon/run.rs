@@ -17,21 +17,30 @@ use mio::{Events, Interest, Poll, Token};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 
-use super::config::{Cidr, CmTransport, Config, PathMtuChoice};
+use super::config::{CmTransport, Config, PathMtuChoice, WORKER_FAULT_AFTER};
 use super::control::{ControlServer, Reply, Request, MAX_CLIENTS};
+pub use super::error::DaemonError;
 use super::floods::{FloodWarnings, FLOOD_WARN_INTERVAL};
 use super::metrics::{self, MetricsServer};
 use super::provider::DaemonProvider;
 use super::service::Service;
-use super::status::{add_counters, render_prometheus, Status, Summary, UnderlayStatus};
+use super::status::{render_prometheus, Status, Summary, UnderlayStatus, WorkerStatus};
 use super::underlay::{UnderlayChange, UnderlayState, UnderlayWatch};
-use crate::driver::{Node, NodeConfig, NodeError, SaDriver};
+use super::workers::{
+    apply_live, live_settings, part_status, start_workers, worker_fault, WorkerOpen, WorkerReport,
+};
+use crate::driver::workers::{Wake, Workers};
+use crate::driver::{Node, NodeConfig, SaDriver};
+use crate::ipoib::Mode;
+use crate::mad::MadTransport;
 use crate::soft::provider::{SoftProvider, UdpOffload};
+use crate::soft::transport::UdpTransport;
 use crate::soft::SoftConfig;
 use crate::sys::ifaddr;
 use crate::sys::netlink::LinkWatch;
 use crate::verbs::setup::os_seed;
 use crate::verbs::{Provider, Verbs};
+use crate::wire::{WorkerCount, WorkerSlot};
 
 const SIGNALS: Token = Token(0);
 const CONTROL: Token = Token(1);
@@ -43,145 +52,13 @@ const METRICS: Token = Token(CONTROL_CLIENTS.0 + MAX_CLIENTS);
 const METRICS_CLIENTS: Token = Token(METRICS.0 + 1);
 /// The netlink socket that wakes the loop when a link or an address changes.
 const UNDERLAY: Token = Token(METRICS_CLIENTS.0 + metrics::MAX_CLIENTS);
+/// The workers' wake-up of the control loop (`--workers` above 1).
+const WORKERS: Token = Token(UNDERLAY.0 + 1);
 /// The first of the node's tokens (the rest follow it).
-const NODE: usize = UNDERLAY.0 + 1;
+const NODE: usize = WORKERS.0 + 1;
 
 /// Longest sleep when nothing is scheduled.
 const IDLE_WAKE: Duration = Duration::from_secs(1);
-
-/// Why the daemon could not run. Its `Display` is the one line to print, naming the flag or
-/// step that failed; exit with [`DaemonError::exit_code`].
-#[derive(Debug, thiserror::Error)]
-pub enum DaemonError {
-    /// No local interface has the `--bind` address.
-    #[error("--bind {0}: no local interface has this address")]
-    NoBindInterface(IpAddr),
-    /// The software provider's UDP socket could not be bound.
-    #[error("--bind {addr}:{port}: {source}")]
-    Bind {
-        /// The underlay address.
-        addr: IpAddr,
-        /// The RoCEv2 UDP port.
-        port: u16,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
-    /// The libibverbs device could not be opened.
-    #[cfg(feature = "verbs")]
-    #[error("--provider verbs: {0}")]
-    VerbsOpen(#[source] crate::hw::HwError),
-    /// `--provider verbs` in a build without the `verbs` feature.
-    #[cfg(not(feature = "verbs"))]
-    #[error("--provider verbs: no RDMA device: built without the `verbs` feature")]
-    VerbsNotBuilt,
-    /// The umad CM transport could not be opened (`ib_cm` loaded, no umad device, ...).
-    #[error("--cm-transport umad: {0}")]
-    Umad(#[source] crate::mad::UmadError),
-    /// `--provider verbs` without `--cm-transport`: neither the kernel's CM nor umad is usable.
-    #[error("no CM transport on this host ({0}): load rdma_ucm, or pass --cm-transport udp (the side channel, for peers that run it too)")]
-    NoCmTransport(String),
-    /// `--cm-transport umad` on the software provider, which owns its QP1 itself.
-    #[error("--cm-transport umad: needs --provider verbs (the soft provider carries CM MADs on its own QP1: qp1)")]
-    UmadNeedsVerbs,
-    /// The CM MAD side channel's socket could not be bound.
-    #[error("--mad-port {addr}:{port}: {source}")]
-    MadPort {
-        /// The underlay address.
-        addr: IpAddr,
-        /// The side channel's UDP port.
-        port: u16,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
-    /// The endpoint's QPs, CQs and buffers could not be set up on the provider.
-    #[error("provider set-up: {0}")]
-    Endpoint(#[source] crate::verbs::VerbsError),
-    /// The SA client of an InfiniBand port could not be set up (its umad device).
-    #[error("--ib-dev {ca} port {port}: SA client: {source}")]
-    Sa {
-        /// The device.
-        ca: String,
-        /// The port.
-        port: u8,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
-    /// The kernel's CM could not be opened or could not listen (`--cm-transport rdmacm`).
-    #[error("--cm-transport rdmacm (--bind, --rdma-cm-port {}): {message}", addr.port())]
-    RdmaCm {
-        /// The listen address.
-        addr: SocketAddr,
-        /// Why, one line.
-        message: String,
-    },
-    /// `--cm-transport rdmacm` on the software provider (its QPs are not the kernel's).
-    #[error("--cm-transport rdmacm: needs --provider verbs (the kernel's CM connects kernel QPs)")]
-    RdmaCmNeedsVerbs,
-    /// The TUN device could not be created.
-    #[error("--ifname: {0}")]
-    Tun(#[source] io::Error),
-    /// The interface MTU could not be set.
-    #[error("interface MTU: {0}")]
-    InterfaceMtu(#[source] io::Error),
-    /// An interface address could not be added.
-    #[error("--addr {addr}: {source}")]
-    Addr {
-        /// The address.
-        addr: Cidr,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
-    /// The interface could not be brought up.
-    #[error("interface up: {0}")]
-    InterfaceUp(#[source] io::Error),
-    /// The control socket could not be bound.
-    #[error("--control-socket {}: {source}", path.display())]
-    ControlSocket {
-        /// The socket path.
-        path: std::path::PathBuf,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
-    /// The metrics listener could not be bound.
-    #[error("--metrics-listen {addr}: {}", super::config::os_message(source))]
-    MetricsListen {
-        /// The address.
-        addr: SocketAddr,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
-    /// The event loop failed.
-    #[error("event loop: {0}")]
-    Io(#[from] io::Error),
-    /// The device context was lost and could not be opened again
-    /// ([`REOPEN_MAX_FAILURES`](crate::driver::REOPEN_MAX_FAILURES) tries in a row failed);
-    /// the service manager's restart is the next try.
-    #[error("{0}")]
-    DeviceLost(String),
-}
-
-impl DaemonError {
-    /// [`DaemonError::exit_code`] of a device lost for good: `Restart=on-failure` restarts
-    /// the daemon.
-    pub const DEVICE_LOST_EXIT: u8 = 3;
-
-    /// The process exit code: 2 for a set-up step that failed (the configuration does not fit
-    /// this host), 1 for a failure of the running loop, [`Self::DEVICE_LOST_EXIT`] for a
-    /// device lost for good.
-    pub const fn exit_code(&self) -> u8 {
-        match self {
-            Self::Io(_) => 1,
-            Self::DeviceLost(_) => Self::DEVICE_LOST_EXIT,
-            _ => 2,
-        }
-    }
-}
 
 /// The MTU of the link that carries `--bind`.
 fn bind_link_mtu(cfg: &Config) -> Result<u32, DaemonError> {
@@ -217,11 +94,35 @@ pub fn up(cfg: &Config) -> Result<(), DaemonError> {
     } else {
         UdpOffload::Off
     };
-    let mut prov = SoftProvider::bind(soft, offload).map_err(|source| DaemonError::Bind {
+    let bind_error = |source| DaemonError::Bind {
         addr: cfg.bind,
         port: cfg.udp_port,
         source,
-    })?;
+    };
+    let count = cfg.workers;
+    let local = SocketAddr::new(cfg.bind, cfg.udp_port);
+    let mut sockets = UdpTransport::bind_steered(local, count)
+        .map_err(bind_error)?
+        .into_iter();
+    let first = sockets
+        .next()
+        .ok_or_else(|| bind_error(io::Error::other("no socket bound")))?;
+    let mut slots = count.slots();
+    let mut control_cfg = soft;
+    control_cfg.workers = slots.next().unwrap_or(WorkerSlot::SINGLE);
+    let mut prov = SoftProvider::with_transport(control_cfg, first, offload).map_err(bind_error)?;
+    // The other workers' providers: their sockets of the reuseport group, their QPNs
+    // tagged; no multicast (control carries the interface's datagrams).
+    let others = sockets
+        .zip(slots)
+        .map(|(socket, slot)| {
+            let mut c = soft;
+            c.workers = slot;
+            c.multicast = false;
+            c.qpn_seed = os_seed();
+            Box::new(move || SoftProvider::with_transport(c, socket, offload)) as WorkerOpen<_>
+        })
+        .collect();
     prov.verbs().set_mcast_peers(cfg.peer.clone());
     if cfg.peer.is_empty() && !prov.multicast_active() {
         tracing::warn!(
@@ -235,7 +136,36 @@ pub fn up(cfg: &Config) -> Result<(), DaemonError> {
         link_mtu,
         cfg.cm_transport.unwrap_or(CmTransport::Qp1),
         None,
+        others,
     )
+}
+
+/// What `--workers` above 1 runs with: connected mode; on the software provider our CM over
+/// QP1 or the side channel, on libibverbs any CM transport (the kernel's CM runs every
+/// worker's ids on control's event channel). `up` checks it before anything is set up.
+///
+/// # Errors
+/// [`DaemonError::WorkersNeed`], naming what is missing.
+pub fn check_workers(cfg: &Config) -> Result<(), DaemonError> {
+    if cfg.workers == WorkerCount::ONE {
+        return Ok(());
+    }
+    let needs = |needs| DaemonError::WorkersNeed {
+        workers: cfg.workers,
+        needs,
+    };
+    if cfg.mode != Mode::Connected {
+        return Err(needs(
+            "needs connected mode (datagram mode runs on one worker)",
+        ));
+    }
+    match (cfg.provider, cfg.cm_transport) {
+        (super::ProviderKind::Soft, None | Some(CmTransport::Qp1 | CmTransport::Udp))
+        | (super::ProviderKind::Verbs, _) => Ok(()),
+        (super::ProviderKind::Soft, Some(_)) => Err(needs(
+            "on the software provider needs --cm-transport qp1 or udp",
+        )),
+    }
 }
 
 /// Runs the daemon on libibverbs (`--provider verbs`) until SIGINT or SIGTERM. CM MADs travel
@@ -250,18 +180,37 @@ pub fn up_verbs(cfg: &Config, hw: &crate::hw::HwConfig) -> Result<(), DaemonErro
     let mut hw = hw.clone();
     hw.local_ip = hw.local_ip.or(Some(cfg.bind));
     let mut prov = crate::hw::HwVerbs::open(&hw).map_err(DaemonError::VerbsOpen)?;
-    let (cm_transport, mad): (
-        _,
-        Option<Box<dyn crate::mad::MadTransport<crate::hw::HwVerbs>>>,
-    ) = match cfg.cm_transport {
-        Some(CmTransport::Umad) => (
-            CmTransport::Umad,
-            Some(Box::new(open_umad(cfg, &mut prov)?)),
-        ),
-        Some(t) => (t, None),
-        None => pick_verbs_transport(cfg, &mut prov)?,
-    };
-    run(cfg, prov, link_mtu, cm_transport, mad)
+    let (cm_transport, mad): (_, Option<Box<dyn MadTransport<crate::hw::HwVerbs>>>) =
+        match cfg.cm_transport {
+            Some(CmTransport::Umad) => (
+                CmTransport::Umad,
+                Some(Box::new(open_umad(cfg, &mut prov)?)),
+            ),
+            Some(t) => (t, None),
+            None => pick_verbs_transport(cfg, &mut prov)?,
+        };
+    if cfg.workers != WorkerCount::ONE && prov.sa_port().is_some() {
+        return Err(DaemonError::WorkersNeed {
+            workers: cfg.workers,
+            needs: "runs on RoCE only, for now (an InfiniBand port's paths come from its SA)",
+        });
+    }
+    // The other workers' contexts on the same device and port, each opened in its thread (a
+    // context is the thread's that uses it).
+    let others = cfg
+        .workers
+        .slots()
+        .skip(1)
+        .map(|slot| {
+            let hw = hw.clone();
+            Box::new(move || {
+                let mut v = crate::hw::HwVerbs::open(&hw).map_err(io::Error::other)?;
+                v.set_first_comp_vector(slot.index());
+                Ok(v)
+            }) as WorkerOpen<_>
+        })
+        .collect();
+    run(cfg, prov, link_mtu, cm_transport, mad, others)
 }
 
 /// The CM transport of a verbs daemon with no `--cm-transport`: the kernel's CM where
@@ -277,7 +226,7 @@ fn pick_verbs_transport(
 ) -> Result<
     (
         CmTransport,
-        Option<Box<dyn crate::mad::MadTransport<crate::hw::HwVerbs>>>,
+        Option<Box<dyn MadTransport<crate::hw::HwVerbs>>>,
     ),
     DaemonError,
 > {
@@ -328,12 +277,13 @@ fn open_umad(cfg: &Config, prov: &mut crate::hw::HwVerbs) -> Result<crate::mad::
 /// The event loop over any provider, with the CM transport `mad` the caller opened, else the
 /// one the node opens for `cm_transport`; `link_mtu` is the `--bind` link's MTU, which bounds
 /// the path MTU on RoCE.
-fn run<P: DaemonProvider>(
+fn run<P: DaemonProvider + 'static>(
     cfg: &Config,
     mut prov: P,
     link_mtu: u32,
     cm_transport: CmTransport,
-    mad: Option<Box<dyn crate::mad::MadTransport<P::Verbs>>>,
+    mad: Option<Box<dyn MadTransport<P::Verbs>>>,
+    others: Vec<WorkerOpen<P>>,
 ) -> Result<(), DaemonError> {
     // Checked against the memory limit before (`resources::check`).
     prov.commit_memory();
@@ -358,11 +308,31 @@ fn run<P: DaemonProvider>(
         },
         tun_write_rate: cfg.fault_tun_rate.and_then(std::num::NonZeroU32::new),
     };
-    let mut node = match mad {
-        Some(mad) => {
-            Node::with_transport(Instant::now(), prov, node_cfg, mad, poll.registry(), NODE)?
+    // The workers' wake-up of this loop (none with one worker: no descriptor of its own).
+    let control_wake = (!others.is_empty())
+        .then(|| Wake::new(poll.registry(), WORKERS))
+        .transpose()?;
+    let (mut node, mut workers) = match &control_wake {
+        None => {
+            let node = match mad {
+                Some(mad) => Node::with_transport(
+                    Instant::now(),
+                    prov,
+                    node_cfg,
+                    mad,
+                    poll.registry(),
+                    NODE,
+                )?,
+                None => Node::new(Instant::now(), prov, node_cfg, poll.registry(), NODE)?,
+            };
+            (node, None)
         }
-        None => Node::new(Instant::now(), prov, node_cfg, poll.registry(), NODE)?,
+        Some(wake) => {
+            let (node, workers) = start_workers(
+                cfg, prov, node_cfg, mad, others, link_mtu, &poll, NODE, wake,
+            )?;
+            (node, Some(workers))
+        }
     };
     let sa = attach_sa(&mut node, cfg, &poll)?;
     let mut control =
@@ -392,6 +362,8 @@ fn run<P: DaemonProvider>(
     service.ready(started);
 
     let mut floods = FloodWarnings::default();
+    // `--fault-worker` struck (once).
+    let mut faulted = false;
     let mut events = Events::with_capacity(256);
     let mut last_event = Instant::now();
     loop {
@@ -409,7 +381,8 @@ fn run<P: DaemonProvider>(
         // Busy polling: for `busy_poll` after the last event, look for events without
         // sleeping, so a packet arriving then costs no wakeup.
         let spinning = now < last_event + service.config().busy_poll;
-        let pending = node.has_pending_input();
+        let pending =
+            node.has_pending_input() || workers.as_ref().is_some_and(Workers::has_pending);
         let timeout = if pending || spinning {
             Duration::ZERO
         } else {
@@ -436,6 +409,7 @@ fn run<P: DaemonProvider>(
         for ev in events.iter() {
             match ev.token() {
                 SIGNALS => signalled = true,
+                WORKERS => {}
                 t if node.note_readiness(t) => {}
                 t if underlay.note_readiness(t, now) => {}
                 t if control.note_readiness(t) => {}
@@ -447,22 +421,49 @@ fn run<P: DaemonProvider>(
             }
         }
         node.turn(now)?;
-        control.serve(now, |req| match req {
-            Request::Status { .. } => {
-                Reply::Status(Box::new(status(&node, &path_mtu, &underlay, now, started)))
+        if let (Some(w), Some(wake)) = (&mut workers, &control_wake) {
+            wake.clear();
+            w.turn(now, &mut node);
+            w.check(now)?;
+            if let Some(fault) = cfg
+                .fault_worker
+                .filter(|_| now >= started + WORKER_FAULT_AFTER)
+            {
+                if !faulted {
+                    faulted = true;
+                    w.apply("--fault-worker", || worker_fault(fault));
+                }
             }
+        }
+        let live_before = live_settings(&node);
+        control.serve(now, |req| match req {
+            Request::Status { .. } => Reply::Status(Box::new(status(
+                &node,
+                workers.as_ref(),
+                &path_mtu,
+                &underlay,
+                now,
+                started,
+            ))),
             _ => service.command(&mut node, now, req),
         });
         if let Some(m) = &mut metrics {
             m.handle(now, || {
-                render_prometheus(&status(&node, &path_mtu, &underlay, now, started))
+                render_prometheus(&status(
+                    &node,
+                    workers.as_ref(),
+                    &path_mtu,
+                    &underlay,
+                    now,
+                    started,
+                ))
             });
         }
         if floods.due(now) {
             super::logging::report_suppressed(now);
             warn_floods(
                 &mut floods,
-                &status(&node, &path_mtu, &underlay, now, started),
+                &status(&node, workers.as_ref(), &path_mtu, &underlay, now, started),
                 now,
             );
             log_id_solved_peers(node.provider_mut().take_id_solved_peers());
@@ -483,19 +484,33 @@ fn run<P: DaemonProvider>(
         }
         service.turn(now);
         service.reload_step(&mut node, now);
+        if let Some(w) = &workers {
+            let live = live_settings(&node);
+            if live != live_before {
+                w.apply("the reloaded settings", || {
+                    Box::new(move |n: &mut Node<P>, _| apply_live(n, live))
+                });
+            }
+        }
         if node.take_port_active() {
             // The port is back, perhaps at another MTU (an SM's, or rxe's netdev's).
             let link = underlay.state().mtu().unwrap_or(link_mtu);
-            path_mtu = follow_link_mtu(&mut node, cfg, link, now, &path_mtu);
+            path_mtu = follow_link_mtu(&mut node, workers.as_ref(), cfg, link, now, &path_mtu);
         }
         if let Some(changes) = underlay.turn(now) {
             for change in changes {
                 log_underlay(cfg, underlay.state(), &change);
                 if let UnderlayChange::Mtu { to, .. } = change {
-                    path_mtu = follow_link_mtu(&mut node, cfg, to, now, &path_mtu);
+                    path_mtu =
+                        follow_link_mtu(&mut node, workers.as_ref(), cfg, to, now, &path_mtu);
                 }
             }
             node.check_interface();
+        }
+        if let Some(w) = &mut workers {
+            if node.is_shutting_down() && !w.is_stopping() {
+                w.begin_shutdown();
+            }
         }
         node.flush(now, poll.registry())?;
         if node.provider_mut().take_link_suspect() {
@@ -505,45 +520,34 @@ fn run<P: DaemonProvider>(
         if let Some(why) = node.device_gave_up() {
             let why = why.to_owned();
             super::logging::flush_suppressed(now);
-            log_stop(&status(&node, &path_mtu, &underlay, now, started));
+            log_stop(&status(
+                &node,
+                workers.as_ref(),
+                &path_mtu,
+                &underlay,
+                now,
+                started,
+            ));
             drop(node);
             return Err(DaemonError::DeviceLost(why));
         }
-        if node.should_finish(now) {
+        if node.should_finish(now) && workers.as_ref().is_none_or(Workers::all_ended) {
             node.wind_up(now)?;
             super::logging::flush_suppressed(now);
-            log_stop(&status(&node, &path_mtu, &underlay, now, started));
-            // Dropping the node closes the TUN device, which removes the interface.
+            log_stop(&status(
+                &node,
+                workers.as_ref(),
+                &path_mtu,
+                &underlay,
+                now,
+                started,
+            ));
+            if let Some(w) = workers.take() {
+                w.join()?;
+            }
+            // Dropping the node closes the last TUN queue, which removes the interface.
             drop(node);
             return Ok(());
-        }
-    }
-}
-
-impl From<NodeError> for DaemonError {
-    /// The node's set-up step, named by the flag that configures it.
-    fn from(e: NodeError) -> Self {
-        match e {
-            NodeError::MadBind { addr, source } => Self::MadPort {
-                addr: addr.ip(),
-                port: addr.port(),
-                source,
-            },
-            NodeError::Provider(e) => Self::Endpoint(e),
-            NodeError::RdmaCm { addr, message } => Self::RdmaCm { addr, message },
-            NodeError::Tun(e) => Self::Tun(e),
-            NodeError::InterfaceMtu(e) => Self::InterfaceMtu(e),
-            NodeError::Addr {
-                addr,
-                prefix_len,
-                source,
-            } => Self::Addr {
-                addr: Cidr { addr, prefix_len },
-                source,
-            },
-            NodeError::InterfaceUp(e) => Self::InterfaceUp(e),
-            NodeError::Register(e) => Self::Io(e),
-            NodeError::TransportNeedsCaller(_) => Self::UmadNeedsVerbs,
         }
     }
 }
@@ -600,6 +604,7 @@ fn watch_underlay(cfg: &Config, now: Instant) -> UnderlayWatch {
 /// chosen again as at start, and the node follows a changed one. Returns the new choice.
 fn follow_link_mtu<P: DaemonProvider>(
     node: &mut Node<P>,
+    workers: Option<&Workers<P, WorkerReport>>,
     cfg: &Config,
     link_mtu: u32,
     now: Instant,
@@ -609,6 +614,15 @@ fn follow_link_mtu<P: DaemonProvider>(
     let underlay = node.provider().sa_port().is_none().then_some(link_mtu);
     let port = node.provider_mut().verbs().port_attr();
     let choice = cfg.path_mtu_choice(&port, underlay);
+    if let Some(w) = workers {
+        let mtu = choice.path_mtu;
+        w.apply("the link MTU", || {
+            Box::new(move |n: &mut Node<P>, now| {
+                n.provider_mut().set_link_mtu(link_mtu);
+                n.set_path_mtu(now, mtu);
+            })
+        });
+    }
     if let Some(c) = node.set_path_mtu(now, choice.path_mtu) {
         tracing::info!(
             "path MTU {} -> {} ({choice}): {} tx and {} rx connections set up again",
@@ -753,31 +767,35 @@ fn log_id_solved_peers(peers: Vec<IpAddr>) {
     }
 }
 
-/// The status snapshot served on the control socket.
+/// The status snapshot served on the control socket: control's node and every worker's
+/// last report, summed, with what is per interface.
 fn status<P: DaemonProvider>(
     node: &Node<P>,
+    workers: Option<&Workers<P, WorkerReport>>,
     path_mtu: &PathMtuChoice,
     underlay: &UnderlayWatch,
     now: Instant,
     started: Instant,
 ) -> Status {
-    let ep = node.endpoint();
-    let snap = ep.snapshot(now);
-    let mut status = Status::from_snapshot(node.ifname(), &snap);
-    let prov = node.provider();
-    if let Some(live) = prov.qp_live() {
-        status.counters.qp_live = live;
+    let mut status = part_status(node, now);
+    status.workers = vec![WorkerStatus::of(0, &status, crate::sys::thread::cpu_time())];
+    if let Some(w) = workers {
+        status
+            .provider
+            .insert("rx_foreign_queue_drops".to_owned(), w.foreign_dropped());
     }
-    prov.counters(&mut status.provider);
-    add_counters(&mut status.provider, "cm_", &ep.cm_stats());
-    add_counters(&mut status.provider, "mad_", &node.mad_stats());
-    add_counters(&mut status.provider, "", &node.device_stats());
-    if let Some(sa) = node.sa() {
-        add_counters(&mut status.provider, "sa_", &sa.counters());
-        add_counters(&mut status.provider, "sa_", &sa.stats());
-    }
-    if let Some(k) = node.kcm_stats() {
-        add_counters(&mut status.provider, "rdmacm_", &k);
+    for (slot, report) in workers.map(Workers::reports).unwrap_or_default() {
+        let Some(r) = report else {
+            status.workers.push(WorkerStatus {
+                index: slot.index(),
+                ..WorkerStatus::default()
+            });
+            continue;
+        };
+        status.absorb(&r.status);
+        status
+            .workers
+            .push(WorkerStatus::of(slot.index(), &r.status, r.cpu));
     }
     status.interface.cm_transport = node.cm_transport().as_str().to_owned();
     status.interface.path_mtu = u32::try_from(path_mtu.path_mtu.bytes()).unwrap_or(0);
@@ -788,14 +806,6 @@ fn status<P: DaemonProvider>(
         state: u.condition(),
         mtu: u.mtu().unwrap_or(0),
     });
-    let tun = node.tun_stats();
-    for (k, v) in [
-        ("tun_write_drops", tun.write_drops),
-        ("tun_written", tun.written),
-        ("tun_written_bytes", tun.written_bytes),
-    ] {
-        status.provider.insert(k.to_owned(), v);
-    }
     let uptime_s = now.saturating_duration_since(started).as_secs();
     status.summary = Summary::new(uptime_s, &status.counters, &status.provider);
     status
@@ -804,10 +814,27 @@ fn status<P: DaemonProvider>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::driver::workers::WorkerError;
+    use crate::driver::NodeError;
     use std::net::Ipv4Addr;
 
     fn boom() -> io::Error {
         io::Error::other("boom")
+    }
+
+    #[test]
+    fn a_failed_worker_is_exit_status_1_and_a_worker_count_that_cannot_run_2() {
+        let failed = DaemonError::Worker(WorkerError::Panicked(1));
+        assert_eq!(
+            (failed.exit_code(), failed.to_string().as_str()),
+            (1, "worker 1: panicked")
+        );
+        let refused = DaemonError::WorkersNeed {
+            workers: WorkerCount::new(2).unwrap(),
+            needs: "needs connected mode",
+        };
+        assert_eq!(refused.exit_code(), 2);
+        assert_eq!(refused.to_string(), "--workers 2: needs connected mode");
     }
 
     #[test]

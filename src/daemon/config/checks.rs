@@ -16,6 +16,7 @@ use crate::setting::{
     Origin,
 };
 use crate::soft::Quirks;
+use crate::wire::{BadWorkerCount, WorkerCount};
 
 /// The interface name, checked as Linux takes it; [`DEFAULT_IFNAME`] when not given.
 pub(super) fn ifname(given: Option<&Given<String>>) -> Result<String, ConfigError> {
@@ -197,4 +198,13 @@ pub(super) fn srq_depth(given: Option<&Given<i64>>, default: u32) -> Result<u32,
                 format!("must be a power of two from {MIN_SRQ_DEPTH} to {MAX_SRQ_DEPTH} (got {n})"),
             )
         })
+}
+
+/// The worker count: a power of two from 1 to 64; 1 when not given.
+pub(super) fn workers(given: Option<&Given<i64>>) -> Result<WorkerCount, ConfigError> {
+    let Some(n) = parse("workers", given)? else {
+        return Ok(WorkerCount::ONE);
+    };
+    let n = u32::try_from(n).unwrap_or(0);
+    WorkerCount::new(n).map_err(|e: BadWorkerCount| origin_of(given).err("workers", e.to_string()))
 }

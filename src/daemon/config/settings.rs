@@ -17,9 +17,10 @@ use super::checks;
 use super::declare::settings;
 use super::rules::{duration, int, list, switch, value, Computed, RuleExt};
 use super::types::{
-    endpoint_defaults, Cidr, ProviderKind, Quirk, DEFAULT_UDP_PORT, MAX_BUSY_POLL, MAX_MAX_CONN_QP,
-    MAX_MAX_PENDING_RX, MAX_NEIGH_MAX, MAX_PEERS, MAX_RX_SPARE, MAX_STATIC_NEIGHBOURS,
-    MAX_TUN_RATE, MAX_TX_QUEUE_LEN, MIN_NEIGH_TIMEOUT, MIN_RX_TIMEOUT, QP_TIMEOUT_RANGE,
+    endpoint_defaults, Cidr, ProviderKind, Quirk, WorkerFault, DEFAULT_UDP_PORT, MAX_BUSY_POLL,
+    MAX_MAX_CONN_QP, MAX_MAX_PENDING_RX, MAX_NEIGH_MAX, MAX_PEERS, MAX_RX_SPARE,
+    MAX_STATIC_NEIGHBOURS, MAX_TUN_RATE, MAX_TX_QUEUE_LEN, MIN_NEIGH_TIMEOUT, MIN_RX_TIMEOUT,
+    QP_TIMEOUT_RANGE,
 };
 use crate::daemon::logging::LogFormat;
 use crate::ipoib::{Mode, QpBudgetPolicy, SourceCheck};
@@ -28,6 +29,7 @@ use crate::setting::{fault_flags_of, with_fault_fields, Given, Shown, TEST_HELP_
 use crate::soft::{FaultConfig, Quirks};
 use crate::verbs::{PKey, PathMtu};
 use crate::wire::ipoib::HwAddr;
+use crate::wire::WorkerCount;
 
 /// The sections of the example config.
 const INTERFACE: &str = "The interface";
@@ -263,6 +265,15 @@ with_fault_fields!(settings! {
             d.tx_stall_timeout,
             qp_timeout,
         )),
+    /// Threads that carry the interface, each with its own TUN queue, provider socket or
+    /// device context, connections and reaper: a power of two from 1 to 64. A flow stays on
+    /// one; a peer of ours gets a connection from each, any other peer one. Needs connected
+    /// mode; on the software provider cm_transport qp1 or udp; not on an InfiniBand port.
+    /// Fixed at start. The default stays 1 until a measurement on many cores shows what more
+    /// buy (docs/benchmarks.md) [default: 1].
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub workers: Option<Given<i64>> [Shown::example("1").section(OPERATION)]
+        => workers: WorkerCount = Computed(checks::workers(s.workers.as_ref())),
     /// After each event keep looking for the next one this long instead of sleeping, e.g.
     /// 200us, at most 10ms: no process wakeup for a packet that arrives meanwhile, at the
     /// cost of a CPU busy while traffic flows [default: 0s, off].
@@ -377,6 +388,12 @@ with_fault_fields!(settings! {
     #[arg(long, value_name = "PPS", allow_negative_numbers = true, help_heading = TEST_HELP_HEADING)]
     pub fault_tun_rate: Option<Given<i64>> [Shown::example("1000")]
         => fault_tun_rate: Option<u32> = int(1..=MAX_TUN_RATE),
+    /// With --workers above 1: 2 s after start every worker but the first panics (panic)
+    /// or stops turning (stall), to test that the daemon then ends with exit 1 [default:
+    /// no fault].
+    #[arg(long, value_name = "FAULT", help_heading = TEST_HELP_HEADING)]
+    pub fault_worker: Option<Given<WorkerFault>> [Shown::example("\"panic\"")]
+        => fault_worker: Option<WorkerFault> = value(),
 });
 
 /// The configuration file and the command line a [`Config`] was resolved from: a reload

@@ -187,7 +187,39 @@ impl Quirk {
     }
 }
 
+/// A fault of worker threads (`--fault-worker`), for the tests of what the daemon does when
+/// one fails: [`WORKER_FAULT_AFTER`] after start, every worker but control panics or stops
+/// turning (for [`WORKER_STALL`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerFault {
+    /// `panic`: the workers' threads panic.
+    Panic,
+    /// `stall`: the workers' threads stop turning.
+    Stall,
+}
+
+/// How long after start a [`WorkerFault`] strikes.
+pub const WORKER_FAULT_AFTER: Duration = Duration::from_secs(2);
+
+/// How long a [`WorkerFault::Stall`] holds a worker (longer than the stall limit, after which
+/// the daemon ends anyway).
+pub const WORKER_STALL: Duration = Duration::from_secs(60);
+
+impl FromStr for WorkerFault {
+    type Err = InvalidValue;
+    fn from_str(s: &str) -> Result<Self, InvalidValue> {
+        match s {
+            "panic" => Ok(Self::Panic),
+            "stall" => Ok(Self::Stall),
+            _ => Err(InvalidValue::new(format!(
+                "unknown worker fault {s:?} (known: panic, stall)"
+            ))),
+        }
+    }
+}
+
 text_setting!(
+    WorkerFault,
     Cidr,
     Mode,
     QpBudgetPolicy,

@@ -26,6 +26,7 @@ fn status() -> Status {
         rx: vec![],
         counters: Counters::default(),
         provider: Default::default(),
+        workers: Vec::new(),
     }
 }
 

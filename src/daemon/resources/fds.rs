@@ -48,7 +48,13 @@ pub struct FdNeed {
     /// The systemd notification socket (`$NOTIFY_SOCKET`), and the two a step may open and
     /// close again.
     pub other: usize,
+    /// The other workers' (`--workers`): each one's provider (socket, or device context), its
+    /// loop's poll and wake-up and its TUN queue; and control's wake-up.
+    pub workers: usize,
 }
+
+/// A worker's loop beside its provider: its poll, its wake-up and its TUN queue.
+const WORKER_LOOP: usize = 3;
 
 impl FdNeed {
     /// What `cfg` needs beside the `open` descriptors; `notify`: `$NOTIFY_SOCKET` is set.
@@ -74,6 +80,14 @@ impl FdNeed {
                 0
             },
             other: usize::from(notify) + TRANSIENT,
+            workers: {
+                let others = usize::from(cfg.workers.get()) - 1;
+                let worker_provider = match cfg.provider {
+                    ProviderKind::Soft => SoftProvider::descriptors(false, 0),
+                    ProviderKind::Verbs => VERBS_DEVICE,
+                };
+                others * (worker_provider + WORKER_LOOP) + usize::from(others > 0)
+            },
         }
     }
 
@@ -86,6 +100,7 @@ impl FdNeed {
             + self.control
             + self.metrics
             + self.other
+            + self.workers
     }
 
     /// The parts, for the log and the error.
@@ -109,6 +124,9 @@ impl FdNeed {
                 self.metrics,
                 metrics::MAX_CLIENTS
             ));
+        }
+        if self.workers > 0 {
+            parts.push(format!("{} other workers", self.workers));
         }
         parts.push(format!("{} other", self.other));
         parts.join(", ")
@@ -146,6 +164,21 @@ mod tests {
             need.breakdown(),
             "3 open at start, 3 provider, 5 event loop and TUN, 67 control socket with 64 \
              clients, 2 other"
+        );
+    }
+
+    /// Every other worker has its socket, poll, wake-up and TUN queue; control its wake-up.
+    #[test]
+    fn each_worker_adds_its_socket_loop_and_queue() {
+        let one = FdNeed::of(&config(""), 3, false);
+        let four = FdNeed::of(&config("workers = 4\n"), 3, false);
+        assert_eq!(one.workers, 0);
+        assert_eq!(four.workers, 3 * (1 + WORKER_LOOP) + 1);
+        assert_eq!(four.total(), one.total() + 13);
+        assert!(
+            four.breakdown().contains("13 other workers"),
+            "{}",
+            four.breakdown()
         );
     }
 

@@ -31,6 +31,8 @@ pub struct MemoryNeed {
     pub reorder_hold: usize,
     /// [`REST_OF_PROCESS`].
     pub rest: usize,
+    /// Workers (`--workers`): each has its own pools, datagram buffers and reorder hold.
+    pub workers: usize,
 }
 
 impl MemoryNeed {
@@ -68,18 +70,15 @@ impl MemoryNeed {
             provider_io,
             reorder_hold,
             rest: REST_OF_PROCESS,
+            workers: usize::from(cfg.workers.get()),
         }
     }
 
     /// All of it.
     pub fn total(&self) -> usize {
-        self.pools.rx
-            + self.pools.tx
-            + self.pools.ud
-            + self.cm
-            + self.provider_io
-            + self.reorder_hold
-            + self.rest
+        let per_worker =
+            self.pools.rx + self.pools.tx + self.pools.ud + self.provider_io + self.reorder_hold;
+        per_worker * self.workers.max(1) + self.cm + self.rest
     }
 
     /// The parts, for the log and the error: `receive pool 32.0 MiB (srq_depth 256 + rx_spare
@@ -103,9 +102,6 @@ impl MemoryNeed {
             format!("send pool {}", mib(self.pools.tx)),
             format!("UD {}", mib(self.pools.ud)),
         ];
-        if self.cm > 0 {
-            parts.push(format!("CM {}", mib(self.cm)));
-        }
         if self.provider_io > 0 {
             parts.push(format!("UDP batches {}", mib(self.provider_io)));
         }
@@ -116,7 +112,22 @@ impl MemoryNeed {
                 cfg.reorder_hold
             ));
         }
-        parts.push(format!("the rest {}", mib(self.rest)));
+        let cm = (self.cm > 0).then(|| format!("CM {}", mib(self.cm)));
+        let rest = format!("the rest {}", mib(self.rest));
+        if self.workers > 1 {
+            // Every worker's part, then what the interface has once.
+            let once = cm.into_iter().chain([rest]).collect::<Vec<_>>().join(", ");
+            return format!(
+                "{} workers each: {}, {once}",
+                self.workers,
+                parts.join(", ")
+            );
+        }
+        // One worker: the CM's QP1 pool beside the UD QP's.
+        if let Some(cm) = cm {
+            parts.insert(3, cm);
+        }
+        parts.push(rest);
         parts.join(", ")
     }
 
@@ -191,6 +202,23 @@ mod tests {
         let rxe_like = config("reorder_hold = 0\n");
         assert_eq!(MemoryNeed::of(&rxe_like).reorder_hold, 0);
         assert!(!MemoryNeed::shrink_hint(&rxe_like).contains("reorder"));
+    }
+
+    /// Each worker has its own pools, datagram buffers and reorder hold; the CM's QP1 and the
+    /// rest of the process are the interface's, once.
+    #[test]
+    fn four_workers_need_four_times_the_buffers() {
+        let one = MemoryNeed::of(&config(""));
+        let four = MemoryNeed::of(&config("workers = 4\n"));
+        let per_worker = one.total() - one.cm - one.rest;
+        assert_eq!(four.total(), 4 * per_worker + one.cm + one.rest);
+        assert_eq!(four.total() >> 20, 4 * 54 + 10);
+        assert_eq!(
+            four.breakdown(&config("workers = 4\n")),
+            "4 workers each: receive pool 32.0 MiB (srq_depth 256 + rx_spare 256 buffers of 64 \
+             KiB), send pool 8.0 MiB, UD 2.0 MiB, UDP batches 8.0 MiB, reorder hold 4.1 MiB \
+             (reorder_hold 1024 packets), CM 0.4 MiB, the rest 10.0 MiB"
+        );
     }
 
     #[test]

@@ -45,6 +45,51 @@ pub struct Status {
     /// Soft-provider counters by name (free-form, may grow).
     #[serde(default)]
     pub provider: BTreeMap<String, u64>,
+    /// The threads that carry the interface (`--workers`), by index: what each carried (the
+    /// totals above are their sums). Empty in a status from a daemon before workers.
+    #[serde(default)]
+    pub workers: Vec<WorkerStatus>,
+}
+
+/// One worker: a thread with its TUN queue, provider, connections and reaper.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WorkerStatus {
+    /// Its index (0: the control side's, which also carries the interface's ARP, ND,
+    /// multicast and datagrams).
+    pub index: u8,
+    /// IP packets it wrote to its TUN queue.
+    pub rx_packets: u64,
+    /// Their bytes.
+    pub rx_bytes: u64,
+    /// IP packets it sent.
+    pub tx_packets: u64,
+    /// Their bytes.
+    pub tx_bytes: u64,
+    /// Its RX connections now.
+    pub rx_conns: u64,
+    /// Its TX connections now.
+    pub tx_conns: u64,
+    /// CPU time its thread has used, in seconds.
+    pub cpu_seconds: f64,
+}
+
+impl WorkerStatus {
+    /// Worker `index`'s line from its own status (`part`, made as the interface's is) and its
+    /// thread's CPU time.
+    pub fn of(index: u8, part: &Status, cpu: std::time::Duration) -> Self {
+        let t = &part.summary.totals;
+        Self {
+            index,
+            rx_packets: t.rx_packets,
+            rx_bytes: t.rx_bytes,
+            tx_packets: t.tx_packets,
+            tx_bytes: t.tx_bytes,
+            rx_conns: part.rx.len() as u64,
+            tx_conns: part.tx.len() as u64,
+            cpu_seconds: cpu.as_secs_f64(),
+        }
+    }
 }
 
 /// The interface line.
@@ -220,6 +265,29 @@ pub struct Counters {
 }
 
 impl Counters {
+    /// The counters from [`Counters::fields`]' list (names are ignored: the order is the
+    /// schema's).
+    fn from_fields(f: &[(&'static str, u64); 15]) -> Self {
+        let v = |i: usize| f.get(i).map_or(0, |(_, v)| *v);
+        Self {
+            qp_live: v(0),
+            qp_created: v(1),
+            qp_destroyed: v(2),
+            rx_accepted: v(3),
+            rx_stale_reaped: v(4),
+            rx_dreq_reaped: v(5),
+            rx_evicted: v(6),
+            drain_timeouts: v(7),
+            last_wqe_events: v(8),
+            tx_established: v(9),
+            tx_failed: v(10),
+            tx_stalled: v(11),
+            tx_queue_drops: v(12),
+            icmp_too_big_sent: v(13),
+            rx_bad_packets: v(14),
+        }
+    }
+
     /// `(name, value)` in schema order, for rendering.
     pub fn fields(&self) -> [(&'static str, u64); 15] {
         [
@@ -308,6 +376,23 @@ impl Status {
                 .collect(),
             counters: Counters::from(c),
             provider,
+            workers: Vec::new(),
+        }
+    }
+
+    /// Adds another worker's status (made as this one, from its endpoint and provider) to
+    /// this one: its connections to the lists, its counters to the counters. The summary is
+    /// the caller's to make again.
+    pub fn absorb(&mut self, other: &Self) {
+        self.tx.extend(other.tx.iter().cloned());
+        self.rx.extend(other.rx.iter().cloned());
+        let mut sum = self.counters.fields();
+        for ((_, v), (_, o)) in sum.iter_mut().zip(other.counters.fields()) {
+            *v += o;
+        }
+        self.counters = Counters::from_fields(&sum);
+        for (k, v) in &other.provider {
+            *self.provider.entry(k.clone()).or_default() += v;
         }
     }
 }
@@ -510,6 +595,16 @@ pub fn render_text(status: &Status, shown: Shown) -> String {
         "  TX: packets {} bytes {} dropped {} errors {}",
         t.tx_packets, t.tx_bytes, t.tx_dropped, t.tx_errors
     );
+    if status.workers.len() > 1 {
+        for w in &status.workers {
+            let _ = writeln!(
+                out,
+                "  worker {}: rx {} packets {} bytes, tx {} packets {} bytes, rx_conns {}, tx_conns {}, cpu {:.2}s",
+                w.index, w.rx_packets, w.rx_bytes, w.tx_packets, w.tx_bytes, w.rx_conns,
+                w.tx_conns, w.cpu_seconds
+            );
+        }
+    }
     for (dir, reasons) in [("RX", &m.drops.rx), ("TX", &m.drops.tx)] {
         let mut why = reasons.iter().filter(|(_, &v)| v != 0).peekable();
         if why.peek().is_some() {

@@ -242,6 +242,65 @@ fn families(status: &Status) -> Vec<Family<'_>> {
             samples: vec![(String::new(), *v)],
         });
     }
+    if !status.workers.is_empty() {
+        type Field = fn(&super::WorkerStatus) -> u64;
+        let per_worker: [(&str, &'static str, &'static str, Field); 7] = [
+            (
+                "ipoib_cm_worker_rx_packets_total",
+                "IP packets a worker wrote to its TUN queue.",
+                "counter",
+                |w| w.rx_packets,
+            ),
+            (
+                "ipoib_cm_worker_rx_bytes_total",
+                "Bytes of those packets.",
+                "counter",
+                |w| w.rx_bytes,
+            ),
+            (
+                "ipoib_cm_worker_tx_packets_total",
+                "IP packets a worker sent.",
+                "counter",
+                |w| w.tx_packets,
+            ),
+            (
+                "ipoib_cm_worker_tx_bytes_total",
+                "Bytes of those packets.",
+                "counter",
+                |w| w.tx_bytes,
+            ),
+            (
+                "ipoib_cm_worker_rx_connections",
+                "A worker's RX connections.",
+                "gauge",
+                |w| w.rx_conns,
+            ),
+            (
+                "ipoib_cm_worker_tx_connections",
+                "A worker's TX connections.",
+                "gauge",
+                |w| w.tx_conns,
+            ),
+            (
+                "ipoib_cm_worker_cpu_milliseconds_total",
+                "CPU time a worker's thread has used, in milliseconds.",
+                "counter",
+                |w| (w.cpu_seconds * 1000.0) as u64,
+            ),
+        ];
+        for (name, help, kind, field) in per_worker {
+            families.push(Family {
+                name: name.into(),
+                help,
+                kind,
+                samples: status
+                    .workers
+                    .iter()
+                    .map(|w| (format!("worker=\"{}\"", w.index), field(w)))
+                    .collect(),
+            });
+        }
+    }
     for f in &mut families {
         for (labels, _) in &mut f.samples {
             *labels = if labels.is_empty() {
@@ -350,6 +409,7 @@ mod tests {
             rx: Vec::new(),
             counters,
             provider,
+            workers: Vec::new(),
         }
     }
 

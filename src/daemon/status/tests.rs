@@ -73,6 +73,16 @@ fn sample() -> Status {
         ],
         counters,
         provider,
+        workers: vec![WorkerStatus {
+            index: 0,
+            rx_packets: 10,
+            rx_bytes: 1000,
+            tx_packets: 12,
+            tx_bytes: 1200,
+            rx_conns: 1,
+            tx_conns: 1,
+            cpu_seconds: 0.5,
+        }],
     }
 }
 
@@ -107,6 +117,22 @@ fn json_keys_are_the_schema() {
             "tx_packets",
             "uptime_s",
             "version",
+            "workers",
+        ]
+    );
+    let mut k = keys(&v["workers"][0]);
+    k.sort_unstable();
+    assert_eq!(
+        k,
+        [
+            "cpu_seconds",
+            "index",
+            "rx_bytes",
+            "rx_conns",
+            "rx_packets",
+            "tx_bytes",
+            "tx_conns",
+            "tx_packets",
         ]
     );
     let mut k = keys(&v["drops"]);
