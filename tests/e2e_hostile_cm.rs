@@ -107,8 +107,20 @@ fn provider(status: &serde_json::Value, name: &str) -> u64 {
 
 #[test]
 fn forged_req_flood_costs_no_qp_budget() {
+    forged_req_flood_costs_no_qp_budget_with("e2ehc", "1");
+}
+
+/// The same with 2 workers on every node: the flood's REQs (their QPNs' low bits) reach both
+/// of node 1's workers, whose half-open limit is one for the interface.
+#[test]
+fn forged_req_flood_costs_no_qp_budget_with_2_workers() {
+    forged_req_flood_costs_no_qp_budget_with("e2ehw", "2");
+}
+
+fn forged_req_flood_costs_no_qp_budget_with(prefix: &str, workers: &str) {
     // The half-open cap the bound below is written for (the default is larger).
-    let Some(lab) = Lab::up("e2ehc", 3, &["--reject", "--max-pending-rx", "16"]) else {
+    let args = ["--reject", "--max-pending-rx", "16", "--workers", workers];
+    let Some(lab) = Lab::up(prefix, 3, &args) else {
         return;
     };
     assert!(lab.sh(&["stop", "3"]).status.success());
@@ -140,7 +152,7 @@ fn forged_req_flood_costs_no_qp_budget() {
         .max()
         .unwrap_or(0);
     println!(
-        "flood: {} | first reply {first:?} s, after restart {again:?} s | node 1 during: \
+        "flood (workers {workers}): {} | first reply {first:?} s, after restart {again:?} s | node 1 during: \
          qp_live {qp_live} rx {} | after: rx_rejected {} rx_half_open_evicted {} \
          cm_rej_sent {} cm_req_rate_limited {} qp_live {}",
         text.lines().find(|l| l.starts_with("sent")).unwrap_or("?"),
@@ -164,6 +176,18 @@ fn forged_req_flood_costs_no_qp_budget() {
     );
     // UD, QP1, at most 2 RC per direction with node 2, 16 half-open, some being torn down.
     assert!(qp_live <= 48, "node 1 holds {qp_live} QPs during the flood");
+    // The half-open limit is the interface's, not each worker's: at most 16 of the live RX
+    // connections are the flood's, the rest node 2's (two per worker at most, a restart's).
+    let per_worker: usize = workers.parse().expect("workers");
+    let live = during["rx"]
+        .as_array()
+        .map_or(0, |r| r.iter().filter(|c| c["state"] == "live").count());
+    // One more half-open per other worker: a worker that holds none takes its REQ.
+    assert!(
+        live <= 16 + (per_worker - 1) + 2 * per_worker,
+        "{live} live RX connections during the flood: {}",
+        during["rx"]
+    );
     assert!(provider(&after, "rx_half_open_evicted") > 0);
 }
 

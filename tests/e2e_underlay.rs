@@ -85,7 +85,18 @@ fn underlay(lab: &Lab, k: usize) -> serde_json::Value {
 /// MTU came back, and a refused GSO train turned GSO off for good.)
 #[test]
 fn an_underlay_mtu_lowered_under_a_tcp_stream_is_followed() {
-    let Some(lab) = Lab::up("e2eum", 2, &[]) else {
+    an_underlay_mtu_lowered_under_a_tcp_stream_is_followed_with("e2eum", 1);
+}
+
+/// The same with 2 workers on both nodes: every worker follows the link (the provider
+/// figures are summed over the workers).
+#[test]
+fn an_underlay_mtu_lowered_under_a_tcp_stream_is_followed_with_2_workers() {
+    an_underlay_mtu_lowered_under_a_tcp_stream_is_followed_with("e2euw", 2);
+}
+
+fn an_underlay_mtu_lowered_under_a_tcp_stream_is_followed_with(prefix: &str, workers: u64) {
+    let Some(lab) = Lab::up(prefix, 2, &["--workers", &workers.to_string()]) else {
         return;
     };
     lab.ping_ok(1, "198.19.0.2", &[]);
@@ -112,7 +123,10 @@ fn an_underlay_mtu_lowered_under_a_tcp_stream_is_followed() {
             )
         })
         .collect();
-    println!("underlay mtu 9000 -> 1500 at 3.5 s; Mbit/s per second: {per_second:?}");
+    println!(
+        "underlay mtu 9000 -> 1500 at 3.5 s, workers {workers}; Mbit/s per second: \
+         {per_second:?}"
+    );
     let after: Vec<f64> = per_second
         .iter()
         .filter(|(start, _)| *start >= 5.5 - 1e-6)
@@ -144,13 +158,15 @@ fn an_underlay_mtu_lowered_under_a_tcp_stream_is_followed() {
     for k in 1..=2 {
         let st = lab.status(k);
         assert_eq!(st["interface"]["path_mtu"], 4096, "{}", st["interface"]);
+        // Flags and counts of the providers, summed over the workers: each has GSO back on
+        // and saw both changes.
         assert_eq!(
             provider_of(&st, "udp_gso"),
-            1,
+            workers,
             "GSO back on: {}",
             st["provider"]
         );
-        assert_eq!(provider_of(&st, "path_mtu_changes"), 2);
+        assert_eq!(provider_of(&st, "path_mtu_changes"), 2 * workers);
         let w = warnings(&lab, k);
         println!(
             "node {k}: {} warning lines, send_errors {} send_too_big {}",
