@@ -26,6 +26,15 @@
 #            pair like the other two paths (no bridge), underlay
 #            MTU 9000 (RoCE path MTU 4096); then again with underlay MTU 1500 (prefix bnu);
 #            then with --busy-poll 5ms (prefix bnb; ping and TCP 1 stream only)
+#   tunnel2w the tunnel (MTU 9000) with --workers 2 on both nodes (prefix bnw), right after the
+#            1-worker one; then iperf3 UDP, 4 streams of 1,400-byte datagrams at 100 Mbit/s
+#            each for T s, whose out-of-order count (the receiving iperf3's) should be 0
+#
+# Counts (both tunnel paths, over the TCP single-stream runs): syscalls and context switches of
+# both daemons per GB (perf stat -e raw_syscalls:sys_enter,context-switches -p PIDS, as
+# scripts/bench/poll.sh counts them; the tracepoint costs the daemons a little, the same for
+# both). Around the 4-stream run: both nodes' `status --json`, whose per-worker packet counts
+# show whether the streams spread over the workers. Pings lost: sent minus answered.
 #
 # CPU per GB: utime+stime of the tunnel processes (/proc/PID/stat, both ends) over the TCP
 # single-stream runs, divided by the GB iperf3 received in them. Null for veth (no tunnel process).
@@ -59,6 +68,7 @@ for p in openvpn python3 jq; do
     [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" = 'install ok installed' ] \
         || command -v "$p" >/dev/null 2>&1 || extra+=("$p")
 done
+command -v perf >/dev/null 2>&1 || extra+=(linux-perf)
 if [ ${#extra[@]} -gt 0 ]; then
     echo "[bench] installing: ${extra[*]}"
     setup_apt_install "${extra[@]}"
@@ -81,27 +91,20 @@ cleanup() {
     local p
     for p in "${OVPN_PIDS[@]}" "${RELAY_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     [ -n "${IPERF_PID:-}" ] && kill "$IPERF_PID" 2>/dev/null || true
+    if [ -n "${PERF_PID:-}" ]; then kill -INT "$PERF_PID" 2>/dev/null || true; fi
     LAB_PREFIX=bnt bash scripts/lab.sh down >/dev/null 2>&1 || true
     LAB_PREFIX=bnu bash scripts/lab.sh down >/dev/null 2>&1 || true
     LAB_PREFIX=bnb bash scripts/lab.sh down >/dev/null 2>&1 || true
+    LAB_PREFIX=bnw bash scripts/lab.sh down >/dev/null 2>&1 || true
     ip netns del bnv1 2>/dev/null || true
     ip netns del bnv2 2>/dev/null || true
 }
 trap 'cleanup; rm -rf "$OUT"' EXIT
 cleanup
 
-# Whole-machine busy jiffies (all CPUs): everything but idle and iowait.
-busy_jiffies() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9}' /proc/stat; }
-softirq_jiffies() { awk '/^cpu /{print $8}' /proc/stat; }
-# utime+stime jiffies of the given pids, summed.
-proc_jiffies() {
-    local p t=0 f
-    for p in "$@"; do
-        f=$(cut -d')' -f2- "/proc/$p/stat" 2>/dev/null) || continue
-        t=$((t + $(echo "$f" | awk '{print $12 + $13}')))
-    done
-    echo "$t"
-}
+# busy_jiffies, softirq_jiffies, proc_jiffies, count_start/count_stop, lab_status.
+# shellcheck source=scripts/bench/lib.sh
+source scripts/bench/lib.sh
 
 # child_pids NAME PIDS...: timeout(1) forks the program it runs; the pid of each PID's child
 # called NAME (PID itself if there is none), so that the program's own CPU is measured.
@@ -114,7 +117,9 @@ child_pids() {
     done
 }
 
-# measure NAME CLIENT_NS SERVER_NS DST [TUNNEL PIDS...]: writes $OUT/NAME.*.
+# measure NAME CLIENT_NS SERVER_NS DST [TUNNEL PIDS...]: writes $OUT/NAME.*. With LAB set (the
+# lab prefix of a tunnel path) it also counts the daemons' syscalls and context switches over
+# the single-stream runs and takes both nodes' status around the 4-stream run.
 measure() {
     local name=$1 cns=$2 sns=$3 dst=$4
     shift 4
@@ -132,6 +137,7 @@ measure() {
     sleep 0.5
 
     section "$name: iperf3 TCP, 1 stream, $TCP_RUNS x ${T} s (the median counts)"
+    [ -n "${LAB:-}" ] && count_start "$OUT/$name.counts.txt" "${pids[@]}"
     j0=$(proc_jiffies "${pids[@]}"); b0=$(busy_jiffies); s0=$(softirq_jiffies)
     for ((run = 1; run <= TCP_RUNS; run++)); do
         ip netns exec "$cns" timeout $((T + 20)) iperf3 -c "$dst" -p 5201 -t "$T" -J \
@@ -139,13 +145,16 @@ measure() {
         jq -r '.end.sum_received.bits_per_second / 1e9 | "  \(.) Gbit/s"' "$OUT/$name.tcp.$run.json" || true
     done
     j1=$(proc_jiffies "${pids[@]}"); b1=$(busy_jiffies); s1=$(softirq_jiffies)
+    [ -n "${LAB:-}" ] && count_stop
     echo "{\"hz\": $hz, \"proc\": $((j1 - j0)), \"busy\": $((b1 - b0)), \"softirq\": $((s1 - s0)), \"procs\": ${#pids[@]}}" \
         > "$OUT/$name.cpu.json"
 
     if [ "${LATENCY_ONLY:-0}" -eq 0 ]; then
         section "$name: iperf3 TCP, 4 streams, ${T} s"
+        [ -n "${LAB:-}" ] && lab_status "$LAB" "$OUT/$name.tcp4.before"
         ip netns exec "$cns" timeout $((T + 20)) iperf3 -c "$dst" -p 5201 -t "$T" -P 4 -J \
             > "$OUT/$name.tcp4.json" || true
+        [ -n "${LAB:-}" ] && lab_status "$LAB" "$OUT/$name.tcp4.after"
         jq -r '.end.sum_received.bits_per_second / 1e9 | "  \(.) Gbit/s"' "$OUT/$name.tcp4.json" || true
 
         section "$name: iperf3 UDP, 64-byte datagrams, unlimited rate, $UDP_RUNS x ${T} s (the median counts)"
@@ -165,6 +174,23 @@ measure() {
 
 # measure_latency NAME CLIENT_NS SERVER_NS DST [PIDS...]: measure's ping and TCP 1-stream parts.
 measure_latency() { LATENCY_ONLY=1 measure "$@"; }
+
+# measure_workers NAME CLIENT_NS SERVER_NS DST [PIDS...]: measure, then iperf3 UDP in 4 streams
+# (1,400-byte datagrams, 100 Mbit/s each, T s); the receiving iperf3's JSON (out of order and
+# lost, per stream) goes to $OUT/NAME.udpooo.json.
+measure_workers() {
+    measure "$@"
+    local name=$1 cns=$2 sns=$3 dst=$4 sp
+    section "$name: iperf3 UDP, 4 streams of 1,400 B at 100 Mbit/s each, ${T} s (out of order?)"
+    ip netns exec "$sns" timeout $((T + 30)) iperf3 -s -p 5202 -1 -J > "$OUT/$name.udpooo.json" 2>&1 &
+    sp=$!
+    sleep 0.5
+    ip netns exec "$cns" timeout $((T + 20)) iperf3 -c "$dst" -p 5202 -t "$T" -u -l 1400 -b 100M -P 4 \
+        > /dev/null 2>&1 || true
+    wait "$sp" 2>/dev/null || true
+    jq -r '[.end.streams[].udp] | "  \(map(.out_of_order // 0) | add) out of order, \(map(.lost_packets) | add) lost of \(map(.packets) | add)"' \
+        "$OUT/$name.udpooo.json" || true
+}
 
 # ---- veth ----------------------------------------------------------------------------------
 section "veth: namespaces bnv1/bnv2, MTU 9000"
@@ -251,11 +277,14 @@ tunnel() {
     section "$name: ipoib-cm lab of 2, underlay MTU $mtu${*:+, $*}"
     LAB_PREFIX=$prefix LAB_MTU=$mtu LAB_LINK=pair bash scripts/lab.sh up 2 -- "$@"
     local st=/run/ipoib-cm-$prefix
-    "$what" "$name" "${prefix}1" "${prefix}2" 198.19.0.2 "$(cat "$st/node1.pid")" "$(cat "$st/node2.pid")"
+    LAB=$prefix "$what" "$name" "${prefix}1" "${prefix}2" 198.19.0.2 "$(cat "$st/node1.pid")" "$(cat "$st/node2.pid")"
     LAB_PREFIX=$prefix bash scripts/lab.sh status 1 > "$OUT/$name.status.json" || true
+    LAB_PREFIX=$prefix bash scripts/lab.sh status 2 > "$OUT/$name.status2.json" || true
     LAB_PREFIX=$prefix bash scripts/lab.sh down
 }
 tunnel tunnel bnt 9000 measure
+# The same with two workers a node (multi-queue TUN, steered sockets), right after it.
+tunnel tunnel2w bnw 9000 measure_workers --workers 2
 tunnel tunnel1500 bnu 1500 measure
 # Latency with busy polling (the daemons spin between events instead of sleeping: no process
 # wakeup per packet, at the cost of busy CPUs): ping and a TCP stream only.

@@ -4,7 +4,7 @@
 #
 #   sudo scripts/rxe-interop.sh [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong]
 #                               [hw-pingpong] [daemon] [daemon-umad] [rdmacm] [softcm] [kcm-pair]
-#                               [ud-mtu] [cm-mtu]
+#                               [ud-mtu] [cm-mtu] [hw-check]
 #
 # Checks (all by default):
 #   conformance  (a) the provider conformance suite (src/verbs/conformance/) over the
@@ -18,7 +18,8 @@
 #   hw-pingpong  (d') the same with `ipoib-cm rc-pingpong --provider verbs` (HwVerbs) on rxe0
 #                instead of ibv_rc_pingpong: our two providers talking over a real wire;
 #   daemon       (e) `ipoib-cm up --provider verbs --cm-transport $DAEMON_CM` on rxe0 in the
-#                guest <-> `ipoib-cm up` on the soft provider in the host netns; DAEMON_CM=udp
+#                guest <-> `ipoib-cm up` on the soft provider in the host netns, both with
+#                --workers 2 (RESULT daemon_*_workers); DAEMON_CM=udp
 #                (default): CM MADs over the UDP side channel, port 4792, both sides;
 #                DAEMON_CM=rdmacm: the guest on the kernel's CM, the host on our CM over QP1
 #                (RESULT daemon_rdmacm_*; needs branch cmservice on the host side); no static
@@ -35,7 +36,9 @@
 #                daemon's --cm-transport: rdmacm (the kernel's CM, listening on the rdma_cm port,
 #                hwaddr flag 0x20) against the host's own CM over QP1; udp: the side channel on
 #                both sides. RESULT names are daemon_$DAEMON_CM_* (daemon_* for udp).
-#   daemon-umad  (e2) the same in a guest booted without ib_cm/rdma_cm/rdma_ucm (RXE_LAB_MODS,
+#   daemon-umad  (e2) the same, both daemons with --workers 2 (the guest's a libibverbs context
+#                per worker on rxe0; RESULT daemon_umad_workers: two workers, both carried
+#                packets of iperf3 -P 2), in a guest booted without ib_cm/rdma_cm/rdma_ucm (RXE_LAB_MODS,
 #                its own $RXE_LAB_WORK/KERNEL-nocm): the guest daemon's CM on the kernel's QP1
 #                through /dev/infiniband/umadN (`--cm-transport umad`, CM class 0x07 registered:
 #                RESULT daemon_umad_cm_class_registered) <-> the host daemon's CM on QP1
@@ -77,6 +80,14 @@
 #                ib_cm) and `ipoib-cm up` on the soft provider (tap 1500, path MTU 1024): the
 #                guest's REQ at 4096 draws the host's REJ 26 naming 1024 and goes again at
 #                it; 60000-byte pings 5/5 both ways.
+#   hw-check     (k) scripts/hw-check.sh as an operator runs it on an HCA, in the guest on rxe0
+#                (rxe1 the second daemon's device, --destructive: rdma link delete and add):
+#                the facts, then one RESULT hw_check_* line per check (conformance, two
+#                daemons per CM transport the guest allows and without SRQ, the QP command
+#                times, the reset); on RoCE the InfiniBand-only and kernel-ipoib results SKIP
+#                with their reason, the rest must PASS; then its self-test: the second daemon
+#                made to take one packet a second (HW_CHECK_B_ARGS), whose ping check must print
+#                FAIL (RESULT hw_check_selftest_fail_seen).
 # The conformance boot also runs `rc-pingpong --provider verbs` against ibv_rc_pingpong
 # (rxe1 <-> rxe0), both directions.
 # --quick: 20 round trips instead of 100. Prints `RESULT name@KERNEL PASS|FAIL`, wall times
@@ -103,12 +114,12 @@ while [ $# -gt 0 ]; do
     case $1 in
         --quick) ITERS=20 ;;
         --iters) ITERS=$2; shift ;;
-        conformance|rc-pingpong|ud-pingpong|hw-pingpong|daemon|daemon-umad|rdmacm|softcm|kcm-pair|ud-mtu|cm-mtu) CHECKS+=("$1") ;;
-        *) echo "usage: $0 [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong] [hw-pingpong] [daemon] [daemon-umad] [rdmacm] [softcm] [kcm-pair] [ud-mtu] [cm-mtu]" >&2; exit 2 ;;
+        conformance|rc-pingpong|ud-pingpong|hw-pingpong|daemon|daemon-umad|rdmacm|softcm|kcm-pair|ud-mtu|cm-mtu|hw-check) CHECKS+=("$1") ;;
+        *) echo "usage: $0 [--quick] [--iters N] [conformance] [rc-pingpong] [ud-pingpong] [hw-pingpong] [daemon] [daemon-umad] [rdmacm] [softcm] [kcm-pair] [ud-mtu] [cm-mtu] [hw-check]" >&2; exit 2 ;;
     esac
     shift
 done
-[ ${#CHECKS[@]} -gt 0 ] || CHECKS=(conformance rc-pingpong ud-pingpong hw-pingpong daemon daemon-umad rdmacm softcm kcm-pair ud-mtu cm-mtu)
+[ ${#CHECKS[@]} -gt 0 ] || CHECKS=(conformance rc-pingpong ud-pingpong hw-pingpong daemon daemon-umad rdmacm softcm kcm-pair ud-mtu cm-mtu hw-check)
 
 if [ -n "${RXE_LAB_DIR:-}" ]; then LAB=$RXE_LAB_DIR
 else LAB=$ROOT/scripts/rxe
@@ -176,7 +187,7 @@ run_lab() { # NAME GUEST_DIR ARGS... (for the kernel $KV; RESULT names get @$KV,
         sed -E -e "s/^RESULT ([^ ]+)/RESULT \1@$KV/" \
             -e "${RESULT_AS:+s/^RESULT daemon_/RESULT ${RESULT_AS}_/}" > "$LOG/$name.log"
     rc=${PIPESTATUS[0]}
-    grep -E '^RESULT |PERF|hw_counters|cm_counters|udp InDatagrams|^guest\| (info|conformance)|== rxe-lab' "$LOG/$name.log"
+    grep -E '^RESULT |PERF|hw_counters|cm_counters|udp InDatagrams|^guest\| (info|conformance|fact|== |  - )|== rxe-lab' "$LOG/$name.log"
     grep -E '^RESULT ' "$LOG/$name.log" >> "$RESULTS"
     echo "RESULT lab_$name $([ $rc -eq 0 ] && echo PASS || echo FAIL) $(dt "$t")s" | tee -a "$RESULTS"
 }
@@ -206,14 +217,14 @@ for c in "${CHECKS[@]}"; do
             # rdmacm: the kernel's CM against the host's own CM over QP1).
             dcm=${DAEMON_CM:-rdmacm}
             EXTRA_BINS=$(command -v iperf3 || true) run_lab "daemon-$dcm" scripts/rxe/guest-daemon --net tap --timeout 400 \
-                --env "CM=$dcm" \
-                --host-cmd "IPOIB_CM=$BIN CM=$dcm exec $ROOT/scripts/rxe/host-daemon.sh" ;;
+                --env "CM=$dcm" --env WORKERS=2 \
+                --host-cmd "IPOIB_CM=$BIN CM=$dcm WORKERS=2 SHOW_EVENTS=1 exec $ROOT/scripts/rxe/host-daemon.sh" ;;
         daemon-umad)
-            echo "== (e2) daemon-umad: ipoib-cm up (soft, our CM on QP1) <-> ipoib-cm up --provider verbs --cm-transport umad on rxe0, a guest without ib_cm"
+            echo "== (e2) daemon-umad: ipoib-cm up --workers 2 (soft, our CM on QP1) <-> ipoib-cm up --workers 2 --provider verbs --cm-transport umad on rxe0, a guest without ib_cm"
             EXTRA_BINS=$(command -v iperf3 || true) RXE_LAB_MODS=$NOCM_MODS WORK_SUFFIX=-nocm \
                 run_lab daemon-umad scripts/rxe/guest-daemon --net tap --timeout 400 \
-                --env CM=umad \
-                --host-cmd "IPOIB_CM=$BIN CM=umad exec $ROOT/scripts/rxe/host-daemon.sh" ;;
+                --env CM=umad --env WORKERS=2 \
+                --host-cmd "IPOIB_CM=$BIN CM=umad WORKERS=2 SHOW_EVENTS=1 exec $ROOT/scripts/rxe/host-daemon.sh" ;;
         rdmacm)
             echo "== (f) rdmacm: rc-pingpong --provider verbs --rdma-cm <-> rdma_server / rdma_client, rxe0 <-> rxe1 in the guest"
             run_lab rdmacm scripts/rxe/guest-rdmacm --net none --timeout 400 --env "ITERS=$ITERS" ;;
@@ -230,6 +241,10 @@ for c in "${CHECKS[@]}"; do
             RXE_LAB_MODS=$NOCM_MODS WORK_SUFFIX=-nocm \
                 run_lab cm-mtu scripts/rxe/guest-cmmtu --net tap --mtu 9000 --timeout 300 \
                 --host-cmd "IPOIB_CM=${RXE_HOST_BIN:-$BIN} exec $ROOT/scripts/rxe/host-cmmtu.sh" ;;
+        hw-check)
+            echo "== (k) hw-check: scripts/hw-check.sh in the guest, rxe0 <-> rxe1 (RoCE: the InfiniBand-only results SKIP), and its self-test"
+            EXTRA_BINS="$(command -v iperf3 || true) $(command -v bash) $ROOT/scripts/hw-check.sh" \
+                run_lab hw-check scripts/rxe/guest-hwcheck --net none --timeout 580 ;;
         softcm)
             echo "== (g) softcm: rc-pingpong --cm --rdma-cm (soft provider, our CM) <-> the kernel's rdma_cm on rxe0"
             run_lab softcm scripts/rxe/guest-softcm --net tap --timeout 500 \
@@ -239,7 +254,7 @@ done
 echo "rxe-interop: kernel $KV: $(dt "$tk") s"
 done
 
-count() { grep -c " $1" "$RESULTS" || true; }
-pass=$(count PASS); fail=$(count FAIL)
-echo "== rxe-interop: $pass pass, $fail fail on $RXE_KERNELS, $(dt "$T0") s (logs $LOG)"
+count() { grep -cE "^RESULT [^ ]+ $1( |\$)" "$RESULTS" || true; }   # the verdict word only
+pass=$(count PASS); fail=$(count FAIL); skip=$(count SKIP)
+echo "== rxe-interop: $pass pass, $fail fail, $skip skip on $RXE_KERNELS, $(dt "$T0") s (logs $LOG)"
 [ "$fail" -eq 0 ]

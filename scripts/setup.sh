@@ -4,6 +4,7 @@
 #
 #   source scripts/setup.sh demo   # scripts/demo.sh, scripts/bench.sh: build and run the daemon
 #   source scripts/setup.sh test   # scripts/test.sh (the default): everything the tests need
+#   source scripts/setup.sh hw     # scripts/hw-check.sh: build with --features verbs, run on an HCA
 #
 # - demo: apt packages build-essential pkg-config iproute2 iputils-ping iperf3;
 # - test: those, and tshark tcpdump ethtool python3 curl; for the `verbs` feature (libibverbs
@@ -12,7 +13,9 @@
 #   infiniband-diags; for scripts/systemd-check.sh (the package under systemd in a container)
 #   debootstrap systemd-container. The rxe lab's guest kernels are never installed on the host:
 #   scripts/rxe/run.sh unpacks them into a cache of its own (`run.sh kernels`);
-# - both: a Rust toolchain >= 1.85 with rustfmt and clippy (rustup; installed when there is none).
+# - hw: the demo's, the `verbs` build's (as for test) and the libibverbs providers and
+#   ibverbs-utils (ibv_devinfo); no opensm, no simulator: a host with an HCA has its fabric's SM;
+# - all: a Rust toolchain >= 1.85 with rustfmt and clippy (rustup; installed when there is none).
 #
 # One `apt-get update`, only when something is missing. Services that packages bring are neither
 # started nor left enabled (a stray opensm must not come up on a host with a real InfiniBand
@@ -27,7 +30,9 @@ case $IPOIB_SETUP_PURPOSE in
     test) IPOIB_APT_PACKAGES+=(tshark tcpdump ethtool python3 curl
               cmake libclang-dev libibverbs-dev librdmacm-dev libnl-3-dev libnl-route-3-dev
               opensm ibsim-utils infiniband-diags debootstrap systemd-container) ;;
-    *) printf '[setup] unknown purpose %s (demo or test)\n' "$IPOIB_SETUP_PURPOSE" >&2; return 2 2>/dev/null || exit 2 ;;
+    hw) IPOIB_APT_PACKAGES+=(cmake libclang-dev libibverbs-dev librdmacm-dev libnl-3-dev
+              libnl-route-3-dev ibverbs-providers ibverbs-utils) ;;
+    *) printf '[setup] unknown purpose %s (demo, test or hw)\n' "$IPOIB_SETUP_PURPOSE" >&2; return 2 2>/dev/null || exit 2 ;;
 esac
 IPOIB_MIN_RUST_MINOR=85
 

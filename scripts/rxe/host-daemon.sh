@@ -28,7 +28,8 @@ done
 ip link set lo up 2>/dev/null
 "$BIN" up --bind "$RXE_LAB_HOST_IP" --cm-transport $HCM --ifname ib0 \
   --addr 10.77.0.1/24 --addr fd77::1/64 \
-  --control-socket $SOCK --drain-timeout 5s --rx-timeout 8s --log info > /tmp/rxe-host-daemon.$$ 2>&1 &
+  --control-socket $SOCK --drain-timeout 5s --rx-timeout 8s --log info \
+  ${WORKERS:+--workers "$WORKERS"} > /tmp/rxe-host-daemon.$$ 2>&1 &
 DPID=$!
 sleep 1
 if kill -0 $DPID 2>/dev/null; then
@@ -82,6 +83,7 @@ t1=$(date +%s.%N)
 kill -TERM $DPID
 wait $DPID; rc=$?
 grep -E "stopped|WARN|ERROR" /tmp/rxe-host-daemon.$$ | tail -5 | cut -c1-400
+[ -n "${SHOW_EVENTS:-}" ] && grep -E "ipoib_cm::event" /tmp/rxe-host-daemon.$$ | tail -40 | cut -c1-200
 # Exactly one line for the guest (logged once per peer), and every rxe datagram accepted.
 lines=$(grep -c "ICRCs check only with a nonzero IP ID" /tmp/rxe-host-daemon.$$)
 grep "ICRCs check only with a nonzero IP ID" /tmp/rxe-host-daemon.$$ | head -2 | cut -c1-400

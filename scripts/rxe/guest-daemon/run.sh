@@ -40,7 +40,8 @@ start() {
   rm -f $SOCK
   $B up --provider verbs --ib-dev "$RXE0" --bind "$IP0" --cm-transport "$CM" --ifname ib0 \
     --addr $A4/24 --addr $A6/64 \
-    --control-socket $SOCK --drain-timeout 5s --log info >> /tmp/daemon.log 2>&1 &
+    --control-socket $SOCK --drain-timeout 5s --log info ${WORKERS:+--workers $WORKERS} \
+    >> /tmp/daemon.log 2>&1 &
   DPID=$!
   hw=
   i=0
@@ -104,12 +105,12 @@ if [ -x /extra/iperf3 ]; then
   t1=$(uptime_s)
   i=0; ok=FAIL
   while [ $i -lt 10 ]; do
-    if timeout 40 /extra/iperf3 -c $H4 -t 5 -f m > /tmp/iperf.log 2>&1; then ok=PASS; break; fi
+    if timeout 40 /extra/iperf3 -c $H4 -t 5 -f m -P "${WORKERS:-1}" > /tmp/iperf.log 2>&1; then ok=PASS; break; fi
     grep -q "connect" /tmp/iperf.log || break
     sleep 1; i=$((i + 1))
   done
   grep -E "sender|receiver|error" /tmp/iperf.log
-  echo "PERF ${P}_iperf3: $(grep receiver /tmp/iperf.log | awk '{print $7, $8}')"
+  echo "PERF ${P}_iperf3: $(grep receiver /tmp/iperf.log | tail -1 | awk '{print $(NF-2), $(NF-1)}')"
   res ${P}_iperf3 "$ok $(el "$t1")s"
 fi
 $B status --control-socket $SOCK | sed 's/^/  /'
@@ -120,6 +121,15 @@ num() { printf '%s' "$st" | grep -o "\"$1\": *[0-9]*" | head -1 | grep -o '[0-9]
 comp=$(num hw_completions); live=$(num qp_live)
 if [ "${comp:-0}" -gt 0 ] && [ "${live:-0}" -ge 1 ]; then ok=PASS; else ok=FAIL; fi
 res ${P}_guest_status "$ok hw_completions=${comp:-none} qp_live=${live:-none}"
+if [ -n "${WORKERS:-}" ]; then
+  # --workers: a context per worker on rxe0, each with its own QPs; the flows spread over them.
+  ws=$(printf '%s' "$st" | tr -d ' \n' | sed -n 's/.*"workers":\[\(.*\)\].*/\1/p')
+  n=$(printf '%s' "$ws" | grep -o '"cpu_seconds"' | wc -l)
+  # Workers that hold a connection on their own context (each has its QPs there).
+  busy=$(printf '%s' "$ws" | sed 's/},{/}\n{/g' | grep -c '"\(rx\|tx\)_conns":[1-9]')
+  if [ "$n" -eq "$WORKERS" ] && [ "$busy" -eq "$WORKERS" ]; then ok=PASS; else ok=FAIL; fi
+  res ${P}_workers "$ok $n workers, $busy with connections of their own: $(printf '%s' "$ws" | cut -c1-400)"
+fi
 if [ "$CM" = umad ]; then
   # The CM's MADs went both ways through the umad agent, none failed or was malformed.
   ms=$(num mad_sent); mr=$(num mad_received); me=$(num mad_errors); mm=$(num mad_recv_malformed)
@@ -152,6 +162,7 @@ done
 res ${P}_ping4_after_restart "$ok $(el "$t1")s"
 if ping -6 -c 3 -i 0.2 -W 3 $H6 > /dev/null 2>&1; then ok=PASS; else ok=FAIL; fi
 res ${P}_ping6_after_restart "$ok"
+[ "$ok" = PASS ] || grep -E "ipoib_cm::event|WARN" /tmp/daemon.log | tail -30 | cut -c1-200
 
 # Orderly stop. rxe in 6.1 never raises IBV_EVENT_QP_LAST_WQE_REACHED, so SRQ-mode RX
 # teardown ends through the drain watchdog (--drain-timeout 5s); 6.12 raises it (and again on

@@ -10,7 +10,8 @@
 # that cannot keep up: B's TUN device takes 2,000 packets a second (--fault-tun-rate), A sends
 # as Linux's ipoib_cm does (rnr_retry 0: the first RNR NAK fails its QP), UDP at
 # 2.6 times that rate: B drops and counts (rx_buffer_drops), rxe1 sends no RNR NAK and A's
-# one connection lives; orderly stops, and no rdma_cm id left.
+# one connection lives; orderly stops, and no rdma_cm id left. Then the pair again with two
+# workers each (RESULT kcm_pair_workers_*).
 . /lib/rxelab.sh
 [ "$NRXE" = 2 ] || { res kcm_pair FAIL "needs two rxe devices (--net none)"; exit 1; }
 B=/extra/ipoib-cm
@@ -56,8 +57,8 @@ else
   res kcm_pair_up FAIL; cat /tmp/a.log /tmp/b.log; exit 1
 fi
 grep started /tmp/a.log | cut -c1-600
-case $HW_a in 0xa0:*|a0:*) ok=PASS ;; *) ok=FAIL ;; esac
-res kcm_pair_hwaddr_flag "$ok flags $(echo "$HW_a" | cut -d: -f1) (0x80 connected | 0x20 kernel CM)"
+case $HW_a in 0xb0:*|b0:*) ok=PASS ;; *) ok=FAIL ;; esac
+res kcm_pair_hwaddr_flag "$ok flags $(echo "$HW_a" | cut -d: -f1) (0x80 connected | 0x20 kernel CM | 0x10 takes a connection per sending worker)"
 
 t1=$(uptime_s)
 ok=FAIL; i=0
@@ -196,3 +197,50 @@ while [ $n -lt 30 ] && [ -n "$(rdma resource show cm_id 2>&1)" ]; do sleep 0.1; 
 out=$(rdma resource show cm_id 2>&1)
 [ -z "$out" ] && ok=PASS || { ok=FAIL; echo "$out"; }
 res kcm_pair_cm_ids "$ok"
+
+# The same pair with two workers each (--workers 2): every worker's kernel CM ids on its
+# daemon's one event channel, each worker's QPs on a context of its own; pings both ways,
+# iperf3 with four streams; B killed: A's RX QPs are reaped on every worker (the kernel's DREQ
+# for each of B's ids reaches the worker whose id it is); no rdma_cm id left.
+t1=$(uptime_s)
+if up a "$RXE0" "$IP0" iba 1 --workers 2 && up b "$RXE1" "$IP1" ibb 2 --workers 2 \
+    && neigh a 2 "$HW_b" && neigh b 1 "$HW_a"; then ok=PASS; else ok=FAIL; fi
+res kcm_pair_workers_up "$ok $(el "$t1")s"
+ok=FAIL; i=0
+while [ $i -lt 20 ]; do
+  ip netns exec na ping -c 1 -W 2 10.77.0.2 > /dev/null 2>&1 && { ok=PASS; break; }
+  i=$((i + 1))
+done
+res kcm_pair_workers_ping4 "$ok $(el "$t1")s"
+if ip netns exec nb ping -6 -c 5 -i 0.2 -W 3 fd77::1 > /tmp/p6 2>&1; then ok=PASS; else ok=FAIL; fi
+tail -1 /tmp/p6; res kcm_pair_workers_ping6 "$ok (b -> a)"
+if [ -x /extra/iperf3 ]; then
+  ip netns exec nb /extra/iperf3 -s -1 -B 10.77.0.2 > /tmp/iperf-s 2>&1 &
+  sleep 0.5
+  if ip netns exec na timeout 40 /extra/iperf3 -c 10.77.0.2 -t 4 -P 4 -f m > /tmp/iperf 2>&1; then ok=PASS; else ok=FAIL; fi
+  echo "PERF kcm_pair_workers_iperf3: $(grep receiver /tmp/iperf | tail -1 | awk '{print $(NF-2), $(NF-1)}')"
+  res kcm_pair_workers_iperf3 "$ok"
+fi
+sa=$(st a)
+ws=$(printf '%s' "$sa" | sed -n 's/.*"workers":\[\(.*\)\].*/\1/p')
+n=$(printf '%s' "$ws" | grep -o '"cpu_seconds"' | wc -l)
+busy=$(printf '%s' "$ws" | sed 's/},{/}\n{/g' | grep -c '"\(rx\|tx\)_conns":[1-9]')
+[ "$n" = 2 ] && ok=PASS || ok=FAIL
+res kcm_pair_workers_status "$ok a: $n workers, $busy with connections: $(printf '%s' "$ws" | cut -c1-300)"
+t1=$(uptime_s)
+kill -KILL $PID_b; wait $PID_b 2>/dev/null
+ok=FAIL; i=0
+while [ $i -lt 100 ]; do
+  case $(st a) in *'"rx":[]'*) ok=PASS; break ;; esac
+  sleep 0.1; i=$((i + 1))
+done
+res kcm_pair_workers_killed_rx_reaped "$ok $(el "$t1")s"
+kill -TERM $PID_a; wait $PID_a; ra=$?
+[ $ra -eq 0 ] && ok=PASS || ok=FAIL
+grep -E "WARN|ERROR" /tmp/a.log | tail -3 | cut -c1-300
+res kcm_pair_workers_stop "$ok rc=$ra"
+n=0
+while [ $n -lt 30 ] && [ -n "$(rdma resource show cm_id 2>&1)" ]; do sleep 0.1; n=$((n + 1)); done
+out=$(rdma resource show cm_id 2>&1)
+[ -z "$out" ] && ok=PASS || { ok=FAIL; echo "$out"; }
+res kcm_pair_workers_cm_ids "$ok"
