@@ -290,7 +290,7 @@ pub fn send_while_room<V: Verbs, T: MadTransport<V> + ?Sized>(
             break;
         };
         if let Err(e) = t.send(v, to, &mad) {
-            tracing::debug!(error = %e, "sending a CM MAD failed");
+            tracing::warn!(error = %e, "sending a CM MAD failed (the CM retransmits)");
         }
     }
 }

@@ -259,7 +259,13 @@ impl Umad {
                     }
                     None => self.stats.recv_malformed += 1,
                 },
-                Ok(Some(UmadRecv::SendFailed(_))) => self.stats.errors += 1,
+                Ok(Some(UmadRecv::SendFailed(errno))) => {
+                    self.stats.errors += 1;
+                    tracing::warn!(
+                        error = %io::Error::from_raw_os_error(errno as i32),
+                        "the kernel reports a CM MAD of ours failed to go out (the CM retransmits)"
+                    );
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::InvalidData => {
                     self.stats.recv_malformed += 1;
