@@ -56,16 +56,29 @@ fn two_workers_carry_the_interface_together() {
     let received = common::lab::ping_received(lab.start_ping(1, "198.19.0.2", 50));
     assert_eq!(received, 50, "{}", lab.log(1));
 
-    let Some(tcp) = lab.iperf3(1, 2, "198.19.0.2", &["-t", "3", "-P", "4"]) else {
-        println!("skipped: the iperf3 part (not installed)");
-        return;
-    };
-    let bps = tcp["end"]["sum_received"]["bits_per_second"].as_f64();
-    assert!(bps > Some(1e8), "{tcp}");
+    // The kernel puts a flow on a TUN queue by its hash, so four streams all land on one of
+    // two workers one run in eight: a run that left a worker without its share is followed
+    // by another (new ports, new hashes), at most three in all; the counts add up.
+    let carried =
+        |w: &serde_json::Value| field(w, "tx_packets") > 1000 && field(w, "rx_packets") > 1000;
+    for _ in 0..3 {
+        let Some(tcp) = lab.iperf3(1, 2, "198.19.0.2", &["-t", "3", "-P", "4"]) else {
+            println!("skipped: the iperf3 part (not installed)");
+            return;
+        };
+        let bps = tcp["end"]["sum_received"]["bits_per_second"].as_f64();
+        assert!(bps > Some(1e8), "{tcp}");
+        if [1, 2]
+            .iter()
+            .all(|&k| workers(&lab, k, 2).iter().all(carried))
+        {
+            break;
+        }
+    }
     for k in [1, 2] {
         for w in workers(&lab, k, 2) {
             assert!(
-                field(&w, "tx_packets") > 1000 && field(&w, "rx_packets") > 1000,
+                carried(&w),
                 "node {k}: a worker carried no share of four streams: {w}"
             );
         }
