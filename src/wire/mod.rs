@@ -59,8 +59,10 @@ pub mod grh;
 pub mod icrc;
 pub mod ids;
 pub mod ipoib;
+pub mod lrh;
 pub mod roce;
 pub mod sa;
+pub mod smp;
 pub mod worker;
 
 // The byte-field helpers every codec above reads and writes through.
@@ -72,6 +74,7 @@ pub use ext::{
 };
 pub use icrc::{append_icrc, compute_icrc, read_icrc, verify_icrc, IpHeaderInfo, ICRC_LEN};
 pub use ids::{Gid, IdMap, PathMtu, PeerMap, Psn, QpNum};
+pub use lrh::{append_vcrc, read_vcrc, vcrc, verify_vcrc, Lnh, Lrh, LRH_LEN, VCRC_LEN};
 pub use roce::{RocePacket, RoceRepr};
 pub use worker::{BadWorkerCount, WorkerCount, WorkerSlot, CONTROL_QPNS};
 
