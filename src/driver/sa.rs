@@ -232,6 +232,9 @@ impl SaDriver {
                     self.leaving.remove(&mgid);
                 }
                 SaEvent::JoinFailed { .. } => {}
+                // What the SM would have said with ClientReregister: the endpoint's light
+                // flush, whose rejoins reach the client on the next pump.
+                SaEvent::MembershipLost { .. } => ep.port_changed(v, PortChange::ClientReregister),
             }
             on_event(&ev);
         }

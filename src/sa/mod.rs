@@ -37,6 +37,10 @@ use crate::wire::{Gid, PathMtu};
 #[cfg(test)]
 mod tests;
 
+pub mod port;
+
+pub use port::{PortSnapshot, PortWatch, PortWatchConfig, PortWatchCounters};
+
 /// Limits and timers of an [`SaClient`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SaConfig {
@@ -62,6 +66,11 @@ pub struct SaConfig {
     pub max_retries: u32,
     /// Wait before a failed join is sent again.
     pub rejoin_backoff: Duration,
+    /// How often the SA is asked whether it still lists the port in the broadcast group
+    /// once joined; `None` (the default) never. A port whose SM can say it lost the
+    /// registrations (ClientReregister) needs none; a simulated one does: an answer of no
+    /// record raises [`SaEvent::MembershipLost`].
+    pub membership_check: Option<Duration>,
 }
 
 impl SaConfig {
@@ -82,6 +91,7 @@ impl SaConfig {
             request_timeout: Duration::from_secs(1),
             max_retries: 3,
             rejoin_backoff: Duration::from_secs(4),
+            membership_check: None,
         }
     }
 }
@@ -205,6 +215,13 @@ pub enum SaEvent {
         /// The SA's status, or `None` after a timeout.
         status: Option<SaStatus>,
     },
+    /// The SA answered that the port is no member of a group it holds joined: the SM lost
+    /// its registrations ([`SaConfig::membership_check`]). The caller takes it for the
+    /// port's `CLIENT_REREGISTER` and hands that back as a [`PortEvent`].
+    MembershipLost {
+        /// The group.
+        mgid: Gid,
+    },
     /// A group was left: the DELETE was answered or gave up, or (shared) it was forgotten.
     Left {
         /// The group.
@@ -248,6 +265,10 @@ pub struct SaCounters {
     pub shared_leaves: u64,
     /// Port events that flushed paths and rejoined.
     pub port_events: u64,
+    /// Membership checks sent ([`SaConfig::membership_check`]).
+    pub membership_checks: u64,
+    /// Checks the SA answered with no record: a membership lost.
+    pub memberships_lost: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -273,6 +294,7 @@ enum Request {
     Path(Gid),
     Join(Gid),
     Leave(Gid),
+    Check(Gid),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -297,6 +319,8 @@ pub struct SaClient {
     out: VecDeque<OutMad>,
     events: VecDeque<SaEvent>,
     counters: SaCounters,
+    /// When the next membership check goes out.
+    next_check: Option<Instant>,
 }
 
 impl SaClient {
@@ -315,6 +339,7 @@ impl SaClient {
             out: VecDeque::new(),
             events: VecDeque::new(),
             counters: SaCounters::default(),
+            next_check: None,
         }
     }
 
@@ -521,7 +546,11 @@ impl SaClient {
                 _ => None,
             })
             .min();
-        resend.into_iter().chain(backoff).min()
+        resend
+            .into_iter()
+            .chain(backoff)
+            .chain(self.next_check)
+            .min()
     }
 
     /// Retransmits or fails the requests whose time has come and retries failed joins.
@@ -562,6 +591,39 @@ impl SaClient {
         if retry {
             self.send_joins(now);
         }
+        if self.next_check.is_some_and(|t| t <= now) {
+            self.check_membership(now);
+        }
+    }
+
+    /// Asks the SA whether it still lists the port in the broadcast group (a Get of the
+    /// port's MCMemberRecord), if joined and no check is outstanding; schedules the next.
+    fn check_membership(&mut self, now: Instant) {
+        self.next_check = self.cfg.membership_check.map(|every| now + every);
+        let mgid = self.broadcast_mgid();
+        let outstanding = self
+            .pending
+            .values()
+            .any(|p| matches!(p.request, Request::Check(_)));
+        if outstanding || self.group(mgid).is_none() {
+            return;
+        }
+        let rec = McMemberRecord {
+            mgid,
+            port_gid: self.cfg.port_gid,
+            ..McMemberRecord::default()
+        };
+        let header = |tid| {
+            SaHeader::request(
+                SaMethod::Get,
+                ATTR_MCMEMBER_RECORD,
+                tid,
+                McMemberRecordMask::MGID | McMemberRecordMask::PORT_GID,
+            )
+        };
+        if self.start(now, Request::Check(mgid), header, &rec.to_bytes()) {
+            self.counters.membership_checks += 1;
+        }
     }
 
     /// A MAD that arrived on the SA agent (the umad header already removed).
@@ -578,7 +640,7 @@ impl SaClient {
         };
         let expected_attr = match p.request {
             Request::Path(_) => ATTR_PATH_RECORD,
-            Request::Join(_) | Request::Leave(_) => ATTR_MCMEMBER_RECORD,
+            Request::Join(_) | Request::Leave(_) | Request::Check(_) => ATTR_MCMEMBER_RECORD,
         };
         if m.header.mad.attr_id != expected_attr {
             self.counters.unmatched += 1;
@@ -588,6 +650,13 @@ impl SaClient {
         self.pending.remove(&tid);
         self.counters.answered += 1;
         let status = m.header.status();
+        if let Request::Check(mgid) = request {
+            if status.is_no_records() && self.group(mgid).is_some() {
+                self.counters.memberships_lost += 1;
+                self.events.push_back(SaEvent::MembershipLost { mgid });
+            }
+            return;
+        }
         if !status.is_ok() {
             self.fail(now, request, Some(status));
             return;
@@ -605,6 +674,7 @@ impl SaClient {
                     self.events.push_back(SaEvent::Joined { mgid, params });
                 }
                 if mgid == self.broadcast_mgid() {
+                    self.next_check = self.cfg.membership_check.map(|every| now + every);
                     self.send_joins(now);
                 }
             }
@@ -612,6 +682,7 @@ impl SaClient {
                 mgid,
                 deleted: true,
             }),
+            Request::Check(_) => {}
         }
     }
 
@@ -631,6 +702,8 @@ impl SaClient {
                 mgid,
                 deleted: true,
             }),
+            // An unanswered check proves nothing; the next one asks again.
+            Request::Check(_) => {}
         }
     }
 

@@ -511,3 +511,85 @@ fn a_limited_member_joins_the_broadcast_group_of_the_full_p_key() {
     );
     assert_eq!(c.broadcast_mgid(), broadcast_mgid(0xffff));
 }
+
+#[test]
+fn a_membership_the_sa_no_longer_lists_is_reported_lost() {
+    let mut cfg = SaConfig::new(gid(1), 0xFFFF);
+    let every = Duration::from_secs(1);
+    cfg.membership_check = Some(every);
+    let mut c = SaClient::new(cfg, SM);
+    let t0 = Instant::now();
+    let bcast = c.broadcast_mgid();
+    assert!(c.join(t0, bcast, GroupOptions::default()));
+    let q = sent(&mut c);
+    c.handle_mad(t0, &answer(&q[0], 0, &bcast_record(&q[0]).to_bytes()));
+    assert!(matches!(events(&mut c)[..], [SaEvent::Joined { .. }]));
+    assert_eq!(
+        c.next_deadline(),
+        Some(t0 + every),
+        "the first check a period after the join"
+    );
+
+    // The SA still lists the port: nothing to report.
+    let t1 = t0 + every;
+    c.poll_timeout(t1);
+    let q = sent(&mut c);
+    assert_eq!(q.len(), 1);
+    assert_eq!(q[0].header.method(), Some(SaMethod::Get));
+    assert_eq!(
+        q[0].header.comp_mask,
+        McMemberRecordMask::MGID | McMemberRecordMask::PORT_GID
+    );
+    let asked = q[0].mcmember_record();
+    assert_eq!((asked.mgid, asked.port_gid), (bcast, gid(1)));
+    c.handle_mad(t1, &answer(&q[0], 0, &bcast_record(&q[0]).to_bytes()));
+    assert_eq!(events(&mut c), []);
+
+    // An unanswered check proves nothing, and a second is not sent while one is outstanding.
+    let t2 = t1 + every;
+    c.poll_timeout(t2);
+    let first = sent(&mut c);
+    assert_eq!(first.len(), 1);
+    c.poll_timeout(t2 + every);
+    assert_eq!(
+        sent(&mut c),
+        first,
+        "only the outstanding check, sent again"
+    );
+    for k in 2..=6 {
+        c.poll_timeout(t2 + every * k);
+        let _ = sent(&mut c);
+    }
+    assert_eq!(events(&mut c), []);
+
+    // The SM restarted and forgot the port: no record.
+    let t3 = t2 + every * 8;
+    c.poll_timeout(t3);
+    let q = sent(&mut c);
+    let check = q
+        .iter()
+        .find(|m| m.header.method() == Some(SaMethod::Get))
+        .expect("a check");
+    c.handle_mad(t3, &answer(check, 0x0300, &[0u8; 0]));
+    assert_eq!(events(&mut c), [SaEvent::MembershipLost { mgid: bcast }]);
+    assert_eq!(c.counters().memberships_lost, 1);
+
+    // What the caller does with it: the port's CLIENT_REREGISTER, and the join goes again.
+    c.port_event(t3, PortEvent::ClientReregister);
+    let q = sent(&mut c);
+    assert_eq!(q.len(), 1);
+    assert_eq!(q[0].header.method(), Some(SaMethod::Set));
+}
+
+#[test]
+fn no_membership_check_unless_configured() {
+    let (mut c, t0) = client();
+    let bcast = c.broadcast_mgid();
+    assert!(c.join(t0, bcast, GroupOptions::default()));
+    let q = sent(&mut c);
+    c.handle_mad(t0, &answer(&q[0], 0, &bcast_record(&q[0]).to_bytes()));
+    assert_eq!(c.next_deadline(), None);
+    c.poll_timeout(t0 + Duration::from_secs(3600));
+    assert!(sent(&mut c).is_empty());
+    assert_eq!(c.counters().membership_checks, 0);
+}

@@ -171,6 +171,7 @@ pub(super) fn run(
                     println!("join failed mgid {mgid} status {status:?}");
                 }
                 SaEvent::Left { mgid, deleted } => println!("left mgid {mgid} deleted {deleted}"),
+                SaEvent::MembershipLost { mgid } => println!("membership lost mgid {mgid}"),
             }
         }
         if !asked && ep.broadcast_group().is_some() {
