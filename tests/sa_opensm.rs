@@ -57,6 +57,8 @@ struct Fabric {
     lab: Lab,
     dir: PathBuf,
     ibsim: Child,
+    /// ibsim's console: one command a line (`Unlink "Hca2"`, ...).
+    console: std::process::ChildStdin,
     opensm: Option<(Child, Lines)>,
 }
 
@@ -91,9 +93,26 @@ impl Fabric {
     }
 
     fn start_opensm(&mut self, log: &str) {
+        self.start_opensm_with(log, &[]);
+    }
+
+    /// opensm on Hca1 with `args` besides its log, no periodic sweeps and the scratch dir's
+    /// cache (`guid2lid`), once it is master.
+    fn start_opensm_with(&mut self, log: &str, args: &[&str]) {
+        let (child, mut lines) = self.spawn_sm("Hca1", log, &[&["-s", "0"], args].concat());
+        assert!(
+            lines.wait_for("Entering MASTER state", LIMIT),
+            "opensm never became master: {:?}",
+            lines.seen()
+        );
+        self.opensm = Some((child, lines));
+    }
+
+    /// opensm on `host` with `args`, logging to `log` in the scratch dir (its cache there too).
+    fn spawn_sm(&self, host: &str, log: &str, args: &[&str]) -> (Child, Lines) {
         let log = self.dir.join(log);
         let log = log.to_str().expect("utf-8 path");
-        let mut c = self.on("Hca1", &["opensm", "-f", log, "-s", "0"]);
+        let mut c = self.on(host, &[&["opensm", "-f", log], args].concat());
         let dir = self.dir.to_str().expect("utf-8 path").to_owned();
         c.env("OSM_TMP_DIR", &dir)
             .env("OSM_CACHE_DIR", &dir)
@@ -101,13 +120,15 @@ impl Fabric {
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null());
         let mut child = c.spawn().expect("spawn opensm");
-        let mut lines = Lines::new(child.stdout.take().expect("stdout"));
-        assert!(
-            lines.wait_for("Entering MASTER state", LIMIT),
-            "opensm never became master: {:?}",
-            lines.seen()
-        );
-        self.opensm = Some((child, lines));
+        let lines = Lines::new(child.stdout.take().expect("stdout"));
+        (child, lines)
+    }
+
+    /// One command to ibsim's console.
+    fn sim(&mut self, line: &str) {
+        use std::io::Write;
+        writeln!(self.console, "{line}").expect("ibsim console");
+        self.console.flush().expect("ibsim console");
     }
 
     fn stop_opensm(&mut self) {
@@ -252,14 +273,16 @@ fn fabric(name: &str) -> Option<Fabric> {
     std::fs::copy(NET, dir.join("net")).expect("copy topology");
     let mut c = lab.exec(1, &["ibsim", "-s", "net"]);
     c.current_dir(&dir)
-        .stdin(std::process::Stdio::null())
+        .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
-    let ibsim = c.spawn().expect("spawn ibsim");
+    let mut ibsim = c.spawn().expect("spawn ibsim");
+    let console = ibsim.stdin.take().expect("ibsim stdin");
     let mut f = Fabric {
         lab,
         dir,
         ibsim,
+        console,
         opensm: None,
     };
     // ibsim listens once it has read the topology; opensm retries nothing, so wait for it.
@@ -547,4 +570,144 @@ fn first_contact_waits_for_the_path_from_opensm() {
     signal(node.id(), "-TERM");
     assert!(out.wait_for("stopped", LIMIT), "no stop: {:?}", out.seen());
     assert!(wait_within(&mut node, LIMIT).success());
+}
+
+/// The port events a simulated port raises from what it reads of its own SMA
+/// (`ipoib-cm sa port --join`: `sa::PortWatch` and the SA client with membership checks),
+/// for each thing an SM does to a running fabric: a link down and up, opensm restarted
+/// (forgetting the groups), LIDs reassigned, a partition added, the master SM killed with a
+/// standby in place. Nobody raises an event by hand.
+#[test]
+fn a_simulated_port_raises_what_the_sm_does_as_port_events() {
+    let Some(mut f) = fabric("smport") else {
+        return;
+    };
+    let (lid2, guid2) = f.port_of("Hca2");
+    let gid2 = gid_of(guid2);
+
+    // Once: the port as its SMA describes it is what ibstat reads.
+    let (ok, text) = f.run("Hca2", &[BIN, "sa", "port"]);
+    assert!(ok, "sa port: {text}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("port "))
+        .expect("port line");
+    println!("{line}");
+    assert_eq!(field(line, "state"), "Active");
+    assert_eq!(field(line, "lid"), format!("{lid2:#x}"));
+    assert_eq!(field(line, "sm_lid"), "0x1");
+    assert_eq!(field(line, "gid"), gid2);
+    assert_eq!(field(line, "pkeys"), "0xffff");
+
+    let (mut held, mut out, _err) = f.spawn("Hca2", &[BIN, "sa", "port", "--join"]);
+    let expect = |out: &mut Lines, what: &str| {
+        let t = Instant::now();
+        assert!(out.wait_for(what, LIMIT), "no {what:?}: {:?}", out.seen());
+        println!("{what:?} after {:?}", t.elapsed());
+    };
+    expect(&mut out, "joined mgid ff12:401b:ffff::ffff:ffff");
+    f.expect_member(&gid2, true, "after the join");
+
+    // The link down and up: PORT_ERR, then PORT_ACTIVE once the SM made it active again.
+    f.sim("Unlink \"Hca2\"");
+    expect(&mut out, "port event PORT_ERR");
+    f.sim("ReLink \"Hca2\"");
+    expect(&mut out, "port event PORT_ACTIVE");
+    expect(&mut out, "joined mgid");
+
+    // opensm restarted forgets the membership; the port finds it lost and re-registers.
+    f.stop_opensm();
+    f.start_opensm("osm2.log");
+    expect(&mut out, "membership lost");
+    expect(&mut out, "port event CLIENT_REREGISTER");
+    expect(&mut out, "joined mgid");
+    f.expect_member(&gid2, true, "after the re-registration");
+
+    // LIDs reassigned (the SM's guid2lid moves Hca2 to 0x20): LID_CHANGE with the new LID.
+    f.stop_opensm();
+    let g2l = f.dir.join("guid2lid");
+    let table = std::fs::read_to_string(&g2l).expect("guid2lid");
+    let moved: String = table
+        .lines()
+        .map(|l| {
+            if l.split_whitespace()
+                .next()
+                .and_then(|g| u64::from_str_radix(g.trim_start_matches("0x"), 16).ok())
+                == Some(guid2)
+            {
+                format!("{guid2:#018x} 0x0020 0x0020\n")
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect();
+    assert_ne!(moved, table, "Hca2 not in guid2lid: {table}");
+    std::fs::write(&g2l, moved).expect("guid2lid");
+    f.start_opensm("osm3.log");
+    expect(&mut out, "port event LID_CHANGE");
+    assert!(
+        out.wait_for("state Active lid 0x20 ", LIMIT),
+        "the port after LID_CHANGE: {:?}",
+        out.seen()
+    );
+    assert_eq!(f.port_of("Hca2").0, 0x20);
+    f.expect_member(&gid2, true, "after the LID change");
+
+    // A second partition: PKEY_CHANGE, the port's table holds it.
+    let parts = f.dir.join("partitions.conf");
+    std::fs::write(
+        &parts,
+        "Default=0x7fff, ipoib : ALL=full;\npart2=0x8002, ipoib : ALL=full;\n",
+    )
+    .expect("partitions.conf");
+    f.stop_opensm();
+    f.start_opensm_with("osm4.log", &["-P", parts.to_str().expect("utf-8")]);
+    expect(&mut out, "port event PKEY_CHANGE");
+    assert!(
+        out.wait_for("pkeys 0xffff,0x8002", LIMIT),
+        "{:?}",
+        out.seen()
+    );
+    f.expect_member(&gid2, true, "after the partition change");
+
+    // Failover: a standby on Hca3 polling fast; the master killed: SM_CHANGE to Hca3's LID.
+    let fast = f.dir.join("fast.conf");
+    std::fs::write(
+        &fast,
+        "sminfo_polling_timeout 500\npolling_retry_number 2\n",
+    )
+    .expect("opensm config");
+    let fast = fast.to_str().expect("utf-8").to_owned();
+    f.stop_opensm();
+    f.start_opensm_with("osm5.log", &["-p", "10", "-F", &fast]);
+    let (mut standby, mut sb) = f.spawn_sm(
+        "Hca3",
+        "osm-standby.log",
+        &["-s", "0", "-p", "5", "-F", &fast],
+    );
+    assert!(
+        sb.wait_for("Entering STANDBY state", LIMIT),
+        "standby: {:?}",
+        sb.seen()
+    );
+    let (lid3, _) = f.port_of("Hca3");
+    f.stop_opensm();
+    assert!(
+        sb.wait_for("Entering MASTER state", LIMIT),
+        "takeover: {:?}",
+        sb.seen()
+    );
+    expect(&mut out, "port event SM_CHANGE");
+    assert!(
+        out.wait_for(&format!("sm_lid {lid3:#x}"), LIMIT),
+        "{:?}",
+        out.seen()
+    );
+    expect(&mut out, "joined mgid");
+
+    signal(held.id(), "-TERM");
+    expect(&mut out, "left mgid");
+    assert!(wait_within(&mut held, LIMIT).success());
+    signal(standby.id(), "-TERM");
+    wait_within(&mut standby, LIMIT);
 }

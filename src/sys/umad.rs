@@ -217,7 +217,9 @@ impl UmadHdr {
 /// What an agent registers for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct AgentSpec {
-    /// The management class (SA 0x03, CM 0x07).
+    /// The QP the agent sends and receives on: 0 for subnet management, 1 for the rest.
+    pub qpn: u8,
+    /// The management class (SA 0x03, CM 0x07, directed-route SMPs 0x81).
     pub mgmt_class: u8,
     /// Its version (2 for both).
     pub class_version: u8,
@@ -232,6 +234,7 @@ impl AgentSpec {
     /// A client of `mgmt_class` (responses only), old header: the SA agent.
     pub(crate) fn client(mgmt_class: u8, class_version: u8) -> Self {
         Self {
+            qpn: 1,
             mgmt_class,
             class_version,
             method_mask: [0; 4],
@@ -248,10 +251,23 @@ impl AgentSpec {
             }
         }
         Self {
+            qpn: 1,
             mgmt_class,
             class_version,
             method_mask,
             abi: HdrAbi::WithPkey,
+        }
+    }
+
+    /// A client of directed-route SMPs on QP0 (responses only), old header: what asks a
+    /// port's own SMA.
+    pub(crate) fn smi() -> Self {
+        Self {
+            qpn: 0,
+            ..Self::client(
+                crate::wire::smp::SMI_DIRECTED_ROUTE,
+                crate::wire::smp::SMI_CLASS_VERSION,
+            )
         }
     }
 }
@@ -478,7 +494,7 @@ impl Umad {
             }
         }
         let mut req = RegReq {
-            qpn: 1,
+            qpn: spec.qpn,
             mgmt_class: spec.mgmt_class,
             mgmt_class_version: spec.class_version,
             method_mask: spec.method_mask,
@@ -535,6 +551,17 @@ impl Umad {
         qkey: u32,
     ) -> io::Result<()> {
         self.send(mad, &UmadAddr::to_lid(dlid, sl, qkey), SEND_TIMEOUT_MS)
+    }
+
+    /// Sends the directed-route SMP `mad` to the port's own SMA (QP0 at the permissive LID,
+    /// hop count 0 in the SMP), kept [`SEND_TIMEOUT_MS`] for its response.
+    pub(crate) fn send_smp_local(&self, mad: &[u8; MAD_LEN]) -> io::Result<()> {
+        let to = UmadAddr {
+            qpn: 0,
+            qkey: 0,
+            ..UmadAddr::to_lid(crate::wire::smp::PERMISSIVE_LID, 0, 0)
+        };
+        self.send(mad, &to, SEND_TIMEOUT_MS)
     }
 
     /// One MAD into `mad` if one is queued; `Ok(None)` when none is.

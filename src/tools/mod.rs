@@ -20,6 +20,7 @@ mod rc_qp;
 pub mod rdmacm_pingpong;
 pub mod sa;
 mod sa_node;
+pub mod sa_port;
 mod soft_loop;
 pub mod ud_pingpong;
 

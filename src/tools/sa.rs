@@ -90,6 +90,9 @@ pub enum SaCommand {
         #[arg(long, value_name = "GID")]
         connect: Vec<Ipv6Addr>,
     },
+    /// Read the port from its own SMA (NodeInfo, PortInfo, P_Key table), as a simulated
+    /// port learns what firmware would tell a driver; `--watch` prints each port event.
+    Port(super::sa_port::PortArgs),
     /// Leave a multicast group (DELETE the port's full membership).
     Leave {
         #[command(flatten)]
@@ -108,6 +111,7 @@ fn parse_pkey(s: &str) -> Result<u16, String> {
 /// Runs one `sa` command; the error is the line to print.
 pub fn run(cmd: &SaCommand) -> Result<(), String> {
     let args = match cmd {
+        SaCommand::Port(args) => return super::sa_port::run(args).map_err(|e| e.to_string()),
         SaCommand::Path { port, .. }
         | SaCommand::Join { port, .. }
         | SaCommand::Leave { port, .. } => port,
@@ -178,8 +182,8 @@ pub fn run(cmd: &SaCommand) -> Result<(), String> {
             let mgid = mgid.map_or(s.client.broadcast_mgid(), |a| Gid(a.octets()));
             s.leave(mgid)
         }
-        // Returned from above: it runs without the session.
-        SaCommand::Node { .. } => Ok(()),
+        // Returned from above: they run without the session.
+        SaCommand::Node { .. } | SaCommand::Port(_) => Ok(()),
     }
 }
 
