@@ -35,7 +35,7 @@ pub const MAX_BURST: usize = 1 << 16;
 pub const MAX_ADVANCE_STEPS: usize = 1 << 20;
 
 /// A datagram on the wire: `(arrival, sequence, destination node, source, bytes)`.
-type InFlight = Reverse<(Instant, u64, usize, SocketAddr, Vec<u8>)>;
+type InFlight = Reverse<(Instant, u64, usize, SocketAddr, IpAddr, Vec<u8>)>;
 
 /// What a netem between two nodes does to each datagram one way, on top of the fabric's
 /// latency. Every draw comes from an RNG seeded with `seed`, so a run repeats exactly.
@@ -199,30 +199,44 @@ impl Fabric {
                 if self.partitioned.get(i).copied().unwrap_or(false) {
                     continue;
                 }
-                let Some(j) = self.node_for(dst.ip()) else {
+                // An IP multicast datagram reaches every other node (one L2 segment, whose
+                // receivers keep what they joined); a unicast one the node of its address.
+                let targets: Vec<usize> = if dst.ip().is_multicast() {
+                    (0..self.nodes.len()).filter(|&j| j != i).collect()
+                } else if let Some(j) = self.node_for(dst.ip()) {
+                    vec![j]
+                } else {
                     self.undeliverable += 1;
                     continue;
                 };
-                if self.exceeds_link(i, j, self.buf.len()) {
-                    self.too_big += 1;
-                    continue;
+                for j in targets {
+                    self.put_on_wire(i, j, src, dst);
                 }
-                let extra = match self.links.get_mut(&(i, j)) {
-                    None => Duration::ZERO,
-                    Some(link) => match link.draw() {
-                        Some(d) => d,
-                        None => {
-                            self.link_losses += 1;
-                            continue;
-                        }
-                    },
-                };
-                self.seq += 1;
-                let d = std::mem::take(&mut self.buf);
-                let at = self.now + self.latency + extra;
-                self.wire.push(Reverse((at, self.seq, j, src, d)));
             }
         }
+    }
+
+    /// Puts the datagram in `buf`, from node `i` at `src` to node `j` (sent to `dst`), on the
+    /// wire, unless a link drops it.
+    fn put_on_wire(&mut self, i: usize, j: usize, src: SocketAddr, dst: SocketAddr) {
+        if self.exceeds_link(i, j, self.buf.len()) {
+            self.too_big += 1;
+            return;
+        }
+        let extra = match self.links.get_mut(&(i, j)) {
+            None => Duration::ZERO,
+            Some(link) => match link.draw() {
+                Some(d) => d,
+                None => {
+                    self.link_losses += 1;
+                    return;
+                }
+            },
+        };
+        self.seq += 1;
+        let d = self.buf.clone();
+        let at = self.now + self.latency + extra;
+        self.wire.push(Reverse((at, self.seq, j, src, dst.ip(), d)));
     }
 
     /// Whether a datagram of `len` bytes from node `i` to node `j` exceeds either's link MTU.
@@ -259,10 +273,9 @@ impl Fabric {
             if *at > self.now {
                 break;
             }
-            let Some(Reverse((_, _, j, src, d))) = self.wire.pop() else {
+            let Some(Reverse((_, _, j, src, dst, d))) = self.wire.pop() else {
                 break;
             };
-            let dst = self.nodes[j].config().local_ip;
             self.nodes[j].handle_datagram(self.now, src, dst, &d);
             self.delivered += 1;
         }

@@ -3,6 +3,7 @@
 use std::net::IpAddr;
 
 use super::fault::{FaultConfig, Quirks};
+pub(super) use super::ib::SoftLink;
 use crate::verbs::{PKey, PathMtu, QpNum};
 use crate::wire::{WorkerSlot, ROCEV2_UDP_PORT};
 
@@ -77,6 +78,9 @@ pub struct SoftConfig {
     /// ([`SoftProvider::take_foreign`](super::provider::SoftProvider::take_foreign)).
     /// [`WorkerSlot::SINGLE`] (the default) changes nothing.
     pub workers: WorkerSlot,
+    /// The port's link layer: RoCEv2 (the default), or an InfiniBand port whose LIDs come
+    /// from an SM ([`SoftLink::Infiniband`], `soft::ib`).
+    pub link: SoftLink,
 }
 
 impl SoftConfig {
@@ -98,6 +102,7 @@ impl SoftConfig {
             quirks: Quirks::default(),
             qpn_seed: 0,
             workers: WorkerSlot::SINGLE,
+            link: SoftLink::RoceV2,
         }
     }
 }

@@ -5,14 +5,20 @@ use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 
 use super::config::SoftConfig;
+use super::config::SoftLink;
+use super::ib::{mlid_group, IbLink};
 use super::mcast::Multicast;
 use super::objects::{Objects, RecvInfo};
+use super::qp::roce_dgid;
 use super::qp::{Qp, RecvWqe, Response, SendWqe};
 use super::reorder::HoldBudget;
 use super::sched::Scheduler;
 use super::stats::SoftStats;
-use crate::verbs::{AsyncEvent, Completion, CqId, Psn, QpNum, QpState, Sl, WcOpcode, WcStatus};
+use crate::verbs::{
+    AddressVector, AsyncEvent, Completion, CqId, Gid, Psn, QpNum, QpState, Sl, WcOpcode, WcStatus,
+};
 use crate::wire::bth::{Bth, Opcode};
+use crate::wire::ib::{emit_ib_append, IbAddressing, IbGrh};
 use crate::wire::icrc::IpHeaderInfo;
 use crate::wire::roce::RoceRepr;
 
@@ -37,6 +43,8 @@ pub(super) struct Device {
     pub(super) hold_budget: HoldBudget,
     /// The held request being delivered.
     pub(super) held_scratch: Vec<u8>,
+    /// The InfiniBand link's port and routes ([`SoftLink::Infiniband`]); `None` on RoCEv2.
+    pub(super) ib: Option<IbLink>,
 }
 
 impl Device {
@@ -51,6 +59,65 @@ impl Device {
             mcast: Multicast::default(),
             hold_budget: HoldBudget::new(cfg.reorder_hold_packets),
             held_scratch: Vec::new(),
+            ib: (cfg.link == SoftLink::Infiniband).then(|| IbLink::new(Gid::default())),
+        }
+    }
+
+    /// Appends the packet `repr` with `payload` to the destination of `av` to `out`;
+    /// returns where it goes on the underlay. RoCEv2: the IP address of the GRH's DGID.
+    /// InfiniBand: the port of the DLID's route, or the MLID's group. The caller counts a
+    /// packet that goes nowhere ([`Device::routed`]).
+    pub(super) fn emit_av(
+        &self,
+        repr: &RoceRepr,
+        payload: &[u8],
+        av: &AddressVector,
+        out: &mut Vec<u8>,
+    ) -> Result<SocketAddr, Unroutable> {
+        let Some(ib) = &self.ib else {
+            return self
+                .emit(repr, payload, roce_dgid(av).to_ip(), out)
+                .ok_or(Unroutable::OtherIpVersion);
+        };
+        if !ib.port.active {
+            return Err(Unroutable::PortDown);
+        }
+        let dst = if av.dlid.is_multicast() {
+            SocketAddr::new(mlid_group(av.dlid.0, self.cfg.local_ip), self.cfg.dst_port)
+        } else {
+            ib.routes.lookup(av.dlid.0).ok_or(Unroutable::NoRoute)?
+        };
+        let addr = IbAddressing {
+            sl: av.sl.get(),
+            dlid: av.dlid.0,
+            slid: ib.port.lid.0 | u16::from(av.src_path_bits),
+            grh: av.grh.map(|g| IbGrh {
+                tclass: g.traffic_class,
+                flow_label: g.flow_label,
+                payload_len: 0,
+                next_header: 0,
+                hop_limit: g.hop_limit,
+                sgid: ib.port.gid,
+                dgid: g.dgid,
+            }),
+        };
+        emit_ib_append(repr, payload, &addr, out);
+        Ok(dst)
+    }
+
+    /// The destination of an [`emit_av`](Self::emit_av), a packet that goes nowhere counted.
+    pub(super) fn routed(&mut self, r: Result<SocketAddr, Unroutable>) -> Option<SocketAddr> {
+        match r {
+            Ok(to) => Some(to),
+            Err(Unroutable::PortDown) => {
+                self.stats.tx_port_down += 1;
+                None
+            }
+            Err(Unroutable::NoRoute) => {
+                self.stats.tx_no_route += 1;
+                None
+            }
+            Err(Unroutable::OtherIpVersion) => None,
         }
     }
 
@@ -138,8 +205,8 @@ impl Device {
                 src_qp: extra.src_qp,
                 src_port: extra.src_port,
                 grh: extra.grh,
-                slid: None,
-                sl: Sl::ZERO,
+                slid: extra.slid,
+                sl: extra.sl,
                 dlid_path_bits: 0,
             },
         );
@@ -209,6 +276,17 @@ impl Device {
             self.events.push_back(AsyncEvent::SqDrained(qp.num));
         }
     }
+}
+
+/// Why a packet goes nowhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Unroutable {
+    /// RoCEv2: the destination is of the other IP version.
+    OtherIpVersion,
+    /// InfiniBand: the port is not active.
+    PortDown,
+    /// InfiniBand: no port beacons the DLID.
+    NoRoute,
 }
 
 /// IP header facts covered by the ICRC, for a packet from `src` to `dst`.

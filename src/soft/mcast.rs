@@ -35,6 +35,9 @@ pub fn group_addr(mgid: Gid, underlay: IpAddr) -> Option<IpAddr> {
 pub(super) struct Multicast {
     /// Multicast group memberships of UD QPs (`attach_mcast`).
     groups: HashMap<Gid, Vec<QpNum>>,
+    /// The MLID each group was attached with, where one was given (an InfiniBand link
+    /// addresses and takes multicast by it).
+    mlids: HashMap<Gid, u16>,
     /// Bumped whenever `groups` gains or loses a group, so that the provider knows when to
     /// open or close group sockets ([`Multicast::generation`]).
     generation: u64,
@@ -111,8 +114,30 @@ impl Multicast {
         true
     }
 
-    /// Adds `qpn` to group `mgid` (a no-op if it is a member already).
-    pub(super) fn attach(&mut self, qpn: QpNum, mgid: Gid) {
+    /// The QPs attached to `mgid`, in attach order.
+    pub(super) fn members_of(&self, mgid: Gid) -> Vec<QpNum> {
+        self.groups.get(&mgid).cloned().unwrap_or_default()
+    }
+
+    /// Whether a group is attached with `mlid`.
+    pub(super) fn has_mlid(&self, mlid: u16) -> bool {
+        self.mlids.values().any(|m| *m == mlid)
+    }
+
+    /// The MLIDs groups are attached with, sorted, once each.
+    pub(super) fn mlids(&self) -> Vec<u16> {
+        let mut m: Vec<u16> = self.mlids.values().copied().collect();
+        m.sort_unstable();
+        m.dedup();
+        m
+    }
+
+    /// Adds `qpn` to group `mgid` (a no-op if it is a member already), the group known by
+    /// `mlid` where that is nonzero.
+    pub(super) fn attach(&mut self, qpn: QpNum, mgid: Gid, mlid: u16) {
+        if mlid != 0 && self.mlids.insert(mgid, mlid) != Some(mlid) {
+            self.generation += 1;
+        }
         let members = self.groups.entry(mgid).or_default();
         if members.is_empty() {
             self.generation += 1;
@@ -135,6 +160,7 @@ impl Multicast {
         }
         if members.is_empty() {
             self.groups.remove(&mgid);
+            self.mlids.remove(&mgid);
             self.generation += 1;
         }
         Ok(())
@@ -147,6 +173,8 @@ impl Multicast {
             members.retain(|q| *q != qpn);
             !members.is_empty()
         });
+        let groups = &self.groups;
+        self.mlids.retain(|g, _| groups.contains_key(g));
         if self.groups.len() != before {
             self.generation += 1;
         }

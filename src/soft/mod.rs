@@ -47,6 +47,7 @@ mod config;
 mod device;
 mod engine;
 pub mod fault;
+pub mod ib;
 mod mcast;
 mod objects;
 pub mod provider;
@@ -65,6 +66,7 @@ pub use config::{
 };
 pub use engine::{SoftVerbs, MOVES_LATER_BY};
 pub use fault::{FaultConfig, FaultInjector, FaultStats, Quirks};
+pub use ib::{IbPortAttr, SoftLink};
 pub use mcast::{group_addr as multicast_group_addr, DUPLICATE_WINDOW};
 pub use stats::SoftStats;
 

@@ -492,4 +492,7 @@ pub(super) struct RecvInfo {
     pub(super) src_qp: Option<QpNum>,
     pub(super) src_port: Option<u16>,
     pub(super) grh: bool,
+    /// The sender's LID and SL (InfiniBand link).
+    pub(super) slid: Option<crate::verbs::Lid>,
+    pub(super) sl: crate::verbs::Sl,
 }

@@ -77,7 +77,8 @@ impl Device {
                 .unwrap_or(&[]),
             None => &[],
         };
-        let dst = self.emit(&repr, payload, roce_dgid(&av).to_ip(), out);
+        let sent = self.emit_av(&repr, payload, &av, out);
+        let dst = self.routed(sent);
         if psn.diff(qp.req.high_psn) < 0 {
             self.stats.tx_retransmits += 1;
         } else {
@@ -145,7 +146,13 @@ impl Device {
                 .unwrap_or(&[]),
             None => &[],
         };
-        let (dst, status) = if roce_dgid(&ud.av).0[0] == 0xFF {
+        let (dst, status) = if self.ib.is_some() {
+            // InfiniBand: to the DLID's port, or the MLID's group; a packet the fabric drops
+            // (no route, the port down) is counted, and the send still succeeds, as on an
+            // HCA.
+            let sent = self.emit_av(&repr, payload, &ud.av, out);
+            (self.routed(sent), WcStatus::Success)
+        } else if roce_dgid(&ud.av).0[0] == 0xFF {
             // Multicast: one IP multicast datagram to the group (when on), and one unicast
             // copy per underlay peer; the first goes out now, the rest wait in `fanout`. A
             // group with neither swallows the send, as an empty IB multicast group does.

@@ -5,9 +5,12 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use crate::verbs::{Lid, Sl};
+use crate::wire::ib::IbGrh;
+
 use super::device::Device;
 use super::objects::RecvInfo;
-use super::qp::{roce_dgid, Filling, Qp, Response};
+use super::qp::{Filling, Qp, Response};
 use super::reorder::{FilledGap, Hold, Resent};
 use super::sched::TimerKind;
 use crate::verbs::{AsyncEvent, Psn, QpNum, QpState, WcStatus};
@@ -15,6 +18,27 @@ use crate::wire::bth::Opcode;
 use crate::wire::ext::{Aeth, NakCode, Syndrome};
 use crate::wire::grh::{GrhRepr, GRH_LEN};
 use crate::wire::roce::{RocePacket, RoceRepr};
+
+/// Where a received packet came from, as its link layer tells.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Origin {
+    /// RoCEv2: the sender's UDP address, and the IP address the datagram was sent to.
+    Ip {
+        /// The sender.
+        src: SocketAddr,
+        /// Where it was sent.
+        dst: IpAddr,
+    },
+    /// InfiniBand: the LRH's source LID and SL, and the GRH where the packet had one.
+    Lid {
+        /// Source LID.
+        slid: Lid,
+        /// Service level.
+        sl: Sl,
+        /// The GRH (multicast, global paths).
+        grh: Option<IbGrh>,
+    },
+}
 
 impl Device {
     /// An RC request `pkt` (the whole `datagram`) for `qp` arrived at `now`.
@@ -275,13 +299,7 @@ impl Device {
         self.enter_error(qp);
     }
 
-    pub(super) fn on_ud(
-        &mut self,
-        qp: &mut Qp,
-        src: SocketAddr,
-        dst: IpAddr,
-        pkt: &RocePacket<'_>,
-    ) {
+    pub(super) fn on_ud(&mut self, qp: &mut Qp, origin: &Origin, pkt: &RocePacket<'_>) {
         if !matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
             || !matches!(
                 pkt.bth.opcode,
@@ -315,7 +333,21 @@ impl Device {
             self.objects.return_recv(qp, wqe);
             return;
         };
-        GrhRepr::rocev2_ud(src.ip(), dst, pkt.payload.len()).emit(buf);
+        // The GRH area: RoCEv2's made from the IP addresses; on InfiniBand the packet's GRH
+        // where it had one (multicast), else nothing (the completion says so).
+        let (grh, src_port, slid, sl) = match *origin {
+            Origin::Ip { src, dst } => {
+                GrhRepr::rocev2_ud(src.ip(), dst, pkt.payload.len()).emit(buf);
+                (true, Some(src.port()), None, Sl::ZERO)
+            }
+            Origin::Lid { slid, sl, grh } => {
+                let area = grh.map_or([0; GRH_LEN], |g| g.to_bytes());
+                if let Some(d) = buf.get_mut(..GRH_LEN) {
+                    d.copy_from_slice(&area);
+                }
+                (grh.is_some(), None, Some(slid), sl)
+            }
+        };
         if let Some(d) = buf.get_mut(GRH_LEN..total) {
             d.copy_from_slice(pkt.payload);
         }
@@ -323,8 +355,10 @@ impl Device {
             byte_len: u32::try_from(total).unwrap_or(u32::MAX),
             imm: pkt.imm.map(|i| i.0),
             src_qp: Some(QpNum::new(deth.src_qp)),
-            src_port: Some(src.port()),
-            grh: true,
+            src_port,
+            grh,
+            slid,
+            sl,
         };
         self.complete_recv(qp, wqe, WcStatus::Success, info);
     }
@@ -366,7 +400,8 @@ impl Device {
             deth: None,
             imm: None,
         };
-        self.emit(&repr, &[], roce_dgid(&av).to_ip(), out)
+        let sent = self.emit_av(&repr, &[], &av, out);
+        self.routed(sent)
     }
 }
 

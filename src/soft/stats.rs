@@ -15,6 +15,24 @@ pub struct SoftStats {
     pub rx_bad_tver: u64,
     /// Dropped: P_Key does not match.
     pub rx_bad_pkey: u64,
+    /// InfiniBand link: dropped as a P_Key violation (the port's P_Key table holds no
+    /// entry that admits the packet's P_Key).
+    pub rx_pkey_violations: u64,
+    /// InfiniBand link: dropped, addressed to a LID that is not the port's, or to an MLID
+    /// no QP is attached with.
+    pub rx_wrong_dlid: u64,
+    /// InfiniBand link: dropped, the port is not active.
+    pub rx_port_down: u64,
+    /// InfiniBand link: beacons heard (routes learnt or refreshed).
+    pub rx_beacons: u64,
+    /// InfiniBand link: sends dropped, the port is not active.
+    pub tx_port_down: u64,
+    /// InfiniBand link: sends dropped, no route to their DLID (no port beacons it).
+    pub tx_no_route: u64,
+    /// InfiniBand link: beacons sent.
+    pub tx_beacons: u64,
+    /// InfiniBand link: beacons not taken, the route table full.
+    pub routes_full: u64,
     /// Dropped: no QP with the destination QPN.
     pub rx_unknown_qpn: u64,
     /// Dropped: source address is not the QP's peer.

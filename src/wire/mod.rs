@@ -56,6 +56,7 @@ pub mod cm;
 pub mod cma;
 pub mod ext;
 pub mod grh;
+pub mod ib;
 pub mod icrc;
 pub mod ids;
 pub mod ipoib;

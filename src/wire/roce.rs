@@ -280,6 +280,17 @@ impl RoceRepr {
         udp_dst: u16,
         out: &mut Vec<u8>,
     ) {
+        let start = out.len();
+        self.emit_transport_append(payload, out);
+        let icrc = icrc::compute_icrc(ip, udp_src, udp_dst, out.get(start..).unwrap_or_default());
+        out.extend_from_slice(&icrc.to_le_bytes());
+    }
+
+    /// Appends the transport part to `out`: the BTH, the headers the opcode calls for, the
+    /// payload and the pad, without the ICRC (which the link layer computes: over the IP
+    /// and UDP headers on RoCEv2, over the LRH and GRH on InfiniBand). Asserts as
+    /// [`emit`](Self::emit).
+    pub fn emit_transport_append(&self, payload: &[u8], out: &mut Vec<u8>) {
         debug_assert_eq!(self.check(), Ok(()), "inconsistent RoceRepr {self:?}");
         debug_assert!(
             self.bth.opcode.has_payload() || payload.is_empty(),
@@ -311,8 +322,6 @@ impl RoceRepr {
 
         out.extend_from_slice(payload);
         out.resize(out.len() + pad, 0);
-        let icrc = icrc::compute_icrc(ip, udp_src, udp_dst, out.get(start..).unwrap_or_default());
-        out.extend_from_slice(&icrc.to_le_bytes());
     }
 }
 

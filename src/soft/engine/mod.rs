@@ -152,13 +152,50 @@ impl SoftVerbs {
     }
 
     /// The IP multicast groups the attached MGIDs map to (none with [`SoftConfig::multicast`]
-    /// off), sorted: the groups the provider's sockets must have joined.
+    /// off), sorted: the groups the provider's sockets must have joined. On an InfiniBand
+    /// link: the beacon group and the group of each attached MLID.
     pub fn ip_multicast_groups(&self) -> Vec<IpAddr> {
-        if self.dev.cfg.multicast {
-            self.dev.mcast.ip_groups(self.dev.cfg.local_ip)
-        } else {
+        let local = self.dev.cfg.local_ip;
+        if !self.dev.cfg.multicast {
             Vec::new()
+        } else if self.dev.ib.is_some() {
+            let mut g = vec![crate::soft::ib::beacon_group(local)];
+            g.extend(
+                self.dev
+                    .mcast
+                    .mlids()
+                    .into_iter()
+                    .map(|m| crate::soft::ib::mlid_group(m, local)),
+            );
+            g
+        } else {
+            self.dev.mcast.ip_groups(local)
         }
+    }
+
+    /// Sets what the InfiniBand port is ([`SoftLink::Infiniband`](crate::soft::SoftLink)):
+    /// what the SM made of it, read from its SMA, at `now`. A change is beaconed at once,
+    /// and from the first call on the port beacons every
+    /// [`BEACON_INTERVAL`](crate::soft::ib::BEACON_INTERVAL). Nothing on a RoCEv2 link.
+    pub fn set_ib_port(&mut self, now: Instant, mut attr: crate::soft::IbPortAttr) {
+        let Some(ib) = self.dev.ib.as_mut() else {
+            return;
+        };
+        attr.pkeys.truncate(crate::soft::ib::MAX_PKEYS);
+        if ib.port != attr || ib.beacon_at.is_none() {
+            ib.port = attr;
+            ib.beacon_at = Some(now);
+        }
+    }
+
+    /// The InfiniBand port's attributes; `None` on a RoCEv2 link.
+    pub fn ib_port(&self) -> Option<&crate::soft::IbPortAttr> {
+        self.dev.ib.as_ref().map(|ib| &ib.port)
+    }
+
+    /// Routes the InfiniBand link holds (ports heard beaconing); 0 on RoCEv2.
+    pub fn ib_routes(&self) -> usize {
+        self.dev.ib.as_ref().map_or(0, |ib| ib.routes.len())
     }
 
     /// Changes whenever a multicast group gains its first member or loses its last one (then
@@ -208,17 +245,34 @@ impl SoftVerbs {
 
 impl Verbs for SoftVerbs {
     fn port_attr(&self) -> PortAttr {
-        PortAttr {
-            gid: Gid::from_ip(self.dev.cfg.local_ip),
-            active_mtu: self.dev.cfg.port_mtu,
-            max_mtu: PathMtu::Mtu4096,
-            max_msg_size: MAX_RC_MSG,
-            active: true,
+        match &self.dev.ib {
+            // What fits the underlay and the IB port's MTU both.
+            Some(ib) => PortAttr {
+                gid: ib.port.gid,
+                active_mtu: self.dev.cfg.port_mtu.min(ib.port.mtu),
+                max_mtu: PathMtu::Mtu4096,
+                max_msg_size: MAX_RC_MSG,
+                active: ib.port.active,
+            },
+            None => PortAttr {
+                gid: Gid::from_ip(self.dev.cfg.local_ip),
+                active_mtu: self.dev.cfg.port_mtu,
+                max_mtu: PathMtu::Mtu4096,
+                max_msg_size: MAX_RC_MSG,
+                active: true,
+            },
         }
     }
 
-    /// The table has one entry, [`SoftConfig::pkey`], at index 0.
+    /// RoCEv2: the table has one entry, [`SoftConfig::pkey`], at index 0. InfiniBand: the
+    /// port's table as the SM set it.
     fn pkey_index(&self, pkey: PKey) -> Result<u16, VerbsError> {
+        if let Some(ib) = &self.dev.ib {
+            return ib
+                .port
+                .pkey_index(pkey.0)
+                .ok_or(VerbsError::NoSuchPKey(pkey.0));
+        }
         if self.dev.cfg.pkey.same_partition(pkey) {
             Ok(0)
         } else {
@@ -388,7 +442,7 @@ impl Verbs for SoftVerbs {
         self.qps.len()
     }
 
-    fn attach_mcast(&mut self, qpn: QpNum, mgid: Gid, _mlid: u16) -> Result<(), VerbsError> {
+    fn attach_mcast(&mut self, qpn: QpNum, mgid: Gid, mlid: u16) -> Result<(), VerbsError> {
         self.alive()?;
         let qp = self.qps.get(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
         if qp.qp_type != QpType::Ud || mgid.0[0] != 0xFF {
@@ -396,7 +450,7 @@ impl Verbs for SoftVerbs {
                 "multicast needs a UD QP and an ff00::/8 MGID",
             ));
         }
-        self.dev.mcast.attach(qpn, mgid);
+        self.dev.mcast.attach(qpn, mgid, mlid);
         Ok(())
     }
 
@@ -436,16 +490,26 @@ impl SoftVerbs {
         self.alive()?;
         let port_mtu = self.dev.cfg.port_mtu;
         let local_v4 = self.dev.cfg.local_ip.is_ipv4();
+        let ib_pkeys = self.dev.ib.as_ref().map(|ib| ib.port.pkeys.len());
         let qp = self.qps.get_mut(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
         check_modify(qp.qp_type, qp.state, attr)?;
-        if attr.pkey_index.is_some_and(|i| i != 0) {
-            // The P_Key table has one entry.
+        // RoCEv2: the P_Key table has one entry; InfiniBand: the port's.
+        let pkey_entries = ib_pkeys.unwrap_or(1);
+        if attr
+            .pkey_index
+            .is_some_and(|i| usize::from(i) >= pkey_entries)
+        {
             return Err(VerbsError::InvalidAttribute("pkey_index"));
         }
         if attr.path_mtu.is_some_and(|m| m > port_mtu) {
             return Err(VerbsError::InvalidAttribute("path_mtu"));
         }
-        if let Some(av) = attr.av {
+        if let (Some(av), Some(_)) = (attr.av, ib_pkeys) {
+            // InfiniBand routes by the DLID (and a GRH's DGID names a GID, not an address).
+            if av.dlid == crate::verbs::Lid::NONE {
+                return Err(VerbsError::InvalidAttribute("av without a DLID"));
+            }
+        } else if let Some(av) = attr.av {
             // RoCEv2 routes by the GRH's destination: an address vector without one (an IB
             // LID route) names no IP address (rxe: `rdma_check_ah_attr`).
             match av.dgid() {
@@ -497,6 +561,7 @@ impl SoftVerbs {
     fn post_send_now(&mut self, qpn: QpNum, wr: &SendWr) -> Result<(), VerbsError> {
         self.alive()?;
         let port_mtu = self.dev.cfg.port_mtu.bytes();
+        let ib = self.dev.ib.is_some();
         let qp = self.qps.get_mut(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
         if !matches!(qp.state, QpState::Rts | QpState::Sqd | QpState::Err) {
             return Err(VerbsError::InvalidState {
@@ -512,7 +577,10 @@ impl SoftVerbs {
             QpType::Ud | QpType::Gsi => {
                 match wr.ud {
                     None => return Err(VerbsError::InvalidWr("UD send without a destination")),
-                    Some(d) if d.av.grh.is_none() => {
+                    Some(d) if ib && d.av.dlid == crate::verbs::Lid::NONE => {
+                        return Err(VerbsError::InvalidWr("UD send without a DLID"))
+                    }
+                    Some(d) if !ib && d.av.grh.is_none() => {
                         return Err(VerbsError::InvalidWr("UD send without a GRH"))
                     }
                     Some(_) => {}

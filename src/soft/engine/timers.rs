@@ -15,6 +15,7 @@ impl SoftVerbs {
             self.dev.sched.next_timeout(),
             self.fatal_at,
             self.later.next_at(),
+            self.dev.ib.as_ref().and_then(|ib| ib.beacon_at),
         ]
         .into_iter()
         .flatten()

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use super::SoftVerbs;
 use crate::soft::device::Device;
+use crate::soft::ib::{beacon_group, BEACON_INTERVAL};
 use crate::soft::qp::Qp;
 use crate::verbs::QpType;
 
@@ -25,6 +26,9 @@ impl SoftVerbs {
             return None;
         }
         let start = buf.len();
+        if let Some(to) = self.dev.beacon_due(now, buf) {
+            return Some(to);
+        }
         loop {
             if let Some((dst, d)) = self.dev.mcast.fanout.pop_front() {
                 self.dev.stats.tx_packets += 1;
@@ -82,6 +86,35 @@ impl SoftVerbs {
 }
 
 impl Device {
+    /// On an InfiniBand link whose beacon is due: the routes past their time forgotten, the
+    /// beacon appended to `out` for the beacon group, and queued for every fan-out peer;
+    /// returns where the first copy goes.
+    fn beacon_due(&mut self, now: Instant, out: &mut Vec<u8>) -> Option<SocketAddr> {
+        let ib = self.ib.as_mut()?;
+        if ib.beacon_at.is_none_or(|at| now < at) {
+            return None;
+        }
+        ib.beacon_at = Some(now + BEACON_INTERVAL);
+        ib.routes.expire(now);
+        let b = ib.beacon().to_bytes();
+        let port = self.cfg.dst_port;
+        let group = SocketAddr::new(beacon_group(self.cfg.local_ip), port);
+        for peer in &self.mcast.peers {
+            self.mcast
+                .fanout
+                .push_back((SocketAddr::new(*peer, port), b.to_vec()));
+        }
+        self.stats.tx_beacons += 1;
+        if self.cfg.multicast {
+            out.extend_from_slice(&b);
+            Some(group)
+        } else {
+            let (to, d) = self.mcast.fanout.pop_front()?;
+            out.extend_from_slice(&d);
+            Some(to)
+        }
+    }
+
     /// Builds the next packet of `qp` into `out`, a response it owes before a request;
     /// returns its destination.
     fn next_packet(&mut self, qp: &mut Qp, now: Instant, out: &mut Vec<u8>) -> Option<SocketAddr> {

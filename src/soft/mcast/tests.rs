@@ -76,9 +76,9 @@ fn members_by_group_address() {
     let bcast = broadcast_mgid(0xffff);
     let other = broadcast_mgid(0x8001);
     let g0 = m.generation();
-    m.attach(a, bcast);
-    m.attach(b, other);
-    m.attach(b, bcast);
+    m.attach(a, bcast, 0);
+    m.attach(b, other, 0);
+    m.attach(b, bcast, 0);
     assert_ne!(m.generation(), g0);
     assert_eq!(
         m.ip_groups(V4),
@@ -95,7 +95,7 @@ fn members_by_group_address() {
     assert_ne!(m.generation(), g1, "group `other` is gone");
     assert_eq!(m.ip_groups(V4), vec![ip("239.255.255.255")]);
     let g2 = m.generation();
-    m.attach(b, bcast);
+    m.attach(b, bcast, 0);
     assert_eq!(m.generation(), g2, "no new group");
 }
 
