@@ -259,15 +259,12 @@ impl AgentSpec {
         }
     }
 
-    /// A client of directed-route SMPs on QP0 (responses only), old header: what asks a
-    /// port's own SMA.
-    pub(crate) fn smi() -> Self {
+    /// A client of subnet management class `mgmt_class` (directed-route SMPs: 0x81,
+    /// version 1) on QP0 (responses only), old header: what asks a port's own SMA.
+    pub(crate) fn smi(mgmt_class: u8, class_version: u8) -> Self {
         Self {
             qpn: 0,
-            ..Self::client(
-                crate::wire::smp::SMI_DIRECTED_ROUTE,
-                crate::wire::smp::SMI_CLASS_VERSION,
-            )
+            ..Self::client(mgmt_class, class_version)
         }
     }
 }
@@ -553,13 +550,13 @@ impl Umad {
         self.send(mad, &UmadAddr::to_lid(dlid, sl, qkey), SEND_TIMEOUT_MS)
     }
 
-    /// Sends the directed-route SMP `mad` to the port's own SMA (QP0 at the permissive LID,
-    /// hop count 0 in the SMP), kept [`SEND_TIMEOUT_MS`] for its response.
+    /// Sends the directed-route SMP `mad` to the port's own SMA (QP0 at the permissive LID
+    /// 0xFFFF, hop count 0 in the SMP), kept [`SEND_TIMEOUT_MS`] for its response.
     pub(crate) fn send_smp_local(&self, mad: &[u8; MAD_LEN]) -> io::Result<()> {
         let to = UmadAddr {
             qpn: 0,
             qkey: 0,
-            ..UmadAddr::to_lid(crate::wire::smp::PERMISSIVE_LID, 0, 0)
+            ..UmadAddr::to_lid(0xFFFF, 0, 0)
         };
         self.send(mad, &to, SEND_TIMEOUT_MS)
     }

@@ -19,6 +19,7 @@ mod rc_qp;
 #[cfg(feature = "verbs")]
 pub mod rdmacm_pingpong;
 pub mod sa;
+mod sa_args;
 mod sa_node;
 pub mod sa_port;
 mod soft_loop;

@@ -18,25 +18,7 @@ use crate::sys::umad::{Umad, UmadPort, UmadRecv};
 use crate::wire::sa::{SA_CLASS_VERSION, SA_MGMT_CLASS};
 use crate::wire::{Gid, GSI_QKEY};
 
-/// Which port and partition.
-#[derive(Debug, Clone, clap::Args)]
-pub struct SaPortArgs {
-    /// The device (default: the first umad port's).
-    #[arg(long, value_name = "CA")]
-    pub ca: Option<String>,
-    /// The port number.
-    #[arg(long, value_name = "N")]
-    pub port: Option<u8>,
-    /// The partition key.
-    #[arg(long, value_name = "PKEY", default_value = "0xffff", value_parser = parse_pkey)]
-    pub pkey: u16,
-    /// Print every MAD received as hex.
-    #[arg(long)]
-    pub dump: bool,
-    /// Give up after this long.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub timeout: Duration,
-}
+pub use super::sa_args::SaPortArgs;
 
 /// `ipoib-cm sa …`.
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -101,11 +83,6 @@ pub enum SaCommand {
         #[arg(long, value_name = "MGID")]
         mgid: Option<Ipv6Addr>,
     },
-}
-
-fn parse_pkey(s: &str) -> Result<u16, String> {
-    let h = s.strip_prefix("0x").unwrap_or(s);
-    u16::from_str_radix(h, 16).map_err(|e| format!("{s}: {e}"))
 }
 
 /// Runs one `sa` command; the error is the line to print.

@@ -10,13 +10,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::sa::SaPortArgs;
+use super::sa_args::SaPortArgs;
 use crate::sa::{
     GroupOptions, PortEvent, PortSnapshot, PortWatch, PortWatchConfig, SaClient, SaConfig, SaEvent,
 };
 use crate::sys::umad::{AgentSpec, Umad, UmadOpenError, UmadPort, UmadRecv};
 use crate::wire::cm::MAD_LEN;
 use crate::wire::sa::{SA_CLASS_VERSION, SA_MGMT_CLASS};
+use crate::wire::smp::{SMI_CLASS_VERSION, SMI_DIRECTED_ROUTE};
 use crate::wire::GSI_QKEY;
 
 /// Most MADs read from one agent per turn.
@@ -91,7 +92,7 @@ pub(crate) fn run(args: &PortArgs) -> Result<(), PortToolError> {
             source,
         })
     };
-    let smi = open(&AgentSpec::smi())?;
+    let smi = open(&AgentSpec::smi(SMI_DIRECTED_ROUTE, SMI_CLASS_VERSION))?;
     let cfg = PortWatchConfig {
         period: args.period,
         ..PortWatchConfig::default()
