@@ -156,10 +156,17 @@ impl ConnectionManager {
         }
     }
 
-    /// A MAD for our CM (the kernel's CM reads its own: dropped).
-    pub fn handle_mad(&mut self, now: Instant, from: Gid, mad: &[u8; MAD_LEN]) {
+    /// A MAD for our CM, with the LIDs it came by where the port has them (the kernel's CM
+    /// reads its own: dropped).
+    pub fn handle_routed_mad(
+        &mut self,
+        now: Instant,
+        from: Gid,
+        route: Option<super::MadRoute>,
+        mad: &[u8; MAD_LEN],
+    ) {
         if let Self::Ours(c) = self {
-            c.handle_mad(now, from, mad);
+            c.handle_routed_mad(now, from, route, mad);
         }
     }
 

@@ -612,8 +612,8 @@ impl<P: Provider> Node<P> {
             self.mad.as_mut(),
             self.prov.verbs(),
             &mut self.mads,
-            |from, m| {
-                ep.handle_mad(now, from, m);
+            |from, route, m| {
+                ep.handle_routed_mad(now, from, route, m);
             },
         );
     }

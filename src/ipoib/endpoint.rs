@@ -380,8 +380,20 @@ impl Endpoint {
     /// Hands the CM a MAD that the driver's transport received from `from`. Call it before
     /// [`handle_verbs`](Self::handle_verbs) on the same turn, which acts on what it brought.
     pub fn handle_mad(&mut self, now: Instant, from: Gid, mad: &[u8; MAD_LEN]) {
+        self.handle_routed_mad(now, from, None, mad);
+    }
+
+    /// [`handle_mad`](Self::handle_mad) for a MAD that came with its LIDs (`route`: an
+    /// InfiniBand port), which a REQ's passive path takes.
+    pub fn handle_routed_mad(
+        &mut self,
+        now: Instant,
+        from: Gid,
+        route: Option<crate::cm::MadRoute>,
+        mad: &[u8; MAD_LEN],
+    ) {
         self.last_now = self.last_now.max(now);
-        self.cm.handle_mad(now, from, mad);
+        self.cm.handle_routed_mad(now, from, route, mad);
     }
 
     /// The next CM MAD to send, with its destination. A MAD the transport has no room for
@@ -752,6 +764,7 @@ impl Endpoint {
                 mtu: t.mtu,
                 queued: t.queue.len(),
                 in_flight: t.outstanding,
+                path: self.path(t.peer.gid),
             })
             .collect();
         tx.sort_by_key(|t| t.qpn);

@@ -23,6 +23,7 @@ use std::os::fd::RawFd;
 use std::str::FromStr;
 
 use crate::choice::ParseChoiceError;
+use crate::cm::MadRoute;
 use crate::verbs::{Gid, QpNum, Verbs, VerbsError};
 
 pub use crate::wire::cm::MAD_LEN;
@@ -163,6 +164,12 @@ pub trait MadTransport<V: Verbs> {
     /// that address peers by GID alone ignore it.
     fn set_peer_lid(&mut self, _gid: Gid, _lid: u16) {}
 
+    /// InfiniBand: how MADs from `from` reach this port (its LID), for a passive side's path
+    /// from a REQ ([`crate::cm::passive_path`]); `None` where the transport knows no LIDs.
+    fn route_of(&self, _from: Gid) -> Option<MadRoute> {
+        None
+    }
+
     /// True when the last [`MadTransport::poll`] stopped at its bound with MADs left: the
     /// next turn should follow at once.
     fn has_more(&self) -> bool {
@@ -195,6 +202,19 @@ impl<V: Verbs> MadTransport<V> for Gsi {
 
     fn provider_qp(&self) -> Option<QpNum> {
         Some(self.qp())
+    }
+
+    fn set_peer_lid(&mut self, gid: Gid, lid: u16) {
+        Self::set_peer_lid(self, gid, crate::verbs::Lid(lid));
+    }
+
+    fn route_of(&self, from: Gid) -> Option<MadRoute> {
+        self.peer_lid(from).map(|slid| MadRoute {
+            slid,
+            sl: crate::verbs::Sl::ZERO,
+            dlid_path_bits: 0,
+            grh: false,
+        })
     }
 }
 
@@ -295,18 +315,20 @@ pub fn send_while_room<V: Verbs, T: MadTransport<V> + ?Sized>(
     }
 }
 
-/// Reads what the transport received and hands each MAD to `deliver` (the endpoint's
-/// [`handle_mad`](crate::ipoib::Endpoint::handle_mad)); `scratch` is reused across turns.
+/// Reads what the transport received and hands each MAD, with its route where the transport
+/// knows one, to `deliver` (the endpoint's
+/// [`handle_routed_mad`](crate::ipoib::Endpoint::handle_routed_mad)); `scratch` is reused
+/// across turns.
 pub fn receive<V: Verbs, T: MadTransport<V> + ?Sized>(
     t: &mut T,
     v: &mut V,
     scratch: &mut Vec<Mad>,
-    mut deliver: impl FnMut(Gid, &[u8; MAD_LEN]),
+    mut deliver: impl FnMut(Gid, Option<MadRoute>, &[u8; MAD_LEN]),
 ) {
     scratch.clear();
     t.poll(v, scratch);
     for (from, mad) in scratch.iter() {
-        deliver(*from, mad);
+        deliver(*from, t.route_of(*from), mad);
     }
     scratch.clear();
     scratch.shrink_to(crate::cm::QUEUE_KEEP);
@@ -358,7 +380,7 @@ mod tests {
         assert_eq!(queue.len(), 3);
         let mut scratch = Vec::new();
         let mut got = Vec::new();
-        receive(&mut t, &mut v, &mut scratch, |_, m| got.push(m[0]));
+        receive(&mut t, &mut v, &mut scratch, |_, _, m| got.push(m[0]));
         assert_eq!(got, [0, 1]);
         assert!(scratch.is_empty());
     }

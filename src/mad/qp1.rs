@@ -4,13 +4,21 @@
 //! Each MAD travels as one UD SEND_ONLY to QP 1 of the peer with Q_Key `0x80010000`, so on the
 //! wire it is real RoCEv2 CM traffic that tshark decodes and rxe's CM would accept. The sender
 //! is identified by the source GID in the receive's GRH area.
+//!
+//! On an InfiniBand port a MAD inside the subnet has no GRH: it goes to the peer's LID (from
+//! its PathRecord, [`MadTransport::set_peer_lid`](super::MadTransport::set_peer_lid)), and a
+//! received one names its sender by its SLID, whose GID is the one a PathRecord or an earlier
+//! REQ gave (a REQ names its sender's GID and LID in its primary path). At most
+//! [`MAX_PEER_LIDS`] peers are known by LID.
 use super::{MadStats, MAD_LEN};
 use crate::verbs::setup::open_ud_qp;
 use crate::verbs::{
-    AddressVector, BufId, Completion, CqId, Gid, PdId, PoolId, QKey, QpNum, QpType, SendWr, UdDest,
-    Verbs, VerbsError, WcOpcode, WcStatus, WrId,
+    AddressVector, BufId, Completion, CqId, Gid, Lid, PdId, PoolId, QKey, QpNum, QpType, SendWr,
+    Sl, UdDest, Verbs, VerbsError, WcOpcode, WcStatus, WrId,
 };
+use crate::wire::cm::{CmMad, CmMessage};
 use crate::wire::grh::{grh_source_gid, GRH_LEN};
+use std::collections::BTreeMap;
 
 /// Receives posted on QP1 by [`Gsi::open_for_cm`]: deep enough for a burst of REQs from many
 /// peers at once (a dropped MAD costs a CM retransmission timeout).
@@ -27,6 +35,9 @@ pub const fn gsi_pool_bytes(recv_depth: u32, send_depth: u32) -> usize {
 /// Bytes of one QP1 buffer: a receive's GRH area and a MAD.
 const GSI_BUF_LEN: usize = GRH_LEN + MAD_LEN;
 
+/// Most peers known by LID (InfiniBand); the lowest GID goes first when more come.
+pub(crate) const MAX_PEER_LIDS: usize = 4096;
+
 /// QP1 with its own CQ and buffer pool.
 #[derive(Debug)]
 pub struct Gsi {
@@ -35,6 +46,8 @@ pub struct Gsi {
     free_send: Vec<BufId>,
     stats: MadStats,
     wcs: Vec<Completion>,
+    /// InfiniBand: the LID of each peer, and the last route a MAD of each came by.
+    lids: BTreeMap<Gid, Lid>,
 }
 
 const RECV_WRID: WrId = WrId(1);
@@ -83,6 +96,7 @@ impl Gsi {
             free_send,
             stats: MadStats::default(),
             wcs: Vec::with_capacity(64),
+            lids: BTreeMap::new(),
         })
     }
 
@@ -132,8 +146,12 @@ impl Gsi {
             }
         }
         let mut wr = SendWr::send(SEND_WRID, b, MAD_LEN);
+        let av = match self.lids.get(&to) {
+            Some(&lid) => AddressVector::to_lid(lid, Sl::ZERO),
+            None => AddressVector::to_gid(to),
+        };
         wr.ud = Some(UdDest {
-            av: AddressVector::to_gid(to),
+            av,
             remote_qpn: QpNum::GSI,
             remote_qkey: QKey::GSI,
         });
@@ -162,7 +180,8 @@ impl Gsi {
                     WcOpcode::Send => self.free_send.push(b),
                     WcOpcode::Recv => {
                         if wc.status == WcStatus::Success {
-                            self.take_mad(v, b, wc.byte_len as usize, out);
+                            let from = if wc.grh { None } else { wc.slid };
+                            self.take_mad(v, b, wc.byte_len as usize, from, out);
                         }
                         if v.post_recv(self.qp, RECV_WRID, b).is_err() {
                             let _ = v.pools_mut().free(b);
@@ -173,16 +192,22 @@ impl Gsi {
         }
     }
 
+    /// Takes a received MAD from its buffer: its sender by the GRH's source GID, or (`slid`,
+    /// no GRH) by the GID known for that LID.
     fn take_mad<V: Verbs>(
         &mut self,
         v: &V,
         b: BufId,
         len: usize,
+        slid: Option<Lid>,
         out: &mut Vec<(Gid, [u8; MAD_LEN])>,
     ) {
         let parsed = v.pools().get(b).ok().and_then(|buf| {
-            let from = grh_source_gid(buf)?;
             let mad: [u8; MAD_LEN] = buf.get(GRH_LEN..len)?.get(..MAD_LEN)?.try_into().ok()?;
+            let from = match slid {
+                None => grh_source_gid(buf)?,
+                Some(lid) => self.gid_of(lid, &mad)?,
+            };
             Some((from, mad))
         });
         match parsed {
@@ -192,6 +217,36 @@ impl Gsi {
             }
             None => self.stats.recv_malformed += 1,
         }
+    }
+}
+
+impl Gsi {
+    /// InfiniBand: the peer at `gid` is at `lid`.
+    pub fn set_peer_lid(&mut self, gid: Gid, lid: Lid) {
+        if !self.lids.contains_key(&gid) && self.lids.len() >= MAX_PEER_LIDS {
+            self.lids.pop_first();
+        }
+        self.lids.insert(gid, lid);
+    }
+
+    /// The LID a peer is known at (InfiniBand).
+    pub fn peer_lid(&self, gid: Gid) -> Option<Lid> {
+        self.lids.get(&gid).copied()
+    }
+
+    /// The GID of the peer at `lid`: one known already, or the sender a REQ names in its
+    /// primary path (its local GID and LID), learnt then.
+    fn gid_of(&mut self, lid: Lid, mad: &[u8; MAD_LEN]) -> Option<Gid> {
+        if let Some((&g, _)) = self.lids.iter().find(|(_, l)| **l == lid) {
+            return Some(g);
+        }
+        let CmMessage::Req(r) = CmMad::parse(mad).ok()?.msg else {
+            return None;
+        };
+        let p = r.primary_path;
+        (Lid(p.local_lid) == lid).then_some(())?;
+        self.set_peer_lid(p.local_gid, lid);
+        Some(p.local_gid)
     }
 }
 

@@ -360,7 +360,9 @@ pub fn endpoint_turn<V: Verbs>(
     scratch: &mut Vec<Mad>,
     now: Instant,
 ) {
-    mad::receive(gsi, v, scratch, |from, m| ep.handle_mad(now, from, m));
+    mad::receive(gsi, v, scratch, |from, route, m| {
+        ep.handle_routed_mad(now, from, route, m);
+    });
     ep.handle_verbs(now, v);
     mad::send_while_room(gsi, v, || ep.poll_mad());
     ep.handle_timeout(now, v);
