@@ -110,6 +110,7 @@ fn port_4k() -> ipoib_cm::verbs::PortAttr {
         max_mtu: PathMtu::Mtu4096,
         max_msg_size: 1 << 31,
         active: true,
+        lids: None,
     }
 }
 

@@ -36,6 +36,7 @@ fn status() -> Status {
             path_mtu: 0,
             path_mtu_from: String::new(),
             underlay: None,
+            port: None,
         },
         neighbours: vec![],
         neighbour_table: Default::default(),

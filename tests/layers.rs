@@ -30,7 +30,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("choice", &[]),
     ("verbs", &["wire"]),
     ("sa", &["wire"]),
-    ("soft", &["wire", "verbs", "sys"]),
+    ("soft", &["wire", "verbs", "sys", "sa"]),
     ("hw", &["verbs"]),
     ("cm", &["wire", "verbs", "timer"]),
     ("mad", &["wire", "sys", "verbs", "cm", "choice"]),

@@ -43,6 +43,13 @@ pub enum DaemonError {
     /// `--cm-transport umad` on the software provider, which owns its QP1 itself.
     #[error("--cm-transport umad: needs --provider verbs (the soft provider carries CM MADs on its own QP1: qp1)")]
     UmadNeedsVerbs,
+    /// `--cm-transport udp` with `--link-layer infiniband`: an IB port's GIDs are no
+    /// underlay addresses.
+    #[error("--cm-transport udp: not with --link-layer infiniband (its GIDs are no underlay addresses; the CM runs on the port's QP1: qp1)")]
+    SideChannelOnIb,
+    /// The simulated InfiniBand port could not be read.
+    #[error("--link-layer infiniband: {0} (run under ibsim's umad2sim: LD_PRELOAD=libumad2sim.so SIM_HOST=NODE)")]
+    SimPort(#[source] crate::soft::sim_port::SimPortError),
     /// The CM MAD side channel's socket could not be bound.
     #[error("--mad-port {addr}:{port}: {source}")]
     MadPort {

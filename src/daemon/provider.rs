@@ -26,9 +26,16 @@ pub trait DaemonProvider: Provider {
     }
 
     /// The device and port of a native InfiniBand port, whose groups and paths come from the
-    /// SA; `None` where there is no SA (RoCE, the software provider).
+    /// SA; `None` where there is no SA (RoCE).
     fn sa_port(&self) -> Option<(String, u8)> {
         None
+    }
+
+    /// Whether the port raises `CLIENT_REREGISTER` when the SM lost its registrations (an
+    /// HCA does, told by the SM); where it cannot (a simulated port, whose SMA keeps no such
+    /// bit), the SA client checks its memberships instead.
+    fn reports_reregister(&self) -> bool {
+        true
     }
 
     /// The `--bind` link's MTU is `mtu` bytes (at start, and whenever it changes): the
@@ -65,6 +72,10 @@ impl DaemonProvider for SoftProvider {
         if engine.config().workers.count() != crate::wire::WorkerCount::ONE {
             add_counters(out, "", &self.steering_stats());
         }
+        if let Some(sp) = self.sim_port() {
+            add_counters(out, "port_", &sp.counters());
+            out.insert("port_io_errors".to_owned(), sp.io_errors);
+        }
         for (k, v) in [
             ("send_errors", self.send_errors),
             ("send_too_big", self.send_too_big),
@@ -79,6 +90,15 @@ impl DaemonProvider for SoftProvider {
     fn set_peers(&mut self, peers: &[IpAddr]) -> bool {
         self.verbs().set_mcast_peers(peers.to_vec());
         true
+    }
+
+    /// The simulated InfiniBand port's umad device, where the provider has one.
+    fn sa_port(&self) -> Option<(String, u8)> {
+        self.sim_port().map(crate::soft::sim_port::SimPort::device)
+    }
+
+    fn reports_reregister(&self) -> bool {
+        self.sim_port().is_none()
     }
 
     fn take_id_solved_peers(&mut self) -> Vec<IpAddr> {

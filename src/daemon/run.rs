@@ -17,7 +17,7 @@ use mio::{Events, Interest, Poll, Token};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 
-use super::config::{CmTransport, Config, PathMtuChoice, WORKER_FAULT_AFTER};
+use super::config::{CmTransport, Config, LinkLayerKind, PathMtuChoice, WORKER_FAULT_AFTER};
 use super::control::{ControlServer, Reply, Request, MAX_CLIENTS};
 pub use super::error::DaemonError;
 use super::floods::{FloodWarnings, FLOOD_WARN_INTERVAL};
@@ -34,6 +34,7 @@ use crate::driver::{Node, NodeConfig, SaDriver};
 use crate::ipoib::Mode;
 use crate::mad::MadTransport;
 use crate::soft::provider::{SoftProvider, UdpOffload};
+use crate::soft::sim_port::SimPort;
 use crate::soft::transport::UdpTransport;
 use crate::soft::SoftConfig;
 use crate::sys::ifaddr;
@@ -57,6 +58,9 @@ const WORKERS: Token = Token(UNDERLAY.0 + 1);
 /// The first of the node's tokens (the rest follow it).
 const NODE: usize = WORKERS.0 + 1;
 
+/// How long the first read of a simulated InfiniBand port's SMA may take at start.
+const SIM_PORT_FIRST_READ: Duration = Duration::from_secs(5);
+
 /// Longest sleep when nothing is scheduled.
 const IDLE_WAKE: Duration = Duration::from_secs(1);
 
@@ -77,8 +81,19 @@ pub fn up(cfg: &Config) -> Result<(), DaemonError> {
     if cfg.cm_transport == Some(CmTransport::RdmaCm) {
         return Err(DaemonError::RdmaCmNeedsVerbs);
     }
+    let ib = cfg.link_layer == LinkLayerKind::Infiniband;
+    if ib && cfg.workers != WorkerCount::ONE {
+        return Err(DaemonError::WorkersNeed {
+            workers: cfg.workers,
+            needs: "runs on RoCE only, for now (an InfiniBand port's paths come from its SA)",
+        });
+    }
+    if ib && cfg.cm_transport == Some(CmTransport::Udp) {
+        return Err(DaemonError::SideChannelOnIb);
+    }
     let link_mtu = bind_link_mtu(cfg)?;
     let mut soft = SoftConfig::new(cfg.bind);
+    soft.link = cfg.link_layer.into();
     soft.src_port = cfg.udp_port;
     soft.dst_port = cfg.udp_port;
     soft.pkey = cfg.pkey;
@@ -124,6 +139,21 @@ pub fn up(cfg: &Config) -> Result<(), DaemonError> {
         })
         .collect();
     prov.verbs().set_mcast_peers(cfg.peer.clone());
+    if ib {
+        let (sp, attr) =
+            SimPort::open(None, None, SIM_PORT_FIRST_READ).map_err(DaemonError::SimPort)?;
+        let (ca, port) = sp.device();
+        tracing::info!(
+            device = %ca,
+            port,
+            lid = %attr.lid,
+            sm_lid = %attr.sm_lid,
+            active = attr.active,
+            gid = %attr.gid,
+            "InfiniBand port of a simulated fabric, read from its SMA"
+        );
+        prov.attach_sim_port(Instant::now(), sp, attr);
+    }
     if cfg.peer.is_empty() && !prov.multicast_active() {
         tracing::warn!(
             bind = %cfg.bind,
@@ -552,6 +582,10 @@ fn run<P: DaemonProvider + 'static>(
     }
 }
 
+/// How often the SA is asked whether it still lists the port in the broadcast group, where
+/// the port cannot report `CLIENT_REREGISTER` itself (a simulated one).
+const MEMBERSHIP_CHECK: Duration = Duration::from_secs(1);
+
 /// On a native InfiniBand port, hands the node's groups and paths to an SA client on the
 /// port's umad device; returns what the start-up line says of it.
 fn attach_sa<P: DaemonProvider>(
@@ -562,8 +596,11 @@ fn attach_sa<P: DaemonProvider>(
     let Some((ca, port)) = node.provider().sa_port() else {
         return Ok("none (RoCE)".to_owned());
     };
-    let sa = SaDriver::open(Some(&ca), Some(port), cfg.pkey.0)
+    let mut sa = SaDriver::open(Some(&ca), Some(port), cfg.pkey.0)
         .map_err(|source| DaemonError::Sa { ca, port, source })?;
+    if !node.provider().reports_reregister() {
+        sa.check_memberships(Instant::now(), MEMBERSHIP_CHECK);
+    }
     let p = sa.port();
     let line = format!(
         "{} port {} lid {:#x} sm_lid {:#x}{}",

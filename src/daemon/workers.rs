@@ -175,6 +175,15 @@ pub(super) fn part_status<P: DaemonProvider>(node: &Node<P>, now: Instant) -> St
     add_counters(&mut status.provider, "mad_", &node.mad_stats());
     add_counters(&mut status.provider, "", &node.device_stats());
     if let Some(sa) = node.sa() {
+        let p = sa.port();
+        status.interface.port = Some(super::status::PortStatus {
+            link_layer: "infiniband".to_owned(),
+            device: p.ca,
+            port: p.port,
+            lid: p.lid,
+            sm_lid: p.sm_lid,
+            pkey: sa.pkey(),
+        });
         add_counters(&mut status.provider, "sa_", &sa.counters());
         add_counters(&mut status.provider, "sa_", &sa.stats());
     }

@@ -32,7 +32,7 @@ use crate::sa::{
     GroupOptions, PathLookup, PortEvent, SaClient, SaConfig, SaCounters, SaEvent, SmAddress,
 };
 use crate::sys::umad::{kernel_ipoib_on, Umad, UmadPort, UmadRecv};
-use crate::verbs::Verbs;
+use crate::verbs::{PortAttr, Verbs};
 use crate::wire::cm::MAD_LEN;
 use crate::wire::sa::{SA_CLASS_VERSION, SA_MGMT_CLASS};
 use crate::wire::{Gid, GSI_QKEY};
@@ -187,6 +187,19 @@ impl SaDriver {
         self.leaving.is_empty()
     }
 
+    /// Asks the SA every `every` whether it still lists the port in the broadcast group, and
+    /// takes a membership it lost for the port's `CLIENT_REREGISTER`: for a port whose SMA
+    /// cannot tell it (a simulated one).
+    pub fn check_memberships(&mut self, now: Instant, every: Duration) {
+        self.client.set_membership_check(now, Some(every));
+    }
+
+    /// The partition the client joins and asks paths in.
+    #[must_use]
+    pub fn pkey(&self) -> u16 {
+        self.client.config().pkey
+    }
+
     /// The client's counters.
     #[must_use]
     pub fn counters(&self) -> SaCounters {
@@ -268,17 +281,25 @@ impl SaDriver {
                 PathLookup::Pending => {}
                 PathLookup::Negative | PathLookup::Unavailable => ep.path_failed(dgid),
             },
-            SaRequest::Port(change) => self.port_event(now, change),
+            SaRequest::Port(change) => self.port_event(now, change, &v.port_attr()),
         }
     }
 
-    /// A port event: the SM's address is read again and the client flushes its paths and
-    /// rejoins.
-    fn port_event(&mut self, now: Instant, change: PortChange) {
-        match UmadPort::find(Some(&self.port.ca), Some(self.port.port)) {
-            Ok(p) => self.port = p,
-            Err(e) => {
-                tracing::warn!(error = %e, "umad port attributes unreadable after a port event")
+    /// A port event: the SM's address is read again (from the provider where it reports
+    /// the port's LIDs, `attr`, else from the umad port's sysfs) and the client flushes its
+    /// paths and rejoins.
+    fn port_event(&mut self, now: Instant, change: PortChange, attr: &PortAttr) {
+        if let Some(l) = attr.lids {
+            self.port.lid = l.lid.0;
+            self.port.sm_lid = l.sm_lid.0;
+            self.port.sm_sl = l.sm_sl.get();
+            self.port.active = attr.active;
+        } else {
+            match UmadPort::find(Some(&self.port.ca), Some(self.port.port)) {
+                Ok(p) => self.port = p,
+                Err(e) => {
+                    tracing::warn!(error = %e, "umad port attributes unreadable after a port event")
+                }
             }
         }
         let sm = SmAddress {

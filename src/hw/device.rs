@@ -103,6 +103,7 @@ impl HwVerbs {
                 max_mtu: PathMtu::Mtu1024,
                 max_msg_size: 1 << 31,
                 active: false,
+                lids: None,
             },
             name: name.clone(),
             pools: BufPools::new(),
@@ -196,6 +197,7 @@ impl HwVerbs {
             max_mtu: mtu_from(pa.max_mtu),
             max_msg_size: pa.max_msg_sz as usize,
             active: pa.state == ffi::ibv_port_state::IBV_PORT_ACTIVE,
+            lids: None,
         };
         self.infiniband = u32::from(pa.link_layer) == ffi::IBV_LINK_LAYER_INFINIBAND;
         // SAFETY: valid context.

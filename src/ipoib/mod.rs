@@ -660,6 +660,8 @@ pub struct TxSnapshot {
     pub queued: usize,
     /// Sends posted and not completed: send buffers this connection holds.
     pub in_flight: u32,
+    /// The peer's path from the SA (an InfiniBand port), where one is known.
+    pub path: Option<crate::verbs::Path>,
 }
 
 /// A snapshot for status output.

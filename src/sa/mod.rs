@@ -349,6 +349,14 @@ impl SaClient {
         &self.cfg
     }
 
+    /// Sets [`SaConfig::membership_check`]; a check starts a period after the next join of
+    /// the broadcast group, or from `now` if it is joined.
+    pub fn set_membership_check(&mut self, now: Instant, every: Option<Duration>) {
+        self.cfg.membership_check = every;
+        let joined = self.group(self.broadcast_mgid()).is_some();
+        self.next_check = every.filter(|_| joined).map(|e| now + e);
+    }
+
     /// The counters.
     #[must_use]
     pub fn counters(&self) -> SaCounters {

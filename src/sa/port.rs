@@ -217,6 +217,12 @@ impl PortWatch {
         self.events.pop_front()
     }
 
+    /// Whether an SMP awaits its answer.
+    #[must_use]
+    pub fn is_waiting(&self) -> bool {
+        self.outstanding.is_some()
+    }
+
     /// When [`poll_timeout`](Self::poll_timeout) has work next.
     #[must_use]
     pub fn next_deadline(&self) -> Instant {

@@ -57,6 +57,7 @@ mod requester;
 mod responder;
 mod rtt;
 mod sched;
+pub mod sim_port;
 mod stats;
 pub mod transport;
 

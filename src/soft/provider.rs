@@ -10,8 +10,10 @@ use std::os::fd::AsRawFd;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 
-use super::config::SoftConfig;
+use super::config::{SoftConfig, SoftLink};
 use super::engine::SoftVerbs;
+use super::ib::IbPortAttr;
+use super::sim_port::SimPort;
 use super::transport::{TxBatch, UdpTransport};
 use crate::sys::ifaddr;
 use crate::sys::udp::RecvBatch;
@@ -247,6 +249,9 @@ pub struct SoftProvider {
     mcast_stats: MulticastStats,
     /// Datagrams of other workers, when this is one of several.
     steering: Steering,
+    /// The InfiniBand port's SMA, where the port is one of a simulated fabric
+    /// ([`attach_sim_port`](Self::attach_sim_port)).
+    sim_port: Option<SimPort>,
 }
 
 impl SoftProvider {
@@ -297,6 +302,12 @@ impl SoftProvider {
         };
         cfg.multicast = groups.is_some();
         let steering = Steering::new(cfg.workers);
+        // A GSO train's later segments get ICRCs shifted for their IPv4 IDs (RoCEv2's ICRC
+        // covers the IP header); an InfiniBand packet's does not, so it travels without.
+        let offload = match cfg.link {
+            SoftLink::Infiniband => UdpOffload::Off,
+            SoftLink::RoceV2 => offload,
+        };
         let gso = match offload {
             UdpOffload::On => match transport.enable_gro() {
                 Ok(()) => true,
@@ -331,7 +342,25 @@ impl SoftProvider {
             groups,
             mcast_stats: MulticastStats::default(),
             steering,
+            sim_port: None,
         })
+    }
+
+    /// Makes `sp` this InfiniBand port's SMA: the port is as `attr` (its first read) from
+    /// `now` on, and follows what the SM does ([`SimPort`]).
+    pub fn attach_sim_port(&mut self, now: Instant, sp: SimPort, attr: IbPortAttr) {
+        self.verbs.set_ib_port(now, attr);
+        self.sim_port = Some(sp);
+    }
+
+    /// The InfiniBand port's SMA, where one is attached.
+    pub fn sim_port(&self) -> Option<&SimPort> {
+        self.sim_port.as_ref()
+    }
+
+    /// The InfiniBand port's SMA (to tell it what the SA showed), where one is attached.
+    pub fn sim_port_mut(&mut self) -> Option<&mut SimPort> {
+        self.sim_port.as_mut()
     }
 
     /// The group sockets' poll, with the unicast socket set up to send to groups; `None`
@@ -696,6 +725,9 @@ impl Provider for SoftProvider {
     }
 
     fn handle_input(&mut self, now: Instant) -> io::Result<usize> {
+        if let Some(sp) = self.sim_port.as_mut() {
+            sp.pump(now, &mut self.verbs);
+        }
         self.sync_groups();
         let mut packets = self.read_groups(now)?;
         if !self.rx_ready && self.rx_more.is_none() {
@@ -754,7 +786,8 @@ impl Provider for SoftProvider {
 
     fn poll_timeout(&self) -> Option<Instant> {
         let group_more = self.groups.as_ref().and_then(|g| g.more);
-        [self.rx_more, group_more, self.verbs.poll_timeout()]
+        let port = self.sim_port.as_ref().map(SimPort::poll_timeout);
+        [self.rx_more, group_more, self.verbs.poll_timeout(), port]
             .into_iter()
             .flatten()
             .min()

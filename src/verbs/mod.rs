@@ -93,6 +93,24 @@ pub struct PortAttr {
     pub max_msg_size: usize,
     /// The port is up.
     pub active: bool,
+    /// An InfiniBand port's LIDs and its SM's, where the provider reports them (the software
+    /// provider's IB port); `None` on RoCE, and where they are read from sysfs instead
+    /// (libibverbs here).
+    pub lids: Option<PortLids>,
+}
+
+/// An InfiniBand port's LIDs and its SM's (`ibv_port_attr`'s `lid`, `lmc`, `sm_lid`,
+/// `sm_sl`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortLids {
+    /// Base LID.
+    pub lid: Lid,
+    /// LID mask control.
+    pub lmc: u8,
+    /// The SM's LID.
+    pub sm_lid: Lid,
+    /// The SL to the SM.
+    pub sm_sl: Sl,
 }
 
 /// Parameters of a new QP (`ibv_qp_init_attr`).

@@ -1,5 +1,6 @@
 //! A lab of `ipoib-cm up` daemons in network namespaces, built and torn down by
-//! `scripts/lab.sh`: real TUN interfaces, real UDP underlay, real `ping` and `iperf3`.
+//! `scripts/lab.sh` (or, on a simulated InfiniBand fabric with its SM, `scripts/ib-lab.sh`):
+//! real TUN interfaces, real UDP underlay, real `ping` and `iperf3`.
 //!
 //! Each [`Lab`] has its own namespace prefix and state directory and is torn down on drop,
 //! also on failure; without root [`Lab::up`] prints `skipped: ...` and returns `None`. Every
@@ -17,10 +18,14 @@ pub(crate) struct Lab {
     pub(crate) prefix: String,
     /// The state directory (logs, pid files, control sockets).
     pub(crate) state: PathBuf,
+    /// The script that builds it (`scripts/lab.sh` or `scripts/ib-lab.sh`).
+    script: &'static str,
 }
 
-fn script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/lab.sh")
+fn script(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("scripts")
+        .join(name)
 }
 
 /// Ok when this process may build a lab (root, `ip`, the lab script), or why not.
@@ -40,6 +45,16 @@ pub(crate) fn can_run() -> Result<(), String> {
 
 impl Lab {
     pub(crate) fn up(prefix: &str, n: usize, args: &[&str]) -> Option<Self> {
+        Self::up_with("lab.sh", prefix, n, args)
+    }
+
+    /// A lab on a simulated InfiniBand fabric (`scripts/ib-lab.sh`: ibsim, opensm, the
+    /// daemons on its ports); `None` (skipped, said) without root.
+    pub(crate) fn up_ib(prefix: &str, n: usize, args: &[&str]) -> Option<Self> {
+        Self::up_with("ib-lab.sh", prefix, n, args)
+    }
+
+    fn up_with(script: &'static str, prefix: &str, n: usize, args: &[&str]) -> Option<Self> {
         if let Err(why) = can_run() {
             println!("skipped: {why}");
             return None;
@@ -47,6 +62,7 @@ impl Lab {
         let lab = Self {
             prefix: prefix.to_string(),
             state: std::env::temp_dir().join(format!("ipoib-cm-{prefix}-{}", std::process::id())),
+            script,
         };
         // A lab left behind by a crashed run of this test.
         let _ = lab.sh(&["down"]);
@@ -65,7 +81,7 @@ impl Lab {
 
     pub(crate) fn sh(&self, args: &[&str]) -> Output {
         let mut c = Command::new("bash");
-        c.arg(script())
+        c.arg(script(self.script))
             .args(args)
             .env("LAB_PREFIX", &self.prefix)
             .env("LAB_STATE", &self.state)

@@ -140,6 +140,7 @@ mod tests {
             max_mtu: max,
             max_msg_size: 1 << 31,
             active: true,
+            lids: None,
         }
     }
 

@@ -17,8 +17,8 @@ use super::checks;
 use super::declare::settings;
 use super::rules::{duration, int, list, switch, value, Computed, RuleExt};
 use super::types::{
-    endpoint_defaults, Cidr, ProviderKind, Quirk, WorkerFault, DEFAULT_UDP_PORT, MAX_BUSY_POLL,
-    MAX_MAX_CONN_QP, MAX_MAX_PENDING_RX, MAX_NEIGH_MAX, MAX_PEERS, MAX_RX_SPARE,
+    endpoint_defaults, Cidr, LinkLayerKind, ProviderKind, Quirk, WorkerFault, DEFAULT_UDP_PORT,
+    MAX_BUSY_POLL, MAX_MAX_CONN_QP, MAX_MAX_PENDING_RX, MAX_NEIGH_MAX, MAX_PEERS, MAX_RX_SPARE,
     MAX_STATIC_NEIGHBOURS, MAX_TUN_RATE, MAX_TX_QUEUE_LEN, MIN_NEIGH_TIMEOUT, MIN_RX_TIMEOUT,
     QP_TIMEOUT_RANGE,
 };
@@ -196,6 +196,13 @@ with_fault_fields!(settings! {
     #[arg(long, value_name = "PROVIDER")]
     pub provider: Option<Given<ProviderKind>> [Shown::example("\"soft\"")]
         => provider: ProviderKind = value().or(ProviderKind::default()),
+    /// With --provider soft: its link layer, rocev2 (the underlay's addresses are the GIDs)
+    /// or infiniband (a port of a simulated fabric: run under ibsim's umad2sim with SIM_HOST
+    /// naming the node; its LID, P_Keys and events come from the fabric's SM, its paths and
+    /// groups from the SA) [default: rocev2].
+    #[arg(long, value_name = "LINK")]
+    pub link_layer: Option<Given<LinkLayerKind>> [Shown::example("\"rocev2\"")]
+        => link_layer: LinkLayerKind = value().or(LinkLayerKind::default()),
     /// With --provider verbs: the IB device [default: the first one].
     #[arg(long, value_name = "DEV")]
     pub ib_dev: Option<Given<String>> [Shown::example("\"mlx5_0\"")]

@@ -96,6 +96,37 @@ impl FromStr for ProviderKind {
     }
 }
 
+/// The software provider's link layer (`--link-layer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, clap::ValueEnum)]
+pub enum LinkLayerKind {
+    /// RoCEv2: the underlay's addresses are the GIDs.
+    #[default]
+    Rocev2,
+    /// A port of a simulated InfiniBand fabric (ibsim): LIDs, P_Keys and the SM's events
+    /// read from the port's SMA through `umad2sim`, packets with an LRH.
+    Infiniband,
+}
+
+impl FromStr for LinkLayerKind {
+    type Err = ParseChoiceError;
+    fn from_str(s: &str) -> Result<Self, ParseChoiceError> {
+        match s {
+            "rocev2" => Ok(Self::Rocev2),
+            "infiniband" => Ok(Self::Infiniband),
+            _ => Err(ParseChoiceError::new("\"rocev2\" or \"infiniband\"", s)),
+        }
+    }
+}
+
+impl From<LinkLayerKind> for crate::soft::SoftLink {
+    fn from(k: LinkLayerKind) -> Self {
+        match k {
+            LinkLayerKind::Rocev2 => Self::RoceV2,
+            LinkLayerKind::Infiniband => Self::Infiniband,
+        }
+    }
+}
+
 /// An interface address with its prefix length, like `198.19.0.1/24` or `fd00::1/64`.
 ///
 /// Host bits may be set (it is an address on a subnet, not a route).
@@ -225,6 +256,7 @@ text_setting!(
     QpBudgetPolicy,
     SourceCheck,
     CmTransport,
+    LinkLayerKind,
     ProviderKind,
     Quirk,
     LogFormat

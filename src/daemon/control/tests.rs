@@ -19,6 +19,7 @@ fn status() -> Status {
             path_mtu: 0,
             path_mtu_from: String::new(),
             underlay: None,
+            port: None,
         },
         neighbours: vec![],
         neighbour_table: Default::default(),

@@ -117,6 +117,39 @@ pub struct InterfaceStatus {
     /// The underlay as the daemon last read it; absent where not known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub underlay: Option<UnderlayStatus>,
+    /// The InfiniBand port, where the interface runs on one; absent on RoCE.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<PortStatus>,
+}
+
+/// An InfiniBand port, as its SM left it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortStatus {
+    /// `infiniband`.
+    pub link_layer: String,
+    /// The device (`mlx5_0`, `ibsim0`).
+    pub device: String,
+    /// The port number.
+    pub port: u8,
+    /// The port's LID.
+    pub lid: u16,
+    /// The SM's LID.
+    pub sm_lid: u16,
+    /// The partition (`--pkey`).
+    pub pkey: u16,
+}
+
+/// A connection's path from the SA (an InfiniBand port).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathStatus {
+    /// The peer's LID.
+    pub dlid: u16,
+    /// Our LID on the path.
+    pub slid: u16,
+    /// Service level.
+    pub sl: u8,
+    /// The path's MTU in bytes.
+    pub mtu: u32,
 }
 
 /// The underlay: the link that carries `--bind`, its condition and MTU.
@@ -213,6 +246,9 @@ pub struct TxStatus {
     /// Sends posted and not yet completed: the send buffers (shared by all TX connections)
     /// this connection holds.
     pub in_flight: u64,
+    /// Its path from the SA (InfiniBand); absent on RoCE.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathStatus>,
 }
 
 /// One receive connection.
@@ -341,6 +377,7 @@ impl Status {
                 path_mtu: 0,
                 path_mtu_from: String::new(),
                 underlay: None,
+                port: None,
             },
             neighbours: snap
                 .neighbours
@@ -362,6 +399,12 @@ impl Status {
                     mtu: t.mtu,
                     queued: t.queued as u64,
                     in_flight: u64::from(t.in_flight),
+                    path: t.path.map(|p| PathStatus {
+                        dlid: p.dlid.0,
+                        slid: p.slid.0,
+                        sl: p.sl.get(),
+                        mtu: p.mtu.bytes() as u32,
+                    }),
                 })
                 .collect(),
             rx: snap
@@ -582,6 +625,13 @@ pub fn render_text(status: &Status, shown: Shown) -> String {
             u.mtu
         );
     }
+    if let Some(p) = &i.port {
+        let _ = writeln!(
+            out,
+            "  port {} {} {} lid {:#x} sm_lid {:#x} pkey {:#06x}",
+            p.device, p.port, p.link_layer, p.lid, p.sm_lid, p.pkey
+        );
+    }
     let m = &status.summary;
     let t = &m.totals;
     let _ = writeln!(out, "  version {} uptime {}s", m.version, m.uptime_s);
@@ -655,12 +705,15 @@ pub fn render_text(status: &Status, shown: Shown) -> String {
                     t.mtu.to_string(),
                     t.queued.to_string(),
                     t.in_flight.to_string(),
+                    t.path.map_or("-".to_owned(), |p| {
+                        format!("lid {:#x} sl {} mtu {}", p.dlid, p.sl, p.mtu)
+                    }),
                 ]
             })
             .collect();
         table(
             &mut out,
-            &["PEER", "QPN", "STATE", "MTU", "QUEUED", "IN_FLIGHT"],
+            &["PEER", "QPN", "STATE", "MTU", "QUEUED", "IN_FLIGHT", "PATH"],
             &rows,
         );
     }

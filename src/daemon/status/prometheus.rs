@@ -403,6 +403,7 @@ mod tests {
                 path_mtu: 0,
                 path_mtu_from: String::new(),
                 underlay: None,
+                port: None,
             },
             neighbours: Vec::new(),
             tx: Vec::new(),

@@ -37,6 +37,7 @@ fn sample() -> Status {
             path_mtu: 0,
             path_mtu_from: String::new(),
             underlay: None,
+            port: None,
         },
         neighbours: vec![NeighbourStatus {
             ip: "198.19.0.2".parse().unwrap(),
@@ -56,6 +57,7 @@ fn sample() -> Status {
             mtu: 65520,
             queued: 0,
             in_flight: 2,
+            path: None,
         }],
         rx: vec![
             RxStatus {

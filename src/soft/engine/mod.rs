@@ -253,6 +253,12 @@ impl Verbs for SoftVerbs {
                 max_mtu: PathMtu::Mtu4096,
                 max_msg_size: MAX_RC_MSG,
                 active: ib.port.active,
+                lids: Some(crate::verbs::PortLids {
+                    lid: ib.port.lid,
+                    lmc: ib.port.lmc,
+                    sm_lid: ib.port.sm_lid,
+                    sm_sl: ib.port.sm_sl,
+                }),
             },
             None => PortAttr {
                 gid: Gid::from_ip(self.dev.cfg.local_ip),
@@ -260,6 +266,7 @@ impl Verbs for SoftVerbs {
                 max_mtu: PathMtu::Mtu4096,
                 max_msg_size: MAX_RC_MSG,
                 active: true,
+                lids: None,
             },
         }
     }

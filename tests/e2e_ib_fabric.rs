@@ -1,0 +1,238 @@
+//! The daemon on InfiniBand ports of a simulated fabric, driven by a real subnet manager:
+//! `scripts/ib-lab.sh` runs ibsim (MADs) and opensm in a namespace of their own, and each
+//! node's `ipoib-cm up --link-layer infiniband` on its port (Hca<K>, odd nodes on switch 1,
+//! even on switch 2) under ibsim's `umad2sim`: LID, SM, P_Keys and port events from the SM
+//! through the port's SMA, the broadcast group and paths from the SA, the CM on the port's
+//! QP1, packets with an LRH addressed by LID over the underlay.
+//!
+//! Each test runs ping, iperf3 and the SM's interventions with bounded waits, and prints the
+//! recovery figures (`ping -D -O -i 0.05` across an event: seconds without replies, lost).
+//! Needs root (skips, said, without), and Debian's ibsim-utils, opensm, infiniband-diags
+//! (`scripts/ib-lab.sh` installs them).
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::lab::Lab;
+
+/// How long a fabric event may take to heal, at most, in these tests (the goal is 2 s after
+/// the port is active again; a loaded CI machine gets room).
+const HEAL: Duration = Duration::from_secs(20);
+
+/// `ping -D -O -i 0.05 -W 1` from node `from` to `to` for at most `secs` seconds, running.
+fn timed_ping(lab: &Lab, from: usize, to: &str, secs: u32) -> Child {
+    Command::new("ip")
+        .args(["netns", "exec", &format!("{}{from}", lab.prefix)])
+        .args(["timeout", &(secs + 2).to_string(), "ping", "-n", "-D", "-O"])
+        .args(["-i", "0.05", "-W", "1", "-w", &secs.to_string(), to])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("ping")
+}
+
+/// What a [`timed_ping`] saw: (replies, lost, longest gap between replies in seconds).
+fn ping_figures(child: Child) -> (u32, u32, f64) {
+    let out = child.wait_with_output().expect("ping output");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut times = Vec::new();
+    let mut lost = 0;
+    for l in text.lines() {
+        if l.contains("no answer yet") {
+            lost += 1;
+        } else if l.contains("bytes from") {
+            if let Some(t) = l
+                .strip_prefix('[')
+                .and_then(|r| r.split(']').next())
+                .and_then(|t| t.parse::<f64>().ok())
+            {
+                times.push(t);
+            }
+        }
+    }
+    let gap = times.windows(2).map(|w| w[1] - w[0]).fold(0.0f64, f64::max);
+    (times.len() as u32, lost, gap)
+}
+
+/// `saquery ARGS` as the SM's own port, in the fabric's namespace.
+fn saquery(lab: &Lab, args: &[&str]) -> String {
+    let dir = lab.state.join("probe");
+    let _ = std::fs::create_dir_all(&dir);
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", &format!("{}fab", lab.prefix)])
+        .args([
+            "env",
+            "LD_PRELOAD=/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so",
+        ])
+        .args(["SIM_HOST=HcaSM", "IBSIM_SERVER_NAME=198.18.0.254"])
+        .args(["timeout", "10", "saquery", "--smkey", "1"])
+        .args(args)
+        .current_dir(&dir);
+    let out = common::lab::run_within(c, Duration::from_secs(15));
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+fn sh_ok(lab: &Lab, args: &[&str]) {
+    let out = lab.sh(args);
+    assert!(
+        out.status.success(),
+        "ib-lab.sh {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn provider(lab: &Lab, k: usize, name: &str) -> u64 {
+    common::lab::provider_of(&lab.status(k), name)
+}
+
+#[test]
+fn ip_crosses_an_infiniband_fabric_and_a_killed_peer_is_reaped() {
+    let Some(lab) = Lab::up_ib(
+        "ibfa",
+        2,
+        &[
+            "--rx-timeout",
+            "2s",
+            "--neigh-timeout",
+            "3s",
+            "--drain-timeout",
+            "1s",
+        ],
+    ) else {
+        return;
+    };
+    // The port as the SM made it: IB GIDs in the hardware addresses, LIDs from opensm.
+    let s = lab.status(1);
+    let hw = s["interface"]["hwaddr"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        hw.contains(":fe:80:00:00:00:00:00:00:"),
+        "not an IB GID: {hw}"
+    );
+    let log = lab.log(1);
+    assert!(
+        log.contains("sa=ibsim0 port 1 lid"),
+        "the SA client did not start: {log}"
+    );
+    lab.ping_ok(1, "198.19.0.2", &[]);
+    lab.ping_ok(2, "198.19.0.1", &[]);
+    lab.ping_ok(1, "2001:db8:19::2", &[]);
+    lab.ping_ok(1, "198.19.0.2", &["-s", "65000"]);
+    // The broadcast and IPv6 groups were joined through the SA, and the path asked for.
+    let groups = saquery(&lab, &["-g"]);
+    assert!(groups.contains("ff12:401b:ffff::ffff:ffff"), "{groups}");
+    assert!(groups.contains("ff12:601b:ffff::1"), "{groups}");
+    assert!(provider(&lab, 1, "sa_answered") >= 2);
+    if let Some(r) = lab.iperf3(1, 2, "198.19.0.2", &["-t", "3"]) {
+        let bps = r["end"]["sum_received"]["bits_per_second"]
+            .as_f64()
+            .unwrap_or(0.0);
+        println!("iperf3 over the IB fabric: {:.0} Mbit/s", bps / 1e6);
+        assert!(bps > 0.0);
+    }
+    // Nothing was dropped as an IB port drops it.
+    for k in [1, 2] {
+        for c in ["rx_pkey_violations", "rx_wrong_dlid", "rx_bad_icrc"] {
+            assert_eq!(provider(&lab, k, c), 0, "node {k} {c}");
+        }
+    }
+
+    // A SIGKILLed peer's RX connection is reaped.
+    assert_eq!(lab.status(1)["rx"].as_array().map(Vec::len), Some(1));
+    sh_ok(&lab, &["kill", "2"]);
+    let t0 = Instant::now();
+    let reaped = lab.wait_for(Duration::from_secs(15), |l| {
+        l.status(1)["rx"].as_array().is_some_and(Vec::is_empty)
+    });
+    assert!(reaped, "not reaped: {}", lab.status(1));
+    println!(
+        "RX connection reaped {:.1} s after SIGKILL (rx_timeout 2 s)",
+        t0.elapsed().as_secs_f64()
+    );
+    sh_ok(&lab, &["start", "2"]);
+    lab.ping_ok(2, "198.19.0.1", &[]);
+}
+
+#[test]
+fn what_the_sm_does_to_a_running_fabric() {
+    let Some(lab) = Lab::up_ib("ibfb", 3, &[]) else {
+        return;
+    };
+    lab.ping_ok(1, "198.19.0.2", &[]);
+
+    // opensm stopped: node 1 and 2, which have their path, go on; between 1 and 3, which
+    // never talked, the first unicast packet (3's ARP reply to 1's broadcast request) waits
+    // for a path the SA never gives, and is dropped and counted.
+    sh_ok(&lab, &["sm", "stop"]);
+    lab.ping_ok(1, "198.19.0.2", &[]);
+    let failed = |l: &Lab| {
+        [1, 3]
+            .iter()
+            .map(|&k| provider(l, k, "path_failed_drops") + provider(l, k, "path_wait_drops"))
+            .sum::<u64>()
+    };
+    let before = failed(&lab);
+    let out = lab.ping(1, "198.19.0.3", &["-c", "1", "-W", "6"]);
+    assert!(!out.status.success(), "a ping crossed without an SA");
+    let dropped = lab.wait_for(Duration::from_secs(10), |l| failed(l) > before);
+    assert!(dropped, "no path failure counted: {}", lab.status(3));
+
+    // opensm started again forgets the groups: the port sees its membership gone and
+    // re-registers (no signal), and the groups are back.
+    let ping = timed_ping(&lab, 1, "198.19.0.2", 12);
+    sh_ok(&lab, &["sm", "start"]);
+    let t0 = Instant::now();
+    let back = lab.wait_for(HEAL, |l| {
+        saquery(l, &["-g"]).contains("ff12:401b:ffff::ffff:ffff")
+            && provider(l, 1, "sa_memberships_lost") >= 1
+    });
+    assert!(back, "no re-registration: {}", lab.log(1));
+    println!(
+        "opensm restart: groups back {:.1} s after",
+        t0.elapsed().as_secs_f64()
+    );
+    let (replies, lost, gap) = ping_figures(ping);
+    println!("opensm restart: {replies} replies, {lost} lost, longest gap {gap:.2} s");
+    lab.ping_ok(1, "198.19.0.3", &[]);
+
+    // A link down and up: PORT_ERR on node 2, back after PORT_ACTIVE.
+    let ping = timed_ping(&lab, 1, "198.19.0.2", 10);
+    std::thread::sleep(Duration::from_secs(1));
+    sh_ok(&lab, &["sim", "Unlink \"Hca2\""]);
+    assert!(
+        lab.wait_for(HEAL, |l| l.log(2).contains("PortDown")),
+        "no PORT_ERR on node 2: {}",
+        lab.log(2)
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    sh_ok(&lab, &["sim", "ReLink \"Hca2\""]);
+    assert!(
+        lab.wait_for(HEAL, |l| l.log(2).contains("PortUp")),
+        "no PORT_ACTIVE on node 2: {}",
+        lab.log(2)
+    );
+    let (replies, lost, gap) = ping_figures(ping);
+    println!("link down 2 s and up: {replies} replies, {lost} lost, longest gap {gap:.2} s");
+    assert!(replies > 0);
+    lab.ping_ok(1, "198.19.0.2", &[]);
+
+    // SM failover: a standby on HcaSM2 takes over when the master is killed: SM_CHANGE.
+    sh_ok(&lab, &["sm", "standby"]);
+    let ping = timed_ping(&lab, 1, "198.19.0.2", 12);
+    sh_ok(&lab, &["sm", "stop"]);
+    assert!(
+        lab.wait_for(HEAL, |l| l.log(1).contains("SmChange")),
+        "no SM_CHANGE on node 1: {}",
+        lab.log(1)
+    );
+    let (replies, lost, gap) = ping_figures(ping);
+    println!("SM failover: {replies} replies, {lost} lost, longest gap {gap:.2} s");
+    lab.ping_ok(1, "198.19.0.3", &[]);
+    lab.ping_ok(3, "198.19.0.2", &[]);
+}
