@@ -34,27 +34,67 @@ fn timed_ping(lab: &Lab, from: usize, to: &str, secs: u32) -> Child {
         .expect("ping")
 }
 
-/// What a [`timed_ping`] saw: (replies, lost, longest gap between replies in seconds).
-fn ping_figures(child: Child) -> (u32, u32, f64) {
-    let out = child.wait_with_output().expect("ping output");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut times = Vec::new();
-    let mut lost = 0;
-    for l in text.lines() {
-        if l.contains("no answer yet") {
-            lost += 1;
-        } else if l.contains("bytes from") {
-            if let Some(t) = l
-                .strip_prefix('[')
-                .and_then(|r| r.split(']').next())
-                .and_then(|t| t.parse::<f64>().ok())
-            {
-                times.push(t);
+/// What a [`timed_ping`] saw: its replies' times (seconds since the epoch) and how many
+/// requests went unanswered.
+struct PingRun {
+    replies: Vec<f64>,
+    lost: u32,
+}
+
+impl PingRun {
+    fn of(child: Child) -> Self {
+        let out = child.wait_with_output().expect("ping output");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut replies = Vec::new();
+        let mut lost = 0;
+        for l in text.lines() {
+            if l.contains("no answer yet") {
+                lost += 1;
+            } else if l.contains("bytes from") {
+                if let Some(t) = l
+                    .strip_prefix('[')
+                    .and_then(|r| r.split(']').next())
+                    .and_then(|t| t.parse::<f64>().ok())
+                {
+                    replies.push(t);
+                }
             }
         }
+        Self { replies, lost }
     }
-    let gap = times.windows(2).map(|w| w[1] - w[0]).fold(0.0f64, f64::max);
-    (times.len() as u32, lost, gap)
+
+    /// The longest time between two replies.
+    fn longest_gap(&self) -> f64 {
+        self.replies
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .fold(0.0f64, f64::max)
+    }
+
+    /// Seconds from `at` to the first reply after it (`None`: none came).
+    fn first_reply_after(&self, at: f64) -> Option<f64> {
+        self.replies.iter().find(|&&t| t > at).map(|t| t - at)
+    }
+
+    /// One line of figures for `what`, with the time from `at` (an instant the event was
+    /// done, seconds since the epoch) to the first reply after it.
+    fn report(&self, what: &str, at: f64) -> String {
+        format!(
+            "{what}: {} replies, {} lost, longest gap {:.2} s, first reply {} after",
+            self.replies.len(),
+            self.lost,
+            self.longest_gap(),
+            self.first_reply_after(at)
+                .map_or("never".to_owned(), |d| format!("{d:.2} s"))
+        )
+    }
+}
+
+/// Now, in seconds since the epoch (what `ping -D` prints).
+fn epoch() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// `saquery ARGS` as the SM's own port, in the fabric's namespace.
@@ -187,6 +227,7 @@ fn what_the_sm_does_to_a_running_fabric() {
     // re-registers (no signal), and the groups are back.
     let ping = timed_ping(&lab, 1, "198.19.0.2", 12);
     sh_ok(&lab, &["sm", "start"]);
+    let started = epoch();
     let t0 = Instant::now();
     let back = lab.wait_for(HEAL, |l| {
         saquery(l, &["-g"]).contains("ff12:401b:ffff::ffff:ffff")
@@ -197,8 +238,7 @@ fn what_the_sm_does_to_a_running_fabric() {
         "opensm restart: groups back {:.1} s after",
         t0.elapsed().as_secs_f64()
     );
-    let (replies, lost, gap) = ping_figures(ping);
-    println!("opensm restart: {replies} replies, {lost} lost, longest gap {gap:.2} s");
+    println!("{}", PingRun::of(ping).report("opensm restart", started));
     lab.ping_ok(1, "198.19.0.3", &[]);
 
     // A link down and up: PORT_ERR on node 2, back after PORT_ACTIVE.
@@ -212,27 +252,112 @@ fn what_the_sm_does_to_a_running_fabric() {
     );
     std::thread::sleep(Duration::from_secs(2));
     sh_ok(&lab, &["sim", "ReLink \"Hca2\""]);
+    let relinked = epoch();
     assert!(
         lab.wait_for(HEAL, |l| l.log(2).contains("PortUp")),
         "no PORT_ACTIVE on node 2: {}",
         lab.log(2)
     );
-    let (replies, lost, gap) = ping_figures(ping);
-    println!("link down 2 s and up: {replies} replies, {lost} lost, longest gap {gap:.2} s");
-    assert!(replies > 0);
+    let run = PingRun::of(ping);
+    println!("{}", run.report("link down 2 s, then up", relinked));
+    assert!(
+        run.first_reply_after(relinked).is_some(),
+        "nothing after the link came back"
+    );
     lab.ping_ok(1, "198.19.0.2", &[]);
 
     // SM failover: a standby on HcaSM2 takes over when the master is killed: SM_CHANGE.
     sh_ok(&lab, &["sm", "standby"]);
     let ping = timed_ping(&lab, 1, "198.19.0.2", 12);
     sh_ok(&lab, &["sm", "stop"]);
+    let killed = epoch();
     assert!(
         lab.wait_for(HEAL, |l| l.log(1).contains("SmChange")),
         "no SM_CHANGE on node 1: {}",
         lab.log(1)
     );
-    let (replies, lost, gap) = ping_figures(ping);
-    println!("SM failover: {replies} replies, {lost} lost, longest gap {gap:.2} s");
+    println!("{}", PingRun::of(ping).report("SM failover", killed));
     lab.ping_ok(1, "198.19.0.3", &[]);
     lab.ping_ok(3, "198.19.0.2", &[]);
+}
+
+/// The port GUID of node `k` (the low half of the GID in its hardware address).
+fn port_guid(lab: &Lab, k: usize) -> u64 {
+    let hw = lab.status(k)["interface"]["hwaddr"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let bytes: Vec<u8> = hw
+        .split(':')
+        .filter_map(|b| u8::from_str_radix(b, 16).ok())
+        .collect();
+    assert_eq!(bytes.len(), 20, "{hw}");
+    bytes[12..]
+        .iter()
+        .fold(0u64, |g, b| (g << 8) | u64::from(*b))
+}
+
+#[test]
+fn lids_reassigned_by_the_sm_are_followed() {
+    let Some(lab) = Lab::up_ib("ibfc", 2, &[]) else {
+        return;
+    };
+    lab.ping_ok(1, "198.19.0.2", &[]);
+    let old = lab.status(2)["interface"]["port"]["lid"]
+        .as_u64()
+        .expect("lid");
+    let guid = port_guid(&lab, 2);
+
+    // opensm restarted with node 2 moved to LID 0x40 in its guid2lid.
+    let ping = timed_ping(&lab, 1, "198.19.0.2", 14);
+    std::thread::sleep(Duration::from_secs(1));
+    sh_ok(&lab, &["sm", "stop"]);
+    let g2l = lab.state.join("sm/guid2lid");
+    let table = std::fs::read_to_string(&g2l).expect("guid2lid");
+    // Line by line as opensm wrote it (its reader wants the blank lines between entries).
+    let moved: String = table
+        .lines()
+        .map(|l| {
+            let g = l
+                .split_whitespace()
+                .next()
+                .and_then(|g| u64::from_str_radix(g.trim_start_matches("0x"), 16).ok());
+            if g == Some(guid) {
+                format!("{guid:#018x} 0x0040 0x0040\n")
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect();
+    assert!(
+        moved.contains("0x0040"),
+        "node 2 ({guid:#x}) not in {table}"
+    );
+    std::fs::write(&g2l, moved).expect("guid2lid");
+    let t0 = Instant::now();
+    sh_ok(&lab, &["sm", "start"]);
+    let started = epoch();
+    assert!(
+        lab.wait_for(HEAL, |l| l.log(2).contains("LidChange")),
+        "no LID_CHANGE on node 2 (guid2lid now {:?}, SM log {}): {}",
+        std::fs::read_to_string(&g2l),
+        std::fs::read_to_string(lab.state.join("sm/out")).unwrap_or_default(),
+        lab.log(2)
+    );
+    let moved_after = t0.elapsed();
+    assert_eq!(lab.status(2)["interface"]["port"]["lid"], 0x40);
+    // Node 1 asks for the path again and its connection goes to the new LID.
+    let follows = lab.wait_for(HEAL, |l| {
+        l.status(1)["tx"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|c| c["path"]["dlid"] == 0x40))
+    });
+    assert!(follows, "node 1 still on LID {old:#x}: {}", lab.status(1));
+    let what = format!(
+        "LIDs reassigned ({old:#x} -> 0x40, LID_CHANGE {:.1} s after opensm started)",
+        moved_after.as_secs_f64()
+    );
+    println!("{}", PingRun::of(ping).report(&what, started));
+    lab.ping_ok(1, "198.19.0.2", &[]);
+    lab.ping_ok(2, "198.19.0.1", &[]);
 }

@@ -77,7 +77,7 @@ pub struct Endpoint {
     /// `begin_shutdown` was called: no new connections.
     pub(super) stopping: bool,
     /// The latest `now` handed in (what `poll_timeout` answers when work is pending).
-    last_now: Instant,
+    pub(super) last_now: Instant,
     /// Scratch for completions, shared by the CQ polls.
     pub(super) wcs: Vec<Completion>,
     /// RC packets of the RX completions being handled, waiting for the spare buffers that

@@ -77,6 +77,12 @@ pub enum TxCloseReason {
     /// The path MTU changed (the underlay link's MTU did): the next packet opens a
     /// connection at the new one.
     PathMtuChanged,
+    /// The SA gave the peer a path to another LID (the SM moved it): the next packet opens
+    /// a connection on the new path.
+    PathMoved,
+    /// Our port's LID changed (the SM moved it): the next packet opens a connection from
+    /// the new one.
+    LidChanged,
 }
 
 impl TxCloseReason {
@@ -89,6 +95,8 @@ impl TxCloseReason {
             Self::NeighbourChanged => "neighbour-changed",
             Self::PeerDisconnected => "peer-disconnected",
             Self::PathMtuChanged => "path-mtu-changed",
+            Self::PathMoved => "path-moved",
+            Self::LidChanged => "lid-changed",
         }
     }
 }

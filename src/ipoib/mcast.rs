@@ -35,8 +35,11 @@ use std::time::Instant;
 
 use super::path_wait::PathWait;
 use super::Endpoint;
+use super::TxCloseReason;
 use crate::sa::GroupParams;
-use crate::verbs::{AddressVector, Gid, Grh, Lid, Path, QKey, QpAttr, QpState, Rate, Sl, Verbs};
+use crate::verbs::{
+    AddressVector, Gid, Grh, Lid, Path, QKey, QpAttr, QpNum, QpState, Rate, Sl, Verbs,
+};
 use crate::wire::ipoib::broadcast_mgid;
 use crate::wire::sa::PathRecord;
 
@@ -273,7 +276,19 @@ impl Endpoint {
         if !self.sa.asked_paths.remove(&dgid) && self.paths.get(&dgid).is_none() {
             return;
         }
-        self.set_path(dgid, Path::from_record(rec));
+        let path = Path::from_record(rec);
+        self.set_path(dgid, path);
+        // A connection on the old LID carries nothing any more: closed, the next packet
+        // opens one on this path.
+        let moved: Vec<QpNum> = self
+            .tx
+            .to_node(dgid)
+            .into_iter()
+            .filter(|q| self.tx.get(q).is_some_and(|t| t.dlid != path.dlid))
+            .collect();
+        for q in moved {
+            self.close_tx(now, v, q, TxCloseReason::PathMoved, None);
+        }
         self.release_path_wait(now, v, dgid);
     }
 
@@ -310,10 +325,19 @@ impl Endpoint {
     }
 
     /// A port event: every group is detached and every record forgotten, and the event goes
-    /// on to the SA client, which rejoins (each answer re-attaches).
+    /// on to the SA client, which rejoins (each answer re-attaches). Our LID changed: every
+    /// TX connection is closed too (its packets name the old LID, which the peer's QP no
+    /// longer takes), as Linux ipoib's flush of a `LID_CHANGE` does.
     pub fn port_changed<V: Verbs>(&mut self, v: &mut V, change: PortChange) {
         if !self.sa.enabled {
             return;
+        }
+        if change == PortChange::LidChange {
+            let all: Vec<QpNum> = self.tx.iter().map(|(q, _)| *q).collect();
+            let now = self.last_now;
+            for q in all {
+                self.close_tx(now, v, q, TxCloseReason::LidChanged, None);
+            }
         }
         for (g, _) in std::mem::take(&mut self.sa.attached) {
             let _ = v.detach_mcast(self.ud.qp, g);
@@ -325,6 +349,13 @@ impl Endpoint {
         // The client voids its outstanding queries: nothing answers for what waited.
         self.fail_every_path_wait();
         self.push_sa(SaRequest::Port(change));
+        // The peers this node sends to are asked for again now, after the event (the SM may
+        // have moved them): a connection whose peer's LID moved is closed when the answer
+        // comes (`set_sa_path`). Bounded by the TX table.
+        let peers: BTreeSet<Gid> = self.tx.iter().map(|(_, t)| t.peer.gid).collect();
+        for gid in peers {
+            self.want_path(gid);
+        }
     }
 
     /// Whether a UD send to `mgid` (multicast) or to a unicast peer (`None`) may go now: with

@@ -199,6 +199,7 @@ impl Endpoint {
         let our_psn = self.random_psn();
         let rdma_cm = self.neigh.reached_by_rdma_cm(&hw);
         let path_mtu = self.path_mtu_to(hw.gid);
+        let dlid = self.path_to(hw.gid).dlid;
         let Some(id) = self.send_req(now, hw, qpn, our_psn, rdma_cm, path_mtu) else {
             self.destroy_qp(v, qpn, QpEnd::Forced);
             return None;
@@ -213,6 +214,7 @@ impl Endpoint {
                 state: TxState::Connecting,
                 mtu: 0,
                 path_mtu,
+                dlid,
                 our_psn,
                 remote_ca_guid: None,
                 moving: None,

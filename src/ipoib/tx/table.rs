@@ -7,7 +7,7 @@ use super::TxState;
 use crate::cm::CommId;
 use crate::ipoib::qp_conns::QpConns;
 use crate::timer::TimerId;
-use crate::verbs::{BufId, Gid, PathMtu, Psn, QpNum};
+use crate::verbs::{BufId, Gid, Lid, PathMtu, Psn, QpNum};
 use crate::wire::ipoib::HwAddr;
 use crate::wire::PeerMap;
 
@@ -24,6 +24,9 @@ pub(in crate::ipoib) struct TxConn {
     pub(in crate::ipoib) mtu: u32,
     /// The path MTU its REQ carried and its QP moves to: RC packets are cut to it.
     pub(in crate::ipoib) path_mtu: PathMtu,
+    /// The peer's LID its REQ and QP use (an InfiniBand port; [`Lid::NONE`] on RoCE): a
+    /// new path to another LID ends the connection.
+    pub(in crate::ipoib) dlid: Lid,
     pub(in crate::ipoib) our_psn: Psn,
     /// The peer's CA GUID, from its REP (`None` until then).
     pub(in crate::ipoib) remote_ca_guid: Option<u64>,
