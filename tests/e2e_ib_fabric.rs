@@ -361,3 +361,38 @@ fn lids_reassigned_by_the_sm_are_followed() {
     lab.ping_ok(1, "198.19.0.2", &[]);
     lab.ping_ok(2, "198.19.0.1", &[]);
 }
+
+#[test]
+fn joins_and_paths_complete_through_mad_loss_at_the_sa() {
+    let Some(lab) = Lab::up_ib("ibfd", 2, &[]) else {
+        return;
+    };
+    lab.ping_ok(1, "198.19.0.2", &[]);
+    // 30 % of the MADs into the SM's port lost (ibsim drops a MAD as it enters a port: the
+    // requests to the SA); node 2 starts again and must join and find its paths through
+    // retries.
+    sh_ok(&lab, &["sim", "Error \"HcaSM\"[1] 30"]);
+    sh_ok(&lab, &["stop", "2"]);
+    let t0 = Instant::now();
+    sh_ok(&lab, &["start", "2"]);
+    let up = lab.wait_for(Duration::from_secs(60), |l| {
+        l.ping(2, "198.19.0.1", &["-c", "1", "-W", "2"])
+            .status
+            .success()
+    });
+    let reached = t0.elapsed();
+    // Enough requests for a loss to be all but certain (membership checks go every second).
+    lab.wait_for(Duration::from_secs(30), |l| provider(l, 2, "sa_sent") >= 15);
+    let s = lab.status(2);
+    let retx = common::lab::provider_of(&s, "sa_retransmits");
+    println!(
+        "30 % MAD loss at the SA: node 2 joined and reached node 1 {:.1} s after its start, {} SA retransmissions, {} requests given up",
+        reached.as_secs_f64(),
+        retx,
+        common::lab::provider_of(&s, "sa_timeouts")
+    );
+    assert!(up, "node 2 never reached node 1: {}", lab.log(2));
+    assert!(retx >= 1, "no MAD was lost: {s}");
+    sh_ok(&lab, &["sim", "Error \"HcaSM\"[1] 0"]);
+    lab.ping_ok(1, "198.19.0.2", &[]);
+}
