@@ -396,3 +396,45 @@ fn joins_and_paths_complete_through_mad_loss_at_the_sa() {
     sh_ok(&lab, &["sim", "Error \"HcaSM\"[1] 0"]);
     lab.ping_ok(1, "198.19.0.2", &[]);
 }
+
+#[test]
+fn a_partition_admits_its_members_and_a_limited_one_reaches_full_ones_only() {
+    let Some(lab) = Lab::up_ib("ibfe", 4, &[]) else {
+        return;
+    };
+    // Partition 0x8002: nodes 1 and 2 full members, 3 and 4 limited ones.
+    let guids: Vec<u64> = (1..=4).map(|k| port_guid(&lab, k)).collect();
+    let conf = lab.state.join("partitions.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "Default=0x7fff, ipoib : ALL=full;\npart2=0x0002, ipoib : {:#018x}=full, {:#018x}=full, {:#018x}=limited, {:#018x}=limited;\n",
+            guids[0], guids[1], guids[2], guids[3]
+        ),
+    )
+    .expect("partitions.conf");
+    let conf = conf.to_str().expect("utf-8").to_owned();
+    sh_ok(&lab, &["sm", "restart", "-P", &conf]);
+    assert!(
+        lab.wait_for(HEAL, |l| l.log(3).contains("PkeyChange")),
+        "no PKEY_CHANGE on node 3: {}",
+        lab.log(3)
+    );
+    for (k, pkey) in [(1, "0x8002"), (2, "0x8002"), (3, "0x0002"), (4, "0x0002")] {
+        sh_ok(&lab, &["stop", &k.to_string()]);
+        sh_ok(&lab, &["start", &k.to_string(), "--", "--pkey", pkey]);
+    }
+    assert_eq!(lab.status(3)["interface"]["port"]["pkey"], 0x0002);
+    // Full members reach each other, and a limited member reaches a full one.
+    lab.ping_ok(1, "198.19.0.2", &[]);
+    lab.ping_ok(3, "198.19.0.1", &[]);
+    // Two limited members do not: node 3's broadcast ARP reaches node 4's port, which drops
+    // it as a P_Key violation.
+    let before = provider(&lab, 4, "rx_pkey_violations");
+    let out = lab.ping(3, "198.19.0.4", &["-c", "2", "-W", "2"]);
+    assert!(!out.status.success(), "two limited members talked");
+    let violations = provider(&lab, 4, "rx_pkey_violations") - before;
+    println!("limited to limited: {violations} P_Key violations dropped at node 4");
+    assert!(violations >= 1, "{}", lab.status(4));
+    assert_eq!(provider(&lab, 1, "rx_pkey_violations"), 0);
+}
