@@ -245,3 +245,97 @@ fn a_path_query_pushed_out_of_a_full_request_queue_fails_what_waited() {
     n.inject(0, &ping4(0, 1, 101));
     assert_eq!(sa_requests(&mut n), [query]);
 }
+
+/// Node 0's TX connections to node 1: (QPN, state).
+fn tx_to_1(n: &mut Net) -> Vec<(QpNum, TxState)> {
+    let now = n.now();
+    n.ep(0)
+        .snapshot(now)
+        .tx
+        .iter()
+        .map(|t| (t.qpn, t.state))
+        .collect()
+}
+
+/// The events node 0 raised since the last call, for their TX close reasons.
+fn tx_closed(n: &mut Net) -> Vec<TxCloseReason> {
+    std::iter::from_fn(|| n.ep(0).poll_event())
+        .filter_map(|e| match e {
+            Event::TxClosed { reason, .. } => Some(reason),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The connection to node 1 on the path the test's SA gave (LID 0x21), established.
+fn connected(n: &mut Net) -> QpNum {
+    n.inject(0, &ping4(0, 1, 100));
+    n.run(Duration::from_millis(100));
+    answer(n, 1);
+    n.run(Duration::from_millis(100));
+    let tx = tx_to_1(n);
+    assert_eq!(tx.len(), 1);
+    assert_eq!(tx[0].1, TxState::Established);
+    let _ = tx_closed(n);
+    tx[0].0
+}
+
+#[test]
+fn a_port_event_asks_again_for_the_paths_in_use_and_a_moved_peer_is_reconnected() {
+    let mut n = sa_net(|_, _| {});
+    let qpn = connected(&mut n);
+    let gid1 = n.ep(1).hwaddr().gid;
+    let _ = sa_requests(&mut n);
+
+    // The SM re-registered the port: the path to node 1, in use, is asked for again after
+    // the event; the same answer leaves the connection as it is.
+    let c = &mut n.0;
+    let (ep, v) = (c.eps[0].as_mut().unwrap(), &mut c.f.nodes[0]);
+    ep.port_changed(v, PortChange::ClientReregister);
+    let query = path_query(&mut n, 1);
+    assert_eq!(
+        sa_requests(&mut n),
+        [SaRequest::Port(PortChange::ClientReregister), query]
+    );
+    answer(&mut n, 1);
+    n.run(Duration::from_millis(10));
+    assert_eq!(tx_to_1(&mut n), [(qpn, TxState::Established)]);
+    assert_eq!(tx_closed(&mut n), []);
+
+    // The SM moved node 1 to LID 0x22: the connection on 0x21 is closed; the next packet
+    // opens one on the new path.
+    let c = &mut n.0;
+    let (ep, v) = (c.eps[0].as_mut().unwrap(), &mut c.f.nodes[0]);
+    ep.port_changed(v, PortChange::SmChange);
+    let _ = sa_requests(&mut n);
+    let rec = PathRecord {
+        dlid: 0x22,
+        ..record(&mut n, 1)
+    };
+    let now = n.now();
+    let c = &mut n.0;
+    let (ep, v) = (c.eps[0].as_mut().unwrap(), &mut c.f.nodes[0]);
+    ep.set_sa_path(now, v, gid1, &rec);
+    assert_eq!(tx_closed(&mut n), [TxCloseReason::PathMoved]);
+    n.inject(0, &ping4(0, 1, 101));
+    n.run(Duration::from_millis(200));
+    let tx = tx_to_1(&mut n);
+    assert!(
+        tx.iter()
+            .any(|(q, s)| *q != qpn && *s == TxState::Established),
+        "no new connection: {tx:?}"
+    );
+    assert_eq!(n.ep(0).path(gid1).map(|p| p.dlid.0), Some(0x22));
+}
+
+#[test]
+fn our_lid_changed_closes_every_connection() {
+    let mut n = sa_net(|_, _| {});
+    let qpn = connected(&mut n);
+    let c = &mut n.0;
+    let (ep, v) = (c.eps[0].as_mut().unwrap(), &mut c.f.nodes[0]);
+    ep.port_changed(v, PortChange::LidChange);
+    assert_eq!(tx_closed(&mut n), [TxCloseReason::LidChanged]);
+    n.run(Duration::from_millis(100));
+    assert!(tx_to_1(&mut n).iter().all(|(q, _)| *q != qpn));
+}
