@@ -381,8 +381,9 @@ fn joins_and_paths_complete_through_mad_loss_at_the_sa() {
             .success()
     });
     let reached = t0.elapsed();
-    // Enough requests for a loss to be all but certain (membership checks go every second).
-    lab.wait_for(Duration::from_secs(30), |l| provider(l, 2, "sa_sent") >= 15);
+    // Enough requests for a loss to be all but certain (0.7^30: membership checks go every
+    // second).
+    lab.wait_for(Duration::from_secs(60), |l| provider(l, 2, "sa_sent") >= 30);
     let s = lab.status(2);
     let retx = common::lab::provider_of(&s, "sa_retransmits");
     println!(
