@@ -197,6 +197,25 @@ fn ip_crosses_an_infiniband_fabric_and_a_killed_peer_is_reaped() {
     );
     sh_ok(&lab, &["start", "2"]);
     lab.ping_ok(2, "198.19.0.1", &[]);
+
+    // Stopped, a daemon leaves its groups: the SA no longer lists its port.
+    let gid2 = std::net::Ipv6Addr::from((0xfe80u128 << 112) | u128::from(port_guid(&lab, 2)));
+    let member = |l: &Lab| {
+        saquery(l, &["-m"])
+            .lines()
+            .any(|x| x.trim().starts_with("PortGid") && x.trim().ends_with(&format!(".{gid2}")))
+    };
+    assert!(
+        member(&lab),
+        "node 2 ({gid2}) no member: {}",
+        saquery(&lab, &["-m"])
+    );
+    sh_ok(&lab, &["stop", "2"]);
+    assert!(
+        lab.wait_for(Duration::from_secs(10), |l| !member(l)),
+        "node 2 still a member after its stop: {}",
+        saquery(&lab, &["-m"])
+    );
 }
 
 #[test]

@@ -694,28 +694,33 @@ pub fn render_text(status: &Status, shown: Shown) -> String {
         out.push_str(": none\n");
     } else {
         out.push_str(":\n");
+        // The PATH column only where the SA gives paths (an InfiniBand port).
+        let paths = status.tx.iter().any(|t| t.path.is_some());
         let rows: Vec<_> = status
             .tx
             .iter()
             .map(|t| {
-                vec![
+                let mut row = vec![
                     t.peer.clone(),
                     format!("{:#08x}", t.qpn),
                     t.state.as_str().to_owned(),
                     t.mtu.to_string(),
                     t.queued.to_string(),
                     t.in_flight.to_string(),
-                    t.path.map_or("-".to_owned(), |p| {
+                ];
+                if paths {
+                    row.push(t.path.map_or("-".to_owned(), |p| {
                         format!("lid {:#x} sl {} mtu {}", p.dlid, p.sl, p.mtu)
-                    }),
-                ]
+                    }));
+                }
+                row
             })
             .collect();
-        table(
-            &mut out,
-            &["PEER", "QPN", "STATE", "MTU", "QUEUED", "IN_FLIGHT", "PATH"],
-            &rows,
-        );
+        let mut head = vec!["PEER", "QPN", "STATE", "MTU", "QUEUED", "IN_FLIGHT"];
+        if paths {
+            head.push("PATH");
+        }
+        table(&mut out, &head, &rows);
     }
 
     let _ = write!(out, "\nrx ({})", status.rx.len());

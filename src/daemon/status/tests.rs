@@ -564,3 +564,36 @@ fn the_path_mtu_and_its_source_are_shown() {
         "{text}"
     );
 }
+
+#[test]
+fn an_infiniband_port_and_each_connections_path_are_shown() {
+    let mut s = sample();
+    let text = render_text(&s, Shown::All);
+    assert!(
+        !text.contains("PATH") && !text.contains("  port "),
+        "RoCE: {text}"
+    );
+    s.interface.port = Some(PortStatus {
+        link_layer: "infiniband".into(),
+        device: "ibsim0".into(),
+        port: 1,
+        lid: 5,
+        sm_lid: 1,
+        pkey: 0xffff,
+    });
+    s.tx[0].path = Some(PathStatus {
+        dlid: 6,
+        slid: 5,
+        sl: 0,
+        mtu: 2048,
+    });
+    let text = render_text(&s, Shown::All);
+    assert!(
+        text.contains("  port ibsim0 1 infiniband lid 0x5 sm_lid 0x1 pkey 0xffff\n"),
+        "{text}"
+    );
+    assert!(text.contains("lid 0x6 sl 0 mtu 2048"), "{text}");
+    let v = serde_json::to_value(&s).unwrap();
+    assert_eq!(v["interface"]["port"]["lid"], 5);
+    assert_eq!(v["tx"][0]["path"]["dlid"], 6);
+}
