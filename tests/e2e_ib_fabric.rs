@@ -458,3 +458,164 @@ fn a_partition_admits_its_members_and_a_limited_one_reaches_full_ones_only() {
     assert!(violations >= 1, "{}", lab.status(4));
     assert_eq!(provider(&lab, 1, "rx_pkey_violations"), 0);
 }
+
+/// The UDP payloads of `pcap` (hex, one per line), beacons left out.
+fn ib_payloads(pcap: &std::path::Path) -> Vec<Vec<u8>> {
+    let mut c = Command::new("tshark");
+    c.arg("-r")
+        .arg(pcap)
+        .args(["-T", "fields", "-e", "udp.payload"]);
+    let out = common::lab::run_within(c, Duration::from_secs(30));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            (0..l.len())
+                .step_by(2)
+                .map(|i| l.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok()))
+                .collect::<Option<Vec<u8>>>()
+        })
+        .filter(|p| !p.is_empty() && !p.starts_with(b"IBsl"))
+        .collect()
+}
+
+/// `packets` as a pcap of ERF records of type InfiniBand (LRH first), which Wireshark's
+/// InfiniBand dissector reads.
+fn erf_pcap(packets: &[Vec<u8>]) -> Vec<u8> {
+    let mut f = Vec::new();
+    for w in [0xa1b2_c3d4u32] {
+        f.extend_from_slice(&w.to_le_bytes());
+    }
+    f.extend_from_slice(&2u16.to_le_bytes());
+    f.extend_from_slice(&4u16.to_le_bytes());
+    for w in [0u32, 0, 65535, 197] {
+        f.extend_from_slice(&w.to_le_bytes());
+    }
+    for p in packets {
+        let len = u16::try_from(p.len()).expect("packet");
+        let mut rec = vec![0u8; 8];
+        rec.extend_from_slice(&[21, 0x04]);
+        rec.extend_from_slice(&(len + 16).to_be_bytes());
+        rec.extend_from_slice(&0u16.to_be_bytes());
+        rec.extend_from_slice(&len.to_be_bytes());
+        rec.extend_from_slice(p);
+        let n = u32::try_from(rec.len()).expect("record");
+        for w in [0u32, 0, n, n] {
+            f.extend_from_slice(&w.to_le_bytes());
+        }
+        f.extend_from_slice(&rec);
+    }
+    f
+}
+
+#[test]
+fn what_crosses_the_underlay_is_infiniband_as_wireshark_reads_it() {
+    let Some(lab) = Lab::up_ib("ibff", 2, &[]) else {
+        return;
+    };
+    let installed = Command::new("tshark")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !installed {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI: no tshark"
+        );
+        println!("skipped: no tshark");
+        return;
+    }
+    let pcap = lab.state.join("ib.pcap");
+    let mut cap = Command::new("ip")
+        .args(["netns", "exec", "ibff1", "tshark", "-q", "-i", "eth0"])
+        .args(["-f", "udp port 4791", "-a", "duration:6", "-w"])
+        .arg(&pcap)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("tshark");
+    std::thread::sleep(Duration::from_secs(2));
+    lab.ping_ok(1, "198.19.0.2", &[]);
+    common::netns::wait_within(&mut cap, Duration::from_secs(20));
+    let packets = ib_payloads(&pcap);
+    assert!(packets.len() >= 6, "captured {} packets", packets.len());
+    // Every packet is a native IB packet whose VCRC and ICRC check.
+    for p in &packets {
+        ipoib_cm::wire::ib::parse_ib(p).unwrap_or_else(|e| panic!("{e}: {p:02x?}"));
+    }
+    // As Wireshark's InfiniBand dissector reads them.
+    let erf = lab.state.join("ib-erf.pcap");
+    std::fs::write(&erf, erf_pcap(&packets)).expect("erf");
+    let mut c = Command::new("tshark");
+    c.arg("-r")
+        .arg(&erf)
+        .args(["-T", "fields", "-E", "separator=,"]);
+    for f in [
+        "infiniband.lrh.lnh",
+        "infiniband.lrh.dlid",
+        "infiniband.lrh.slid",
+        "infiniband.grh.nxthdr",
+        "infiniband.bth.p_key",
+        "infiniband.deth.q_key",
+        "infiniband.cm.req.prim_locallid",
+        "infiniband.cm.req.prim_remotelid",
+        "infiniband.cm.req.prim_sl",
+        "infiniband.cm.req.pppmtu",
+    ] {
+        c.args(["-e", f]);
+    }
+    let out = common::lab::run_within(c, Duration::from_secs(30));
+    let rows: Vec<Vec<String>> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.split(',').map(str::to_owned).collect())
+        .collect();
+    let lid = |k: usize| {
+        lab.status(k)["interface"]["port"]["lid"]
+            .as_u64()
+            .expect("lid")
+    };
+    let (lid1, lid2) = (lid(1).to_string(), lid(2).to_string());
+    let path = lab.status(1)["tx"][0]["path"].clone();
+    let mlid = saquery(&lab, &["-g"])
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("Mlid")
+                .map(|v| v.trim_start_matches('.').to_owned())
+        })
+        .and_then(|v| u64::from_str_radix(v.trim_start_matches("0x"), 16).ok())
+        .expect("broadcast MLID");
+    println!(
+        "{} packets, LIDs {lid1}/{lid2}, broadcast MLID {mlid:#x}, path {path}",
+        rows.len()
+    );
+    assert!(rows.iter().all(|r| r[4] == "65535"), "P_Keys: {rows:?}");
+    // The broadcast ARP: a GRH (next header 0x1B), the group's MLID, Q_Key 0xB1B.
+    assert!(
+        rows.iter().any(|r| r[0] == "0x03"
+            && r[1] == mlid.to_string()
+            && r[2] == lid1
+            && r[3] == "27"
+            && r[5] == "0x0000000000000b1b"),
+        "no broadcast to the MLID: {rows:?}"
+    );
+    // Unicast both ways: no GRH, by LID.
+    assert!(rows
+        .iter()
+        .any(|r| r[0] == "0x02" && r[1] == lid2 && r[2] == lid1));
+    assert!(rows
+        .iter()
+        .any(|r| r[0] == "0x02" && r[1] == lid1 && r[2] == lid2));
+    // The REQ's primary path is the PathRecord's: its LIDs, SL and MTU (2048: enum 4).
+    let req = rows
+        .iter()
+        .find(|r| r[6] == lid1)
+        .unwrap_or_else(|| panic!("no REQ from node 1: {rows:?}"));
+    assert_eq!(req[7], path["dlid"].to_string());
+    assert_eq!(req[6], path["slid"].to_string());
+    assert_eq!(
+        u64::from_str_radix(req[8].trim_start_matches("0x"), 16).ok(),
+        path["sl"].as_u64()
+    );
+    assert_eq!(req[9], "0x04", "path MTU 2048");
+}
