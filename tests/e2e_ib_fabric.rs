@@ -482,10 +482,7 @@ fn ib_payloads(pcap: &std::path::Path) -> Vec<Vec<u8>> {
 /// `packets` as a pcap of ERF records of type InfiniBand (LRH first), which Wireshark's
 /// InfiniBand dissector reads.
 fn erf_pcap(packets: &[Vec<u8>]) -> Vec<u8> {
-    let mut f = Vec::new();
-    for w in [0xa1b2_c3d4u32] {
-        f.extend_from_slice(&w.to_le_bytes());
-    }
+    let mut f = 0xa1b2_c3d4u32.to_le_bytes().to_vec();
     f.extend_from_slice(&2u16.to_le_bytes());
     f.extend_from_slice(&4u16.to_le_bytes());
     for w in [0u32, 0, 65535, 197] {
