@@ -30,7 +30,7 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
     cargo install --locked cargo-fuzz || exit 1
 fi
 
-targets=(roce_parse wire_headers ipoib_wire soft_datagrams cm_mad cm_machine endpoint_script cma_hdr sa_mad)
+targets=(roce_parse wire_headers ipoib_wire soft_datagrams cm_mad cm_machine endpoint_script cma_hdr sa_mad ib_wire)
 
 sanitizer="${FUZZ_SANITIZER:-}"
 if [ -z "$sanitizer" ]; then
