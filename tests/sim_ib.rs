@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use ipoib_cm::sim::Fabric;
 use ipoib_cm::soft::{IbPortAttr, SoftLink, SoftVerbs, MULTICAST_QPN};
-use ipoib_cm::verbs::setup::{connect_rc, init_rc_qp, RcConnection};
+use ipoib_cm::verbs::setup::{connect_rc, init_rc_qp, open_ud_qp, RcConnection};
 use ipoib_cm::verbs::{
-    AddressVector, Completion, CqId, Gid, Grh, Lid, PathMtu, PoolId, Psn, QKey, QpAttr, QpInit,
-    QpNum, QpState, QpType, SendWr, Sl, UdDest, Verbs, WcOpcode, WcStatus, WrId,
+    AddressVector, BufId, Completion, CqId, Gid, Grh, Lid, PathMtu, Psn, QKey, QpInit, QpNum,
+    QpType, SendWr, Sl, UdDest, Verbs, WcOpcode, WcStatus, WrId,
 };
 
 const QKEY: QKey = QKey(0x0B1B);
@@ -76,53 +76,24 @@ fn fabric(multicast: bool) -> Fabric {
 struct Ud {
     qp: QpNum,
     cq: CqId,
-    pool: PoolId,
+    /// Send buffers, one per send (each test sends fewer).
+    send_bufs: Vec<BufId>,
 }
 
 fn ud_qp(v: &mut SoftVerbs) -> Ud {
     let pd = v.alloc_pd().unwrap();
     let cq = v.create_cq(64).unwrap();
     let pool = v.create_pool(pd, 2048, 32).unwrap();
-    let qp = v
-        .create_qp(&QpInit {
-            pd,
-            qp_type: QpType::Ud,
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
-            max_send_wr: 8,
-            max_recv_wr: 16,
-            sq_sig_all: true,
-        })
-        .unwrap();
-    v.modify_qp(
-        qp,
-        &QpAttr {
-            pkey_index: Some(0),
-            port: Some(1),
-            qkey: Some(QKEY),
-            ..QpAttr::to_state(QpState::Init)
-        },
-    )
-    .unwrap();
-    v.modify_qp(qp, &QpAttr::to_state(QpState::Rtr)).unwrap();
-    v.modify_qp(
-        qp,
-        &QpAttr {
-            sq_psn: Some(Psn::new(0)),
-            ..QpAttr::to_state(QpState::Rts)
-        },
-    )
-    .unwrap();
-    for _ in 0..16 {
-        let b = v.pools_mut().alloc(pool).unwrap();
-        v.post_recv(qp, WrId(1), b).unwrap();
+    let s = open_ud_qp(v, pd, QpType::Ud, cq, pool, QKEY, 0, 16, 8, WrId(1)).unwrap();
+    Ud {
+        qp: s.qp,
+        cq,
+        send_bufs: s.send_bufs,
     }
-    Ud { qp, cq, pool }
 }
 
-fn send_ud(v: &mut SoftVerbs, from: &Ud, av: AddressVector, to: QpNum, what: &[u8]) {
-    let b = v.pools_mut().alloc(from.pool).unwrap();
+fn send_ud(v: &mut SoftVerbs, from: &mut Ud, av: AddressVector, to: QpNum, what: &[u8]) {
+    let b = from.send_bufs.pop().expect("a send buffer");
     v.pools_mut().get_mut(b).unwrap()[..what.len()].copy_from_slice(what);
     let mut wr = SendWr::send(WrId(7), b, what.len());
     wr.ud = Some(UdDest {
@@ -149,10 +120,10 @@ fn settle(f: &mut Fabric) {
 fn unicast_goes_by_lid_without_a_grh_and_says_who_sent_it() {
     for multicast in [false, true] {
         let mut f = fabric(multicast);
-        let a = ud_qp(&mut f.nodes[0]);
+        let mut a = ud_qp(&mut f.nodes[0]);
         let b = ud_qp(&mut f.nodes[1]);
         let av = AddressVector::to_lid(Lid(LIDS[1]), Sl::new(3).unwrap());
-        send_ud(&mut f.nodes[0], &a, av, b.qp, b"hello");
+        send_ud(&mut f.nodes[0], &mut a, av, b.qp, b"hello");
         settle(&mut f);
         let sent = completions(&mut f.nodes[0], a.cq, WcOpcode::Send);
         assert_eq!(sent.len(), 1);
@@ -172,13 +143,13 @@ fn unicast_goes_by_lid_without_a_grh_and_says_who_sent_it() {
 #[test]
 fn a_port_takes_only_its_own_lids_and_partitions() {
     let mut f = fabric(false);
-    let a = ud_qp(&mut f.nodes[0]);
+    let mut a = ud_qp(&mut f.nodes[0]);
     let c = ud_qp(&mut f.nodes[2]);
 
     // No port beacons LID 30: the sender's fabric has no route for it.
     send_ud(
         &mut f.nodes[0],
-        &a,
+        &mut a,
         AddressVector::to_lid(Lid(30), Sl::ZERO),
         c.qp,
         b"x",
@@ -204,7 +175,7 @@ fn a_port_takes_only_its_own_lids_and_partitions() {
     settle(&mut f);
     send_ud(
         &mut f.nodes[0],
-        &a,
+        &mut a,
         AddressVector::to_lid(Lid(LIDS[2]), Sl::ZERO),
         c.qp,
         b"x",
@@ -226,14 +197,14 @@ fn a_port_takes_only_its_own_lids_and_partitions() {
     let before = f.nodes[0].stats().tx_no_route;
     send_ud(
         &mut f.nodes[0],
-        &a,
+        &mut a,
         AddressVector::to_lid(Lid(12), Sl::ZERO),
         c.qp,
         b"old",
     );
     send_ud(
         &mut f.nodes[0],
-        &a,
+        &mut a,
         AddressVector::to_lid(Lid(13), Sl::ZERO),
         c.qp,
         b"new",
@@ -249,8 +220,8 @@ fn a_port_takes_only_its_own_lids_and_partitions() {
 #[test]
 fn a_port_that_goes_down_carries_nothing_until_it_is_active_again() {
     let mut f = fabric(false);
-    let a = ud_qp(&mut f.nodes[0]);
-    let b = ud_qp(&mut f.nodes[1]);
+    let mut a = ud_qp(&mut f.nodes[0]);
+    let mut b = ud_qp(&mut f.nodes[1]);
     let now = f.now();
     f.nodes[1].set_ib_port(
         now,
@@ -262,10 +233,10 @@ fn a_port_that_goes_down_carries_nothing_until_it_is_active_again() {
     settle(&mut f);
     assert_eq!(f.nodes[0].ib_routes(), 1, "its beacon took its route away");
     let av = AddressVector::to_lid(Lid(LIDS[1]), Sl::ZERO);
-    send_ud(&mut f.nodes[0], &a, av, b.qp, b"x");
+    send_ud(&mut f.nodes[0], &mut a, av, b.qp, b"x");
     send_ud(
         &mut f.nodes[1],
-        &b,
+        &mut b,
         AddressVector::to_lid(Lid(LIDS[0]), Sl::ZERO),
         a.qp,
         b"y",
@@ -279,7 +250,7 @@ fn a_port_that_goes_down_carries_nothing_until_it_is_active_again() {
     let now = f.now();
     f.nodes[1].set_ib_port(now, port(1));
     settle(&mut f);
-    send_ud(&mut f.nodes[0], &a, av, b.qp, b"z");
+    send_ud(&mut f.nodes[0], &mut a, av, b.qp, b"z");
     settle(&mut f);
     assert_eq!(completions(&mut f.nodes[1], b.cq, WcOpcode::Recv).len(), 1);
 }
@@ -287,7 +258,7 @@ fn a_port_that_goes_down_carries_nothing_until_it_is_active_again() {
 #[test]
 fn multicast_goes_to_the_mlid_with_a_grh_naming_the_sender() {
     let mut f = fabric(true);
-    let uds: Vec<Ud> = (0..3).map(|i| ud_qp(&mut f.nodes[i])).collect();
+    let mut uds: Vec<Ud> = (0..3).map(|i| ud_qp(&mut f.nodes[i])).collect();
     for (i, u) in uds.iter().enumerate().skip(1) {
         f.nodes[i].attach_mcast(u.qp, mgid(), 0xC000).unwrap();
     }
@@ -298,7 +269,7 @@ fn multicast_goes_to_the_mlid_with_a_grh_naming_the_sender() {
         dlid: Lid(0xC000),
         ..AddressVector::global(Grh::to_gid(mgid()))
     };
-    send_ud(&mut f.nodes[0], &uds[0], av, MULTICAST_QPN, b"arp?");
+    send_ud(&mut f.nodes[0], &mut uds[0], av, MULTICAST_QPN, b"arp?");
     settle(&mut f);
     for i in [1, 2] {
         let got = completions(&mut f.nodes[i], uds[i].cq, WcOpcode::Recv);
@@ -315,7 +286,7 @@ fn multicast_goes_to_the_mlid_with_a_grh_naming_the_sender() {
 
     // Node 2 detaches: the MLID is not its any more, so the packet is dropped there.
     f.nodes[2].detach_mcast(uds[2].qp, mgid()).unwrap();
-    send_ud(&mut f.nodes[0], &uds[0], av, MULTICAST_QPN, b"again");
+    send_ud(&mut f.nodes[0], &mut uds[0], av, MULTICAST_QPN, b"again");
     settle(&mut f);
     assert_eq!(
         completions(&mut f.nodes[1], uds[1].cq, WcOpcode::Recv).len(),

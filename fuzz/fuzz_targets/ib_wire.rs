@@ -16,9 +16,8 @@ use std::time::Instant;
 
 use ipoib_cm::soft::ib::Beacon;
 use ipoib_cm::soft::{IbPortAttr, SoftConfig, SoftLink, SoftVerbs};
-use ipoib_cm::verbs::{
-    CqId, Gid, Lid, PathMtu, Psn, QKey, QpAttr, QpInit, QpState, QpType, Sl, Verbs, WrId,
-};
+use ipoib_cm::verbs::setup::open_ud_qp;
+use ipoib_cm::verbs::{CqId, Gid, Lid, PathMtu, QKey, QpType, Sl, Verbs, WrId};
 use ipoib_cm::wire::ib::parse_ib;
 use ipoib_cm::wire::smp::{NodeInfo, PkeyBlock, PortInfo, Smp};
 use libfuzzer_sys::fuzz_target;
@@ -51,41 +50,20 @@ fn engine() -> &'static Mutex<(SoftVerbs, Instant, CqId)> {
         let pd = v.alloc_pd().unwrap();
         let cq = v.create_cq(64).unwrap();
         let pool = v.create_pool(pd, 4200, 32).unwrap();
-        let qp = v
-            .create_qp(&QpInit {
-                pd,
-                qp_type: QpType::Ud,
-                send_cq: cq,
-                recv_cq: cq,
-                srq: None,
-                max_send_wr: 4,
-                max_recv_wr: 32,
-                sq_sig_all: true,
-            })
-            .unwrap();
-        v.modify_qp(
-            qp,
-            &QpAttr {
-                pkey_index: Some(0),
-                port: Some(1),
-                qkey: Some(QKey(0x0B1B)),
-                ..QpAttr::to_state(QpState::Init)
-            },
+        let qp = open_ud_qp(
+            &mut v,
+            pd,
+            QpType::Ud,
+            cq,
+            pool,
+            QKey(0x0B1B),
+            0,
+            32,
+            0,
+            WrId(1),
         )
-        .unwrap();
-        v.modify_qp(qp, &QpAttr::to_state(QpState::Rtr)).unwrap();
-        v.modify_qp(
-            qp,
-            &QpAttr {
-                sq_psn: Some(Psn::new(0)),
-                ..QpAttr::to_state(QpState::Rts)
-            },
-        )
-        .unwrap();
-        for _ in 0..32 {
-            let b = v.pools_mut().alloc(pool).unwrap();
-            v.post_recv(qp, WrId(1), b).unwrap();
-        }
+        .unwrap()
+        .qp;
         let mut mgid = [0u8; 16];
         mgid[..4].copy_from_slice(&[0xff, 0x12, 0x40, 0x1b]);
         v.attach_mcast(qp, Gid(mgid), 0xC000).unwrap();

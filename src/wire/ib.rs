@@ -281,6 +281,16 @@ mod tests {
         r
     }
 
+    /// Subnet-local addressing (no GRH) from LID 2 to `dlid`.
+    fn local(dlid: u16) -> IbAddressing {
+        IbAddressing {
+            sl: 0,
+            dlid,
+            slid: 2,
+            grh: None,
+        }
+    }
+
     fn gid(last: u8) -> Gid {
         let mut g = [0u8; 16];
         g[0] = 0xfe;
@@ -346,12 +356,7 @@ mod tests {
     #[test]
     fn what_a_switch_may_change_is_outside_the_icrc() {
         let mut out = Vec::new();
-        let addr = IbAddressing {
-            sl: 0,
-            dlid: 4,
-            slid: 2,
-            grh: None,
-        };
+        let addr = local(4);
         emit_ib_append(&ud(0x49, 1), b"x", &addr, &mut out);
         let n = out.len();
         let icrc = ib_icrc(&out[..n - 6], false);
@@ -367,12 +372,7 @@ mod tests {
     #[test]
     fn damaged_packets_are_refused_by_the_right_check() {
         let mut out = Vec::new();
-        let addr = IbAddressing {
-            sl: 0,
-            dlid: 4,
-            slid: 2,
-            grh: None,
-        };
+        let addr = local(4);
         emit_ib_append(&ud(0x49, 1), b"payload!", &addr, &mut out);
         assert_eq!(parse_ib(&out[..7]), Err(IbPacketError::Truncated));
         assert_eq!(
