@@ -25,7 +25,7 @@ use super::metrics::{self, MetricsServer};
 use super::provider::DaemonProvider;
 use super::service::Service;
 use super::status::{render_prometheus, Status, Summary, UnderlayStatus, WorkerStatus};
-use super::underlay::{UnderlayChange, UnderlayState, UnderlayWatch};
+use super::underlay::{UnderlayChange, UnderlayWatch};
 use super::workers::{
     apply_live, live_settings, part_status, start_workers, worker_fault, WorkerOpen, WorkerReport,
 };
@@ -38,7 +38,6 @@ use crate::soft::sim_port::SimPort;
 use crate::soft::transport::UdpTransport;
 use crate::soft::SoftConfig;
 use crate::sys::ifaddr;
-use crate::sys::netlink::LinkWatch;
 use crate::verbs::setup::os_seed;
 use crate::verbs::{Provider, Verbs};
 use crate::wire::{WorkerCount, WorkerSlot};
@@ -318,7 +317,7 @@ fn run<P: DaemonProvider + 'static>(
     // Checked against the memory limit before (`resources::check`).
     prov.commit_memory();
     let mut poll = Poll::new()?;
-    let mut underlay = watch_underlay(cfg, Instant::now());
+    let mut underlay = UnderlayWatch::open(cfg.bind, Instant::now());
     // The port's active MTU follows what the --bind link carries (the soft port's is that).
     prov.set_link_mtu(link_mtu);
     // On InfiniBand the port is its own link: --bind is no bound there.
@@ -529,7 +528,7 @@ fn run<P: DaemonProvider + 'static>(
         }
         if let Some(changes) = underlay.turn(now) {
             for change in changes {
-                log_underlay(cfg, underlay.state(), &change);
+                change.log(cfg.bind, underlay.state());
                 if let UnderlayChange::Mtu { to, .. } = change {
                     path_mtu =
                         follow_link_mtu(&mut node, workers.as_ref(), cfg, to, now, &path_mtu);
@@ -618,25 +617,6 @@ fn attach_sa<P: DaemonProvider>(
     Ok(line)
 }
 
-/// Follows the underlay of `--bind` from now on: its state now, and a netlink socket to
-/// wake the loop when it changes (without one it is read every few seconds, said in one
-/// line).
-fn watch_underlay(cfg: &Config, now: Instant) -> UnderlayWatch {
-    let state = UnderlayState::read(cfg.bind, "");
-    let watch = match LinkWatch::open() {
-        Ok(w) => Some(w),
-        Err(e) => {
-            tracing::warn!(
-                error = %e,
-                "no netlink socket for link and address changes: the underlay is read every {}s",
-                super::underlay::REREAD_WITHOUT_NETLINK.as_secs()
-            );
-            None
-        }
-    };
-    UnderlayWatch::new(cfg.bind, state, watch, now)
-}
-
 /// The `--bind` link's MTU is now `link_mtu`: the provider's port follows it, the path MTU is
 /// chosen again as at start, and the node follows a changed one. Returns the new choice.
 fn follow_link_mtu<P: DaemonProvider>(
@@ -677,32 +657,6 @@ fn follow_link_mtu<P: DaemonProvider>(
         );
     }
     choice
-}
-
-/// One line per change of the underlay: a warning for what stops traffic, info for the rest.
-fn log_underlay(cfg: &Config, s: &UnderlayState, change: &UnderlayChange) {
-    let (bind, link) = (cfg.bind, &s.link);
-    match change {
-        UnderlayChange::AddressGone => tracing::warn!(
-            "underlay: --bind {bind} is gone from {link}: nothing is sent or received until it \
-             is back"
-        ),
-        UnderlayChange::AddressBack => tracing::info!("underlay: --bind {bind} is back on {link}"),
-        UnderlayChange::LinkMoved { from } => {
-            tracing::info!("underlay: --bind {bind} moved from {from} to {link}");
-        }
-        UnderlayChange::LinkGone => tracing::warn!("underlay: link {link} is gone"),
-        UnderlayChange::LinkBack => tracing::info!("underlay: link {link} is back"),
-        UnderlayChange::LinkDown => tracing::warn!("underlay: link {link} is down"),
-        UnderlayChange::LinkUp => tracing::info!("underlay: link {link} is up"),
-        UnderlayChange::CarrierLost => tracing::warn!("underlay: link {link} has no carrier"),
-        UnderlayChange::CarrierBack => {
-            tracing::info!("underlay: link {link} has a carrier again");
-        }
-        UnderlayChange::Mtu { from, to } => {
-            tracing::info!("underlay: link {link} mtu {from} -> {to}");
-        }
-    }
 }
 
 /// The start-up line: what this daemon is and where it listens.

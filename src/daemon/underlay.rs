@@ -114,6 +114,37 @@ pub enum UnderlayChange {
     },
 }
 
+impl UnderlayChange {
+    /// One line for this change of the underlay of `bind`, now as `s`: a warning for what
+    /// stops traffic, info for the rest.
+    pub fn log(&self, bind: IpAddr, s: &UnderlayState) {
+        let link = &s.link;
+        match self {
+            Self::AddressGone => tracing::warn!(
+                "underlay: --bind {bind} is gone from {link}: nothing is sent or received until it \
+                 is back"
+            ),
+            Self::AddressBack => {
+                tracing::info!("underlay: --bind {bind} is back on {link}")
+            }
+            Self::LinkMoved { from } => {
+                tracing::info!("underlay: --bind {bind} moved from {from} to {link}");
+            }
+            Self::LinkGone => tracing::warn!("underlay: link {link} is gone"),
+            Self::LinkBack => tracing::info!("underlay: link {link} is back"),
+            Self::LinkDown => tracing::warn!("underlay: link {link} is down"),
+            Self::LinkUp => tracing::info!("underlay: link {link} is up"),
+            Self::CarrierLost => tracing::warn!("underlay: link {link} has no carrier"),
+            Self::CarrierBack => {
+                tracing::info!("underlay: link {link} has a carrier again");
+            }
+            Self::Mtu { from, to } => {
+                tracing::info!("underlay: link {link} mtu {from} -> {to}");
+            }
+        }
+    }
+}
+
 impl UnderlayState {
     /// Reads the underlay now: the link that has `bind` (else the link `last_link` that had
     /// it), and that link's state.
@@ -216,6 +247,25 @@ pub struct UnderlayWatch {
 }
 
 impl UnderlayWatch {
+    /// Follows the underlay of `bind` from now on: its state now, and a netlink socket to
+    /// wake the loop when it changes (without one it is read every
+    /// [`REREAD_WITHOUT_NETLINK`], said in one line).
+    pub fn open(bind: IpAddr, now: Instant) -> Self {
+        let state = UnderlayState::read(bind, "");
+        let watch = match LinkWatch::open() {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    "no netlink socket for link and address changes: the underlay is read every {}s",
+                    REREAD_WITHOUT_NETLINK.as_secs()
+                );
+                None
+            }
+        };
+        Self::new(bind, state, watch, now)
+    }
+
     /// Starts following the underlay of `bind`, as it is now (`state`, read at start). Without
     /// a netlink socket (`watch` `None`) it is read every [`REREAD_WITHOUT_NETLINK`].
     #[must_use]
