@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use super::ib::IbPortAttr;
 use super::SoftVerbs;
 use crate::sa::{PortEvent, PortSnapshot, PortWatch, PortWatchConfig, PortWatchCounters};
-use crate::sys::umad::{find_umad, AgentSpec, Umad, UmadOpenError, UmadRecv};
+use crate::sys::umad::{find_umad, AgentSpec, Umad, UmadRecv};
 use crate::verbs::{AsyncEvent, Lid, PathMtu, Sl};
 use crate::wire::smp::{SMI_CLASS_VERSION, SMI_DIRECTED_ROUTE, SMP_LEN};
 
@@ -78,11 +78,7 @@ impl SimPort {
         let (umad, ca, port) = find_umad(ca, port).map_err(SimPortError::NoPort)?;
         let spec = AgentSpec::smi(SMI_DIRECTED_ROUTE, SMI_CLASS_VERSION);
         let agent = Umad::open_agent(umad, &spec).map_err(|e| {
-            let (step, source) = match e {
-                UmadOpenError::Open(s) => ("open", s),
-                UmadOpenError::EnablePkey(s) => ("enabling P_Key indices", s),
-                UmadOpenError::Register(s) => ("registering the agent", s),
-            };
+            let (step, source) = e.into_step();
             SimPortError::Agent { umad, step, source }
         })?;
         let start = Instant::now();

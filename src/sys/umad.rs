@@ -452,6 +452,17 @@ pub(crate) enum UmadOpenError {
     Register(#[source] io::Error),
 }
 
+impl UmadOpenError {
+    /// The step that failed, as words, and its OS error.
+    pub(crate) fn into_step(self) -> (&'static str, io::Error) {
+        match self {
+            Self::Open(e) => ("open", e),
+            Self::EnablePkey(e) => ("enabling P_Key indices", e),
+            Self::Register(e) => ("registering the agent", e),
+        }
+    }
+}
+
 impl Umad {
     /// Opens `/dev/infiniband/umad<N>` non-blocking and registers an agent on QP1 for the
     /// responses of management class `mgmt_class`, version `class_version` (the SA: 0x03,

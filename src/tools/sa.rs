@@ -18,7 +18,7 @@ use crate::sys::umad::{Umad, UmadPort, UmadRecv};
 use crate::wire::sa::{SA_CLASS_VERSION, SA_MGMT_CLASS};
 use crate::wire::{Gid, GSI_QKEY};
 
-pub use super::sa_args::SaPortArgs;
+pub use super::sa_args::{SaPortArgs, SaToolError};
 
 /// `ipoib-cm sa …`.
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -86,9 +86,13 @@ pub enum SaCommand {
 }
 
 /// Runs one `sa` command; the error is the line to print.
-pub fn run(cmd: &SaCommand) -> Result<(), String> {
+///
+/// # Errors
+///
+/// [`SaToolError`] as it says.
+pub fn run(cmd: &SaCommand) -> Result<(), SaToolError> {
     let args = match cmd {
-        SaCommand::Port(args) => return super::sa_port::run(args).map_err(|e| e.to_string()),
+        SaCommand::Port(args) => return super::sa_port::run(args),
         SaCommand::Path { port, .. }
         | SaCommand::Join { port, .. }
         | SaCommand::Leave { port, .. } => port,
@@ -107,15 +111,22 @@ pub fn run(cmd: &SaCommand) -> Result<(), String> {
             return super::sa_node::run(port.ca.as_deref(), port.port, port.pkey, addr, &targets);
         }
     };
-    let port = UmadPort::find(args.ca.as_deref(), args.port).map_err(|e| e.to_string())?;
+    let port = UmadPort::find(args.ca.as_deref(), args.port).map_err(SaToolError::NoPort)?;
     if !port.active || port.sm_lid == 0 {
-        return Err(format!(
-            "{} port {}: not active or no SM (lid {:#x}, sm_lid {:#x})",
-            port.ca, port.port, port.lid, port.sm_lid
-        ));
+        return Err(SaToolError::NotActive {
+            ca: port.ca,
+            port: port.port,
+            lid: port.lid,
+            sm_lid: port.sm_lid,
+        });
     }
-    let umad = Umad::open(port.umad, SA_MGMT_CLASS, SA_CLASS_VERSION)
-        .map_err(|e| format!("umad{}: {e}", port.umad))?;
+    let umad = Umad::open(port.umad, SA_MGMT_CLASS, SA_CLASS_VERSION).map_err(|source| {
+        SaToolError::Agent {
+            umad: port.umad,
+            step: "registering the SA agent",
+            source,
+        }
+    })?;
     println!(
         "port {} {} lid {:#x} sm_lid {:#x} gid {}",
         port.ca,
@@ -174,15 +185,15 @@ struct Session {
 impl Session {
     /// One turn: send what the client has, wait up to 100 ms for a MAD, hand it over, run
     /// the timers. Returns the events, or an error past the deadline.
-    fn turn(&mut self) -> Result<Vec<SaEvent>, String> {
+    fn turn(&mut self) -> Result<Vec<SaEvent>, SaToolError> {
         while let Some(o) = self.client.pop_transmit() {
             self.umad
                 .send_request(&o.mad, o.to.lid, o.to.sl, GSI_QKEY)
-                .map_err(|e| format!("umad send: {e}"))?;
+                .map_err(SaToolError::io("umad send"))?;
         }
         let now = Instant::now();
         if now >= self.deadline {
-            return Err("timed out".into());
+            return Err(SaToolError::TimedOut);
         }
         let wait = self
             .client
@@ -191,14 +202,18 @@ impl Session {
                 d.saturating_duration_since(now)
             })
             .min(Duration::from_millis(100));
-        if self.umad.wait_readable(wait).map_err(|e| e.to_string())? {
+        if self
+            .umad
+            .wait_readable(wait)
+            .map_err(SaToolError::io("umad poll"))?
+        {
             // Bounded: the agent sees only responses to our (capped) outstanding requests.
             let mut m = [0u8; crate::wire::cm::MAD_LEN];
             for _ in 0..64 {
                 match self
                     .umad
                     .recv(&mut m)
-                    .map_err(|e| format!("umad recv: {e}"))?
+                    .map_err(SaToolError::io("umad recv"))?
                 {
                     Some(UmadRecv::Mad(_)) => {
                         if self.dump {
@@ -217,10 +232,10 @@ impl Session {
         Ok(std::iter::from_fn(|| self.client.pop_event()).collect())
     }
 
-    fn path(&mut self, dgid: Gid) -> Result<(), String> {
+    fn path(&mut self, dgid: Gid) -> Result<(), SaToolError> {
         match self.client.path(Instant::now(), dgid) {
             PathLookup::Pending => {}
-            other => return Err(format!("path query not started: {other:?}")),
+            other => return Err(SaToolError::PathNotStarted(other)),
         }
         loop {
             for ev in self.turn()? {
@@ -235,7 +250,7 @@ impl Session {
                         return Ok(());
                     }
                     SaEvent::PathFailed { status, .. } => {
-                        return Err(format!("no path: status {status:?}"));
+                        return Err(SaToolError::NoPath(status));
                     }
                     _ => {}
                 }
@@ -243,7 +258,7 @@ impl Session {
         }
     }
 
-    fn join(&mut self, mgid: Gid, opts: GroupOptions, hold: bool) -> Result<(), String> {
+    fn join(&mut self, mgid: Gid, opts: GroupOptions, hold: bool) -> Result<(), SaToolError> {
         let bcast = self.client.broadcast_mgid();
         if opts.create && mgid != bcast {
             self.client.join(
@@ -260,10 +275,11 @@ impl Session {
         let rereg = Arc::new(AtomicBool::new(false));
         if hold {
             for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-                signal_hook::flag::register(sig, Arc::clone(&stop)).map_err(|e| e.to_string())?;
+                signal_hook::flag::register(sig, Arc::clone(&stop))
+                    .map_err(SaToolError::io("signal handler"))?;
             }
             signal_hook::flag::register(signal_hook::consts::SIGUSR1, Arc::clone(&rereg))
-                .map_err(|e| e.to_string())?;
+                .map_err(SaToolError::io("signal handler"))?;
             self.deadline = Instant::now() + Duration::from_secs(24 * 3600);
         }
         let mut leaving = false;
@@ -283,7 +299,7 @@ impl Session {
                     SaEvent::JoinFailed { mgid: m, status } => {
                         println!("join failed mgid {m} status {status:?}");
                         if !hold {
-                            return Err("join failed".into());
+                            return Err(SaToolError::JoinFailed);
                         }
                     }
                     SaEvent::Left { mgid: m, deleted } if m == mgid => {
@@ -307,7 +323,7 @@ impl Session {
         }
     }
 
-    fn leave(&mut self, mgid: Gid) -> Result<(), String> {
+    fn leave(&mut self, mgid: Gid) -> Result<(), SaToolError> {
         self.client
             .delete_membership(Instant::now(), mgid, GroupOptions::default());
         loop {

@@ -10,6 +10,7 @@
 //! the path's LIDs), `dropped` (held packets dropped when the path query failed), `left` at
 //! the end.
 
+use super::sa_args::SaToolError;
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -47,14 +48,14 @@ fn connect_neighbour(i: usize, gid: Ipv6Addr) -> (IpAddr, HwAddr) {
     (IpAddr::V6(ip), hw)
 }
 
-/// Runs until SIGINT/SIGTERM; the error is the line to print.
+/// Runs until SIGINT/SIGTERM.
 pub(super) fn run(
     ca: Option<&str>,
     port: Option<u8>,
     pkey: u16,
     addrs: &[String],
     targets: &Targets<'_>,
-) -> Result<(), String> {
+) -> Result<(), SaToolError> {
     let (dgids, sends) = (targets.dgids, targets.sends);
     let mut cidrs = Vec::new();
     let given: Vec<&str> = if addrs.is_empty() {
@@ -63,7 +64,7 @@ pub(super) fn run(
         addrs.iter().map(String::as_str).collect()
     };
     for a in given {
-        let bad = || format!("--addr {a}: not ADDR/PREFIX");
+        let bad = || SaToolError::BadAddr((*a).to_owned());
         let (addr, len) = a.split_once('/').ok_or_else(bad)?;
         let addr: IpAddr = addr.parse().map_err(|_| bad())?;
         let len: u8 = len.parse().map_err(|_| bad())?;
@@ -73,7 +74,7 @@ pub(super) fn run(
         IpAddr::V6(v) => Some(*v),
         IpAddr::V4(_) => None,
     });
-    let mut sa = SaDriver::open(ca, port, pkey).map_err(|e| format!("SA driver: {e}"))?;
+    let mut sa = SaDriver::open(ca, port, pkey).map_err(SaToolError::SaDriver)?;
     let p = sa.port();
     println!(
         "sa port {} {} lid {:#x} sm_lid {:#x} gid {} kernel_ipoib {}",
@@ -92,20 +93,20 @@ pub(super) fn run(
         .map(|(i, g)| connect_neighbour(i, *g))
         .collect();
     let default_qkey = cfg.qkey.0;
-    let mut ep =
-        Endpoint::new(now, &mut v, cfg, None).map_err(|e| format!("endpoint set-up: {e}"))?;
+    let mut ep = Endpoint::new(now, &mut v, cfg, None).map_err(SaToolError::Endpoint)?;
     ep.use_sa_groups(&mut v);
-    let mut poll = Poll::new().map_err(|e| e.to_string())?;
+    let mut poll = Poll::new().map_err(SaToolError::io("poll"))?;
     let registered = sa.register(poll.registry(), Token(0));
     println!("umad registered with epoll: {registered}");
 
     let stop = Arc::new(AtomicBool::new(false));
     let rereg = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, Arc::clone(&stop)).map_err(|e| e.to_string())?;
+        signal_hook::flag::register(sig, Arc::clone(&stop))
+            .map_err(SaToolError::io("signal handler"))?;
     }
     signal_hook::flag::register(signal_hook::consts::SIGUSR1, Arc::clone(&rereg))
-        .map_err(|e| e.to_string())?;
+        .map_err(SaToolError::io("signal handler"))?;
 
     let bcast = broadcast_mgid(ep.config().mgid_pkey());
     let mut asked = false;
@@ -122,7 +123,10 @@ pub(super) fn run(
             .min(Duration::from_millis(100));
         if let Err(e) = poll.poll(&mut events, Some(wait)) {
             if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(format!("poll: {e}"));
+                return Err(SaToolError::Io {
+                    what: "poll",
+                    source: e,
+                });
             }
         }
         let now = Instant::now();
@@ -235,7 +239,7 @@ pub(super) fn run(
                 return Ok(());
             }
             if now >= by {
-                return Err("leaves unanswered".into());
+                return Err(SaToolError::LeavesUnanswered);
             }
         }
         if stop.load(Ordering::Relaxed) && leave_by.is_none() {

@@ -10,11 +10,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::sa_args::SaPortArgs;
+use super::sa_args::{SaPortArgs, SaToolError};
 use crate::sa::{
     GroupOptions, PortEvent, PortSnapshot, PortWatch, PortWatchConfig, SaClient, SaConfig, SaEvent,
 };
-use crate::sys::umad::{AgentSpec, Umad, UmadOpenError, UmadPort, UmadRecv};
+use crate::sys::umad::{AgentSpec, Umad, UmadPort, UmadRecv};
 use crate::wire::cm::MAD_LEN;
 use crate::wire::sa::{SA_CLASS_VERSION, SA_MGMT_CLASS};
 use crate::wire::smp::{SMI_CLASS_VERSION, SMI_DIRECTED_ROUTE};
@@ -46,50 +46,22 @@ pub struct PortArgs {
     pub check: Duration,
 }
 
-/// Why `sa port` stopped.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum PortToolError {
-    /// No umad port was found.
-    #[error("no umad port: {0}")]
-    NoPort(#[source] std::io::Error),
-    /// An agent could not be registered.
-    #[error("umad{umad}: {source}")]
-    Open {
-        /// The umad device's index.
-        umad: u32,
-        /// What failed.
-        #[source]
-        source: UmadOpenError,
-    },
-    /// A MAD could not be sent or read.
-    #[error("umad {what}: {source}")]
-    Io {
-        /// `send` or `recv`.
-        what: &'static str,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The port's SMA did not answer a whole read in time.
-    #[error("the port's SMA did not answer within {0:?}")]
-    NoAnswer(Duration),
-    /// The signal handlers could not be set.
-    #[error("signal handler: {0}")]
-    Signal(#[source] std::io::Error),
-}
-
 /// Runs `sa port`.
 ///
 /// # Errors
 ///
-/// [`PortToolError`] as it says.
-pub(crate) fn run(args: &PortArgs) -> Result<(), PortToolError> {
+/// [`SaToolError`] as it says.
+pub(super) fn run(args: &PortArgs) -> Result<(), SaToolError> {
     let found =
-        UmadPort::find(args.port.ca.as_deref(), args.port.port).map_err(PortToolError::NoPort)?;
+        UmadPort::find(args.port.ca.as_deref(), args.port.port).map_err(SaToolError::NoPort)?;
     let open = |spec: &AgentSpec| {
-        Umad::open_agent(found.umad, spec).map_err(|source| PortToolError::Open {
-            umad: found.umad,
-            source,
+        Umad::open_agent(found.umad, spec).map_err(|e| {
+            let (step, source) = e.into_step();
+            SaToolError::Agent {
+                umad: found.umad,
+                step,
+                source,
+            }
         })
     };
     let smi = open(&AgentSpec::smi(SMI_DIRECTED_ROUTE, SMI_CLASS_VERSION))?;
@@ -102,7 +74,7 @@ pub(crate) fn run(args: &PortArgs) -> Result<(), PortToolError> {
     // The first read: the port as found.
     while watch.port().is_none() {
         if start.elapsed() > args.port.timeout {
-            return Err(PortToolError::NoAnswer(args.port.timeout));
+            return Err(SaToolError::NoAnswer(args.port.timeout));
         }
         turn_watch(&mut watch, &smi, args.port.dump)?;
     }
@@ -113,7 +85,8 @@ pub(crate) fn run(args: &PortArgs) -> Result<(), PortToolError> {
     }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, Arc::clone(&stop)).map_err(PortToolError::Signal)?;
+        signal_hook::flag::register(sig, Arc::clone(&stop))
+            .map_err(SaToolError::io("signal handler"))?;
     }
     let mut sa = if args.join {
         let umad = open(&AgentSpec::client(SA_MGMT_CLASS, SA_CLASS_VERSION))?;
@@ -183,19 +156,22 @@ pub(crate) fn run(args: &PortArgs) -> Result<(), PortToolError> {
 }
 
 /// One turn of the watch: its SMPs out, at most [`TURN`] for an answer, its timers.
-fn turn_watch(watch: &mut PortWatch, smi: &Umad, dump: bool) -> Result<(), PortToolError> {
-    let io = |what| move |source| PortToolError::Io { what, source };
+fn turn_watch(watch: &mut PortWatch, smi: &Umad, dump: bool) -> Result<(), SaToolError> {
     while let Some(smp) = watch.pop_transmit() {
-        smi.send_smp_local(&smp).map_err(io("send"))?;
+        smi.send_smp_local(&smp)
+            .map_err(SaToolError::io("umad send"))?;
     }
     let wait = watch
         .next_deadline()
         .saturating_duration_since(Instant::now())
         .min(TURN);
-    if smi.wait_readable(wait).map_err(io("recv"))? {
+    if smi
+        .wait_readable(wait)
+        .map_err(SaToolError::io("umad poll"))?
+    {
         let mut m = [0u8; MAD_LEN];
         for _ in 0..READ_BATCH {
-            match smi.recv(&mut m).map_err(io("recv"))? {
+            match smi.recv(&mut m).map_err(SaToolError::io("umad recv"))? {
                 Some(UmadRecv::Mad(_)) => {
                     if dump {
                         println!(
@@ -217,15 +193,14 @@ fn turn_watch(watch: &mut PortWatch, smi: &Umad, dump: bool) -> Result<(), PortT
 }
 
 /// One turn of the SA client: its MADs out, what arrived in, its timers; its events.
-fn turn_sa(client: &mut SaClient, umad: &Umad) -> Result<Vec<SaEvent>, PortToolError> {
-    let io = |what| move |source| PortToolError::Io { what, source };
+fn turn_sa(client: &mut SaClient, umad: &Umad) -> Result<Vec<SaEvent>, SaToolError> {
     while let Some(o) = client.pop_transmit() {
         umad.send_request(&o.mad, o.to.lid, o.to.sl, GSI_QKEY)
-            .map_err(io("send"))?;
+            .map_err(SaToolError::io("umad send"))?;
     }
     let mut m = [0u8; MAD_LEN];
     for _ in 0..READ_BATCH {
-        match umad.recv(&mut m).map_err(io("recv"))? {
+        match umad.recv(&mut m).map_err(SaToolError::io("umad recv"))? {
             Some(UmadRecv::Mad(_)) => client.handle_mad(Instant::now(), &m),
             Some(UmadRecv::SendFailed(_)) => {}
             None => break,
