@@ -72,8 +72,8 @@ pub struct PortSnapshot {
     pub port_guid: u64,
     /// The port's PortInfo.
     pub info: PortInfo,
-    /// The P_Key table's entries in use, in table order (the index of an entry is its
-    /// position among all entries, so [`PortSnapshot::pkey_index`] reads the raw table).
+    /// The P_Key table's entries, in table order (trailing unused ones left off, so an
+    /// entry's position is its index).
     pub pkey_table: Vec<u16>,
 }
 
@@ -106,25 +106,6 @@ impl PortSnapshot {
     #[must_use]
     pub const fn mtu(&self) -> Option<PathMtu> {
         self.info.active_mtu()
-    }
-
-    /// The table index of `pkey` (matched on its low 15 bits, a full member's entry first),
-    /// as `ibv_get_pkey_index` finds it.
-    #[must_use]
-    pub fn pkey_index(&self, pkey: u16) -> Option<u16> {
-        let same = |k: &u16| k & 0x7FFF == pkey & 0x7FFF;
-        let full = self
-            .pkey_table
-            .iter()
-            .position(|k| same(k) && k & 0x8000 != 0);
-        let any = self.pkey_table.iter().position(same);
-        full.or(any).and_then(|i| u16::try_from(i).ok())
-    }
-
-    /// Whether the port holds `pkey` (either membership).
-    #[must_use]
-    pub fn holds_pkey(&self, pkey: u16) -> bool {
-        self.pkey_index(pkey).is_some()
     }
 }
 
@@ -525,7 +506,6 @@ mod tests {
         assert_eq!(p.gid().0[8..], 0x20_0001u64.to_be_bytes());
         assert_eq!(p.mtu(), Some(PathMtu::Mtu2048));
         assert_eq!(p.pkey_table, vec![0xffff]);
-        assert_eq!(p.pkey_index(0x7fff), Some(0));
         // NodeInfo, PortInfo, two P_Key blocks (PartitionCap 64).
         assert_eq!(w.counters().smps_sent, 4);
     }
@@ -550,7 +530,7 @@ mod tests {
 
         sma.pkeys.push(0x8001);
         assert_eq!(run(&mut w, &sma, &mut now, second), [PortEvent::PkeyChange]);
-        assert_eq!(w.port().expect("read").pkey_index(0x8001), Some(1));
+        assert_eq!(w.port().expect("read").pkey_table, vec![0xffff, 0x8001]);
 
         sma.info.client_reregister = true;
         let evs = run(&mut w, &sma, &mut now, Duration::from_millis(260));

@@ -66,13 +66,15 @@ pub struct SimPort {
 
 impl SimPort {
     /// Opens the SMA agent on the umad port of `ca` and `port` (the first of each if `None`)
-    /// and reads the port once, waiting up to `within`; returns the port as found.
+    /// and reads the port once (`cfg`: how often and how patiently), waiting up to
+    /// `within`; returns the port as found.
     ///
     /// # Errors
     /// [`SimPortError`] as it says.
     pub fn open(
         ca: Option<&str>,
         port: Option<u8>,
+        cfg: PortWatchConfig,
         within: Duration,
     ) -> Result<(Self, IbPortAttr), SimPortError> {
         let (umad, ca, port) = find_umad(ca, port).map_err(SimPortError::NoPort)?;
@@ -84,7 +86,7 @@ impl SimPort {
         let start = Instant::now();
         let mut me = Self {
             umad: agent,
-            watch: PortWatch::new(PortWatchConfig::default(), start),
+            watch: PortWatch::new(cfg, start),
             ca,
             port,
             reads_seen: 0,
@@ -130,9 +132,9 @@ impl SimPort {
         }
     }
 
-    /// Reads what the SMA answered, runs the watch's timers and sends its SMPs; a change of
-    /// the port goes to `v` as its attributes, then as its events. Never blocks.
-    pub fn pump(&mut self, now: Instant, v: &mut SoftVerbs) {
+    /// Reads what the SMA answered, runs the watch's timers and sends its SMPs; returns
+    /// whether a read of the port completed. Never blocks.
+    pub fn turn(&mut self, now: Instant) -> bool {
         self.last_pump = Some(now);
         if let Err(e) = self.read(now) {
             self.io_errors += 1;
@@ -143,11 +145,37 @@ impl SimPort {
             self.io_errors += 1;
             tracing::debug!(error = %e, "asking the port's SMA");
         }
-        // A new read: the attributes first (what the events' consumers read), then the
-        // events.
         let reads = self.watch.counters().reads;
-        if reads != self.reads_seen {
-            self.reads_seen = reads;
+        let read = reads != self.reads_seen;
+        self.reads_seen = reads;
+        read
+    }
+
+    /// Waits up to `max` (and no longer than the next [`turn`](Self::turn) is due) for an
+    /// answer of the SMA.
+    ///
+    /// # Errors
+    /// `poll(2)` failed.
+    pub fn wait(&self, now: Instant, max: Duration) -> io::Result<bool> {
+        let until = self.poll_timeout().saturating_duration_since(now);
+        self.umad.wait_readable(until.min(max))
+    }
+
+    /// The port as last read.
+    #[must_use]
+    pub fn port(&self) -> Option<&PortSnapshot> {
+        self.watch.port()
+    }
+
+    /// The watch itself: its events, and what the caller infers for it.
+    pub fn watch_mut(&mut self) -> &mut PortWatch {
+        &mut self.watch
+    }
+
+    /// A [`turn`](Self::turn) for the software provider: a change of the port goes to `v`
+    /// as its attributes (what the events' consumers read), then as its events.
+    pub fn pump(&mut self, now: Instant, v: &mut SoftVerbs) {
+        if self.turn(now) {
             if let Some(p) = self.watch.port() {
                 v.set_ib_port(now, attr_of(p));
             }
@@ -156,12 +184,6 @@ impl SimPort {
             tracing::info!(event = ?ev, "InfiniBand port event");
             v.raise_port_event(async_event(ev));
         }
-    }
-
-    /// The SM lost what the port registered (the SA no longer lists it; ibsim's SMA keeps
-    /// no ClientReregister bit to say so): raises `CLIENT_REREGISTER` at the next pump.
-    pub fn reregister_inferred(&mut self) {
-        self.watch.reregister_inferred();
     }
 
     fn send(&mut self) -> io::Result<()> {

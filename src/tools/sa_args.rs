@@ -18,7 +18,7 @@ pub struct SaPortArgs {
     /// The partition key.
     #[arg(long, value_name = "PKEY", default_value = "0xffff", value_parser = parse_pkey)]
     pub pkey: u16,
-    /// Print every MAD received as hex.
+    /// Print every MAD received as hex (path, join, leave).
     #[arg(long)]
     pub dump: bool,
     /// Give up after this long.
@@ -95,6 +95,9 @@ pub enum SaToolError {
     /// The leaves at the stop were not all answered in time.
     #[error("leaves unanswered")]
     LeavesUnanswered,
+    /// The port's own SMA could not be read (`sa port`).
+    #[error(transparent)]
+    Port(#[from] crate::soft::sim_port::SimPortError),
 }
 
 impl SaToolError {

@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 
 use super::sa_args::{SaPortArgs, SaToolError};
 use crate::sa::{
-    GroupOptions, PortEvent, PortSnapshot, PortWatch, PortWatchConfig, SaClient, SaConfig, SaEvent,
+    GroupOptions, PortEvent, PortSnapshot, PortWatchConfig, SaClient, SaConfig, SaEvent,
 };
+use crate::soft::sim_port::SimPort;
 use crate::sys::umad::{AgentSpec, Umad, UmadPort, UmadRecv};
 use crate::wire::cm::MAD_LEN;
 use crate::wire::sa::{SA_CLASS_VERSION, SA_MGMT_CLASS};
-use crate::wire::smp::{SMI_CLASS_VERSION, SMI_DIRECTED_ROUTE};
 use crate::wire::GSI_QKEY;
 
 /// Most MADs read from one agent per turn.
@@ -52,34 +52,19 @@ pub struct PortArgs {
 ///
 /// [`SaToolError`] as it says.
 pub(super) fn run(args: &PortArgs) -> Result<(), SaToolError> {
-    let found =
-        UmadPort::find(args.port.ca.as_deref(), args.port.port).map_err(SaToolError::NoPort)?;
-    let open = |spec: &AgentSpec| {
-        Umad::open_agent(found.umad, spec).map_err(|e| {
-            let (step, source) = e.into_step();
-            SaToolError::Agent {
-                umad: found.umad,
-                step,
-                source,
-            }
-        })
-    };
-    let smi = open(&AgentSpec::smi(SMI_DIRECTED_ROUTE, SMI_CLASS_VERSION))?;
+    let (ca, port) = (args.port.ca.as_deref(), args.port.port);
     let cfg = PortWatchConfig {
         period: args.period,
         ..PortWatchConfig::default()
     };
-    let start = Instant::now();
-    let mut watch = PortWatch::new(cfg, start);
-    // The first read: the port as found.
-    while watch.port().is_none() {
-        if start.elapsed() > args.port.timeout {
-            return Err(SaToolError::NoAnswer(args.port.timeout));
-        }
-        turn_watch(&mut watch, &smi, args.port.dump)?;
-    }
-    let snapshot = watch.port().cloned().unwrap_or_else(|| unreachable!());
-    print_port(&found.ca, found.port, &snapshot);
+    // The port as found (the first read).
+    let (mut sp, _) = SimPort::open(ca, port, cfg, args.port.timeout)?;
+    let (dev, num) = sp.device();
+    let snapshot = sp
+        .port()
+        .cloned()
+        .ok_or(SaToolError::NoAnswer(args.port.timeout))?;
+    print_port(&dev, num, &snapshot);
     if !args.watch && !args.join {
         return Ok(());
     }
@@ -89,7 +74,19 @@ pub(super) fn run(args: &PortArgs) -> Result<(), SaToolError> {
             .map_err(SaToolError::io("signal handler"))?;
     }
     let mut sa = if args.join {
-        let umad = open(&AgentSpec::client(SA_MGMT_CLASS, SA_CLASS_VERSION))?;
+        let found = UmadPort::find(Some(&dev), Some(num)).map_err(SaToolError::NoPort)?;
+        let umad = Umad::open_agent(
+            found.umad,
+            &AgentSpec::client(SA_MGMT_CLASS, SA_CLASS_VERSION),
+        )
+        .map_err(|e| {
+            let (step, source) = e.into_step();
+            SaToolError::Agent {
+                umad: found.umad,
+                step,
+                source,
+            }
+        })?;
         let mut c = SaConfig::new(snapshot.gid(), args.port.pkey);
         c.membership_check = Some(args.check);
         let mut client = SaClient::new(c, snapshot.sm());
@@ -101,12 +98,14 @@ pub(super) fn run(args: &PortArgs) -> Result<(), SaToolError> {
     };
     let mut leave_by: Option<Instant> = None;
     loop {
-        turn_watch(&mut watch, &smi, args.port.dump)?;
+        sp.wait(Instant::now(), TURN)
+            .map_err(SaToolError::io("umad poll"))?;
         let now = Instant::now();
-        while let Some(ev) = watch.pop_event() {
+        sp.turn(now);
+        while let Some(ev) = sp.watch_mut().pop_event() {
             println!("port event {}", ibv_name(ev));
-            if let Some(p) = watch.port() {
-                print_port(&found.ca, found.port, p);
+            if let Some(p) = sp.port() {
+                print_port(&dev, num, p);
             }
             if let Some((client, _)) = sa.as_mut() {
                 client.port_event(now, ev);
@@ -131,7 +130,7 @@ pub(super) fn run(args: &PortArgs) -> Result<(), SaToolError> {
                 }
                 SaEvent::MembershipLost { mgid } => {
                     println!("membership lost mgid {mgid}");
-                    watch.reregister_inferred();
+                    sp.watch_mut().reregister_inferred();
                 }
                 SaEvent::Left { mgid, deleted } => {
                     println!("left mgid {mgid} deleted {deleted}");
@@ -153,43 +152,6 @@ pub(super) fn run(args: &PortArgs) -> Result<(), SaToolError> {
             }
         }
     }
-}
-
-/// One turn of the watch: its SMPs out, at most [`TURN`] for an answer, its timers.
-fn turn_watch(watch: &mut PortWatch, smi: &Umad, dump: bool) -> Result<(), SaToolError> {
-    while let Some(smp) = watch.pop_transmit() {
-        smi.send_smp_local(&smp)
-            .map_err(SaToolError::io("umad send"))?;
-    }
-    let wait = watch
-        .next_deadline()
-        .saturating_duration_since(Instant::now())
-        .min(TURN);
-    if smi
-        .wait_readable(wait)
-        .map_err(SaToolError::io("umad poll"))?
-    {
-        let mut m = [0u8; MAD_LEN];
-        for _ in 0..READ_BATCH {
-            match smi.recv(&mut m).map_err(SaToolError::io("umad recv"))? {
-                Some(UmadRecv::Mad(_)) => {
-                    if dump {
-                        println!(
-                            "smp {}",
-                            m.iter().map(|b| format!("{b:02x}")).collect::<String>()
-                        );
-                    }
-                    watch.handle_mad(Instant::now(), &m);
-                }
-                Some(UmadRecv::SendFailed(status)) => {
-                    tracing::debug!(status, "umad: SMP send reported failed");
-                }
-                None => break,
-            }
-        }
-    }
-    watch.poll_timeout(Instant::now());
-    Ok(())
 }
 
 /// One turn of the SA client: its MADs out, what arrived in, its timers; its events.
