@@ -37,15 +37,9 @@ FAB=${PREFIX}fab
 FAB_IP=198.18.0.254
 UMAD2SIM=/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so
 
-die() { echo "ib-lab.sh: $*" >&2; exit 2; }
-
-bin() {
-    if [ -n "${IPOIB_CM_BIN:-}" ]; then echo "$IPOIB_CM_BIN"; return; fi
-    for b in "$here/target/release/ipoib-cm" "$here/target/debug/ipoib-cm"; do
-        [ -x "$b" ] && { echo "$b"; return; }
-    done
-    die "no ipoib-cm binary: run cargo build --release (or set IPOIB_CM_BIN)"
-}
+LAB_NAME=ib-lab.sh
+# shellcheck source=scripts/lab-common.sh
+source "$here/scripts/lab-common.sh"
 
 ensure_tools() {
     if [ -e "$UMAD2SIM" ] && command -v ibsim >/dev/null && command -v opensm >/dev/null \
@@ -54,15 +48,6 @@ ensure_tools() {
     fi
     # shellcheck source=scripts/setup.sh
     source "$here/scripts/setup.sh" test
-}
-
-ns() { echo "$PREFIX$1"; }
-sock() { echo "$STATE/node$1.sock"; }
-nodes() { cat "$STATE/nodes" 2>/dev/null || echo 0; }
-
-check_k() {
-    [[ "$1" =~ ^[0-9]+$ ]] && [ "$1" -ge 1 ] && [ "$1" -le "$(nodes)" ] \
-        || die "no node $1 (lab has $(nodes) nodes)"
 }
 
 # `cmd` in namespace `netns` as port `host` of the simulated fabric, in `dir` (umad2sim
@@ -141,19 +126,6 @@ start_sm() {
     die "opensm ($name) did not come up: $(tail -n 5 "$dir/out")"
 }
 
-stop_pidfile() {
-    local f=$1 pid i
-    pid=$(cat "$f" 2>/dev/null || true)
-    [ -n "$pid" ] || return 0
-    kill -TERM "$pid" 2>/dev/null || return 0
-    for ((i = 0; i < 100; i++)); do
-        kill -0 "$pid" 2>/dev/null || { rm -f "$f"; return 0; }
-        sleep 0.1
-    done
-    kill -KILL "$pid" 2>/dev/null || true
-    rm -f "$f"
-}
-
 start_node() {
     local k=$1 args=() extra=()
     shift
@@ -181,24 +153,6 @@ start_node() {
         sleep 0.02
     done
     die "node $k did not start"
-}
-
-wait_ready() {
-    local k=$1 i
-    for ((i = 0; i < 300; i++)); do
-        if "$(bin)" status --control-socket "$(sock "$k")" --json >/dev/null 2>&1; then
-            return 0
-        fi
-        if ! kill -0 "$(cat "$STATE/node$k.pid")" 2>/dev/null; then
-            echo "ib-lab.sh: node $k's daemon exited; its log:" >&2
-            tail -n 20 "$STATE/node$k.log" >&2 || true
-            return 1
-        fi
-        sleep 0.1
-    done
-    echo "ib-lab.sh: node $k not ready after 30 s; its log:" >&2
-    tail -n 20 "$STATE/node$k.log" >&2 || true
-    return 1
 }
 
 cmd_up() {
@@ -230,7 +184,7 @@ cmd_up() {
     start_ibsim
     start_sm sm HcaSM -p 10
     for ((k = 1; k <= n; k++)); do start_node "$k"; done
-    for ((k = 1; k <= n; k++)); do wait_ready "$k" || { cmd_down; exit 1; }; done
+    for ((k = 1; k <= n; k++)); do wait_ready "$k" 30 || { cmd_down; exit 1; }; done
     echo "ib lab up: $n nodes ($(ns 1)..$(ns "$n")) on ibsim with opensm, ib0 = 198.19.0.K/24, 2001:db8:19::K/64"
 }
 
@@ -269,7 +223,7 @@ case "${1:-}" in
     start)
         check_k "${2:-}"; k=$2; shift 2
         if [ "${1:-}" = "--" ]; then shift; fi
-        start_node "$k" "$@"; wait_ready "$k" ;;
+        start_node "$k" "$@"; wait_ready "$k" 30 ;;
     status) check_k "${2:-}"; "$(bin)" status --control-socket "$(sock "$2")" --json ;;
     exec) check_k "${2:-}"; k=$2; shift 2; exec ip netns exec "$(ns "$k")" "$@" ;;
     sm) shift; cmd_sm "$@" ;;

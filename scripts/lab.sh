@@ -34,25 +34,9 @@ LINK=${LAB_LINK:-bridge}
 BR=${PREFIX}br
 RT=${PREFIX}rt
 
-die() { echo "lab.sh: $*" >&2; exit 2; }
-
-bin() {
-    if [ -n "${IPOIB_CM_BIN:-}" ]; then echo "$IPOIB_CM_BIN"; return; fi
-    for b in "$here/target/release/ipoib-cm" "$here/target/debug/ipoib-cm"; do
-        [ -x "$b" ] && { echo "$b"; return; }
-    done
-    die "no ipoib-cm binary: run cargo build --release (or set IPOIB_CM_BIN)"
-}
-
-ns() { echo "$PREFIX$1"; }
-sock() { echo "$STATE/node$1.sock"; }
-
-nodes() { cat "$STATE/nodes" 2>/dev/null || echo 0; }
-
-check_k() {
-    [[ "$1" =~ ^[0-9]+$ ]] && [ "$1" -ge 1 ] && [ "$1" -le "$(nodes)" ] \
-        || die "no node $1 (lab has $(nodes) nodes)"
-}
+LAB_NAME=lab.sh
+# shellcheck source=scripts/lab-common.sh
+source "$here/scripts/lab-common.sh"
 
 start_node() {
     local k=$1 n peers=() args=() extra=()
@@ -87,35 +71,7 @@ start_node() {
     die "node $k did not start"
 }
 
-wait_ready() {
-    local k=$1 i
-    for ((i = 0; i < 200; i++)); do
-        if "$(bin)" status --control-socket "$(sock "$k")" --json >/dev/null 2>&1; then
-            return 0
-        fi
-        if ! kill -0 "$(cat "$STATE/node$k.pid")" 2>/dev/null; then
-            echo "lab.sh: node $k's daemon exited; its log:" >&2
-            tail -n 20 "$STATE/node$k.log" >&2 || true
-            return 1
-        fi
-        sleep 0.1
-    done
-    echo "lab.sh: node $k not ready after 20 s; its log:" >&2
-    tail -n 20 "$STATE/node$k.log" >&2 || true
-    return 1
-}
-
-stop_node() {
-    local k=$1 pid i
-    pid=$(cat "$STATE/node$k.pid" 2>/dev/null || true)
-    [ -n "$pid" ] || return 0
-    kill -TERM "$pid" 2>/dev/null || return 0
-    for ((i = 0; i < 100; i++)); do
-        kill -0 "$pid" 2>/dev/null || return 0
-        sleep 0.1
-    done
-    kill -KILL "$pid" 2>/dev/null || true
-}
+stop_node() { stop_pidfile "$STATE/node$1.pid"; }
 
 cmd_up() {
     local n=${1:-}; shift || true
@@ -166,7 +122,7 @@ cmd_up() {
         ip -n "$(ns "$k")" link set eth0 up
     done
     for ((k = 1; k <= n; k++)); do start_node "$k"; done
-    for ((k = 1; k <= n; k++)); do wait_ready "$k" || { cmd_down; exit 1; }; done
+    for ((k = 1; k <= n; k++)); do wait_ready "$k" 20 || { cmd_down; exit 1; }; done
     echo "lab up: $n nodes ($(ns 1)..$(ns "$n")), ib0 = 198.19.0.K/24, 2001:db8:19::K/64"
 }
 
@@ -189,7 +145,7 @@ case "${1:-}" in
     start)
         check_k "${2:-}"; k=$2; shift 2
         if [ "${1:-}" = "--" ]; then shift; fi
-        start_node "$k" "$@"; wait_ready "$k" ;;
+        start_node "$k" "$@"; wait_ready "$k" 20 ;;
     status) check_k "${2:-}"; "$(bin)" status --control-socket "$(sock "$2")" --json ;;
     exec) check_k "${2:-}"; k=$2; shift 2; exec ip netns exec "$(ns "$k")" "$@" ;;
     *) die "usage: lab.sh up N [-- ARGS] | down | kill K | stop K | start K | status K | exec K CMD..." ;;
