@@ -33,7 +33,6 @@ use crate::driver::workers::{Wake, Workers};
 use crate::driver::{Node, NodeConfig, SaDriver};
 use crate::ipoib::Mode;
 use crate::mad::MadTransport;
-use crate::sa::PortWatchConfig;
 use crate::soft::provider::{SoftProvider, UdpOffload};
 use crate::soft::sim_port::SimPort;
 use crate::soft::transport::UdpTransport;
@@ -140,8 +139,8 @@ pub fn up(cfg: &Config) -> Result<(), DaemonError> {
         .collect();
     prov.verbs().set_mcast_peers(cfg.peer.clone());
     if ib {
-        let (sp, attr) = SimPort::open(None, None, PortWatchConfig::default(), SIM_PORT_FIRST_READ)
-            .map_err(DaemonError::SimPort)?;
+        let (sp, attr) =
+            SimPort::open(None, None, SIM_PORT_FIRST_READ).map_err(DaemonError::SimPort)?;
         let (ca, port) = sp.device();
         tracing::info!(
             device = %ca,

@@ -65,13 +65,25 @@ pub struct SimPort {
 }
 
 impl SimPort {
+    /// [`open_with`](Self::open_with) the watch's defaults (a read every 250 ms).
+    ///
+    /// # Errors
+    /// [`SimPortError`] as it says.
+    pub fn open(
+        ca: Option<&str>,
+        port: Option<u8>,
+        within: Duration,
+    ) -> Result<(Self, IbPortAttr), SimPortError> {
+        Self::open_with(ca, port, PortWatchConfig::default(), within)
+    }
+
     /// Opens the SMA agent on the umad port of `ca` and `port` (the first of each if `None`)
     /// and reads the port once (`cfg`: how often and how patiently), waiting up to
     /// `within`; returns the port as found.
     ///
     /// # Errors
     /// [`SimPortError`] as it says.
-    pub fn open(
+    pub fn open_with(
         ca: Option<&str>,
         port: Option<u8>,
         cfg: PortWatchConfig,

@@ -58,7 +58,7 @@ pub(super) fn run(args: &PortArgs) -> Result<(), SaToolError> {
         ..PortWatchConfig::default()
     };
     // The port as found (the first read).
-    let (mut sp, _) = SimPort::open(ca, port, cfg, args.port.timeout)?;
+    let (mut sp, _) = SimPort::open_with(ca, port, cfg, args.port.timeout)?;
     let (dev, num) = sp.device();
     let snapshot = sp
         .port()
