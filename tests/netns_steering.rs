@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::netns::{output_within, wait_within, Lines};
 use ipoib_cm::soft::transport::UdpTransport;
-use ipoib_cm::wire::WorkerCount;
+use ipoib_cm::wire::{Framing, WorkerCount};
 
 const ROLE: &str = "IPOIB_CM_STEER_ROLE";
 const WORKERS: &str = "IPOIB_CM_STEER_WORKERS";
@@ -153,7 +153,8 @@ fn steering_receiver_child() {
     let group = if role == "hash" {
         Vec::new()
     } else {
-        UdpTransport::bind_steered(at, WorkerCount::new(workers).unwrap()).expect("bind group")
+        UdpTransport::bind_steered(at, WorkerCount::new(workers).unwrap(), Framing::Bth)
+            .expect("bind group")
     };
     let n = if role == "hash" {
         sockets.len()

@@ -115,7 +115,7 @@ pub fn up(cfg: &Config) -> Result<(), DaemonError> {
     };
     let count = cfg.workers;
     let local = SocketAddr::new(cfg.bind, cfg.udp_port);
-    let mut sockets = UdpTransport::bind_steered(local, count)
+    let mut sockets = UdpTransport::bind_steered(local, count, soft.link.framing())
         .map_err(bind_error)?
         .into_iter();
     let first = sockets

@@ -38,6 +38,17 @@ pub enum SoftLink {
     Infiniband,
 }
 
+impl SoftLink {
+    /// How the link's datagrams begin on the underlay.
+    #[must_use]
+    pub const fn framing(self) -> crate::wire::Framing {
+        match self {
+            Self::RoceV2 => crate::wire::Framing::Bth,
+            Self::Infiniband => crate::wire::Framing::Lrh,
+        }
+    }
+}
+
 /// Time between two beacons of an unchanged port.
 pub const BEACON_INTERVAL: Duration = Duration::from_millis(500);
 

@@ -193,7 +193,7 @@ impl SoftProvider {
             None
         };
         cfg.multicast = groups.is_some();
-        let steering = Steering::new(cfg.workers);
+        let steering = Steering::new(cfg.workers, cfg.link.framing());
         // A GSO train's later segments get ICRCs shifted for their IPv4 IDs (RoCEv2's ICRC
         // covers the IP header); an InfiniBand packet's does not, so it travels without.
         let offload = match cfg.link {
@@ -729,12 +729,12 @@ mod tests {
     #[test]
     fn a_gro_buffer_of_two_workers_is_split_between_them() {
         use crate::sys::udp::{send_batch, Outgoing};
-        use crate::wire::WorkerCount;
+        use crate::wire::{Framing, WorkerCount};
         use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
         let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
         let two = WorkerCount::new(2).unwrap();
-        let group = UdpTransport::bind_steered(SocketAddr::new(lo, 0), two).unwrap();
+        let group = UdpTransport::bind_steered(SocketAddr::new(lo, 0), two, Framing::Bth).unwrap();
         let at = group[0].local_addr();
         let mut workers: Vec<SoftProvider> = group
             .into_iter()

@@ -77,7 +77,7 @@ pub use icrc::{append_icrc, compute_icrc, read_icrc, verify_icrc, IpHeaderInfo, 
 pub use ids::{Gid, IdMap, PathMtu, PeerMap, Psn, QpNum};
 pub use lrh::{append_vcrc, read_vcrc, vcrc, verify_vcrc, Lnh, Lrh, LRH_LEN, VCRC_LEN};
 pub use roce::{RocePacket, RoceRepr};
-pub use worker::{BadWorkerCount, WorkerCount, WorkerSlot, CONTROL_QPNS};
+pub use worker::{BadWorkerCount, Framing, WorkerCount, WorkerSlot, CONTROL_QPNS};
 
 /// The UDP destination port of RoCEv2 (IANA "roce"). Receivers key on it; the source port is
 /// free (Linux picks one per QP in `0xC000..=0xFFFF`).

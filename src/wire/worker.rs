@@ -13,12 +13,66 @@
 
 use core::fmt;
 
+use super::ib::IB_GRH_LEN;
 use super::ids::QpNum;
+use super::lrh::{Lnh, LRH_LEN};
 
 /// The QPNs whose datagrams the control side (worker 0) receives, whatever the worker count:
 /// QP1 (the CM's MADs) and the multicast QPN `0xFFFFFF` (the groups of the UD QP, which is
 /// the control side's).
 pub const CONTROL_QPNS: [QpNum; 2] = [QpNum::GSI, QpNum::new(0x00FF_FFFF)];
+
+/// How the datagrams of the underlay begin, which says where their BTH is (and so the
+/// destination QP that names their worker).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Framing {
+    /// RoCEv2: the UDP payload is the BTH.
+    #[default]
+    Bth,
+    /// A native InfiniBand packet: an LRH of LVer 0, a GRH where its LNH is IBA global, then
+    /// the BTH. Anything else on that link (a datagram whose first nibble is no LVer 0, such
+    /// as the link's beacons, or an LNH without a BTH) names no QP.
+    Lrh,
+}
+
+impl Framing {
+    /// Offset of the BTH word whose low 24 bits are the destination QP.
+    pub const DEST_QP_WORD: usize = 4;
+
+    /// Where the BTH of `datagram` starts; `None` where it carries none.
+    pub fn bth_offset(self, datagram: &[u8]) -> Option<usize> {
+        match self {
+            Self::Bth => Some(0),
+            Self::Lrh => {
+                let (&b0, &b1) = (datagram.first()?, datagram.get(1)?);
+                if b0 & 0x0F != 0 {
+                    return None;
+                }
+                match Lnh::from_bits(b1) {
+                    Lnh::IbaLocal => Some(LRH_LEN),
+                    Lnh::IbaGlobal => Some(LRH_LEN + IB_GRH_LEN),
+                    Lnh::Raw | Lnh::IpNonIba => None,
+                }
+            }
+        }
+    }
+
+    /// The destination QP of `datagram`; `None` where it names none (too short, or no BTH).
+    pub fn dest_qpn(self, datagram: &[u8]) -> Option<QpNum> {
+        let at = self.bth_offset(datagram)? + Self::DEST_QP_WORD;
+        let &[_, a, b, c] = datagram.get(at..at + 4)? else {
+            return None;
+        };
+        Some(QpNum::new(u32::from_be_bytes([0, a, b, c])))
+    }
+
+    /// The worker of `count` that receives `datagram`: the owner of its destination QP
+    /// ([`WorkerCount::owner_of_qpn`]), worker 0 where it names none. What a steered socket
+    /// group's program computes.
+    pub fn owner(self, count: WorkerCount, datagram: &[u8]) -> u8 {
+        self.dest_qpn(datagram).map_or(0, |q| count.owner_of_qpn(q))
+    }
+}
 
 /// How many workers an interface runs: a power of two from 1 to [`WorkerCount::MAX`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -186,6 +240,46 @@ mod tests {
         let s = WorkerSlot::new(3, four).unwrap();
         assert_ne!(s.tag(5), s.tag(6));
         assert_eq!(WorkerSlot::new(4, four), None);
+    }
+
+    /// An LRH of LVer 0 with `lnh`, then a GRH where it says, then a BTH for `qpn`.
+    fn ib_packet(lnh: u8, qpn: u32) -> Vec<u8> {
+        let bth_at = if lnh == 3 { 48 } else { 8 };
+        let mut d = vec![0u8; bth_at + 12];
+        d[1] = lnh;
+        d[bth_at + 5..bth_at + 8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+        d
+    }
+
+    #[test]
+    fn framing_finds_the_destination_qp() {
+        let four = WorkerCount::new(4).unwrap();
+        let mut roce = vec![0u8; 12];
+        roce[5..8].copy_from_slice(&[0, 0x12, 0x37]);
+        assert_eq!(Framing::Bth.dest_qpn(&roce), Some(QpNum::new(0x1237)));
+        assert_eq!(Framing::Bth.owner(four, &roce), 3);
+        assert_eq!(Framing::Bth.dest_qpn(&roce[..7]), None);
+        assert_eq!(Framing::Bth.owner(four, &roce[..7]), 0);
+        assert_eq!(
+            Framing::Lrh.dest_qpn(&ib_packet(2, 0x1236)),
+            Some(QpNum::new(0x1236))
+        );
+        assert_eq!(Framing::Lrh.owner(four, &ib_packet(2, 0x1236)), 2);
+        assert_eq!(
+            Framing::Lrh.dest_qpn(&ib_packet(3, 0x1235)),
+            Some(QpNum::new(0x1235))
+        );
+        assert_eq!(Framing::Lrh.owner(four, &ib_packet(3, 1)), 0);
+        // LNH raw or IP: no BTH; LVer not 0 (a beacon's `I`): no IB packet; too short.
+        for lnh in [0, 1] {
+            assert_eq!(Framing::Lrh.dest_qpn(&ib_packet(lnh, 5)), None);
+        }
+        let mut beacon = ib_packet(2, 5);
+        beacon[0] = b'I';
+        assert_eq!(Framing::Lrh.dest_qpn(&beacon), None);
+        assert_eq!(Framing::Lrh.owner(four, &beacon), 0);
+        assert_eq!(Framing::Lrh.dest_qpn(&ib_packet(2, 5)[..15]), None);
+        assert_eq!(Framing::Lrh.dest_qpn(&[]), None);
     }
 
     #[test]

@@ -9,7 +9,7 @@
 
 use std::net::SocketAddr;
 
-use crate::wire::{QpNum, WorkerCount, WorkerSlot};
+use crate::wire::{Framing, WorkerCount, WorkerSlot};
 
 /// Most datagrams of other workers a steered provider holds for
 /// [`take_foreign`](super::SoftProvider::take_foreign); more are dropped and counted
@@ -60,6 +60,8 @@ pub struct ForeignDatagram<'a> {
 pub(super) struct Steering {
     /// Which worker this provider is.
     slot: WorkerSlot,
+    /// Where the link's datagrams carry their BTH.
+    framing: Framing,
     /// Buffers, `held` of them holding a datagram.
     pub(super) held_slots: Vec<HeldForeign>,
     pub(super) held: usize,
@@ -74,26 +76,25 @@ pub(super) struct HeldForeign {
 }
 
 impl Steering {
-    pub(super) fn new(slot: WorkerSlot) -> Self {
+    pub(super) fn new(slot: WorkerSlot, framing: Framing) -> Self {
         Self {
             slot,
+            framing,
             held_slots: Vec::new(),
             held: 0,
             stats: SteeringStats::default(),
         }
     }
 
-    /// Whether `datagram` belongs to another worker; if so it is held (or dropped, without
-    /// room) and counted. With one worker, or too short to name a QP, it is this one's.
+    /// Whether `datagram` belongs to another worker ([`Framing::owner`], as the socket group's
+    /// program steers: one that names no QP is worker 0's); if so it is held (or dropped,
+    /// without room) and counted. With one worker it is this one's.
     pub(super) fn divert(&mut self, src: SocketAddr, datagram: &[u8]) -> bool {
         let count = self.slot.count();
         if count == WorkerCount::ONE {
             return false;
         }
-        let Some(&[a, b, c]) = datagram.get(5..8) else {
-            return false;
-        };
-        let owner = count.owner_of_qpn(QpNum::new(u32::from_be_bytes([0, a, b, c])));
+        let owner = self.framing.owner(count, datagram);
         if owner == self.slot.index() {
             return false;
         }
@@ -146,12 +147,11 @@ pub(super) mod tests {
     #[test]
     fn foreign_datagrams_are_held_within_bounds() {
         let src = SocketAddr::from(([198, 18, 0, 2], 4791));
-        let mut lone = Steering::new(WorkerSlot::SINGLE);
+        let mut lone = Steering::new(WorkerSlot::SINGLE, Framing::Bth);
         assert!(!lone.divert(src, &for_qp(0x101, 100, 0)));
         let four = WorkerCount::new(4).unwrap();
-        let mut s = Steering::new(WorkerSlot::new(2, four).unwrap());
+        let mut s = Steering::new(WorkerSlot::new(2, four).unwrap(), Framing::Bth);
         assert!(!s.divert(src, &for_qp(0x102, 100, 0)), "its own");
-        assert!(!s.divert(src, &[0; 7]), "too short to name a QP");
         for i in 0..300u32 {
             assert!(s.divert(src, &for_qp(0x100 + (i % 2) * 3, 100, 0)));
         }
@@ -172,5 +172,33 @@ pub(super) mod tests {
         assert!(s.divert(src, &for_qp(0x101, biggest, 0)));
         assert_eq!(s.held_slots.len(), FOREIGN_SLOTS, "buffers reused");
         assert!(s.held_slots.iter().all(|h| h.bytes.capacity() == biggest));
+    }
+
+    /// What names no QP (too short; on the InfiniBand link a beacon, or a packet whose LNH
+    /// has no BTH) is worker 0's, as the socket group's program steers it; an IB packet goes
+    /// to the worker of the QP its BTH names, behind the LRH (and a GRH).
+    #[test]
+    fn what_names_no_qp_is_worker_0s() {
+        let src = SocketAddr::from(([198, 18, 0, 2], 4791));
+        let two = WorkerCount::new(2).unwrap();
+        let [w0, w1] = [0, 1].map(|i| WorkerSlot::new(i, two).unwrap());
+        let mut roce = Steering::new(w1, Framing::Bth);
+        assert!(roce.divert(src, &[0; 7]), "too short to name a QP");
+        assert!(!Steering::new(w0, Framing::Bth).divert(src, &[0; 7]));
+        let mut ib = Steering::new(w1, Framing::Lrh);
+        let lrh = [0x70, 0x02, 0, 5, 0, 9, 0, 7];
+        let packet = |qpn| [&lrh[..], &for_qp(qpn, 40, 0)].concat();
+        assert!(!ib.divert(src, &packet(0x101)), "its own, behind the LRH");
+        assert!(ib.divert(src, &packet(0x102)));
+        let mut beacon = packet(0x101);
+        beacon[..4].copy_from_slice(b"IBsl");
+        assert!(ib.divert(src, &beacon), "a beacon is control's");
+        assert!(
+            ib.divert(src, &for_qp(0x101, 40, 0)),
+            "a bare BTH is no IB packet"
+        );
+        let owners: Vec<u8> = ib.held_slots.iter().map(|h| h.worker).collect();
+        assert_eq!(owners, [0, 0, 0]);
+        assert_eq!(ib.stats.rx_misrouted, 3);
     }
 }

@@ -32,13 +32,14 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use crate::sys::{reuseport, sockopt, udp};
 use crate::wire::CONTROL_QPNS;
-use crate::wire::{QpNum, WorkerCount};
+use crate::wire::{Framing, QpNum, WorkerCount};
 
 #[cfg(doc)]
 use crate::wire::WorkerSlot;
 
 mod batch;
 mod group;
+mod program;
 
 pub use crate::sys::udp::{Received, RecvBatch};
 pub use batch::TxBatch;
@@ -88,10 +89,11 @@ impl UdpTransport {
     /// One socket per worker, bound as [`bind`](Self::bind) binds, all to `local` with
     /// `SO_REUSEPORT`, in worker order (socket `i` is worker `i`'s), and the kernel steering
     /// each datagram to the socket of the worker that owns its destination QP
-    /// ([`WorkerCount::owner_of_qpn`](crate::wire::WorkerCount::owner_of_qpn)): a classic BPF program (`SO_ATTACH_REUSEPORT_CBPF`)
-    /// sends QP1 (the CM's MADs) and the multicast QPN (the UD QP's groups) to socket 0, the
-    /// control side's, and every other datagram to socket `dest_qpn & (workers - 1)`, the
-    /// worker in the QPN's low bits ([`WorkerSlot::tag`]). One worker: exactly
+    /// ([`Framing::owner`]: the BTH found where `framing` says): a classic BPF program
+    /// (`SO_ATTACH_REUSEPORT_CBPF`, `program.rs`) sends QP1 (the CM's MADs), the multicast QPN
+    /// (the UD QP's groups) and datagrams that name no QP to socket 0, the control side's, and
+    /// every other datagram to socket `dest_qpn & (workers - 1)`, the worker in the QPN's low
+    /// bits ([`WorkerSlot::tag`]). One worker: exactly
     /// [`bind`](Self::bind), no `SO_REUSEPORT`, no program.
     ///
     /// The address must be free: a plain socket is bound to it first and closed again (so
@@ -109,14 +111,18 @@ impl UdpTransport {
     ///
     /// # Errors
     /// As [`bind`](Self::bind); `AddrInUse` when something is bound to `local` already.
-    pub fn bind_steered(local: SocketAddr, workers: WorkerCount) -> io::Result<Vec<Self>> {
+    pub fn bind_steered(
+        local: SocketAddr,
+        workers: WorkerCount,
+        framing: Framing,
+    ) -> io::Result<Vec<Self>> {
         if workers == WorkerCount::ONE {
             return Ok(vec![Self::bind(local)?]);
         }
         let port = Self::open(local, false)?.local.port();
         let mut local = local;
         local.set_port(port);
-        let program = reuseport::qpn_steering(workers.mask(), &CONTROL_QPNS.map(QpNum::get))
+        let program = program::qpn_steering(framing, workers.mask(), &CONTROL_QPNS.map(QpNum::get))
             .ok_or_else(|| io::Error::other("the steering program lists too many QPNs"))?;
         let mut group = Vec::with_capacity(usize::from(workers.get()));
         for index in 0..workers.get() {

@@ -651,15 +651,21 @@ fn bth_for(qpn: u32) -> [u8; 20] {
 /// Sends, from one socket (one source port, so the hash alone would pick one socket), a BTH
 /// for each QPN of `qpns` to a group of `workers` steered sockets on loopback `ip`; returns
 /// the destination QPs each socket received, in socket order.
-fn steer_on_loopback(ip: IpAddr, workers: u32, qpns: &[u32]) -> Vec<Vec<u32>> {
+fn steer_on_loopback(ip: IpAddr, workers: u32, qpns: &[u32], framing: Framing) -> Vec<Vec<u32>> {
     let count = WorkerCount::new(workers).unwrap();
-    let group = UdpTransport::bind_steered(SocketAddr::new(ip, 0), count).unwrap();
+    let group = UdpTransport::bind_steered(SocketAddr::new(ip, 0), count, framing).unwrap();
     assert_eq!(group.len(), workers as usize);
     let to = group[0].local_addr();
     assert!(group.iter().all(|t| t.local_addr() == to), "one address");
     let tx = UdpTransport::bind(SocketAddr::new(ip, 0)).unwrap();
+    // On the InfiniBand link: an LRH of IBA local before the BTH.
+    let lrh: &[u8] = match framing {
+        Framing::Bth => &[],
+        Framing::Lrh => &[0x70, 0x02, 0, 5, 0, 9, 0, 7],
+    };
     for &q in qpns {
-        assert!(tx.send_to(&bth_for(q), to).unwrap());
+        let d = [lrh, &bth_for(q)[..]].concat();
+        assert!(tx.send_to(&d, to).unwrap());
     }
     let mut got: Vec<Vec<u32>> = vec![Vec::new(); group.len()];
     let mut buf = [0u8; 2048];
@@ -667,8 +673,8 @@ fn steer_on_loopback(ip: IpAddr, workers: u32, qpns: &[u32]) -> Vec<Vec<u32>> {
     while got.iter().map(Vec::len).sum::<usize>() < qpns.len() && Instant::now() < deadline {
         for (i, t) in group.iter().enumerate() {
             while let Some(m) = t.recv(&mut buf).unwrap() {
-                let q = u32::from_be_bytes([0, buf[5], buf[6], buf[7]]);
-                assert_eq!(m.len, 20);
+                let q = framing.dest_qpn(&buf[..m.len]).unwrap().get();
+                assert_eq!(m.len, 20 + lrh.len());
                 got[i].push(q);
             }
         }
@@ -678,8 +684,8 @@ fn steer_on_loopback(ip: IpAddr, workers: u32, qpns: &[u32]) -> Vec<Vec<u32>> {
 }
 
 /// Steered groups of 2 and 4 sockets on loopback (IPv4, and IPv6 where there is one): each
-/// BTH reaches the socket of its QPN's low bits, QP1 and the multicast QPN socket 0; one
-/// worker is a plain socket.
+/// BTH (RoCEv2's, or behind an LRH on the InfiniBand link) reaches the socket of its QPN's low
+/// bits, QP1 and the multicast QPN socket 0; one worker is a plain socket.
 #[test]
 fn a_steered_group_delivers_by_destination_qp() {
     for ip in [V4, V6] {
@@ -687,14 +693,15 @@ fn a_steered_group_delivers_by_destination_qp() {
             println!("skipped {ip}: no loopback of that family");
             continue;
         }
-        steer_by_qp(ip);
+        steer_by_qp(ip, Framing::Bth);
+        steer_by_qp(ip, Framing::Lrh);
     }
 }
 
-fn steer_by_qp(ip: IpAddr) {
+fn steer_by_qp(ip: IpAddr, framing: Framing) {
     let qpns: Vec<u32> = (0x100..0x140).chain([1, 0xFF_FFFF]).collect();
     for workers in [2u32, 4] {
-        let got = steer_on_loopback(ip, workers, &qpns);
+        let got = steer_on_loopback(ip, workers, &qpns, framing);
         for (i, qs) in got.iter().enumerate() {
             for &q in qs {
                 let want = if q == 1 || q == 0xFF_FFFF {
@@ -714,7 +721,7 @@ fn steer_by_qp(ip: IpAddr) {
         want[0] += 2;
         assert_eq!(per, want, "{workers} workers");
     }
-    let one = steer_on_loopback(ip, 1, &qpns);
+    let one = steer_on_loopback(ip, 1, &qpns, framing);
     assert_eq!(one[0].len(), qpns.len());
 }
 
@@ -722,18 +729,20 @@ fn steer_by_qp(ip: IpAddr) {
 /// against a second group and a plain socket, as a bound socket does.
 #[test]
 fn steered_groups_hold_their_address() {
-    let one = UdpTransport::bind_steered(SocketAddr::new(V4, 0), WorkerCount::ONE).unwrap();
+    let one =
+        UdpTransport::bind_steered(SocketAddr::new(V4, 0), WorkerCount::ONE, Framing::Bth).unwrap();
     assert_eq!(one.len(), 1);
     assert!(!one[0].sock.reuse_port().unwrap());
     let two = WorkerCount::new(2).unwrap();
-    let err = UdpTransport::bind_steered(one[0].local_addr(), two).unwrap_err();
+    let err = UdpTransport::bind_steered(one[0].local_addr(), two, Framing::Bth).unwrap_err();
     assert_eq!(err.kind(), io::ErrorKind::AddrInUse, "{err}");
 
-    let group = UdpTransport::bind_steered(SocketAddr::new(V4, 0), two).unwrap();
+    let group = UdpTransport::bind_steered(SocketAddr::new(V4, 0), two, Framing::Bth).unwrap();
     assert!(group.iter().all(|t| t.sock.reuse_port().unwrap()));
     let at = group[0].local_addr();
     for workers in [1, 2] {
-        let err = UdpTransport::bind_steered(at, WorkerCount::new(workers).unwrap()).unwrap_err();
+        let err = UdpTransport::bind_steered(at, WorkerCount::new(workers).unwrap(), Framing::Bth)
+            .unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::AddrInUse, "{workers}: {err}");
     }
     // Each socket has the options of a plain one.
