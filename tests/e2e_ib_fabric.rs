@@ -131,8 +131,22 @@ fn provider(lab: &Lab, k: usize, name: &str) -> u64 {
 
 #[test]
 fn ip_crosses_an_infiniband_fabric_and_a_killed_peer_is_reaped() {
+    crosses_the_fabric("ibfa", 1);
+}
+
+/// The same with two workers a node: each worker's provider sends and takes LID-addressed
+/// packets by control's copy of the port and its routes, its connections open on the paths
+/// control asked the SA for (one PathRecord query per destination for the interface), its
+/// MADs on control's QP1; followers carry traffic of their own.
+#[test]
+fn ip_crosses_an_infiniband_fabric_on_two_workers() {
+    crosses_the_fabric("ibfw", 2);
+}
+
+fn crosses_the_fabric(prefix: &str, workers: u8) {
+    let workers_arg = workers.to_string();
     let Some(lab) = Lab::up_ib(
-        "ibfa",
+        prefix,
         2,
         &[
             "--rx-timeout",
@@ -141,6 +155,8 @@ fn ip_crosses_an_infiniband_fabric_and_a_killed_peer_is_reaped() {
             "3s",
             "--drain-timeout",
             "1s",
+            "--workers",
+            &workers_arg,
         ],
     ) else {
         return;
@@ -198,12 +214,47 @@ fn ip_crosses_an_infiniband_fabric_and_a_killed_peer_is_reaped() {
         l.log(1).contains("Joined { mgid: Gid(ff12:601b:ffff::1:2)")
     });
     assert!(joined, "no send-only join: {}", lab.log(1));
-    if let Some(r) = lab.iperf3(1, 2, "198.19.0.2", &["-t", "3"]) {
+    // Eight streams: with two workers, the flows of both spread over both (each queue of
+    // the TUN device is a worker's).
+    if let Some(r) = lab.iperf3(1, 2, "198.19.0.2", &["-t", "3", "-P", "8"]) {
         let bps = r["end"]["sum_received"]["bits_per_second"]
             .as_f64()
             .unwrap_or(0.0);
-        println!("iperf3 over the IB fabric: {:.0} Mbit/s", bps / 1e6);
+        println!(
+            "iperf3 over the IB fabric, {workers} worker(s): {:.0} Mbit/s",
+            bps / 1e6
+        );
         assert!(bps > 0.0);
+    }
+    if workers > 1 {
+        // The follower carried traffic of its own, on connections with paths from the SA.
+        let s = lab.status(1);
+        let w1 = &s["workers"][1];
+        let carried =
+            w1["tx_packets"].as_u64().unwrap_or(0) + w1["rx_packets"].as_u64().unwrap_or(0);
+        assert!(carried > 0, "worker 1 carried nothing: {}", s["workers"]);
+        let tx = s["tx"].as_array().cloned().unwrap_or_default();
+        assert!(tx.len() >= 2, "a connection from each worker: {tx:?}");
+        for t in &tx {
+            assert!(t["path"]["dlid"].as_u64().unwrap_or(0) > 0, "no path: {t}");
+        }
+        // PathRecords are control's, one query per resolution of the destination, whatever
+        // the workers (a follower has no SA client).
+        let log = lab.log(1);
+        let paths = log.matches("PathResolved { dgid").count();
+        let resolved = log.matches("neighbour resolved peer=198.19.0.2").count();
+        assert!(
+            (1..=resolved).contains(&paths),
+            "{paths} paths, {resolved} resolutions: {log}"
+        );
+        // The kernel steered by the QP behind the LRH: what reached the wrong worker (GRO
+        // buffers) was handed over, none dropped.
+        let (misrouted, datagrams) = (
+            provider(&lab, 2, "rx_misrouted"),
+            provider(&lab, 2, "rx_datagrams"),
+        );
+        println!("node 2: {misrouted} of {datagrams} datagrams reached another worker's socket");
+        assert_eq!(provider(&lab, 2, "rx_foreign_dropped"), 0);
     }
     // Nothing was dropped as an IB port drops it.
     for k in [1, 2] {
@@ -212,8 +263,12 @@ fn ip_crosses_an_infiniband_fabric_and_a_killed_peer_is_reaped() {
         }
     }
 
-    // A SIGKILLed peer's RX connection is reaped.
-    assert_eq!(lab.status(1)["rx"].as_array().map(Vec::len), Some(1));
+    // A SIGKILLed peer's RX connections are reaped (one from each worker that sent).
+    let rx = lab.status(1)["rx"].as_array().map_or(0, Vec::len);
+    assert!(
+        (1..=usize::from(workers)).contains(&rx),
+        "{rx} RX connections"
+    );
     sh_ok(&lab, &["kill", "2"]);
     let t0 = Instant::now();
     let reaped = lab.wait_for(Duration::from_secs(15), |l| {
@@ -347,10 +402,37 @@ fn port_guid(lab: &Lab, k: usize) -> u64 {
 
 #[test]
 fn lids_reassigned_by_the_sm_are_followed() {
-    let Some(lab) = Lab::up_ib("ibfc", 2, &[]) else {
+    lids_reassigned("ibfc", 1);
+}
+
+/// The same with two workers a node, each with connections of its own to the moved port:
+/// node 2's follower sees `LID_CHANGE` through control's copy of the port, node 1's follows
+/// control's new path, and no connection stays on the old LID.
+#[test]
+fn lids_reassigned_by_the_sm_are_followed_by_every_worker() {
+    lids_reassigned("ibfx", 2);
+}
+
+/// Eight TCP streams node 1 -> node 2 for `secs` (with two workers, some on each).
+fn streams(lab: &Lab, secs: &str) {
+    let r = lab.iperf3(1, 2, "198.19.0.2", &["-t", secs, "-P", "8"]);
+    if let Some(r) = r {
+        let bps = r["end"]["sum_received"]["bits_per_second"]
+            .as_f64()
+            .unwrap_or(0.0);
+        assert!(bps > 0.0, "{r}");
+    }
+}
+
+fn lids_reassigned(prefix: &str, workers: u8) {
+    let workers_arg = workers.to_string();
+    let Some(lab) = Lab::up_ib(prefix, 2, &["--workers", &workers_arg]) else {
         return;
     };
     lab.ping_ok(1, "198.19.0.2", &[]);
+    if workers > 1 {
+        streams(&lab, "2");
+    }
     let old = lab.status(2)["interface"]["port"]["lid"]
         .as_u64()
         .expect("lid");
@@ -401,13 +483,31 @@ fn lids_reassigned_by_the_sm_are_followed() {
             .is_some_and(|t| t.iter().any(|c| c["path"]["dlid"] == 0x40))
     });
     assert!(follows, "node 1 still on LID {old:#x}: {}", lab.status(1));
+    // No connection of any worker stays on the old LID.
+    let left = lab.wait_for(HEAL, |l| {
+        l.status(1)["tx"]
+            .as_array()
+            .is_some_and(|t| t.iter().all(|c| c["path"]["dlid"] != old))
+    });
+    assert!(left, "a connection on LID {old:#x}: {}", lab.status(1));
     let what = format!(
-        "LIDs reassigned ({old:#x} -> 0x40, LID_CHANGE {:.1} s after opensm started)",
+        "LIDs reassigned ({old:#x} -> 0x40, LID_CHANGE {:.1} s after opensm started, {workers} worker(s))",
         moved_after.as_secs_f64()
     );
     println!("{}", PingRun::of(ping).report(&what, started));
     lab.ping_ok(1, "198.19.0.2", &[]);
     lab.ping_ok(2, "198.19.0.1", &[]);
+    if workers > 1 {
+        streams(&lab, "2");
+        let s = lab.status(1);
+        assert!(
+            s["tx"]
+                .as_array()
+                .is_some_and(|t| t.len() >= 2 && t.iter().all(|c| c["path"]["dlid"] == 0x40)),
+            "{}",
+            s["tx"]
+        );
+    }
 }
 
 #[test]

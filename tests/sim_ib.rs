@@ -380,3 +380,78 @@ fn rc_connections_run_over_lid_address_vectors() {
     // Nothing went to the third port.
     assert_eq!(f.nodes[2].stats().rx_wrong_dlid, 0);
 }
+
+/// A follower's port (another worker of node 0's interface, here on a port of its own on the
+/// underlay) copies node 0's: its attributes and routes, with no beacon of its own; it sends
+/// by LID through the copied routes, as node 0's LID. The port events a device would raise
+/// come with each change, and node 0's view changes only when its port or routes do, not
+/// with every beacon.
+#[test]
+fn a_followers_port_is_a_copy_of_controls() {
+    use ipoib_cm::verbs::AsyncEvent;
+    let mut f = Fabric::with_nodes(4, Instant::now(), |_, c| {
+        c.link = SoftLink::Infiniband;
+        c.port_mtu = PathMtu::Mtu4096;
+        c.multicast = true;
+    });
+    let now = f.now();
+    for i in 0..3 {
+        f.nodes[i].set_ib_port(now, port(i));
+    }
+    assert!(f.run_until(10_000, Duration::from_secs(2), |f| f.nodes[..3]
+        .iter()
+        .all(|n| n.ib_routes() == 2)));
+    let generation = f.nodes[0].ib_port_view_generation();
+    settle(&mut f);
+    let until = f.now() + Duration::from_secs(1);
+    f.run_until(100_000, Duration::from_secs(3), |f| f.now() >= until);
+    assert_eq!(
+        f.nodes[0].ib_port_view_generation(),
+        generation,
+        "beacons renewed the routes; the view did not change"
+    );
+    let view = f.nodes[0].ib_port_view().expect("an IB link");
+    assert_eq!(view.routes(), 2);
+    let events =
+        |v: &mut SoftVerbs| std::iter::from_fn(|| v.poll_async_event()).collect::<Vec<_>>();
+    events(&mut f.nodes[3]);
+    f.nodes[3].follow_ib_port(&view);
+    assert_eq!(events(&mut f.nodes[3]), [AsyncEvent::PortActive]);
+    assert_eq!(f.nodes[3].ib_port(), Some(view.port()));
+    assert_eq!(f.nodes[3].ib_routes(), 2);
+    let beacons = f.nodes[3].stats().tx_beacons;
+    // It sends by LID to node 1, as node 0's LID.
+    let mut a = ud_qp(&mut f.nodes[3]);
+    let b = ud_qp(&mut f.nodes[1]);
+    let av = AddressVector::to_lid(Lid(LIDS[1]), Sl::ZERO);
+    send_ud(&mut f.nodes[3], &mut a, av, b.qp, b"from a worker");
+    settle(&mut f);
+    let got = completions(&mut f.nodes[1], b.cq, WcOpcode::Recv);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].slid, Some(Lid(LIDS[0])));
+    assert_eq!(
+        f.nodes[3].stats().tx_beacons,
+        beacons,
+        "no beacon of its own"
+    );
+
+    // The SM moves node 0's LID, then changes its P_Keys, then takes the port down.
+    let now = f.now();
+    let mut p = port(0);
+    p.lid = Lid(20);
+    f.nodes[0].set_ib_port(now, p.clone());
+    assert_ne!(f.nodes[0].ib_port_view_generation(), generation);
+    let view = f.nodes[0].ib_port_view().unwrap();
+    f.nodes[3].follow_ib_port(&view);
+    assert_eq!(events(&mut f.nodes[3]), [AsyncEvent::LidChange]);
+    p.pkeys.push(0x8001);
+    f.nodes[0].set_ib_port(now, p.clone());
+    let view = f.nodes[0].ib_port_view().unwrap();
+    f.nodes[3].follow_ib_port(&view);
+    assert_eq!(events(&mut f.nodes[3]), [AsyncEvent::PkeyChange]);
+    p.active = false;
+    f.nodes[0].set_ib_port(now, p);
+    let view = f.nodes[0].ib_port_view().unwrap();
+    f.nodes[3].follow_ib_port(&view);
+    assert_eq!(events(&mut f.nodes[3]), [AsyncEvent::PortErr]);
+}

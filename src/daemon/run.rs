@@ -81,12 +81,6 @@ pub fn up(cfg: &Config) -> Result<(), DaemonError> {
         return Err(DaemonError::RdmaCmNeedsVerbs);
     }
     let ib = cfg.link_layer == LinkLayerKind::Infiniband;
-    if ib && cfg.workers != WorkerCount::ONE {
-        return Err(DaemonError::WorkersNeed {
-            workers: cfg.workers,
-            needs: "runs on RoCE only, for now (an InfiniBand port's paths come from its SA)",
-        });
-    }
     if ib && cfg.cm_transport == Some(CmTransport::Udp) {
         return Err(DaemonError::SideChannelOnIb);
     }
@@ -218,12 +212,6 @@ pub fn up_verbs(cfg: &Config, hw: &crate::hw::HwConfig) -> Result<(), DaemonErro
             Some(t) => (t, None),
             None => pick_verbs_transport(cfg, &mut prov)?,
         };
-    if cfg.workers != WorkerCount::ONE && prov.sa_port().is_some() {
-        return Err(DaemonError::WorkersNeed {
-            workers: cfg.workers,
-            needs: "runs on RoCE only, for now (an InfiniBand port's paths come from its SA)",
-        });
-    }
     // The other workers' contexts on the same device and port, each opened in its thread (a
     // context is the thread's that uses it).
     let others = cfg
@@ -424,6 +412,11 @@ fn run<P: DaemonProvider + 'static>(
             Err(e) => return Err(e.into()),
         }
         let now = Instant::now();
+        // Before anything the workers posted is read (control's node reads their MADs and
+        // datagrams, then their requests): whatever they post from now on wakes the next poll.
+        if let Some(wake) = &control_wake {
+            wake.clear();
+        }
         if events.is_empty() && spinning && !pending && next.is_none_or(|t| t > now) {
             // Nothing arrived and nothing is due: spin on, letting any other runnable task
             // on this CPU go first (spinning must not starve the processes we carry
@@ -450,8 +443,7 @@ fn run<P: DaemonProvider + 'static>(
             }
         }
         node.turn(now)?;
-        if let (Some(w), Some(wake)) = (&mut workers, &control_wake) {
-            wake.clear();
+        if let Some(w) = &mut workers {
             w.turn(now, &mut node);
             w.check(now)?;
             if let Some(fault) = cfg

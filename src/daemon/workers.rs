@@ -101,6 +101,9 @@ pub(super) fn start_workers<P: DaemonProvider + 'static>(
         None => Node::open_transport(&mut prov, &node_cfg)?,
     };
     let routed = Box::new(setup.routed(inner));
+    // The port as control's provider has it now: each worker's provider opens on it (later
+    // changes come with control's turns).
+    let port = prov.port_view().map(Arc::new);
     let mut queues = Tun::create_queues(&cfg.ifname, usize::from(count.get()))
         .map_err(DaemonError::Tun)?
         .into_iter();
@@ -130,8 +133,13 @@ pub(super) fn start_workers<P: DaemonProvider + 'static>(
             node.endpoint.worker = slot;
             node.endpoint.seed = os_seed();
             let share = Arc::clone(&share);
+            let port = port.clone();
             let open = move || {
                 let mut p = open()?;
+                // Before the node reads the port (its GID, LID, MTU).
+                if let Some(view) = port {
+                    p.follow_port_view(&view);
+                }
                 p.set_link_mtu(link_mtu);
                 p.commit_memory();
                 Ok(p)

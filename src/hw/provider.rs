@@ -153,6 +153,7 @@ impl Verbs for HwVerbs {
 
 impl Provider for HwVerbs {
     type Verbs = Self;
+    type PortView = ();
 
     fn verbs(&mut self) -> &mut Self {
         self

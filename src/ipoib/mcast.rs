@@ -327,9 +327,10 @@ impl Endpoint {
     /// A port event: every group is detached and every record forgotten, and the event goes
     /// on to the SA client, which rejoins (each answer re-attaches). Our LID changed: every
     /// TX connection is closed too (its packets name the old LID, which the peer's QP no
-    /// longer takes), as Linux ipoib's flush of a `LID_CHANGE` does.
+    /// longer takes), as Linux ipoib's flush of a `LID_CHANGE` does; on a follower that is
+    /// all (control holds the groups and the paths, and its next view brings the new ones).
     pub fn port_changed<V: Verbs>(&mut self, v: &mut V, change: PortChange) {
-        if !self.sa.enabled {
+        if !self.sa.enabled && !self.is_follower() {
             return;
         }
         if change == PortChange::LidChange {
@@ -339,20 +340,30 @@ impl Endpoint {
                 self.close_tx(now, v, q, TxCloseReason::LidChanged, None);
             }
         }
+        if !self.sa.enabled {
+            return;
+        }
         for (g, _) in std::mem::take(&mut self.sa.attached) {
             let _ = v.detach_mcast(self.ud.qp, g);
         }
         self.sa.joined.clear();
         self.sa.broadcast = None;
+        // The peers this node sends to: its own connections', and every path it held (the
+        // followers' connections run on those, published in the neighbour view).
+        let peers: BTreeSet<Gid> = self
+            .tx
+            .iter()
+            .map(|(_, t)| t.peer.gid)
+            .chain(self.paths.gids())
+            .collect();
         self.paths.clear();
         self.sa.asked_paths.clear();
         // The client voids its outstanding queries: nothing answers for what waited.
         self.fail_every_path_wait();
         self.push_sa(SaRequest::Port(change));
-        // The peers this node sends to are asked for again now, after the event (the SM may
-        // have moved them): a connection whose peer's LID moved is closed when the answer
-        // comes (`set_sa_path`). Bounded by the TX table.
-        let peers: BTreeSet<Gid> = self.tx.iter().map(|(_, t)| t.peer.gid).collect();
+        // Their paths are asked for again now, after the event (the SM may have moved them):
+        // a connection whose peer's LID moved is closed when the answer comes (`set_sa_path`,
+        // on a follower its next view). Bounded by the TX table and the paths' cap.
         for gid in peers {
             self.want_path(gid);
         }

@@ -29,6 +29,8 @@ pub(super) struct Paths {
     /// The largest path MTU each peer said (REJ 26) it accepts.
     mtu_caps: BTreeMap<Gid, PathMtu>,
     cap: usize,
+    /// Changes whenever a path is set, replaced or forgotten.
+    generation: u64,
 }
 
 impl Paths {
@@ -38,11 +40,13 @@ impl Paths {
             by_lid: BTreeMap::new(),
             mtu_caps: BTreeMap::new(),
             cap: cap.max(1),
+            generation: 0,
         }
     }
 
     /// Sets `gid`'s path (pushing out the smallest GID's at the cap).
     pub(super) fn set(&mut self, gid: Gid, path: Path) {
+        self.generation += 1;
         if !self.by_gid.contains_key(&gid) && self.by_gid.len() >= self.cap {
             if let Some((&old, _)) = self.by_gid.iter().next() {
                 self.remove(old);
@@ -85,6 +89,7 @@ impl Paths {
 
     /// Forgets every path (a port event: the SA's answers no longer hold).
     pub(super) fn clear(&mut self) {
+        self.generation += 1;
         self.by_gid.clear();
         self.by_lid.clear();
     }
@@ -92,6 +97,7 @@ impl Paths {
     /// Forgets `gid`'s path.
     pub(super) fn remove(&mut self, gid: Gid) {
         if let Some(p) = self.by_gid.remove(&gid) {
+            self.generation += 1;
             if self.by_lid.get(&p.dlid) == Some(&gid) {
                 self.by_lid.remove(&p.dlid);
             }
@@ -101,6 +107,24 @@ impl Paths {
     /// The path set for `gid`.
     pub(super) fn get(&self, gid: &Gid) -> Option<&Path> {
         self.by_gid.get(gid)
+    }
+
+    /// Changes whenever a path is set, replaced or forgotten.
+    pub(super) const fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The path set for every GID of `gids` that has one.
+    pub(super) fn of<'a>(
+        &'a self,
+        gids: impl Iterator<Item = Gid> + 'a,
+    ) -> impl Iterator<Item = (Gid, Path)> + 'a {
+        gids.filter_map(|g| self.by_gid.get(&g).map(|p| (g, *p)))
+    }
+
+    /// The GIDs with a path.
+    pub(super) fn gids(&self) -> impl Iterator<Item = Gid> + '_ {
+        self.by_gid.keys().copied()
     }
 
     /// The GID whose path names LID `lid`.

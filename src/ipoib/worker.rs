@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use super::event::TxCloseReason;
 use super::restart::Incarnation;
 use super::{Endpoint, Mode, TxState};
-use crate::verbs::{Gid, QpNum, Verbs};
+use crate::verbs::{Gid, Path, QpNum, Verbs};
 use crate::wire::ipoib::classify;
 use crate::wire::ipoib::HwAddr;
 use crate::wire::WorkerSlot;
@@ -49,16 +49,21 @@ const RESOLVE_AGAIN: Duration = Duration::from_millis(500);
 /// more are dropped (packets counted in `tx_dropped`).
 pub const TO_CONTROL_MAX: usize = 1024;
 
-/// Control's resolved neighbours, as the workers see them: IP address → hardware address.
+/// Control's resolved neighbours, as the workers see them: IP address → hardware address,
+/// and, where an SA holds the paths (a native InfiniBand port), control's path to each of
+/// their GIDs that has one.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NeighView {
     entries: HashMap<IpAddr, HwAddr>,
+    /// `None` without an SA: every GID has its RoCE path at once.
+    paths: Option<HashMap<Gid, Path>>,
 }
 
 impl FromIterator<(IpAddr, HwAddr)> for NeighView {
     fn from_iter<I: IntoIterator<Item = (IpAddr, HwAddr)>>(entries: I) -> Self {
         Self {
             entries: entries.into_iter().collect(),
+            paths: None,
         }
     }
 }
@@ -77,6 +82,25 @@ impl NeighView {
     /// Whether it names none.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    /// The view with control's paths, as an SA gave them (see [`NeighView::holds_paths`]).
+    #[must_use]
+    pub fn with_paths(mut self, paths: impl IntoIterator<Item = (Gid, Path)>) -> Self {
+        self.paths = Some(paths.into_iter().collect());
+        self
+    }
+
+    /// The path control holds to `gid`: `None` where it has none yet, or holds no paths
+    /// (without an SA).
+    pub fn path(&self, gid: &Gid) -> Option<Path> {
+        self.paths.as_ref()?.get(gid).copied()
+    }
+
+    /// Whether control's paths come from an SA: a connection a follower opens waits for
+    /// its GID's path in the view.
+    pub fn holds_paths(&self) -> bool {
+        self.paths.is_some()
     }
 }
 
@@ -196,23 +220,38 @@ impl Endpoint {
     /// address that is not still being resolved. O(neighbours); call it when
     /// [`Endpoint::neighbour_generation`] moved.
     pub fn neighbour_view(&self) -> NeighView {
-        NeighView {
-            entries: self
-                .neigh
-                .iter()
-                .filter_map(|(ip, n)| n.resolved().map(|hw| (*ip, hw)))
-                .collect(),
+        let entries: HashMap<IpAddr, HwAddr> = self
+            .neigh
+            .iter()
+            .filter_map(|(ip, n)| n.resolved().map(|hw| (*ip, hw)))
+            .collect();
+        let view = NeighView {
+            entries,
+            paths: None,
+        };
+        if !self.uses_sa_groups() {
+            return view;
         }
+        let gids: HashSet<Gid> = view.entries.values().map(|hw| hw.gid).collect();
+        let paths: Vec<(Gid, Path)> = self.paths.of(gids.into_iter()).collect();
+        view.with_paths(paths)
     }
 
-    /// A number that changes whenever a neighbour's resolved address may have.
+    /// A number that changes whenever a neighbour's resolved address, or a path, may have.
     pub fn neighbour_generation(&self) -> u64 {
-        self.neigh.generation()
+        self.neigh
+            .generation()
+            .wrapping_add(self.paths.generation())
     }
 
     /// Control: a follower's packets wait for `ip`: resolve it unless it is known or being
-    /// resolved already.
+    /// resolved already; where an SA holds the paths, ask for the path of a neighbour known
+    /// without one (its packets wait for it on the follower).
     pub fn resolve_for_worker<V: Verbs>(&mut self, now: Instant, v: &mut V, ip: IpAddr) {
+        if let Some(hw) = self.neigh.get(&ip).and_then(super::neigh::Neigh::resolved) {
+            self.want_path(hw.gid);
+            return;
+        }
         if self.stopping || self.neigh.contains(&ip) || !self.on_link(ip) {
             return;
         }
@@ -271,29 +310,109 @@ impl Endpoint {
         }
     }
 
-    /// Follower: control's neighbours from now on. Packets that waited for one of them
-    /// leave, in order.
+    /// Follower: control's neighbours (and paths) from now on. Packets that waited for one of
+    /// them (and for its path, where an SA holds the paths) leave, in order.
     pub fn set_neighbour_view<V: Verbs>(&mut self, now: Instant, v: &mut V, view: Arc<NeighView>) {
         let Some(f) = self.follower.as_mut() else {
             return;
         };
         f.view = view;
-        let waiting = std::mem::take(&mut f.waiting);
+        self.follow_view_paths(now, v);
+        let waiting = self
+            .follower
+            .as_mut()
+            .map(|f| std::mem::take(&mut f.waiting))
+            .unwrap_or_default();
         let mut left = VecDeque::with_capacity(waiting.len());
         for (at, ip, packet) in waiting {
-            if self.follower.as_ref().and_then(|f| f.lookup(&ip)).is_some() {
+            if self.follower_may_send(&ip) {
                 self.follow_packet(now, v, &packet);
             } else {
                 left.push_back((at, ip, packet));
             }
         }
+        let ready: HashSet<IpAddr> = self
+            .follower
+            .as_ref()
+            .map(|f| {
+                f.asked
+                    .keys()
+                    .copied()
+                    .filter(|ip| self.follower_may_send(ip))
+                    .collect()
+            })
+            .unwrap_or_default();
         if let Some(f) = self.follower.as_mut() {
-            f.asked.retain(|ip, _| f.view.get(ip).is_none());
+            f.asked.retain(|ip, _| !ready.contains(ip));
             // Packets may have queued again while those left: keep the order.
             left.extend(f.waiting.drain(..));
             f.waiting = left;
         }
         self.follow_view_changes(now, v);
+    }
+
+    /// Follower: whether a packet for `ip` leaves now: the view names it, and a connection
+    /// this worker would open to it has its path (where control's paths come from an SA: a
+    /// REQ carries the path's LIDs) or is open already.
+    fn follower_may_send(&self, ip: &IpAddr) -> bool {
+        let Some(f) = self.follower.as_ref() else {
+            return false;
+        };
+        f.lookup(ip)
+            .is_some_and(|hw| !self.follower_waits_for_path(hw))
+    }
+
+    /// Follower: whether a packet to `hw` waits for its path: this worker sends it (over its
+    /// own connection), control's paths come from an SA, and neither a path nor a connection
+    /// to `hw` is here yet.
+    fn follower_waits_for_path(&self, hw: HwAddr) -> bool {
+        self.follower.as_ref().is_some_and(|f| f.view.holds_paths())
+            && self.sends_itself(hw)
+            && self.paths.get(&hw.gid).is_none()
+            && self.tx.to_peer(hw).is_none()
+    }
+
+    /// Follower: whether packets to `hw` leave over this worker's own connection (else
+    /// control sends them).
+    fn sends_itself(&self, hw: HwAddr) -> bool {
+        hw.connectable() && hw.takes_many() && self.cfg.mode == Mode::Connected
+    }
+
+    /// Follower: its paths become control's ([`NeighView::path`]), where an SA holds them. A
+    /// connection whose peer's path moved to another LID closes (the next packet opens one
+    /// on the new path), as control closes its own ([`Endpoint::set_sa_path`]); a path
+    /// control forgot (a port event) is forgotten, and connections open stay until the
+    /// view's neighbours or the port say otherwise.
+    fn follow_view_paths<V: Verbs>(&mut self, now: Instant, v: &mut V) {
+        let Some(view) = self.follower.as_ref().map(|f| Arc::clone(&f.view)) else {
+            return;
+        };
+        let Some(paths) = view.paths.as_ref() else {
+            return;
+        };
+        let gone: Vec<Gid> = self
+            .paths
+            .gids()
+            .filter(|g| !paths.contains_key(g))
+            .collect();
+        for gid in gone {
+            self.clear_path(gid);
+        }
+        for (gid, path) in paths {
+            if self.paths.get(gid) == Some(path) {
+                continue;
+            }
+            self.set_path(*gid, *path);
+            let moved: Vec<QpNum> = self
+                .tx
+                .to_node(*gid)
+                .into_iter()
+                .filter(|q| self.tx.get(q).is_some_and(|t| t.dlid != path.dlid))
+                .collect();
+            for q in moved {
+                self.close_tx(now, v, q, TxCloseReason::PathMoved, None);
+            }
+        }
     }
 
     /// Follower: what control decided for its neighbours, done to this worker's connections
@@ -382,8 +501,13 @@ impl Endpoint {
         }
         let dst = info.dst;
         match f.lookup(&dst) {
-            Some(hw) if hw.connectable() && hw.takes_many() && self.cfg.mode == Mode::Connected => {
-                f.note_used(dst);
+            Some(hw) if self.follower_waits_for_path(hw) => {
+                self.wait_for_neighbour(now, dst, packet);
+            }
+            Some(hw) if self.sends_itself(hw) => {
+                if let Some(f) = self.follower.as_mut() {
+                    f.note_used(dst);
+                }
                 self.send_rc(now, v, hw, info.version.ethertype(), packet);
             }
             Some(_) => self.hand_to_control(packet),

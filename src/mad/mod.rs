@@ -27,7 +27,7 @@ use crate::cm::MadRoute;
 use crate::verbs::{Gid, QpNum, Verbs, VerbsError};
 
 pub use crate::wire::cm::MAD_LEN;
-pub use qp1::{gsi_pool_bytes, Gsi, GSI_RECV_DEPTH, GSI_SEND_DEPTH};
+pub use qp1::{gsi_pool_bytes, Gsi, GSI_RECV_DEPTH, GSI_SEND_DEPTH, MAX_PEER_LIDS};
 pub use udp::{MadUdp, DEFAULT_MAD_PORT};
 pub use umad::{
     Umad, UmadConfig, UmadError, CM_CLASS_VERSION, CM_METHOD_SEND, CM_MGMT_CLASS, PEER_LID_CAP,

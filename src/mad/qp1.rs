@@ -36,7 +36,7 @@ pub const fn gsi_pool_bytes(recv_depth: u32, send_depth: u32) -> usize {
 const GSI_BUF_LEN: usize = GRH_LEN + MAD_LEN;
 
 /// Most peers known by LID (InfiniBand); the lowest GID goes first when more come.
-pub(crate) const MAX_PEER_LIDS: usize = 4096;
+pub const MAX_PEER_LIDS: usize = 4096;
 
 /// QP1 with its own CQ and buffer pool.
 #[derive(Debug)]

@@ -216,6 +216,36 @@ pub fn beacon_group(underlay: IpAddr) -> IpAddr {
     mlid_group(0, underlay)
 }
 
+/// One port of an interface's workers as a follower's provider sees it: control's provider
+/// reads the port's SMA and learns the routes from beacons; each other worker's provider sends
+/// and takes packets on that port by a copy of both, which control publishes whenever either
+/// changes ([`SoftVerbs::ib_port_view`](crate::soft::SoftVerbs::ib_port_view),
+/// [`SoftVerbs::follow_ib_port`](crate::soft::SoftVerbs::follow_ib_port)). One port, one
+/// beacon: a follower sends none and learns no route itself.
+#[derive(Debug, Clone)]
+pub struct IbPortView {
+    port: IbPortAttr,
+    routes: LidTable,
+}
+
+impl IbPortView {
+    /// The port's attributes.
+    #[must_use]
+    pub fn port(&self) -> &IbPortAttr {
+        &self.port
+    }
+
+    /// How many routes it holds.
+    #[must_use]
+    pub fn routes(&self) -> usize {
+        self.routes.len()
+    }
+
+    pub(super) const fn routes_table(&self) -> &LidTable {
+        &self.routes
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Route {
     lmc: u8,
@@ -225,10 +255,12 @@ struct Route {
 }
 
 /// Where the LIDs of the fabric are on the underlay, learnt from beacons.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub(super) struct LidTable {
     /// By base LID.
     routes: BTreeMap<u16, Route>,
+    /// Changes whenever a route is added, removed or moved (not when one is only refreshed).
+    generation: u64,
 }
 
 /// What a beacon did to the table.
@@ -249,11 +281,13 @@ impl LidTable {
     /// other route of its GUID or its LID), none for an inactive one.
     pub(super) fn learn(&mut self, now: Instant, b: &Beacon, from: SocketAddr) -> Learnt {
         let before = self.routes.len();
+        let prior = self.routes.get(&b.lid).copied();
         // A port holds one route: its GUID's old LIDs, and whatever else held this LID, go.
         self.routes
             .retain(|&lid, r| r.guid != b.guid && !(b.active && lid == b.lid));
         let removed = self.routes.len() != before;
         if !b.active || !Lid(b.lid).is_unicast() {
+            self.generation += u64::from(removed);
             return if removed {
                 Learnt::Removed
             } else {
@@ -263,18 +297,21 @@ impl LidTable {
         if self.routes.len() >= MAX_ROUTES {
             self.expire(now);
             if self.routes.len() >= MAX_ROUTES {
+                self.generation += u64::from(removed);
                 return Learnt::Full;
             }
         }
-        self.routes.insert(
-            b.lid,
-            Route {
-                lmc: b.lmc,
-                guid: b.guid,
-                addr: from,
-                expires: now + ROUTE_TTL,
-            },
-        );
+        let route = Route {
+            lmc: b.lmc,
+            guid: b.guid,
+            addr: from,
+            expires: now + ROUTE_TTL,
+        };
+        // Only the same route again (its time renewed): the table did not change.
+        let same = |r: Route| (r.lmc, r.guid, r.addr) == (route.lmc, route.guid, route.addr);
+        let refreshed = before - self.routes.len() == 1 && prior.is_some_and(same);
+        self.routes.insert(b.lid, route);
+        self.generation += u64::from(!refreshed);
         Learnt::Route
     }
 
@@ -287,12 +324,19 @@ impl LidTable {
 
     /// Forgets the routes past their time.
     pub(super) fn expire(&mut self, now: Instant) {
+        let before = self.routes.len();
         self.routes.retain(|_, r| now < r.expires);
+        self.generation += u64::from(self.routes.len() != before);
     }
 
     /// Routes held.
     pub(super) fn len(&self) -> usize {
         self.routes.len()
+    }
+
+    /// Changes whenever a route is added, removed or moved.
+    pub(super) const fn generation(&self) -> u64 {
+        self.generation
     }
 }
 
@@ -301,8 +345,11 @@ impl LidTable {
 pub(super) struct IbLink {
     pub(super) port: IbPortAttr,
     pub(super) routes: LidTable,
-    /// When the next beacon is due; `None` until the port's attributes are first set.
+    /// When the next beacon is due; `None` until the port's attributes are first set, and
+    /// always on a follower's link ([`IbPortView`]), which neither beacons nor learns.
     pub(super) beacon_at: Option<Instant>,
+    /// Changes whenever `port` does.
+    pub(super) port_generation: u64,
 }
 
 impl IbLink {
@@ -311,6 +358,20 @@ impl IbLink {
             port: IbPortAttr::down(gid),
             routes: LidTable::default(),
             beacon_at: None,
+            port_generation: 0,
+        }
+    }
+
+    /// Changes whenever the port's attributes or its routes do.
+    pub(super) const fn view_generation(&self) -> u64 {
+        self.port_generation.wrapping_add(self.routes.generation())
+    }
+
+    /// What the followers of this port copy.
+    pub(super) fn view(&self) -> IbPortView {
+        IbPortView {
+            port: self.port.clone(),
+            routes: self.routes.clone(),
         }
     }
 
@@ -384,6 +445,37 @@ mod tests {
         t.expire(t0 + ROUTE_TTL);
         assert_eq!(t.lookup(12), None);
         assert_eq!(t.len(), 0);
+    }
+
+    /// The table's generation moves when a route comes, goes or moves, not when a beacon
+    /// only renews one (so control republishes its view to the workers on changes only).
+    #[test]
+    fn the_generation_moves_with_the_routes_not_with_their_renewal() {
+        let t0 = Instant::now();
+        let mut t = LidTable::default();
+        let mut last = t.generation();
+        let mut moved = |t: &LidTable| {
+            let m = t.generation() != last;
+            last = t.generation();
+            m
+        };
+        t.learn(t0, &beacon(1, 4, true), addr(2));
+        assert!(moved(&t), "a new route");
+        t.learn(t0 + BEACON_INTERVAL, &beacon(1, 4, true), addr(2));
+        assert!(!moved(&t), "renewed only");
+        t.learn(t0, &beacon(1, 4, true), addr(3));
+        assert!(moved(&t), "another underlay address");
+        t.learn(t0, &beacon(1, 5, true), addr(3));
+        assert!(moved(&t), "another LID");
+        t.learn(t0, &beacon(7, 5, false), addr(9));
+        assert!(!moved(&t), "a down port with no route");
+        t.expire(t0);
+        assert!(!moved(&t), "nothing past its time");
+        t.expire(t0 + ROUTE_TTL);
+        assert!(moved(&t), "expired");
+        t.learn(t0, &beacon(1, 6, true), addr(3));
+        t.learn(t0, &beacon(1, 6, false), addr(3));
+        assert!(moved(&t), "gone down");
     }
 
     #[test]

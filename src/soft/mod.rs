@@ -67,7 +67,7 @@ pub use config::{
 };
 pub use engine::{SoftVerbs, MOVES_LATER_BY};
 pub use fault::{FaultConfig, FaultInjector, FaultStats, Quirks};
-pub use ib::{IbPortAttr, SoftLink};
+pub use ib::{IbPortAttr, IbPortView, SoftLink};
 pub use mcast::{group_addr as multicast_group_addr, DUPLICATE_WINDOW};
 pub use stats::SoftStats;
 

@@ -555,6 +555,19 @@ impl SoftProvider {
 
 impl Provider for SoftProvider {
     type Verbs = SoftVerbs;
+    type PortView = crate::soft::IbPortView;
+
+    fn port_view_generation(&self) -> u64 {
+        self.verbs.ib_port_view_generation()
+    }
+
+    fn port_view(&self) -> Option<Self::PortView> {
+        self.verbs.ib_port_view()
+    }
+
+    fn follow_port_view(&mut self, view: &Self::PortView) {
+        self.verbs.follow_ib_port(view);
+    }
 
     fn take_foreign(&mut self, out: &mut dyn FnMut(u8, SocketAddr, &[u8])) {
         for d in Self::take_foreign(self) {

@@ -449,6 +449,12 @@ pub trait Provider {
     /// The verbs this provider implements.
     type Verbs: Verbs;
 
+    /// What the other workers' providers of an interface copy of control's port, where the
+    /// provider learns its port's state once for all of them (the software provider's
+    /// InfiniBand link: attributes from the SMA, routes from beacons); `()` where every
+    /// context reads its port itself (a device).
+    type PortView: Send + Sync + 'static;
+
     /// The verbs.
     fn verbs(&mut self) -> &mut Self::Verbs;
 
@@ -504,6 +510,21 @@ pub trait Provider {
     /// Takes a datagram another worker received for this one's QPs, as if it had arrived
     /// here (what it queues leaves at the next flush). The default drops it.
     fn accept_foreign(&mut self, _now: Instant, _src: std::net::SocketAddr, _datagram: &[u8]) {}
+
+    /// A number that changes whenever [`Provider::port_view`] would give another view.
+    fn port_view_generation(&self) -> u64 {
+        0
+    }
+
+    /// What the other workers' providers copy of this (control's) port; `None` where they
+    /// read their port themselves (the default).
+    fn port_view(&self) -> Option<Self::PortView> {
+        None
+    }
+
+    /// One of several workers: its port is `view`, control's, from now on (the port events
+    /// the change means are raised as the device would raise them). The default ignores it.
+    fn follow_port_view(&mut self, _view: &Self::PortView) {}
 
     /// Opens the device again after its context was lost ([`AsyncEvent::loses_context`]):
     /// every PD, CQ, SRQ, QP, buffer pool and pending event of the old context is gone (their

@@ -275,7 +275,7 @@ with_fault_fields!(settings! {
     /// Threads that carry the interface, each with its own TUN queue, provider socket or
     /// device context, connections and reaper: a power of two from 1 to 64. A flow stays on
     /// one; a peer of ours gets a connection from each, any other peer one. Needs connected
-    /// mode; on the software provider cm_transport qp1 or udp; not on an InfiniBand port.
+    /// mode; on the software provider cm_transport qp1 or udp.
     /// Fixed at start. The default stays 1 until a measurement on many cores shows what more
     /// buy (docs/benchmarks.md) [default: 1].
     #[arg(long, value_name = "N", allow_negative_numbers = true)]

@@ -9,9 +9,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 
+use std::collections::BTreeMap;
+
 use super::mailbox::Mailbox;
-use crate::cm::mad_owner;
-use crate::mad::{Mad, MadSendError, MadStats, MadTransport};
+use crate::cm::{mad_owner, MadRoute};
+use crate::mad::{Mad, MadSendError, MadStats, MadTransport, MAX_PEER_LIDS};
 use crate::verbs::{QpNum, Verbs};
 use crate::wire::cm::MAD_LEN;
 use crate::wire::{Gid, WorkerCount};
@@ -19,24 +21,43 @@ use crate::wire::{Gid, WorkerCount};
 /// MADs moved between control and the workers per turn, each way (the queues hold as many).
 pub const MAD_BATCH: usize = 256;
 
+/// A MAD control received for a worker, with how its sender reaches the port (control's
+/// transport's [`MadTransport::route_of`]: on InfiniBand, its LID), which a passive side's
+/// path is made of.
+pub type RoutedMad = (Mad, Option<MadRoute>);
+
 /// A follower's CM transport: MADs to and from control's [`RoutedMads`].
 #[derive(Debug)]
 pub struct WorkerMads {
-    inbox: Receiver<Mad>,
+    inbox: Receiver<RoutedMad>,
     outbox: Mailbox<Mad>,
     stats: MadStats,
     more: bool,
+    /// The route each peer's last MAD came by, at most [`MAX_PEER_LIDS`] (as control's QP1
+    /// knows peers by LID; the lowest GID goes first when more come).
+    routes: BTreeMap<Gid, MadRoute>,
 }
 
 impl WorkerMads {
     /// The transport over `inbox` (filled by control) and `outbox` (to control).
-    pub fn new(inbox: Receiver<Mad>, outbox: Mailbox<Mad>) -> Self {
+    pub fn new(inbox: Receiver<RoutedMad>, outbox: Mailbox<Mad>) -> Self {
         Self {
             inbox,
             outbox,
             stats: MadStats::default(),
             more: false,
+            routes: BTreeMap::new(),
         }
+    }
+
+    fn note_route(&mut self, from: Gid, route: Option<MadRoute>) {
+        let Some(r) = route else {
+            return;
+        };
+        if !self.routes.contains_key(&from) && self.routes.len() >= MAX_PEER_LIDS {
+            self.routes.pop_first();
+        }
+        self.routes.insert(from, r);
     }
 }
 
@@ -59,9 +80,10 @@ impl<V: Verbs> MadTransport<V> for WorkerMads {
         self.more = false;
         for _ in 0..MAD_BATCH {
             match self.inbox.try_recv() {
-                Ok(m) => {
+                Ok(((from, mad), route)) => {
                     self.stats.received += 1;
-                    out.push(m);
+                    self.note_route(from, route);
+                    out.push((from, mad));
                 }
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => return,
             }
@@ -79,6 +101,10 @@ impl<V: Verbs> MadTransport<V> for WorkerMads {
 
     fn has_more(&self) -> bool {
         self.more
+    }
+
+    fn route_of(&self, from: Gid) -> Option<MadRoute> {
+        self.routes.get(&from).copied()
     }
 }
 
@@ -126,7 +152,7 @@ pub struct RoutedMads<V: Verbs> {
     inner: Box<dyn MadTransport<V>>,
     count: WorkerCount,
     /// Worker `i`'s queue at `i - 1` (worker 0 is control itself).
-    to_workers: Vec<Mailbox<Mad>>,
+    to_workers: Vec<Mailbox<RoutedMad>>,
     from_workers: Receiver<Mad>,
     scratch: Vec<Mad>,
     stats: Arc<RouteCounters>,
@@ -148,7 +174,7 @@ impl<V: Verbs> RoutedMads<V> {
     pub fn new(
         inner: Box<dyn MadTransport<V>>,
         count: WorkerCount,
-        to_workers: Vec<Mailbox<Mad>>,
+        to_workers: Vec<Mailbox<RoutedMad>>,
         from_workers: Receiver<Mad>,
     ) -> Self {
         Self {
@@ -200,7 +226,9 @@ impl<V: Verbs> MadTransport<V> for RoutedMads<V> {
             match usize::from(mad_owner(&mad, self.count)).checked_sub(1) {
                 None => out.push((from, mad)),
                 Some(i) => match self.to_workers.get(i) {
-                    Some(w) if w.post((from, mad)) => bump(&self.stats.to_workers),
+                    Some(w) if w.post(((from, mad), self.inner.route_of(from))) => {
+                        bump(&self.stats.to_workers);
+                    }
                     _ => bump(&self.stats.to_workers_dropped),
                 },
             }
@@ -224,11 +252,103 @@ impl<V: Verbs> MadTransport<V> for RoutedMads<V> {
         self.inner.set_peer_lid(gid, lid);
     }
 
+    fn route_of(&self, from: Gid) -> Option<MadRoute> {
+        self.inner.route_of(from)
+    }
+
     fn has_more(&self) -> bool {
         self.more || self.inner.has_more()
     }
 
     fn device_gone(&self) -> bool {
         self.inner.device_gone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::driver::workers::mailbox::{mailbox, Wake};
+    use crate::soft::{SoftConfig, SoftVerbs};
+    use crate::verbs::{Lid, Sl};
+    use crate::wire::cm::{CmMad, CmMessage, Req};
+
+    /// Control's QP1 as the test plays it: it received `inbox`, and knows every peer at LID 7.
+    struct Qp1 {
+        inbox: Vec<Mad>,
+    }
+
+    impl<V: Verbs> MadTransport<V> for Qp1 {
+        fn can_send(&self) -> bool {
+            true
+        }
+        fn send(&mut self, _: &mut V, _: Gid, _: &[u8; MAD_LEN]) -> Result<(), MadSendError> {
+            Ok(())
+        }
+        fn poll(&mut self, _: &mut V, out: &mut Vec<Mad>) {
+            out.append(&mut self.inbox);
+        }
+        fn stats(&self) -> MadStats {
+            MadStats::default()
+        }
+        fn provider_qp(&self) -> Option<QpNum> {
+            None
+        }
+        fn route_of(&self, _: Gid) -> Option<MadRoute> {
+            Some(route())
+        }
+    }
+
+    fn route() -> MadRoute {
+        MadRoute {
+            slid: Lid(7),
+            sl: Sl::ZERO,
+            dlid_path_bits: 0,
+            grh: false,
+        }
+    }
+
+    fn req_from_qpn(qpn: u32) -> [u8; MAD_LEN] {
+        CmMad::new(
+            1,
+            CmMessage::Req(Req {
+                local_qpn: QpNum::new(qpn),
+                ..Req::default()
+            }),
+        )
+        .emit()
+    }
+
+    /// A REQ for worker 1 reaches it with the route control's QP1 knows for its sender (on
+    /// InfiniBand the passive side's path is made of it); one for control stays, and control
+    /// asks its QP1 for the route as before.
+    #[test]
+    fn a_workers_mads_carry_their_senders_route() {
+        let poll = mio::Poll::new().unwrap();
+        let wake = Wake::new(poll.registry(), mio::Token(0)).unwrap();
+        let (to_w1, w1_in) = mailbox::<RoutedMad>(MAD_BATCH, &wake);
+        let (from_w, from_w_rx) = mailbox::<Mad>(MAD_BATCH, &wake);
+        let peer = Gid::from(std::net::Ipv4Addr::new(198, 18, 0, 2));
+        let qp1 = Qp1 {
+            inbox: vec![(peer, req_from_qpn(0x13)), (peer, req_from_qpn(0x12))],
+        };
+        let two = WorkerCount::new(2).unwrap();
+        let mut routed = RoutedMads::new(Box::new(qp1), two, vec![to_w1], from_w_rx);
+        let mut v = SoftVerbs::new(SoftConfig::new(std::net::IpAddr::from([198, 18, 0, 1])));
+        let mut control = Vec::new();
+        crate::mad::receive(&mut routed, &mut v, &mut control, |from, r, _| {
+            assert_eq!((from, r), (peer, Some(route())), "control's own");
+        });
+        let mut w1 = WorkerMads::new(w1_in, from_w);
+        let mut got = Vec::new();
+        crate::mad::receive(&mut w1, &mut v, &mut got, |from, r, mad| {
+            assert_eq!((from, r), (peer, Some(route())), "worker 1's");
+            assert_eq!(mad, &req_from_qpn(0x13));
+        });
+        assert_eq!(MadTransport::<SoftVerbs>::stats(&w1).received, 1);
+        assert_eq!(routed.counters().read().to_workers, 1);
+        // A peer it never heard from has no route.
+        let other = Gid::from(std::net::Ipv4Addr::new(198, 18, 0, 3));
+        assert_eq!(MadTransport::<SoftVerbs>::route_of(&w1, other), None);
     }
 }

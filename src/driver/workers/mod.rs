@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use mio::{Events, Poll, Token};
 
-pub use mads::{RouteCounters, RouteStats, RoutedMads, WorkerMads, MAD_BATCH};
+pub use mads::{RouteCounters, RouteStats, RoutedMad, RoutedMads, WorkerMads, MAD_BATCH};
 pub use mailbox::{mailbox, Mailbox, Wake};
 
 use super::{KcmRoute, Node, NodeConfig, NodeError};
@@ -72,6 +72,9 @@ pub type Change<P> = Box<dyn FnOnce(&mut Node<P>, Instant) + Send>;
 
 /// What control tells a worker.
 pub enum ToWorker<P: Provider> {
+    /// Control's port from now on ([`Provider::port_view`]), published before the neighbour
+    /// view that may name paths through it.
+    Port(Arc<P::PortView>),
     /// Control's resolved neighbours from now on.
     Neighbours(Arc<NeighView>),
     /// A change to make.
@@ -167,6 +170,8 @@ struct Handle<P: Provider, R> {
     to: Mailbox<ToWorker<P>>,
     thread: Option<JoinHandle<Result<(), WorkerError>>>,
     shared: Arc<Shared<R>>,
+    /// A port view not queued yet (its queue was full).
+    port: Option<Arc<P::PortView>>,
     /// A neighbour view not queued yet (its queue was full).
     view: Option<Arc<NeighView>>,
     /// Shutdown asked and not queued yet.
@@ -220,8 +225,8 @@ pub struct WorkersSetup {
     kcm_in: Vec<Receiver<KcmInput>>,
     foreign_to: Vec<Mailbox<Foreign>>,
     foreign_in: Vec<Receiver<Foreign>>,
-    mads_to: Vec<Mailbox<Mad>>,
-    mads_in: Vec<Receiver<Mad>>,
+    mads_to: Vec<Mailbox<RoutedMad>>,
+    mads_in: Vec<Receiver<RoutedMad>>,
     mads_out: Mailbox<Mad>,
     mads_out_rx: Option<Receiver<Mad>>,
     asks: Mailbox<FromWorker>,
@@ -360,6 +365,7 @@ impl WorkersSetup {
                 to,
                 thread: Some(thread),
                 shared,
+                port: None,
                 view: None,
                 stop: false,
             });
@@ -370,6 +376,7 @@ impl WorkersSetup {
             foreign: control_foreign,
             foreign_dropped: 0,
             asks: self.asks_rx,
+            port_generation: None,
             generation: None,
             started,
             stopping: false,
@@ -387,6 +394,8 @@ pub struct Workers<P: Provider, R> {
     /// Of those control handed over, dropped for a full queue.
     foreign_dropped: u64,
     asks: Receiver<FromWorker>,
+    /// The port view's generation last published.
+    port_generation: Option<u64>,
     /// The neighbour generation last published.
     generation: Option<u64>,
     started: Instant,
@@ -410,12 +419,22 @@ impl<P: Provider, R: Clone> Workers<P, R> {
         self.count
     }
 
-    /// One turn of control's side, after control's node turned: publishes control's
-    /// neighbours where they changed, and handles what the workers asked (bounded; see
+    /// One turn of control's side, after control's node turned: publishes control's port
+    /// and neighbours where they changed (each worker's newest view queued as soon as its
+    /// queue has room), and handles what the workers asked (bounded; see
     /// [`Workers::has_pending`]).
     pub fn turn(&mut self, now: Instant, node: &mut Node<P>) {
         self.foreign_dropped += self.foreign.send(node.provider_mut());
         let accepted = self.foreign.accept(now, node.provider_mut());
+        let port_generation = node.provider().port_view_generation();
+        if self.port_generation != Some(port_generation) {
+            self.port_generation = Some(port_generation);
+            if let Some(view) = node.provider().port_view().map(Arc::new) {
+                for h in &mut self.handles {
+                    h.port = Some(Arc::clone(&view));
+                }
+            }
+        }
         let generation = node.endpoint().neighbour_generation();
         if self.generation != Some(generation) {
             self.generation = Some(generation);
@@ -425,6 +444,12 @@ impl<P: Provider, R: Clone> Workers<P, R> {
             }
         }
         for h in &mut self.handles {
+            if let Some(p) = h.port.take() {
+                if !h.to.post(ToWorker::Port(Arc::clone(&p))) {
+                    h.port = Some(p);
+                    continue;
+                }
+            }
             if let Some(v) = h.view.take() {
                 if !h.to.post(ToWorker::Neighbours(Arc::clone(&v))) {
                     h.view = Some(v);
@@ -641,6 +666,7 @@ impl<P: Provider, R> WorkerContext<P, R> {
             }
             for _ in 0..TO_WORKER_CAP {
                 match self.inbox.try_recv() {
+                    Ok(ToWorker::Port(view)) => node.provider_mut().follow_port_view(&view),
                     Ok(ToWorker::Neighbours(view)) => {
                         node.reconfigure(now, |ep, v| ep.set_neighbour_view(now, v, view));
                     }

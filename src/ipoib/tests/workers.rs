@@ -198,3 +198,80 @@ fn a_failed_connection_is_reported_to_control() {
     assert_eq!(ep.counters().tx_failed, 1);
     assert_eq!(asks(&mut ep), [ToControl::Failed(peer(true))]);
 }
+
+/// Where control's paths come from an SA (a native InfiniBand port), a worker's connection
+/// waits for its peer's path in control's view: a packet for a neighbour named without one
+/// waits (control asked to resolve it, which asks the SA), and the REQ leaves with the path's
+/// LIDs and SL once the view has it. A path that moves to another LID closes the connection
+/// (the next packet connects on the new one), as `LID_CHANGE` on the worker's port closes them
+/// all.
+#[test]
+fn on_an_sa_port_a_workers_connection_waits_for_its_path_from_control() {
+    use crate::verbs::{AsyncEvent, Lid, Path, PathMtu, Sl};
+    let t0 = Instant::now();
+    let (mut ep, mut v) = follower(t0);
+    let hw = peer(true);
+    let named = |paths: Vec<(Gid, Path)>| {
+        let view: NeighView = [(IpAddr::from(PEER_IP), hw)].into_iter().collect();
+        Arc::new(view.with_paths(paths))
+    };
+    let path_at = |dlid: u16| Path {
+        dlid: Lid(dlid),
+        slid: Lid(0x11),
+        sl: Sl::from_bits(3),
+        // Inside the subnet: no GRH, the REQ names the LIDs.
+        hop_limit: 0,
+        ..Path::roce(interface().hwaddr.gid, hw.gid, PathMtu::Mtu2048)
+    };
+    let primary = |ep: &mut Endpoint| -> Vec<(u16, u16, u8)> {
+        std::iter::from_fn(|| ep.poll_mad())
+            .filter_map(|(_, m)| match CmMad::parse(&m).ok()?.msg {
+                CmMessage::Req(r) => Some((
+                    r.primary_path.local_lid,
+                    r.primary_path.remote_lid,
+                    r.primary_path.sl,
+                )),
+                _ => None,
+            })
+            .collect()
+    };
+    let open = |ep: &Endpoint| {
+        ep.tx
+            .iter()
+            .filter(|(_, c)| c.state != TxState::Closing)
+            .count()
+    };
+
+    ep.set_neighbour_view(t0, &mut v, named(Vec::new()));
+    ep.handle_tun_packet(t0, &mut v, &to_peer(10));
+    assert_eq!(asks(&mut ep), [ToControl::Resolve(IpAddr::from(PEER_IP))]);
+    assert!(primary(&mut ep).is_empty(), "no REQ without the path");
+    assert_eq!(ep.tx_count(), 0);
+
+    ep.set_neighbour_view(t0, &mut v, named(vec![(hw.gid, path_at(0x21))]));
+    assert_eq!(
+        primary(&mut ep),
+        [(0x11, 0x21, 3)],
+        "the path's LIDs and SL"
+    );
+    let queued: Vec<usize> = ep.tx.iter().map(|(_, c)| c.queue.len()).collect();
+    assert_eq!(queued, [1], "the packet that waited, on the connection");
+
+    // The SM moved the peer: the connection on the old LID closes, the next packet opens one
+    // on the new path.
+    ep.set_neighbour_view(t0, &mut v, named(vec![(hw.gid, path_at(0x22))]));
+    assert_eq!(open(&ep), 0, "closed on the moved path");
+    ep.handle_tun_packet(t0, &mut v, &to_peer(20));
+    assert_eq!(primary(&mut ep), [(0x11, 0x22, 3)]);
+    assert_eq!(open(&ep), 1);
+
+    // A port event voids control's paths: the view drops them, the open connection stays.
+    ep.set_neighbour_view(t0, &mut v, named(Vec::new()));
+    assert_eq!(open(&ep), 1, "a path forgotten closes nothing");
+    assert_eq!(ep.path(hw.gid), None);
+
+    // Our own LID changed: every connection of the worker closes.
+    v.raise_port_event(AsyncEvent::LidChange);
+    ep.handle_verbs(t0, &mut v);
+    assert_eq!(open(&ep), 0, "closed on LID_CHANGE");
+}

@@ -183,8 +183,58 @@ impl SoftVerbs {
         };
         attr.pkeys.truncate(crate::soft::ib::MAX_PKEYS);
         if ib.port != attr || ib.beacon_at.is_none() {
+            ib.port_generation += u64::from(ib.port != attr);
             ib.port = attr;
             ib.beacon_at = Some(now);
+        }
+    }
+
+    /// A number that changes whenever [`ib_port_view`](Self::ib_port_view) would give another
+    /// view; 0 on RoCEv2.
+    pub fn ib_port_view_generation(&self) -> u64 {
+        self.dev
+            .ib
+            .as_ref()
+            .map_or(0, crate::soft::ib::IbLink::view_generation)
+    }
+
+    /// What the other workers' providers copy of this InfiniBand port: its attributes and
+    /// routes ([`IbPortView`](crate::soft::IbPortView)); `None` on RoCEv2.
+    pub fn ib_port_view(&self) -> Option<crate::soft::IbPortView> {
+        self.dev.ib.as_ref().map(crate::soft::ib::IbLink::view)
+    }
+
+    /// A follower's InfiniBand port becomes `view`, control's: its attributes and routes,
+    /// wholesale (it neither beacons nor learns routes itself). The port events a device
+    /// would raise for the change are raised: `PORT_ACTIVE` or `PORT_ERR` as it comes up or
+    /// goes down, and while it stays active `LID_CHANGE`, `SM_CHANGE`, `PKEY_CHANGE`. Nothing
+    /// on a RoCEv2 link.
+    pub fn follow_ib_port(&mut self, view: &crate::soft::IbPortView) {
+        let Some(ib) = self.dev.ib.as_mut() else {
+            return;
+        };
+        let (old, new) = (&ib.port, view.port());
+        let events = match (old.active, new.active) {
+            (false, true) => vec![AsyncEvent::PortActive],
+            (true, false) => vec![AsyncEvent::PortErr],
+            (false, false) => Vec::new(),
+            (true, true) => [
+                (
+                    (old.lid, old.lmc) != (new.lid, new.lmc),
+                    AsyncEvent::LidChange,
+                ),
+                (old.sm_lid != new.sm_lid, AsyncEvent::SmChange),
+                (old.pkeys != new.pkeys, AsyncEvent::PkeyChange),
+            ]
+            .into_iter()
+            .filter_map(|(changed, ev)| changed.then_some(ev))
+            .collect(),
+        };
+        ib.port_generation += u64::from(ib.port != *new);
+        ib.port = new.clone();
+        ib.routes = view.routes_table().clone();
+        for ev in events {
+            self.raise_port_event(ev);
         }
     }
 
