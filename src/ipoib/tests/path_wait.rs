@@ -339,3 +339,23 @@ fn our_lid_changed_closes_every_connection() {
     n.run(Duration::from_millis(100));
     assert!(tx_to_1(&mut n).iter().all(|(q, _)| *q != qpn));
 }
+
+/// A port event asks again for every path held, not only those of the node's own
+/// connections: the followers' connections (another worker's) run on paths the node holds
+/// for them, and would otherwise stay on a LID the SM moved until they fail.
+#[test]
+fn a_port_event_asks_again_for_every_path_held() {
+    let mut n = sa_net(|_, _| {});
+    let gid = n.ep(1).hwaddr().gid;
+    assert!(n.ep(0).want_path(gid));
+    assert_eq!(sa_requests(&mut n), [path_query(&mut n, 1)]);
+    answer(&mut n, 1);
+    assert_eq!(n.ep(0).tx_count(), 0, "no connection of its own");
+    assert!(n.ep(0).path(gid).is_some());
+    let c = &mut n.0;
+    let (ep, v) = (c.eps[0].as_mut().unwrap(), &mut c.f.nodes[0]);
+    ep.port_changed(v, PortChange::ClientReregister);
+    assert_eq!(n.ep(0).path(gid), None, "flushed");
+    let asked = sa_requests(&mut n);
+    assert!(asked.contains(&SaRequest::Path { dgid: gid }), "{asked:?}");
+}
