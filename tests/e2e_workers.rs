@@ -277,6 +277,41 @@ fn a_failed_worker_ends_the_daemon() {
     }
 }
 
+/// Sends `sig` to node `k`'s daemon (by the pid the lab recorded).
+fn signal(lab: &Lab, k: usize, sig: &str) {
+    let pid = std::fs::read_to_string(lab.state.join(format!("node{k}.pid"))).expect("pid file");
+    let st = Command::new("kill")
+        .args([sig, pid.trim()])
+        .status()
+        .expect("kill");
+    assert!(st.success(), "kill {sig} {pid}");
+}
+
+/// A pause of the whole process (SIGSTOP, a frozen cgroup, a debugger, a migrated VM) longer
+/// than the stall limit is no stall of a worker: after SIGCONT the daemon goes on, and its
+/// traffic with it, on both workers' connections.
+#[test]
+fn a_paused_daemon_is_not_taken_for_a_stalled_worker() {
+    let Some(lab) = Lab::up("e2ewp", 2, &["--workers", "2"]) else {
+        return;
+    };
+    lab.ping_ok(1, "198.19.0.2", &[]);
+    signal(&lab, 2, "-STOP");
+    // Longer than the stall limit (10 s).
+    std::thread::sleep(Duration::from_secs(13));
+    signal(&lab, 2, "-CONT");
+    std::thread::sleep(Duration::from_secs(2));
+    let log = lab.log(2);
+    assert!(
+        !log.contains("stalled") && !log.contains("exited with status"),
+        "{log}"
+    );
+    lab.ping_ok(1, "198.19.0.2", &[]);
+    lab.ping_ok(2, "198.19.0.1", &[]);
+    let log = lab.log(2);
+    assert!(!log.contains("exited with status"), "{log}");
+}
+
 /// What `--workers` does not run with is refused at start, in one line, exit 2.
 #[test]
 fn a_worker_count_that_cannot_run_is_refused_in_one_line() {

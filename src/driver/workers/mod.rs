@@ -56,8 +56,13 @@ pub const FROM_WORKERS_CAP: usize = 4096;
 pub const REPORT_INTERVAL: Duration = Duration::from_millis(250);
 /// How often a worker tells control which neighbours it sent to.
 pub const USED_INTERVAL: Duration = Duration::from_secs(1);
-/// A worker that has not turned for this long is stalled (an idle one turns every second).
+/// A worker that has not turned for this long, while control did, is stalled (an idle one
+/// turns every second).
 pub const STALL_LIMIT: Duration = Duration::from_secs(10);
+/// A gap this long between two of control's checks is a pause of the whole process (SIGSTOP,
+/// a frozen cgroup, a debugger, a migrated VM), not of one worker: control itself turns at
+/// least every second. Each worker's stall is measured from the end of such a pause.
+pub const PAUSE_GAP: Duration = Duration::from_secs(3);
 /// Datagrams for one worker that others received (a GRO buffer of several workers' QPs) and
 /// hand over, queued at most; more are dropped (the RC sender retransmits them).
 pub const FOREIGN_CAP: usize = 1024;
@@ -379,6 +384,8 @@ impl WorkersSetup {
             port_generation: None,
             generation: None,
             started,
+            last_check: None,
+            resumed: started,
             stopping: false,
             more: false,
         })
@@ -399,6 +406,10 @@ pub struct Workers<P: Provider, R> {
     /// The neighbour generation last published.
     generation: Option<u64>,
     started: Instant,
+    /// Control's last check, and when the last pause of the process ended (see
+    /// [`PAUSE_GAP`]).
+    last_check: Option<Instant>,
+    resumed: Instant,
     stopping: bool,
     /// The last turn stopped at its bound with requests left.
     more: bool,
@@ -535,12 +546,22 @@ impl<P: Provider, R: Clone> Workers<P, R> {
     }
 
     /// A worker that failed: its thread ended (before shutdown, or with an error) or it has
-    /// not turned for [`STALL_LIMIT`]. Joins the threads that ended.
+    /// not turned for [`STALL_LIMIT`] of the time control ran (a pause of the whole process
+    /// is no stall: see [`PAUSE_GAP`]). Joins the threads that ended. Call it on every turn
+    /// of control's.
     ///
     /// # Errors
     /// The first failure found.
     pub fn check(&mut self, now: Instant) -> Result<(), WorkerError> {
+        if self
+            .last_check
+            .is_some_and(|at| now.saturating_duration_since(at) >= PAUSE_GAP)
+        {
+            self.resumed = now;
+        }
+        self.last_check = Some(now);
         let since_start = now.saturating_duration_since(self.started);
+        let since_resumed = now.saturating_duration_since(self.resumed);
         for h in &mut self.handles {
             let index = h.slot.index();
             if h.thread.as_ref().is_some_and(JoinHandle::is_finished) {
@@ -557,7 +578,8 @@ impl<P: Provider, R: Clone> Workers<P, R> {
                 continue;
             }
             let beat = Duration::from_millis(h.shared.heartbeat_ms.load(Ordering::Relaxed));
-            if since_start.saturating_sub(beat) > STALL_LIMIT {
+            let silent = since_start.saturating_sub(beat).min(since_resumed);
+            if silent > STALL_LIMIT {
                 return Err(WorkerError::Stalled(index));
             }
         }
