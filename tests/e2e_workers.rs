@@ -312,6 +312,45 @@ fn a_paused_daemon_is_not_taken_for_a_stalled_worker() {
     assert!(!log.contains("exited with status"), "{log}");
 }
 
+/// SIGTERM while a worker thread is stuck (`--fault-worker stall`: 2 s after start, for a
+/// minute): the daemon ends within its drain and 2 s more, exit status 1 and one line naming
+/// the worker, rather than wait for the thread.
+#[test]
+fn shutdown_does_not_wait_for_a_stuck_worker() {
+    let Some(lab) = Lab::up("e2ews", 2, &["--workers", "2", "--drain-timeout", "1s"]) else {
+        return;
+    };
+    assert!(lab.sh(&["kill", "2"]).status.success());
+    std::thread::sleep(Duration::from_millis(300));
+    let out = lab.sh(&["start", "2", "--", "--fault-worker", "stall"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The stall begins 2 s after start.
+    std::thread::sleep(Duration::from_secs(3));
+    // The log holds the killed daemon's end already.
+    let exits = |l: &Lab| l.log(2).matches("ipoib-cm exited with status").count();
+    let before = exits(&lab);
+    let t0 = std::time::Instant::now();
+    signal(&lab, 2, "-TERM");
+    let ended = lab.wait_for(Duration::from_secs(10), |l| exits(l) > before);
+    let took = t0.elapsed();
+    let log = lab.log(2);
+    assert!(ended, "{log}");
+    assert!(
+        log.contains("worker 1: did not end within 3s of the shutdown")
+            && log.trim_end().ends_with("ipoib-cm exited with status 1"),
+        "{log}"
+    );
+    println!(
+        "ended {:.1} s after SIGTERM with worker 1 stuck",
+        took.as_secs_f64()
+    );
+    assert!(took < Duration::from_secs(6), "{took:?}");
+}
+
 /// What `--workers` does not run with is refused at start, in one line, exit 2.
 #[test]
 fn a_worker_count_that_cannot_run_is_refused_in_one_line() {

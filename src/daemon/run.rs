@@ -530,7 +530,7 @@ fn run<P: DaemonProvider + 'static>(
         }
         if let Some(w) = &mut workers {
             if node.is_shutting_down() && !w.is_stopping() {
-                w.begin_shutdown();
+                w.begin_shutdown(now, node.endpoint().config().drain_timeout);
             }
         }
         node.flush(now, poll.registry())?;
@@ -540,29 +540,20 @@ fn run<P: DaemonProvider + 'static>(
         }
         if let Some(why) = node.device_gave_up() {
             let why = why.to_owned();
-            super::logging::flush_suppressed(now);
-            log_stop(&status(
-                &node,
-                workers.as_ref(),
-                &path_mtu,
-                &underlay,
-                now,
-                started,
-            ));
+            report_stop(&node, workers.as_ref(), &path_mtu, &underlay, now, started);
             drop(node);
             return Err(DaemonError::DeviceLost(why));
         }
+        if let Some(Err(e)) = workers.as_ref().map(|w| w.overdue(now)) {
+            // A worker stuck where nothing reaches it: the process ends without it.
+            node.wind_up(now)?;
+            report_stop(&node, workers.as_ref(), &path_mtu, &underlay, now, started);
+            drop(node);
+            return Err(e.into());
+        }
         if node.should_finish(now) && workers.as_ref().is_none_or(Workers::all_ended) {
             node.wind_up(now)?;
-            super::logging::flush_suppressed(now);
-            log_stop(&status(
-                &node,
-                workers.as_ref(),
-                &path_mtu,
-                &underlay,
-                now,
-                started,
-            ));
+            report_stop(&node, workers.as_ref(), &path_mtu, &underlay, now, started);
             if let Some(w) = workers.take() {
                 w.join()?;
             }
@@ -571,6 +562,19 @@ fn run<P: DaemonProvider + 'static>(
             return Ok(());
         }
     }
+}
+
+/// The daemon's last lines: the suppressed-input summary and the final status.
+fn report_stop<P: DaemonProvider>(
+    node: &Node<P>,
+    workers: Option<&Workers<P, WorkerReport>>,
+    path_mtu: &PathMtuChoice,
+    underlay: &UnderlayWatch,
+    now: Instant,
+    started: Instant,
+) {
+    super::logging::flush_suppressed(now);
+    log_stop(&status(node, workers, path_mtu, underlay, now, started));
 }
 
 /// How often the SA is asked whether it still lists the port in the broadcast group, where

@@ -63,6 +63,9 @@ pub const STALL_LIMIT: Duration = Duration::from_secs(10);
 /// a frozen cgroup, a debugger, a migrated VM), not of one worker: control itself turns at
 /// least every second. Each worker's stall is measured from the end of such a pause.
 pub const PAUSE_GAP: Duration = Duration::from_secs(3);
+/// How long past its drain a worker may take to end at shutdown before the daemon gives up on
+/// it ([`Workers::overdue`]).
+pub const STOP_GRACE: Duration = Duration::from_secs(2);
 /// Datagrams for one worker that others received (a GRO buffer of several workers' QPs) and
 /// hand over, queued at most; more are dropped (the RC sender retransmits them).
 pub const FOREIGN_CAP: usize = 1024;
@@ -138,6 +141,14 @@ pub enum WorkerError {
     /// It has not turned for [`STALL_LIMIT`].
     #[error("worker {0}: stalled (no turn for {STALL_LIMIT:?})")]
     Stalled(u8),
+    /// It did not end within its drain and [`STOP_GRACE`] of the shutdown.
+    #[error("worker {worker}: did not end within {limit:?} of the shutdown")]
+    Overdue {
+        /// The worker.
+        worker: u8,
+        /// How long it was given.
+        limit: Duration,
+    },
 }
 
 /// What a worker's thread is given: its slot, how to open its provider (in the thread: a
@@ -387,6 +398,7 @@ impl WorkersSetup {
             last_check: None,
             resumed: started,
             stopping: false,
+            stop_limit: None,
             more: false,
         })
     }
@@ -411,6 +423,8 @@ pub struct Workers<P: Provider, R> {
     last_check: Option<Instant>,
     resumed: Instant,
     stopping: bool,
+    /// When the shutdown began, and how long the workers have to end.
+    stop_limit: Option<(Instant, Duration)>,
     /// The last turn stopped at its bound with requests left.
     more: bool,
 }
@@ -525,9 +539,11 @@ impl<P: Provider, R: Clone> Workers<P, R> {
         }
     }
 
-    /// Tells every worker to shut down (queued on the next turn where a queue is full).
-    pub fn begin_shutdown(&mut self) {
+    /// Tells every worker to shut down (queued on the next turn where a queue is full): each
+    /// has its `drain` (the same as control's) and [`STOP_GRACE`] to end.
+    pub fn begin_shutdown(&mut self, now: Instant, drain: Duration) {
         self.stopping = true;
+        self.stop_limit = Some((now, drain + STOP_GRACE));
         for h in &mut self.handles {
             h.stop = !h.to.post(ToWorker::Shutdown);
         }
@@ -536,6 +552,31 @@ impl<P: Provider, R: Clone> Workers<P, R> {
     /// Whether [`Workers::begin_shutdown`] was called.
     pub fn is_stopping(&self) -> bool {
         self.stopping
+    }
+
+    /// A worker whose thread has not ended within its time to shut down (a thread stuck where
+    /// the daemon cannot reach it: the process exits without it).
+    ///
+    /// # Errors
+    /// [`WorkerError::Overdue`] naming the first such worker.
+    pub fn overdue(&self, now: Instant) -> Result<(), WorkerError> {
+        let Some((began, limit)) = self.stop_limit else {
+            return Ok(());
+        };
+        if now.saturating_duration_since(began) < limit {
+            return Ok(());
+        }
+        match self
+            .handles
+            .iter()
+            .find(|h| h.thread.as_ref().is_some_and(|t| !t.is_finished()))
+        {
+            Some(h) => Err(WorkerError::Overdue {
+                worker: h.slot.index(),
+                limit,
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Whether every worker's thread has ended.
