@@ -351,6 +351,53 @@ fn shutdown_does_not_wait_for_a_stuck_worker() {
     assert!(took < Duration::from_secs(6), "{took:?}");
 }
 
+/// A second daemon for the interface, bind address, port and control socket of a running one
+/// (a multi-queue TUN lets a second opener attach a queue, `SO_REUSEPORT` a second socket
+/// bind the port) is refused in one line, exit 2, whatever its worker count; the first goes
+/// on undisturbed.
+#[test]
+fn a_second_daemon_for_a_running_interface_is_refused() {
+    let Some(lab) = Lab::up("e2ew2", 2, &["--workers", "2"]) else {
+        return;
+    };
+    lab.ping_ok(2, "198.19.0.1", &[]);
+    let sock = lab.socket(1);
+    let sock = sock.to_string_lossy();
+    for workers in ["2", "1", "4"] {
+        let out = lab.exec(
+            1,
+            &[
+                BIN,
+                "up",
+                "--ifname",
+                "ib0",
+                "--addr",
+                "198.19.0.1/24",
+                "--bind",
+                "198.18.0.1",
+                "--peer",
+                "198.18.0.2",
+                "--control-socket",
+                &sock,
+                "--workers",
+                workers,
+            ],
+            Duration::from_secs(10),
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "--workers {workers}: {err}");
+        let lines: Vec<&str> = err.lines().filter(|l| l.contains("ERROR")).collect();
+        assert_eq!(lines.len(), 1, "{err}");
+        assert!(
+            lines[0].contains("in use") || lines[0].contains("exists"),
+            "{err}"
+        );
+    }
+    lab.ping_ok(2, "198.19.0.1", &[]);
+    lab.ping_ok(1, "198.19.0.2", &[]);
+    assert!(!lab.log(1).contains("exited with status"), "{}", lab.log(1));
+}
+
 /// What `--workers` does not run with is refused at start, in one line, exit 2.
 #[test]
 fn a_worker_count_that_cannot_run_is_refused_in_one_line() {
