@@ -26,10 +26,8 @@ use super::provider::DaemonProvider;
 use super::service::Service;
 use super::status::{render_prometheus, Status, Summary, UnderlayStatus, WorkerStatus};
 use super::underlay::{UnderlayChange, UnderlayWatch};
-use super::workers::{
-    apply_live, live_settings, part_status, start_workers, worker_fault, WorkerOpen, WorkerReport,
-};
-use crate::driver::workers::{Wake, Workers};
+use super::workers::{part_status, start_workers, worker_fault, WorkerOpen, WorkerReport};
+use crate::driver::workers::{Wake, WorkerSettings, Workers};
 use crate::driver::{Node, NodeConfig, SaDriver};
 use crate::ipoib::Mode;
 use crate::mad::MadTransport;
@@ -383,6 +381,8 @@ fn run<P: DaemonProvider + 'static>(
     let mut faulted = false;
     let mut events = Events::with_capacity(256);
     let mut last_event = Instant::now();
+    // The --bind link's MTU the port follows now.
+    let mut link_mtu_now = link_mtu;
     loop {
         let now = Instant::now();
         let next = [
@@ -456,7 +456,6 @@ fn run<P: DaemonProvider + 'static>(
                 }
             }
         }
-        let live_before = live_settings(&node);
         control.serve(now, |req| match req {
             Request::Status { .. } => Reply::Status(Box::new(status(
                 &node,
@@ -505,30 +504,30 @@ fn run<P: DaemonProvider + 'static>(
         }
         service.turn(now);
         service.reload_step(&mut node, now);
-        if let Some(w) = &workers {
-            let live = live_settings(&node);
-            if live != live_before {
-                w.apply("the reloaded settings", || {
-                    Box::new(move |n: &mut Node<P>, _| apply_live(n, live))
-                });
-            }
-        }
         if node.take_port_active() {
             // The port is back, perhaps at another MTU (an SM's, or rxe's netdev's).
             let link = underlay.state().mtu().unwrap_or(link_mtu);
-            path_mtu = follow_link_mtu(&mut node, workers.as_ref(), cfg, link, now, &path_mtu);
+            link_mtu_now = link;
+            path_mtu = follow_link_mtu(&mut node, cfg, link, now, &path_mtu);
         }
         if let Some(changes) = underlay.turn(now) {
             for change in changes {
                 change.log(cfg.bind, underlay.state());
                 if let UnderlayChange::Mtu { to, .. } = change {
-                    path_mtu =
-                        follow_link_mtu(&mut node, workers.as_ref(), cfg, to, now, &path_mtu);
+                    link_mtu_now = to;
+                    path_mtu = follow_link_mtu(&mut node, cfg, to, now, &path_mtu);
                 }
             }
             node.check_interface();
         }
         if let Some(w) = &mut workers {
+            // What control decided this turn (a link or path MTU, a reload) reaches every
+            // worker, the newest whenever its queue has room.
+            w.set_settings(WorkerSettings {
+                link_mtu: link_mtu_now,
+                path_mtu: path_mtu.path_mtu,
+                live: node.endpoint().live_settings(),
+            });
             if node.is_shutting_down() && !w.is_stopping() {
                 w.begin_shutdown(now, node.endpoint().config().drain_timeout);
             }
@@ -617,7 +616,6 @@ fn attach_sa<P: DaemonProvider>(
 /// chosen again as at start, and the node follows a changed one. Returns the new choice.
 fn follow_link_mtu<P: DaemonProvider>(
     node: &mut Node<P>,
-    workers: Option<&Workers<P, WorkerReport>>,
     cfg: &Config,
     link_mtu: u32,
     now: Instant,
@@ -627,15 +625,6 @@ fn follow_link_mtu<P: DaemonProvider>(
     let underlay = node.provider().sa_port().is_none().then_some(link_mtu);
     let port = node.provider_mut().verbs().port_attr();
     let choice = cfg.path_mtu_choice(&port, underlay);
-    if let Some(w) = workers {
-        let mtu = choice.path_mtu;
-        w.apply("the link MTU", || {
-            Box::new(move |n: &mut Node<P>, now| {
-                n.provider_mut().set_link_mtu(link_mtu);
-                n.set_path_mtu(now, mtu);
-            })
-        });
-    }
     if let Some(c) = node.set_path_mtu(now, choice.path_mtu) {
         tracing::info!(
             "path MTU {} -> {} ({choice}): {} tx and {} rx connections set up again",
@@ -770,6 +759,7 @@ fn status<P: DaemonProvider>(
         status
             .provider
             .insert("rx_foreign_queue_drops".to_owned(), w.foreign_dropped());
+        super::status::add_counters(&mut status.provider, "mad_route_", &w.mad_routes());
     }
     for (slot, report) in workers.map(Workers::reports).unwrap_or_default() {
         let Some(r) = report else {

@@ -12,9 +12,11 @@ use super::config::{Config, WorkerFault, WORKER_STALL};
 use super::error::DaemonError;
 use super::provider::DaemonProvider;
 use super::status::{add_counters, Status, Summary};
-use crate::driver::workers::{Change, ReportFn, Wake, WorkerSpec, Workers, WorkersSetup};
+use crate::driver::workers::{
+    Change, ReportFn, SettingsFn, Wake, WorkerSettings, WorkerSpec, Workers, WorkersSetup,
+};
 use crate::driver::{Node, NodeConfig};
-use crate::ipoib::{LiveTimeouts, RxBudgetShare};
+use crate::ipoib::RxBudgetShare;
 use crate::mad::{CmTransport, MadTransport};
 use crate::sys::tun::Tun;
 use crate::verbs::setup::os_seed;
@@ -41,39 +43,12 @@ pub(super) fn worker_fault<P: DaemonProvider>(fault: WorkerFault) -> Change<P> {
     }
 }
 
-/// The settings a reload changes on a running endpoint, as `node`'s endpoint has them.
-pub(super) fn live_settings<P: DaemonProvider>(
-    node: &Node<P>,
-) -> (LiveTimeouts, usize, usize, crate::ipoib::QpBudgetPolicy) {
-    let c = node.endpoint().config();
-    (
-        LiveTimeouts {
-            rx_timeout: c.rx_timeout,
-            drain_timeout: c.drain_timeout,
-            tx_stall_timeout: c.tx_stall_timeout,
-            neigh_timeout: c.neigh_timeout,
-        },
-        c.tx_queue_len,
-        c.max_conn_qp,
-        c.budget_policy,
-    )
-}
-
-/// Gives a worker's endpoint the settings [`live_settings`] read from control's.
-pub(super) fn apply_live<P: DaemonProvider>(
-    node: &mut Node<P>,
-    (timeouts, tx_queue_len, max_conn_qp, policy): (
-        LiveTimeouts,
-        usize,
-        usize,
-        crate::ipoib::QpBudgetPolicy,
-    ),
-) {
-    let ep = node.endpoint_mut();
-    ep.set_timeouts(timeouts);
-    ep.set_tx_queue_len(tx_queue_len);
-    // Control took it, so it is within what every worker was sized for.
-    ep.set_qp_budget(max_conn_qp, max_conn_qp, policy);
+/// Makes a worker's node follow control's settings: its provider's port the link MTU, its
+/// connections the path MTU, its endpoint the live settings (each a no-op when unchanged).
+fn follow_settings<P: DaemonProvider>(node: &mut Node<P>, s: &WorkerSettings, now: Instant) {
+    node.provider_mut().set_link_mtu(s.link_mtu);
+    node.set_path_mtu(now, s.path_mtu);
+    node.endpoint_mut().follow_live_settings(s.live);
 }
 
 /// Sets up control's node on the first queue of a multi-queue interface, with its CM
@@ -159,7 +134,8 @@ pub(super) fn start_workers<P: DaemonProvider + 'static>(
         status: part_status(node, now),
         cpu: crate::sys::thread::cpu_time(),
     });
-    let workers = setup.spawn(node.endpoint().interface(), specs, report)?;
+    let settings: SettingsFn<P> = Arc::new(follow_settings);
+    let workers = setup.spawn(node.endpoint().interface(), specs, report, settings)?;
     tracing::info!(
         workers = count.get(),
         "{} workers: each with its TUN queue, socket, connections and reaper",

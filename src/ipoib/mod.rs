@@ -109,7 +109,7 @@ pub use guard::{SourceCheck, ANSWER_BURST, ANSWER_RATE};
 pub use mcast::{PortChange, SaRequest, MAX_SA_REQUESTS, MAX_SEND_ONLY};
 pub use neigh::{NeighCounts, NeighState};
 pub use path_wait::{PATH_QUEUE_LEN, PATH_WAIT_MAX};
-pub use reconfig::{LiveTimeouts, PathMtuChange};
+pub use reconfig::{LiveSettings, LiveTimeouts, PathMtuChange};
 pub use rx::{RxBudgetShare, RxState};
 pub use tun::TUN_BUFFER_OFFSET;
 pub use tx::TxState;

@@ -29,6 +29,20 @@ pub struct LiveTimeouts {
     pub neigh_timeout: Duration,
 }
 
+/// Everything of an endpoint a reload changes live: what control's endpoint has, every
+/// follower takes ([`Endpoint::live_settings`], [`Endpoint::follow_live_settings`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LiveSettings {
+    /// The timeouts.
+    pub timeouts: LiveTimeouts,
+    /// [`EndpointConfig::tx_queue_len`](super::EndpointConfig::tx_queue_len).
+    pub tx_queue_len: usize,
+    /// [`EndpointConfig::max_conn_qp`](super::EndpointConfig::max_conn_qp).
+    pub max_conn_qp: usize,
+    /// [`EndpointConfig::budget_policy`](super::EndpointConfig::budget_policy).
+    pub budget_policy: QpBudgetPolicy,
+}
+
 /// What [`Endpoint::set_path_mtu`] changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PathMtuChange {
@@ -114,6 +128,30 @@ impl Endpoint {
         self.cfg.drain_timeout = t.drain_timeout;
         self.cfg.tx_stall_timeout = t.tx_stall_timeout;
         self.cfg.neigh_timeout = t.neigh_timeout;
+    }
+
+    /// What a reload may have changed of this endpoint's settings.
+    pub fn live_settings(&self) -> LiveSettings {
+        let c = &self.cfg;
+        LiveSettings {
+            timeouts: LiveTimeouts {
+                rx_timeout: c.rx_timeout,
+                drain_timeout: c.drain_timeout,
+                tx_stall_timeout: c.tx_stall_timeout,
+                neigh_timeout: c.neigh_timeout,
+            },
+            tx_queue_len: c.tx_queue_len,
+            max_conn_qp: c.max_conn_qp,
+            budget_policy: c.budget_policy,
+        }
+    }
+
+    /// A follower takes control's live settings. The QP budget is control's, which took it
+    /// within what every worker was sized for.
+    pub fn follow_live_settings(&mut self, s: LiveSettings) {
+        self.set_timeouts(s.timeouts);
+        self.set_tx_queue_len(s.tx_queue_len);
+        self.set_qp_budget(s.max_conn_qp, s.max_conn_qp, s.budget_policy);
     }
 
     /// Sets the packets queued per neighbour while it connects (at least 1).

@@ -5,7 +5,7 @@
 //! queued leaves through it. A follower's transport is a [`WorkerMads`]: its two queues to and
 //! from control.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 
@@ -26,11 +26,36 @@ pub const MAD_BATCH: usize = 256;
 /// path is made of.
 pub type RoutedMad = (Mad, Option<MadRoute>);
 
+/// The workers' MADs queued for control and not yet taken by its [`RoutedMads`], against the
+/// queue's room: a worker's transport has room while some is left ([`MadTransport::can_send`]),
+/// so a full queue holds MADs in the worker's CM (sent on a later turn) instead of dropping
+/// them.
+#[derive(Debug)]
+pub struct Outbox {
+    queued: AtomicUsize,
+    room: usize,
+}
+
+impl Outbox {
+    /// A queue that holds `room` MADs.
+    pub fn new(room: usize) -> Arc<Self> {
+        Arc::new(Self {
+            queued: AtomicUsize::new(0),
+            room,
+        })
+    }
+
+    fn has_room(&self) -> bool {
+        self.queued.load(Ordering::Acquire) < self.room
+    }
+}
+
 /// A follower's CM transport: MADs to and from control's [`RoutedMads`].
 #[derive(Debug)]
 pub struct WorkerMads {
     inbox: Receiver<RoutedMad>,
     outbox: Mailbox<Mad>,
+    queued: Arc<Outbox>,
     stats: MadStats,
     more: bool,
     /// The route each peer's last MAD came by, at most [`MAX_PEER_LIDS`] (as control's QP1
@@ -39,11 +64,13 @@ pub struct WorkerMads {
 }
 
 impl WorkerMads {
-    /// The transport over `inbox` (filled by control) and `outbox` (to control).
-    pub fn new(inbox: Receiver<RoutedMad>, outbox: Mailbox<Mad>) -> Self {
+    /// The transport over `inbox` (filled by control) and `outbox` (to control, which
+    /// `queued` counts).
+    pub fn new(inbox: Receiver<RoutedMad>, outbox: Mailbox<Mad>, queued: Arc<Outbox>) -> Self {
         Self {
             inbox,
             outbox,
+            queued,
             stats: MadStats::default(),
             more: false,
             routes: BTreeMap::new(),
@@ -63,14 +90,17 @@ impl WorkerMads {
 
 impl<V: Verbs> MadTransport<V> for WorkerMads {
     fn can_send(&self) -> bool {
-        true
+        self.queued.has_room()
     }
 
     fn send(&mut self, _v: &mut V, to: Gid, mad: &[u8; MAD_LEN]) -> Result<(), MadSendError> {
+        // Counted before it is queued: control may take it at once.
+        self.queued.queued.fetch_add(1, Ordering::AcqRel);
         if self.outbox.post((to, *mad)) {
             self.stats.sent += 1;
         } else {
-            // The CM sends it again.
+            // Another worker took the last room since `can_send`: the CM sends it again.
+            self.queued.queued.fetch_sub(1, Ordering::AcqRel);
             self.stats.send_dropped += 1;
         }
         Ok(())
@@ -154,6 +184,7 @@ pub struct RoutedMads<V: Verbs> {
     /// Worker `i`'s queue at `i - 1` (worker 0 is control itself).
     to_workers: Vec<Mailbox<RoutedMad>>,
     from_workers: Receiver<Mad>,
+    queued: Arc<Outbox>,
     scratch: Vec<Mad>,
     stats: Arc<RouteCounters>,
     more: bool,
@@ -176,12 +207,14 @@ impl<V: Verbs> RoutedMads<V> {
         count: WorkerCount,
         to_workers: Vec<Mailbox<RoutedMad>>,
         from_workers: Receiver<Mad>,
+        queued: Arc<Outbox>,
     ) -> Self {
         Self {
             inner,
             count,
             to_workers,
             from_workers,
+            queued,
             scratch: Vec::new(),
             stats: Arc::default(),
             more: false,
@@ -193,13 +226,21 @@ impl<V: Verbs> RoutedMads<V> {
         Arc::clone(&self.stats)
     }
 
-    /// Sends what the workers queued, while the transport has room.
+    /// Sends what the workers queued while the transport has room; the rest waits in the
+    /// queue (whose room the workers' transports see: their CMs hold what does not fit).
     fn send_workers(&mut self, v: &mut V) {
         for _ in 0..MAD_BATCH {
+            if !self.inner.can_send() {
+                // The next turn follows at once: the transport's room comes back as its sends
+                // complete.
+                self.more = true;
+                return;
+            }
             let Ok((to, mad)) = self.from_workers.try_recv() else {
                 return;
             };
-            if self.inner.can_send() && self.inner.send(v, to, &mad).is_ok() {
+            self.queued.queued.fetch_sub(1, Ordering::AcqRel);
+            if self.inner.send(v, to, &mad).is_ok() {
                 bump(&self.stats.from_workers);
             } else {
                 bump(&self.stats.from_workers_dropped);
@@ -273,16 +314,19 @@ mod tests {
     use crate::verbs::{Lid, Sl};
     use crate::wire::cm::{CmMad, CmMessage, Req};
 
-    /// Control's QP1 as the test plays it: it received `inbox`, and knows every peer at LID 7.
+    /// Control's QP1 as the test plays it: it received `inbox`, knows every peer at LID 7,
+    /// and has room for `room` more sends.
     struct Qp1 {
         inbox: Vec<Mad>,
+        room: Arc<AtomicUsize>,
     }
 
     impl<V: Verbs> MadTransport<V> for Qp1 {
         fn can_send(&self) -> bool {
-            true
+            self.room.load(Ordering::Relaxed) > 0
         }
         fn send(&mut self, _: &mut V, _: Gid, _: &[u8; MAD_LEN]) -> Result<(), MadSendError> {
+            self.room.fetch_sub(1, Ordering::Relaxed);
             Ok(())
         }
         fn poll(&mut self, _: &mut V, out: &mut Vec<Mad>) {
@@ -331,15 +375,23 @@ mod tests {
         let peer = Gid::from(std::net::Ipv4Addr::new(198, 18, 0, 2));
         let qp1 = Qp1 {
             inbox: vec![(peer, req_from_qpn(0x13)), (peer, req_from_qpn(0x12))],
+            room: Arc::new(AtomicUsize::new(64)),
         };
         let two = WorkerCount::new(2).unwrap();
-        let mut routed = RoutedMads::new(Box::new(qp1), two, vec![to_w1], from_w_rx);
+        let queued = Outbox::new(MAD_BATCH);
+        let mut routed = RoutedMads::new(
+            Box::new(qp1),
+            two,
+            vec![to_w1],
+            from_w_rx,
+            Arc::clone(&queued),
+        );
         let mut v = SoftVerbs::new(SoftConfig::new(std::net::IpAddr::from([198, 18, 0, 1])));
         let mut control = Vec::new();
         crate::mad::receive(&mut routed, &mut v, &mut control, |from, r, _| {
             assert_eq!((from, r), (peer, Some(route())), "control's own");
         });
-        let mut w1 = WorkerMads::new(w1_in, from_w);
+        let mut w1 = WorkerMads::new(w1_in, from_w, queued);
         let mut got = Vec::new();
         crate::mad::receive(&mut w1, &mut v, &mut got, |from, r, mad| {
             assert_eq!((from, r), (peer, Some(route())), "worker 1's");
@@ -350,5 +402,57 @@ mod tests {
         // A peer it never heard from has no route.
         let other = Gid::from(std::net::Ipv4Addr::new(198, 18, 0, 3));
         assert_eq!(MadTransport::<SoftVerbs>::route_of(&w1, other), None);
+    }
+
+    /// While control's transport has no room, the workers' MADs wait in their queue and the
+    /// workers' transports say they have none (their CMs hold the rest): nothing is dropped;
+    /// as room comes back the queue drains in order.
+    #[test]
+    fn a_full_transport_holds_the_workers_mads_back() {
+        let poll = mio::Poll::new().unwrap();
+        let wake = Wake::new(poll.registry(), mio::Token(0)).unwrap();
+        let (_to_w1, w1_in) = mailbox::<RoutedMad>(MAD_BATCH, &wake);
+        let (from_w, from_w_rx) = mailbox::<Mad>(4, &wake);
+        let room = Arc::new(AtomicUsize::new(0));
+        let qp1 = Qp1 {
+            inbox: Vec::new(),
+            room: Arc::clone(&room),
+        };
+        let queued = Outbox::new(4);
+        let two = WorkerCount::new(2).unwrap();
+        let mut routed = RoutedMads::new(
+            Box::new(qp1),
+            two,
+            Vec::new(),
+            from_w_rx,
+            Arc::clone(&queued),
+        );
+        let mut w1 = WorkerMads::new(w1_in, from_w, queued);
+        let mut v = SoftVerbs::new(SoftConfig::new(std::net::IpAddr::from([198, 18, 0, 1])));
+        let peer = Gid::from(std::net::Ipv4Addr::new(198, 18, 0, 2));
+        let mut pending: Vec<Mad> = (0..6).map(|i| (peer, req_from_qpn(2 * i + 1))).collect();
+        pending.reverse();
+        crate::mad::send_while_room(&mut w1, &mut v, || pending.pop());
+        assert_eq!(pending.len(), 2, "four fit the queue; the CM keeps two");
+        assert!(!MadTransport::<SoftVerbs>::can_send(&w1));
+        let mut out = Vec::new();
+        MadTransport::poll(&mut routed, &mut v, &mut out);
+        assert!(
+            MadTransport::<SoftVerbs>::has_more(&routed),
+            "waits for room"
+        );
+        assert_eq!(
+            routed.counters().read(),
+            RouteStats::default(),
+            "nothing sent or dropped"
+        );
+        room.store(3, Ordering::Relaxed);
+        MadTransport::poll(&mut routed, &mut v, &mut out);
+        let stats = routed.counters().read();
+        assert_eq!((stats.from_workers, stats.from_workers_dropped), (3, 0));
+        assert!(MadTransport::<SoftVerbs>::can_send(&w1), "room again");
+        crate::mad::send_while_room(&mut w1, &mut v, || pending.pop());
+        assert!(pending.is_empty());
+        assert_eq!(MadTransport::<SoftVerbs>::stats(&w1).send_dropped, 0);
     }
 }

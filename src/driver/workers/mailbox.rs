@@ -72,6 +72,43 @@ impl<T> Mailbox<T> {
     }
 }
 
+/// The newest value of one kind of message for a loop whose queue may be full, kept until it
+/// is queued: a newer value replaces one not queued yet, so the newest always arrives and an
+/// older one never after it.
+#[derive(Debug)]
+pub struct Latest<T> {
+    pending: Option<Arc<T>>,
+}
+
+impl<T> Default for Latest<T> {
+    fn default() -> Self {
+        Self { pending: None }
+    }
+}
+
+impl<T> Latest<T> {
+    /// `v` is the newest value: it replaces any not queued yet.
+    pub fn set(&mut self, v: Arc<T>) {
+        self.pending = Some(v);
+    }
+
+    /// Queues the pending value with `post` (false: no room, kept for the next call); true
+    /// when nothing is left pending.
+    pub fn flush(&mut self, post: impl FnOnce(Arc<T>) -> bool) -> bool {
+        match self.pending.take() {
+            None => true,
+            Some(v) => {
+                if post(Arc::clone(&v)) {
+                    true
+                } else {
+                    self.pending = Some(v);
+                    false
+                }
+            }
+        }
+    }
+}
+
 /// A queue of `cap` messages into the loop that `wake` wakes.
 pub fn mailbox<T>(cap: usize, wake: &Arc<Wake>) -> (Mailbox<T>, Receiver<T>) {
     let (tx, rx) = sync_channel(cap);
@@ -82,4 +119,31 @@ pub fn mailbox<T>(cap: usize, wake: &Arc<Wake>) -> (Mailbox<T>, Receiver<T>) {
         },
         rx,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Through a queue of one that the receiving loop has not read: the value set while it is
+    /// full waits, a newer one replaces it, and once there is room the newest arrives and
+    /// nothing older after it.
+    #[test]
+    fn the_newest_value_arrives_once_there_is_room() {
+        let poll = mio::Poll::new().unwrap();
+        let wake = Wake::new(poll.registry(), Token(0)).unwrap();
+        let (tx, rx) = mailbox::<Arc<u32>>(1, &wake);
+        let mut latest = Latest::default();
+        latest.set(Arc::new(1));
+        assert!(latest.flush(|v| tx.post(v)));
+        latest.set(Arc::new(2));
+        assert!(!latest.flush(|v| tx.post(v)), "full: kept");
+        latest.set(Arc::new(3));
+        assert!(!latest.flush(|v| tx.post(v)));
+        assert_eq!(rx.try_recv().map(|v| *v), Ok(1));
+        assert!(latest.flush(|v| tx.post(v)));
+        assert!(latest.flush(|v| tx.post(v)), "nothing left");
+        assert_eq!(rx.try_recv().map(|v| *v), Ok(3));
+        assert!(rx.try_recv().is_err(), "2 never arrives");
+    }
 }

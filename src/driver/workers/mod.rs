@@ -36,15 +36,15 @@ use std::time::{Duration, Instant};
 
 use mio::{Events, Poll, Token};
 
-pub use mads::{RouteCounters, RouteStats, RoutedMad, RoutedMads, WorkerMads, MAD_BATCH};
-pub use mailbox::{mailbox, Mailbox, Wake};
+pub use mads::{Outbox, RouteCounters, RouteStats, RoutedMad, RoutedMads, WorkerMads, MAD_BATCH};
+pub use mailbox::{mailbox, Latest, Mailbox, Wake};
 
 use super::{KcmRoute, Node, NodeConfig, NodeError};
 use crate::cm::{KcmCommand, KcmInput};
-use crate::ipoib::{Interface, NeighView, ToControl, TO_CONTROL_MAX};
+use crate::ipoib::{Interface, LiveSettings, NeighView, ToControl, TO_CONTROL_MAX};
 use crate::mad::{Mad, MadTransport};
 use crate::sys::tun::Tun;
-use crate::verbs::Provider;
+use crate::verbs::{PathMtu, Provider};
 use crate::wire::{WorkerCount, WorkerSlot};
 
 /// Messages control queues for each worker at most (a full queue keeps the newest neighbour
@@ -74,9 +74,28 @@ const IDLE_WAKE: Duration = Duration::from_secs(1);
 /// The token of a worker loop's wake-up; its node's tokens follow.
 const WAKE: Token = Token(0);
 
-/// A change control makes on every worker's node (a path MTU, a link MTU, reloaded
-/// settings), run in the worker's thread at the start of its next turn.
+/// A change control makes on a worker's node once (set-up, `--fault-worker`), run in the
+/// worker's thread at the start of its next turn; one that finds the worker's queue full is
+/// lost (settings travel as [`WorkerSettings`], whose newest always arrives).
 pub type Change<P> = Box<dyn FnOnce(&mut Node<P>, Instant) + Send>;
+
+/// What control decides for every worker's node: the `--bind` link's MTU (the provider's port
+/// follows it), the path MTU chosen from it, and the live settings a reload changes. One
+/// value whose newest always reaches every worker ([`Latest`]: a full queue holds it for a
+/// later turn), so no change is lost for good and none arrives after a newer one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkerSettings {
+    /// The `--bind` link's MTU in bytes.
+    pub link_mtu: u32,
+    /// The path MTU.
+    pub path_mtu: PathMtu,
+    /// The endpoint's live settings.
+    pub live: LiveSettings,
+}
+
+/// Makes a worker's node follow [`WorkerSettings`], in its thread (the daemon's: it knows
+/// how its provider follows a link MTU). Applying the same settings twice changes nothing.
+pub type SettingsFn<P> = Arc<dyn Fn(&mut Node<P>, &WorkerSettings, Instant) + Send + Sync>;
 
 /// What control tells a worker.
 pub enum ToWorker<P: Provider> {
@@ -85,6 +104,8 @@ pub enum ToWorker<P: Provider> {
     Port(Arc<P::PortView>),
     /// Control's resolved neighbours from now on.
     Neighbours(Arc<NeighView>),
+    /// Control's settings from now on.
+    Settings(Arc<WorkerSettings>),
     /// A change to make.
     Apply(Change<P>),
     /// Shut down: DREQ every connection, drain, and end the thread.
@@ -186,12 +207,23 @@ struct Handle<P: Provider, R> {
     to: Mailbox<ToWorker<P>>,
     thread: Option<JoinHandle<Result<(), WorkerError>>>,
     shared: Arc<Shared<R>>,
-    /// A port view not queued yet (its queue was full).
-    port: Option<Arc<P::PortView>>,
-    /// A neighbour view not queued yet (its queue was full).
-    view: Option<Arc<NeighView>>,
+    /// Control's port, neighbours and settings, each queued as soon as there is room (in
+    /// that order: a view may name paths through the port).
+    port: Latest<P::PortView>,
+    view: Latest<NeighView>,
+    settings: Latest<WorkerSettings>,
     /// Shutdown asked and not queued yet.
     stop: bool,
+}
+
+impl<P: Provider, R> Handle<P, R> {
+    /// Queues what is pending for the worker, in order, while its queue has room.
+    fn flush(&mut self) {
+        let to = &self.to;
+        let _ = self.port.flush(|v| to.post(ToWorker::Port(v)))
+            && self.view.flush(|v| to.post(ToWorker::Neighbours(v)))
+            && self.settings.flush(|v| to.post(ToWorker::Settings(v)));
+    }
 }
 
 /// A datagram one worker received for another: its sender and bytes.
@@ -245,6 +277,9 @@ pub struct WorkersSetup {
     mads_in: Vec<Receiver<RoutedMad>>,
     mads_out: Mailbox<Mad>,
     mads_out_rx: Option<Receiver<Mad>>,
+    mads_queued: Arc<Outbox>,
+    /// What control's [`RoutedMads`] counts, once made.
+    mad_routes: Option<Arc<RouteCounters>>,
     asks: Mailbox<FromWorker>,
     asks_rx: Receiver<FromWorker>,
 }
@@ -278,7 +313,8 @@ impl WorkersSetup {
             kcm_in.push(rx);
             polls.push((poll, wake));
         }
-        let (mads_out, mads_out_rx) = mailbox(MAD_BATCH * others.max(1), control);
+        let room = MAD_BATCH * others.max(1);
+        let (mads_out, mads_out_rx) = mailbox(room, control);
         let (asks, asks_rx) = mailbox(FROM_WORKERS_CAP, control);
         let wakes = std::iter::once(control).chain(polls.iter().map(|(_, w)| w));
         let (foreign_to, foreign_in) = wakes.map(|w| mailbox(FOREIGN_CAP, w)).unzip();
@@ -293,6 +329,8 @@ impl WorkersSetup {
             mads_in,
             mads_out,
             mads_out_rx: Some(mads_out_rx),
+            mads_queued: Outbox::new(room),
+            mad_routes: None,
             asks,
             asks_rx,
         })
@@ -307,7 +345,15 @@ impl WorkersSetup {
             .mads_out_rx
             .take()
             .unwrap_or_else(|| std::sync::mpsc::sync_channel(0).1);
-        RoutedMads::new(inner, self.count, self.mads_to.clone(), rx)
+        let routed = RoutedMads::new(
+            inner,
+            self.count,
+            self.mads_to.clone(),
+            rx,
+            Arc::clone(&self.mads_queued),
+        );
+        self.mad_routes = Some(routed.counters());
+        routed
     }
 
     /// Where control's node hands the workers' kernel CM inputs ([`Node::route_kcm`]).
@@ -329,6 +375,7 @@ impl WorkersSetup {
         interface: Interface,
         specs: Vec<WorkerSpec<P>>,
         report: ReportFn<P, R>,
+        settings: SettingsFn<P>,
     ) -> io::Result<Workers<P, R>>
     where
         P: Provider + 'static,
@@ -361,7 +408,11 @@ impl WorkersSetup {
                 poll,
                 wake,
                 inbox,
-                mads: WorkerMads::new(mads_in, self.mads_out.clone()),
+                mads: WorkerMads::new(
+                    mads_in,
+                    self.mads_out.clone(),
+                    Arc::clone(&self.mads_queued),
+                ),
                 kcm_in,
                 foreign: ForeignRoutes {
                     to: self.foreign_to.clone(),
@@ -370,6 +421,7 @@ impl WorkersSetup {
                 asks: self.asks.clone(),
                 shared: Arc::clone(&shared),
                 report: Arc::clone(&report),
+                settings: Arc::clone(&settings),
                 interface,
                 started,
             };
@@ -381,8 +433,9 @@ impl WorkersSetup {
                 to,
                 thread: Some(thread),
                 shared,
-                port: None,
-                view: None,
+                port: Latest::default(),
+                view: Latest::default(),
+                settings: Latest::default(),
                 stop: false,
             });
         }
@@ -392,8 +445,10 @@ impl WorkersSetup {
             foreign: control_foreign,
             foreign_dropped: 0,
             asks: self.asks_rx,
+            mad_routes: self.mad_routes.unwrap_or_default(),
             port_generation: None,
             generation: None,
+            settings: None,
             started,
             last_check: None,
             resumed: started,
@@ -413,10 +468,14 @@ pub struct Workers<P: Provider, R> {
     /// Of those control handed over, dropped for a full queue.
     foreign_dropped: u64,
     asks: Receiver<FromWorker>,
+    /// What control's transport counted of the workers' MADs.
+    mad_routes: Arc<RouteCounters>,
     /// The port view's generation last published.
     port_generation: Option<u64>,
     /// The neighbour generation last published.
     generation: Option<u64>,
+    /// The settings last published.
+    settings: Option<WorkerSettings>,
     started: Instant,
     /// Control's last check, and when the last pause of the process ended (see
     /// [`PAUSE_GAP`]).
@@ -456,7 +515,7 @@ impl<P: Provider, R: Clone> Workers<P, R> {
             self.port_generation = Some(port_generation);
             if let Some(view) = node.provider().port_view().map(Arc::new) {
                 for h in &mut self.handles {
-                    h.port = Some(Arc::clone(&view));
+                    h.port.set(Arc::clone(&view));
                 }
             }
         }
@@ -465,21 +524,11 @@ impl<P: Provider, R: Clone> Workers<P, R> {
             self.generation = Some(generation);
             let view = Arc::new(node.endpoint().neighbour_view());
             for h in &mut self.handles {
-                h.view = Some(Arc::clone(&view));
+                h.view.set(Arc::clone(&view));
             }
         }
         for h in &mut self.handles {
-            if let Some(p) = h.port.take() {
-                if !h.to.post(ToWorker::Port(Arc::clone(&p))) {
-                    h.port = Some(p);
-                    continue;
-                }
-            }
-            if let Some(v) = h.view.take() {
-                if !h.to.post(ToWorker::Neighbours(Arc::clone(&v))) {
-                    h.view = Some(v);
-                }
-            }
+            h.flush();
             if h.stop && h.to.post(ToWorker::Shutdown) {
                 h.stop = false;
             }
@@ -521,9 +570,28 @@ impl<P: Provider, R: Clone> Workers<P, R> {
         self.foreign_dropped + workers
     }
 
+    /// The workers' MADs control's transport carried, held back and dropped.
+    pub fn mad_routes(&self) -> RouteStats {
+        self.mad_routes.read()
+    }
+
     /// The last turn left requests: the next should follow at once.
     pub fn has_pending(&self) -> bool {
         self.more
+    }
+
+    /// Control's settings are `s` from now on: every worker gets them (unless they are the
+    /// ones it has), as soon as its queue has room.
+    pub fn set_settings(&mut self, s: WorkerSettings) {
+        if self.settings == Some(s) {
+            return;
+        }
+        self.settings = Some(s);
+        let s = Arc::new(s);
+        for h in &mut self.handles {
+            h.settings.set(Arc::clone(&s));
+            h.flush();
+        }
     }
 
     /// Makes the change `make()` builds on every worker's node, in its thread (a worker
@@ -677,6 +745,7 @@ struct WorkerContext<P: Provider, R> {
     asks: Mailbox<FromWorker>,
     shared: Arc<Shared<R>>,
     report: ReportFn<P, R>,
+    settings: SettingsFn<P>,
     interface: Interface,
     started: Instant,
 }
@@ -733,6 +802,7 @@ impl<P: Provider, R> WorkerContext<P, R> {
                     Ok(ToWorker::Neighbours(view)) => {
                         node.reconfigure(now, |ep, v| ep.set_neighbour_view(now, v, view));
                     }
+                    Ok(ToWorker::Settings(s)) => (self.settings)(&mut node, &s, now),
                     Ok(ToWorker::Apply(change)) => change(&mut node, now),
                     // Control is gone: so is the interface's reason to run.
                     Ok(ToWorker::Shutdown) | Err(TryRecvError::Disconnected) => {
