@@ -99,3 +99,34 @@ fn a_fatal_device_event_is_survived_by_reopening_the_device() {
     assert_eq!(live_rx, 1, "{}", s2["rx"]);
     assert_eq!(s2["tx"].as_array().map_or(0, Vec::len), 1, "{}", s2["tx"]);
 }
+
+/// With several workers the interface is not rebuilt in place (a follower's interface and
+/// views, control's MAD routing and the shared RX budget would not come back): a lost device
+/// ends the daemon with one line and exit status 3, as the kernel's CM does, for the service
+/// manager to restart it; node 1 is undisturbed.
+#[test]
+fn with_workers_a_fatal_device_event_ends_the_daemon_with_status_3() {
+    let Some(lab) = Lab::up("e2efw", 2, &["--workers", "2"]) else {
+        return;
+    };
+    lab.ping_ok(1, "198.19.0.2", &[]);
+    assert!(lab.sh(&["kill", "2"]).status.success());
+    std::thread::sleep(Duration::from_millis(300));
+    let start = lab.sh(&["start", "2", "--", "--fault-device-fatal-after", "3s"]);
+    assert!(
+        start.status.success(),
+        "start 2: {}",
+        String::from_utf8_lossy(&start.stderr)
+    );
+    let exits = |l: &Lab| l.log(2).matches("ipoib-cm exited with status").count();
+    let before = exits(&lab);
+    let ended = lab.wait_for(FATAL_AFTER + Duration::from_secs(10), |l| exits(l) > before);
+    let log = lab.log(2);
+    assert!(ended, "{log}");
+    assert!(
+        log.contains("workers is not reopened in place")
+            && log.trim_end().ends_with("ipoib-cm exited with status 3"),
+        "{log}"
+    );
+    assert!(!lab.log(1).contains("exited with status"), "{}", lab.log(1));
+}

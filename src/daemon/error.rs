@@ -154,8 +154,10 @@ impl DaemonError {
     /// device lost for good.
     pub const fn exit_code(&self) -> u8 {
         match self {
+            Self::DeviceLost(_) | Self::Worker(WorkerError::DeviceLost { .. }) => {
+                Self::DEVICE_LOST_EXIT
+            }
             Self::Io(_) | Self::Worker(_) => 1,
-            Self::DeviceLost(_) => Self::DEVICE_LOST_EXIT,
             _ => 2,
         }
     }

@@ -223,9 +223,10 @@ impl Provider for HwVerbs {
     /// waiting for that to finish removing the device, as `rdma link delete` of rxe does),
     /// then opens the same device and port again ([`HwVerbs::open`]); the counters carry
     /// over. On failure the context stays closed.
-    fn reopen(&mut self) -> Result<(), String> {
+    fn reopen(&mut self) -> Result<(), crate::verbs::ReopenError> {
         self.close_context();
-        let mut new = Self::open(&self.cfg).map_err(|e| e.to_string())?;
+        let mut new =
+            Self::open(&self.cfg).map_err(|e| crate::verbs::ReopenError::Open(Box::new(e)))?;
         new.stats = self.stats;
         new.commands.counts = self.commands.counts;
         *self = new;

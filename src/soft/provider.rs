@@ -681,7 +681,7 @@ impl Provider for SoftProvider {
 
     /// A new engine for the same socket ([`SoftVerbs::reopened`]: no objects, new QPNs);
     /// the multicast groups are joined again as the new QPs attach.
-    fn reopen(&mut self) -> Result<(), String> {
+    fn reopen(&mut self) -> Result<(), crate::verbs::ReopenError> {
         self.verbs = self.verbs.reopened(crate::verbs::setup::os_seed());
         if let Some(g) = self.groups.as_mut() {
             g.synced = None;

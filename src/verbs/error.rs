@@ -90,3 +90,14 @@ pub enum VerbsError {
     #[error("provider I/O error: {0}")]
     Io(String),
 }
+
+/// Why a provider could not open its device again ([`Provider::reopen`](super::Provider::reopen)).
+#[derive(Debug, thiserror::Error)]
+pub enum ReopenError {
+    /// The provider cannot reopen its device.
+    #[error("this provider cannot reopen its device")]
+    Unsupported,
+    /// Opening the device failed.
+    #[error("{0}")]
+    Open(#[source] Box<dyn std::error::Error + Send + Sync>),
+}

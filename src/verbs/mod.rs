@@ -73,7 +73,7 @@ use std::time::Instant;
 
 pub use av::{AddressVector, Grh, Lid, Path, Rate, Sl};
 pub use completion::{AsyncEvent, Completion, WcOpcode, WcStatus};
-pub use error::VerbsError;
+pub use error::{ReopenError, VerbsError};
 pub use pool::BufPools;
 pub use transition::{check_modify, AccessFlags, QpAttr};
 pub use types::{
@@ -534,8 +534,8 @@ pub trait Provider {
     /// cannot reopen.
     ///
     /// # Errors
-    /// Why the device could not be opened (one line).
-    fn reopen(&mut self) -> Result<(), String> {
-        Err("this provider cannot reopen its device".to_owned())
+    /// Why the device could not be opened.
+    fn reopen(&mut self) -> Result<(), ReopenError> {
+        Err(ReopenError::Unsupported)
     }
 }

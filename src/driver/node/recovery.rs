@@ -6,12 +6,15 @@
 //! and reconnect. After [`REOPEN_MAX_FAILURES`] failed tries in a row the node gives up
 //! ([`Node::device_gave_up`]): the daemon exits with one line and its own code, for the
 //! service manager to restart it. So it does at once with a CM transport or an SA client that
-//! belongs to the device (the kernel's CM, umad), which is not reopened in place. On the
+//! belongs to the device (the kernel's CM, umad), which is not reopened in place, and on an
+//! interface of several workers (`--workers`: a follower's interface and views, control's MAD
+//! routing and the shared RX budget are not rebuilt in place). On the
 //! kernel's CM the listener's `RDMA_CM_EVENT_DEVICE_REMOVAL` (`rdma link delete`, a driver
 //! unload), and on umad a read that says the port's agents are dead, count as a lost context
 //! too: the kernel's removal waits until every id and file on the device is let go, which
 //! the daemon's exit does.
 
+use std::io;
 use std::time::{Duration, Instant};
 
 use mio::Registry;
@@ -22,6 +25,32 @@ use crate::ipoib::Endpoint;
 use crate::mad::{CmTransport, Gsi};
 use crate::verbs::setup::os_seed;
 use crate::verbs::{AsyncEvent, Provider};
+use crate::wire::WorkerCount;
+
+/// Why the node could not be rebuilt on its reopened device.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum RebuildError {
+    /// The provider could not open the device again.
+    #[error(transparent)]
+    Reopen(#[from] crate::verbs::ReopenError),
+    /// Its descriptors could not be registered with the event loop.
+    #[error("event loop registration: {0}")]
+    Register(#[source] io::Error),
+    /// The reopened device has another number of descriptors.
+    #[error("the reopened device has {now} descriptors, not {before}")]
+    Descriptors {
+        /// Now.
+        now: usize,
+        /// Before.
+        before: usize,
+    },
+    /// The CM's QP1 could not be set up.
+    #[error("QP1: {0}")]
+    Qp1(#[source] crate::verbs::VerbsError),
+    /// The interface could not be set up.
+    #[error("interface set-up: {0}")]
+    Endpoint(#[source] crate::verbs::VerbsError),
+}
 
 /// The delay before the first reopen.
 pub const REOPEN_FIRST_DELAY: Duration = Duration::from_millis(100);
@@ -180,6 +209,16 @@ impl<P: Provider> Node<P> {
                 Some("device context lost; the SA client is not reopened in place".into());
             return;
         }
+        let workers = self.ep.worker_slot().count();
+        if workers != WorkerCount::ONE {
+            // A follower is rebuilt from control's interface and views, control's QP1 with
+            // the workers' MAD routing, and their shared RX budget: none of which a reopen in
+            // place gives back. The service manager's restart opens everything anew.
+            self.gave_up = Some(format!(
+                "device context lost; an interface of {workers} workers is not reopened in place"
+            ));
+            return;
+        }
         let result = self.reopen(now, registry);
         match result {
             Ok(()) => {
@@ -212,29 +251,28 @@ impl<P: Provider> Node<P> {
         }
     }
 
-    fn reopen(&mut self, now: Instant, registry: &Registry) -> Result<(), String> {
+    fn reopen(&mut self, now: Instant, registry: &Registry) -> Result<(), RebuildError> {
         self.sources.deregister(registry);
         let reopened = self.prov.reopen();
         self.sources = ProviderSources::register(registry, &self.prov, self.first_token)
-            .map_err(|e| format!("event loop registration: {e}"))?;
+            .map_err(RebuildError::Register)?;
         reopened?;
         if self.sources.len() != self.source_count {
             // The tokens after the provider's are the node's others.
-            return Err(format!(
-                "the reopened device has {} descriptors, not {}",
-                self.sources.len(),
-                self.source_count
-            ));
+            return Err(RebuildError::Descriptors {
+                now: self.sources.len(),
+                before: self.source_count,
+            });
         }
         if self.cm_transport == CmTransport::Qp1 {
-            let gsi = Gsi::open_for_cm(self.prov.verbs()).map_err(|e| format!("QP1: {e}"))?;
+            let gsi = Gsi::open_for_cm(self.prov.verbs()).map_err(RebuildError::Qp1)?;
             self.mad = Box::new(gsi);
         }
         let mut cfg = self.ep.config().clone();
         // New CM ids and PSNs: the peers must not take them for the old connections'.
         cfg.seed = os_seed();
         let mut ep = Endpoint::new(now, self.prov.verbs(), cfg, self.mad.provider_qp())
-            .map_err(|e| format!("interface set-up: {e}"))?;
+            .map_err(RebuildError::Endpoint)?;
         self.log_events(now);
         ep.carry_counters(self.ep.counters());
         self.ep = ep;

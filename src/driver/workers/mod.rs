@@ -162,6 +162,15 @@ pub enum WorkerError {
     /// It has not turned for [`STALL_LIMIT`].
     #[error("worker {0}: stalled (no turn for {STALL_LIMIT:?})")]
     Stalled(u8),
+    /// Its device context was lost and not opened again (an interface of several workers is
+    /// not rebuilt in place): the daemon exits as for its own device.
+    #[error("worker {worker}: {why}")]
+    DeviceLost {
+        /// The worker.
+        worker: u8,
+        /// Why, one line.
+        why: String,
+    },
     /// It did not end within its drain and [`STOP_GRACE`] of the shutdown.
     #[error("worker {worker}: did not end within {limit:?} of the shutdown")]
     Overdue {
@@ -850,6 +859,12 @@ impl<P: Provider, R> WorkerContext<P, R> {
                 }
             }
             node.flush(now, self.poll.registry()).map_err(io)?;
+            if let Some(why) = node.device_gave_up() {
+                return Err(WorkerError::DeviceLost {
+                    worker,
+                    why: why.to_owned(),
+                });
+            }
             let beat = now.saturating_duration_since(self.started).as_millis();
             self.shared
                 .heartbeat_ms

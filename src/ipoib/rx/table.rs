@@ -184,6 +184,21 @@ impl RxBudgetShare {
     }
 }
 
+impl Drop for LiveCounts {
+    /// A table that goes away (its endpoint dropped, its worker ended) gives its share of the
+    /// interface's counts back.
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.take() {
+            shared
+                .established
+                .fetch_sub(self.established, Ordering::Relaxed);
+            shared
+                .half_open
+                .fetch_sub(self.half_open.len(), Ordering::Relaxed);
+        }
+    }
+}
+
 impl LiveCounts {
     /// Connection `qpn` from `peer` went from class `from` to `to` (`None`: not in the
     /// table).
@@ -638,6 +653,33 @@ mod tests {
         assert_eq!(t.drain_completed(c), vec![c, b]);
         assert_eq!(t.get(&b).map(RxConn::state), Some(RxState::Drained));
         assert_eq!(t.drain_carrier_candidate(), None);
+    }
+
+    /// A table that goes away (a worker that ended, an endpoint rebuilt) gives its share of
+    /// the interface's counts back: the other workers' admission no longer counts its
+    /// connections.
+    #[test]
+    fn a_table_that_goes_away_gives_its_share_back() {
+        let t0 = Instant::now();
+        let share = Arc::new(RxBudgetShare::default());
+        let mut keeps = RxTable::default();
+        keeps.share_budget(Arc::clone(&share));
+        let mut goes = RxTable::default();
+        goes.share_budget(Arc::clone(&share));
+        let live = |t: &mut RxTable, q: u32, established: bool| {
+            let qpn = errored(t, q, t0);
+            if let Some(mut r) = t.get_mut(&qpn) {
+                r.established = established;
+                r.phase = Phase::Live { stale_timer: None };
+            }
+        };
+        live(&mut keeps, 0x10, true);
+        live(&mut goes, 0x11, true);
+        live(&mut goes, 0x12, false);
+        assert_eq!((share.established(), share.half_open()), (2, 1));
+        drop(goes);
+        assert_eq!((share.established(), share.half_open()), (1, 0));
+        assert_eq!(keeps.established_total(), 1);
     }
 
     /// One change a connection of the table can go through.
