@@ -335,6 +335,98 @@ fn a_memory_cgroup_at_the_figure_carries_a_stream_both_ways() {
     drop(lab);
 }
 
+/// Four workers in a cgroup at the figure `up` names, sending to a peer that takes one
+/// connection (a static neighbour whose hardware address lacks `0x10`, as Linux `ipoib_cm`'s
+/// does): the followers hand every packet to control, whose one connection carries them, and
+/// a broadcast flood goes through control too. What is handed over is bounded and in the
+/// figure: no OOM kill, the daemon answers after (it was killed at +66 MiB before the bound).
+#[test]
+fn four_workers_at_the_figure_survive_handing_a_stream_and_a_flood_to_control() {
+    let settings = ["--srq-depth", "64", "--rx-spare", "32"];
+    let Some((lab, small)) = lab_and_cgroup("ipresw", 16 << 20) else {
+        return;
+    };
+    if Command::new("iperf3").arg("--version").output().is_err() {
+        println!("skipped: no iperf3");
+        return;
+    }
+    let sock1 = socket("w1");
+    let sock2 = socket("w2");
+    let mut d2 = lab.spawn(2, &up_args(&lab, 2, &sock2, &settings));
+    let mut log2 = Lines::new(d2.stderr.take().expect("stderr"));
+    assert!(log2.wait_for("started", START_LIMIT), "{:?}", log2.seen());
+    let hw = log2
+        .seen()
+        .iter()
+        .find_map(|l| l.split("hwaddr=").nth(1))
+        .and_then(|h| h.split_whitespace().next())
+        .map(str::to_owned)
+        .expect("node 2's hwaddr");
+    let (_, rest) = hw.split_once(':').expect("hwaddr");
+    let one_connection = format!("198.19.0.2=80:{rest}");
+    let mut args: Vec<&str> = settings.to_vec();
+    args.extend(["--workers", "4", "--neigh", &one_connection]);
+    let out = up_in_cgroup(&lab, &small, 1, &sock1, &args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let need = memory_need_mib(&stderr).unwrap_or_else(|| panic!("no figure: {stderr}"));
+    assert!(stderr.contains("handed between workers"), "{stderr}");
+    let cg = MemCgroup::new(need << 20).expect("a second cgroup");
+    let node1 = format!(
+        "{} && exec ip netns exec {} {}",
+        cg.enter(),
+        lab.ns(1),
+        up_args(&lab, 1, &sock1, &args).join(" ")
+    );
+    let mut d1 = Command::new("sh")
+        .args(["-c", &node1])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("node 1");
+    let mut log1 = Lines::new(d1.stderr.take().expect("stderr"));
+    assert!(log1.wait_for("started", START_LIMIT), "{:?}", log1.seen());
+    let mut srv = lab.exec(2, &["iperf3", "-s", "-1"]);
+    srv.stdout(Stdio::null()).stderr(Stdio::null());
+    let mut srv = srv.spawn().expect("iperf3 server");
+    std::thread::sleep(Duration::from_millis(500));
+    let mut flood = lab.exec(
+        1,
+        &["ping", "-b", "-f", "-s", "60000", "-w", "4", "198.19.0.255"],
+    );
+    flood.stdout(Stdio::null()).stderr(Stdio::null());
+    let mut flood = flood.spawn().expect("flood");
+    let out = output_within(
+        lab.exec(1, &["iperf3", "-c", "198.19.0.2", "-t", "4", "-P", "8"]),
+        Duration::from_secs(30),
+    );
+    let _ = flood.wait();
+    let _ = srv.kill();
+    let _ = srv.wait();
+    assert!(
+        out.status.success(),
+        "iperf3: {}{}\nnode 1: {:?}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        log1.seen()
+    );
+    assert_eq!(cg.oom_kills(), 0, "{:?}", log1.seen());
+    assert!(
+        d1.try_wait().expect("node 1").is_none(),
+        "{:?}",
+        log1.seen()
+    );
+    assert!(status_answers(&lab, &sock1), "node 1's status");
+    println!("four workers at {need} MiB: iperf3 through one connection and a flood, no OOM kill");
+    let _ = d1.kill();
+    let _ = d2.kill();
+    let _ = d1.wait();
+    let _ = d2.wait();
+    let _ = std::fs::remove_file(&sock1);
+    let _ = std::fs::remove_file(&sock2);
+    drop(lab);
+}
+
 /// `up` on node 1 of `lab` under `prlimit --nofile=N:N` (soft and hard: the raise cannot
 /// help), `None` when `prlimit` is missing.
 fn up_with_nofile(lab: &Lab, n: u64, sock: &Path) -> Option<std::process::Child> {

@@ -226,20 +226,33 @@ fn sighup_reload_adds_a_neighbour_and_keeps_the_connection() {
         .as_str()
         .expect("hwaddr")
         .to_owned();
+    // A file that also changes a setting fixed at start is refused whole: nothing of it
+    // is applied, the neighbour included.
     scratch.file(
         "node1.toml",
         &format!("{base}neigh = [\"198.19.0.3={hw3}\"]\nmode = \"datagram\"\n"),
     );
     d1.signal("HUP");
     assert!(
-        d1.wait_log("configuration reloaded", CMD),
-        "no reload: {}",
+        d1.wait_log(
+            "reload refused, nothing applied: mode cannot change without a restart",
+            CMD
+        ),
+        "no refusal: {}",
         d1.text()
     );
     assert!(
-        d1.text()
-            .contains("cannot change without a restart, kept as they were: mode"),
-        "{}",
+        !ping(&lab, 1, "198.19.0.3"),
+        "the refused file's neighbour was applied"
+    );
+    scratch.file(
+        "node1.toml",
+        &format!("{base}neigh = [\"198.19.0.3={hw3}\"]\n"),
+    );
+    d1.signal("HUP");
+    assert!(
+        d1.wait_log("configuration reloaded: changed neigh", CMD),
+        "no reload: {}",
         d1.text()
     );
     assert!(

@@ -4,8 +4,10 @@
 //!
 //! Live: the static neighbours, the peers, the timeouts, the budgets, `busy_poll` and the log
 //! filter (when the process installed a hook). Everything else (the interface, its addresses,
-//! the provider and its sockets, the mode, the path MTU...) is fixed at start: a change to it
-//! is named and left as it was.
+//! the provider and its sockets, the mode, the path MTU, the workers...) is fixed at start: a
+//! file that changes any of it is refused whole, naming what, and nothing of it is applied
+//! (a half-applied file would leave the running daemon matching neither the old file nor the
+//! new one).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -98,6 +100,15 @@ pub fn plan(running: &Config, new: &Config, sized_qp: u32, log_live: bool) -> Re
         ib_dev => "ib_dev",
         ud_source_check => "ud_source_check",
         pin_peer_neighbours => "pin_peer_neighbours",
+        pkey => "pkey",
+        multicast => "no_multicast",
+        multicast_ttl => "multicast_ttl",
+        link_layer => "link_layer",
+        workers => "workers",
+        neigh_max => "neigh_max",
+        max_pending_rx => "max_pending_rx",
+        log_format => "log_format",
+        qpn_seed => "qpn_seed",
     );
     if new.max_conn_qp > sized_qp {
         if running.max_conn_qp != new.max_conn_qp {
@@ -209,6 +220,18 @@ mod tests {
         assert_eq!(p.next.rx_timeout, Duration::from_secs(5));
         assert_eq!((p.next.tx_queue_len, p.next.max_conn_qp), (9, 64));
         assert_eq!(p.next.log, "debug");
+    }
+
+    /// What a start fixes for good (the threads, the port's link layer, the tables' sizes)
+    /// is named: the reload is refused.
+    #[test]
+    fn workers_and_the_link_layer_are_fixed() {
+        let running = cfg("");
+        let new = cfg("workers = 2\nlink_layer = \"infiniband\"\nneigh_max = 64\npkey = 0x8001");
+        let p = plan(&running, &new, 128, true);
+        assert_eq!(p.fixed, ["pkey", "link_layer", "workers", "neigh_max"]);
+        assert!(p.changed.is_empty());
+        assert_eq!(p.next, running);
     }
 
     #[test]

@@ -760,6 +760,9 @@ fn status<P: DaemonProvider>(
             .provider
             .insert("rx_foreign_queue_drops".to_owned(), w.foreign_dropped());
         super::status::add_counters(&mut status.provider, "mad_route_", &w.mad_routes());
+        status
+            .provider
+            .insert("handed_bytes_drops".to_owned(), w.handed_dropped());
     }
     for (slot, report) in workers.map(Workers::reports).unwrap_or_default() {
         let Some(r) = report else {

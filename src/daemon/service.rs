@@ -286,7 +286,16 @@ impl Service {
                     self.sized_qp,
                     logging::filter_is_live(),
                 );
-                Ok(self.apply(node, now, plan, why))
+                if plan.fixed.is_empty() {
+                    Ok(self.apply(node, now, plan, why))
+                } else {
+                    let e = ReloadError::Fixed {
+                        why,
+                        keys: plan.fixed,
+                    };
+                    tracing::warn!("{e}");
+                    Err(e)
+                }
             }
         };
         self.notify("READY=1");
@@ -321,11 +330,7 @@ impl Service {
         plan: ReloadPlan,
         why: &str,
     ) -> String {
-        let ReloadPlan {
-            next,
-            changed,
-            fixed,
-        } = plan;
+        let ReloadPlan { next, changed, .. } = plan;
         let (removed, added) = neighbour_changes(&self.running.neigh, &next.neigh);
         let timeouts = LiveTimeouts {
             rx_timeout: next.rx_timeout,
@@ -361,19 +366,9 @@ impl Service {
         } else {
             format!("changed {}", changed.join(", "))
         };
-        if fixed.is_empty() {
-            let msg = format!("{why}: configuration reloaded: {what}");
-            tracing::info!("{msg}");
-            msg
-        } else {
-            let msg = format!(
-                "{why}: configuration reloaded: {what}; cannot change without a restart, kept \
-                 as they were: {}",
-                fixed.join(", ")
-            );
-            tracing::warn!("{msg}");
-            msg
-        }
+        let msg = format!("{why}: configuration reloaded: {what}");
+        tracing::info!("{msg}");
+        msg
     }
 
     /// Answers a control command (`status` is the caller's).
@@ -508,6 +503,18 @@ pub enum ReloadError {
     NoConfigFile {
         /// What asked for the reload (`SIGHUP`, `reload request`).
         why: &'static str,
+    },
+    /// The file changes settings fixed at start: nothing of it was applied.
+    #[error(
+        "{why}: reload refused, nothing applied: {} cannot change without a restart (restart \
+         the daemon for them, or put them back in the file)",
+        keys.join(", ")
+    )]
+    Fixed {
+        /// What asked for the reload.
+        why: &'static str,
+        /// The settings' config keys.
+        keys: Vec<&'static str>,
     },
     /// The file did not read, parse or validate.
     #[error("{why}: reload failed, keeping the running configuration: {source}")]

@@ -5,9 +5,10 @@
 //! [`DaemonProvider::commit_memory`]: crate::daemon::provider::DaemonProvider::commit_memory
 
 use crate::daemon::config::{Config, ProviderKind};
+use crate::driver::workers::{FOREIGN_CAP, HANDED_BYTES_MAX};
 use crate::ipoib::PoolBytes;
 use crate::mad::CmTransport;
-use crate::soft::provider::{SoftProvider, UdpOffload};
+use crate::soft::provider::{SoftProvider, UdpOffload, FOREIGN_DATAGRAM_MAX, FOREIGN_SLOTS};
 use crate::soft::SoftVerbs;
 use crate::verbs::PathMtu;
 use crate::wire::ipoib::IPOIB_CM_BUF_SIZE;
@@ -33,6 +34,10 @@ pub struct MemoryNeed {
     pub rest: usize,
     /// Workers (`--workers`): each has its own pools, datagram buffers and reorder hold.
     pub workers: usize,
+    /// What several workers hand each other, at most: the packets followers hand control to
+    /// send ([`HANDED_BYTES_MAX`]) and, on the software provider, each worker's datagrams of
+    /// another's QPs (held for it, and queued to it). None with one worker.
+    pub handover: usize,
 }
 
 impl MemoryNeed {
@@ -64,13 +69,24 @@ impl MemoryNeed {
             ProviderKind::Soft => SoftVerbs::reorder_hold_bytes(cfg.reorder_hold),
             ProviderKind::Verbs => 0,
         };
+        let workers = usize::from(cfg.workers.get());
+        let handover = if workers > 1 {
+            let datagrams = match cfg.provider {
+                ProviderKind::Soft => (FOREIGN_SLOTS + FOREIGN_CAP) * FOREIGN_DATAGRAM_MAX,
+                ProviderKind::Verbs => 0,
+            };
+            HANDED_BYTES_MAX + workers * datagrams
+        } else {
+            0
+        };
         Self {
             pools,
             cm,
             provider_io,
             reorder_hold,
             rest: REST_OF_PROCESS,
-            workers: usize::from(cfg.workers.get()),
+            workers,
+            handover,
         }
     }
 
@@ -78,7 +94,7 @@ impl MemoryNeed {
     pub fn total(&self) -> usize {
         let per_worker =
             self.pools.rx + self.pools.tx + self.pools.ud + self.provider_io + self.reorder_hold;
-        per_worker * self.workers.max(1) + self.cm + self.rest
+        per_worker * self.workers.max(1) + self.handover + self.cm + self.rest
     }
 
     /// The parts, for the log and the error: `receive pool 32.0 MiB (srq_depth 256 + rx_spare
@@ -116,7 +132,12 @@ impl MemoryNeed {
         let rest = format!("the rest {}", mib(self.rest));
         if self.workers > 1 {
             // Every worker's part, then what the interface has once.
-            let once = cm.into_iter().chain([rest]).collect::<Vec<_>>().join(", ");
+            let handover = format!("handed between workers {}", mib(self.handover));
+            let once = cm
+                .into_iter()
+                .chain([handover, rest])
+                .collect::<Vec<_>>()
+                .join(", ");
             return format!(
                 "{} workers each: {}, {once}",
                 self.workers,
@@ -204,20 +225,31 @@ mod tests {
         assert!(!MemoryNeed::shrink_hint(&rxe_like).contains("reorder"));
     }
 
-    /// Each worker has its own pools, datagram buffers and reorder hold; the CM's QP1 and the
-    /// rest of the process are the interface's, once.
+    /// Each worker has its own pools, datagram buffers and reorder hold; the CM's QP1, what
+    /// the workers hand each other and the rest of the process are the interface's, once.
     #[test]
     fn four_workers_need_four_times_the_buffers() {
         let one = MemoryNeed::of(&config(""));
+        assert_eq!(one.handover, 0);
         let four = MemoryNeed::of(&config("workers = 4\n"));
         let per_worker = one.total() - one.cm - one.rest;
-        assert_eq!(four.total(), 4 * per_worker + one.cm + one.rest);
-        assert_eq!(four.total() >> 20, 4 * 54 + 10);
+        // Packets for control to send, and each worker's datagrams of another's QPs.
+        assert_eq!(
+            four.handover,
+            HANDED_BYTES_MAX + 4 * (FOREIGN_SLOTS + FOREIGN_CAP) * FOREIGN_DATAGRAM_MAX
+        );
+        assert_eq!(four.handover >> 20, 37);
+        assert_eq!(
+            four.total(),
+            4 * per_worker + four.handover + one.cm + one.rest
+        );
+        assert_eq!(four.total() >> 20, 4 * 54 + 37 + 10);
         assert_eq!(
             four.breakdown(&config("workers = 4\n")),
             "4 workers each: receive pool 32.0 MiB (srq_depth 256 + rx_spare 256 buffers of 64 \
              KiB), send pool 8.0 MiB, UD 2.0 MiB, UDP batches 8.0 MiB, reorder hold 4.1 MiB \
-             (reorder_hold 1024 packets), CM 0.4 MiB, the rest 10.0 MiB"
+             (reorder_hold 1024 packets), CM 0.4 MiB, handed between workers 37.2 MiB, the \
+             rest 10.0 MiB"
         );
     }
 

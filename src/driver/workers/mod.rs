@@ -28,7 +28,7 @@ mod mailbox;
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -69,6 +69,11 @@ pub const STOP_GRACE: Duration = Duration::from_secs(2);
 /// Datagrams for one worker that others received (a GRO buffer of several workers' QPs) and
 /// hand over, queued at most; more are dropped (the RC sender retransmits them).
 pub const FOREIGN_CAP: usize = 1024;
+/// Bytes of IP packets the followers hand to control to send (multicast and broadcast, a peer
+/// that takes one connection, datagram sends) queued at most, together: more are dropped and
+/// counted (`tx_dropped`), as a full send queue drops them. What bounds their memory, which the
+/// daemon's stated need counts.
+pub const HANDED_BYTES_MAX: usize = 16 << 20;
 /// A worker loop's longest sleep.
 const IDLE_WAKE: Duration = Duration::from_secs(1);
 /// The token of a worker loop's wake-up; its node's tokens follow.
@@ -200,6 +205,30 @@ pub struct WorkerSpec<P: Provider> {
 /// clocks).
 pub type ReportFn<P, R> = Arc<dyn Fn(&Node<P>, Instant) -> R + Send + Sync>;
 
+/// The bytes of packets the followers handed to control and control has not taken yet,
+/// against [`HANDED_BYTES_MAX`].
+#[derive(Debug, Default)]
+struct HandedBytes(AtomicUsize);
+
+impl HandedBytes {
+    /// Takes room for `bytes`; false (nothing taken) where it would pass the bound.
+    fn take(&self, bytes: usize) -> bool {
+        if bytes == 0 {
+            return true;
+        }
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(bytes).filter(|&n| n <= HANDED_BYTES_MAX)
+            })
+            .is_ok()
+    }
+
+    /// Gives back the room of `bytes` taken.
+    fn release(&self, bytes: usize) {
+        self.0.fetch_sub(bytes, Ordering::AcqRel);
+    }
+}
+
 /// What a worker publishes for control to read.
 #[derive(Debug)]
 struct Shared<R> {
@@ -208,6 +237,8 @@ struct Shared<R> {
     heartbeat_ms: AtomicU64,
     /// Datagrams it received for other workers and dropped: their queues were full.
     foreign_dropped: AtomicU64,
+    /// Packets it had for control to send and dropped: [`HANDED_BYTES_MAX`] were queued.
+    handed_dropped: AtomicU64,
 }
 
 /// Control's handle on one worker.
@@ -291,6 +322,7 @@ pub struct WorkersSetup {
     mad_routes: Option<Arc<RouteCounters>>,
     asks: Mailbox<FromWorker>,
     asks_rx: Receiver<FromWorker>,
+    handed: Arc<HandedBytes>,
 }
 
 impl std::fmt::Debug for WorkersSetup {
@@ -325,6 +357,7 @@ impl WorkersSetup {
         let room = MAD_BATCH * others.max(1);
         let (mads_out, mads_out_rx) = mailbox(room, control);
         let (asks, asks_rx) = mailbox(FROM_WORKERS_CAP, control);
+        let handed = Arc::new(HandedBytes::default());
         let wakes = std::iter::once(control).chain(polls.iter().map(|(_, w)| w));
         let (foreign_to, foreign_in) = wakes.map(|w| mailbox(FOREIGN_CAP, w)).unzip();
         Ok(Self {
@@ -342,6 +375,7 @@ impl WorkersSetup {
             mad_routes: None,
             asks,
             asks_rx,
+            handed,
         })
     }
 
@@ -411,6 +445,7 @@ impl WorkersSetup {
                 report: Mutex::new(None),
                 heartbeat_ms: AtomicU64::new(0),
                 foreign_dropped: AtomicU64::new(0),
+                handed_dropped: AtomicU64::new(0),
             });
             let slot = spec.slot;
             let ctx = WorkerContext {
@@ -428,6 +463,7 @@ impl WorkersSetup {
                     inbox: foreign,
                 },
                 asks: self.asks.clone(),
+                handed: Arc::clone(&self.handed),
                 shared: Arc::clone(&shared),
                 report: Arc::clone(&report),
                 settings: Arc::clone(&settings),
@@ -454,6 +490,7 @@ impl WorkersSetup {
             foreign: control_foreign,
             foreign_dropped: 0,
             asks: self.asks_rx,
+            handed: self.handed,
             mad_routes: self.mad_routes.unwrap_or_default(),
             port_generation: None,
             generation: None,
@@ -477,6 +514,7 @@ pub struct Workers<P: Provider, R> {
     /// Of those control handed over, dropped for a full queue.
     foreign_dropped: u64,
     asks: Receiver<FromWorker>,
+    handed: Arc<HandedBytes>,
     /// What control's transport counted of the workers' MADs.
     mad_routes: Arc<RouteCounters>,
     /// The port view's generation last published.
@@ -546,7 +584,10 @@ impl<P: Provider, R: Clone> Workers<P, R> {
         self.more = accepted;
         for _ in 0..FROM_WORKERS_CAP {
             match self.asks.try_recv() {
-                Ok(FromWorker::Ask(ToControl::Packet(p))) => node.hand_in(now, &p),
+                Ok(FromWorker::Ask(ToControl::Packet(p))) => {
+                    self.handed.release(p.len());
+                    node.hand_in(now, &p);
+                }
                 Ok(FromWorker::Ask(ToControl::Resolve(ip))) => {
                     node.reconfigure(now, |ep, v| ep.resolve_for_worker(now, v, ip));
                 }
@@ -577,6 +618,14 @@ impl<P: Provider, R: Clone> Workers<P, R> {
             .map(|h| h.shared.foreign_dropped.load(Ordering::Relaxed))
             .sum();
         self.foreign_dropped + workers
+    }
+
+    /// Packets the followers had for control to send and dropped at [`HANDED_BYTES_MAX`].
+    pub fn handed_dropped(&self) -> u64 {
+        self.handles
+            .iter()
+            .map(|h| h.shared.handed_dropped.load(Ordering::Relaxed))
+            .sum()
     }
 
     /// The workers' MADs control's transport carried, held back and dropped.
@@ -752,6 +801,7 @@ struct WorkerContext<P: Provider, R> {
     kcm_in: Receiver<KcmInput>,
     foreign: ForeignRoutes,
     asks: Mailbox<FromWorker>,
+    handed: Arc<HandedBytes>,
     shared: Arc<Shared<R>>,
     report: ReportFn<P, R>,
     settings: SettingsFn<P>,
@@ -846,7 +896,17 @@ impl<P: Provider, R> WorkerContext<P, R> {
                 let Some(ask) = node.endpoint_mut().poll_to_control() else {
                     break;
                 };
+                let bytes = match &ask {
+                    ToControl::Packet(p) => p.len(),
+                    _ => 0,
+                };
+                if !self.handed.take(bytes) {
+                    node.endpoint_mut().count_tx_dropped(1);
+                    self.shared.handed_dropped.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
                 if !self.asks.post(FromWorker::Ask(ask)) {
+                    self.handed.release(bytes);
                     node.endpoint_mut().count_tx_dropped(1);
                 }
             }
