@@ -124,6 +124,44 @@ pub fn mailbox<T>(cap: usize, wake: &Arc<Wake>) -> (Mailbox<T>, Receiver<T>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::{Duration, Instant};
+
+    /// The order a loop keeps (`daemon/run.rs`, the workers' loop): clear the wake-up, then
+    /// drain. A message posted between the drain and the next poll then wakes that poll at
+    /// once; cleared after the drain (the order control's loop had), the same message waits
+    /// for the poll's timeout (a second there). Measured with a real poll, with the post
+    /// made in that window.
+    #[test]
+    fn a_message_posted_after_the_drain_wakes_the_next_poll() {
+        let mut poll = mio::Poll::new().unwrap();
+        let wake = Wake::new(poll.registry(), Token(0)).unwrap();
+        let (tx, rx) = mailbox::<u32>(4, &wake);
+        let mut events = mio::Events::with_capacity(4);
+        let timeout = Duration::from_millis(500);
+        let mut turn = |clear_first: bool| {
+            tx.post(1);
+            poll.poll(&mut events, Some(timeout)).unwrap();
+            if clear_first {
+                wake.clear();
+            }
+            while rx.try_recv().is_ok() {}
+            // Posted in the window: after the drain, before the next poll.
+            tx.post(2);
+            if !clear_first {
+                wake.clear();
+            }
+            let t0 = Instant::now();
+            poll.poll(&mut events, Some(timeout)).unwrap();
+            let waited = t0.elapsed();
+            while rx.try_recv().is_ok() {}
+            wake.clear();
+            waited
+        };
+        let cleared_first = turn(true);
+        assert!(cleared_first < timeout / 2, "{cleared_first:?}");
+        let cleared_after = turn(false);
+        assert!(cleared_after >= timeout, "{cleared_after:?}");
+    }
 
     /// Through a queue of one that the receiving loop has not read: the value set while it is
     /// full waits, a newer one replaces it, and once there is room the newest arrives and
