@@ -14,7 +14,7 @@
 //! [`QpMoves`], which the endpoint applies to its QP (the QPs stay ours) before it accepts or
 //! establishes.
 
-use crate::wire::WorkerSlot;
+use crate::wire::WorkerId;
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
@@ -259,7 +259,7 @@ pub struct KernelCm {
     pkey: u16,
     /// The worker whose ids these are: its index is in their low bits
     /// ([`KernelCm::with_worker`]).
-    slot: WorkerSlot,
+    slot: WorkerId,
     stats: CmStats,
 }
 
@@ -278,7 +278,7 @@ impl KernelCm {
             service_id,
             link,
             pkey,
-            slot: WorkerSlot::SINGLE,
+            slot: WorkerId::SINGLE,
             stats: CmStats::default(),
         }
     }
@@ -287,7 +287,7 @@ impl KernelCm {
     /// low bits (and stay below [`PASSIVE_ID_BASE`]), so that the driver, which runs every
     /// worker's kernel CM ids on one event channel, hands each input to its worker.
     #[must_use]
-    pub fn with_worker(mut self, slot: WorkerSlot) -> Self {
+    pub fn with_worker(mut self, slot: WorkerId) -> Self {
         self.slot = slot;
         self.next_id = (self.next_id % self.id_space()).max(1);
         self

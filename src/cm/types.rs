@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::verbs::{Gid, Lid, Path, PathMtu, Psn, QpNum, Sl};
 use crate::wire::cm::CmPath;
 use crate::wire::cm::{cm_timeout_ms, RejReason};
-use crate::wire::WorkerSlot;
+use crate::wire::WorkerId;
 
 use super::admission::ReqRateLimit;
 
@@ -80,10 +80,10 @@ pub struct CmConfig {
     /// value. (Addition to the original API.)
     pub comm_id_seed: u32,
     /// The worker whose connections this CM holds: its index is in the low bits of every
-    /// local comm id ([`WorkerSlot::tag`]), so that a MAD's Remote Communication ID names
+    /// local comm id ([`WorkerId::tag`]), so that a MAD's Remote Communication ID names
     /// the worker it is for ([`mad_owner`](super::mad_owner)). Default
-    /// [`WorkerSlot::SINGLE`] (ids as without workers). (Addition to the original API.)
-    pub comm_id_slot: WorkerSlot,
+    /// [`WorkerId::SINGLE`] (ids as without workers). (Addition to the original API.)
+    pub comm_id_slot: WorkerId,
     /// The token bucket of each source GID's REQs; REQs beyond it are dropped unanswered.
     /// (Addition to the original API.)
     pub req_rate_limit: ReqRateLimit,
@@ -107,7 +107,7 @@ impl CmConfig {
                 packet_life_time,
             ))),
             comm_id_seed: 0,
-            comm_id_slot: WorkerSlot::SINGLE,
+            comm_id_slot: WorkerId::SINGLE,
             req_rate_limit: ReqRateLimit::default(),
             pkey: crate::wire::DEFAULT_PKEY,
         }

@@ -30,7 +30,7 @@ pub mod run;
 pub mod service;
 pub mod status;
 pub mod underlay;
-mod workers;
+mod workers_setup;
 
 pub use config::{
     default_control_socket, resolve, Cidr, CmTransport, Config, ConfigError, FaultFlags, Mode,

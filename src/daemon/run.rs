@@ -26,7 +26,7 @@ use super::provider::DaemonProvider;
 use super::service::Service;
 use super::status::{render_prometheus, Status, Summary, UnderlayStatus, WorkerStatus};
 use super::underlay::{UnderlayChange, UnderlayWatch};
-use super::workers::{part_status, start_workers, worker_fault, WorkerOpen, WorkerReport};
+use super::workers_setup::{part_status, start_workers, worker_fault, WorkerOpen, WorkerReport};
 use crate::driver::workers::{Wake, WorkerSettings, Workers};
 use crate::driver::{Node, NodeConfig, SaDriver};
 use crate::ipoib::Mode;
@@ -38,7 +38,7 @@ use crate::soft::SoftConfig;
 use crate::sys::ifaddr;
 use crate::verbs::setup::os_seed;
 use crate::verbs::{Provider, Verbs};
-use crate::wire::{WorkerCount, WorkerSlot};
+use crate::wire::{WorkerCount, WorkerId};
 
 const SIGNALS: Token = Token(0);
 const CONTROL: Token = Token(1);
@@ -115,7 +115,7 @@ pub fn up(cfg: &Config) -> Result<(), DaemonError> {
         .ok_or_else(|| bind_error(io::Error::other("no socket bound")))?;
     let mut slots = count.slots();
     let mut control_cfg = soft;
-    control_cfg.workers = slots.next().unwrap_or(WorkerSlot::SINGLE);
+    control_cfg.workers = slots.next().unwrap_or(WorkerId::SINGLE);
     let mut prov = SoftProvider::with_transport(control_cfg, first, offload).map_err(bind_error)?;
     // The other workers' providers: their sockets of the reuseport group, their QPNs
     // tagged; no multicast (control carries the interface's datagrams).

@@ -23,7 +23,7 @@ use crate::hw::rdmacm::{
     ConnParam, IbAddr, PortSpace, RdmaCm, RdmaCmError, RdmaCmEvent, RdmaCmEventKind, RdmaCmId,
 };
 use crate::ipoib::Endpoint;
-use crate::wire::{WorkerCount, WorkerSlot};
+use crate::wire::{WorkerCount, WorkerId};
 
 use super::KcmSink;
 use crate::verbs::setup::RC_RETRY_CNT;
@@ -385,7 +385,7 @@ impl KernelCmDriver {
 
     /// A free id for a connection request to `worker` (its index in the low bits).
     fn new_passive_id(&mut self, worker: u8) -> CommId {
-        let slot = WorkerSlot::new(worker, self.workers).unwrap_or(WorkerSlot::SINGLE);
+        let slot = WorkerId::new(worker, self.workers).unwrap_or(WorkerId::SINGLE);
         loop {
             let id = CommId(PASSIVE_ID_BASE | (slot.tag(self.next_passive) & !PASSIVE_ID_BASE));
             self.next_passive = self.next_passive.wrapping_add(1);

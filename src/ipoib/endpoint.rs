@@ -108,7 +108,7 @@ pub struct Endpoint {
     context_lost: bool,
     /// A follower's part (a worker other than 0 of a multi-worker interface): `None` for a
     /// whole endpoint.
-    pub(super) follower: Option<Box<super::worker::Follower>>,
+    pub(super) follower: Option<Box<super::follower::Follower>>,
 }
 
 /// Most device events held for the driver; more are dropped (the driver reads them every
@@ -307,7 +307,7 @@ impl Endpoint {
             sa: SaGroups::default(),
             device_events: Vec::new(),
             context_lost: false,
-            follower: follows.map(|_| Box::new(super::worker::Follower::new(cfg.neigh_max))),
+            follower: follows.map(|_| Box::new(super::follower::Follower::new(cfg.neigh_max))),
             peers,
             answers,
             cfg,
@@ -341,7 +341,7 @@ impl Endpoint {
     /// Counts this endpoint's RX connections into `share`, which every worker of the
     /// interface shares: `max_conn_qp` and `max_pending_rx` then bound them all together
     /// (each worker evicts or rejects among its own). Call it before the first REQ.
-    pub fn share_rx_budget(&mut self, share: std::sync::Arc<super::RxBudgetShare>) {
+    pub fn share_rx_budget(&mut self, share: std::sync::Arc<super::InterfaceRxCounts>) {
         self.rx.share_budget(share);
     }
 

@@ -72,6 +72,7 @@
 
 mod endpoint;
 mod event;
+mod follower;
 mod guard;
 mod icmp;
 mod mcast;
@@ -86,7 +87,6 @@ mod rx;
 mod tun;
 mod tx;
 mod ud;
-mod worker;
 
 use std::fmt;
 use std::net::IpAddr;
@@ -98,24 +98,24 @@ use serde::{Deserialize, Serialize};
 use crate::cm::LinkLayer;
 use crate::verbs::{BufId, PKey, PathMtu, QKey, QpAttr, QpNum, QpState, Verbs};
 use crate::wire::ipoib::{broadcast_mgid, HwAddr, IpoibHeader, IPOIB_CM_BUF_SIZE};
-use crate::wire::WorkerSlot;
+use crate::wire::WorkerId;
 
 pub use crate::choice::ParseChoiceError;
 pub use endpoint::Endpoint;
 pub use event::{
     Event, EventPeer, RxReapReason, RxRejectReason, TxCloseReason, TxFailure, EVENT_QUEUE_CAP,
 };
+pub use follower::{
+    FollowerRequest, Interface, NeighView, FOLLOWER_WAIT, FOLLOWER_WAIT_MAX, TO_CONTROL_MAX,
+};
 pub use guard::{SourceCheck, ANSWER_BURST, ANSWER_RATE};
 pub use mcast::{PortChange, SaRequest, MAX_SA_REQUESTS, MAX_SEND_ONLY};
 pub use neigh::{NeighCounts, NeighState};
 pub use path_wait::{PATH_QUEUE_LEN, PATH_WAIT_MAX};
 pub use reconfig::{LiveSettings, LiveTimeouts, PathMtuChange};
-pub use rx::{RxBudgetShare, RxState};
+pub use rx::{InterfaceRxCounts, RxState};
 pub use tun::TUN_BUFFER_OFFSET;
 pub use tx::TxState;
-pub use worker::{
-    Interface, NeighView, ToControl, FOLLOWER_WAIT, FOLLOWER_WAIT_MAX, TO_CONTROL_MAX,
-};
 
 /// Connected or datagram mode (Linux's `/sys/class/net/ib0/mode`).
 ///
@@ -297,8 +297,8 @@ pub struct EndpointConfig {
     /// Which worker of the interface this endpoint is (`--workers`): its index is in the low
     /// bits of its CM comm ids (the provider tags its QPNs the same way). Worker 0 is whole;
     /// any other is a follower ([`Endpoint::new_follower`], module `worker`).
-    /// Default [`WorkerSlot::SINGLE`].
-    pub worker: WorkerSlot,
+    /// Default [`WorkerId::SINGLE`].
+    pub worker: WorkerId,
     /// CM response timeout exponent.
     pub cm_response_timeout: u8,
     /// The kernel's CM runs the connections (through the driver), not ours; `None`: ours.
@@ -423,7 +423,7 @@ impl EndpointConfig {
             tx_rnr_retry: crate::verbs::setup::RNR_RETRY_FOREVER,
             tx_retry_count: crate::verbs::setup::RC_RETRY_CNT,
             seed: 0,
-            worker: WorkerSlot::SINGLE,
+            worker: WorkerId::SINGLE,
             cm_response_timeout: 17,
             kernel_cm: None,
             rdma_cm_port: DEFAULT_RDMA_CM_PORT,
@@ -487,7 +487,7 @@ impl EndpointConfig {
         }
         if flags != 0 {
             // Our passive side takes each REQ as a connection of its own, from any peer.
-            flags |= HwAddr::FLAG_TAKES_MANY;
+            flags |= HwAddr::FLAG_CONN_PER_WORKER;
         }
         flags
     }

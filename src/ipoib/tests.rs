@@ -999,6 +999,7 @@ fn the_snapshot_lists_a_bounded_number_of_neighbours_and_counts_them_all() {
 
 mod admission;
 mod device_events;
+mod follower;
 mod groups;
 mod kernel_cm;
 mod moves;
@@ -1009,7 +1010,6 @@ mod sa_groups;
 mod scale;
 mod tx_closed;
 mod underlay;
-mod workers;
 
 /// IB unicast UD: a completion without `IBV_WC_GRH` whose 40-byte area holds garbage (here
 /// a GRH naming a third port) is attributed by its SLID and `src_qp` through the path set for

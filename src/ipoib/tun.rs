@@ -242,7 +242,7 @@ impl Endpoint {
             if let Some(f) = self.follower.as_mut() {
                 let hw = f
                     .lookup(&info.dst)
-                    .filter(|hw| hw.connectable() && hw.takes_many())?;
+                    .filter(|hw| hw.connectable() && hw.takes_conn_per_worker())?;
                 let qpn = self.tx.established_to(hw, len)?;
                 f.note_used(info.dst);
                 return Some((info.version.ethertype(), qpn));

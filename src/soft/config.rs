@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use super::fault::{FaultConfig, Quirks};
 pub(super) use super::ib::SoftLink;
 use crate::verbs::{PKey, PathMtu, QpNum};
-use crate::wire::{WorkerSlot, ROCEV2_UDP_PORT};
+use crate::wire::{WorkerId, ROCEV2_UDP_PORT};
 
 /// The QPN of multicast packets.
 pub const MULTICAST_QPN: QpNum = QpNum::new(0x00FF_FFFF);
@@ -71,13 +71,13 @@ pub struct SoftConfig {
     /// never receives packets meant for its previous incarnation's QPs.
     pub qpn_seed: u64,
     /// Which of the interface's workers this provider is: every QPN it allocates carries
-    /// the worker's index in its low `log2(count)` bits ([`WorkerSlot::tag`]), so that a
+    /// the worker's index in its low `log2(count)` bits ([`WorkerId::tag`]), so that a
     /// steered socket group ([`UdpTransport::bind_steered`](super::transport::UdpTransport::bind_steered))
     /// delivers its datagrams to it, and with two or more workers the provider hands out the
     /// received datagrams of other workers' QPNs rather than delivering them
     /// ([`SoftProvider::take_foreign`](super::provider::SoftProvider::take_foreign)).
-    /// [`WorkerSlot::SINGLE`] (the default) changes nothing.
-    pub workers: WorkerSlot,
+    /// [`WorkerId::SINGLE`] (the default) changes nothing.
+    pub workers: WorkerId,
     /// The port's link layer: RoCEv2 (the default), or an InfiniBand port whose LIDs come
     /// from an SM ([`SoftLink::Infiniband`], `soft::ib`).
     pub link: SoftLink,
@@ -101,7 +101,7 @@ impl SoftConfig {
             faults: FaultConfig::default(),
             quirks: Quirks::default(),
             qpn_seed: 0,
-            workers: WorkerSlot::SINGLE,
+            workers: WorkerId::SINGLE,
             link: SoftLink::RoceV2,
         }
     }

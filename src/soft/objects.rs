@@ -9,7 +9,7 @@ use crate::verbs::{
     BufId, BufPools, Completion, CqId, PdId, PoolId, QpInit, QpNum, SrqId, SrqInit, VerbsError,
     WcOpcode, WrId,
 };
-use crate::wire::{IdMap, WorkerSlot};
+use crate::wire::{IdMap, WorkerId};
 
 /// A completion queue.
 #[derive(Debug)]
@@ -340,7 +340,7 @@ pub(super) struct QpTable {
 impl QpTable {
     /// An empty table whose QPNs follow the permutation `seed` picks, each with `worker`'s
     /// index in its low bits.
-    pub(super) fn new(seed: u64, worker: WorkerSlot) -> Self {
+    pub(super) fn new(seed: u64, worker: WorkerId) -> Self {
         Self {
             qps: IdMap::default(),
             qpns: QpnSequence::new(seed, worker),
@@ -395,7 +395,7 @@ impl QpTable {
 
 /// The order QPNs are handed out in: a keyed permutation of the QPNs of one worker applied to
 /// a counter. The worker's index fills the low `log2(count)` bits of every QPN
-/// ([`WorkerSlot::tag`]); the other `24 - log2(count)` bits are a four-round Feistel network on
+/// ([`WorkerId::tag`]); the other `24 - log2(count)` bits are a four-round Feistel network on
 /// two halves of `ceil(bits / 2)` bits, walked again while its value is out of range (only
 /// with an odd number of bits, where the network's domain is twice the range: about two
 /// rounds of it per value). Every value comes once in each period (2^bits steps), so numbers
@@ -403,7 +403,7 @@ impl QpTable {
 /// seed the next QPN cannot be told from the last ones (not a cryptographic guarantee: the aim
 /// is that a new process never gets an old connection's QPNs and an off-path sender cannot
 /// count them, as it could from the sequential 0x11, 0x12, ...). One worker
-/// ([`WorkerSlot::SINGLE`]): 24 bits on two 12-bit halves, no walk.
+/// ([`WorkerId::SINGLE`]): 24 bits on two 12-bit halves, no walk.
 #[derive(Debug, Clone)]
 pub(super) struct QpnSequence {
     keys: [u64; 4],
@@ -412,14 +412,14 @@ pub(super) struct QpnSequence {
     bits: u32,
     /// Bits of each Feistel half: `ceil(bits / 2)`.
     half_bits: u32,
-    worker: WorkerSlot,
+    worker: WorkerId,
 }
 
 impl QpnSequence {
     /// Bits of a QPN.
     const QPN_BITS: u32 = 24;
 
-    pub(super) fn new(seed: u64, worker: WorkerSlot) -> Self {
+    pub(super) fn new(seed: u64, worker: WorkerId) -> Self {
         let mut k = seed;
         let keys = std::array::from_fn(|_| {
             k = splitmix64(k);

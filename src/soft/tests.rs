@@ -327,7 +327,7 @@ fn a_stream_does_not_hold_back_acks() {
 fn qpn_sequence_is_a_keyed_permutation() {
     use super::objects::QpnSequence;
     let mut seen = vec![0u64; (1 << 24) / 64];
-    let mut s = QpnSequence::new(7, crate::wire::WorkerSlot::SINGLE);
+    let mut s = QpnSequence::new(7, crate::wire::WorkerId::SINGLE);
     for _ in 0..(1u32 << 24) {
         let v = s.next();
         assert!(v < 1 << 24);
@@ -336,7 +336,7 @@ fn qpn_sequence_is_a_keyed_permutation() {
         seen[w] |= 1 << bit;
     }
     let first = |seed| {
-        let mut s = QpnSequence::new(seed, crate::wire::WorkerSlot::SINGLE);
+        let mut s = QpnSequence::new(seed, crate::wire::WorkerId::SINGLE);
         (0..4).map(|_| s.next()).collect::<Vec<_>>()
     };
     assert_eq!(first(7), first(7));
@@ -374,10 +374,10 @@ fn qpns_follow_the_seed_and_skip_the_special_ones() {
 #[test]
 fn a_workers_qpn_sequence_is_a_permutation_of_its_share() {
     use super::objects::QpnSequence;
-    use crate::wire::{WorkerCount, WorkerSlot};
+    use crate::wire::{WorkerCount, WorkerId};
     for (count, index) in [(2u32, 1u8), (8, 5), (64, 63)] {
         let count = WorkerCount::new(count).unwrap();
-        let slot = WorkerSlot::new(index, count).unwrap();
+        let slot = WorkerId::new(index, count).unwrap();
         let mut s = QpnSequence::new(11, slot);
         let period = s.period();
         assert_eq!(period, 1 << (24 - count.bits()));
@@ -412,7 +412,7 @@ fn one_workers_qpns_are_unchanged() {
             k
         });
         let mut counter = (splitmix(k) as u32) & 0x00FF_FFFF;
-        let mut s = QpnSequence::new(seed, crate::wire::WorkerSlot::SINGLE);
+        let mut s = QpnSequence::new(seed, crate::wire::WorkerId::SINGLE);
         for _ in 0..4096 {
             let x = counter;
             counter = (counter + 1) & 0x00FF_FFFF;
@@ -436,11 +436,11 @@ proptest::proptest! {
         log2 in 0u32..=6,
         pick in proptest::prelude::any::<u8>(),
     ) {
-        use crate::wire::{WorkerCount, WorkerSlot};
+        use crate::wire::{WorkerCount, WorkerId};
         let count = WorkerCount::new(1 << log2).unwrap();
         let index = pick % count.get();
-        let slot = WorkerSlot::new(index, count).unwrap();
-        let qpns = |slot: WorkerSlot| {
+        let slot = WorkerId::new(index, count).unwrap();
+        let qpns = |slot: WorkerId| {
             let (mut v, _, init) = lone_engine(|c| {
                 c.qpn_seed = seed;
                 c.workers = slot;
@@ -457,7 +457,7 @@ proptest::proptest! {
         sorted.dedup();
         proptest::prop_assert_eq!(sorted.len(), mine.len());
         if count.get() > 1 {
-            let other = WorkerSlot::new((index + 1) % count.get(), count).unwrap();
+            let other = WorkerId::new((index + 1) % count.get(), count).unwrap();
             let theirs = qpns(other);
             proptest::prop_assert!(mine.iter().all(|q| !theirs.contains(q)));
         }
@@ -494,7 +494,7 @@ fn lone_engine(
 fn the_first_qpn_of_seed_0_is_fixed() {
     use super::objects::QpnSequence;
     let first = std::iter::repeat_with({
-        let mut s = QpnSequence::new(0, crate::wire::WorkerSlot::SINGLE);
+        let mut s = QpnSequence::new(0, crate::wire::WorkerId::SINGLE);
         move || s.next()
     })
     .find(|&q| q > 1 && q != super::MULTICAST_QPN.get())

@@ -25,8 +25,8 @@
 //! - [`ipoib`]: IPoIB encapsulation, the 20-byte hardware address, ARP, IPv6 ND and the
 //!   multicast GIDs.
 //! - [`sa`]: Subnet Administration MADs: the SA header, PathRecord and MCMemberRecord.
-//! - [`worker`]: which of an interface's workers a QPN or comm id belongs to
-//!   ([`WorkerSlot`]: the worker's index in the number's low bits).
+//! - [`worker_id`]: which of an interface's workers a QPN, a comm id or a datagram belongs to
+//!   ([`WorkerId`]: the worker's index in the number's low bits).
 //! - [`roce`]: the UDP payload of a RoCEv2 datagram (BTH … ICRC) as a borrowed, parsed view
 //!   ([`RocePacket`]) and as a builder ([`RoceRepr`]).
 //!
@@ -64,7 +64,7 @@ pub mod lrh;
 pub mod roce;
 pub mod sa;
 pub mod smp;
-pub mod worker;
+pub mod worker_id;
 
 // The byte-field helpers every codec above reads and writes through.
 pub mod field;
@@ -77,7 +77,7 @@ pub use icrc::{append_icrc, compute_icrc, read_icrc, verify_icrc, IpHeaderInfo, 
 pub use ids::{Gid, IdMap, PathMtu, PeerMap, Psn, QpNum};
 pub use lrh::{append_vcrc, read_vcrc, vcrc, verify_vcrc, Lnh, Lrh, LRH_LEN, VCRC_LEN};
 pub use roce::{RocePacket, RoceRepr};
-pub use worker::{BadWorkerCount, Framing, WorkerCount, WorkerSlot, CONTROL_QPNS};
+pub use worker_id::{BadWorkerCount, Framing, WorkerCount, WorkerId, CONTROL_QPNS};
 
 /// The UDP destination port of RoCEv2 (IANA "roce"). Receivers key on it; the source port is
 /// free (Linux picks one per QP in `0xC000..=0xFFFF`).

@@ -2,7 +2,7 @@
 //! one transport handed to the worker [`mad_owner`] names.
 
 use super::*;
-use crate::wire::{WorkerCount, WorkerSlot};
+use crate::wire::{WorkerCount, WorkerId};
 
 /// The CMs of `count` workers of the node at `gid`, their comm ids tagged with their index.
 fn workers(gid: Gid, guid: u64, count: WorkerCount, listen: bool) -> Vec<Cm> {
@@ -46,7 +46,7 @@ fn a_connection_stays_on_one_worker_each_side() {
     let two = WorkerCount::new(2).unwrap();
     let mut a_side = workers(a(), GUID_A, two, false);
     let mut b_side = workers(b(), GUID_B, two, true);
-    let a1 = WorkerSlot::new(1, two).unwrap();
+    let a1 = WorkerId::new(1, two).unwrap();
     let p = ConnectParams {
         local_qpn: QpNum::new(a1.tag(0x1234)),
         ..connect_params()

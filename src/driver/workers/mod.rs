@@ -13,7 +13,7 @@
 //! - CM MADs: control's transport is a [`RoutedMads`] that hands each received MAD to the
 //!   worker it is for and sends what the workers' CMs queued ([`WorkerMads`]);
 //! - control's resolved neighbours ([`NeighView`]), published to every worker when they
-//!   change; the workers' requests ([`ToControl`]: packets only control sends, neighbours to
+//!   change; the workers' requests ([`FollowerRequest`]: packets only control sends, neighbours to
 //!   resolve) and the neighbours they sent to (for ageing);
 //! - shutdown, path MTU changes and live settings, control to every worker;
 //! - each worker's figures, published every [`REPORT_INTERVAL`] into a slot control reads when
@@ -41,11 +41,11 @@ pub use mailbox::{mailbox, Latest, Mailbox, Wake};
 
 use super::{KcmRoute, Node, NodeConfig, NodeError};
 use crate::cm::{KcmCommand, KcmInput};
-use crate::ipoib::{Interface, LiveSettings, NeighView, ToControl, TO_CONTROL_MAX};
+use crate::ipoib::{FollowerRequest, Interface, LiveSettings, NeighView, TO_CONTROL_MAX};
 use crate::mad::{Mad, MadTransport};
 use crate::sys::tun::Tun;
 use crate::verbs::{PathMtu, Provider};
-use crate::wire::{WorkerCount, WorkerSlot};
+use crate::wire::{WorkerCount, WorkerId};
 
 /// Messages control queues for each worker at most (a full queue keeps the newest neighbour
 /// view for the next turn).
@@ -121,7 +121,7 @@ pub enum ToWorker<P: Provider> {
 #[derive(Debug)]
 pub enum FromWorker {
     /// A follower's request ([`crate::ipoib::Endpoint::poll_to_control`]).
-    Ask(ToControl),
+    Ask(FollowerRequest),
     /// The neighbours it sent to since it last said.
     Used(Vec<IpAddr>),
     /// A command of its kernel CM, for control's event channel (`--cm-transport rdmacm`).
@@ -190,7 +190,7 @@ pub enum WorkerError {
 /// libibverbs context is the thread's), its node's settings and its queue of the interface.
 pub struct WorkerSpec<P: Provider> {
     /// Which worker.
-    pub slot: WorkerSlot,
+    pub slot: WorkerId,
     /// Opens its provider.
     pub open: Box<dyn FnOnce() -> io::Result<P> + Send>,
     /// Its node's settings (`endpoint.worker` is `slot`).
@@ -243,7 +243,7 @@ struct Shared<R> {
 
 /// Control's handle on one worker.
 struct Handle<P: Provider, R> {
-    slot: WorkerSlot,
+    slot: WorkerId,
     to: Mailbox<ToWorker<P>>,
     thread: Option<JoinHandle<Result<(), WorkerError>>>,
     shared: Arc<Shared<R>>,
@@ -584,17 +584,17 @@ impl<P: Provider, R: Clone> Workers<P, R> {
         self.more = accepted;
         for _ in 0..FROM_WORKERS_CAP {
             match self.asks.try_recv() {
-                Ok(FromWorker::Ask(ToControl::Packet(p))) => {
+                Ok(FromWorker::Ask(FollowerRequest::Packet(p))) => {
                     self.handed.release(p.len());
                     node.hand_in(now, &p);
                 }
-                Ok(FromWorker::Ask(ToControl::Resolve(ip))) => {
+                Ok(FromWorker::Ask(FollowerRequest::Resolve(ip))) => {
                     node.reconfigure(now, |ep, v| ep.resolve_for_worker(now, v, ip));
                 }
-                Ok(FromWorker::Ask(ToControl::Failed(hw))) => {
+                Ok(FromWorker::Ask(FollowerRequest::Failed(hw))) => {
                     node.reconfigure(now, |ep, v| ep.binding_failed_at(now, v, hw));
                 }
-                Ok(FromWorker::Ask(ToControl::Restarted {
+                Ok(FromWorker::Ask(FollowerRequest::Restarted {
                     gid,
                     ud_qpn,
                     ca_guid,
@@ -775,7 +775,7 @@ impl<P: Provider, R: Clone> Workers<P, R> {
     }
 
     /// Each worker's latest report (workers 1.. in order; `None` before its first).
-    pub fn reports(&self) -> Vec<(WorkerSlot, Option<R>)> {
+    pub fn reports(&self) -> Vec<(WorkerId, Option<R>)> {
         self.handles
             .iter()
             .map(|h| {
@@ -897,7 +897,7 @@ impl<P: Provider, R> WorkerContext<P, R> {
                     break;
                 };
                 let bytes = match &ask {
-                    ToControl::Packet(p) => p.len(),
+                    FollowerRequest::Packet(p) => p.len(),
                     _ => 0,
                 };
                 if !self.handed.take(bytes) {

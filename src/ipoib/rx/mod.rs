@@ -7,7 +7,7 @@ mod table;
 
 use std::time::{Duration, Instant};
 
-pub use table::RxBudgetShare;
+pub use table::InterfaceRxCounts;
 pub(super) use table::{Phase, Preparing, RxConn, RxTable};
 
 use super::event::{Event, RxReapReason, RxRejectReason};

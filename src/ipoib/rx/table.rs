@@ -156,7 +156,7 @@ struct LiveCounts {
     half_open: BTreeSet<(Instant, QpNum)>,
     /// The interface's counts when its connections are spread over workers: this table's
     /// share is added in as it changes.
-    shared: Option<Arc<RxBudgetShare>>,
+    shared: Option<Arc<InterfaceRxCounts>>,
 }
 
 /// The RX connections of every worker of an interface, counted against its one QP budget
@@ -167,12 +167,12 @@ struct LiveCounts {
 /// that holds none (the others hold the budget) admits the one it is asked for, so that no
 /// peer is locked out of it: the interface holds at most one more per worker.
 #[derive(Debug, Default)]
-pub struct RxBudgetShare {
+pub struct InterfaceRxCounts {
     established: AtomicUsize,
     half_open: AtomicUsize,
 }
 
-impl RxBudgetShare {
+impl InterfaceRxCounts {
     /// Established RX connections of every worker.
     pub fn established(&self) -> usize {
         self.established.load(Ordering::Relaxed)
@@ -322,7 +322,7 @@ impl RxTable {
     }
 
     /// Counts this table's connections into `share` from now on (with what it holds now).
-    pub(in crate::ipoib) fn share_budget(&mut self, share: Arc<RxBudgetShare>) {
+    pub(in crate::ipoib) fn share_budget(&mut self, share: Arc<InterfaceRxCounts>) {
         if let Some(old) = self.counts.shared.take() {
             old.established
                 .fetch_sub(self.counts.established, Ordering::Relaxed);
@@ -661,7 +661,7 @@ mod tests {
     #[test]
     fn a_table_that_goes_away_gives_its_share_back() {
         let t0 = Instant::now();
-        let share = Arc::new(RxBudgetShare::default());
+        let share = Arc::new(InterfaceRxCounts::default());
         let mut keeps = RxTable::default();
         keeps.share_budget(Arc::clone(&share));
         let mut goes = RxTable::default();

@@ -264,7 +264,7 @@ fn connected_with(cfg: fn(usize, &mut EndpointConfig)) -> (Net, FakeKernel) {
 }
 
 /// Every connectable node of ours takes a connection per sending worker.
-const MANY: u8 = HwAddr::FLAG_TAKES_MANY;
+const MANY: u8 = HwAddr::FLAG_CONN_PER_WORKER;
 
 #[test]
 fn the_hardware_address_says_the_cm_is_the_kernels() {

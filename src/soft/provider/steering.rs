@@ -9,7 +9,7 @@
 
 use std::net::SocketAddr;
 
-use crate::wire::{Framing, WorkerCount, WorkerSlot};
+use crate::wire::{Framing, WorkerCount, WorkerId};
 
 /// Most datagrams of other workers a steered provider holds for
 /// [`take_foreign`](super::SoftProvider::take_foreign); more are dropped and counted
@@ -59,7 +59,7 @@ pub struct ForeignDatagram<'a> {
 #[derive(Debug)]
 pub(super) struct Steering {
     /// Which worker this provider is.
-    slot: WorkerSlot,
+    slot: WorkerId,
     /// Where the link's datagrams carry their BTH.
     framing: Framing,
     /// Buffers, `held` of them holding a datagram.
@@ -76,7 +76,7 @@ pub(super) struct HeldForeign {
 }
 
 impl Steering {
-    pub(super) fn new(slot: WorkerSlot, framing: Framing) -> Self {
+    pub(super) fn new(slot: WorkerId, framing: Framing) -> Self {
         Self {
             slot,
             framing,
@@ -147,10 +147,10 @@ pub(super) mod tests {
     #[test]
     fn foreign_datagrams_are_held_within_bounds() {
         let src = SocketAddr::from(([198, 18, 0, 2], 4791));
-        let mut lone = Steering::new(WorkerSlot::SINGLE, Framing::Bth);
+        let mut lone = Steering::new(WorkerId::SINGLE, Framing::Bth);
         assert!(!lone.divert(src, &for_qp(0x101, 100, 0)));
         let four = WorkerCount::new(4).unwrap();
-        let mut s = Steering::new(WorkerSlot::new(2, four).unwrap(), Framing::Bth);
+        let mut s = Steering::new(WorkerId::new(2, four).unwrap(), Framing::Bth);
         assert!(!s.divert(src, &for_qp(0x102, 100, 0)), "its own");
         for i in 0..300u32 {
             assert!(s.divert(src, &for_qp(0x100 + (i % 2) * 3, 100, 0)));
@@ -181,7 +181,7 @@ pub(super) mod tests {
     fn what_names_no_qp_is_worker_0s() {
         let src = SocketAddr::from(([198, 18, 0, 2], 4791));
         let two = WorkerCount::new(2).unwrap();
-        let [w0, w1] = [0, 1].map(|i| WorkerSlot::new(i, two).unwrap());
+        let [w0, w1] = [0, 1].map(|i| WorkerId::new(i, two).unwrap());
         let mut roce = Steering::new(w1, Framing::Bth);
         assert!(roce.divert(src, &[0; 7]), "too short to name a QP");
         assert!(!Steering::new(w0, Framing::Bth).divert(src, &[0; 7]));

@@ -35,7 +35,7 @@ use crate::wire::CONTROL_QPNS;
 use crate::wire::{Framing, QpNum, WorkerCount};
 
 #[cfg(doc)]
-use crate::wire::WorkerSlot;
+use crate::wire::WorkerId;
 
 mod batch;
 mod group;
@@ -93,7 +93,7 @@ impl UdpTransport {
     /// (`SO_ATTACH_REUSEPORT_CBPF`, `program.rs`) sends QP1 (the CM's MADs), the multicast QPN
     /// (the UD QP's groups) and datagrams that name no QP to socket 0, the control side's, and
     /// every other datagram to socket `dest_qpn & (workers - 1)`, the worker in the QPN's low
-    /// bits ([`WorkerSlot::tag`]). One worker: exactly
+    /// bits ([`WorkerId::tag`]). One worker: exactly
     /// [`bind`](Self::bind), no `SO_REUSEPORT`, no program.
     ///
     /// The address must be free: a plain socket is bound to it first and closed again (so

@@ -49,7 +49,7 @@ impl HwAddr {
     /// connections from one peer, each a connection of its own, so a sender with several
     /// workers opens one from each. Without it a sender opens one connection to the node
     /// (Linux `ipoib_cm` spends a QP and, without an SRQ, a receive ring on each).
-    pub const FLAG_TAKES_MANY: u8 = 0x10;
+    pub const FLAG_CONN_PER_WORKER: u8 = 0x10;
 
     /// The QPN field of every multicast and broadcast address (`IB_MULTICAST_QPN`).
     pub const MULTICAST_QPN: QpNum = QpNum::new(0x00FF_FFFF);
@@ -93,10 +93,10 @@ impl HwAddr {
     }
 
     /// True if the node takes a connection from each of a sender's workers
-    /// ([`HwAddr::FLAG_TAKES_MANY`]).
+    /// ([`HwAddr::FLAG_CONN_PER_WORKER`]).
     #[must_use]
-    pub const fn takes_many(&self) -> bool {
-        self.flags & Self::FLAG_TAKES_MANY != 0
+    pub const fn takes_conn_per_worker(&self) -> bool {
+        self.flags & Self::FLAG_CONN_PER_WORKER != 0
     }
 
     /// True for multicast and broadcast addresses: the QPN is [`HwAddr::MULTICAST_QPN`].

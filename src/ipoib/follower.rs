@@ -4,23 +4,23 @@
 //! multicast, the neighbour table, datagram sends), and it also carries what the others hand
 //! it. Every other worker's endpoint is a *follower*: it has its own provider, CQs, SRQ,
 //! connections in both directions, reaper and timers, its CM's comm ids tagged with its index
-//! ([`crate::wire::WorkerSlot`]) and its QPNs too (the provider's), and it speaks with the
+//! ([`crate::wire::WorkerId`]) and its QPNs too (the provider's), and it speaks with the
 //! interface's hardware address (control's UD QPN). What it does not own it asks control for:
 //!
 //! - it reads control's resolved neighbours from a [`NeighView`] that control publishes when
 //!   they change ([`Endpoint::neighbour_view`], [`Endpoint::set_neighbour_view`]);
 //! - a packet for a neighbour not in the view waits on the worker (at most
 //!   [`FOLLOWER_WAIT_MAX`] packets, each at most [`FOLLOWER_WAIT`]) while control resolves it
-//!   ([`ToControl::Resolve`]); it leaves, in order, when the view names the neighbour, so a
+//!   ([`FollowerRequest::Resolve`]); it leaves, in order, when the view names the neighbour, so a
 //!   flow's packets never take two connections;
 //! - multicast and broadcast packets, packets for a peer reached by datagrams, and packets
-//!   for a peer that takes one connection from us ([`HwAddr::takes_many`] clear: Linux
-//!   `ipoib_cm`, older daemons of ours) go to control to send ([`ToControl::Packet`]): one
+//!   for a peer that takes one connection from us ([`HwAddr::takes_conn_per_worker`] clear: Linux
+//!   `ipoib_cm`, older daemons of ours) go to control to send ([`FollowerRequest::Packet`]): one
 //!   connection carries all of that peer's packets, in the order each worker handed them;
 //! - the neighbours it sent to are reported to control for their ageing
 //!   ([`Endpoint::take_used_neighbours`], [`Endpoint::neighbours_used`]), and a connection of
 //!   its that failed (a restarted or vanished peer) for control to resolve its neighbours
-//!   again ([`ToControl::Failed`]).
+//!   again ([`FollowerRequest::Failed`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::net::IpAddr;
@@ -33,7 +33,7 @@ use super::{Endpoint, Mode, TxState};
 use crate::verbs::{Gid, Path, QpNum, Verbs};
 use crate::wire::ipoib::classify;
 use crate::wire::ipoib::HwAddr;
-use crate::wire::WorkerSlot;
+use crate::wire::WorkerId;
 
 /// Most packets a follower holds for neighbours control is resolving.
 pub const FOLLOWER_WAIT_MAX: usize = 256;
@@ -117,7 +117,7 @@ pub struct Interface {
 
 /// What a follower asks of control ([`Endpoint::poll_to_control`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ToControl {
+pub enum FollowerRequest {
     /// An IP packet only control sends (multicast, broadcast, datagram mode, a peer that takes
     /// one connection from us): control handles it as one read from its own TUN queue.
     Packet(Vec<u8>),
@@ -149,7 +149,7 @@ pub(super) struct Follower {
     waiting: VecDeque<(Instant, IpAddr, Vec<u8>)>,
     /// When control was last asked to resolve each neighbour packets wait for.
     asked: BTreeMap<IpAddr, Instant>,
-    to_control: VecDeque<ToControl>,
+    to_control: VecDeque<FollowerRequest>,
     /// Neighbours sent to since control last heard (at most the neighbour table's size).
     used: BTreeSet<IpAddr>,
     used_max: usize,
@@ -182,7 +182,7 @@ impl Follower {
     }
 
     /// Queues `m` for control; false (dropped) at [`TO_CONTROL_MAX`].
-    fn ask(&mut self, m: ToControl) -> bool {
+    fn ask(&mut self, m: FollowerRequest) -> bool {
         if self.to_control.len() >= TO_CONTROL_MAX {
             return false;
         }
@@ -211,8 +211,8 @@ impl Endpoint {
         }
     }
 
-    /// The worker this endpoint is ([`WorkerSlot::SINGLE`] for a whole interface).
-    pub fn worker_slot(&self) -> WorkerSlot {
+    /// The worker this endpoint is ([`WorkerId::SINGLE`] for a whole interface).
+    pub fn worker_slot(&self) -> WorkerId {
         self.cfg.worker
     }
 
@@ -286,7 +286,7 @@ impl Endpoint {
     /// Follower: tells control that the node at `gid` restarted as `inc`.
     pub(super) fn tell_restarted(&mut self, gid: Gid, inc: Incarnation) {
         if let Some(f) = self.follower.as_mut() {
-            let _ = f.ask(ToControl::Restarted {
+            let _ = f.ask(FollowerRequest::Restarted {
                 gid,
                 ud_qpn: inc.ud_qpn,
                 ca_guid: inc.ca_guid,
@@ -297,7 +297,7 @@ impl Endpoint {
     /// Follower: tells control that its connection to `peer` failed.
     pub(super) fn tell_binding_failed(&mut self, peer: HwAddr) {
         if let Some(f) = self.follower.as_mut() {
-            let _ = f.ask(ToControl::Failed(peer));
+            let _ = f.ask(FollowerRequest::Failed(peer));
         }
     }
 
@@ -375,7 +375,7 @@ impl Endpoint {
     /// Follower: whether packets to `hw` leave over this worker's own connection (else
     /// control sends them).
     fn sends_itself(&self, hw: HwAddr) -> bool {
-        hw.connectable() && hw.takes_many() && self.cfg.mode == Mode::Connected
+        hw.connectable() && hw.takes_conn_per_worker() && self.cfg.mode == Mode::Connected
     }
 
     /// Follower: its paths become control's ([`NeighView::path`]), where an SA holds them. A
@@ -474,7 +474,7 @@ impl Endpoint {
     }
 
     /// Follower: the next request for control, oldest first.
-    pub fn poll_to_control(&mut self) -> Option<ToControl> {
+    pub fn poll_to_control(&mut self) -> Option<FollowerRequest> {
         self.follower.as_mut()?.to_control.pop_front()
     }
 
@@ -520,7 +520,7 @@ impl Endpoint {
         let handed = self
             .follower
             .as_mut()
-            .is_some_and(|f| f.ask(ToControl::Packet(packet.to_vec())));
+            .is_some_and(|f| f.ask(FollowerRequest::Packet(packet.to_vec())));
         if !handed {
             self.counters.tx_dropped += 1;
         }
@@ -541,7 +541,7 @@ impl Endpoint {
             .asked
             .get(&dst)
             .is_none_or(|at| now.saturating_duration_since(*at) >= RESOLVE_AGAIN);
-        if due && f.ask(ToControl::Resolve(dst)) {
+        if due && f.ask(FollowerRequest::Resolve(dst)) {
             f.asked.insert(dst, now);
         }
     }

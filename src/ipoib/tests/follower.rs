@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::*;
 use crate::soft::SoftVerbs;
 use crate::wire::cm::{CmMad, CmMessage};
-use crate::wire::{Gid, WorkerCount, WorkerSlot};
+use crate::wire::{Gid, WorkerCount, WorkerId};
 
 const PEER_IP: [u8; 4] = [198, 19, 0, 2];
 
@@ -15,7 +15,7 @@ const PEER_IP: [u8; 4] = [198, 19, 0, 2];
 fn interface() -> Interface {
     Interface {
         hwaddr: HwAddr::new(
-            HwAddr::FLAG_CONNECTED | HwAddr::FLAG_TAKES_MANY,
+            HwAddr::FLAG_CONNECTED | HwAddr::FLAG_CONN_PER_WORKER,
             QpNum::new(0x100),
             Gid::from(std::net::Ipv4Addr::new(198, 18, 0, 1)),
         ),
@@ -26,7 +26,7 @@ fn interface() -> Interface {
 /// A peer: a daemon of ours (`0x90`) or, with `many` false, one that takes one connection.
 fn peer(many: bool) -> HwAddr {
     let flags = if many {
-        HwAddr::FLAG_CONNECTED | HwAddr::FLAG_TAKES_MANY
+        HwAddr::FLAG_CONNECTED | HwAddr::FLAG_CONN_PER_WORKER
     } else {
         HwAddr::FLAG_CONNECTED
     };
@@ -41,11 +41,11 @@ fn peer(many: bool) -> HwAddr {
 fn follower(t0: Instant) -> (Endpoint, SoftVerbs) {
     let two = WorkerCount::new(2).unwrap();
     let mut soft = SoftConfig::new(IpAddr::from([198, 18, 0, 1]));
-    soft.workers = WorkerSlot::new(1, two).unwrap();
+    soft.workers = WorkerId::new(1, two).unwrap();
     let mut v = SoftVerbs::new(soft);
     v.handle_timeout(t0);
     let mut cfg = EndpointConfig::new(vec![(IpAddr::from([198, 19, 0, 1]), 24)]);
-    cfg.worker = WorkerSlot::new(1, two).unwrap();
+    cfg.worker = WorkerId::new(1, two).unwrap();
     let ep = Endpoint::new_follower(t0, &mut v, cfg, interface()).expect("follower");
     (ep, v)
 }
@@ -62,7 +62,7 @@ fn view_of(ip: [u8; 4], hw: HwAddr) -> Arc<NeighView> {
     Arc::new([(IpAddr::from(ip), hw)].into_iter().collect())
 }
 
-fn asks(ep: &mut Endpoint) -> Vec<ToControl> {
+fn asks(ep: &mut Endpoint) -> Vec<FollowerRequest> {
     std::iter::from_fn(|| ep.poll_to_control()).collect()
 }
 
@@ -87,7 +87,10 @@ fn a_packet_waits_for_its_neighbour_and_leaves_on_the_workers_connection() {
     for len in [10, 20, 30] {
         ep.handle_tun_packet(t0, &mut v, &to_peer(len));
     }
-    assert_eq!(asks(&mut ep), [ToControl::Resolve(IpAddr::from(PEER_IP))]);
+    assert_eq!(
+        asks(&mut ep),
+        [FollowerRequest::Resolve(IpAddr::from(PEER_IP))]
+    );
     assert!(
         reqs(&mut ep).is_empty(),
         "no REQ before the view names the peer"
@@ -131,7 +134,10 @@ fn control_sends_what_the_worker_does_not() {
     ep.handle_tun_packet(t0, &mut v, &mcast);
     assert_eq!(
         asks(&mut ep),
-        [ToControl::Packet(unicast), ToControl::Packet(mcast)]
+        [
+            FollowerRequest::Packet(unicast),
+            FollowerRequest::Packet(mcast)
+        ]
     );
     assert!(reqs(&mut ep).is_empty());
 }
@@ -196,7 +202,7 @@ fn a_failed_connection_is_reported_to_control() {
     ep.handle_mad(t0, peer(true).gid, &mad);
     ep.handle_verbs(t0, &mut v);
     assert_eq!(ep.counters().tx_failed, 1);
-    assert_eq!(asks(&mut ep), [ToControl::Failed(peer(true))]);
+    assert_eq!(asks(&mut ep), [FollowerRequest::Failed(peer(true))]);
 }
 
 /// Where control's paths come from an SA (a native InfiniBand port), a worker's connection
@@ -244,7 +250,10 @@ fn on_an_sa_port_a_workers_connection_waits_for_its_path_from_control() {
 
     ep.set_neighbour_view(t0, &mut v, named(Vec::new()));
     ep.handle_tun_packet(t0, &mut v, &to_peer(10));
-    assert_eq!(asks(&mut ep), [ToControl::Resolve(IpAddr::from(PEER_IP))]);
+    assert_eq!(
+        asks(&mut ep),
+        [FollowerRequest::Resolve(IpAddr::from(PEER_IP))]
+    );
     assert!(primary(&mut ep).is_empty(), "no REQ without the path");
     assert_eq!(ep.tx_count(), 0);
 

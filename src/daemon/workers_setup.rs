@@ -16,11 +16,11 @@ use crate::driver::workers::{
     Change, ReportFn, SettingsFn, Wake, WorkerSettings, WorkerSpec, Workers, WorkersSetup,
 };
 use crate::driver::{Node, NodeConfig};
-use crate::ipoib::RxBudgetShare;
+use crate::ipoib::InterfaceRxCounts;
 use crate::mad::{CmTransport, MadTransport};
 use crate::sys::tun::Tun;
 use crate::verbs::setup::os_seed;
-use crate::wire::WorkerSlot;
+use crate::wire::WorkerId;
 
 /// Opens a worker's provider, in its thread.
 pub(super) type WorkerOpen<P> = Box<dyn FnOnce() -> io::Result<P> + Send>;
@@ -69,7 +69,7 @@ pub(super) fn start_workers<P: DaemonProvider + 'static>(
     let count = cfg.workers;
     let cm_transport = node_cfg.cm_transport;
     let mut node_cfg = node_cfg;
-    node_cfg.endpoint.worker = count.slots().next().unwrap_or(WorkerSlot::SINGLE);
+    node_cfg.endpoint.worker = count.slots().next().unwrap_or(WorkerId::SINGLE);
     let mut setup = WorkersSetup::new(count, wake)?;
     let inner = match mad {
         Some(m) => m,
@@ -97,7 +97,7 @@ pub(super) fn start_workers<P: DaemonProvider + 'static>(
     if cm_transport == CmTransport::RdmaCm {
         node.route_kcm(setup.kcm_route());
     }
-    let share = Arc::new(RxBudgetShare::default());
+    let share = Arc::new(InterfaceRxCounts::default());
     node.endpoint_mut().share_rx_budget(Arc::clone(&share));
     let specs = others
         .into_iter()

@@ -136,8 +136,8 @@ impl WorkerCount {
     }
 
     /// Every worker's slot, in index order.
-    pub fn slots(self) -> impl Iterator<Item = WorkerSlot> {
-        (0..self.0).map(move |index| WorkerSlot { index, count: self })
+    pub fn slots(self) -> impl Iterator<Item = WorkerId> {
+        (0..self.0).map(move |index| WorkerId { index, count: self })
     }
 }
 
@@ -156,12 +156,12 @@ impl fmt::Display for WorkerCount {
 /// One worker of a [`WorkerCount`]: its index, and the count that says how many low bits
 /// name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct WorkerSlot {
+pub struct WorkerId {
     index: u8,
     count: WorkerCount,
 }
 
-impl WorkerSlot {
+impl WorkerId {
     /// The only worker of a one-worker interface: tagging changes nothing.
     pub const SINGLE: Self = Self {
         index: 0,
@@ -201,7 +201,7 @@ impl WorkerSlot {
     }
 }
 
-impl fmt::Display for WorkerSlot {
+impl fmt::Display for WorkerId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "worker {} of {}", self.index, self.count)
     }
@@ -227,7 +227,7 @@ mod tests {
 
     #[test]
     fn a_tag_names_its_worker_and_one_worker_changes_nothing() {
-        assert_eq!(WorkerSlot::SINGLE.tag(0x1234_5678), 0x1234_5678);
+        assert_eq!(WorkerId::SINGLE.tag(0x1234_5678), 0x1234_5678);
         let four = WorkerCount::new(4).unwrap();
         for slot in four.slots() {
             for v in [0, 1, 0x3fff_ffff, u32::MAX] {
@@ -237,9 +237,9 @@ mod tests {
             }
         }
         // Distinct values below 2^30 stay distinct.
-        let s = WorkerSlot::new(3, four).unwrap();
+        let s = WorkerId::new(3, four).unwrap();
         assert_ne!(s.tag(5), s.tag(6));
-        assert_eq!(WorkerSlot::new(4, four), None);
+        assert_eq!(WorkerId::new(4, four), None);
     }
 
     /// An LRH of LVer 0 with `lnh`, then a GRH where it says, then a BTH for `qpn`.
