@@ -190,3 +190,94 @@ impl From<NodeError> for DaemonError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::metrics::MetricsServer;
+    use crate::driver::workers::WorkerError;
+    use crate::driver::NodeError;
+    use crate::wire::WorkerCount;
+    use std::net::IpAddr;
+    use std::net::Ipv4Addr;
+
+    fn boom() -> io::Error {
+        io::Error::other("boom")
+    }
+
+    #[test]
+    fn a_failed_worker_is_exit_status_1_and_a_worker_count_that_cannot_run_2() {
+        let failed = DaemonError::Worker(WorkerError::Panicked(1));
+        assert_eq!(
+            (failed.exit_code(), failed.to_string().as_str()),
+            (1, "worker 1: panicked")
+        );
+        let refused = DaemonError::WorkersNeed {
+            workers: WorkerCount::new(2).unwrap(),
+            needs: "needs connected mode",
+        };
+        assert_eq!(refused.exit_code(), 2);
+        assert_eq!(refused.to_string(), "--workers 2: needs connected mode");
+    }
+
+    #[test]
+    fn a_node_set_up_error_names_the_flag_that_configures_the_step() {
+        let bind = IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1));
+        let cases = [
+            (
+                NodeError::MadBind {
+                    addr: SocketAddr::new(bind, 4792),
+                    source: boom(),
+                },
+                "--mad-port 198.18.0.1:4792: boom",
+                2,
+            ),
+            (NodeError::Tun(boom()), "--ifname: boom", 2),
+            (NodeError::InterfaceMtu(boom()), "interface MTU: boom", 2),
+            (
+                NodeError::Addr {
+                    addr: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
+                    prefix_len: 24,
+                    source: boom(),
+                },
+                "--addr 10.0.0.1/24: boom",
+                2,
+            ),
+            (NodeError::InterfaceUp(boom()), "interface up: boom", 2),
+            (NodeError::Register(boom()), "event loop: boom", 1),
+        ];
+        for (node, line, code) in cases {
+            let e = DaemonError::from(node);
+            assert_eq!(e.to_string(), line);
+            assert_eq!(e.exit_code(), code, "{line}");
+        }
+    }
+
+    #[test]
+    fn a_device_lost_for_good_exits_3_with_its_line() {
+        let e = DaemonError::DeviceLost(
+            "device context lost and 64 reopens failed; last: no device".to_owned(),
+        );
+        assert_eq!(
+            e.to_string(),
+            "device context lost and 64 reopens failed; last: no device"
+        );
+        assert_eq!(e.exit_code(), DaemonError::DEVICE_LOST_EXIT);
+        assert_eq!(DaemonError::DEVICE_LOST_EXIT, 3);
+    }
+
+    #[test]
+    fn a_metrics_address_that_cannot_be_bound_names_the_flag() {
+        let held = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let addr = held.local_addr().unwrap();
+        let e = MetricsServer::bind(addr)
+            .map(|_| ())
+            .map_err(|source| DaemonError::MetricsListen { addr, source })
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("--metrics-listen {addr}: Address already in use")
+        );
+        assert_eq!(e.exit_code(), 2);
+    }
+}

@@ -98,7 +98,6 @@ pub struct SoftProvider {
     readiness_driven: bool,
     /// The group sockets, when IP multicast is on.
     groups: Option<GroupSockets>,
-    mcast_stats: MulticastStats,
     /// Datagrams of other workers, when this is one of several.
     steering: Steering,
     /// The InfiniBand port's SMA, where the port is one of a simulated fabric
@@ -148,7 +147,7 @@ impl SoftProvider {
         let mut cfg = cfg;
         cfg.src_port = transport.local_addr().port();
         let groups = if cfg.multicast {
-            Self::multicast_setup(&transport, &cfg)?
+            GroupSockets::open(&transport, &cfg)?
         } else {
             None
         };
@@ -192,7 +191,6 @@ impl SoftProvider {
             rx_ready: true,
             readiness_driven: false,
             groups,
-            mcast_stats: MulticastStats::default(),
             steering,
             sim_port: None,
         })
@@ -250,9 +248,9 @@ impl SoftProvider {
 
     /// The IP multicast counters.
     pub fn multicast_stats(&self) -> MulticastStats {
-        let mut s = self.mcast_stats;
-        s.groups_joined = self.groups.as_ref().map_or(0, |g| g.sockets.len() as u64);
-        s
+        self.groups
+            .as_ref()
+            .map_or_else(MulticastStats::default, GroupSockets::stats)
     }
 
     /// The steering counters (all zero with one worker).
@@ -288,6 +286,29 @@ impl SoftProvider {
         self.steering.stats.rx_foreign_accepted += 1;
         let local = self.verbs.config().local_ip;
         self.verbs.handle_datagram(now, src, local, datagram);
+    }
+
+    /// Brings the group sockets in line with the groups the engine's QPs are attached to.
+    fn sync_groups(&mut self) {
+        if let Some(g) = self.groups.as_mut() {
+            g.sync(&self.verbs, self.transport.local_addr());
+        }
+    }
+
+    /// Reads the group sockets, at most [`MAX_RECV_BATCH`] datagrams; returns how many.
+    fn read_groups(&mut self, now: Instant) -> io::Result<usize> {
+        let own = self.transport.local_addr();
+        match self.groups.as_mut() {
+            Some(g) => g.read(
+                now,
+                &mut self.rx,
+                &mut self.verbs,
+                own,
+                MAX_RECV_BATCH,
+                self.readiness_driven,
+            ),
+            None => Ok(0),
+        }
     }
 
     /// The engine (read-only).

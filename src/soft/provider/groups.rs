@@ -9,10 +9,11 @@ use std::time::{Duration, Instant};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 
-use super::{SoftProvider, MAX_RECV_BATCH};
 use crate::soft::config::SoftConfig;
+use crate::soft::engine::SoftVerbs;
 use crate::soft::transport::UdpTransport;
 use crate::sys::ifaddr;
+use crate::sys::udp::RecvBatch;
 
 /// Readiness events taken from the group sockets' poll per read (they only say "read again").
 const GROUP_EVENTS: usize = 16;
@@ -38,6 +39,8 @@ pub(super) struct GroupSockets {
     pub(super) ready: bool,
     /// The last read hit its bound: more may be waiting.
     pub(super) more: Option<Instant>,
+    /// Its counters (`groups_joined` filled in when read).
+    stats: MulticastStats,
 }
 
 /// Counters of the provider's IP multicast (zero when it is off).
@@ -53,14 +56,11 @@ pub struct MulticastStats {
     pub rx_own: u64,
 }
 
-impl SoftProvider {
-    /// The group sockets' poll, with the unicast socket set up to send to groups; `None`
-    /// (multicast off) when the bind interface carries no multicast or the socket refuses to
-    /// send it.
-    pub(super) fn multicast_setup(
-        transport: &UdpTransport,
-        cfg: &SoftConfig,
-    ) -> io::Result<Option<GroupSockets>> {
+impl GroupSockets {
+    /// The group sockets' poll, with the unicast socket `transport` set up to send to groups;
+    /// `None` (multicast off) when the bind interface carries no multicast or the socket
+    /// refuses to send it.
+    pub(super) fn open(transport: &UdpTransport, cfg: &SoftConfig) -> io::Result<Option<Self>> {
         let Some(ifindex) = ifaddr::multicast_ifindex_of(cfg.local_ip) else {
             tracing::info!(
                 bind = %cfg.local_ip,
@@ -76,7 +76,7 @@ impl SoftProvider {
             );
             return Ok(None);
         }
-        Ok(Some(GroupSockets {
+        Ok(Some(Self {
             ifindex,
             poll: Poll::new()?,
             events: Events::with_capacity(GROUP_EVENTS),
@@ -84,42 +84,46 @@ impl SoftProvider {
             synced: None,
             ready: true,
             more: None,
+            stats: MulticastStats::default(),
         }))
     }
 
-    /// Opens a socket for each group the engine's attached MGIDs map to that has none, and
-    /// closes (leaves) those of groups no longer attached; nothing when no group came or went.
-    pub(super) fn sync_groups(&mut self) {
-        let Some(g) = self.groups.as_mut() else {
-            return;
-        };
-        let generation = self.verbs.multicast_generation();
-        if g.synced == Some(generation) {
+    /// The counters.
+    pub(super) fn stats(&self) -> MulticastStats {
+        MulticastStats {
+            groups_joined: self.sockets.len() as u64,
+            ..self.stats
+        }
+    }
+
+    /// Opens a socket (bound to `local`'s port) for each group the engine's attached MGIDs
+    /// map to that has none, and closes (leaves) those of groups no longer attached; nothing
+    /// when no group came or went.
+    pub(super) fn sync(&mut self, verbs: &SoftVerbs, local: std::net::SocketAddr) {
+        let generation = verbs.multicast_generation();
+        if self.synced == Some(generation) {
             return;
         }
-        g.synced = Some(generation);
-        let wanted = self.verbs.ip_multicast_groups();
-        g.sockets.retain(|(ip, sock)| {
+        self.synced = Some(generation);
+        let wanted = verbs.ip_multicast_groups();
+        let registry = self.poll.registry();
+        self.sockets.retain(|(ip, sock)| {
             let keep = wanted.contains(ip);
             if !keep {
                 // Closing the socket leaves the group (and drops it from the poll).
-                let _ = g
-                    .poll
-                    .registry()
-                    .deregister(&mut SourceFd(&sock.as_raw_fd()));
+                let _ = registry.deregister(&mut SourceFd(&sock.as_raw_fd()));
                 tracing::debug!(group = %ip, "left IP multicast group");
             }
             keep
         });
-        let local = self.transport.local_addr();
         for ip in wanted {
-            if g.sockets.iter().any(|(have, _)| *have == ip) {
+            if self.sockets.iter().any(|(have, _)| *have == ip) {
                 continue;
             }
-            let joined = UdpTransport::bind_group(ip, local.port(), g.ifindex, local.ip())
+            let joined = UdpTransport::bind_group(ip, local.port(), self.ifindex, local.ip())
                 .and_then(|sock| {
-                    let token = Token(g.sockets.len());
-                    g.poll.registry().register(
+                    let token = Token(self.sockets.len());
+                    self.poll.registry().register(
                         &mut SourceFd(&sock.as_raw_fd()),
                         token,
                         Interest::READABLE,
@@ -129,59 +133,64 @@ impl SoftProvider {
             match joined {
                 Ok(sock) => {
                     tracing::debug!(group = %ip, "joined IP multicast group");
-                    g.sockets.push((ip, sock));
-                    g.ready = true;
+                    self.sockets.push((ip, sock));
+                    self.ready = true;
                 }
                 Err(e) => {
-                    self.mcast_stats.join_errors += 1;
+                    self.stats.join_errors += 1;
                     tracing::warn!(group = %ip, error = %e, "could not join IP multicast group");
                 }
             }
         }
     }
 
-    /// Reads the group sockets (when readiness or a full last read says there may be
-    /// something), at most [`MAX_RECV_BATCH`] datagrams in all; returns how many were
-    /// handed to the engine.
-    pub(super) fn read_groups(&mut self, now: Instant) -> io::Result<usize> {
-        let Some(g) = self.groups.as_mut() else {
-            return Ok(0);
-        };
-        if !g.ready && g.more.is_none() {
+    /// Reads the sockets into `rx` (when readiness or a full last read says there may be
+    /// something), at most `max` datagrams in all, and hands each to `verbs` but those `own`
+    /// sent (looped back); returns how many were read. `readiness_driven`: the driver reports
+    /// the inner poll's readiness, so an empty read waits for it.
+    pub(super) fn read(
+        &mut self,
+        now: Instant,
+        rx: &mut RecvBatch,
+        verbs: &mut SoftVerbs,
+        own: std::net::SocketAddr,
+        max: usize,
+        readiness_driven: bool,
+    ) -> io::Result<usize> {
+        if !self.ready && self.more.is_none() {
             return Ok(0);
         }
         // Taking the inner poll's events re-arms its readiness edge; which socket they name
         // does not matter, all are read.
-        g.poll.poll(&mut g.events, Some(Duration::ZERO))?;
-        let own = self.transport.local_addr();
+        self.poll.poll(&mut self.events, Some(Duration::ZERO))?;
         let mut read = 0;
         let mut full = false;
-        for (_, sock) in &g.sockets {
+        for (_, sock) in &self.sockets {
             loop {
-                let n = sock.recv_batch(&mut self.rx)?;
+                let n = sock.recv_batch(rx)?;
                 for i in 0..n {
-                    let Some((meta, d)) = sock.datagram(&self.rx, i) else {
+                    let Some((meta, d)) = sock.datagram(rx, i) else {
                         continue;
                     };
-                    self.mcast_stats.rx_datagrams += 1;
+                    self.stats.rx_datagrams += 1;
                     if meta.src == own {
-                        self.mcast_stats.rx_own += 1;
+                        self.stats.rx_own += 1;
                         continue;
                     }
-                    self.verbs.handle_datagram(now, meta.src, meta.dst_ip, d);
+                    verbs.handle_datagram(now, meta.src, meta.dst_ip, d);
                 }
                 read += n;
-                if n < self.rx.capacity() {
+                if n < rx.capacity() {
                     break;
                 }
-                if read >= MAX_RECV_BATCH {
+                if read >= max {
                     full = true;
                     break;
                 }
             }
         }
-        g.more = full.then_some(now);
-        g.ready = !self.readiness_driven;
+        self.more = full.then_some(now);
+        self.ready = !readiness_driven;
         Ok(read)
     }
 }
