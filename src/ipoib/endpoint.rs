@@ -40,7 +40,9 @@ pub struct Endpoint {
     /// The protection domain of every QP, pool and SRQ of the endpoint.
     pub(super) pd: PdId,
     /// The UD QP: ARP/ND, multicast, datagram mode.
-    pub(super) ud: UdQp,
+    /// The UD QP (ARP, ND, multicast, datagram mode): a whole endpoint's; `None` on a
+    /// follower.
+    pub(super) ud: Option<UdQp>,
     /// The CM: ours (its MADs travel over the driver's transport) or the kernel's (its
     /// commands are the driver's to execute).
     pub(super) cm: ConnectionManager,
@@ -179,16 +181,18 @@ impl Endpoint {
         let mut counters = Counters::default();
         let pkey_index = v.pkey_index(cfg.pkey)?;
         let pd = v.alloc_pd()?;
-        let ud = ud::open_ud(v, pd, &cfg, pkey_index, follows.is_none())?;
-        counters.qp_created += 1;
-        if cm_qp.is_some() {
-            counters.qp_created += 1;
-        }
+        // A follower speaks with control's hardware address and hands it every datagram
+        // send: it has no UD QP of its own.
         let port = v.port_attr();
-        let hwaddr = follows.map_or_else(
-            || HwAddr::new(cfg.hwaddr_flags(), ud.qp, port.gid),
-            |i| i.hwaddr,
-        );
+        let (ud, hwaddr) = match follows {
+            Some(i) => (None, i.hwaddr),
+            None => {
+                let ud = ud::open_ud(v, pd, &cfg, pkey_index)?;
+                let hwaddr = HwAddr::new(cfg.hwaddr_flags(), ud.qp, port.gid);
+                (Some(ud), hwaddr)
+            }
+        };
+        counters.qp_created += u64::from(ud.is_some()) + u64::from(cm_qp.is_some());
         let own_guid = rng.gen::<u64>() | 1;
         let ca_guid = follows.map_or(own_guid, |i| i.ca_guid);
         let mut cm_cfg = CmConfig::new(port.gid, ca_guid);

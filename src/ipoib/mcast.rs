@@ -155,8 +155,11 @@ impl Endpoint {
             return;
         }
         self.sa.enabled = true;
-        for g in self.ud.groups.clone() {
-            if let Err(e) = v.detach_mcast(self.ud.qp, g) {
+        let Some(qp) = self.ud_qp() else {
+            return;
+        };
+        for g in self.ud_groups().to_vec() {
+            if let Err(e) = v.detach_mcast(qp, g) {
                 tracing::debug!(group = %g, error = %e, "detach_mcast failed");
             }
             self.push_sa(SaRequest::Join {
@@ -205,7 +208,10 @@ impl Endpoint {
         if !self.sa.enabled {
             return;
         }
-        let full = self.ud.groups.contains(&mgid);
+        let Some(qp) = self.ud_qp() else {
+            return;
+        };
+        let full = self.ud_groups().contains(&mgid);
         if !full && !self.sa.send_only.contains(&mgid) {
             // Not ours (any more): nothing to hold.
             return;
@@ -216,9 +222,9 @@ impl Endpoint {
         self.sa.joined.insert(mgid, (params, !full));
         if full && self.sa.attached.get(&mgid) != Some(&params.mlid) {
             if self.sa.attached.remove(&mgid).is_some() {
-                let _ = v.detach_mcast(self.ud.qp, mgid);
+                let _ = v.detach_mcast(qp, mgid);
             }
-            match v.attach_mcast(self.ud.qp, mgid, params.mlid) {
+            match v.attach_mcast(qp, mgid, params.mlid) {
                 Ok(()) => {
                     self.sa.attached.insert(mgid, params.mlid);
                 }
@@ -252,13 +258,16 @@ impl Endpoint {
     fn apply_broadcast<V: Verbs>(&mut self, v: &mut V, params: GroupParams) {
         self.sa.broadcast = Some(params);
         let qkey = QKey(params.qkey);
+        let Some(qp) = self.ud_qp() else {
+            return;
+        };
         if qkey != self.cfg.qkey {
             // RTS to RTS with the Q_Key, the one UD attribute that may change there.
             let attr = QpAttr {
                 qkey: Some(qkey),
                 ..QpAttr::to_state(QpState::Rts)
             };
-            match v.modify_qp(self.ud.qp, &attr) {
+            match v.modify_qp(qp, &attr) {
                 Ok(()) => self.cfg.qkey = qkey,
                 Err(e) => {
                     tracing::warn!(qkey = params.qkey, error = %e, "could not set the broadcast group's Q_Key on the UD QP");
@@ -344,7 +353,9 @@ impl Endpoint {
             return;
         }
         for (g, _) in std::mem::take(&mut self.sa.attached) {
-            let _ = v.detach_mcast(self.ud.qp, g);
+            if let Some(qp) = self.ud_qp() {
+                let _ = v.detach_mcast(qp, g);
+            }
         }
         self.sa.joined.clear();
         self.sa.broadcast = None;
@@ -385,7 +396,7 @@ impl Endpoint {
         if self.sa.joined.contains_key(&mgid) {
             return true;
         }
-        if !self.ud.groups.contains(&mgid)
+        if !self.ud_groups().contains(&mgid)
             && self.sa.send_only.len() < MAX_SEND_ONLY
             && self.sa.send_only.insert(mgid)
         {
@@ -422,9 +433,11 @@ impl Endpoint {
             return;
         }
         for (g, _) in std::mem::take(&mut self.sa.attached) {
-            let _ = v.detach_mcast(self.ud.qp, g);
+            if let Some(qp) = self.ud_qp() {
+                let _ = v.detach_mcast(qp, g);
+            }
         }
-        let mut all: BTreeSet<Gid> = self.ud.groups.iter().copied().collect();
+        let mut all: BTreeSet<Gid> = self.ud_groups().iter().copied().collect();
         all.extend(std::mem::take(&mut self.sa.send_only));
         self.sa.joined.clear();
         self.sa.broadcast = None;

@@ -158,7 +158,6 @@ pub(super) fn open_ud<V: Verbs>(
     pd: PdId,
     cfg: &EndpointConfig,
     pkey_index: u16,
-    join_groups: bool,
 ) -> Result<UdQp, VerbsError> {
     let depth = cfg.ud_depth;
     let cq = v.create_cq(depth * 2 + 8)?;
@@ -177,11 +176,7 @@ pub(super) fn open_ud<V: Verbs>(
         wr(WR_RECV),
     )?;
     let (qp, free_send) = (setup.qp, setup.send_bufs);
-    let groups = if join_groups {
-        ud_groups(cfg)
-    } else {
-        Vec::new()
-    };
+    let groups = ud_groups(cfg);
     for g in &groups {
         v.attach_mcast(qp, *g, 0)?;
     }
@@ -194,6 +189,22 @@ pub(super) fn open_ud<V: Verbs>(
 }
 
 impl Endpoint {
+    /// The UD QP: control's (a whole endpoint's); a follower has none.
+    pub(super) fn ud_qp(&self) -> Option<QpNum> {
+        self.ud.as_ref().map(|ud| ud.qp)
+    }
+
+    /// The groups the UD QP joins at set-up (none on a follower).
+    pub(super) fn ud_groups(&self) -> &[Gid] {
+        self.ud.as_ref().map_or(&[], |ud| ud.groups.as_slice())
+    }
+
+    fn give_back_ud_send(&mut self, b: BufId) {
+        if let Some(ud) = self.ud.as_mut() {
+            ud.free_send.push(b);
+        }
+    }
+
     /// Detaches the UD QP from its multicast groups, at the end of a shutdown: the provider
     /// leaves them (on an IP multicast underlay, its group sockets close). Nothing arrives
     /// by multicast afterwards; calling it again does nothing.
@@ -201,11 +212,16 @@ impl Endpoint {
         if self.uses_sa_groups() {
             // Attached only once joined; each group's leave goes to the SA client.
             self.leave_sa_groups(v);
-            self.ud.groups.clear();
+            if let Some(ud) = self.ud.as_mut() {
+                ud.groups.clear();
+            }
             return;
         }
-        for g in std::mem::take(&mut self.ud.groups) {
-            if let Err(e) = v.detach_mcast(self.ud.qp, g) {
+        let Some(ud) = self.ud.as_mut() else {
+            return;
+        };
+        for g in std::mem::take(&mut ud.groups) {
+            if let Err(e) = v.detach_mcast(ud.qp, g) {
                 tracing::debug!(group = %g, error = %e, "detach_mcast failed");
             }
         }
@@ -257,12 +273,17 @@ impl Endpoint {
             self.hold_for_path(hw, Held::Reply, ethertype, payload);
             return false;
         }
-        let Some(b) = self.ud.free_send.pop() else {
+        // A follower has no UD QP: it hands datagram sends to control.
+        let Some((qp, b)) = self
+            .ud
+            .as_mut()
+            .and_then(|ud| Some((ud.qp, ud.free_send.pop()?)))
+        else {
             self.counters.tx_dropped += 1;
             return false;
         };
         let Some(len) = fill_ipoib(v, b, ethertype, payload) else {
-            self.ud.free_send.push(b);
+            self.give_back_ud_send(b);
             self.counters.tx_dropped += 1;
             return false;
         };
@@ -272,11 +293,11 @@ impl Endpoint {
             remote_qpn: hw.qpn,
             remote_qkey: self.cfg.qkey,
         });
-        match v.post_send(self.ud.qp, &w) {
+        match v.post_send(qp, &w) {
             Ok(()) => true,
             Err(e) => {
                 tracing::debug!(error = %e, "UD post_send failed");
-                self.ud.free_send.push(b);
+                self.give_back_ud_send(b);
                 self.counters.tx_dropped += 1;
                 false
             }
@@ -286,19 +307,22 @@ impl Endpoint {
     /// Reaps the UD CQ: send buffers come back, received packets are handled and the receive
     /// posted again.
     pub(super) fn poll_ud<V: Verbs>(&mut self, now: Instant, v: &mut V) {
+        let Some((qp, cq)) = self.ud.as_ref().map(|ud| (ud.qp, ud.cq)) else {
+            return;
+        };
         for _ in 0..64 {
             let mut wcs = std::mem::take(&mut self.wcs);
             wcs.clear();
-            let n = v.poll_cq(self.ud.cq, &mut wcs, CQ_BATCH);
+            let n = v.poll_cq(cq, &mut wcs, CQ_BATCH);
             for wc in &wcs {
                 let Some(b) = wc.buf else { continue };
                 match wc.opcode {
-                    WcOpcode::Send => self.ud.free_send.push(b),
+                    WcOpcode::Send => self.give_back_ud_send(b),
                     WcOpcode::Recv => {
                         if wc.status == WcStatus::Success && wr_kind(wc.wr_id) == WR_RECV {
                             self.on_ud_recv(now, v, b, UdRecv::of(wc));
                         }
-                        if v.post_recv(self.ud.qp, wr(WR_RECV), b).is_err() {
+                        if v.post_recv(qp, wr(WR_RECV), b).is_err() {
                             let _ = v.pools_mut().free(b);
                         }
                     }

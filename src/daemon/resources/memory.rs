@@ -32,7 +32,8 @@ pub struct MemoryNeed {
     pub reorder_hold: usize,
     /// [`REST_OF_PROCESS`].
     pub rest: usize,
-    /// Workers (`--workers`): each has its own pools, datagram buffers and reorder hold.
+    /// Workers (`--workers`): each has its own RC pools, datagram buffers and reorder hold;
+    /// the UD QP is control's alone.
     pub workers: usize,
     /// What several workers hand each other, at most: the packets followers hand control to
     /// send ([`HANDED_BYTES_MAX`]) and, on the software provider, each worker's datagrams of
@@ -90,11 +91,12 @@ impl MemoryNeed {
         }
     }
 
-    /// All of it.
+    /// All of it: every worker's pools, datagram buffers and reorder hold; the UD QP's pool
+    /// (control's: a follower has no UD QP), what the workers hand each other, the CM's and
+    /// the rest once.
     pub fn total(&self) -> usize {
-        let per_worker =
-            self.pools.rx + self.pools.tx + self.pools.ud + self.provider_io + self.reorder_hold;
-        per_worker * self.workers.max(1) + self.handover + self.cm + self.rest
+        let per_worker = self.pools.rx + self.pools.tx + self.provider_io + self.reorder_hold;
+        per_worker * self.workers.max(1) + self.pools.ud + self.handover + self.cm + self.rest
     }
 
     /// The parts, for the log and the error: `receive pool 32.0 MiB (srq_depth 256 + rx_spare
@@ -116,8 +118,8 @@ impl MemoryNeed {
         let mut parts = vec![
             format!("receive pool {} ({rx_what})", mib(self.pools.rx)),
             format!("send pool {}", mib(self.pools.tx)),
-            format!("UD {}", mib(self.pools.ud)),
         ];
+        let ud = format!("UD {}", mib(self.pools.ud));
         if self.provider_io > 0 {
             parts.push(format!("UDP batches {}", mib(self.provider_io)));
         }
@@ -133,8 +135,9 @@ impl MemoryNeed {
         if self.workers > 1 {
             // Every worker's part, then what the interface has once.
             let handover = format!("handed between workers {}", mib(self.handover));
-            let once = cm
+            let once = [ud]
                 .into_iter()
+                .chain(cm)
                 .chain([handover, rest])
                 .collect::<Vec<_>>()
                 .join(", ");
@@ -144,7 +147,8 @@ impl MemoryNeed {
                 parts.join(", ")
             );
         }
-        // One worker: the CM's QP1 pool beside the UD QP's.
+        // One worker: the UD QP's pool and the CM's QP1 pool after the send pool.
+        parts.insert(2, ud);
         if let Some(cm) = cm {
             parts.insert(3, cm);
         }
@@ -232,7 +236,7 @@ mod tests {
         let one = MemoryNeed::of(&config(""));
         assert_eq!(one.handover, 0);
         let four = MemoryNeed::of(&config("workers = 4\n"));
-        let per_worker = one.total() - one.cm - one.rest;
+        let per_worker = one.total() - one.pools.ud - one.cm - one.rest;
         // Packets for control to send, and each worker's datagrams of another's QPs.
         assert_eq!(
             four.handover,
@@ -241,15 +245,17 @@ mod tests {
         assert_eq!(four.handover >> 20, 37);
         assert_eq!(
             four.total(),
-            4 * per_worker + four.handover + one.cm + one.rest
+            4 * per_worker + one.pools.ud + four.handover + one.cm + one.rest
         );
-        assert_eq!(four.total() >> 20, 4 * 54 + 37 + 10);
+        // 52 MiB a worker (54 with control's UD QP), the rest once.
+        assert_eq!(per_worker >> 20, 52);
+        assert_eq!(four.total() >> 20, 4 * 52 + 2 + 37 + 10);
         assert_eq!(
             four.breakdown(&config("workers = 4\n")),
             "4 workers each: receive pool 32.0 MiB (srq_depth 256 + rx_spare 256 buffers of 64 \
-             KiB), send pool 8.0 MiB, UD 2.0 MiB, UDP batches 8.0 MiB, reorder hold 4.1 MiB \
-             (reorder_hold 1024 packets), CM 0.4 MiB, handed between workers 37.2 MiB, the \
-             rest 10.0 MiB"
+             KiB), send pool 8.0 MiB, UDP batches 8.0 MiB, reorder hold 4.1 MiB (reorder_hold \
+             1024 packets), UD 2.0 MiB, CM 0.4 MiB, handed between workers 37.2 MiB, the rest \
+             10.0 MiB"
         );
     }
 
