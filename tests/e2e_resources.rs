@@ -211,6 +211,31 @@ fn up_in_cgroup(lab: &Lab, cg: &MemCgroup, k: usize, sock: &Path, extra: &[&str]
     output_within(cmd, START_LIMIT)
 }
 
+/// Starts `up` on node 1 in `cg` (by `ip netns exec`: the limit holds whether or not the
+/// daemon sees it), with its stderr's lines.
+fn spawn_in_cgroup(
+    lab: &Lab,
+    cg: &MemCgroup,
+    sock: &Path,
+    extra: &[&str],
+) -> (std::process::Child, Lines) {
+    let node1 = format!(
+        "{} && exec ip netns exec {} {}",
+        cg.enter(),
+        lab.ns(1),
+        up_args(lab, 1, sock, extra).join(" ")
+    );
+    let mut d1 = Command::new("sh")
+        .args(["-c", &node1])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("node 1");
+    let log1 = Lines::new(d1.stderr.take().expect("stderr"));
+    (d1, log1)
+}
+
 /// Whether `ipoib-cm status --json` on node 1 gets the daemon's status document from `sock`
 /// within 10 s.
 fn status_answers(lab: &Lab, sock: &Path) -> bool {
@@ -281,20 +306,7 @@ fn a_memory_cgroup_at_the_figure_carries_a_stream_both_ways() {
     let cg = MemCgroup::new(need << 20).expect("a second cgroup");
     // Node 1 in a cgroup of exactly that, node 2 beside it; `ip netns exec` for both (the
     // limit holds whether or not the daemon sees it).
-    let node1 = format!(
-        "{} && exec ip netns exec {} {}",
-        cg.enter(),
-        lab.ns(1),
-        up_args(&lab, 1, &sock1, &settings).join(" ")
-    );
-    let mut d1 = Command::new("sh")
-        .args(["-c", &node1])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("node 1");
-    let mut log1 = Lines::new(d1.stderr.take().expect("stderr"));
+    let (mut d1, mut log1) = spawn_in_cgroup(&lab, &cg, &sock1, &settings);
     let mut d2 = lab.spawn(2, &up_args(&lab, 2, &sock2, &settings));
     let mut log2 = Lines::new(d2.stderr.take().expect("stderr"));
     assert!(log1.wait_for("started", START_LIMIT), "{:?}", log1.seen());
@@ -371,20 +383,7 @@ fn four_workers_at_the_figure_survive_handing_a_stream_and_a_flood_to_control() 
     let need = memory_need_mib(&stderr).unwrap_or_else(|| panic!("no figure: {stderr}"));
     assert!(stderr.contains("handed between workers"), "{stderr}");
     let cg = MemCgroup::new(need << 20).expect("a second cgroup");
-    let node1 = format!(
-        "{} && exec ip netns exec {} {}",
-        cg.enter(),
-        lab.ns(1),
-        up_args(&lab, 1, &sock1, &args).join(" ")
-    );
-    let mut d1 = Command::new("sh")
-        .args(["-c", &node1])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("node 1");
-    let mut log1 = Lines::new(d1.stderr.take().expect("stderr"));
+    let (mut d1, mut log1) = spawn_in_cgroup(&lab, &cg, &sock1, &args);
     assert!(log1.wait_for("started", START_LIMIT), "{:?}", log1.seen());
     let mut srv = lab.exec(2, &["iperf3", "-s", "-1"]);
     srv.stdout(Stdio::null()).stderr(Stdio::null());
