@@ -7,6 +7,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use ipoib_cm::sim::Fabric;
+use ipoib_cm::soft::ib::BEACON_INTERVAL;
 use ipoib_cm::soft::{IbPortAttr, SoftLink, SoftVerbs, MULTICAST_QPN};
 use ipoib_cm::verbs::setup::{connect_rc, init_rc_qp, open_ud_qp, RcConnection};
 use ipoib_cm::verbs::{
@@ -454,4 +455,36 @@ fn a_followers_port_is_a_copy_of_controls() {
     let view = f.nodes[0].ib_port_view().unwrap();
     f.nodes[3].follow_ib_port(&view);
     assert_eq!(events(&mut f.nodes[3]), [AsyncEvent::PortErr]);
+}
+
+/// A port that comes up is answered at once: every port that hears a port new to it beacons
+/// then, not at its next period, so a newly started daemon learns every route within a round
+/// trip (its first REQ finds its peer's LID). Only on that change: the exchange ends.
+#[test]
+fn a_port_that_comes_up_is_answered_at_once() {
+    let mut f = Fabric::with_nodes(3, Instant::now(), |_, c| {
+        c.link = SoftLink::Infiniband;
+        c.port_mtu = PathMtu::Mtu4096;
+        c.multicast = true;
+    });
+    let now = f.now();
+    for i in 0..2 {
+        f.nodes[i].set_ib_port(now, port(i));
+    }
+    assert!(f.run_until(10_000, Duration::from_secs(2), |f| f.nodes[..2]
+        .iter()
+        .all(|n| n.ib_routes() == 1)));
+    // Just past the others' periodic beacons: their next is almost a period away.
+    f.advance(Duration::from_millis(20));
+    let sent = |f: &Fabric| [0, 1].map(|i| f.nodes[i].stats().tx_beacons);
+    let before = sent(&f);
+    let up = f.now();
+    f.nodes[2].set_ib_port(up, port(2));
+    f.advance(BEACON_INTERVAL / 10);
+    assert_eq!(
+        sent(&f),
+        before.map(|n| n + 1),
+        "each answered the newcomer once, before its period"
+    );
+    assert_eq!(f.nodes[2].ib_routes(), 2);
 }

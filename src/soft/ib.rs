@@ -7,8 +7,10 @@
 //!   are what an HCA's firmware would tell its driver; the caller sets them from what the SM
 //!   left in the port's SMA ([`crate::sa::PortWatch`]), never from a configuration.
 //! - **Forwarding**: where a unicast DLID is on the underlay is learnt from beacons each port
-//!   sends every [`BEACON_INTERVAL`] and at once on a change (its GUID, base LID, LMC and
-//!   whether it is active) to the beacon group (and to every fan-out peer). A route lives
+//!   sends every [`BEACON_INTERVAL`], at once on a change of its own, and at once when it
+//!   hears a port new to it (so a port that comes up learns every route within one round
+//!   trip, not a period): its GUID, base LID, LMC and whether it is active, to the beacon
+//!   group (and to every fan-out peer). A route lives
 //!   [`ROUTE_TTL`] after its last beacon; a port that goes down says so and its route goes at
 //!   once. At most [`MAX_ROUTES`] are held. A packet for a LID with no route is dropped and
 //!   counted, as a switch without a forwarding entry drops it.

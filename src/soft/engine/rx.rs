@@ -87,8 +87,15 @@ impl SoftVerbs {
         };
         if let Some(b) = Beacon::parse(datagram) {
             self.dev.stats.rx_beacons += 1;
+            let before = ib.routes.generation();
             if ib.routes.learn(now, &b, src) == Learnt::Full {
                 self.dev.stats.routes_full += 1;
+            }
+            // A port new to us (or moved) hears our beacon at once rather than at our next
+            // period: its first packets to us find their route. Only on a change, so two
+            // ports answer each other once.
+            if b.active && ib.routes.generation() != before && ib.beacon_at.is_some() {
+                ib.beacon_at = Some(now);
             }
             return;
         }
