@@ -39,9 +39,7 @@ pub struct Endpoint {
     pub(super) pkey_index: u16,
     /// The protection domain of every QP, pool and SRQ of the endpoint.
     pub(super) pd: PdId,
-    /// The UD QP: ARP/ND, multicast, datagram mode.
-    /// The UD QP (ARP, ND, multicast, datagram mode): a whole endpoint's; `None` on a
-    /// follower.
+    /// The UD QP (ARP, ND, multicast, datagram mode): control's; `None` on a follower.
     pub(super) ud: Option<UdQp>,
     /// The CM: ours (its MADs travel over the driver's transport) or the kernel's (its
     /// commands are the driver's to execute).
@@ -108,8 +106,8 @@ pub struct Endpoint {
     /// An event lost the device context ([`AsyncEvent::loses_context`]): the endpoint touches
     /// the verbs no more; the driver reopens the device and builds a new endpoint.
     context_lost: bool,
-    /// A follower's part (a worker other than 0 of a multi-worker interface): `None` for a
-    /// whole endpoint.
+    /// A follower's part (a worker other than 0 of a multi-worker interface): `None` on
+    /// control (or the one worker of an interface).
     pub(super) follower: Option<Box<super::follower::Follower>>,
 }
 

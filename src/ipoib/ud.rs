@@ -189,7 +189,7 @@ pub(super) fn open_ud<V: Verbs>(
 }
 
 impl Endpoint {
-    /// The UD QP: control's (a whole endpoint's); a follower has none.
+    /// The UD QP: control's; a follower has none.
     pub(super) fn ud_qp(&self) -> Option<QpNum> {
         self.ud.as_ref().map(|ud| ud.qp)
     }
