@@ -12,234 +12,61 @@
 //!
 //! - CM MADs: control's transport is a [`RoutedMads`] that hands each received MAD to the
 //!   worker it is for and sends what the workers' CMs queued ([`WorkerMads`]);
-//! - control's resolved neighbours ([`NeighView`]), published to every worker when they
-//!   change; the workers' requests ([`FollowerRequest`]: packets only control sends, neighbours to
-//!   resolve) and the neighbours they sent to (for ageing);
-//! - shutdown, path MTU changes and live settings, control to every worker;
+//! - control's port (where the provider shares one), its resolved neighbours with their paths
+//!   ([`NeighView`]) and its settings ([`WorkerSettings`]), each the newest as soon as a
+//!   worker's queue has room ([`Latest`]); the workers' requests ([`FollowerRequest`]: packets
+//!   only control sends, neighbours to resolve) and the neighbours they sent to (for ageing);
+//!   the shutdown (`messages.rs`);
+//! - datagrams of another worker's QPs, and the bytes of packets handed to control, each
+//!   bounded (`handover.rs`);
 //! - each worker's figures, published every [`REPORT_INTERVAL`] into a slot control reads when
 //!   it reports (the one lock, off the packet path).
 //!
+//! This file is control's side ([`WorkersSetup`], [`Workers`]); `thread.rs` a worker's loop.
 //! A worker whose thread ends (an I/O error, a panic) or that stops turning for
-//! [`STALL_LIMIT`] is reported by [`Workers::check`]; the daemon then exits non-zero rather
-//! than run with part of its connections unserved.
+//! [`STALL_LIMIT`] of the time control ran is reported by [`Workers::check`]; the daemon then
+//! exits non-zero rather than run with part of its connections unserved (`error.rs`).
 
+mod error;
+mod handover;
 mod mads;
 mod mailbox;
+mod messages;
+mod thread;
 
 use std::io;
-use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use mio::{Events, Poll, Token};
+use mio::Poll;
 
+pub use error::{WorkerError, STALL_LIMIT, STOP_GRACE};
+pub use handover::{FOREIGN_CAP, HANDED_BYTES_MAX};
 pub use mads::{Outbox, RouteCounters, RouteStats, RoutedMad, RoutedMads, WorkerMads, MAD_BATCH};
 pub use mailbox::{mailbox, Latest, Mailbox, Wake};
+pub use messages::{
+    Change, FromWorker, ReportFn, SettingsFn, ToWorker, WorkerSettings, WorkerSpec,
+    FROM_WORKERS_CAP, TO_WORKER_CAP,
+};
+pub use thread::{REPORT_INTERVAL, USED_INTERVAL};
 
-use super::{KcmRoute, Node, NodeConfig, NodeError};
-use crate::cm::{KcmCommand, KcmInput};
-use crate::ipoib::{FollowerRequest, Interface, LiveSettings, NeighView, TO_CONTROL_MAX};
+use handover::{Foreign, ForeignRoutes, HandedBytes};
+use thread::{Shared, WorkerContext, WAKE};
+
+use super::{KcmRoute, Node};
+use crate::cm::KcmInput;
+use crate::ipoib::{FollowerRequest, Interface, NeighView};
 use crate::mad::{Mad, MadTransport};
-use crate::sys::tun::Tun;
-use crate::verbs::{PathMtu, Provider};
+use crate::verbs::Provider;
 use crate::wire::{WorkerCount, WorkerId};
 
-/// Messages control queues for each worker at most (a full queue keeps the newest neighbour
-/// view for the next turn).
-pub const TO_WORKER_CAP: usize = 64;
-/// Requests the workers queue for control at most, together.
-pub const FROM_WORKERS_CAP: usize = 4096;
-/// How often a worker publishes its figures.
-pub const REPORT_INTERVAL: Duration = Duration::from_millis(250);
-/// How often a worker tells control which neighbours it sent to.
-pub const USED_INTERVAL: Duration = Duration::from_secs(1);
-/// A worker that has not turned for this long, while control did, is stalled (an idle one
-/// turns every second).
-pub const STALL_LIMIT: Duration = Duration::from_secs(10);
 /// A gap this long between two of control's checks is a pause of the whole process (SIGSTOP,
 /// a frozen cgroup, a debugger, a migrated VM), not of one worker: control itself turns at
 /// least every second. Each worker's stall is measured from the end of such a pause.
 pub const PAUSE_GAP: Duration = Duration::from_secs(3);
-/// How long past its drain a worker may take to end at shutdown before the daemon gives up on
-/// it ([`Workers::overdue`]).
-pub const STOP_GRACE: Duration = Duration::from_secs(2);
-/// Datagrams for one worker that others received (a GRO buffer of several workers' QPs) and
-/// hand over, queued at most; more are dropped (the RC sender retransmits them).
-pub const FOREIGN_CAP: usize = 1024;
-/// Bytes of IP packets the followers hand to control to send (multicast and broadcast, a peer
-/// that takes one connection, datagram sends) queued at most, together: more are dropped and
-/// counted (`tx_dropped`), as a full send queue drops them. What bounds their memory, which the
-/// daemon's stated need counts.
-pub const HANDED_BYTES_MAX: usize = 16 << 20;
-/// A worker loop's longest sleep.
-const IDLE_WAKE: Duration = Duration::from_secs(1);
-/// The token of a worker loop's wake-up; its node's tokens follow.
-const WAKE: Token = Token(0);
-
-/// A change control makes on a worker's node once (set-up, `--fault-worker`), run in the
-/// worker's thread at the start of its next turn; one that finds the worker's queue full is
-/// lost (settings travel as [`WorkerSettings`], whose newest always arrives).
-pub type Change<P> = Box<dyn FnOnce(&mut Node<P>, Instant) + Send>;
-
-/// What control decides for every worker's node: the `--bind` link's MTU (the provider's port
-/// follows it), the path MTU chosen from it, and the live settings a reload changes. One
-/// value whose newest always reaches every worker ([`Latest`]: a full queue holds it for a
-/// later turn), so no change is lost for good and none arrives after a newer one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WorkerSettings {
-    /// The `--bind` link's MTU in bytes.
-    pub link_mtu: u32,
-    /// The path MTU.
-    pub path_mtu: PathMtu,
-    /// The endpoint's live settings.
-    pub live: LiveSettings,
-}
-
-/// Makes a worker's node follow [`WorkerSettings`], in its thread (the daemon's: it knows
-/// how its provider follows a link MTU). Applying the same settings twice changes nothing.
-pub type SettingsFn<P> = Arc<dyn Fn(&mut Node<P>, &WorkerSettings, Instant) + Send + Sync>;
-
-/// What control tells a worker.
-pub enum ToWorker<P: Provider> {
-    /// Control's port from now on ([`Provider::port_view`]), published before the neighbour
-    /// view that may name paths through it.
-    Port(Arc<P::PortView>),
-    /// Control's resolved neighbours from now on.
-    Neighbours(Arc<NeighView>),
-    /// Control's settings from now on.
-    Settings(Arc<WorkerSettings>),
-    /// A change to make.
-    Apply(Change<P>),
-    /// Shut down: DREQ every connection, drain, and end the thread.
-    Shutdown,
-}
-
-/// What a worker tells control.
-#[derive(Debug)]
-pub enum FromWorker {
-    /// A follower's request ([`crate::ipoib::Endpoint::poll_to_control`]).
-    Ask(FollowerRequest),
-    /// The neighbours it sent to since it last said.
-    Used(Vec<IpAddr>),
-    /// A command of its kernel CM, for control's event channel (`--cm-transport rdmacm`).
-    Kcm(KcmCommand),
-}
-
-/// Why a worker failed.
-#[derive(Debug, thiserror::Error)]
-pub enum WorkerError {
-    /// Its provider could not be opened.
-    #[error("worker {worker}: provider: {source}")]
-    Open {
-        /// The worker.
-        worker: u8,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
-    /// Its node could not be set up.
-    #[error("worker {worker}: {source}")]
-    Node {
-        /// The worker.
-        worker: u8,
-        /// Why.
-        #[source]
-        source: NodeError,
-    },
-    /// Its loop failed.
-    #[error("worker {worker}: event loop: {source}")]
-    Io {
-        /// The worker.
-        worker: u8,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
-    /// Its thread panicked.
-    #[error("worker {0}: panicked")]
-    Panicked(u8),
-    /// Its thread ended before it was told to.
-    #[error("worker {0}: ended unasked")]
-    Ended(u8),
-    /// It has not turned for [`STALL_LIMIT`].
-    #[error("worker {0}: stalled (no turn for {STALL_LIMIT:?})")]
-    Stalled(u8),
-    /// Its device context was lost and not opened again (an interface of several workers is
-    /// not rebuilt in place): the daemon exits as for its own device.
-    #[error("worker {worker}: {why}")]
-    DeviceLost {
-        /// The worker.
-        worker: u8,
-        /// Why, one line.
-        why: String,
-    },
-    /// It did not end within its drain and [`STOP_GRACE`] of the shutdown.
-    #[error("worker {worker}: did not end within {limit:?} of the shutdown")]
-    Overdue {
-        /// The worker.
-        worker: u8,
-        /// How long it was given.
-        limit: Duration,
-    },
-}
-
-/// What a worker's thread is given: its slot, how to open its provider (in the thread: a
-/// libibverbs context is the thread's), its node's settings and its queue of the interface.
-pub struct WorkerSpec<P: Provider> {
-    /// Which worker.
-    pub slot: WorkerId,
-    /// Opens its provider.
-    pub open: Box<dyn FnOnce() -> io::Result<P> + Send>,
-    /// Its node's settings (`endpoint.worker` is `slot`).
-    pub node: NodeConfig,
-    /// Its queue of the interface.
-    pub tun: Tun,
-    /// A change made on its node once it is set up, before its first turn.
-    pub setup: Option<Change<P>>,
-}
-
-/// Builds a worker's report from its node, in its thread (so it may read the thread's own
-/// clocks).
-pub type ReportFn<P, R> = Arc<dyn Fn(&Node<P>, Instant) -> R + Send + Sync>;
-
-/// The bytes of packets the followers handed to control and control has not taken yet,
-/// against [`HANDED_BYTES_MAX`].
-#[derive(Debug, Default)]
-struct HandedBytes(AtomicUsize);
-
-impl HandedBytes {
-    /// Takes room for `bytes`; false (nothing taken) where it would pass the bound.
-    fn take(&self, bytes: usize) -> bool {
-        if bytes == 0 {
-            return true;
-        }
-        self.0
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
-                held.checked_add(bytes).filter(|&n| n <= HANDED_BYTES_MAX)
-            })
-            .is_ok()
-    }
-
-    /// Gives back the room of `bytes` taken.
-    fn release(&self, bytes: usize) {
-        self.0.fetch_sub(bytes, Ordering::AcqRel);
-    }
-}
-
-/// What a worker publishes for control to read.
-#[derive(Debug)]
-struct Shared<R> {
-    report: Mutex<Option<R>>,
-    /// Milliseconds since the workers started at its last turn.
-    heartbeat_ms: AtomicU64,
-    /// Datagrams it received for other workers and dropped: their queues were full.
-    foreign_dropped: AtomicU64,
-    /// Packets it had for control to send and dropped: [`HANDED_BYTES_MAX`] were queued.
-    handed_dropped: AtomicU64,
-}
 
 /// Control's handle on one worker.
 struct Handle<P: Provider, R> {
@@ -263,44 +90,6 @@ impl<P: Provider, R> Handle<P, R> {
         let _ = self.port.flush(|v| to.post(ToWorker::Port(v)))
             && self.view.flush(|v| to.post(ToWorker::Neighbours(v)))
             && self.settings.flush(|v| to.post(ToWorker::Settings(v)));
-    }
-}
-
-/// A datagram one worker received for another: its sender and bytes.
-type Foreign = (SocketAddr, Vec<u8>);
-
-/// Where every worker's foreign datagrams go (index: the worker), and this loop's own.
-struct ForeignRoutes {
-    to: Vec<Mailbox<Foreign>>,
-    inbox: Receiver<Foreign>,
-}
-
-impl ForeignRoutes {
-    /// Hands the datagrams `prov` received for other workers to them; returns how many
-    /// were dropped (a full queue).
-    fn send<P: Provider>(&self, prov: &mut P) -> u64 {
-        let mut dropped = 0;
-        prov.take_foreign(&mut |worker, src, d| {
-            let sent = self
-                .to
-                .get(usize::from(worker))
-                .is_some_and(|m| m.post((src, d.to_vec())));
-            dropped += u64::from(!sent);
-        });
-        dropped
-    }
-
-    /// Gives `prov` what the other workers received for it (bounded); true if any.
-    fn accept<P: Provider>(&self, now: Instant, prov: &mut P) -> bool {
-        let mut any = false;
-        for _ in 0..FOREIGN_CAP {
-            let Ok((src, d)) = self.inbox.try_recv() else {
-                break;
-            };
-            prov.accept_foreign(now, src, &d);
-            any = true;
-        }
-        any
     }
 }
 
@@ -788,160 +577,5 @@ impl<P: Provider, R: Clone> Workers<P, R> {
                 (h.slot, r)
             })
             .collect()
-    }
-}
-
-/// What a worker's thread owns besides its spec.
-struct WorkerContext<P: Provider, R> {
-    poll: Poll,
-    wake: Arc<Wake>,
-    inbox: Receiver<ToWorker<P>>,
-    mads: WorkerMads,
-    /// What control's event channel read for this worker's kernel CM ids.
-    kcm_in: Receiver<KcmInput>,
-    foreign: ForeignRoutes,
-    asks: Mailbox<FromWorker>,
-    handed: Arc<HandedBytes>,
-    shared: Arc<Shared<R>>,
-    report: ReportFn<P, R>,
-    settings: SettingsFn<P>,
-    interface: Interface,
-    started: Instant,
-}
-
-impl<P: Provider, R> WorkerContext<P, R> {
-    /// The worker's thread: its loop until its shutdown is over.
-    fn run(mut self, spec: WorkerSpec<P>) -> Result<(), WorkerError> {
-        let worker = spec.slot.index();
-        let prov = (spec.open)().map_err(|source| WorkerError::Open { worker, source })?;
-        let mut node = Node::follower(
-            Instant::now(),
-            prov,
-            spec.node,
-            Box::new(self.mads),
-            spec.tun,
-            self.interface,
-            self.poll.registry(),
-            WAKE.0 + 1,
-        )
-        .map_err(|source| WorkerError::Node { worker, source })?;
-        if let Some(setup) = spec.setup {
-            setup(&mut node, Instant::now());
-        }
-        let io = |source| WorkerError::Io { worker, source };
-        let mut events = Events::with_capacity(256);
-        let mut used = Vec::new();
-        let mut next_used = Instant::now() + USED_INTERVAL;
-        let mut next_report = Instant::now();
-        loop {
-            let now = Instant::now();
-            let timeout = if node.has_pending_input() {
-                Duration::ZERO
-            } else {
-                [node.poll_timeout(), Some(next_used), Some(next_report)]
-                    .into_iter()
-                    .flatten()
-                    .min()
-                    .map_or(IDLE_WAKE, |t| t.saturating_duration_since(now))
-                    .min(IDLE_WAKE)
-            };
-            match self.poll.poll(&mut events, Some(timeout)) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(io(e)),
-            }
-            let now = Instant::now();
-            self.wake.clear();
-            for ev in &events {
-                node.note_readiness(ev.token());
-            }
-            for _ in 0..TO_WORKER_CAP {
-                match self.inbox.try_recv() {
-                    Ok(ToWorker::Port(view)) => node.provider_mut().follow_port_view(&view),
-                    Ok(ToWorker::Neighbours(view)) => {
-                        node.reconfigure(now, |ep, v| ep.set_neighbour_view(now, v, view));
-                    }
-                    Ok(ToWorker::Settings(s)) => (self.settings)(&mut node, &s, now),
-                    Ok(ToWorker::Apply(change)) => change(&mut node, now),
-                    // Control is gone: so is the interface's reason to run.
-                    Ok(ToWorker::Shutdown) | Err(TryRecvError::Disconnected) => {
-                        node.begin_shutdown(now);
-                        break;
-                    }
-                    Err(TryRecvError::Empty) => break,
-                }
-            }
-            // Before the turn: what they complete is the endpoint's in this turn.
-            self.foreign.accept(now, node.provider_mut());
-            for _ in 0..MAD_BATCH {
-                let Ok(input) = self.kcm_in.try_recv() else {
-                    break;
-                };
-                node.endpoint_mut().handle_kcm_input(now, input);
-            }
-            node.turn(now).map_err(io)?;
-            // Its kernel CM's commands run on control's event channel.
-            for _ in 0..MAD_BATCH {
-                let Some(c) = node.endpoint_mut().poll_kcm_command() else {
-                    break;
-                };
-                // Lost with a full queue: the connection times out and is tried again.
-                let _ = self.asks.post(FromWorker::Kcm(c));
-            }
-            let dropped = self.foreign.send(node.provider_mut());
-            self.shared
-                .foreign_dropped
-                .fetch_add(dropped, Ordering::Relaxed);
-            for _ in 0..TO_CONTROL_MAX {
-                let Some(ask) = node.endpoint_mut().poll_to_control() else {
-                    break;
-                };
-                let bytes = match &ask {
-                    FollowerRequest::Packet(p) => p.len(),
-                    _ => 0,
-                };
-                if !self.handed.take(bytes) {
-                    node.endpoint_mut().count_tx_dropped(1);
-                    self.shared.handed_dropped.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-                if !self.asks.post(FromWorker::Ask(ask)) {
-                    self.handed.release(bytes);
-                    node.endpoint_mut().count_tx_dropped(1);
-                }
-            }
-            if now >= next_used {
-                next_used = now + USED_INTERVAL;
-                node.endpoint_mut().take_used_neighbours(&mut used);
-                if !used.is_empty() {
-                    // Lost with a full queue: the next second's list says it again.
-                    let _ = self.asks.post(FromWorker::Used(std::mem::take(&mut used)));
-                }
-            }
-            node.flush(now, self.poll.registry()).map_err(io)?;
-            if let Some(why) = node.device_gave_up() {
-                return Err(WorkerError::DeviceLost {
-                    worker,
-                    why: why.to_owned(),
-                });
-            }
-            let beat = now.saturating_duration_since(self.started).as_millis();
-            self.shared
-                .heartbeat_ms
-                .store(u64::try_from(beat).unwrap_or(u64::MAX), Ordering::Relaxed);
-            let finish = node.should_finish(now);
-            if now >= next_report || finish {
-                next_report = now + REPORT_INTERVAL;
-                let r = (self.report)(&node, now);
-                *self
-                    .shared
-                    .report
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = Some(r);
-            }
-            if finish {
-                return node.finish(now).map_err(io);
-            }
-        }
     }
 }
