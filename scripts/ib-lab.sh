@@ -40,6 +40,8 @@ UMAD2SIM=/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so
 LAB_NAME=ib-lab.sh
 # shellcheck source=scripts/lab-common.sh
 source "$here/scripts/lab-common.sh"
+# How long a node may take to answer after its start.
+READY_SECS=30
 
 ensure_tools() {
     if [ -e "$UMAD2SIM" ] && command -v ibsim >/dev/null && command -v opensm >/dev/null \
@@ -184,7 +186,7 @@ cmd_up() {
     start_ibsim
     start_sm sm HcaSM -p 10
     for ((k = 1; k <= n; k++)); do start_node "$k"; done
-    for ((k = 1; k <= n; k++)); do wait_ready "$k" 30 || { cmd_down; exit 1; }; done
+    for ((k = 1; k <= n; k++)); do wait_ready "$k" "$READY_SECS" || { cmd_down; exit 1; }; done
     echo "ib lab up: $n nodes ($(ns 1)..$(ns "$n")) on ibsim with opensm, ib0 = 198.19.0.K/24, 2001:db8:19::K/64"
 }
 
@@ -218,14 +220,7 @@ cmd_sm() {
 case "${1:-}" in
     up) shift; cmd_up "$@" ;;
     down) cmd_down ;;
-    kill) check_k "${2:-}"; kill -KILL "$(cat "$STATE/node$2.pid")" 2>/dev/null || true ;;
-    stop) check_k "${2:-}"; stop_pidfile "$STATE/node$2.pid" ;;
-    start)
-        check_k "${2:-}"; k=$2; shift 2
-        if [ "${1:-}" = "--" ]; then shift; fi
-        start_node "$k" "$@"; wait_ready "$k" 30 ;;
-    status) check_k "${2:-}"; "$(bin)" status --control-socket "$(sock "$2")" --json ;;
-    exec) check_k "${2:-}"; k=$2; shift 2; exec ip netns exec "$(ns "$k")" "$@" ;;
+    kill | stop | start | status | exec) node_verb "$@" ;;
     sm) shift; cmd_sm "$@" ;;
     sim) shift; [ -p "$STATE/console" ] || die "no lab is up"; echo "$*" > "$STATE/console" ;;
     *) die "usage: ib-lab.sh up N [-- ARGS] | down | kill K | stop K | start K | status K | exec K CMD... | sm ... | sim CMD..." ;;

@@ -54,3 +54,24 @@ stop_pidfile() {
     done
     kill -KILL "$pid" 2>/dev/null || true
 }
+
+# The node verbs both labs take: kill K, stop K, start K [-- ARGS], status K (the daemon's
+# status document) and exec K CMD... (in node K's namespace). start_node is the lab's own;
+# READY_SECS is how long a node may take to answer.
+node_verb() {
+    local verb=$1 k
+    check_k "${2:-}"
+    k=$2
+    shift 2
+    case "$verb" in
+        kill) kill -KILL "$(cat "$STATE/node$k.pid")" 2>/dev/null || true ;;
+        stop) stop_pidfile "$STATE/node$k.pid" ;;
+        start)
+            if [ "${1:-}" = "--" ]; then shift; fi
+            start_node "$k" "$@"
+            wait_ready "$k" "$READY_SECS" ;;
+        status) "$(bin)" status --control-socket "$(sock "$k")" --json ;;
+        exec) exec ip netns exec "$(ns "$k")" "$@" ;;
+        *) die "node_verb: no verb $verb" ;;
+    esac
+}

@@ -37,6 +37,8 @@ RT=${PREFIX}rt
 LAB_NAME=lab.sh
 # shellcheck source=scripts/lab-common.sh
 source "$here/scripts/lab-common.sh"
+# How long a node may take to answer after its start.
+READY_SECS=20
 
 start_node() {
     local k=$1 n peers=() args=() extra=()
@@ -122,7 +124,7 @@ cmd_up() {
         ip -n "$(ns "$k")" link set eth0 up
     done
     for ((k = 1; k <= n; k++)); do start_node "$k"; done
-    for ((k = 1; k <= n; k++)); do wait_ready "$k" 20 || { cmd_down; exit 1; }; done
+    for ((k = 1; k <= n; k++)); do wait_ready "$k" "$READY_SECS" || { cmd_down; exit 1; }; done
     echo "lab up: $n nodes ($(ns 1)..$(ns "$n")), ib0 = 198.19.0.K/24, 2001:db8:19::K/64"
 }
 
@@ -140,13 +142,6 @@ cmd_down() {
 case "${1:-}" in
     up) shift; cmd_up "$@" ;;
     down) cmd_down ;;
-    kill) check_k "${2:-}"; kill -KILL "$(cat "$STATE/node$2.pid")" 2>/dev/null || true ;;
-    stop) check_k "${2:-}"; stop_node "$2" ;;
-    start)
-        check_k "${2:-}"; k=$2; shift 2
-        if [ "${1:-}" = "--" ]; then shift; fi
-        start_node "$k" "$@"; wait_ready "$k" 20 ;;
-    status) check_k "${2:-}"; "$(bin)" status --control-socket "$(sock "$2")" --json ;;
-    exec) check_k "${2:-}"; k=$2; shift 2; exec ip netns exec "$(ns "$k")" "$@" ;;
+    kill | stop | start | status | exec) node_verb "$@" ;;
     *) die "usage: lab.sh up N [-- ARGS] | down | kill K | stop K | start K | status K | exec K CMD..." ;;
 esac

@@ -91,12 +91,6 @@ impl NeighView {
         self
     }
 
-    /// The path control holds to `gid`: `None` where it has none yet, or holds no paths
-    /// (without an SA).
-    pub fn path(&self, gid: &Gid) -> Option<Path> {
-        self.paths.as_ref()?.get(gid).copied()
-    }
-
     /// Whether control's paths come from an SA: a connection a follower opens waits for
     /// its GID's path in the view.
     pub fn holds_paths(&self) -> bool {
